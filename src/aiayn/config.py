@@ -1,0 +1,184 @@
+"""One source of truth per hyperparameter.
+
+Every concern (model, data, train, decode, ...) is a frozen dataclass whose fields carry
+their help text in ``field(metadata={"help": ...})``. The helpers here derive everything
+else from those fields: ``--set section.field=value`` overrides, dict round trips for
+checkpoints and run directories (unknown keys are errors), and argparse options.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def param(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its help text (the one place a hyperparameter is documented)."""
+    return dataclasses.field(default=default, metadata={"help": help, **kw})
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used; the message names it."""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def parse_value(text: str, typ: Any, name: str) -> Any:
+    """Parse ``text`` as a value of the annotated type ``typ`` (bool, int, float, str, Optional, tuple)."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin is typing.Union or (origin is not None and str(origin) == "types.UnionType"):
+        inner = [a for a in args if a is not type(None)]
+        if text.lower() in ("none", "null", ""):
+            return None
+        return parse_value(text, inner[0], name)
+    if typ is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected a boolean (true/false), got {text!r}")
+    if origin is tuple:
+        parts = [p for p in text.replace(",", " ").split() if p]
+        return tuple(parse_value(p, args[0], name) for p in parts)
+    try:
+        if typ is int:
+            return int(float(text)) if "e" in text.lower() else int(text)
+        if typ is float:
+            return float(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: expected {typ.__name__}, got {text!r}") from exc
+    if typ is str:
+        return text
+    raise ConfigError(f"{name}: cannot parse a value of type {typ}")
+
+
+def _coerce(value: Any, typ: Any, name: str) -> Any:
+    if isinstance(value, str) and typ is not str:
+        return parse_value(value, typ, name)
+    if typing.get_origin(typ) is tuple and isinstance(value, list):
+        return tuple(value)
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def replace(cfg: T, **changes: Any) -> T:
+    """``dataclasses.replace`` that rejects unknown fields with a message listing the known ones."""
+    types = _field_types(type(cfg))
+    for key in changes:
+        if key not in types:
+            raise ConfigError(
+                f"unknown field {key!r} for {type(cfg).__name__}; known: {', '.join(sorted(types))}"
+            )
+    coerced = {k: _coerce(v, types[k], k) for k, v in changes.items()}
+    return dataclasses.replace(cfg, **coerced)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-able dict of a (possibly nested) config dataclass."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Build ``cls`` from a dict; nested dataclass fields recurse; unknown keys are errors."""
+    types = _field_types(cls)
+    unknown = set(data) - set(types)
+    if unknown:
+        raise ConfigError(
+            f"unknown field(s) {sorted(unknown)} for {cls.__name__}; known: {', '.join(sorted(types))}"
+        )
+    kwargs = {}
+    for key, value in data.items():
+        typ = types[key]
+        if dataclasses.is_dataclass(typ) and isinstance(value, dict):
+            kwargs[key] = from_dict(typ, value)
+        else:
+            kwargs[key] = _coerce(value, typ, key)
+    return cls(**kwargs)
+
+
+def apply_sets(cfg: T, assignments: list[str]) -> T:
+    """Apply ``section.field=value`` (or ``field=value`` for a flat config) overrides."""
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.field=value")
+        key, value = item.split("=", 1)
+        path = key.strip().split(".")
+        cfg = _set_path(cfg, path, value.strip(), key)
+    return cfg
+
+
+def _set_path(cfg: Any, path: list[str], value: str, full: str) -> Any:
+    types = _field_types(type(cfg))
+    head = path[0]
+    if head not in types:
+        raise ConfigError(
+            f"--set {full}: unknown field {head!r} in {type(cfg).__name__}; known: {', '.join(sorted(types))}"
+        )
+    if len(path) == 1:
+        if dataclasses.is_dataclass(types[head]):
+            raise ConfigError(f"--set {full}: {head!r} is a section; name a field in it")
+        return dataclasses.replace(cfg, **{head: parse_value(value, types[head], full)})
+    sub = getattr(cfg, head)
+    if not dataclasses.is_dataclass(sub):
+        raise ConfigError(f"--set {full}: {head!r} is not a section")
+    return dataclasses.replace(cfg, **{head: _set_path(sub, path[1:], value, full)})
+
+
+def describe(cls: type) -> list[tuple[str, Any, str]]:
+    """(name, default, help) for each field: for ``--help`` texts and documentation."""
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        out.append((f.name, default, f.metadata.get("help", "")))
+    return out
+
+
+def sets_help(cls: type, section: str) -> str:
+    """A help paragraph listing the ``--set section.field=value`` keys of a config class."""
+    lines = [f"  {section}.{n} (default {d!r}): {h}" for n, d, h in describe(cls)]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
+                  only: tuple[str, ...] | None = None) -> None:
+    """Add ``--field-name`` options for the fields of ``cls`` (help text from the field)."""
+    types = _field_types(cls)
+    for name, default, help_text in describe(cls):
+        if only is not None and name not in only:
+            continue
+        if defaults is not None:
+            default = getattr(defaults, name)
+        typ = types[name]
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, default=default,
+                            type=lambda s, t=typ, n=name: parse_value(s, t, n),
+                            help=f"{help_text} (default: {default!r})")
+
+
+def from_args(cls: type[T], ns: argparse.Namespace, base: T | None = None) -> T:
+    """Collect the fields of ``cls`` that ``add_arguments`` put into ``ns``."""
+    base = base if base is not None else cls()
+    vals = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+    return replace(base, **vals)
+
+
+def dumps(cfg: Any) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)

@@ -1,0 +1,155 @@
+"""Reading a prepared data directory: ``DataDir`` (manifest + tokenizers) and ``ParallelData``.
+
+The manifest (``manifest.json``, format "aiayn-data", version 1) is written last by
+``aiayn prepare``; a directory without a complete, consistent manifest is refused. Keys::
+
+    format, version, complete        "aiayn-data", 1, true
+    special_ids                      {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    src_lang, tgt_lang               optional language tags (informational)
+    vocab                            {"shared": bool, "model_type": "bpe"|"unigram",
+                                      "src": {"model": "spm.model", "sha256": ..., "vocab_size": V},
+                                      "tgt": {... same; the same file when shared}}
+    splits                           {"train"|"valid"|"test": {
+                                        "pairs": n, "cleaned": bool,
+                                        "inputs": {"src": path, "tgt": path, "lines": n_in},
+                                        "cleaning": {"input": n_in, "empty": a, "too_long": b,
+                                                     "bad_ratio": c, "kept": n},   # train only
+                                        "src"|"tgt": {"tokens_file", "offsets_file", "dtype",
+                                                      "tokens": total, "bytes": {file: size},
+                                                      "length": {min, max, mean, p50, p90, p99}}}}
+    options                          the PrepareConfig used (aiayn.data.prepare)
+    created                          ISO time
+
+Lengths count subword tokens without bos/eos. ``ParallelData`` opens the arrays by memory map,
+so opening a 4.5M-pair corpus costs only the offsets.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION
+from aiayn.data.vocab import SPECIAL_IDS, Tokenizer
+from aiayn.errors import UserError
+
+
+class ParallelData:
+    """One split: aligned source/target id sequences (no bos/eos), read by memory map.
+
+    ``src_lens``/``tgt_lens`` are int64 token counts per pair; ``data[i]`` is ``(src, tgt)``
+    as int64 numpy arrays. Pickles as paths (DataLoader workers reopen the maps).
+    """
+
+    def __init__(self, paths: dict[str, tuple[Path, Path]], name: str = ""):
+        self.name = name
+        self._paths = paths
+        self._open()
+
+    def _open(self) -> None:
+        self._tokens = {}
+        self._offsets = {}
+        for side, (tok_path, off_path) in self._paths.items():
+            self._tokens[side] = np.load(tok_path, mmap_mode="r")
+            self._offsets[side] = np.load(off_path, mmap_mode="r")
+        self.src_lens = np.diff(self._offsets["src"]).astype(np.int64)
+        self.tgt_lens = np.diff(self._offsets["tgt"]).astype(np.int64)
+
+    def __getstate__(self) -> dict:
+        return {"paths": self._paths, "name": self.name}
+
+    def __setstate__(self, state: dict) -> None:
+        self.name = state["name"]
+        self._paths = state["paths"]
+        self._open()
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+    def _get(self, side: str, i: int) -> np.ndarray:
+        off = self._offsets[side]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"{self.name}: index {i} out of range for {len(self)} pairs")
+        i = i % len(self)
+        return np.array(self._tokens[side][off[i]:off[i + 1]], dtype=np.int64)
+
+    def src(self, i: int) -> np.ndarray:
+        return self._get("src", i)
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self._get("tgt", i)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src(i), self.tgt(i)
+
+
+class DataDir:
+    """A prepared data directory: validated manifest, tokenizers, and its splits."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = _read_manifest(self.path)
+        vocab = self.manifest["vocab"]
+        self.shared_vocab = bool(vocab["shared"])
+        self.src_tokenizer = self._tokenizer(vocab["src"])
+        self.tgt_tokenizer = self.src_tokenizer if self.shared_vocab else self._tokenizer(vocab["tgt"])
+
+    def _tokenizer(self, entry: dict[str, Any]) -> Tokenizer:
+        tok = Tokenizer.load(self.path / entry["model"])
+        if tok.sha256 != entry["sha256"]:
+            raise UserError(f"{self.path / entry['model']}: sha256 {tok.sha256} differs from the "
+                            f"manifest's {entry['sha256']}; the directory was modified")
+        return tok
+
+    @property
+    def vocab_size(self) -> int:
+        return self.src_tokenizer.vocab_size
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt_tokenizer.vocab_size
+
+    @property
+    def splits(self) -> list[str]:
+        return sorted(self.manifest["splits"])
+
+    def split(self, name: str) -> ParallelData:
+        if name not in self.manifest["splits"]:
+            raise UserError(f"{self.path}: no split {name!r}; it has {', '.join(self.splits)}")
+        entry = self.manifest["splits"][name]
+        paths = {side: (self.path / entry[side]["tokens_file"], self.path / entry[side]["offsets_file"])
+                 for side in SIDES}
+        data = ParallelData(paths, name=f"{self.path}:{name}")
+        if len(data) != entry["pairs"]:
+            raise UserError(f"{self.path}: split {name!r} has {len(data)} pairs, manifest says {entry['pairs']}")
+        return data
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """Load and check the manifest: format, version, completeness and every file's size."""
+    file = path / MANIFEST
+    if not path.is_dir():
+        raise UserError(f"{path}: not a directory (expected a data directory from `aiayn prepare`)")
+    if not file.is_file():
+        raise UserError(f"{path}: no {MANIFEST}; not a complete data directory (was `aiayn prepare` interrupted?)")
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{file}: unreadable manifest ({exc})") from exc
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise UserError(f"{file}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "
+                        f"expected {FORMAT!r} version {VERSION}")
+    if manifest.get("complete") is not True:
+        raise UserError(f"{file}: manifest is not marked complete")
+    if manifest.get("special_ids") != SPECIAL_IDS:
+        raise UserError(f"{file}: special ids {manifest.get('special_ids')}, expected {SPECIAL_IDS}")
+    for split, entry in manifest["splits"].items():
+        for side in SIDES:
+            for name, size in entry[side]["bytes"].items():
+                f = path / name
+                if not f.is_file() or f.stat().st_size != size:
+                    raise UserError(f"{f}: missing or truncated (split {split!r}, expected {size} bytes)")
+    return manifest
+

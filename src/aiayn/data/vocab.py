@@ -1,0 +1,104 @@
+"""Subword vocabulary: a SentencePiece model (§5.1: byte-pair encoding, a shared source-target
+vocabulary of about 37,000 tokens for WMT14 En-De).
+
+Special ids are fixed for every model this toolkit trains or loads, and match ``ModelConfig``:
+
+    pad = 0   padding, never attended to and never predicted
+    unk = 1   a piece outside the vocabulary (SentencePiece renders it as " ⁇ ")
+    bos = 2   beginning of sentence, the decoder's first input
+    eos = 3   end of sentence, appended to every source and target
+
+``Tokenizer.encode`` adds neither bos nor eos (``aiayn.data.batching.collate`` does), and
+``Tokenizer.decode`` drops pad/bos/eos. A model with other ids is refused on load.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+_DROPPED_ON_DECODE = frozenset((PAD_ID, BOS_ID, EOS_ID))
+
+
+class Tokenizer:
+    """A loaded SentencePiece model with the fixed special ids; picklable (DataLoader workers)."""
+
+    def __init__(self, model_bytes: bytes, name: str = "<bytes>"):
+        self._bytes = model_bytes
+        self.name = name
+        self.sha256 = hashlib.sha256(model_bytes).hexdigest()
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(model_bytes)
+        except Exception as exc:  # sentencepiece raises bare RuntimeError/OSError
+            raise UserError(f"{name}: not a SentencePiece model ({exc})") from exc
+        found = {"pad": self._sp.pad_id(), "unk": self._sp.unk_id(),
+                 "bos": self._sp.bos_id(), "eos": self._sp.eos_id()}
+        if found != SPECIAL_IDS:
+            raise UserError(f"{name}: special ids {found}, expected {SPECIAL_IDS}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read tokenizer model ({exc.strerror})") from exc
+        return cls(data, name=str(path))
+
+    def __getstate__(self) -> dict:
+        return {"model_bytes": self._bytes, "name": self.name}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_bytes"], state["name"])
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of ``text``, without bos/eos."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """``encode`` over many lines, using SentencePiece's own thread pool."""
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def encode_pieces(self, text: str) -> list[str]:
+        return self._sp.encode(text, out_type=str)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` (list, numpy array or 1-D tensor); pad, bos and eos are dropped."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self._sp.decode([int(i) for i in ids if int(i) not in _DROPPED_ON_DECODE])
+
+    def piece(self, id: int) -> str:
+        """The surface piece of one id (e.g. '▁Haus'), for attention-plot axes."""
+        return self._sp.id_to_piece(int(id))
+
+
+def train_sentencepiece(sentences: Iterable[str], model_prefix: Path, *, vocab_size: int,
+                        model_type: str, character_coverage: float, num_threads: int) -> Path:
+    """Train a SentencePiece model on ``sentences`` (already sampled); returns the .model path."""
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_prefix=str(model_prefix),
+            vocab_size=vocab_size, model_type=model_type,
+            character_coverage=character_coverage, num_threads=max(1, num_threads),
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise UserError(f"SentencePiece training failed: {exc}") from exc
+    return Path(f"{model_prefix}.model")

@@ -1,0 +1,47 @@
+"""DecodeConfig: how a checkpoint turns source sentences into translations (§6.1).
+
+Defaults are the paper's: beam size 4, length penalty α = 0.6, maximum output length
+= input length + 50, terminating early when possible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiayn.config import ConfigError, param
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Search, length and batching settings for translation (§6.1)."""
+
+    beam_size: int = param(4, "beam size K (§6.1: 4 for translation, 21 for parsing §6.3); 1 = greedy search")
+    alpha: float = param(0.6, "length penalty α of the GNMT form lp(Y) = ((5 + |Y|) / 6)^α, score = sum log p / lp(Y); |Y| counts EOS as tensor2tensor does (§6.1: 0.6; parsing 0.3); 0 = no normalization")
+    max_len_a: float = param(1.0, "maximum output length = floor(a * |x| + b) tokens, EOS included; |x| = non-pad source tokens as fed to the encoder (§6.1: |x| + 50)")
+    max_len_b: int = param(50, "b of the maximum output length a * |x| + b (§6.1: 50; parsing §6.3: 300)")
+    min_len: int = param(0, "EOS is forbidden until this many tokens have been generated (min_len = max length forces a fixed output length, for benchmarks)")
+    nbest: int = param(1, "hypotheses returned per sentence, best first (at most beam_size; with sampling, the number of samples)")
+    sampling: bool = param(False, "sample each token instead of searching (ancestral sampling with temperature / top-k / top-p)")
+    temperature: float = param(1.0, "sampling: divide logits by this before the softmax")
+    top_k: int = param(0, "sampling: keep only the k most probable tokens (0 = all)")
+    top_p: float = param(1.0, "sampling: keep the smallest set of most probable tokens whose mass reaches p (nucleus; 1.0 = all)")
+    seed: int = param(0, "sampling: random seed (sampled outputs depend on it and on batch composition)")
+    batch_tokens: int = param(4096, "source tokens per batch, counting padding (sentences are sorted by length into batches; output keeps input order)")
+    max_input_tokens: int = param(1024, "a source line longer than this (in subword tokens, EOS included) is an error naming its line number; also capped by the model's max_positions")
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.alpha < 0:
+            raise ConfigError(f"alpha must be >= 0 (the early-stop bound assumes it), got {self.alpha}")
+        if self.nbest < 1 or (not self.sampling and self.nbest > self.beam_size):
+            raise ConfigError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
+        if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b < 1):
+            raise ConfigError("max_len_a and max_len_b must be >= 0 and allow at least one token")
+        if self.min_len < 0:
+            raise ConfigError(f"min_len must be >= 0, got {self.min_len}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
+        if self.batch_tokens < 1 or self.max_input_tokens < 1:
+            raise ConfigError("batch_tokens and max_input_tokens must be >= 1")

@@ -1,0 +1,112 @@
+"""Encoder and decoder layers (§3.1, Figure 1), the feed-forward network (Eq. 2) and the
+residual sub-layer connection.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads.
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.cache import DecoderCache
+from aiayn.model.config import ModelConfig
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2), inner size d_ff."""
+
+    def __init__(self, d_model: int, d_ff: int, p_drop_ffn: float):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.p_drop_ffn = p_drop_ffn
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.w1(x))
+        if self.p_drop_ffn > 0:
+            h = F.dropout(h, self.p_drop_ffn, self.training)
+        return self.w2(h)
+
+
+class SublayerConnection(nn.Module):
+    """The residual connection around each sub-layer (§3.1, §5.4).
+
+    Post-norm (paper): LayerNorm(x + Dropout(Sublayer(x))).
+    Pre-norm (option): x + Dropout(Sublayer(LayerNorm(x))).
+    Used as ``y = conn.post(x, conn.pre(x) -> sublayer)``: ``pre`` gives the sub-layer input.
+    """
+
+    def __init__(self, d_model: int, p_drop: float, pre_norm: bool, eps: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.p_drop = p_drop
+        self.pre_norm = pre_norm
+
+    def pre(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def post(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        y = x + F.dropout(sublayer_out, self.p_drop, self.training)
+        return y if self.pre_norm else self.norm(y)
+
+
+def _mha(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
+    return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_k, d_v=cfg.d_v,
+                              p_drop_attn=cfg.p_drop_attn, self_attention=self_attention,
+                              attn_fp32=cfg.attn_fp32)
+
+
+def _conn(cfg: ModelConfig) -> SublayerConnection:
+    return SublayerConnection(cfg.d_model, cfg.p_drop, cfg.pre_norm, cfg.layer_norm_eps)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each in a residual sub-layer connection (§3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = _mha(cfg, self_attention=True)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn)
+        self.conn_attn, self.conn_ffn = _conn(cfg), _conn(cfg)
+
+    def forward(self, x: Tensor, key_mask: Tensor, need_weights: bool = False):
+        """x (B,S,D), key_mask (B,1,1,S) True = real token -> (B,S,D), weights (B,H,S,S) | None."""
+        q, k, v = self.self_attn.project_qkv(self.conn_attn.pre(x))
+        a, w = self.self_attn.attend(q, k, v, key_mask, need_weights=need_weights)
+        x = self.conn_attn.post(x, a)
+        x = self.conn_ffn.post(x, self.ffn(self.conn_ffn.pre(x)))
+        return x, w
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, FFN (§3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = _mha(cfg, self_attention=True)
+        self.cross_attn = _mha(cfg, self_attention=False)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn)
+        self.conn_self, self.conn_cross, self.conn_ffn = _conn(cfg), _conn(cfg), _conn(cfg)
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
+                cache: DecoderCache | None, index: int, need_weights: bool = False):
+        """x (B,T,D); memory_kv = cross keys/values (B,H,S,K); memory_mask (B,1,1,S).
+
+        Without a cache: causal self-attention over x (target padding is on the right, so
+        the causal mask alone keeps real positions from seeing padding).
+        With a cache: x holds the new position(s); keys/values are appended to the cache.
+        """
+        q, k, v = self.self_attn.project_qkv(self.conn_self.pre(x))
+        if cache is not None:
+            k, v = cache.append(index, k, v)
+            causal = q.size(2) > 1  # a multi-token chunk appended to the cache stays causal
+        else:
+            causal = True
+        a, w_self = self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
+        x = self.conn_self.post(x, a)
+        q = self.cross_attn.project_q(self.conn_cross.pre(x))
+        a, w_cross = self.cross_attn.attend(q, *memory_kv, memory_mask, need_weights=need_weights)
+        x = self.conn_cross.post(x, a)
+        x = self.conn_ffn.post(x, self.ffn(self.conn_ffn.pre(x)))
+        return x, w_self, w_cross

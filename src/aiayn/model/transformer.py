@@ -1,0 +1,153 @@
+"""The Transformer (Figure 1, §3): encoder and decoder stacks, shared embeddings, softmax.
+
+Shape glossary: B batch, S source length, T target length, D d_model, H heads,
+K d_k, Dv d_v, V vocabulary, N decoding rows (sentences x beams).
+Token tensors are batch-first ids; ``cfg.pad_id`` marks padding.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.model.cache import DecoderCache, LayerCache
+from aiayn.model.config import ModelConfig
+from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.positional import LearnedPositions, ScaledEmbedding, SinusoidalPositions
+
+
+class EncoderOutput(NamedTuple):
+    memory: Tensor  # (B,S,D)
+    src_pad: Tensor  # (B,S) bool, True at padding
+    weights: list[Tensor] | None = None  # per layer (B,H,S,S) when asked for
+
+
+class DecoderOutput(NamedTuple):
+    logits: Tensor  # (B,T,V)
+    cache: DecoderCache | None
+    self_weights: list[Tensor] | None = None  # per layer (B,H,T,T')
+    cross_weights: list[Tensor] | None = None  # per layer (B,H,T,S)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer of "Attention Is All You Need" (Figure 1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.d_model
+        self.src_embed = ScaledEmbedding(cfg.vocab_size, D, cfg.pad_id, cfg.scale_embeddings)
+        if cfg.tie_src_tgt_embeddings:
+            self.tgt_embed = self.src_embed  # §3.4: one matrix for both embeddings
+        else:
+            self.tgt_embed = ScaledEmbedding(cfg.target_vocab_size, D, cfg.pad_id, cfg.scale_embeddings)
+        if cfg.learned_positions:  # Table 3 row E
+            self.src_pos = LearnedPositions(D, cfg.max_positions)
+            self.tgt_pos = LearnedPositions(D, cfg.max_positions)
+        else:
+            self.src_pos = self.tgt_pos = SinusoidalPositions(D, cfg.max_positions)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm needs a final LayerNorm per stack; post-norm already ends in one.
+        self.encoder_norm = nn.LayerNorm(D, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(D, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        if cfg.tie_embeddings:
+            self.out_proj = None  # pre-softmax projection = target embedding matrix (§3.4)
+        else:
+            self.out_proj = nn.Linear(D, cfg.target_vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform linear weights, zero biases (as tensor2tensor and fairseq)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.out_proj is not None:
+            nn.init.normal_(self.out_proj.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+
+    # -- embeddings ---------------------------------------------------------------------
+    def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:
+        """Embedding * sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4)."""
+        x = embed(tokens) + pos(start, tokens.size(1)).to(embed.weight.dtype)  # (B,L,D)
+        return nn.functional.dropout(x, self.cfg.p_drop, self.training)
+
+    def output_logits(self, h: Tensor) -> Tensor:
+        """Pre-softmax linear transformation (§3.4): (B,T,D) -> (B,T,V)."""
+        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
+        return nn.functional.linear(h, weight)
+
+    # -- encoder ------------------------------------------------------------------------
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S))."""
+        src_pad = src.eq(self.cfg.pad_id)
+        key_mask = (~src_pad)[:, None, None, :]  # (B,1,1,S)
+        x = self._embed(src, self.src_embed, self.src_pos, 0)
+        weights = [] if need_weights else None
+        for layer in self.encoder_layers:
+            x, w = layer(x, key_mask, need_weights)
+            if need_weights:
+                weights.append(w)
+        return EncoderOutput(self.encoder_norm(x), src_pad, weights)
+
+    # -- decoder ------------------------------------------------------------------------
+    def init_cache(self, enc: EncoderOutput, max_len: int) -> DecoderCache:
+        """Compute encoder-decoder keys/values once and preallocate self-attention buffers."""
+        layers = []
+        N = enc.memory.size(0)
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attn.project_kv(enc.memory)
+            H = layer.self_attn.n_heads
+            self_k = k.new_zeros(N, H, max_len, layer.self_attn.d_k)
+            self_v = v.new_zeros(N, H, max_len, layer.self_attn.d_v)
+            layers.append(LayerCache(self_k, self_v, k, v))
+        return DecoderCache(layers, enc.src_pad, 0)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOutput | None = None, cache: DecoderCache | None = None,
+               need_weights: bool = False) -> DecoderOutput:
+        """Decoder stack and output projection.
+
+        Teacher-forced: ``decode(tgt_in (B,T), enc)`` -> logits (B,T,V).
+        Incremental: ``decode(tokens (N,t), cache=cache)`` appends t positions (usually 1) at
+        position ``cache.length`` and returns logits (N,t,V) and the advanced cache. The cache
+        holds the encoder-side keys/values, so ``enc`` is not needed.
+        """
+        if cache is None:
+            if enc is None:
+                raise ValueError("decode needs the encoder output or a cache")
+            memory_kv = [layer.cross_attn.project_kv(enc.memory) for layer in self.decoder_layers]
+            src_pad, start = enc.src_pad, 0
+        else:
+            memory_kv = [(lc.cross_k, lc.cross_v) for lc in cache.layers]
+            src_pad, start = cache.src_pad, cache.length
+        memory_mask = (~src_pad)[:, None, None, :]  # (N,1,1,S)
+        x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, start)
+        w_self = [] if need_weights else None
+        w_cross = [] if need_weights else None
+        for i, layer in enumerate(self.decoder_layers):
+            x, ws, wc = layer(x, memory_kv[i], memory_mask, cache, i, need_weights)
+            if need_weights:
+                w_self.append(ws)
+                w_cross.append(wc)
+        if cache is not None:
+            cache.length += tgt_in.size(1)
+        logits = self.output_logits(self.decoder_norm(x))
+        return DecoderOutput(logits, cache, w_self, w_cross)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits: src (B,S), tgt_in (B,T) -> (B,T,V)."""
+        return self.decode(tgt_in, self.encode(src)).logits
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared matrix counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def count_preset_parameters(cfg: ModelConfig) -> int:
+    """Exact count for a config, built on the meta device (no memory, instant)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return count_parameters(model)
