@@ -34,3 +34,30 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.fail(f"shared data not found at {path}; set AIAYN_SHARED_DATA")
     return path
+
+
+def _head_gz(src: Path, dst: Path, n: int) -> Path:
+    import gzip
+    with gzip.open(src, "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(n)]
+    dst.write_text("".join(lines), encoding="utf-8")
+    return dst
+
+
+@pytest.fixture(scope="session")
+def small_data_dir(tmp_path_factory, shared_data) -> Path:
+    """A prepared data directory for training tests: the first 2,000 Multi30k En-De train pairs,
+    the first 100 val pairs as valid and test, shared BPE of 500 pieces."""
+    from aiayn.cli import main
+    raw = shared_data / "multi30k" / "raw"
+    d = tmp_path_factory.mktemp("small_corpus")
+    files = {}
+    for split, name, n in (("train", "train", 2000), ("valid", "val", 100), ("test", "val", 100)):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            files[f"--{split}-{side}"] = str(_head_gz(raw / f"{name}.{lang}.gz", d / f"{split}.{lang}", n))
+    out = d / "data"
+    argv = ["prepare", "--vocab-size", "500", "--out", str(out), "--num-workers", "1"]
+    for k, v in files.items():
+        argv += [k, v]
+    assert main(argv) == 0
+    return out

@@ -22,6 +22,11 @@ def _command_modules():
 
 
 COMMAND_MODULES: list[str] = [
+    "aiayn.train.cli",
+    "aiayn.data.cli",
+    "aiayn.evaluate.cli",
+    "aiayn.decode.cli",
+    "aiayn.parsing.cli",
 ]
 
 

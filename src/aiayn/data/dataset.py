@@ -5,20 +5,20 @@ The manifest (``manifest.json``, format "aiayn-data", version 1) is written last
 
     format, version, complete        "aiayn-data", 1, true
     special_ids                      {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
-    src_lang, tgt_lang               optional language tags (informational)
     vocab                            {"shared": bool, "model_type": "bpe"|"unigram",
                                       "src": {"model": "spm.model", "sha256": ..., "vocab_size": V},
-                                      "tgt": {... same; the same file when shared}}
+                                      "tgt": {... the same entry when shared, else spm.tgt.model}}
     splits                           {"train"|"valid"|"test": {
-                                        "pairs": n, "cleaned": bool,
+                                        "pairs": n, "cleaned": bool (true for train only),
                                         "inputs": {"src": path, "tgt": path, "lines": n_in},
                                         "cleaning": {"input": n_in, "empty": a, "too_long": b,
                                                      "bad_ratio": c, "kept": n},   # train only
                                         "src"|"tgt": {"tokens_file", "offsets_file", "dtype",
-                                                      "tokens": total, "bytes": {file: size},
+                                                      "tokens": total, "unk": <unk> count,
+                                                      "bytes": {file: size},
                                                       "length": {min, max, mean, p50, p90, p99}}}}
     options                          the PrepareConfig used (aiayn.data.prepare)
-    created                          ISO time
+    created                          ISO time (UTC)
 
 Lengths count subword tokens without bos/eos. ``ParallelData`` opens the arrays by memory map,
 so opening a 4.5M-pair corpus costs only the offsets.

@@ -3,7 +3,7 @@
 A data directory (written by ``aiayn prepare``, read by ``aiayn.data.dataset.DataDir``)::
 
     manifest.json              written last; its presence means the directory is complete
-    spm.model, spm.vocab       the shared SentencePiece model (or spm.src.* and spm.tgt.*)
+    spm.model                  the shared SentencePiece model (or spm.src.model and spm.tgt.model)
     <split>.src.tokens.npy     all source sentences' ids, concatenated (uint16 if V <= 65535, else int32)
     <split>.src.offsets.npy    int64, n+1 entries: sentence i is tokens[offsets[i]:offsets[i+1]]
     <split>.tgt.tokens.npy     the same for the target side
@@ -115,6 +115,9 @@ class AtomicDir:
         self.check_destination()
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temp name only
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -10,15 +10,19 @@ Special ids are fixed for every model this toolkit trains or loads, and match ``
 
 ``Tokenizer.encode`` adds neither bos nor eos (``aiayn.data.batching.collate`` does), and
 ``Tokenizer.decode`` drops pad/bos/eos. A model with other ids is refused on load.
+Text goes through SentencePiece's nmt_nfkc normalization, so ``decode(encode(line))`` is the
+line NFKC-normalized with runs of whitespace collapsed (identical for ordinary text).
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from aiayn.errors import UserError
 
@@ -62,6 +66,11 @@ class Tokenizer:
         self.__init__(state["model_bytes"], state["name"])
 
     @property
+    def model_bytes(self) -> bytes:
+        """The serialized SentencePiece model (stored inside checkpoints)."""
+        return self._bytes
+
+    @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
@@ -87,12 +96,17 @@ class Tokenizer:
         return self._sp.id_to_piece(int(id))
 
 
-def train_sentencepiece(sentences: Iterable[str], model_prefix: Path, *, vocab_size: int,
-                        model_type: str, character_coverage: float, num_threads: int) -> Path:
-    """Train a SentencePiece model on ``sentences`` (already sampled); returns the .model path."""
+def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int, model_type: str,
+                        character_coverage: float, num_threads: int) -> Path:
+    """Train a SentencePiece model on ``sentences`` (already sampled) and write it to ``path``.
+
+    The file depends only on the sentences and the model options: the thread count, which
+    SentencePiece records in the model, is reset to 1, so the sha256 is reproducible.
+    """
+    buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_prefix=str(model_prefix),
+            sentence_iterator=iter(sentences), model_writer=buf,
             vocab_size=vocab_size, model_type=model_type,
             character_coverage=character_coverage, num_threads=max(1, num_threads),
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
@@ -101,4 +115,8 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: Path, *, vocab_s
         )
     except RuntimeError as exc:
         raise UserError(f"SentencePiece training failed: {exc}") from exc
-    return Path(f"{model_prefix}.model")
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(buf.getvalue())
+    proto.trainer_spec.num_threads = 1
+    path.write_bytes(proto.SerializeToString())
+    return path

@@ -91,10 +91,13 @@ class MultiHeadAttention(nn.Module):
             # Same math in float32: on CPU the bf16 attention backward is several times slower,
             # and the softmax is safer. The projections around it stay in reduced precision.
             with torch.autocast(q.device.type, enabled=False):
-                return self._attend(q.float(), k.float(), v.float(), mask, is_causal, need_weights, out_dtype)
-        return self._attend(q, k, v, mask, is_causal, need_weights, out_dtype)
+                out, weights = self._attend(q.float(), k.float(), v.float(), mask, is_causal, need_weights)
+        else:
+            out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
+        return self.out_proj(out.to(out_dtype)), weights
 
-    def _attend(self, q, k, v, mask, is_causal, need_weights, out_dtype):
+    def _attend(self, q, k, v, mask, is_causal, need_weights):
+        """Eq. 1 per head, heads concatenated: (B,T,H*Dv), weights."""
         p = self.p_drop_attn
         T, S = q.size(-2), k.size(-2)
         if is_causal and (need_weights or mask is not None or T != S):
@@ -107,5 +110,4 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = attention_fast(q, k, v, mask, is_causal, p, self.training), None
         B, H, T, Dv = out.shape
-        out = out.transpose(1, 2).reshape(B, T, H * Dv).to(out_dtype)  # Concat(head_1..head_h)
-        return self.out_proj(out), weights
+        return out.transpose(1, 2).reshape(B, T, H * Dv), weights  # Concat(head_1..head_h)

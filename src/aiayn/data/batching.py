@@ -1,0 +1,197 @@
+"""Token-bounded batches of similar-length pairs (§5.1) and their padded tensors.
+
+§5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
+contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
+tokens." ``TokenBatchSampler`` bounds the padded size of each batch: B * max length in the batch
+<= max_src_tokens (source) and <= max_tgt_tokens (target), counting the lengths the caller passes
+(the model's view: ids + 1 for the EOS on the source / the BOS or EOS on the target).
+
+Rules, all per epoch from (seed, epoch) only, so every rank and every resumed run agrees:
+
+* order: sort by (longer side, target length, source length), ties broken by a random key
+  (on Multi30k at 4096/4096 tokens this pads 5.7% of source and 2.6% of target slots in 119
+  batches; sorting by target then source pads 11.9% / 0.6% in 128 batches);
+* cut: walk that order and close a batch when adding the next pair would break a bound;
+  batch boundaries depend only on the lengths, so the number of batches is the same every epoch;
+* an example that alone breaks a bound is its own batch (default: no pair is ever lost, which
+  valid/test need), or is dropped with ``drop_oversize=True``;
+* batch order is shuffled (``shuffle=True``), else kept shortest first (translation);
+* data parallel: with ``num_replicas`` R the last ``n_batches % R`` batches of the (shuffled)
+  order are dropped, so fewer than R batches (less than one per rank) go unused per epoch, and
+  which ones changes with the epoch's shuffle (without shuffle: always the last, longest ones);
+  rank r takes batches r, r+R, r+2R, ...
+
+``state_dict()`` records the epoch and how many batches this rank has been handed in it;
+after ``load_state_dict`` the next ``__iter__`` yields exactly the remaining batches (later
+iterations, like any fresh one, start the epoch from its first batch). The
+count is of batches handed out: a consumer that prefetches (a DataLoader with workers) must
+save the count it actually trained on instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from aiayn.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from aiayn.errors import UserError
+
+
+class TokenBatchSampler:
+    """Yields lists of example indices; see the module docstring for the rules."""
+
+    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_src_tokens: int,
+                 max_tgt_tokens: int, seed: int = 1, shuffle: bool = True, num_replicas: int = 1,
+                 rank: int = 0, drop_oversize: bool = False):
+        self.src_lens = np.asarray(src_lens, dtype=np.int64)
+        self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
+        if self.src_lens.shape != self.tgt_lens.shape:
+            raise ValueError(f"src_lens has {len(self.src_lens)} entries, tgt_lens {len(self.tgt_lens)}")
+        if max_src_tokens <= 0 or max_tgt_tokens <= 0:
+            raise ValueError("max_src_tokens and max_tgt_tokens must be positive")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} not in [0, {num_replicas})")
+        self.max_src_tokens, self.max_tgt_tokens = int(max_src_tokens), int(max_tgt_tokens)
+        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.drop_oversize = bool(drop_oversize)
+        self.epoch = 0
+        self._position = 0  # batches of this epoch handed out by the current iteration
+        self._skip = 0  # batches the next __iter__ skips (set by load_state_dict only)
+        self._longer = np.maximum(self.src_lens, self.tgt_lens)
+        self._slices, self.n_oversize = self._cut()
+
+    def _sorted_order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator | None]:
+        n = len(self.src_lens)
+        if not self.shuffle:
+            return np.lexsort((np.arange(n), self.src_lens, self.tgt_lens, self._longer)), None
+        rng = np.random.default_rng([self.seed, epoch])
+        return np.lexsort((rng.random(n), self.src_lens, self.tgt_lens, self._longer)), rng
+
+    def _cut(self) -> tuple[list[tuple[int, int]], int]:
+        """(start, end) slices of the sorted order; oversize pairs alone or skipped."""
+        order = np.lexsort((self.src_lens, self.tgt_lens, self._longer))
+        s, t = self.src_lens[order].tolist(), self.tgt_lens[order].tolist()
+        max_s, max_t = self.max_src_tokens, self.max_tgt_tokens
+        slices: list[tuple[int, int]] = []
+        start, ms, mt, oversize = 0, 0, 0, 0
+        for k, (sk, tk) in enumerate(zip(s, t)):
+            if sk > max_s or tk > max_t:
+                if k > start:
+                    slices.append((start, k))
+                oversize += 1
+                if not self.drop_oversize:
+                    slices.append((k, k + 1))
+                start, ms, mt = k + 1, 0, 0
+                continue
+            ns, nt, size = max(ms, sk), max(mt, tk), k - start + 1
+            if size * ns > max_s or size * nt > max_t:
+                slices.append((start, k))
+                start, ns, nt = k, sk, tk
+            ms, mt = ns, nt
+        if start < len(s):
+            slices.append((start, len(s)))
+        return slices, oversize
+
+    @property
+    def n_batches_total(self) -> int:
+        """Batches per epoch over all ranks, before evening out the ranks."""
+        return len(self._slices)
+
+    def __len__(self) -> int:
+        return len(self._slices) // self.num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order; a different epoch starts from its first batch."""
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self._position = self._skip = 0
+
+    def epoch_batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        """All batches of ``epoch`` (default: the current one) for this rank, in order."""
+        epoch = self.epoch if epoch is None else epoch
+        order, rng = self._sorted_order(epoch)
+        n = len(self._slices)
+        batch_order = rng.permutation(n) if rng is not None else np.arange(n)
+        kept = batch_order[: n - n % self.num_replicas]
+        return [order[slice(*self._slices[j])] for j in kept[self.rank::self.num_replicas]]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """The epoch's batches for this rank; after ``load_state_dict``, only those not yet seen."""
+        batches = self.epoch_batches()
+        start, self._skip = self._skip, 0
+        self._position = start
+        for batch in batches[start:]:
+            self._position += 1
+            yield batch.tolist()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self._position, "seed": self.seed,
+                "num_replicas": self.num_replicas, "rank": self.rank,
+                "n_examples": len(self.src_lens), "n_batches": len(self)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "num_replicas", "n_examples", "n_batches"):
+            mine = self.state_dict()[key]
+            if state[key] != mine:
+                raise UserError(f"cannot resume the batch order: saved {key}={state[key]}, now {mine}")
+        self.epoch = int(state["epoch"])
+        self._position = self._skip = int(state["position"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Padded tensors of one batch (§3: the decoder sees the target shifted right by one)."""
+
+    src: torch.Tensor           # (B, S) long: ids + [eos], padded with pad_id
+    tgt_in: torch.Tensor        # (B, T) long: [bos] + ids, the decoder input
+    tgt_out: torch.Tensor       # (B, T) long: ids + [eos], what the decoder must predict
+    n_src_tokens: int           # non-pad entries of src
+    n_tgt_tokens: int           # non-pad entries of tgt_out (the tokens the loss counts)
+    indices: torch.Tensor | None = None  # (B,) positions of the pairs in their split
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        move = lambda x: None if x is None else x.to(device, non_blocking=non_blocking)  # noqa: E731
+        return dataclasses.replace(self, src=move(self.src), tgt_in=move(self.tgt_in),
+                                   tgt_out=move(self.tgt_out), indices=move(self.indices))
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+
+def _pad(rows: list[np.ndarray], pad_id: int, prefix: int | None, suffix: int | None) -> np.ndarray:
+    extra = (prefix is not None) + (suffix is not None)
+    out = np.full((len(rows), max(len(r) for r in rows) + extra), pad_id, dtype=np.int64)
+    for b, r in enumerate(rows):
+        j = 0
+        if prefix is not None:
+            out[b, 0], j = prefix, 1
+        out[b, j:j + len(r)] = r
+        if suffix is not None:
+            out[b, j + len(r)] = suffix
+    return out
+
+
+def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID,
+            bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+            indices: Sequence[int] | None = None) -> Batch:
+    """Pad (src ids, tgt ids) pairs into a ``Batch``: src+[eos], [bos]+tgt, tgt+[eos]."""
+    if not pairs:
+        raise ValueError("collate: empty batch")
+    src = [np.asarray(p[0], dtype=np.int64) for p in pairs]
+    tgt = [np.asarray(p[1], dtype=np.int64) for p in pairs]
+    src_t = torch.from_numpy(_pad(src, pad_id, None, eos_id))          # (B, S)
+    tgt_in = torch.from_numpy(_pad(tgt, pad_id, bos_id, None))          # (B, T)
+    tgt_out = torch.from_numpy(_pad(tgt, pad_id, None, eos_id))         # (B, T)
+    return Batch(src=src_t, tgt_in=tgt_in, tgt_out=tgt_out,
+                 n_src_tokens=sum(len(s) + 1 for s in src), n_tgt_tokens=sum(len(t) + 1 for t in tgt),
+                 indices=None if indices is None else torch.as_tensor(list(indices), dtype=torch.long))
+
+
+def batches(data, sampler: TokenBatchSampler, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
+            eos_id: int = EOS_ID) -> Iterator[Batch]:
+    """``Batch`` objects of ``data`` (a ParallelData) in the sampler's order, with indices."""
+    for idx in sampler:
+        yield collate([data[i] for i in idx], pad_id, bos_id, eos_id, indices=idx)

@@ -1,0 +1,48 @@
+"""``aiayn prepare``: build a data directory from raw parallel text (see ``aiayn.data.prepare``)."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from aiayn.config import ConfigError, add_arguments, from_args, replace
+from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
+from aiayn.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "prepare", help="tokenize and binarize a parallel corpus into a data directory",
+        description="Train a SentencePiece model (ids pad=0 unk=1 bos=2 eos=3) on the train split, "
+                    "encode every split into memory-mappable arrays, clean train, and write a "
+                    "manifest. Inputs: UTF-8, one sentence per line, aligned, plain or .gz. "
+                    "Nothing is left at --out unless the whole run succeeds.")
+    for split, required in (("train", True), ("valid", False), ("test", False)):
+        for side, lang in (("src", "source"), ("tgt", "target")):
+            p.add_argument(f"--{split}-{side}", type=Path, required=required, default=None,
+                           help=f"{split} {lang} text file" + ("" if required else f" (give --{split}-src and --{split}-tgt together)"))
+    p.add_argument("--out", type=Path, required=True, help="data directory to create")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out if it is an existing data directory (or empty)")
+    add_arguments(p, PrepareConfig, defaults=replace(PrepareConfig(), num_workers=os.cpu_count() or 1))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    splits = {}
+    for split in ("train", "valid", "test"):
+        src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
+        if (src is None) != (tgt is None):
+            raise UserError(f"--{split}-src and --{split}-tgt must be given together")
+        if src is not None:
+            splits[split] = SplitFiles(src, tgt)
+    try:
+        cfg = from_args(PrepareConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    manifest = prepare(splits, args.out, cfg, force=args.force)
+    for name, entry in manifest["splits"].items():
+        print(f"{name}: {entry['pairs']} pairs, {entry['src']['tokens']} source / "
+              f"{entry['tgt']['tokens']} target tokens")
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,247 @@
+"""``aiayn prepare``: raw parallel text -> a data directory (tokenizer, binarized splits, manifest).
+
+Steps (§5.1: sentences encoded with byte-pair encoding into a shared source-target vocabulary):
+
+1. check: every input exists, is UTF-8, source and target have the same number of lines,
+   no split is empty; all before anything is written;
+2. sample: up to ``spm_sample_pairs`` non-empty train pairs (reservoir sampling, ``seed``),
+   so SentencePiece never needs the whole corpus in memory;
+3. train SentencePiece (BPE by default; unigram as an option), one shared model by default;
+4. encode every split streaming, ``chunk_lines`` pairs at a time with SentencePiece's thread
+   pool (``num_workers``), appending ids to ``.npy`` files (layout: ``aiayn.data.store``);
+5. clean train only (valid/test are scored line by line, so they are kept whole, in order);
+   a pair is dropped for the first rule it breaks, in this order, and counted under it:
+   ``empty`` (a side with no tokens), ``too_long`` (a side over ``max_len`` tokens),
+   ``bad_ratio`` (longer side / shorter side over ``max_len_ratio``);
+6. write the manifest (format in ``aiayn.data.dataset``) last and rename the temp dir into place.
+
+Memory: the SentencePiece sample (the default 1M pairs of WMT-length sentences is roughly
+0.5 GB of Python strings) and SentencePiece's trainer; encoding holds one chunk at a time.
+Measured: all of Multi30k (29k pairs, vocab 8000) about 1 s; 290k pairs about 11 s on 2 cores.
+
+Cleaning defaults, in subword tokens without bos/eos: ``max_len`` 250 (the bound fairseq's
+WMT14 En-De recipe applies to BPE tokens with Moses' clean-corpus-n); ``max_len_ratio`` 3.0
+(that recipe uses 1.5, which on subwords drops many short, correct pairs: 802 of Multi30k's
+29,000 with a shared BPE of 8000, against 2 at 3.0, both garbage; Moses' default is 9 on
+words). The paper gives none.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import time
+from datetime import datetime, timezone
+from itertools import chain, islice
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from aiayn.config import ConfigError, param, to_dict
+from aiayn.data.store import SIDES, AtomicDir, NpyAppender, array_files, token_dtype, write_json_atomic
+from aiayn.data.store import FORMAT, MANIFEST, VERSION
+from aiayn.data.textio import check_readable, read_pairs
+from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, Tokenizer, train_sentencepiece
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """Options of ``aiayn prepare`` (recorded in the manifest)."""
+
+    vocab_size: int = param(37000, "SentencePiece vocabulary size, special ids included (§5.1: about 37,000 shared for WMT14 En-De)")
+    model_type: str = param("bpe", "SentencePiece model: bpe (byte-pair encoding, §5.1) or unigram")
+    shared_vocab: bool = param(True, "one model for both languages (§5.1); false trains separate source and target models")
+    character_coverage: float = param(0.9999, "share of characters SentencePiece must cover; rarer ones become <unk>")
+    spm_sample_pairs: int = param(1_000_000, "train pairs sampled (reservoir, by seed) to train SentencePiece; all if fewer")
+    drop_empty: bool = param(True, "drop train pairs with an empty side")
+    max_len: int = param(250, "drop train pairs with a side longer than this many subword tokens; 0 = no limit")
+    max_len_ratio: float = param(3.0, "drop train pairs whose longer/shorter side ratio (in subword tokens) exceeds this; 0 = no limit")
+    seed: int = param(1, "seed of the SentencePiece training sample")
+    num_workers: int = param(0, "threads for SentencePiece training and encoding; 0 = os.cpu_count()")
+    chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ("bpe", "unigram"):
+            raise ConfigError(f"model_type must be bpe or unigram, got {self.model_type!r}")
+        if self.vocab_size <= len(SPECIAL_IDS):
+            raise ConfigError(f"vocab_size must exceed {len(SPECIAL_IDS)}, got {self.vocab_size}")
+        if self.max_len < 0 or self.max_len_ratio < 0 or self.chunk_lines <= 0 or self.spm_sample_pairs <= 0:
+            raise ConfigError("max_len and max_len_ratio must be >= 0; chunk_lines and spm_sample_pairs > 0")
+
+    @property
+    def threads(self) -> int:
+        return self.num_workers or os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFiles:
+    """The aligned source and target files of one split."""
+
+    src: Path
+    tgt: Path
+
+
+def clean_reason(n_src: int, n_tgt: int, cfg: PrepareConfig) -> str | None:
+    """The first cleaning rule a train pair of these token counts breaks, or None to keep it."""
+    if cfg.drop_empty and (n_src == 0 or n_tgt == 0):
+        return "empty"
+    if cfg.max_len and max(n_src, n_tgt) > cfg.max_len:
+        return "too_long"
+    if cfg.max_len_ratio and min(n_src, n_tgt) > 0 and max(n_src, n_tgt) / min(n_src, n_tgt) > cfg.max_len_ratio:
+        return "bad_ratio"
+    return None
+
+
+def length_stats(lens: np.ndarray) -> dict[str, float]:
+    """min/max/mean and percentiles of token counts (for the manifest)."""
+    if len(lens) == 0:
+        return {"min": 0, "max": 0, "mean": 0.0, "p50": 0, "p90": 0, "p99": 0}
+    p50, p90, p99 = np.percentile(lens, [50, 90, 99], method="higher")
+    return {"min": int(lens.min()), "max": int(lens.max()), "mean": round(float(lens.mean()), 3),
+            "p50": int(p50), "p90": int(p90), "p99": int(p99)}
+
+
+def _scan(files: SplitFiles, sample_size: int, seed: int) -> tuple[int, list[tuple[str, str]]]:
+    """Validate a split end to end; return its line count and a reservoir sample of non-empty pairs."""
+    rng = random.Random(seed)
+    sample: list[tuple[str, str]] = []
+    seen, n = 0, 0
+    for n, s, t in read_pairs(files.src, files.tgt):
+        if not (sample_size and s and t):
+            continue
+        seen += 1
+        if len(sample) < sample_size:
+            sample.append((s, t))
+        elif (j := rng.randrange(seen)) < sample_size:
+            sample[j] = (s, t)
+    return n, sample
+
+
+def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConfig) -> dict[str, str]:
+    """Train the SentencePiece model(s) into ``tmp``; return the model file name per side."""
+    opts = dict(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
+                character_coverage=cfg.character_coverage, num_threads=cfg.threads)
+    if cfg.shared_vocab:
+        path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", **opts)
+        return {"src": path.name, "tgt": path.name}
+    names = {}
+    for k, side in enumerate(SIDES):
+        names[side] = train_sentencepiece((p[k] for p in sample), tmp / f"spm.{side}.model", **opts).name
+    return names
+
+
+def _chunks(files: SplitFiles, size: int) -> Iterator[list[tuple[int, str, str]]]:
+    pairs = read_pairs(files.src, files.tgt)
+    while chunk := list(islice(pairs, size)):
+        yield chunk
+
+
+class _SideWriter:
+    """Appends one side's ids and offsets, and tallies its lengths and <unk> count."""
+
+    def __init__(self, tmp: Path, split: str, side: str, vocab_size: int):
+        self.names = array_files(split, side)
+        self.tmp = tmp
+        self.dtype = token_dtype(vocab_size)
+        self.tokens = NpyAppender(tmp / self.names[0], self.dtype)
+        self.offsets = NpyAppender(tmp / self.names[1], np.int64)
+        self.offsets.append(np.zeros(1, dtype=np.int64))
+        self.lens: list[np.ndarray] = []
+        self.unk = 0
+
+    def append(self, seqs: list[list[int]]) -> None:
+        lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        ids = np.fromiter(chain.from_iterable(seqs), dtype=self.dtype, count=int(lens.sum()))
+        self.offsets.append(self.tokens.length + np.cumsum(lens))
+        self.tokens.append(ids)
+        self.lens.append(lens)
+        self.unk += int(np.count_nonzero(ids == UNK_ID))
+
+    def close(self) -> dict[str, Any]:
+        self.tokens.close()
+        self.offsets.close()
+        lens = np.concatenate(self.lens) if self.lens else np.zeros(0, dtype=np.int64)
+        return {"tokens_file": self.names[0], "offsets_file": self.names[1], "dtype": self.dtype.name,
+                "tokens": int(lens.sum()), "unk": self.unk, "length": length_stats(lens),
+                "bytes": {n: (self.tmp / n).stat().st_size for n in self.names}}
+
+
+def _encode_split(split: str, files: SplitFiles, toks: dict[str, Tokenizer], tmp: Path,
+                  cfg: PrepareConfig, clean: bool) -> dict[str, Any]:
+    """Encode one split into ``tmp`` (cleaning it if ``clean``); return its manifest entry."""
+    writers = {side: _SideWriter(tmp, split, side, toks[side].vocab_size) for side in SIDES}
+    counts = {"input": 0, "empty": 0, "too_long": 0, "bad_ratio": 0, "kept": 0}
+    for chunk in _chunks(files, cfg.chunk_lines):
+        src = toks["src"].encode_batch([p[1] for p in chunk], num_threads=cfg.threads)
+        tgt = toks["tgt"].encode_batch([p[2] for p in chunk], num_threads=cfg.threads)
+        counts["input"] += len(chunk)
+        if clean:
+            reasons = [clean_reason(len(s), len(t), cfg) for s, t in zip(src, tgt)]
+            for r in reasons:
+                counts[r or "kept"] += 1
+            src = [s for s, r in zip(src, reasons) if r is None]
+            tgt = [t for t, r in zip(tgt, reasons) if r is None]
+        else:
+            counts["kept"] += len(chunk)
+        writers["src"].append(src)
+        writers["tgt"].append(tgt)
+    entry: dict[str, Any] = {"pairs": counts["kept"], "cleaned": clean,
+                             "inputs": {"src": str(files.src.resolve()), "tgt": str(files.tgt.resolve()),
+                                        "lines": counts["input"]}}
+    if clean:
+        entry["cleaning"] = counts
+        log.info("%s: %d pairs in, dropped %d empty, %d too long (> %d tokens), %d bad ratio (> %g); %d kept",
+                 split, counts["input"], counts["empty"], counts["too_long"], cfg.max_len,
+                 counts["bad_ratio"], cfg.max_len_ratio, counts["kept"])
+        if counts["kept"] == 0:
+            raise UserError(f"{files.src}: empty corpus after cleaning (all {counts['input']} pairs dropped)")
+    entry.update({side: writers[side].close() for side in SIDES})
+    return entry
+
+
+def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force: bool = False) -> dict[str, Any]:
+    """Build the data directory ``out`` from ``splits`` ("train" required); returns the manifest."""
+    if "train" not in splits:
+        raise UserError("prepare needs a train split")
+    for split, files in splits.items():
+        check_readable(files.src, f"{split} source")
+        check_readable(files.tgt, f"{split} target")
+    out = Path(out)
+    atomic = AtomicDir(out, force=force)
+    atomic.check_destination()
+    t0 = time.perf_counter()
+    lines = {}
+    for split, files in splits.items():
+        lines[split], s = _scan(files, cfg.spm_sample_pairs if split == "train" else 0, cfg.seed)
+        log.info("%s: %d aligned lines (%s, %s)", split, lines[split], files.src, files.tgt)
+        if split == "train":
+            sample = s
+    if not sample:
+        raise UserError(f"{splits['train'].src}: empty corpus (no train pair has both sides non-empty)")
+    n_sample = len(sample)
+    with atomic as tmp:
+        t1 = time.perf_counter()
+        names = _train_tokenizers(sample, tmp, cfg)
+        del sample
+        toks = {side: Tokenizer.load(tmp / names[side]) for side in SIDES}
+        log.info("trained SentencePiece %s (%s, vocab %d) on %d sampled pairs in %.1fs",
+                 "shared" if cfg.shared_vocab else "separate", cfg.model_type, toks["src"].vocab_size,
+                 n_sample, time.perf_counter() - t1)
+        manifest = {
+            "format": FORMAT, "version": VERSION, "complete": True, "special_ids": SPECIAL_IDS,
+            "vocab": {"shared": cfg.shared_vocab, "model_type": cfg.model_type,
+                      **{side: {"model": names[side], "sha256": toks[side].sha256,
+                                "vocab_size": toks[side].vocab_size} for side in SIDES}},
+            "splits": {split: _encode_split(split, files, toks, tmp, cfg, clean=(split == "train"))
+                       for split, files in splits.items()},
+            "options": to_dict(cfg),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        write_json_atomic(tmp / MANIFEST, manifest)
+    log.info("wrote %s in %.1fs", out, time.perf_counter() - t0)
+    return manifest

@@ -1,0 +1,64 @@
+"""Reading parallel text: plain or gzip (detected by content), UTF-8, one sentence per line.
+
+Every problem is an ``InputError`` naming the file and the 1-based line: invalid UTF-8, a
+source and target of different lengths (both counts given), an unreadable or corrupt file.
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from itertools import zip_longest
+from pathlib import Path
+from typing import IO, Iterator
+
+from aiayn.errors import InputError, UserError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def check_readable(path: Path, what: str) -> None:
+    """A clear error for a missing input before any work starts."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file ({what})")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file ({what})")
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Lines of ``path`` decoded as UTF-8 (a leading BOM dropped), surrounding whitespace stripped."""
+    n = 0
+    try:
+        with _open_binary(path) as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(path, n, f"invalid UTF-8 (byte {exc.start + 1} of the line: "
+                                              f"{raw[exc.start:exc.start + 4]!r})") from None
+                if n == 1 and text.startswith("\ufeff"):
+                    text = text[1:]
+                yield text.strip()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(path, n + 1, f"cannot read ({exc})") from exc
+
+
+def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[int, str, str]]:
+    """(line number, source line, target line); an ``InputError`` if the line counts differ."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    n = 0
+    for n, (s, t) in enumerate(zip_longest(src_lines, tgt_lines), 1):
+        if s is None or t is None:
+            n_src = n - 1 + (s is not None) + sum(1 for _ in src_lines)
+            n_tgt = n - 1 + (t is not None) + sum(1 for _ in tgt_lines)
+            short = src if s is None else tgt
+            raise InputError(short, n, f"source and target line counts differ: source {src} has "
+                                           f"{n_src} lines, target {tgt} has {n_tgt} lines")
+        yield n, s, t
+    if n == 0:
+        raise InputError(src, None, f"empty corpus: no lines (target {tgt})")

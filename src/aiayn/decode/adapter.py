@@ -1,0 +1,109 @@
+"""``StepDecoder``s over ``aiayn.Transformer`` for the search in ``aiayn.decode.search``.
+
+``CachedDecoder`` is the one to use: encoder-decoder keys/values are computed once per
+sentence and self-attention keys/values are kept in the model's ``DecoderCache`` (one new
+position per step). ``RecomputeDecoder`` re-runs the decoder over the whole prefix at every
+step; it exists as the reference the cache is tested against and as the "no cache" baseline
+of the speed measurement.
+
+Shapes: B sentences, N decoding rows (sentences x beams), S source length, t prefix length,
+V target vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aiayn.model import DecoderCache, EncoderOutput, Transformer
+from aiayn.model.cache import LayerCache
+
+
+def _log_softmax(logits: Tensor) -> Tensor:
+    """(N, V) log-probabilities, in float32 unless the model runs in float64."""
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    return logits.log_softmax(dim=-1)
+
+
+@dataclass
+class CachedState:
+    """The model's ``DecoderCache`` plus what makes beam reordering cheap.
+
+    ``reorder`` gathers the filled self-attention keys/values into preallocated spare buffers
+    (no fresh allocation per step) and keeps the encoder-decoder keys/values untouched while
+    every row still decodes the same sentence as before (beams reordered within a sentence);
+    they are gathered only when sentences leave the batch. A reordered state takes over the
+    buffers of the old one: the old state must not be used again (as with the cache itself,
+    which ``decode`` advances in place).
+    """
+
+    cache: DecoderCache
+    sentence: Tensor  # (N,) the source sentence each row decodes
+    spare: list[tuple[Tensor, Tensor]] | None = None  # per layer (N',H,Tmax,K), (N',H,Tmax,Dv)
+
+    def reorder(self, idx: Tensor) -> "CachedState":
+        c, n, L = self.cache, idx.numel(), self.cache.length
+        sentence = self.sentence.index_select(0, idx)
+        same_rows = sentence.shape == self.sentence.shape and torch.equal(sentence, self.sentence)
+        spare = self.spare
+        if spare is None or spare[0][0].size(0) < n or spare[0][0].size(2) != c.capacity:
+            spare = [(torch.empty((n,) + lc.self_k.shape[1:], dtype=lc.self_k.dtype, device=lc.self_k.device),
+                      torch.empty((n,) + lc.self_v.shape[1:], dtype=lc.self_v.dtype, device=lc.self_v.device))
+                     for lc in c.layers]
+        layers = []
+        for lc, (k, v) in zip(c.layers, spare):
+            k, v = k[:n], v[:n]
+            torch.index_select(lc.self_k[:, :, :L], 0, idx, out=k[:, :, :L])
+            torch.index_select(lc.self_v[:, :, :L], 0, idx, out=v[:, :, :L])
+            cross_k = lc.cross_k if same_rows else lc.cross_k.index_select(0, idx)
+            cross_v = lc.cross_v if same_rows else lc.cross_v.index_select(0, idx)
+            layers.append(LayerCache(k, v, cross_k, cross_v))
+        src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, idx)
+        old = [(lc.self_k, lc.self_v) for lc in c.layers]
+        return CachedState(DecoderCache(layers, src_pad, L), sentence, old)
+
+
+class CachedDecoder:
+    """Incremental decoding with the model's ``DecoderCache`` (wrapped in ``CachedState``)."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+
+    def start(self, src: Tensor, max_len: int) -> CachedState:
+        """src (B, S) -> a cache of B rows with room for max_len decoder positions."""
+        cache = self.model.init_cache(self.model.encode(src), max_len)
+        return CachedState(cache, torch.arange(src.size(0), device=src.device))
+
+    def step(self, tokens: Tensor, state: CachedState) -> tuple[Tensor, CachedState]:
+        """tokens (N,) at position cache.length -> next-token log-probs (N, V)."""
+        out = self.model.decode(tokens[:, None], cache=state.cache)
+        return _log_softmax(out.logits[:, -1]), CachedState(out.cache, state.sentence, state.spare)
+
+
+@dataclass
+class PrefixState:
+    """Encoder output and the decoder inputs so far (BOS first), one row per hypothesis."""
+
+    enc: EncoderOutput  # memory (N, S, D), src_pad (N, S)
+    prefix: Tensor  # (N, t)
+
+    def reorder(self, idx: Tensor) -> "PrefixState":
+        enc = EncoderOutput(self.enc.memory.index_select(0, idx), self.enc.src_pad.index_select(0, idx))
+        return PrefixState(enc, self.prefix.index_select(0, idx))
+
+
+class RecomputeDecoder:
+    """Decoding without a cache: each step runs the decoder over the full prefix."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+
+    def start(self, src: Tensor, max_len: int) -> PrefixState:
+        return PrefixState(self.model.encode(src), src.new_zeros(src.size(0), 0))
+
+    def step(self, tokens: Tensor, state: PrefixState) -> tuple[Tensor, PrefixState]:
+        prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (N, t)
+        logits = self.model.decode(prefix, state.enc).logits[:, -1]  # (N, V)
+        return _log_softmax(logits), PrefixState(state.enc, prefix)

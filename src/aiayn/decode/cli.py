@@ -1,0 +1,101 @@
+"""``aiayn translate``: source sentences in, translations out, in input order (§6.1)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+CHUNK_LINES = 10_000  # lines read, translated and written at a time (bounds memory)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "translate", help="translate sentences with a checkpoint (beam search, §6.1)",
+        description="Translate one sentence per line from --input (or stdin) to stdout, in input order. "
+                    "Defaults are the paper's: beam 4, alpha 0.6, max length = input length + 50. "
+                    "An empty line gives an empty line; a line longer than --max-input-tokens is an error "
+                    "naming its line number. With --nbest N > 1 each output line is "
+                    "'INDEX ||| TRANSLATION ||| SCORE' (0-based input index, best first).")
+    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    p.add_argument("--input", metavar="FILE", help="source sentences, one per line, plain or gzip (default: stdin)")
+    p.add_argument("--attention-out", metavar="FILE",
+                   help="write attention weights of each best translation to FILE.json or FILE.npz")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_arguments(p, DecodeConfig)
+    p.set_defaults(func=run)
+
+
+def _input_chunks(path: str | None) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, lines) chunks of the input."""
+    if path is None:
+        lines = (line.strip() for line in sys.stdin)
+    else:
+        from aiayn.data.textio import check_readable, read_lines
+        check_readable(Path(path), "translation input")
+        lines = read_lines(Path(path))
+    chunk, first = [], 1
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == CHUNK_LINES:
+            yield first, chunk
+            first, chunk = first + len(chunk), []
+    if chunk:
+        yield first, chunk
+
+
+def _write_attention(path: Path, records: list[dict]) -> None:
+    if path.suffix == ".json":
+        data = [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()} for r in records]
+        path.write_text(json.dumps(data), encoding="utf-8")
+        return
+    arrays = {}
+    for r in records:
+        i = r["line"]
+        arrays[f"{i}_src_tokens"] = np.array(r["src_tokens"])
+        arrays[f"{i}_tgt_tokens"] = np.array(r["tgt_tokens"])
+        for name in ("encoder", "decoder_self", "cross"):
+            arrays[f"{i}_{name}"] = r[name]
+    np.savez_compressed(path, **arrays)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = from_args(DecodeConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    att_path = Path(args.attention_out) if args.attention_out else None
+    if att_path is not None and att_path.suffix not in (".json", ".npz"):
+        raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
+    translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
+    source = args.input or "<stdin>"
+    records, n_lines, t0 = [], 0, time.perf_counter()
+    for first, lines in _input_chunks(args.input):
+        ids = translator.encode(lines, source, first)
+        hyps = translator.translate_ids(ids)
+        for k, hs in enumerate(hyps):
+            texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
+            if cfg.nbest == 1:
+                sys.stdout.write((texts[0] if texts else "") + "\n")
+            else:
+                for text, h in zip(texts, hs):
+                    sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}\n")
+            if att_path is not None and hs:
+                records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
+        sys.stdout.flush()
+        n_lines += len(lines)
+    if att_path is not None:
+        _write_attention(att_path, records)
+    log.info("translated %d lines in %.1fs", n_lines, time.perf_counter() - t0)
+    return 0

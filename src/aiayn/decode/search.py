@@ -1,0 +1,286 @@
+"""Greedy search, beam search and sampling over a batch of sentences (§6.1).
+
+The search talks to the model through a two-method protocol (``StepDecoder``) so that tests
+can drive it with hand-written probability tables:
+
+    state = decoder.start(src, max_len)          # src (B, S); state holds B rows
+    log_probs, state = decoder.step(tokens, state)   # tokens (N,) -> log_probs (N, V)
+    state = state.reorder(idx)                   # idx (N',) rows to keep, in order
+
+Everything is vectorized over the (sentence * beam) rows; the only Python loop is over time
+steps. A sentence leaves the batch (its decoder rows are dropped with ``reorder``) as soon as
+it is done, so outputs never depend on which other sentences share the batch.
+
+Definitions (documented choices):
+- |Y| counts generated tokens *including* EOS, as tensor2tensor does; the score of a finished
+  hypothesis is sum(log p) / lp(|Y|) with the GNMT penalty lp(L) = ((5 + L) / 6)^α.
+- The maximum output length is max_len = min(floor(a * |x| + b), cap) tokens, EOS included;
+  |x| is the number of non-pad source tokens. A hypothesis that reaches max_len tokens without
+  EOS is finished as it stands (flag ``eos=False``), with |Y| = max_len.
+- EOS is forbidden while fewer than ``min_len`` tokens have been generated; pad and BOS are
+  never generated.
+- Beam search keeps the K best extensions of the live hypotheses at each step (top K of K*V).
+  Those ending in EOS (or reaching max_len) move to the finished pool and leave the beam; the
+  next step refills all K slots from the remaining live ones. So beam size 1 is greedy search.
+  (tensor2tensor instead finishes EOS candidates from the top 2K; ours is OpenNMT's choice.)
+- Exact early stop: with α >= 0 and log-probs <= 0, a live hypothesis with log-prob s can at
+  best reach s / lp(max_len) (s only falls and lp only grows). A sentence is done when no live
+  hypothesis's bound beats the nbest-th best finished score (nbest = 1: the best), or when no
+  live hypothesis is left. With α = 0, lp = 1 and the bound is s itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from aiayn.decode.config import DecodeConfig
+
+NEG_INF = float("-inf")
+
+
+class DecoderState(Protocol):
+    def reorder(self, idx: Tensor) -> "DecoderState":
+        """Rows ``idx`` (N',) of this state, in that order (repeats allowed)."""
+
+
+class StepDecoder(Protocol):
+    def start(self, src: Tensor, max_len: int) -> DecoderState:
+        """Encode src (B, S) once; the state can decode up to max_len tokens per row."""
+
+    def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        """Feed the last tokens (N,); return log-probabilities (N, V) of the next token."""
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int = 0
+    bos: int = 2
+    eos: int = 3
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One output sentence: tokens exclude BOS and EOS."""
+
+    tokens: tuple[int, ...]
+    score: float  # sum log p / lp(|Y|)
+    log_prob: float  # sum log p over |Y| tokens (EOS included when generated)
+    length: int  # |Y|
+    eos: bool  # False when stopped at the maximum length
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT length penalty lp(L) = ((5 + L) / 6)^α (Wu et al. 2016; §6.1 with α = 0.6)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, cap: int | None = None) -> Tensor:
+    """(B,) maximum output lengths floor(a * |x| + b), at least 1 and at most ``cap``."""
+    src_len = (src != pad_id).sum(dim=1).double()  # (B,)
+    out = torch.floor(cfg.max_len_a * src_len + cfg.max_len_b).long().clamp_(min=1)
+    return out.clamp_(max=cap) if cap is not None else out
+
+
+def _mask_special(log_probs: Tensor, t: int, cfg: DecodeConfig, ids: SpecialIds) -> Tensor:
+    """Forbid pad and BOS always, EOS while t <= min_len (t = 1-based index of the new token)."""
+    banned = [ids.pad, ids.bos] + ([ids.eos] if t <= cfg.min_len else [])
+    return log_probs.index_fill_(1, torch.tensor(banned, device=log_probs.device), NEG_INF)
+
+
+class _Results:
+    """Output buffers for B sentences x F hypotheses, written as sentences finish."""
+
+    def __init__(self, B: int, F: int, T: int):
+        self.tokens = torch.zeros(B, F, T, dtype=torch.long)
+        self.score = torch.full((B, F), NEG_INF, dtype=torch.float64)
+        self.log_prob = torch.full((B, F), NEG_INF, dtype=torch.float64)
+        self.length = torch.zeros(B, F, dtype=torch.long)
+        self.eos = torch.zeros(B, F, dtype=torch.bool)
+
+    def write(self, rows: Tensor, tokens: Tensor, score: Tensor, log_prob: Tensor,
+              length: Tensor, eos: Tensor) -> None:
+        """rows (n,); tokens (n, F, T'); the other tensors (n, F)."""
+        self.tokens[rows, :, : tokens.size(2)] = tokens.cpu()
+        self.score[rows] = score.double().cpu()
+        self.log_prob[rows] = log_prob.double().cpu()
+        self.length[rows] = length.cpu()
+        self.eos[rows] = eos.cpu()
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        out = []
+        for toks, sc, lp, n, e in zip(self.tokens.tolist(), self.score.tolist(), self.log_prob.tolist(),
+                                      self.length.tolist(), self.eos.tolist()):
+            out.append([Hypothesis(tuple(tk[: ln - int(ee)]), s, l, ln, ee)
+                        for tk, s, l, ln, ee in zip(toks, sc, lp, n, e) if s != NEG_INF])
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# One path per row: greedy search and sampling
+
+
+def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
+                 choose: Callable[[Tensor], Tensor], cap: int | None) -> _Results:
+    """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length."""
+    B = src.size(0)
+    max_len = max_output_lengths(src, cfg, ids.pad, cap).to(src.device)  # (B,)
+    T = int(max_len.max())
+    res = _Results(B, 1, T)
+    state = decoder.start(src, T)
+    rows = torch.arange(B, device=src.device)  # original row of each live row
+    seqs = torch.zeros(B, T, dtype=torch.long, device=src.device)  # (N, T)
+    total = torch.zeros(B, dtype=torch.float64, device=src.device)  # (N,) sum log p
+    last = torch.full((B,), ids.bos, dtype=torch.long, device=src.device)
+    for t in range(1, T + 1):
+        log_probs, state = decoder.step(last, state)
+        log_probs = _mask_special(log_probs, t, cfg, ids)  # (N, V)
+        tok = choose(log_probs)  # (N,)
+        total += log_probs.gather(1, tok[:, None]).squeeze(1).double()
+        seqs[:, t - 1] = tok
+        is_eos = tok == ids.eos
+        done = is_eos | (max_len <= t)
+        if bool(done.any()):
+            d = done.nonzero().squeeze(1)
+            score = total[d] / length_penalty(float(t), cfg.alpha)
+            res.write(rows[d], seqs[d, None, :t], score[:, None], total[d, None],
+                      torch.full((d.numel(), 1), t), is_eos[d, None])
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            state = state.reorder(keep)
+            rows, seqs, total, max_len, tok = rows[keep], seqs[keep], total[keep], max_len[keep], tok[keep]
+        last = tok
+    return res
+
+
+def filter_logits(log_probs: Tensor, cfg: DecodeConfig) -> Tensor:
+    """Sampling distribution (as logits, N x V): temperature, then top-k, then top-p (nucleus)."""
+    logits = log_probs / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < logits.size(-1):
+        kth = logits.topk(cfg.top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    if cfg.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly better tokens
+        drop_sorted = mass_before >= cfg.top_p  # the first token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, NEG_INF)
+    return logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search
+
+
+class _Pool:
+    """The F best finished hypotheses of each of N sentences (score -inf = empty slot)."""
+
+    def __init__(self, N: int, F: int, T: int, device: torch.device, dtype: torch.dtype):
+        self.tokens = torch.zeros(N, F, T, dtype=torch.long, device=device)
+        self.score = torch.full((N, F), NEG_INF, dtype=dtype, device=device)
+        self.log_prob = torch.full((N, F), NEG_INF, dtype=dtype, device=device)
+        self.length = torch.zeros(N, F, dtype=torch.long, device=device)
+        self.eos = torch.zeros(N, F, dtype=torch.bool, device=device)
+
+    def merge(self, tokens: Tensor, log_prob: Tensor, ends: Tensor, is_eos: Tensor, t: int, alpha: float) -> None:
+        """Add candidates (N, K) that end at step t; keep the F best per sentence.
+
+        A stable sort keeps earlier-finished hypotheses ahead of later ties.
+        """
+        F = self.score.size(1)
+        cand = torch.where(ends, log_prob / length_penalty(float(t), alpha), NEG_INF)  # (N, K)
+        score = torch.cat([self.score, cand], dim=1)  # (N, F + K)
+        best = score.sort(dim=1, descending=True, stable=True).indices[:, :F]  # (N, F)
+        T = self.tokens.size(2)
+        self.tokens = torch.cat([self.tokens, tokens], 1).gather(1, best[..., None].expand(-1, -1, T))
+        self.score = score.gather(1, best)
+        self.log_prob = torch.cat([self.log_prob, log_prob], 1).gather(1, best)
+        self.length = torch.cat([self.length, torch.full_like(ends, t, dtype=torch.long)], 1).gather(1, best)
+        self.eos = torch.cat([self.eos, is_eos], 1).gather(1, best)
+
+    def select(self, keep: Tensor) -> None:
+        for name in ("tokens", "score", "log_prob", "length", "eos"):
+            setattr(self, name, getattr(self, name)[keep])
+
+
+def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
+                 cap: int | None) -> _Results:
+    """Beam search with exact early stopping (module docstring); K = beam size, F = nbest."""
+    B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
+    max_len = max_output_lengths(src, cfg, ids.pad, cap).to(dev)  # (N,)
+    T = int(max_len.max())
+    res = _Results(B, F, T)
+    lp_max = length_penalty(max_len.double(), cfg.alpha)  # (N,) for the early-stop bound
+    state = decoder.start(src, T).reorder(torch.arange(B, device=dev).repeat_interleave(K))
+    rows = torch.arange(B, device=dev)
+    live = torch.full((B, K), NEG_INF, device=dev)  # (N, K) sum log p of live hypotheses
+    live[:, 0] = 0.0  # all K beams start as the same empty prefix: expand only one
+    seqs = torch.zeros(B, K, T, dtype=torch.long, device=dev)  # (N, K, T)
+    pool = None
+    last = torch.full((B * K,), ids.bos, dtype=torch.long, device=dev)
+    for t in range(1, T + 1):
+        log_probs, state = decoder.step(last, state)
+        log_probs = _mask_special(log_probs, t, cfg, ids)  # (N*K, V)
+        if pool is None:
+            live = live.to(log_probs.dtype)
+            pool = _Pool(B, F, T, dev, log_probs.dtype)
+        N, V = live.size(0), log_probs.size(1)
+        cand = (live.view(N * K, 1) + log_probs).view(N, K * V)
+        top_lp, top_i = cand.topk(K, dim=1)  # (N, K)
+        parent, tok = top_i // V, top_i % V
+        seqs = seqs.gather(1, parent[..., None].expand(-1, -1, T))
+        seqs[:, :, t - 1] = tok
+        is_eos = tok == ids.eos
+        ends = is_eos | (max_len <= t)[:, None]  # (N, K); -inf candidates stay -inf in the pool
+        if bool(ends.any()):
+            pool.merge(seqs, top_lp, ends, is_eos & ends, t, cfg.alpha)
+        live = top_lp.masked_fill(ends, NEG_INF)
+        bound = live.max(dim=1).values / lp_max  # (N,) best reachable normalized score
+        done = pool.score[:, F - 1] >= bound  # also true when no live hypothesis is left
+        keep = torch.arange(N, device=dev)
+        if bool(done.any()):
+            d = done.nonzero().squeeze(1)
+            res.write(rows[d], pool.tokens[d, :, :t], pool.score[d], pool.log_prob[d], pool.length[d], pool.eos[d])
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            pool.select(keep)
+            rows, live, seqs, max_len, lp_max = rows[keep], live[keep], seqs[keep], max_len[keep], lp_max[keep]
+            parent, tok = parent[keep], tok[keep]
+        state = state.reorder((keep[:, None] * K + parent).view(-1))
+        last = tok.reshape(-1)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+@torch.inference_mode()
+def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
+           max_len_cap: int | None = None, generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+    """Decode a batch src (B, S): per sentence, up to ``cfg.nbest`` hypotheses, best first.
+
+    Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
+    (then nbest independent samples per sentence, sorted by score).
+    """
+    if cfg.sampling:
+        gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
+
+        def draw(log_probs: Tensor) -> Tensor:
+            probs = filter_logits(log_probs, cfg).softmax(dim=-1)
+            return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap)
+        flat = res.hypotheses()
+        return [sorted((h for hs in flat[b * cfg.nbest:(b + 1) * cfg.nbest] for h in hs),
+                       key=lambda h: -h.score) for b in range(src.size(0))]
+    if cfg.beam_size == 1:
+        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap)
+    else:
+        res = _beam_search(decoder, src, cfg, ids, max_len_cap)
+    return res.hypotheses()

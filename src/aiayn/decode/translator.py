@@ -1,0 +1,180 @@
+"""``Translator``: a checkpoint turned into translations of text lines (§6.1).
+
+    Translator.from_checkpoint("best.pt").translate(["Ein Haus.", ""])  # -> ["A house.", ""]
+
+A checkpoint (``aiayn.train.checkpoint``) is self-contained: ``model_config``, ``model`` (state
+dict) and ``tokenizers`` (the SentencePiece model bytes and their sha256). Loading checks that
+the stored bytes match their hashes and that the vocabulary sizes match the model.
+
+Source lines become ``ids + [EOS]``, exactly as in training (``aiayn.data.batching.collate``).
+Lines are sorted by length into batches of at most ``batch_tokens`` padded source tokens,
+decoded, and returned in input order. Documented choices:
+- an empty line (or one with no subword tokens) is translated to an empty line;
+- a line longer than ``max_input_tokens`` (EOS included), or than ``max_positions`` for a model
+  with learned positions, is an ``InputError`` naming its line number: nothing is truncated
+  silently. Outputs are also capped at ``max_positions`` with learned positions.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from aiayn.config import ConfigError, from_dict
+from aiayn.data.vocab import Tokenizer
+from aiayn.decode.adapter import CachedDecoder
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis, SpecialIds, search
+from aiayn.errors import InputError, UserError
+from aiayn.model import ModelConfig, Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str  # detokenized
+    tokens: tuple[int, ...]  # target ids, EOS excluded
+    score: float  # sum log p / lp(|Y|)
+    log_prob: float
+    eos: bool  # False when the maximum output length stopped it
+
+
+def _tokenizer_from_checkpoint(toks: dict, side: str, path: Path) -> Tokenizer:
+    data = toks.get(side)
+    if not isinstance(data, (bytes, bytearray)):
+        raise UserError(f"{path}: checkpoint has no {side} tokenizer model (tokenizers.{side})")
+    digest = hashlib.sha256(data).hexdigest()
+    if toks.get(f"{side}_sha256") not in (None, digest):
+        raise UserError(f"{path}: the stored {side} tokenizer does not match its sha256 "
+                        f"({digest[:12]} vs {str(toks[f'{side}_sha256'])[:12]}); the checkpoint is corrupt")
+    return Tokenizer(bytes(data), name=f"{path}:tokenizers.{side}")
+
+
+def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"
+                             ) -> tuple[Transformer, Tokenizer, Tokenizer]:
+    """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks."""
+    from aiayn.train.checkpoint import load_checkpoint
+
+    path = Path(path)
+    ckpt = load_checkpoint(path, map_location=device)
+    for key in ("model_config", "model", "tokenizers"):
+        if key not in ckpt:
+            raise UserError(f"{path}: checkpoint has no {key!r} entry")
+    try:
+        cfg = from_dict(ModelConfig, ckpt["model_config"])
+    except ConfigError as exc:
+        raise UserError(f"{path}: bad model_config: {exc}") from exc
+    src_tok = _tokenizer_from_checkpoint(ckpt["tokenizers"], "src", path)
+    tgt_tok = _tokenizer_from_checkpoint(ckpt["tokenizers"], "tgt", path)
+    if src_tok.vocab_size != cfg.vocab_size or tgt_tok.vocab_size != cfg.target_vocab_size:
+        raise UserError(f"{path}: tokenizer vocabularies ({src_tok.vocab_size} source, {tgt_tok.vocab_size} "
+                        f"target) do not match the model ({cfg.vocab_size}, {cfg.target_vocab_size})")
+    model = Transformer(cfg)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as exc:
+        raise UserError(f"{path}: weights do not fit the model_config: {exc}") from exc
+    return model.to(device).eval(), src_tok, tgt_tok
+
+
+class Translator:
+    """Model + tokenizers + DecodeConfig: text lines in, translations out, in input order."""
+
+    def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                 cfg: DecodeConfig = DecodeConfig()):
+        self.model = model.eval()
+        self.src_tok, self.tgt_tok, self.cfg = src_tok, tgt_tok, cfg
+        m = model.cfg
+        self.ids = SpecialIds(pad=m.pad_id, bos=m.bos_id, eos=m.eos_id)
+        self.input_limit = min(cfg.max_input_tokens, m.max_positions) if m.learned_positions else cfg.max_input_tokens
+        self.output_cap = m.max_positions if m.learned_positions else None
+        self.decoder = CachedDecoder(model)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, cfg: DecodeConfig = DecodeConfig(),
+                        device: str | torch.device = "cpu") -> "Translator":
+        return cls(*load_model_for_inference(path, device), cfg=cfg)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def encode(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[list[int]]:
+        """Source ids + [EOS] per line ([] for an empty line); too long lines are InputErrors."""
+        out = []
+        for n, ids in enumerate(self.src_tok.encode_batch([line.strip() for line in lines]), first_line):
+            if ids and len(ids) + 1 > self.input_limit:
+                raise InputError(source, n, f"{len(ids) + 1} source tokens (EOS included) exceed the limit of "
+                                            f"{self.input_limit} (max_input_tokens, or the model's max_positions "
+                                            f"with learned positions); split the line")
+            out.append(ids + [self.ids.eos] if ids else [])
+        return out
+
+    def batches(self, ids: list[list[int]]) -> list[list[int]]:
+        """Indices of non-empty lines, longest first, cut so that B * S <= batch_tokens."""
+        order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
+        out: list[list[int]] = []
+        for i in order:
+            if out and len(out[-1]) + 1 <= self.cfg.batch_tokens // len(ids[out[-1][0]]):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
+    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
+        src = torch.full((len(rows), max(map(len, rows))), self.ids.pad, dtype=torch.long)
+        for b, r in enumerate(rows):
+            src[b, : len(r)] = torch.tensor(r)
+        return src.to(self.device)
+
+    def translate_ids(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Hypotheses (n-best, best first) per line of source ids; [] for an empty line."""
+        out: list[list[Hypothesis]] = [[] for _ in ids]
+        gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed) if self.cfg.sampling else None
+        t0, n_out = time.perf_counter(), 0
+        for batch in self.batches(ids):
+            hyps = search(self.decoder, self._pad([ids[i] for i in batch]), self.cfg, self.ids,
+                          max_len_cap=self.output_cap, generator=gen)
+            for i, hs in zip(batch, hyps):
+                out[i] = hs
+                n_out += len(hs[0].tokens) if hs else 0
+        dt = time.perf_counter() - t0
+        log.debug("%d lines, %d output tokens in %.2fs (%.0f tokens/s)", len(ids), n_out, dt, n_out / max(dt, 1e-9))
+        return out
+
+    def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1
+                        ) -> list[list[Translation]]:
+        hyps = self.translate_ids(self.encode(lines, source, first_line))
+        return [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
+                for hs in hyps]
+
+    def translate(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[str]:
+        """Best translation of each line, detokenized, in input order ("" for an empty line)."""
+        return [ts[0].text if ts else "" for ts in self.translate_nbest(lines, source, first_line)]
+
+    @torch.inference_mode()
+    def attention(self, src_ids: list[int], tokens: Sequence[int], eos: bool) -> dict[str, object]:
+        """Attention weights of one output (tokens without EOS; ``eos``: it ended with EOS),
+        recomputed teacher-forced (the same math as the search).
+
+        Returns source/target pieces and float32 arrays: ``encoder`` (L, H, S, S), ``decoder_self``
+        (L, H, T, T) and ``cross`` (L, H, T, S); target rows are the predicted tokens (EOS last
+        when generated), source columns include the EOS.
+        """
+        out_ids = list(tokens) + ([self.ids.eos] if eos else [])
+        src = torch.tensor([src_ids], device=self.device)
+        tgt_in = torch.tensor([[self.ids.bos] + out_ids[:-1]], device=self.device)
+        enc = self.model.encode(src, need_weights=True)
+        dec = self.model.decode(tgt_in, enc, need_weights=True)
+        stack = lambda ws: np.stack([w[0].float().cpu().numpy() for w in ws])  # noqa: E731
+        return {"src_tokens": [self.src_tok.piece(i) for i in src_ids],
+                "tgt_tokens": [self.tgt_tok.piece(i) for i in out_ids],
+                "encoder": stack(enc.weights), "decoder_self": stack(dec.self_weights),
+                "cross": stack(dec.cross_weights)}

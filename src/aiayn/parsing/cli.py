@@ -1,0 +1,187 @@
+"""``aiayn parse``: English constituency parsing (§6.3) -- ``prepare``, ``train``, ``decode``,
+``score``, ``baseline``."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from aiayn.config import ConfigError, add_arguments, apply_sets, from_args, replace
+from aiayn.data.prepare import PrepareConfig
+from aiayn.errors import InputError, UserError
+from aiayn.decode.config import DecodeConfig
+from aiayn.model.config import PRESETS
+from aiayn.parsing.baseline import right_branching
+from aiayn.parsing.decode import PARSE_DECODE, parse_trees
+from aiayn.parsing.evalb import evalb, read_lines
+from aiayn.parsing.evalb_params import COLLINS, read_params
+from aiayn.parsing.evalb_report import format_report, format_summary
+from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLITS, prepare_parsing
+from aiayn.parsing.trees import BracketError, parse_tree
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("parse", help="constituency parsing (§6.3): prepare, train, decode, score, baseline",
+                              description="English constituency parsing as translation (§6.3).")
+    sub = p.add_subparsers(dest="parse_command", metavar="PARSE_COMMAND")
+    sub.required = True
+    _register_prepare(sub)
+    _register_train(sub)
+    _register_decode(sub)
+    _register_score(sub)
+    _register_baseline(sub)
+
+
+def _register_score(sub) -> None:
+    p = sub.add_parser(
+        "score", help="EVALB bracket scoring of a test file against a gold file",
+        description="Score bracketed trees (one per line) the way EVALB does and print its summary "
+                    "(recall, precision, F-measure, complete match, crossing, tagging accuracy; all "
+                    "sentences and those within CUTOFF_LEN). Without --param the settings of "
+                    "COLLINS.prm are used.")
+    p.add_argument("--gold", type=Path, required=True, help="gold trees, one bracketing per line")
+    p.add_argument("--test", type=Path, required=True, help="trees to score, line-aligned with --gold")
+    p.add_argument("--param", type=Path, default=None, help="EVALB parameter file (default: COLLINS.prm settings)")
+    p.add_argument("--sentences", action="store_true",
+                   help="also print EVALB's per-sentence table (as DEBUG >= 1 in the parameter file does)")
+    p.set_defaults(func=run_score)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    params = read_params(args.param) if args.param else COLLINS
+    result = evalb(read_lines(args.gold), read_lines(args.test), params, gold_name=str(args.gold))
+    if args.sentences or params.debug >= 1:
+        print(format_report(result), end="")
+    else:
+        print(format_summary(result), end="")
+    return 0
+
+
+def _register_prepare(sub) -> None:
+    splits = ", ".join(f"{n} wsj_{a:04d}-{b:04d}" for n, a, b in SPLITS)
+    p = sub.add_parser(
+        "prepare", help="treebank -> split words/linearized/gold files and a data directory",
+        description=f"Read a Penn Treebank sample (zip of wsj_NNNN.mrg, or a directory of them), split "
+                    f"it by file ({splits}), write OUT/{{split}}.words, .linear, .gold, and build the "
+                    f"data directory OUT/data from the words -> linearized pairs (dev as its valid split).")
+    p.add_argument("--treebank", type=Path, required=True, help="treebank.zip or a directory of .mrg files")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--no-data", action="store_true", help="write the text files only, no data directory")
+    p.add_argument("--force", action="store_true", help="replace an existing OUT/data")
+    add_arguments(p, PrepareConfig, defaults=replace(PARSE_DATA_DEFAULTS, num_workers=os.cpu_count() or 1))
+    p.set_defaults(func=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    try:
+        cfg = None if args.no_data else from_args(PrepareConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force)
+    for split, n in done.counts.items():
+        print(f"{split}: {n} trees -> {', '.join(str(p) for p in done.files[split].values())}")
+    if done.data_dir is not None:
+        print(f"wrote {done.data_dir}")
+    return 0
+
+
+def _register_baseline(sub) -> None:
+    p = sub.add_parser(
+        "baseline", help="right-branching trees over the words of a gold file",
+        description="Write the right-branching tree (all constituents labeled S) over the words of "
+                    "each gold tree; preterminals keep the gold tags so EVALB removes the same "
+                    "punctuation. Score it with `aiayn parse score`.")
+    p.add_argument("--gold", type=Path, required=True, help="gold trees, one bracketing per line")
+    p.add_argument("--out", type=Path, required=True, help="file to write, one tree per line")
+    p.set_defaults(func=run_baseline)
+
+
+def run_baseline(args: argparse.Namespace) -> int:
+    _, gold = _read_gold_trees(args.gold)
+    lines = [right_branching(g.words(), g.tags()).to_bracketed() for g in gold]
+    args.out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    print(f"wrote {len(lines)} right-branching trees to {args.out}")
+    return 0
+
+
+# A CPU-sized starting point for the NLTK sample (3.4K training trees, ~83 steps per epoch of
+# 4096 target tokens), not a tuned recipe: the paper's parsing model is 4 x 1024 (preset
+# "parsing") with dropout, learning rate and beam tuned on WSJ 22. "multi30k" is our small
+# regularized model (3 x 256, pre-norm, P_drop 0.3); warmup and length are cut to the sample.
+PARSE_TRAIN_PRESET = "multi30k"
+PARSE_TRAIN_SETS = ("train.warmup_steps=1000", "train.max_steps=4000", "train.validate_every_steps=250")
+
+
+def _register_train(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a parser on OUT/data of `aiayn parse prepare`",
+        description=f"`aiayn train` with parsing defaults: preset {PARSE_TRAIN_PRESET} and "
+                    f"{' '.join('--set ' + s for s in PARSE_TRAIN_SETS)} (your --set and --max-steps "
+                    f"come after them). See `aiayn train --help` for every --set key.")
+    p.add_argument("--data", type=Path, required=True, help="data directory (OUT/data of `aiayn parse prepare`)")
+    p.add_argument("--out", type=Path, required=True, help="run directory; resumed if it holds last.pt")
+    p.add_argument("--preset", default=PARSE_TRAIN_PRESET, choices=list(PRESETS),
+                   help=f"model preset (default {PARSE_TRAIN_PRESET}; the paper's is 'parsing')")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a model or train field (repeatable)")
+    p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from aiayn.train.config import run_config_from_preset
+    from aiayn.train.loop import train
+    sets = [*PARSE_TRAIN_SETS, *args.set]
+    if args.max_steps is not None:
+        sets.append(f"train.max_steps={args.max_steps}")
+    try:
+        cfg = apply_sets(run_config_from_preset(args.preset), sets)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    train(args.data, args.out, cfg, progress=not args.no_progress)
+    return 0
+
+
+def _register_decode(sub) -> None:
+    p = sub.add_parser(
+        "decode", help="parse the sentences of a gold file with a checkpoint, repair, and score",
+        description="Parse the words of each gold tree with beam search (defaults are §6.3's: beam 21, "
+                    "alpha 0.3, max length = input + 300), rebuild a tree over the words from each "
+                    "output (gold POS tags on the leaves; ill-formed outputs repaired and counted), "
+                    "write the trees to --out and print EVALB's summary and the repair counts.")
+    p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint written by `aiayn parse train`")
+    p.add_argument("--gold", type=Path, required=True, help="gold trees, one per line (e.g. OUT/test.gold)")
+    p.add_argument("--out", type=Path, required=True, help="file for the predicted trees, one per line")
+    p.add_argument("--param", type=Path, default=None, help="EVALB parameter file (default: COLLINS.prm settings)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
+    p.set_defaults(func=run_decode)
+
+
+def _read_gold_trees(path: Path) -> tuple[list[str], list]:
+    lines, trees = read_lines(path), []
+    for n, text in enumerate(lines, start=1):
+        try:
+            trees.append(parse_tree(text))
+        except BracketError as exc:
+            raise InputError(path, n, str(exc)) from exc
+    return lines, trees
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from aiayn.decode.translator import Translator
+    try:
+        cfg = from_args(DecodeConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    params = read_params(args.param) if args.param else COLLINS
+    gold_lines, gold = _read_gold_trees(args.gold)
+    translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
+    trees, stats = parse_trees(translator, gold)
+    test_lines = [t.to_bracketed() for t in trees]
+    args.out.write_text("".join(line + "\n" for line in test_lines), encoding="utf-8")
+    result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold))
+    print(format_summary(result), end="")
+    print(f"\n{stats.summary()}")
+    return 0

@@ -1,0 +1,114 @@
+"""Checkpoints that describe themselves (STYLE.md habit 7), written atomically, and averaging.
+
+A checkpoint is a torch file holding a dict:
+  format: "aiayn-checkpoint-1"
+  run_config: RunConfig as a dict (model + train sections); model_config: the model section
+  model: state dict of the unwrapped module (float32 for averages)
+  step, epoch, optimizer, scaler, sampler (data position), rng (torch/cuda/numpy/python)
+  tokenizers: {"src": bytes, "tgt": bytes, "src_sha256": str, "tgt_sha256": str, "shared": bool}
+  best_valid_loss, valid (last validation metrics)
+Files in a run directory: ckpt_step00001234.pt (kept: the last K), last.pt, best.pt.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+FORMAT = "aiayn-checkpoint-1"
+STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over ``path``.
+
+    A kill at any moment leaves either the old file or the new one, never a torn file.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+    except OSError:
+        pass
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as exc:  # a truncated or foreign file
+        raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
+    return ckpt
+
+
+def step_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Step checkpoints of a run directory, oldest first."""
+    found = []
+    for p in Path(run_dir).glob("ckpt_step*.pt"):
+        m = STEP_RE.search(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    ckpts = step_checkpoints(run_dir)
+    for p in ckpts[: max(0, len(ckpts) - keep_last)]:
+        p.unlink(missing_ok=True)
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict:
+    """Mean of the model parameters of ``paths`` in float32 (§6.1); everything else from the last.
+
+    The result loads like any other checkpoint (for inference; it carries no optimizer).
+    """
+    if not paths:
+        raise UserError("no checkpoints to average")
+    total: dict[str, torch.Tensor] | None = None
+    last = None
+    for p in paths:
+        ckpt = load_checkpoint(p)
+        state = ckpt["model"]
+        if total is None:
+            total = {k: v.detach().to(torch.float32).clone() if v.is_floating_point() else v.clone()
+                     for k, v in state.items()}
+            ref_cfg = ckpt.get("model_config")
+        else:
+            if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
+                raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
+            for k, v in state.items():
+                if v.is_floating_point():
+                    total[k] += v.to(torch.float32)
+        last = ckpt
+    n = len(paths)
+    model = {k: (v / n if v.is_floating_point() else v) for k, v in total.items()}
+    out = {k: v for k, v in last.items() if k not in ("optimizer", "scaler", "rng", "sampler")}
+    out["model"] = model
+    out["averaged_from"] = [str(p) for p in paths]
+    return out

@@ -1,0 +1,72 @@
+"""``aiayn train`` and ``aiayn average``."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from aiayn.config import ConfigError, apply_sets, sets_help
+from aiayn.errors import UserError
+from aiayn.model.config import PRESETS, ModelConfig
+from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
+
+
+def resolve_run_config(args):
+    """Preset (or recipe file) + ``--set`` overrides + the shortcut flags -> RunConfig."""
+    try:
+        cfg = load_recipe(args.recipe) if args.recipe else run_config_from_preset(args.preset)
+        sets = list(args.set or [])
+        if args.max_steps is not None:
+            sets.append(f"train.max_steps={args.max_steps}")
+        return apply_sets(cfg, sets)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def run_train(args) -> int:
+    from aiayn.train.loop import train
+    cfg = resolve_run_config(args)
+    train(args.data, args.out, cfg, progress=not args.no_progress)
+    return 0
+
+
+def run_average(args) -> int:
+    from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    inputs = [Path(p) for p in args.inputs]
+    if len(inputs) == 1 and inputs[0].is_dir():
+        found = step_checkpoints(inputs[0])
+        if not found:
+            raise UserError(f"{inputs[0]}: no step checkpoints (ckpt_step*.pt) to average")
+        paths = found[-args.last:]
+        if len(paths) < args.last:
+            print(f"note: only {len(paths)} checkpoint(s) in {inputs[0]}, averaging all of them")
+    else:
+        if args.last is not None and len(inputs) > 1:
+            raise UserError("--last applies to a run directory, not to a list of files")
+        paths = inputs
+    avg = average_checkpoints(paths)
+    atomic_save(avg, args.out)
+    print(f"averaged {len(paths)} checkpoint(s) into {args.out}: " + ", ".join(p.name for p in paths))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a Transformer on a prepared data directory (resumes if --out has a run)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="--set keys (section.field=value):\n" + sets_help(ModelConfig, "model") + "\n"
+               + sets_help(TrainConfig, "train"))
+    p.add_argument("--data", required=True, help="data directory written by `aiayn prepare`")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, logs); resumed if it holds last.pt")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--preset", default="base", choices=list(PRESETS), help="named configuration (default base)")
+    g.add_argument("--recipe", help="JSON recipe file {preset, model: {...}, train: {...}} instead of --preset")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a field (repeatable)")
+    p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_train)
+
+    a = sub.add_parser("average", help="average checkpoints in float32 (§6.1: last 5 for base, last 20 for big)")
+    a.add_argument("inputs", nargs="+", help="a run directory (with --last N) or checkpoint files")
+    a.add_argument("--last", type=int, default=5, help="with a run directory: average its last N step checkpoints")
+    a.add_argument("--out", required=True, help="output checkpoint file")
+    a.set_defaults(func=run_average)

@@ -1,0 +1,99 @@
+"""Training configuration (§5): one frozen dataclass, plus the run configuration that
+combines it with the model's. The CLI's ``--set section.field=value``, recipe files, the
+run directory's ``config.json`` and every checkpoint derive from these fields.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiayn.config import ConfigError, apply_sets, from_dict, param, replace, to_dict
+from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The paper's recipe by default (§5.2-§5.4); every other value is a named deviation."""
+
+    # optimizer and schedule (§5.3)
+    adam_beta1: float = param(0.9, "Adam beta_1 (§5.3)")
+    adam_beta2: float = param(0.98, "Adam beta_2 (§5.3)")
+    adam_eps: float = param(1e-9, "Adam epsilon (§5.3)")
+    warmup_steps: int = param(4000, "warmup_steps of Eq. 3")
+    lr_scale: float = param(1.0, "factor on Eq. 3 (1 = the paper); the peak rate is lr_scale * d_model^-0.5 * warmup^-0.5")
+    weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
+    clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
+    # regularization (§5.4)
+    eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
+    # batching (§5.1)
+    max_src_tokens: int = param(4096, "source tokens per batch per device, padding included")
+    max_tgt_tokens: int = param(4096, "target tokens per batch per device, padding included")
+    accum_steps: int = param(1, "batches accumulated per optimizer step (tokens per step = per-device tokens x devices x accum_steps)")
+    # length of the run
+    max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K)")
+    max_epochs: int = param(0, "stop after this many epochs; 0 = no limit")
+    max_time_min: float = param(0.0, "stop after this many minutes of training wall time; 0 = no limit")
+    # checkpoints (§6.1: written at 10-minute intervals)
+    save_every_steps: int = param(0, "write a checkpoint every N optimizer steps; 0 = off")
+    save_every_min: float = param(10.0, "write a checkpoint every M minutes of wall time; 0 = off")
+    keep_last: int = param(20, "keep the last K step checkpoints (plus last.pt and best.pt)")
+    # validation
+    validate_every_steps: int = param(1000, "validate every N optimizer steps (and at the end); 0 = only at the end")
+    validate_at_save: bool = param(True, "also validate whenever a checkpoint is written (so best.pt is tracked)")
+    patience: int = param(0, "stop when validation loss has not improved for this many validations; 0 = off")
+    # machinery
+    seed: int = param(1, "seed for initialization, dropout and batch order")
+    device: str = param("auto", "auto | cpu | cuda | cuda:N")
+    precision: str = param("auto", "auto | fp32 | bf16 | fp16 (fp16 only on CUDA, with a gradient scaler); auto = bf16 where the device supports it")
+    threads: int = param(0, "CPU threads for torch; 0 = leave torch's default")
+    log_every_steps: int = param(50, "write a log line / scalars every N optimizer steps")
+    max_bad_steps: int = param(5, "stop after this many consecutive non-finite losses")
+    compile: bool = param(False, "wrap the model in torch.compile")
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        if self.accum_steps < 1:
+            raise ConfigError("accum_steps must be >= 1")
+        if not 0.0 <= self.eps_ls < 1.0:
+            raise ConfigError("eps_ls must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a training run needs besides the data: model and train sections."""
+
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "model hyperparameters"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training recipe"})
+
+
+def run_config_from_preset(name: str) -> RunConfig:
+    """A preset's model plus the training settings its Table 3 row changes (D3/D4 eps_ls, big steps)."""
+    return RunConfig(model=get_preset(name), train=replace(TrainConfig(), **PRESET_TRAIN.get(name, {})))
+
+
+def load_recipe(path: str | Path) -> RunConfig:
+    """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: recipe file not found") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
+    extra = set(data) - {"preset", "model", "train", "description"}
+    if extra:
+        raise ConfigError(f"{path}: unknown recipe keys {sorted(extra)}; known: preset, model, train, description")
+    base = run_config_from_preset(data.get("preset", "base"))
+    sets = [f"model.{k}={v}" for k, v in data.get("model", {}).items()]
+    sets += [f"train.{k}={v}" for k, v in data.get("train", {}).items()]
+    return apply_sets(base, sets)
+
+
+def run_config_to_dict(cfg: RunConfig) -> dict:
+    return to_dict(cfg)
+
+
+def run_config_from_dict(data: dict) -> RunConfig:
+    return from_dict(RunConfig, data)

@@ -1,0 +1,362 @@
+"""The training loop (§5): one readable function, ``train``, plus its small helpers.
+
+Per optimizer step: ``accum_steps`` token-bounded batches per device; the loss is the sum of
+label-smoothed cross-entropy over every target token of the step on every device, divided by
+that total token count; the learning rate follows Eq. 3 with the step counted in optimizer
+steps. Checkpoints every N steps / M minutes (atomic); a run directory that holds ``last.pt``
+is resumed exactly (model, optimizer, schedule, RNG, data position).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from aiayn.config import replace, to_dict
+from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.dataset import DataDir
+from aiayn.errors import UserError
+from aiayn.model.flops import train_flops
+from aiayn.model.transformer import Transformer, count_parameters
+from aiayn.train import checkpoint as ck
+from aiayn.train import runtime as rt
+from aiayn.train.config import RunConfig, run_config_from_dict
+from aiayn.train.objective import label_smoothed_loss, noam_lr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    tokens: int = 0  # target tokens trained on (all devices)
+    flops: float = 0.0
+    best_valid_loss: float = math.inf
+    bad_validations: int = 0
+    train_seconds: float = 0.0
+    history: list = field(default_factory=list)  # (step, loss per token) of every step
+
+
+def tokenizer_payload(data: DataDir) -> dict:
+    """The tokenizer model(s), stored inside every checkpoint so it is self-contained."""
+    src, tgt = data.src_tokenizer, data.tgt_tokenizer
+    return {"src": src.model_bytes, "tgt": tgt.model_bytes, "src_sha256": src.sha256,
+            "tgt_sha256": tgt.sha256, "shared": data.shared_vocab}
+
+
+def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
+    """Vocabulary sizes come from the data directory (a model cannot disagree with its tokenizer)."""
+    m = cfg.model
+    if data.shared_vocab:
+        model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=None)
+    else:
+        model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
+                        tie_src_tgt_embeddings=False)
+    return replace(cfg, model=model)
+
+
+@torch.no_grad()
+def validate(model, data, cfg: RunConfig, device, precision) -> dict:
+    """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout)."""
+    model.eval()
+    t = cfg.train
+    sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, t.max_src_tokens, t.max_tgt_tokens,
+                                shuffle=False)
+    loss = nll = n = 0.0
+    m = cfg.model
+    for idx in sampler:
+        b = collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id).to(device)
+        with rt.autocast(device, precision):
+            logits = model(b.src, b.tgt_in)
+        sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id)
+        loss, nll, n = loss + sums.loss.item(), nll + sums.nll.item(), n + sums.n_tokens.item()
+    model.train()
+    n = max(n, 1)
+    return {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
+
+
+def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: TrainState, cfg: RunConfig,
+          tokenizers: dict, keep_last: int, valid: dict | None, best: bool) -> None:
+    ckpt = {
+        "format": ck.FORMAT, "run_config": to_dict(cfg), "model_config": to_dict(cfg.model),
+        "model": model.state_dict(), "optimizer": opt.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "sampler": sampler.state_dict(), "rng": rt.rng_state(), "tokenizers": tokenizers,
+        "step": state.step, "epoch": state.epoch, "tokens": state.tokens, "flops": state.flops,
+        "train_seconds": state.train_seconds, "best_valid_loss": state.best_valid_loss,
+        "bad_validations": state.bad_validations, "valid": valid,
+    }
+    if tag_step:
+        ck.atomic_save(ckpt, run_dir / f"ckpt_step{state.step:08d}.pt")
+        ck.prune(run_dir, keep_last)
+    if best:
+        ck.atomic_save(ckpt, run_dir / "best.pt")
+    ck.atomic_save(ckpt, run_dir / "last.pt")  # last, so a resume always finds a complete state
+
+
+def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict) -> TrainState:
+    ckpt = ck.load_checkpoint(run_dir / "last.pt")
+    saved = run_config_from_dict(ckpt["run_config"])
+    if saved.model != cfg.model:
+        raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
+                        f"use a new --out or the same settings")
+    if ckpt["tokenizers"]["src_sha256"] != tokenizers["src_sha256"]:
+        raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    if scaler is not None and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    sampler.load_state_dict(ckpt["sampler"])
+    rt.set_rng_state(ckpt["rng"])
+    return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
+                      best_valid_loss=ckpt["best_valid_loss"], bad_validations=ckpt["bad_validations"],
+                      train_seconds=ckpt["train_seconds"])
+
+
+def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m) -> list:
+    """Up to n collated batches; an epoch that ends mid-step closes the step early."""
+    out = []
+    while len(out) < n:
+        try:
+            idx = next(it_state["it"])
+        except StopIteration:
+            if out:
+                break
+            it_state["epoch"] += 1
+            sampler.set_epoch(it_state["epoch"])
+            it_state["it"] = iter(sampler)
+            it_state["new_epoch"] = True
+            continue
+        out.append(collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id))
+    return out
+
+
+def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True) -> TrainState:
+    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state."""
+    t = cfg.train
+    device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
+    dist = rt.init_distributed(device_type)
+    device = rt.resolve_device(t.device, dist)
+    precision = rt.resolve_precision(t.precision, device)
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    data = DataDir(data_dir)
+    cfg = fit_to_data(cfg, data)
+    m = cfg.model
+    train_data = data.split("train")
+    valid_data = data.split("valid") if "valid" in data.splits else None
+    run_dir = Path(run_dir)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+
+    rt.seed_everything(t.seed)
+    model = Transformer(m).to(device)
+    opt_cls = torch.optim.AdamW if t.weight_decay > 0 else torch.optim.Adam
+    opt = opt_cls(model.parameters(), lr=noam_lr(1, m.d_model, t.warmup_steps, t.lr_scale),
+                  betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    sampler = TokenBatchSampler(train_data.src_lens + 1, train_data.tgt_lens + 1, t.max_src_tokens,
+                                t.max_tgt_tokens, seed=t.seed, shuffle=True,
+                                num_replicas=dist.world_size, rank=dist.rank)
+    if len(sampler) == 0:
+        raise UserError(f"{data_dir}: too few training batches for {dist.world_size} device(s)")
+    tokenizers = tokenizer_payload(data)
+    state = TrainState()
+    if (run_dir / "last.pt").exists():
+        state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers)
+        log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
+        if dist.is_main:
+            print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
+    net = DistributedDataParallel(model) if dist.enabled else model
+    if t.compile:
+        net = torch.compile(net)
+    n_params = count_parameters(model)
+    log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{n_params:,}", device,
+             precision, dist.world_size)
+
+    writer, bar, jsonl = None, None, None
+    if dist.is_main:
+        jsonl = open(run_dir / "train_log.jsonl", "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency, but keep training without it
+            writer = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=t.max_steps, initial=state.step, unit="step", dynamic_ncols=True)
+
+    def log_scalars(values: dict) -> None:
+        if not dist.is_main:
+            return
+        jsonl.write(json.dumps({"step": state.step, **values}) + "\n")
+        jsonl.flush()
+        if writer is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)):
+                    writer.add_scalar(k, v, state.step)
+
+    sampler.set_epoch(state.epoch)
+    it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
+    t_start = time.monotonic() - state.train_seconds
+    last_save = time.monotonic()
+    bad_in_row, window_tokens, window_t0 = 0, 0, time.monotonic()
+    stop_reason = "max_steps"
+    model.train()
+    while state.step < t.max_steps:
+        if t.max_time_min and (time.monotonic() - t_start) >= 60 * t.max_time_min:
+            stop_reason = "max_time"
+            break
+        micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m)
+        if it_state["new_epoch"]:
+            it_state["new_epoch"] = False
+            state.epoch = it_state["epoch"]
+            if t.max_epochs and state.epoch >= t.max_epochs:
+                stop_reason = "max_epochs"
+                break
+        local_tokens = sum(b.n_tgt_tokens for b in micro)
+        total_tokens, = rt.all_reduce_sum([float(local_tokens)], dist, device)
+        lr = noam_lr(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        step_loss = step_nll = 0.0
+        for j, b in enumerate(micro):
+            b = b.to(device)
+            sync = j == len(micro) - 1 or not dist.enabled
+            ctx = net.no_sync() if (dist.enabled and not sync) else _null()
+            with ctx:
+                with rt.autocast(device, precision):
+                    logits = net(b.src, b.tgt_in)
+                sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id)
+                # DDP averages gradients over ranks: scale so the result is sum / total tokens.
+                scaled = sums.loss * (dist.world_size / total_tokens)
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            step_loss += sums.loss.item()
+            step_nll += sums.nll.item()
+            bs, S = b.src.shape
+            state.flops += train_flops(m, bs, S, b.tgt_in.size(1)) * dist.world_size
+        step_loss, step_nll = rt.all_reduce_sum([step_loss, step_nll], dist, device)
+        if not math.isfinite(step_loss):
+            bad_in_row += 1
+            opt.zero_grad(set_to_none=True)
+            log.warning("step %d: non-finite loss (%s); skipping the update (%d in a row)",
+                        state.step + 1, step_loss, bad_in_row)
+            if bad_in_row >= t.max_bad_steps:
+                raise UserError(f"{bad_in_row} non-finite losses in a row at step {state.step + 1}; stopping. "
+                                f"The last good checkpoint is {run_dir / 'last.pt'}; try a lower lr_scale or "
+                                f"precision=fp32")
+            continue
+        bad_in_row = 0
+        if scaler is not None:
+            scaler.unscale_(opt)
+        if t.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        state.step += 1
+        state.tokens += int(total_tokens)
+        window_tokens += int(total_tokens)
+        state.train_seconds = time.monotonic() - t_start
+        loss_tok = step_loss / total_tokens
+        state.history.append((state.step, loss_tok))
+        if bar is not None:
+            bar.update(1)
+        if t.log_every_steps and state.step % t.log_every_steps == 0:
+            elapsed = time.monotonic() - window_t0
+            tps = window_tokens / max(elapsed, 1e-9)
+            window_tokens, window_t0 = 0, time.monotonic()
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+            log_scalars({"train_loss": loss_tok, "train_nll": step_nll / total_tokens, "lr": lr,
+                         "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds})
+        due_steps = t.save_every_steps and state.step % t.save_every_steps == 0
+        due_time = t.save_every_min and (time.monotonic() - last_save) >= 60 * t.save_every_min
+        due_valid = t.validate_every_steps and state.step % t.validate_every_steps == 0
+        if due_valid or ((due_steps or due_time) and t.validate_at_save):
+            valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars)
+        else:
+            valid = None
+        if due_steps or due_time:
+            is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+            if dist.is_main:
+                _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
+            last_save = time.monotonic()
+        if t.patience and state.bad_validations >= t.patience:
+            stop_reason = "patience"
+            break
+    # the end: validate, write the final checkpoint
+    valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars)
+    is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+    if dist.is_main:
+        _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
+        summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if bar is not None:
+            bar.close()
+        print(_summary_text(summary), flush=True)
+        jsonl.close()
+        if writer is not None:
+            writer.close()
+    if dist.enabled:
+        torch.distributed.barrier()
+    return state
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars) -> dict | None:
+    if valid_data is None:
+        return None
+    valid = validate(model, valid_data, cfg, device, precision)
+    if valid["valid_loss"] < state.best_valid_loss:
+        state.best_valid_loss = valid["valid_loss"]
+        state.bad_validations = 0
+    else:
+        state.bad_validations += 1
+    log_scalars(valid)
+    log.info("step %d: valid loss %.4f nll %.4f ppl %.2f", state.step, valid["valid_loss"],
+             valid["valid_nll"], valid["valid_ppl"])
+    return valid
+
+
+def _summary(state: TrainState, cfg: RunConfig, n_params: int, dist, device, precision, stop_reason, valid) -> dict:
+    """Run summary with the paper's training-cost estimate (Table 2) beside the counted FLOPs."""
+    peak = rt.matmul_tflops(device)
+    hours = state.train_seconds / 3600
+    return {
+        "steps": state.step, "epochs": state.epoch, "stop_reason": stop_reason,
+        "target_tokens": state.tokens, "train_seconds": round(state.train_seconds, 1),
+        "tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
+        "params": n_params, "devices": dist.world_size, "device": str(device), "precision": precision,
+        "valid": valid, "best_valid_loss": state.best_valid_loss,
+        "counted_flops": state.flops,
+        "device_fp32_matmul_tflops": round(peak, 4),
+        # Table 2: training time x number of devices x sustained FLOP/s of the device
+        "table2_cost_estimate_flops": state.train_seconds * dist.world_size * peak * 1e12,
+        "model_flops_utilization_vs_fp32_matmul": state.flops / max(state.train_seconds * dist.world_size * peak * 1e12, 1),
+        "hours": round(hours, 3),
+    }
+
+
+def _summary_text(s: dict) -> str:
+    v = s["valid"] or {}
+    vtxt = f", valid loss {v['valid_loss']:.3f} ppl {v['valid_ppl']:.2f}" if v else ""
+    return (f"trained {s['steps']} steps ({s['epochs']} epochs, {s['target_tokens']:,} target tokens) in "
+            f"{s['train_seconds']:.0f} s, {s['tokens_per_s']:,.0f} tok/s, stop: {s['stop_reason']}{vtxt}\n"
+            f"cost: counted {s['counted_flops']:.3g} FLOPs; Table 2 estimate (time x devices x "
+            f"{s['device_fp32_matmul_tflops']:.3f} TFLOP/s) {s['table2_cost_estimate_flops']:.3g} FLOPs")

@@ -1,0 +1,125 @@
+"""Device, precision and process-group set-up: the only place that knows about CUDA, CPU
+bf16 and torchrun. Rank-dependent side effects go through ``Dist.is_main``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_type: str) -> Dist:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not tdist.is_initialized():
+        tdist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return Dist(rank, world, local)
+
+
+def resolve_device(spec: str, dist: Dist) -> torch.device:
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError("device cuda requested but CUDA is not available")
+        device = torch.device(spec if ":" in spec else f"cuda:{dist.local_rank}")
+        torch.cuda.set_device(device)
+        return device
+    return torch.device(spec)
+
+
+def cpu_supports_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(spec: str, device: torch.device) -> str:
+    """auto -> bf16 where supported (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp32."""
+    if spec == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if device.type == "cpu" and cpu_supports_bf16() else "fp32"
+    if spec == "fp16" and device.type != "cuda":
+        raise UserError("precision fp16 needs CUDA (it uses a gradient scaler); use bf16 or fp32 on CPU")
+    return spec
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> list[float]:
+    if not dist.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    tdist.all_reduce(t)
+    return t.tolist()
+
+
+def matmul_tflops(device: torch.device, n: int = 1024, seconds: float = 0.5) -> float:
+    """A quick measure of sustained fp32 matmul throughput (for the Table 2 cost estimate)."""
+    import time
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12

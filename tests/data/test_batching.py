@@ -1,0 +1,180 @@
+"""TokenBatchSampler (token bounds, coverage, ranks, determinism, resume) and collate."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aiayn.data.batching import Batch, TokenBatchSampler, batches, collate
+from aiayn.errors import UserError
+
+
+def random_lens(n=500, seed=0):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(1, 60, size=n)
+    tgt = np.clip(src + rng.integers(-5, 6, size=n), 1, None)
+    return src, tgt
+
+
+def padded(lens, batch):
+    return len(batch) * max(lens[i] for i in batch)
+
+
+def test_golden_cut_without_shuffle():
+    # sorted lengths 1..6, bound 8: [1,2] (2*2=4; adding 3 gives 9), [3,4] (2*4=8), [5] (2*6=12 > 8), [6]
+    lens = [3, 1, 4, 2, 6, 5]
+    s = TokenBatchSampler(lens, lens, 8, 8, shuffle=False)
+    assert list(s) == [[1, 3], [0, 2], [5], [4]]
+    assert len(s) == 4
+
+
+@pytest.mark.parametrize("max_src,max_tgt", [(200, 200), (300, 120), (64, 400)])
+def test_every_batch_respects_both_bounds(max_src, max_tgt):
+    src, tgt = random_lens()
+    s = TokenBatchSampler(src, tgt, max_src, max_tgt, seed=3)
+    for b in s:
+        assert padded(src, b) <= max_src and padded(tgt, b) <= max_tgt
+
+
+def test_each_example_once_per_epoch():
+    src, tgt = random_lens()
+    s = TokenBatchSampler(src, tgt, 250, 250)
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        seen = sorted(i for b in s for i in b)
+        assert seen == list(range(len(src)))
+
+
+def test_batches_group_similar_lengths():
+    src, tgt = random_lens(n=2000)
+    s = TokenBatchSampler(src, tgt, 400, 400)
+    sorted_pad = sum(padded(tgt, b) - sum(tgt[i] for i in b) for b in s)
+    rng = np.random.default_rng(0)
+    perm, random_pad, k = rng.permutation(len(src)), 0, 0
+    for b in s:  # the same batch sizes, filled at random
+        chunk = perm[k:k + len(b)]
+        k += len(b)
+        random_pad += padded(tgt, chunk) - sum(tgt[i] for i in chunk)
+    assert sorted_pad < 0.2 * random_pad
+
+
+def test_oversize_example_is_own_batch_or_dropped():
+    src = [5, 50, 5, 5]
+    tgt = [5, 5, 5, 5]
+    keep = TokenBatchSampler(src, tgt, 20, 20, shuffle=False)
+    assert keep.n_oversize == 1
+    assert sorted(sorted(b) for b in keep) == [[0, 2, 3], [1]]
+    drop = TokenBatchSampler(src, tgt, 20, 20, shuffle=False, drop_oversize=True)
+    assert sorted(sorted(b) for b in drop) == [[0, 2, 3]]
+
+
+def test_same_seed_same_batches_other_epoch_other_order():
+    src, tgt = random_lens()
+    a = list(TokenBatchSampler(src, tgt, 250, 250, seed=7))
+    b = list(TokenBatchSampler(src, tgt, 250, 250, seed=7))
+    assert a == b
+    s = TokenBatchSampler(src, tgt, 250, 250, seed=7)
+    s.set_epoch(1)
+    assert list(s) != a
+    assert list(TokenBatchSampler(src, tgt, 250, 250, seed=8)) != a
+
+
+def test_four_ranks_disjoint_equal_and_few_dropped():
+    src, tgt = random_lens(n=997)
+    R = 4
+    dropped_sets = []
+    for epoch in (0, 1, 2):
+        per_rank = []
+        for rank in range(R):
+            s = TokenBatchSampler(src, tgt, 250, 250, seed=5, num_replicas=R, rank=rank)
+            s.set_epoch(epoch)
+            per_rank.append([tuple(b) for b in s])
+        total = TokenBatchSampler(src, tgt, 250, 250).n_batches_total
+        assert total % R != 0  # so that something is dropped
+        assert {len(r) for r in per_rank} == {total // R}
+        assert all(len(r) == len(TokenBatchSampler(src, tgt, 250, 250, num_replicas=R, rank=0)) for r in per_rank)
+        flat = [i for r in per_rank for b in r for i in b]
+        assert len(flat) == len(set(flat))  # disjoint
+        single = TokenBatchSampler(src, tgt, 250, 250, seed=5)
+        single.set_epoch(epoch)
+        all_batches = {tuple(b) for b in single}
+        used = {b for r in per_rank for b in r}
+        assert used <= all_batches
+        dropped = all_batches - used
+        assert len(dropped) == total % R < R
+        dropped_sets.append(dropped)
+    assert dropped_sets[0] != dropped_sets[1] or dropped_sets[1] != dropped_sets[2]
+
+
+@pytest.mark.parametrize("stop", [0, 1, 5])
+def test_resume_mid_epoch_gives_the_remaining_batches(stop):
+    src, tgt = random_lens()
+    full = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    full.set_epoch(3)
+    expected = list(full)
+    run = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    run.set_epoch(3)
+    it = iter(run)
+    seen = [next(it) for _ in range(stop)]
+    state = run.state_dict()
+    assert state["epoch"] == 3 and state["position"] == stop
+    resumed = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)  # a training loop re-entering the saved epoch keeps the position
+    assert seen + list(resumed) == expected
+    assert list(resumed) == expected  # iterating the same epoch again starts over
+    resumed.set_epoch(4)
+    assert resumed.state_dict()["position"] == 0
+
+
+def test_resume_rejects_a_different_setup():
+    src, tgt = random_lens()
+    state = TokenBatchSampler(src, tgt, 250, 250, num_replicas=2).state_dict()
+    with pytest.raises(UserError, match="num_replicas"):
+        TokenBatchSampler(src, tgt, 250, 250, num_replicas=4).load_state_dict(state)
+
+
+def test_collate_golden():
+    b = collate([([5, 6], [7]), (np.array([8]), np.array([9, 10, 11]))], indices=[4, 1])
+    assert b.src.tolist() == [[5, 6, 3], [8, 3, 0]]
+    assert b.tgt_in.tolist() == [[2, 7, 0, 0], [2, 9, 10, 11]]
+    assert b.tgt_out.tolist() == [[7, 3, 0, 0], [9, 10, 11, 3]]
+    assert (b.n_src_tokens, b.n_tgt_tokens) == (5, 6)
+    assert b.src.dtype == torch.long and b.indices.tolist() == [4, 1]
+    moved = b.to("cpu")
+    assert isinstance(moved, Batch) and len(moved) == 2 and torch.equal(moved.tgt_out, b.tgt_out)
+
+
+def test_collate_other_special_ids():
+    b = collate([([5], [6])], pad_id=9, bos_id=8, eos_id=7)
+    assert b.src.tolist() == [[5, 7]] and b.tgt_in.tolist() == [[8, 6]] and b.tgt_out.tolist() == [[6, 7]]
+
+
+def test_batches_over_real_data(prepared):
+    from aiayn.data.dataset import DataDir
+    data = DataDir(prepared).split("valid")
+    s = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, 1024, 1024)
+    n = 0
+    for b in batches(data, s):
+        assert b.src.numel() <= 1024 and b.tgt_out.numel() <= 1024
+        i = int(b.indices[0])
+        assert b.src[0, : data.src_lens[i]].tolist() == data.src(i).tolist()
+        assert b.n_tgt_tokens == int((data.tgt_lens[b.indices.numpy()] + 1).sum())
+        n += len(b)
+    assert n == len(data)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(src_lens=[1, 2], tgt_lens=[1]), "entries"),
+    (dict(max_src_tokens=0), "positive"),
+    (dict(num_replicas=2, rank=2), "rank"),
+])
+def test_sampler_argument_errors(kwargs, message):
+    args = dict(src_lens=[1, 2], tgt_lens=[1, 2], max_src_tokens=10, max_tgt_tokens=10) | kwargs
+    with pytest.raises(ValueError, match=message):
+        TokenBatchSampler(**args)
+
+
+def test_collate_empty_batch():
+    with pytest.raises(ValueError, match="empty"):
+        collate([])

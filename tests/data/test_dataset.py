@@ -1,0 +1,117 @@
+"""DataDir and ParallelData: the manifest is checked, splits read by memory map, order kept."""
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+
+from aiayn.data.dataset import DataDir
+from aiayn.data.store import NpyAppender, token_dtype
+from aiayn.errors import UserError
+from tests.data.conftest import N_TRAIN, read_gz
+
+
+def test_datadir_api(prepared):
+    d = DataDir(prepared)
+    assert d.shared_vocab and d.src_tokenizer is d.tgt_tokenizer
+    assert d.vocab_size == d.tgt_vocab_size == 500
+    assert d.splits == ["test", "train", "valid"]
+    m = d.manifest
+    assert m["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    assert m["vocab"]["src"]["sha256"] == d.src_tokenizer.sha256
+    assert m["splits"]["train"]["cleaning"]["input"] == N_TRAIN
+    assert m["options"]["vocab_size"] == 500
+
+
+def test_valid_split_is_whole_and_in_order(prepared, multi30k):
+    d = DataDir(prepared)
+    valid = d.split("valid")
+    en, de = read_gz(multi30k / "raw/val.en.gz"), read_gz(multi30k / "raw/val.de.gz")
+    assert len(valid) == len(en) == 1014
+    for i in (0, 1, 500, 1013, -1):
+        src, tgt = valid[i]
+        assert src.dtype == np.int64
+        assert src.tolist() == d.src_tokenizer.encode(en[i])
+        assert valid.tgt(i).tolist() == d.tgt_tokenizer.encode(de[i])
+    assert valid.src_lens.tolist() == [len(d.src_tokenizer.encode(s)) for s in en]
+    assert int(valid.tgt_lens.sum()) == d.manifest["splits"]["valid"]["tgt"]["tokens"]
+    with pytest.raises(IndexError):
+        valid[1014]
+
+
+def test_arrays_are_memory_mapped_and_compact(prepared):
+    d = DataDir(prepared)
+    train = d.split("train")
+    assert isinstance(train._tokens["src"], np.memmap) and train._tokens["src"].dtype == np.uint16
+    back = pickle.loads(pickle.dumps(train))
+    assert len(back) == len(train) and back[7][1].tolist() == train[7][1].tolist()
+
+
+def test_missing_split(prepared, tmp_path, small_train):
+    from aiayn.data.prepare import prepare
+    from tests.data.conftest import SMALL
+    prepare({"train": small_train}, tmp_path / "d", SMALL)
+    with pytest.raises(UserError, match="no split 'test'"):
+        DataDir(tmp_path / "d").split("test")
+
+
+def _copy(prepared, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(prepared, dst)
+    return dst
+
+
+def _edit_manifest(path, **changes):
+    m = json.loads((path / "manifest.json").read_text())
+    m.update(changes)
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def test_refuses_incomplete_directories(prepared, tmp_path):
+    d = _copy(prepared, tmp_path)
+    (d / "manifest.json").unlink()
+    with pytest.raises(UserError, match="no manifest.json"):
+        DataDir(d)
+    with pytest.raises(UserError, match="not a directory"):
+        DataDir(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: (d / "train.tgt.tokens.npy").write_bytes((d / "train.tgt.tokens.npy").read_bytes()[:-2]), "truncated"),
+    (lambda d: (d / "valid.src.offsets.npy").unlink(), "missing"),
+    (lambda d: _edit_manifest(d, complete=False), "not marked complete"),
+    (lambda d: _edit_manifest(d, version=99), "version"),
+    (lambda d: _edit_manifest(d, special_ids={"pad": 1, "unk": 0, "bos": 2, "eos": 3}), "special ids"),
+    (lambda d: (d / "manifest.json").write_text('{"format": "aiayn-da'), "unreadable"),
+])
+def test_refuses_damaged_directories(prepared, tmp_path, damage, message):
+    d = _copy(prepared, tmp_path)
+    damage(d)
+    with pytest.raises(UserError, match=message):
+        DataDir(d)
+
+
+def test_refuses_a_changed_tokenizer(prepared, tmp_path):
+    d = _copy(prepared, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["vocab"]["src"]["sha256"] = "0" * 64
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="sha256"):
+        DataDir(d)
+
+
+def test_npy_appender_writes_loadable_npy(tmp_path):
+    w = NpyAppender(tmp_path / "a.npy", np.int32)
+    w.append(np.array([1, 2, 3]))
+    w.append(np.array([], dtype=np.int64))
+    w.append([70000])
+    w.close()
+    arr = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert arr.dtype == np.int32 and arr.tolist() == [1, 2, 3, 70000]
+
+
+def test_token_dtype():
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.int32

@@ -1,0 +1,268 @@
+"""aiayn prepare: cleaning, options, bad input (clear errors, nothing written), interruption."""
+from __future__ import annotations
+
+import argparse
+import gzip
+
+import numpy as np
+import pytest
+
+import aiayn.data.prepare as prep
+from aiayn.data import cli as data_cli
+from aiayn.data import store
+from aiayn.data.dataset import DataDir
+from aiayn.data.prepare import PrepareConfig, SplitFiles, clean_reason, prepare
+from aiayn.errors import InputError, UserError
+from tests.data.conftest import SMALL, write_lines
+
+
+@pytest.fixture
+def corpus(tmp_path, train_lines):
+    """train (the 2000 real pairs) as plain en + gz de in tmp_path/in; returns a maker of SplitFiles."""
+    d = tmp_path / "in"
+    d.mkdir()
+
+    def make(name, src, tgt, gz=False):
+        return SplitFiles(write_lines(d / f"{name}.en", src, gz), write_lines(d / f"{name}.de", tgt, gz))
+    make.train = make("train", *train_lines)
+    return make
+
+
+def test_clean_reason_rules():
+    cfg = PrepareConfig(max_len=10, max_len_ratio=2.0)
+    assert clean_reason(0, 3, cfg) == "empty"
+    assert clean_reason(11, 10, cfg) == "too_long"
+    assert clean_reason(20, 5, cfg) == "too_long"  # first rule broken wins
+    assert clean_reason(2, 5, cfg) == "bad_ratio"
+    assert clean_reason(4, 8, cfg) is None  # ratio exactly at the bound is kept
+    off = PrepareConfig(drop_empty=False, max_len=0, max_len_ratio=0)
+    assert clean_reason(0, 3, off) is None and clean_reason(900, 1, off) is None
+
+
+def test_cleaning_counts_train_only(corpus, tmp_path, train_lines):
+    en, de = list(train_lines[0]), list(train_lines[1])
+    en[10], de[11], de[12] = "", "", "   "                                   # 3 empty
+    en[20], de[20] = " ".join(["Two dogs run through the grass."] * 20), "Zwei Hunde."  # too long
+    en[30], de[30] = "A dog.", "Ein brauner Hund rennt mit einem Stock im Maul durch das hohe Gras."  # ratio
+    valid = corpus("valid", ["A dog.", "", "Two men."], ["Ein Hund.", "Zwei Männer.", ""])
+    out = tmp_path / "data"
+    cfg = PrepareConfig(vocab_size=500, num_workers=1, max_len=100, chunk_lines=300)
+    m = prepare({"train": corpus("dirty", en, de), "valid": valid}, out, cfg)
+    c = m["splits"]["train"]["cleaning"]
+    assert (c["input"], c["empty"], c["too_long"], c["bad_ratio"]) == (2000, 3, 1, 1)
+    assert c["kept"] == 1995 == m["splits"]["train"]["pairs"]
+    d = DataDir(out)
+    train = d.split("train")
+    assert len(train) == 1995 and train.src_lens.min() > 0 and train.src_lens.max() <= 100
+    assert d.src_tokenizer.decode(train.src(10)) == en[13]  # pairs 10-12 dropped, order kept
+    v = d.split("valid")
+    assert len(v) == 3 and v.src_lens[1] == 0 and v.tgt_lens[2] == 0  # valid is never cleaned
+    assert "cleaning" not in m["splits"]["valid"]
+
+
+def test_gzip_plain_bom_and_crlf_read_alike(corpus, tmp_path, train_lines):
+    plain = prepare({"train": corpus("a", *train_lines)}, tmp_path / "a", SMALL)
+    d = tmp_path / "in"
+    (d / "b.en").write_bytes(("\ufeff" + "\r\n".join(train_lines[0]) + "\r\n").encode("utf-8"))
+    with gzip.open(d / "b.de.txt", "wb") as f:  # gzip detected by content, not by name
+        f.write("\n".join(train_lines[1]).encode("utf-8"))
+    cfg = PrepareConfig(vocab_size=500, num_workers=2, chunk_lines=700)
+    other = prepare({"train": SplitFiles(d / "b.en", d / "b.de.txt")}, tmp_path / "b", cfg)
+    assert plain["vocab"]["src"]["sha256"] == other["vocab"]["src"]["sha256"]  # reproducible model
+    for side in ("src", "tgt"):
+        a = np.load(tmp_path / "a" / f"train.{side}.tokens.npy")
+        b = np.load(tmp_path / "b" / f"train.{side}.tokens.npy")
+        assert np.array_equal(a, b)
+
+
+def test_separate_unigram_vocabularies(corpus, tmp_path):
+    cfg = PrepareConfig(vocab_size=400, model_type="unigram", shared_vocab=False, num_workers=1)
+    prepare({"train": corpus.train}, tmp_path / "d", cfg)
+    d = DataDir(tmp_path / "d")
+    assert not d.shared_vocab and d.src_tokenizer is not d.tgt_tokenizer
+    assert d.src_tokenizer.sha256 != d.tgt_tokenizer.sha256
+    assert (tmp_path / "d/spm.src.model").is_file() and (tmp_path / "d/spm.tgt.model").is_file()
+    assert d.vocab_size == d.tgt_vocab_size == 400
+    assert d.manifest["vocab"]["model_type"] == "unigram"
+    assert d.tgt_tokenizer.decode(d.split("train").tgt(0)) == "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche."
+
+
+def test_sample_smaller_than_corpus(corpus, tmp_path):
+    cfg = PrepareConfig(vocab_size=300, num_workers=1, spm_sample_pairs=500)
+    m = prepare({"train": corpus.train}, tmp_path / "d", cfg)
+    assert m["splits"]["train"]["pairs"] > 1900 and m["options"]["spm_sample_pairs"] == 500
+
+
+def _listing(path):
+    return sorted(p.name for p in path.iterdir())
+
+
+def _assert_nothing_written(tmp_path, before):
+    assert not (tmp_path / "out").exists()
+    assert _listing(tmp_path) == before  # no temp dirs either
+
+
+def test_mismatched_line_counts(corpus, tmp_path, train_lines):
+    bad = corpus("bad", train_lines[0][:1500], train_lines[1][:1499])
+    before = _listing(tmp_path)
+    with pytest.raises(InputError) as err:
+        prepare({"train": corpus.train, "valid": bad}, tmp_path / "out", SMALL)
+    msg = str(err.value)
+    assert "1500 lines" in msg and "1499 lines" in msg and str(bad.src) in msg and str(bad.tgt) in msg
+    assert msg.startswith(f"{bad.tgt}:1500:")
+    _assert_nothing_written(tmp_path, before)
+
+
+def test_invalid_utf8_names_file_and_line(corpus, tmp_path, train_lines):
+    path = tmp_path / "in" / "latin1.de.gz"
+    with gzip.open(path, "wb") as f:
+        f.write("Ein Hund.\nZwei Männer.\n".encode("utf-8") + "Drei Füße.\n".encode("latin-1"))
+    src = write_lines(tmp_path / "in" / "ok.en", ["A dog.", "Two men.", "Three feet."])
+    before = _listing(tmp_path)
+    with pytest.raises(InputError, match=f"^{path}:3: invalid UTF-8"):
+        prepare({"train": corpus.train, "test": SplitFiles(src, path)}, tmp_path / "out", SMALL)
+    _assert_nothing_written(tmp_path, before)
+
+
+def test_missing_file(corpus, tmp_path):
+    before = _listing(tmp_path)
+    with pytest.raises(UserError, match="nope.de: no such file"):
+        prepare({"train": SplitFiles(corpus.train.src, tmp_path / "nope.de")}, tmp_path / "out", SMALL)
+    _assert_nothing_written(tmp_path, before)
+
+
+@pytest.mark.parametrize("src,tgt,message", [([], [], "empty corpus: no lines"),
+                                             (["", " "], ["x", ""], "empty corpus")])
+def test_empty_corpus(corpus, tmp_path, src, tgt, message):
+    empty = corpus("empty", src, tgt)
+    before = _listing(tmp_path)
+    with pytest.raises(InputError if not src else UserError, match=f"{empty.src}.*{message}"):
+        prepare({"train": empty}, tmp_path / "out", SMALL)
+    _assert_nothing_written(tmp_path, before)
+
+
+def test_empty_after_cleaning(corpus, tmp_path):
+    before = _listing(tmp_path)
+    with pytest.raises(UserError, match="empty corpus after cleaning"):
+        prepare({"train": corpus.train}, tmp_path / "out", PrepareConfig(vocab_size=500, num_workers=1, max_len=3))
+    _assert_nothing_written(tmp_path, before)
+
+
+def _fail_on_call(n):
+    calls = {"n": 0}
+    real = store.NpyAppender.append
+
+    def append(self, values):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt("simulated interrupt")
+        real(self, values)
+    return append
+
+
+def test_interrupted_prepare_leaves_nothing(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(store.NpyAppender, "append", _fail_on_call(6))
+    before = _listing(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        prepare({"train": corpus.train}, tmp_path / "out", PrepareConfig(vocab_size=500, chunk_lines=500))
+    _assert_nothing_written(tmp_path, before)
+    with pytest.raises(UserError):
+        DataDir(tmp_path / "out")
+
+
+def test_killed_prepare_leaves_no_acceptable_directory(corpus, tmp_path, monkeypatch):
+    """A kill gives no chance to clean up: the temp dir stays, but it has no manifest."""
+    monkeypatch.setattr(store.NpyAppender, "append", _fail_on_call(6))
+    monkeypatch.setattr(store.shutil, "rmtree", lambda *a, **k: None)
+    with pytest.raises(KeyboardInterrupt):
+        prepare({"train": corpus.train}, tmp_path / "out", PrepareConfig(vocab_size=500, chunk_lines=500))
+    assert not (tmp_path / "out").exists()
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    assert len(leftovers) == 1 and (leftovers[0] / "spm.model").is_file()
+    with pytest.raises(UserError, match="no manifest.json"):
+        DataDir(leftovers[0])
+
+
+def test_failure_while_writing_manifest(corpus, tmp_path, monkeypatch):
+    def boom(path, data):
+        (path.parent / "manifest.json.partial").write_text('{"format": "aiayn-data", "vers')
+        raise OSError("disk full")
+    monkeypatch.setattr(prep, "write_json_atomic", boom)
+    before = _listing(tmp_path)
+    with pytest.raises(OSError, match="disk full"):
+        prepare({"train": corpus.train}, tmp_path / "out", SMALL)
+    _assert_nothing_written(tmp_path, before)
+
+
+def test_existing_output(corpus, tmp_path):
+    out = tmp_path / "out"
+    prepare({"train": corpus.train}, out, SMALL)
+    old_sha = DataDir(out).src_tokenizer.sha256
+    with pytest.raises(UserError, match="already exists.*--force"):
+        prepare({"train": corpus.train}, out, SMALL)
+    prepare({"train": corpus.train}, out, PrepareConfig(vocab_size=300, num_workers=1), force=True)
+    assert DataDir(out).vocab_size == 300 and DataDir(out).src_tokenizer.sha256 != old_sha
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="not a data directory"):
+        prepare({"train": corpus.train}, other, SMALL, force=True)
+    assert (other / "notes.txt").read_text() == "keep me"
+
+
+def _parser():
+    parser = argparse.ArgumentParser()
+    data_cli.register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_cli_prepare(corpus, tmp_path, capsys):
+    args = _parser().parse_args(
+        ["prepare", "--train-src", str(corpus.train.src), "--train-tgt", str(corpus.train.tgt),
+         "--valid-src", str(corpus.train.src), "--valid-tgt", str(corpus.train.tgt),
+         "--vocab-size", "400", "--max-len-ratio", "2.5", "--shared-vocab", "false",
+         "--num-workers", "1", "--out", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    assert "valid: 2000 pairs" in capsys.readouterr().out
+    m = DataDir(tmp_path / "out").manifest
+    assert m["options"]["max_len_ratio"] == 2.5 and m["vocab"]["shared"] is False
+    assert _parser().parse_args(["prepare", "--train-src", "a", "--train-tgt", "b", "--out", "o"]).num_workers >= 1
+
+
+def test_cli_errors_exit_2(corpus, tmp_path, capsys):
+    from aiayn.cli import main
+    rc = main(["prepare", "--train-src", str(corpus.train.src), "--train-tgt", str(tmp_path / "missing.de"),
+               "--out", str(tmp_path / "out"), "--vocab-size", "500"])
+    assert rc == 2 and "missing.de: no such file" in capsys.readouterr().err
+    rc = main(["prepare", "--train-src", "a", "--train-tgt", "b", "--valid-src", "c", "--out", "o"])
+    assert rc == 2 and "--valid-src and --valid-tgt" in capsys.readouterr().err
+    rc = main(["prepare", "--train-src", "a", "--train-tgt", "b", "--out", "o", "--vocab-size", "3"])
+    assert rc == 2 and "vocab_size" in capsys.readouterr().err
+
+
+def test_directory_and_corrupt_gzip_inputs(corpus, tmp_path, train_lines):
+    with pytest.raises(UserError, match="not a regular file"):
+        prepare({"train": SplitFiles(corpus.train.src, tmp_path)}, tmp_path / "out", SMALL)
+    whole = gzip.compress("\n".join(train_lines[1]).encode("utf-8"))
+    cut = tmp_path / "in" / "cut.de.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    before = _listing(tmp_path)
+    with pytest.raises(InputError, match=f"^{cut}:\\d+: cannot read"):
+        prepare({"train": SplitFiles(corpus.train.src, cut)}, tmp_path / "out", SMALL)
+    _assert_nothing_written(tmp_path, before)
+
+
+def test_empty_existing_output_is_replaced_only_with_force(corpus, tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(UserError, match="pass --force"):
+        prepare({"train": corpus.train}, tmp_path / "out", SMALL)
+    prepare({"train": corpus.train}, tmp_path / "out", SMALL, force=True)
+    assert DataDir(tmp_path / "out").split("train")
+
+
+def test_atomic_dir_needs_a_manifest(tmp_path):
+    with pytest.raises(RuntimeError, match="without a manifest"):
+        with store.AtomicDir(tmp_path / "out") as tmp:
+            (tmp / "train.src.tokens.npy").write_bytes(b"")
+    assert _listing(tmp_path) == []

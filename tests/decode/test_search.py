@@ -1,0 +1,257 @@
+"""Search against hand-written probability tables (stub decoder) and a plain reference."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aiayn.config import ConfigError
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import (SpecialIds, filter_logits, length_penalty, max_output_lengths,
+                                 search)
+from tests.decode.stub import BOS, EOS, PAD, TableDecoder
+
+A, B, C = 4, 5, 6
+IDS = SpecialIds(pad=PAD, bos=BOS, eos=EOS)
+
+
+def src_of(key: int, n_tokens: int) -> torch.Tensor:
+    """A (1, S) source whose first token selects the table and with n_tokens non-pad tokens."""
+    return torch.tensor([[key] + [7] * (n_tokens - 1)])
+
+
+def lp(n: int, alpha: float) -> float:
+    return ((5 + n) / 6) ** alpha
+
+
+def test_length_penalty_golden():
+    assert length_penalty(1.0, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7.0, 0.6) == pytest.approx(2 ** 0.6)  # (12/6)^0.6
+    assert length_penalty(30.0, 0.0) == 1.0
+
+
+def test_max_output_lengths_counts_non_pad_source_tokens():
+    src = torch.tensor([[5, 6, 7, 3], [5, 3, 0, 0]])
+    assert max_output_lengths(src, DecodeConfig(), PAD).tolist() == [54, 52]
+    cfg = DecodeConfig(max_len_a=1.5, max_len_b=1)
+    assert max_output_lengths(src, cfg, PAD).tolist() == [7, 4]
+    assert max_output_lengths(src, DecodeConfig(), PAD, cap=53).tolist() == [53, 52]
+
+
+# The table of the length-penalty example. Complete hypotheses and their log-probs:
+#   [A EOS] ln .3   (|Y| = 2)     [B C EOS] ln .27 (|Y| = 3)     [A C EOS] ln .2    [EOS] ln .2
+LP_TABLE = {1: {
+    (): {A: 0.5, B: 0.3, EOS: 0.2},
+    (A,): {EOS: 0.6, C: 0.4},
+    (B,): {C: 0.9, EOS: 0.1},
+    (A, C): {EOS: 1.0},
+    (B, C): {EOS: 1.0},
+}}
+
+
+def test_length_penalty_changes_the_winner():
+    # alpha 0.6: ln .3 / lp(2) = -1.0976 beats ln .27 / lp(3) = -1.1017
+    hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=2, alpha=0.6, nbest=2), IDS)[0]
+    assert [h.tokens for h in hyps] == [(A,), (B, C)]
+    assert hyps[0].score == pytest.approx(math.log(0.3) / lp(2, 0.6), rel=1e-6)
+    assert hyps[1].score == pytest.approx(math.log(0.27) / lp(3, 0.6), rel=1e-6)
+    assert hyps[0].log_prob == pytest.approx(math.log(0.3), rel=1e-6)
+    assert (hyps[0].length, hyps[0].eos) == (2, True)
+    # alpha 1.0: ln .27 / (8/6) = -0.982 beats ln .3 / (7/6) = -1.032
+    hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=2, alpha=1.0, nbest=2), IDS)[0]
+    assert [h.tokens for h in hyps] == [(B, C), (A,)]
+    assert hyps[0].score == pytest.approx(math.log(0.27) / lp(3, 1.0), rel=1e-6)
+    # alpha 0: raw log-probs, [A EOS] wins
+    hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=2, alpha=0.0), IDS)[0]
+    assert [h.tokens for h in hyps] == [(A,)] and hyps[0].score == pytest.approx(math.log(0.3), rel=1e-6)
+
+
+def test_eos_at_first_step_and_greedy():
+    table = {1: {(): {EOS: 0.6, A: 0.4}, (A,): {EOS: 1.0}}}
+    cfg = DecodeConfig(beam_size=1, alpha=0.6)
+    [[h]] = search(TableDecoder(table), src_of(1, 2), cfg, IDS)
+    assert h.tokens == () and h.length == 1 and h.eos
+    assert h.score == pytest.approx(math.log(0.6), rel=1e-6)  # lp(1) = 1
+    # beam 2 still prefers [EOS] (ln .6 > ln .4 / lp(2)) and both are in the 2-best list
+    hyps = search(TableDecoder(table), src_of(1, 2), DecodeConfig(beam_size=2, nbest=2), IDS)[0]
+    assert [h.tokens for h in hyps] == [(), (A,)]
+
+
+# Early stop: after step 2, [A EOS] has score ln .891 / lp(2) = -0.1056 and the only live
+# hypothesis [B B] has log-prob ln .0999; its best reachable score ln .0999 / lp(max_len)
+# is -0.597 with max_len = 52 (alpha 0.6), so the search must stop after 2 steps.
+STOP_TABLE = {1: {(): {A: 0.9, B: 0.1}, (A,): {EOS: 0.99, C: 0.01}}}
+STOP_DEFAULT = {B: 0.999, EOS: 0.001}
+
+
+def test_early_stop_is_taken_when_no_live_hypothesis_can_win():
+    dec = TableDecoder(STOP_TABLE, default=STOP_DEFAULT)
+    [[h]] = search(dec, src_of(1, 2), DecodeConfig(beam_size=2, alpha=0.6), IDS)
+    assert h.tokens == (A,)
+    assert dec.max_len_seen == 52
+    assert len(dec.rows_per_step) == 2
+
+
+def test_early_stop_not_taken_when_the_bound_still_allows_a_win():
+    # alpha 3: the bound ln .0999 / lp(52) = -0.0027 beats ln .891 / lp(2) = -0.073, so the
+    # search goes on; the B chain then runs to max_len = 52, and the truncated hypothesis
+    # [B]*52 (ln .1 + 51 ln .999 = -2.3536, / lp(52) = -0.00275) beats every finished one.
+    dec = TableDecoder(STOP_TABLE, default=STOP_DEFAULT)
+    [[h]] = search(dec, src_of(1, 2), DecodeConfig(beam_size=2, alpha=3.0), IDS)
+    assert len(dec.rows_per_step) == 52
+    assert h.tokens == (B,) * 52 and not h.eos and h.length == 52
+    expected = (math.log(0.1) + 51 * math.log(0.999)) / lp(52, 3.0)
+    assert h.score == pytest.approx(expected, rel=1e-5)
+
+
+def test_max_length_reached_without_eos():
+    dec = TableDecoder(default={A: 0.7, B: 0.3})  # EOS impossible
+    cfg = DecodeConfig(beam_size=2, alpha=0.6, max_len_a=0.0, max_len_b=3, nbest=2)
+    hyps = search(dec, src_of(1, 4), cfg, IDS)[0]
+    assert hyps[0].tokens == (A, A, A) and not hyps[0].eos and hyps[0].length == 3
+    assert hyps[0].score == pytest.approx(3 * math.log(0.7) / lp(3, 0.6), rel=1e-6)
+    assert hyps[1].tokens in {(A, A, B), (A, B, A), (B, A, A)}
+    assert len(dec.rows_per_step) == 3
+    [[g]] = search(TableDecoder(default={A: 0.7, B: 0.3}), src_of(1, 4), DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=3), IDS)
+    assert g.tokens == (A, A, A) and not g.eos
+
+
+def test_min_len_suppresses_eos():
+    dec = TableDecoder(default={EOS: 0.9, A: 0.1})
+    cfg = DecodeConfig(beam_size=2, min_len=3)
+    [[h]] = search(dec, src_of(1, 2), cfg, IDS)
+    assert h.tokens == (A, A, A) and h.eos and h.length == 4
+    assert h.log_prob == pytest.approx(3 * math.log(0.1) + math.log(0.9), rel=1e-6)  # no renormalization
+    # min_len = max_len forces a fixed length (the benchmark setting)
+    cfg = DecodeConfig(beam_size=2, min_len=5, max_len_a=0.0, max_len_b=5)
+    [[h]] = search(TableDecoder(default={EOS: 0.9, A: 0.1}), src_of(1, 2), cfg, IDS)
+    assert h.tokens == (A,) * 5 and not h.eos
+
+
+def test_finished_sentences_leave_the_batch():
+    tables = {1: {(): {EOS: 1.0}}, 2: {}}
+    dec = TableDecoder(tables, default={A: 0.6, EOS: 0.4})
+    cfg = DecodeConfig(beam_size=2, alpha=0.0, max_len_a=0.0, max_len_b=4)
+    src = torch.cat([src_of(1, 2), src_of(2, 2)])
+    out = search(dec, src, cfg, IDS)
+    assert out[0][0].tokens == () and out[1][0].tokens == ()
+    # sentence 0 finished at step 1; sentence 1 at step 2 (its best finished ln .4 then beats
+    # the live [A A] with ln .36), so the steps saw 2 x 2 beams, then 1 x 2.
+    assert dec.rows_per_step == [4, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# A plain reference: same beam semantics, written per sentence in Python, and WITHOUT early
+# stopping (runs until no live hypothesis is left). Equal results mean the early stop is exact.
+
+
+def reference_beam(dec: TableDecoder, key: int, max_len: int, K: int, F: int, alpha: float,
+                   min_len: int = 0) -> list[tuple[float, tuple[int, ...], float]]:
+    """(score, tokens, log_prob) of the F best finished hypotheses."""
+    live = [((), 0.0)]
+    finished = []
+    for t in range(1, max_len + 1):
+        cands = []
+        for prefix, s in live:
+            for v, logp in enumerate(dec._log_probs(key, prefix).tolist()):
+                if v in (PAD, BOS) or (v == EOS and t <= min_len) or logp == float("-inf"):
+                    continue
+                cands.append((s + logp, prefix + (v,)))
+        cands.sort(key=lambda c: -c[0])
+        live = []
+        for s, seq in cands[:K]:
+            if seq[-1] == EOS:
+                finished.append((s / lp(t, alpha), seq[:-1], s))
+            elif t >= max_len:
+                finished.append((s / lp(t, alpha), seq, s))
+            else:
+                live.append((seq, s))
+        if not live:
+            break
+    finished.sort(key=lambda f: -f[0])
+    return finished[:F]
+
+
+@pytest.mark.parametrize("K,F,alpha,min_len", [(2, 1, 0.6, 0), (4, 4, 0.6, 0), (3, 2, 0.0, 0),
+                                               (4, 1, 2.0, 2), (5, 3, 1.0, 0)])
+def test_beam_matches_the_reference_without_early_stop(K, F, alpha, min_len):
+    dec = TableDecoder(V=9, random_vocab=True, dtype=torch.float64)
+    src = torch.tensor([[11, 7, 7, 7], [12, 7, 0, 0], [13, 7, 7, 0], [14, 0, 0, 0]])
+    cfg = DecodeConfig(beam_size=K, nbest=F, alpha=alpha, min_len=min_len, max_len_a=1.0, max_len_b=4)
+    out = search(dec, src, cfg, IDS)
+    for b, key in enumerate([11, 12, 13, 14]):
+        n_src = int((src[b] != PAD).sum())
+        ref = reference_beam(dec, key, n_src + 4, K, F, alpha, min_len)
+        assert [h.tokens for h in out[b]] == [r[1] for r in ref]
+        assert [h.score for h in out[b]] == pytest.approx([r[0] for r in ref], rel=1e-9)
+        assert [h.log_prob for h in out[b]] == pytest.approx([r[2] for r in ref], rel=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_beam_size_one_equals_greedy(alpha):
+    src = torch.tensor([[11, 7, 7], [12, 7, 0], [13, 0, 0], [15, 7, 7]])
+    greedy = search(TableDecoder(V=9, random_vocab=True), src, DecodeConfig(beam_size=1, alpha=alpha), IDS)
+    dec = TableDecoder(V=9, random_vocab=True)
+    from aiayn.decode.search import _beam_search  # the beam code path with K = 1
+    beam1 = _beam_search(dec, src, DecodeConfig(beam_size=1, alpha=alpha), IDS, None).hypotheses()
+    assert [[h.tokens for h in hs] for hs in greedy] == [[h.tokens for h in hs] for hs in beam1]
+    assert [hs[0].score for hs in greedy] == pytest.approx([hs[0].score for hs in beam1], rel=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=3), DecodeConfig(beam_size=1),
+                                 DecodeConfig(beam_size=3, alpha=0.0, max_len_a=2.0, max_len_b=1)])
+def test_output_does_not_depend_on_batch_composition(cfg):
+    src = torch.tensor([[11, 7, 7, 7, 7], [12, 7, 0, 0, 0], [13, 7, 7, 0, 0], [14, 0, 0, 0, 0]])
+    together = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS)
+    for b in range(4):
+        alone = search(TableDecoder(V=9, random_vocab=True), src[b:b + 1], cfg, IDS)[0]
+        assert alone == together[b]
+    reordered = search(TableDecoder(V=9, random_vocab=True), src.flip(0), cfg, IDS)
+    assert reordered[::-1] == together
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+
+
+def test_filter_logits_top_k_top_p_temperature():
+    logp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    top2 = filter_logits(logp, DecodeConfig(sampling=True, top_k=2))
+    assert torch.isinf(top2[0, 2:]).all() and torch.isfinite(top2[0, :2]).all()
+    # nucleus p = 0.8: {0.5, 0.3} reaches 0.8 -> keep 2; p = 0.81 -> keep 3
+    assert torch.isfinite(filter_logits(logp, DecodeConfig(sampling=True, top_p=0.8))).sum() == 2
+    assert torch.isfinite(filter_logits(logp, DecodeConfig(sampling=True, top_p=0.81))).sum() == 3
+    assert torch.isfinite(filter_logits(logp, DecodeConfig(sampling=True, top_p=0.1))).sum() == 1
+    hot = filter_logits(logp, DecodeConfig(sampling=True, temperature=2.0)).softmax(-1)
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.05]).sqrt()
+    assert torch.allclose(hot[0], expected / expected.sum())
+
+
+def test_sampling_with_top_k_1_is_greedy_and_scores_use_model_log_probs():
+    src = torch.tensor([[11, 7, 7], [12, 7, 0], [13, 0, 0]])
+    greedy = search(TableDecoder(V=9, random_vocab=True), src, DecodeConfig(beam_size=1), IDS)
+    cfg = DecodeConfig(sampling=True, top_k=1, nbest=2, temperature=0.5)
+    sampled = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS)
+    for g, s in zip(greedy, sampled):
+        assert len(s) == 2 and s[0].tokens == s[1].tokens == g[0].tokens
+        assert s[0].score == pytest.approx(g[0].score, rel=1e-6)
+
+
+def test_sampling_draws_from_the_distribution():
+    dec = TableDecoder(default={A: 0.75, EOS: 0.25})
+    cfg = DecodeConfig(sampling=True, nbest=400, max_len_a=0.0, max_len_b=1, seed=3)
+    hyps = search(dec, src_of(1, 2), cfg, IDS)[0]
+    share_a = sum(h.tokens == (A,) for h in hyps) / len(hyps)
+    assert 0.68 < share_a < 0.82  # binomial(400, .75): sd 0.022
+    again = search(TableDecoder(default={A: 0.75, EOS: 0.25}), src_of(1, 2), cfg, IDS)[0]
+    assert again == hyps  # the seed makes it reproducible
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError):
+        DecodeConfig(alpha=-0.1)
+    with pytest.raises(ConfigError):
+        DecodeConfig(beam_size=2, nbest=3)
+    with pytest.raises(ConfigError):
+        DecodeConfig(top_p=0.0)

@@ -1,0 +1,138 @@
+"""Translator and `aiayn translate` on a tiny random-weight checkpoint with a real tokenizer."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import aiayn.model as M
+from aiayn.cli import main
+from aiayn.config import to_dict
+from aiayn.data.vocab import Tokenizer, train_sentencepiece
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.errors import InputError, UserError
+from aiayn.train.checkpoint import FORMAT
+
+LINES = ["the house is small", "", "a cat sat on the mat today", "small", "the cat is in the small house"]
+
+
+@pytest.fixture(scope="session")
+def spm_bytes(tmp_path_factory) -> bytes:
+    rnd = random.Random(0)
+    words = "the a house cat mat sat on is in small big today dog garden red".split()
+    sents = [" ".join(rnd.choice(words) for _ in range(rnd.randint(3, 9))) for _ in range(300)]
+    path = train_sentencepiece(sents, tmp_path_factory.mktemp("spm") / "spm", vocab_size=64,
+                               model_type="bpe", character_coverage=1.0, num_threads=1)
+    return path.read_bytes()
+
+
+def make_checkpoint(path, spm: bytes, **model_overrides) -> str:
+    torch.manual_seed(0)
+    cfg = M.get_preset("tiny", vocab_size=Tokenizer(spm).vocab_size, p_drop=0.0, **model_overrides)
+    sha = hashlib.sha256(spm).hexdigest()
+    ckpt = {"format": FORMAT, "model_config": to_dict(cfg), "model": M.Transformer(cfg).state_dict(),
+            "tokenizers": {"src": spm, "tgt": spm, "src_sha256": sha, "tgt_sha256": sha, "shared": True}}
+    torch.save(ckpt, path)
+    return str(path)
+
+
+@pytest.fixture
+def ckpt(tmp_path, spm_bytes) -> str:
+    return make_checkpoint(tmp_path / "tiny.pt", spm_bytes)
+
+
+def test_translate_keeps_input_order_and_matches_one_by_one(ckpt):
+    cfg = DecodeConfig(max_len_b=3, batch_tokens=16)  # several batches
+    tr = Translator.from_checkpoint(ckpt, cfg)
+    assert len(tr.batches(tr.encode(LINES))) > 1
+    out = tr.translate(LINES)
+    assert len(out) == len(LINES) and out[1] == ""
+    assert out == [tr.translate([line])[0] for line in LINES]
+    nbest = Translator.from_checkpoint(ckpt, DecodeConfig(max_len_b=3, nbest=3)).translate_nbest(LINES)
+    assert nbest[1] == [] and all(len(ts) == 3 for k, ts in enumerate(nbest) if k != 1)
+    assert all(ts[0].score >= ts[1].score >= ts[2].score for ts in nbest if ts)
+    # the pool of 3 only delays the stop; it cannot change the best hypothesis (exact bound)
+    assert [ts[0].text if ts else "" for ts in nbest] == out
+
+
+def test_batches_are_token_bounded_and_longest_first(ckpt):
+    tr = Translator.from_checkpoint(ckpt, DecodeConfig(batch_tokens=12))
+    ids = [[5] * 3, [], [5] * 6, [5] * 2, [5] * 4, [5] * 13]
+    batches = tr.batches(ids)
+    assert sorted(i for b in batches for i in b) == [0, 2, 3, 4, 5]
+    assert batches[0] == [5]  # alone: longer than the bound
+    for b in batches[1:]:
+        assert len(b) * max(len(ids[i]) for i in b) <= 12
+    assert batches[1] == [2, 4]  # 2 x 6 tokens
+
+
+def test_too_long_line_is_an_error_naming_the_line(ckpt, tmp_path, spm_bytes):
+    tr = Translator.from_checkpoint(ckpt, DecodeConfig(max_input_tokens=6))
+    with pytest.raises(InputError, match=r"in.txt:12: .*exceed the limit of 6"):
+        tr.translate(["small", "the cat is in the small house today"], source="in.txt", first_line=11)
+    learned = make_checkpoint(tmp_path / "learned.pt", spm_bytes, learned_positions=True, max_positions=8)
+    tr = Translator.from_checkpoint(learned, DecodeConfig())
+    assert tr.input_limit == 8 and tr.output_cap == 8
+    with pytest.raises(InputError, match=r"<input>:1: .*limit of 8"):
+        tr.translate(["the cat is in the small house today the cat"])
+    assert all(len(ts[0].tokens) <= 8 for ts in tr.translate_nbest(["small house"]))
+
+
+def test_checkpoint_errors(tmp_path, spm_bytes, ckpt):
+    with pytest.raises(UserError, match="not found"):
+        load_model_for_inference(tmp_path / "missing.pt")
+    bad = torch.load(ckpt, weights_only=False)
+    bad["tokenizers"]["tgt_sha256"] = "0" * 64
+    torch.save(bad, tmp_path / "bad_hash.pt")
+    with pytest.raises(UserError, match="does not match its sha256"):
+        load_model_for_inference(tmp_path / "bad_hash.pt")
+    bad = torch.load(ckpt, weights_only=False)
+    bad["model_config"]["vocab_size"] += 1
+    torch.save(bad, tmp_path / "bad_vocab.pt")
+    with pytest.raises(UserError, match="do not match the model"):
+        load_model_for_inference(tmp_path / "bad_vocab.pt")
+    bad = torch.load(ckpt, weights_only=False)
+    del bad["tokenizers"]
+    torch.save(bad, tmp_path / "no_tok.pt")
+    with pytest.raises(UserError, match="no 'tokenizers' entry"):
+        load_model_for_inference(tmp_path / "no_tok.pt")
+
+
+def test_attention_weights_shapes(ckpt):
+    tr = Translator.from_checkpoint(ckpt, DecodeConfig(max_len_b=4))
+    ids = tr.encode(["the house"])[0]
+    [t] = tr.translate_nbest(["the house"])[0]
+    att = tr.attention(ids, t.tokens, t.eos)
+    T, S = len(t.tokens) + int(t.eos), len(ids)
+    assert att["cross"].shape == (2, 4, T, S) and att["encoder"].shape == (2, 4, S, S)
+    assert att["decoder_self"].shape == (2, 4, T, T)
+    assert np.allclose(att["cross"].sum(-1), 1.0, atol=1e-5)
+    assert len(att["src_tokens"]) == S and att["src_tokens"][-1] == "</s>"
+
+
+def test_cli_translate(ckpt, tmp_path, capsys, monkeypatch):
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    expected = Translator.from_checkpoint(ckpt, DecodeConfig(max_len_b=3)).translate(LINES)
+    args = ["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), "--max-len-b", "3"]
+    assert main(args + ["--attention-out", str(tmp_path / "att.json")]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
+    att = json.loads((tmp_path / "att.json").read_text())
+    assert [a["line"] for a in att] == [0, 2, 3, 4]
+    assert main(args + ["--attention-out", str(tmp_path / "att.npz"), "--nbest", "2", "--beam-size", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 8 and out[0].startswith("0 ||| ") and out[2].startswith("2 ||| ")
+    assert np.load(tmp_path / "att.npz")["4_cross"].ndim == 4
+    monkeypatch.setattr("sys.stdin", io.StringIO("small\n\n"))
+    assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3"]) == 0
+    assert capsys.readouterr().out.split("\n")[:2] == [expected[3], ""]
+    assert main(args + ["--max-input-tokens", "5"]) == 2
+    assert "in.txt:3:" in capsys.readouterr().err
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "nope.txt")]) == 2
+    assert "nope.txt: no such file" in capsys.readouterr().err
+    assert main(args + ["--nbest", "9"]) == 2

@@ -1,0 +1,81 @@
+"""The ``aiayn parse`` commands, run through the real entry point."""
+import json
+
+from aiayn.cli import main
+from aiayn.parsing.evalb import evalb, read_lines
+from aiayn.parsing.evalb_params import COLLINS
+from aiayn.parsing.trees import parse_tree
+
+
+def test_score_prints_evalb_summary(evalb_dir, capsys):
+    rc = main(["parse", "score", "--gold", str(evalb_dir / "bug/bug.gld"),
+               "--test", str(evalb_dir / "bug/bug.tst"), "--param", str(evalb_dir / "new.prm")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    summary = [line for line in out.splitlines() if line.strip()]
+    expected = (evalb_dir / "bug/bug.rsl-new").read_text().split("=== Summary ===")[1]
+    assert summary == ["=== Summary ==="] + [line for line in expected.splitlines() if line.strip()]
+    assert "Bracketing FMeasure       =  60.17" in summary
+    assert "Sent." not in out                       # the table only on request
+
+
+def test_score_sentences_table_and_default_params(evalb_dir, capsys, tmp_path):
+    gold = evalb_dir / "sample/sample.gld"
+    rc = main(["parse", "score", "--gold", str(gold), "--test", str(gold), "--sentences"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("  Sent.")
+    assert "Bracketing FMeasure       = 100.00" in out and "Number of Valid sentence  =     24" in out
+    prm = tmp_path / "debug.prm"
+    prm.write_text((evalb_dir / "COLLINS.prm").read_text().replace("DEBUG 0", "DEBUG 1"))
+    main(["parse", "score", "--gold", str(gold), "--test", str(gold), "--param", str(prm)])
+    assert capsys.readouterr().out.startswith("  Sent.")
+
+
+def test_score_user_errors_exit_2(evalb_dir, capsys, tmp_path):
+    bad = tmp_path / "bad.prm"
+    bad.write_text("LABELLED 0\n")
+    gold = str(evalb_dir / "sample/sample.gld")
+    assert main(["parse", "score", "--gold", gold, "--test", gold, "--param", str(bad)]) == 2
+    assert "bad.prm:1: unknown keyword" in capsys.readouterr().err
+    assert main(["parse", "score", "--gold", gold, "--test", str(tmp_path / "none")]) == 2
+
+
+def test_prepare_and_baseline(treebank_zip, tmp_path, capsys):
+    out = tmp_path / "ptb"
+    assert main(["parse", "prepare", "--treebank", str(treebank_zip), "--out", str(out), "--no-data"]) == 0
+    counts = {s["name"]: s["trees"] for s in json.loads((out / "splits.json").read_text())["splits"]}
+    assert counts == {"train": 3396, "dev": 273, "test": 245}
+    assert not (out / "data").exists()
+    for split, n in counts.items():
+        words = (out / f"{split}.words").read_text().splitlines()
+        linear = (out / f"{split}.linear").read_text().splitlines()
+        gold = (out / f"{split}.gold").read_text().splitlines()
+        assert len(words) == len(linear) == len(gold) == n
+        assert words[0].split() == parse_tree(gold[0]).words()
+        assert linear[0].split().count("XX") == len(words[0].split())
+    assert (out / "test.words").read_text().startswith("Genetics Institute Inc. , Cambridge")
+
+    capsys.readouterr()
+    assert main(["parse", "baseline", "--gold", str(out / "test.gold"), "--out", str(out / "rb")]) == 0
+    result = evalb(read_lines(out / "test.gold"), read_lines(out / "rb"), COLLINS)
+    assert result.errors == [] and result.all.valid == 245
+    assert round(result.all.fmeasure, 2) == 8.97         # labeled; all constituents are S
+
+
+def test_prepare_builds_data_directory(treebank_zip, tmp_path, capsys):
+    out = tmp_path / "ptb"
+    rc = main(["parse", "prepare", "--treebank", str(treebank_zip), "--out", str(out), "--num-workers", "1",
+               "--vocab-size", "1000"])
+    assert rc == 0
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert manifest["vocab"]["src"]["vocab_size"] == 1000
+    assert {k: v["pairs"] for k, v in manifest["splits"].items()} == {"train": 3396, "valid": 273, "test": 245}
+    assert manifest["splits"]["train"]["cleaning"]["kept"] == 3396
+    assert manifest["options"]["character_coverage"] == 1.0
+
+
+def test_prepare_refuses_concatenated_file(tmp_path, capsys):
+    combined = tmp_path / "wsj_0001-0199.combined.mrg"
+    combined.write_text("( (S (NN a)))\n( (S (NN b)))\n")
+    assert main(["parse", "prepare", "--treebank", str(combined), "--out", str(tmp_path / "x"), "--no-data"]) == 2
+    assert "wsj_NNNN file names" in capsys.readouterr().err

@@ -1,0 +1,96 @@
+import gzip
+import zipfile
+
+import pytest
+
+from aiayn.errors import InputError, UserError
+from aiayn.parsing.ptb import normalize, read_mrg_text, read_treebank, strip_function_tags
+from aiayn.parsing.trees import parse_tree
+
+RAW = """
+( (S
+    (NP-SBJ-1 (NNP Mr.) (NNP Vinken) )
+    (VP (VBZ is)
+      (VP (VBN expected)
+        (S (NP-SBJ (-NONE- *-1) )
+          (VP (TO to) (VP (VB resign) )))))
+    (. .) ))
+( (SINV (S-TPC-2 (NP-SBJ (-LRB- -LRB-) (NN fee) (-RRB- -RRB-) ) (VP (VBD rose) ))
+    (VP (VBD said) (SBAR (-NONE- 0) (S (-NONE- *T*-2) )))
+    (NP-SBJ=3 (PRP he) ) (. .) ))
+"""
+
+
+def test_outer_bracket_none_and_function_tags():
+    trees = read_mrg_text(RAW, "wsj_0042", "x.mrg")
+    assert [(t.file_id, t.index) for t in trees] == [("wsj_0042", 0), ("wsj_0042", 1)]
+    # The unlabeled outer bracket is gone; NP-SBJ (all -NONE-) is removed, S keeps its VP.
+    assert trees[0].tree == parse_tree(
+        "(S (NP (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (VP (VBN expected) (S (VP (TO to) (VP (VB resign)))))) (. .))")
+    # SBAR held only empty elements (its S too): both go, VP keeps its verb. -LRB- tags stay.
+    assert trees[1].tree == parse_tree(
+        "(SINV (S (NP (-LRB- -LRB-) (NN fee) (-RRB- -RRB-)) (VP (VBD rose))) (VP (VBD said)) (NP (PRP he)) (. .))")
+
+
+@pytest.mark.parametrize("label,expected", [
+    ("NP-SBJ-1", "NP"), ("NP-SBJ", "NP"), ("PP-LOC=2", "PP"), ("NP=3", "NP"), ("S", "S"),
+    ("-NONE-", "-NONE-"), ("-LRB-", "-LRB-"), ("ADVP|PRT", "ADVP|PRT"),
+])
+def test_strip_function_tags(label, expected):
+    assert strip_function_tags(label) == expected
+
+
+def test_outer_bracket_with_several_children_becomes_top():
+    tree = normalize(parse_tree("( (NP (NN a)) (. .))"))
+    assert tree.to_bracketed() == "(TOP (NP (NN a)) (. .))"
+
+
+def test_tree_of_only_empty_elements_is_an_error():
+    with pytest.raises(InputError, match=r"x\.mrg:2: .*no words"):
+        read_mrg_text("\n( (S (-NONE- *)))\n", "wsj_0001", "x.mrg")
+
+
+def test_malformed_file_names_file_and_line():
+    with pytest.raises(InputError, match=r"x\.mrg:3:"):
+        read_mrg_text("( (S (NN a)))\n\n( (S (NN a b)))\n", "wsj_0001", "x.mrg")
+
+
+def test_sample_zip_counts_and_cleanliness(sample_trees):
+    assert len(sample_trees) == 3914                      # PROVENANCE.md
+    assert len({t.file_id for t in sample_trees}) == 199
+    assert sample_trees[0].file_id == "wsj_0001" and sample_trees[-1].file_id == "wsj_0199"
+    first = sample_trees[0].tree
+    assert first.words()[:3] == ["Pierre", "Vinken", ","] and first.label == "S"
+    for t in sample_trees:
+        assert "-NONE-" not in t.tree.tags()
+        stack = [t.tree]
+        while stack:
+            node = stack.pop()
+            if not node.is_preterminal:
+                assert node.children and "=" not in node.label and "-" not in node.label
+                stack.extend(node.children)
+
+
+def test_combined_file_and_directory_match_the_zip(shared_data, sample_trees, treebank_zip, tmp_path):
+    combined = read_treebank(shared_data / "ptb-wsj-nltk-sample" / "wsj_0001-0199.combined.mrg.gz")
+    assert [t.tree for t in combined] == [t.tree for t in sample_trees]
+    assert {t.file_id for t in combined} == {"wsj_0001-0199.combined"}
+    with zipfile.ZipFile(treebank_zip) as zf:
+        for name in ("treebank/combined/wsj_0003.mrg", "treebank/combined/wsj_0002.mrg"):
+            (tmp_path / name.rsplit("/", 1)[1]).write_bytes(zf.read(name))
+    from_dir = read_treebank(tmp_path)
+    assert [t.file_id for t in from_dir][:1] == ["wsj_0002"]
+    assert [t.tree for t in from_dir] == [t.tree for t in sample_trees if t.file_id in ("wsj_0002", "wsj_0003")]
+
+
+def test_single_gz_file(tmp_path):
+    path = tmp_path / "wsj_0007.mrg.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(RAW)
+    trees = read_treebank(path)
+    assert [t.file_id for t in trees] == ["wsj_0007", "wsj_0007"]
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        read_treebank(tmp_path / "nope.zip")

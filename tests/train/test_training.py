@@ -1,0 +1,168 @@
+"""Training end to end: the copy task, resume after SIGKILL, 2-process DDP, averaging."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.cli import main
+from aiayn.train.checkpoint import atomic_save, average_checkpoints, load_checkpoint
+from aiayn.train.objective import label_smoothed_loss, noam_lr
+
+FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=0",
+        "--set", "train.precision=fp32", "--set", "train.threads=1", "--set", "train.max_src_tokens=600",
+        "--set", "train.max_tgt_tokens=600", "--set", "train.warmup_steps=50"]
+
+
+def test_copy_task_loss_goes_near_zero():
+    """The Annotated Transformer's copy task: a tiny model learns to copy random digits."""
+    V = 12
+    cfg = aiayn.get_preset("tiny", vocab_size=V, p_drop=0.0, d_model=64, d_ff=128, n_heads=2, d_k=32, d_v=32)
+    model = aiayn.Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=0, betas=(0.9, 0.98), eps=1e-9)
+    g = torch.Generator().manual_seed(0)
+    for step in range(1, 301):
+        body = torch.randint(4, V, (32, 8), generator=g)
+        src = torch.cat([body, torch.full((32, 1), cfg.eos_id)], 1)
+        tgt_in = torch.cat([torch.full((32, 1), cfg.bos_id), body], 1)
+        for group in opt.param_groups:
+            group["lr"] = noam_lr(step, cfg.d_model, 100)
+        sums = label_smoothed_loss(model(src, tgt_in), src, 0.0, cfg.pad_id)
+        loss = sums.loss / sums.n_tokens
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    # greedy decoding with the cache copies an unseen sequence
+    model.eval()
+    body = torch.tensor([[5, 9, 4, 11, 7, 7, 6, 10]])
+    enc = model.encode(torch.cat([body, torch.tensor([[cfg.eos_id]])], 1))
+    cache = model.init_cache(enc, 10)
+    tok, out = torch.tensor([[cfg.bos_id]]), []
+    with torch.no_grad():
+        for _ in range(8):
+            tok = model.decode(tok, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+            out.append(tok.item())
+    assert out == body[0].tolist()
+
+
+def _losses(run: Path) -> dict[int, float]:
+    out = {}
+    for line in (run / "train_log.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "train_loss" in rec:
+            out[rec["step"]] = rec["train_loss"]  # the last occurrence wins (a resumed run re-logs)
+    return out
+
+
+def _train_cmd(data: Path, out: Path, steps: int, extra=()) -> list[str]:
+    return [sys.executable, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(out),
+            "--preset", "tiny", "--max-steps", str(steps), "--no-progress", *FAST,
+            "--set", "train.log_every_steps=1", *extra]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_gives_the_same_losses(small_data_dir, tmp_path):
+    steps = 12
+    extra = ["--set", "train.save_every_steps=3", "--set", "model.p_drop=0.1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run(_train_cmd(small_data_dir, ref, steps, extra), check=True, env=env, capture_output=True)
+
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(small_data_dir, run, steps, extra), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (run / "ckpt_step00000006.pt").exists():
+        assert proc.poll() is None, "training ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = load_checkpoint(run / "last.pt")["step"]
+    assert 3 <= killed_at < steps  # step 6 (or 3, if killed between the two writes)
+    res = subprocess.run(_train_cmd(small_data_dir, run, steps, extra), check=True, env=env,
+                         capture_output=True, text=True)
+    assert f"resuming from {run / 'last.pt'} at step {killed_at}" in res.stdout
+    want, got = _losses(ref), _losses(run)
+    assert sorted(got) == list(range(1, steps + 1))
+    for s in range(1, steps + 1):
+        assert got[s] == pytest.approx(want[s], rel=1e-6, abs=1e-7), s
+    a, b = load_checkpoint(ref / "last.pt")["model"], load_checkpoint(run / "last.pt")["model"]
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, tmp_path):
+    steps = 3
+    extra = ["--set", "model.p_drop=0.0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = tmp_path / "one"
+    subprocess.run(_train_cmd(small_data_dir, one, steps, [*extra, "--set", "train.accum_steps=2"]),
+                   check=True, env=env, capture_output=True)
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "aiayn.cli", *_train_cmd(small_data_dir, two, steps, extra)[3:]]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    a, b = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
+    assert a["step"] == b["step"] == steps and a["tokens"] == b["tokens"]
+    for k in a["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5, rtol=1e-4), k
+    # and the parameters did move
+    init = aiayn.Transformer(aiayn.model.ModelConfig(**a["model_config"])).state_dict()
+    assert not torch.allclose(init["encoder_layers.0.ffn.w1.weight"], a["model"]["encoder_layers.0.ffn.w1.weight"])
+
+
+@pytest.mark.slow
+def test_train_cli_resumes_average_and_loads(small_data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    base = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
+            *FAST, "--set", "train.save_every_steps=2"]
+    assert main(base + ["--max-steps", "4"]) == 0
+    assert (run / "config.json").exists() and (run / "best.pt").exists() and (run / "summary.json").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["table2_cost_estimate_flops"] > 0 and summary["counted_flops"] > 0
+    assert main(base + ["--max-steps", "6"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    avg = tmp_path / "avg.pt"
+    assert main(["average", str(run), "--last", "2", "--out", str(avg)]) == 0
+    c4, c6 = load_checkpoint(run / "ckpt_step00000004.pt"), load_checkpoint(run / "ckpt_step00000006.pt")
+    got = load_checkpoint(avg)
+    for k, v in got["model"].items():
+        if v.is_floating_point():
+            assert torch.allclose(v, (c4["model"][k] + c6["model"][k]) / 2, atol=1e-7), k
+    model = aiayn.Transformer(aiayn.model.ModelConfig(**got["model_config"]))
+    model.load_state_dict(got["model"])
+    assert got["tokenizers"]["src"] == c6["tokenizers"]["src"]
+
+
+def test_average_two_handmade_checkpoints(tmp_path):
+    cfg = aiayn.get_preset("tiny", vocab_size=10)
+    from aiayn.config import to_dict
+    states = [aiayn.Transformer(cfg).state_dict() for _ in range(2)]
+    paths = []
+    for i, s in enumerate(states):
+        p = tmp_path / f"c{i}.pt"
+        atomic_save({"format": "aiayn-checkpoint-1", "model": s, "model_config": to_dict(cfg), "step": i}, p)
+        paths.append(p)
+    avg = average_checkpoints(paths)
+    k = "decoder_layers.1.ffn.w2.weight"
+    assert torch.allclose(avg["model"][k], (states[0][k] + states[1][k]) / 2)
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_unknown_set_key_is_a_clear_error(small_data_dir, tmp_path, capsys):
+    rc = main(["train", "--data", str(small_data_dir), "--out", str(tmp_path / "r"), "--preset", "tiny",
+               "--set", "train.learning_rate=3"])
+    assert rc == 2
+    assert "unknown field 'learning_rate'" in capsys.readouterr().err
