@@ -61,3 +61,18 @@ def small_data_dir(tmp_path_factory, shared_data) -> Path:
         argv += [k, v]
     assert main(argv) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, small_data_dir) -> Path:
+    """A real checkpoint: the tiny preset trained for 3 steps on ``small_data_dir`` (fp32, 1 thread)."""
+    from aiayn.cli import main
+    out = tmp_path_factory.mktemp("tiny_run")
+    argv = ["train", "--data", str(small_data_dir), "--out", str(out), "--preset", "tiny", "--max-steps", "3",
+            "--no-progress", "--set", "train.save_every_min=0", "--set", "train.validate_every_steps=0",
+            "--set", "train.precision=fp32", "--set", "train.threads=1", "--set", "train.max_src_tokens=600",
+            "--set", "train.max_tgt_tokens=600"]
+    assert main(argv) == 0
+    path = out / "last.pt"
+    assert path.is_file()
+    return path

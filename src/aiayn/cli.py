@@ -22,11 +22,15 @@ def _command_modules():
 
 
 COMMAND_MODULES: list[str] = [
+    "aiayn.demo",
     "aiayn.train.cli",
     "aiayn.data.cli",
     "aiayn.evaluate.cli",
+    "aiayn.evaluate.evaluate_cli",
     "aiayn.decode.cli",
     "aiayn.parsing.cli",
+    "aiayn.viz.cli",
+    "aiayn.serve.cli",
 ]
 
 

@@ -168,9 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, defaults: Any = No
             default = getattr(defaults, name)
         typ = types[name]
         flag = "--" + name.replace("_", "-")
+        extra = {"nargs": "?", "const": True} if typ is bool else {}  # `--flag` alone means true
         parser.add_argument(flag, dest=name, default=default,
                             type=lambda s, t=typ, n=name: parse_value(s, t, n),
-                            help=f"{help_text} (default: {default!r})")
+                            help=f"{help_text} (default: {default!r})", **extra)
 
 
 def from_args(cls: type[T], ns: argparse.Namespace, base: T | None = None) -> T:

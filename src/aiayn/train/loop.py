@@ -192,7 +192,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             writer = None
         if progress:
             from tqdm import tqdm
-            bar = tqdm(total=t.max_steps, initial=state.step, unit="step", dynamic_ncols=True)
+            total = t.max_steps if t.max_steps < 1_000_000 else None  # a time-bounded run has no step total
+            bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True, mininterval=2.0)
 
     def log_scalars(values: dict) -> None:
         if not dist.is_main:

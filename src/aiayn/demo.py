@@ -1,0 +1,231 @@
+"""``aiayn demo``: the main job. Multi30k (Elliott et al. 2016) from raw text to scored
+translations and an attention plot, on whatever machine it runs on.
+
+Steps (each skipped when its output already exists, so a re-run resumes):
+  1. prepare   shared BPE over both languages, binarized corpus      OUT/data
+  2. train     the recipe (recipes/multi30k.json), bounded by --minutes  OUT/run
+  3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
+  4. tune α    length penalty chosen on the validation set (never on test)
+  5. translate test_2016 with beam search                              OUT/test_2016.hyp
+  6. score     sacreBLEU + chrF on raw cased text; Multi30k tokenized BLEU (lowercased,
+               Moses-tokenized, the published baselines' metric); the paper's compound-split BLEU
+  7. examples  a few sentences translated, one attention plot           OUT/plots
+The last three lines printed are ``model: PATH``, ``translations: PATH`` and ``plots: PATH``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiayn.config import add_arguments, from_args, param
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+RECIPES = CHECKOUT / "recipes"
+LANGS = ("en", "de")
+EXAMPLES = {
+    "en": ["A man in a blue shirt is riding a bicycle down the street.",
+           "Two dogs are playing in the snow.",
+           "A little girl in a pink dress is eating an ice cream cone."],
+    "de": ["Ein Mann in einem blauen Hemd fährt mit dem Fahrrad die Straße hinunter.",
+           "Zwei Hunde spielen im Schnee.",
+           "Ein kleines Mädchen in einem rosa Kleid isst ein Eis."],
+}
+
+
+def default_data_root() -> str:
+    """$AIAYN_SHARED_DATA, else ../shared/data beside the checkout (this repository's layout)."""
+    env = os.environ.get("AIAYN_SHARED_DATA")
+    if env:
+        return env
+    for base in (CHECKOUT, Path.cwd()):
+        cand = base.parent / "shared" / "data"
+        if cand.is_dir():
+            return str(cand)
+    return str(CHECKOUT.parent / "shared" / "data")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Options of the main job; defaults are the full run (45 minutes of training)."""
+
+    src_lang: str = param("en", "source language: en or de (the other is the target)")
+    data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA or ../shared/data beside the checkout")
+    out: str = param("runs/demo", "output directory (relative paths are under the current directory; a re-run resumes)")
+    minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
+    max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
+    threads: int = param(0, "CPU threads for training; 0 = the recipe's")
+    quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
+    recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json (quick: recipes/multi30k-quick.json)")
+    vocab_size: int = param(8000, "shared BPE vocabulary size")
+    average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
+    beam_size: int = param(4, "beam size (§6.1: 4)")
+    alphas: str = param("0.6,1.0,1.4", "length penalties α tried on the validation set (§6.1 uses 0.6); the best is used on test")
+    train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
+    eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
+
+
+def _multi30k_files(root: Path, src: str, tgt: str) -> dict[str, Path]:
+    m = root / "multi30k"
+    files = {}
+    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for lang in (src, tgt):
+            files[f"raw.{split}.{lang}"] = m / "raw" / f"{name}.{lang}.gz"
+            files[f"tok.{split}.{lang}"] = m / "tok" / f"{name}.lc.norm.tok.{lang}.gz"
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise UserError(f"Multi30k files not found under {m}: {', '.join(missing[:3])}"
+                        f"{' ...' if len(missing) > 3 else ''}; pass --data-root (the folder holding multi30k/)")
+    return files
+
+
+def _read(path: Path, limit: int = 0) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:limit] if limit else lines
+
+
+def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
+    """Write the first N lines of each file when --train-lines / --eval-lines ask for it."""
+    if not cfg.train_lines and not cfg.eval_lines:
+        return files
+    work.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for key, path in files.items():
+        limit = cfg.train_lines if ".train." in key else cfg.eval_lines
+        dst = work / key
+        if not dst.exists():
+            dst.write_text("".join(line + "\n" for line in _read(path, limit)), encoding="utf-8")
+        out[key] = dst
+    return out
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    src, tgt = cfg.src_lang, ("de" if cfg.src_lang == "en" else "en")
+    if cfg.src_lang not in LANGS:
+        raise UserError(f"--src-lang must be en or de, got {cfg.src_lang!r}")
+    root = Path(cfg.data_root or default_data_root())
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = _subset(_multi30k_files(root, src, tgt), out / "subset", cfg)
+    t_all = time.monotonic()
+    results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
+
+    # 1. prepare
+    data_dir = out / "data"
+    if not (data_dir / "manifest.json").exists():
+        from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
+        t0 = time.monotonic()
+        prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"]) for s in ("train", "valid", "test")},
+                data_dir, PrepareConfig(vocab_size=cfg.vocab_size))
+        results["prepare_seconds"] = round(time.monotonic() - t0, 1)
+    print(f"[1/7] data: {data_dir}", flush=True)
+
+    # 2. train (resumes if interrupted)
+    from aiayn.config import apply_sets
+    from aiayn.train.config import load_recipe
+    from aiayn.train.loop import train
+    recipe = Path(cfg.recipe) if cfg.recipe else RECIPES / ("multi30k-quick.json" if cfg.quick else "multi30k.json")
+    run_cfg = load_recipe(recipe)
+    sets = [f"train.max_time_min={cfg.minutes}"] if cfg.minutes else []
+    if cfg.max_steps:
+        sets.append(f"train.max_steps={cfg.max_steps}")
+    if cfg.threads:
+        sets.append(f"train.threads={cfg.threads}")
+    run_cfg = apply_sets(run_cfg, sets)
+    run_dir = out / "run"
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
+        train(data_dir, run_dir, run_cfg, progress=True)
+    results["train"] = json.loads(summary_path.read_text())
+    print(f"[2/7] trained: {results['train']['steps']} steps, {results['train']['train_seconds']:.0f} s", flush=True)
+
+    # 3. average
+    from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    model_path = out / "model.pt"
+    ckpts = step_checkpoints(run_dir)[-cfg.average_last:]
+    atomic_save(average_checkpoints(ckpts), model_path)
+    results["averaged"] = [p.name for p in ckpts]
+    print(f"[3/7] averaged {len(ckpts)} checkpoints -> {model_path}", flush=True)
+
+    # 4. choose α on the validation set
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.translator import Translator
+    from aiayn.evaluate.bleu import chrf, compound_split_bleu, sacre_bleu
+    from aiayn.evaluate.multi30k import multi30k_bleu
+    translator = Translator.from_checkpoint(model_path)
+    val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
+    tuning = {}
+    for alpha in [float(a) for a in cfg.alphas.split(",")]:
+        translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=alpha)
+        t0 = time.monotonic()
+        hyps = translator.translate(val_src)
+        tuning[alpha] = {"valid_multi30k_bleu": round(multi30k_bleu(hyps, val_tok, tgt).score, 2),
+                         "seconds": round(time.monotonic() - t0, 1)}
+        print(f"[4/7] valid α={alpha}: Multi30k BLEU {tuning[alpha]['valid_multi30k_bleu']:.2f}", flush=True)
+    best_alpha = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
+    results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
+    results["alpha"] = best_alpha
+    translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)
+    hyps_val = translator.translate(val_src)
+    val_raw = _read(files[f"raw.valid.{tgt}"])
+    results["valid"] = {"multi30k_bleu": multi30k_bleu(hyps_val, val_tok, tgt).score,
+                        "sacrebleu": sacre_bleu(hyps_val, val_raw).score}
+
+    # 5. translate test_2016
+    test_src = _read(files[f"raw.test.{src}"])
+    t0 = time.monotonic()
+    hyps = translator.translate(test_src)
+    results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
+    hyp_path = out / "test_2016.hyp"
+    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    print(f"[5/7] translated {len(hyps)} test_2016 sentences in {results['test_translate_seconds']} s", flush=True)
+
+    # 6. score
+    ref_raw, ref_tok = _read(files[f"raw.test.{tgt}"]), _read(files[f"tok.test.{tgt}"])
+    scores = [multi30k_bleu(hyps, ref_tok, tgt), sacre_bleu(hyps, ref_raw), chrf(hyps, ref_raw),
+              compound_split_bleu(hyps, ref_raw, tgt)]
+    results["test"] = {s.label: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
+    for s in scores:
+        print(f"[6/7] test_2016 {s.label}: {s.score:.2f}   {s.signature}", flush=True)
+
+    # 7. examples and an attention plot
+    examples = EXAMPLES[src]
+    results["examples"] = dict(zip(examples, translator.translate(examples)))
+    for s, t in results["examples"].items():
+        print(f"[7/7] {s}  ->  {t}", flush=True)
+    plots_dir = out / "plots"
+    if plots_dir.exists():
+        shutil.rmtree(plots_dir)
+    from aiayn.viz.attention import plot_attention
+    plot_attention(translator, examples[0], plots_dir)
+    results["seconds_total"] = round(time.monotonic() - t_all, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    print(f"results: {out / 'results.json'}")
+    print(f"model: {model_path}")
+    print(f"translations: {hyp_path}")
+    print(f"plots: {plots_dir}")
+    return results
+
+
+def run(args) -> int:
+    run_demo(from_args(DemoConfig, args))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="the main job: Multi30k prepare, train, average, translate, score, plot",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    add_arguments(p, DemoConfig)
+    p.set_defaults(func=run)

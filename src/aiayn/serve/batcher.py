@@ -1,0 +1,143 @@
+"""The batching worker: requests from concurrent clients share one model call.
+
+One background thread owns the model. It takes the first waiting request, keeps collecting
+requests that arrive within ``wait_ms`` until their source tokens reach ``batch_tokens``,
+groups the collected requests by decode settings (a frozen ``DecodeConfig``; beam search runs
+one configuration at a time), translates each group with one ``Translator.translate_ids``
+call (which sorts by length and pads, §5.1 style batching), and answers each request through
+its ``Future``. A failure answers the requests of its group with the exception; the worker
+itself keeps running.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from aiayn.data.vocab import Tokenizer
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translation, Translator
+from aiayn.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+class Busy(Exception):
+    """The queue is full; the client should retry later (HTTP 503)."""
+
+
+@dataclass
+class Result:
+    nbest: list[list[Translation]]  # per sentence, best first ([] for an empty sentence)
+    attention: list[dict | None] | None  # per sentence: Translator.attention of the best output
+
+
+@dataclass
+class _Job:
+    cfg: DecodeConfig
+    ids: list[list[int]]  # source ids + EOS per sentence ([] when empty)
+    attention: bool
+    future: Future = field(default_factory=Future)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(map(len, self.ids))
+
+
+class Batcher:
+    """Collects requests for ``wait_ms`` (up to ``batch_tokens`` source tokens) into one model call per settings."""
+
+    def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, wait_ms: float = 5.0,
+                 batch_tokens: int = 4096, max_queue_sentences: int = 2048):
+        self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
+        self.wait_s, self.batch_tokens, self.max_queue = wait_ms / 1000.0, batch_tokens, max_queue_sentences
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._carry: _Job | None = None  # collected but over the token limit: first in the next call
+        self._lock = threading.Lock()
+        self.queued = 0  # sentences submitted and not yet answered
+        self.calls = 0  # model calls (one per settings group)
+        self._thread = threading.Thread(target=self._run, name="aiayn-batcher", daemon=True)
+
+    def start(self) -> "Batcher":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False) -> Future:
+        """Queue one request; its Future gives a ``Result``. Raises ``Busy`` when the queue is full."""
+        with self._lock:
+            if self.queued + len(ids) > self.max_queue:
+                raise Busy(f"{self.queued} sentences are waiting for the model (limit {self.max_queue}); retry later")
+            self.queued += len(ids)
+        job = _Job(cfg, ids, attention)
+        self._queue.put(job)
+        return job.future
+
+    def _collect(self) -> list[_Job] | None:
+        """The jobs of the next model call(s); None when stopped."""
+        first = self._carry if self._carry is not None else self._queue.get()
+        self._carry = None
+        if first is None:
+            return None
+        jobs, tokens = [first], first.n_tokens
+        deadline = time.monotonic() + self.wait_s
+        while tokens < self.batch_tokens:
+            try:
+                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if job is None:
+                self._queue.put(None)  # stop after answering what was collected
+                break
+            if tokens + job.n_tokens > self.batch_tokens:
+                self._carry = job
+                break
+            jobs.append(job)
+            tokens += job.n_tokens
+        return jobs
+
+    def _run(self) -> None:
+        while (jobs := self._collect()) is not None:
+            groups: dict[DecodeConfig, list[_Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.cfg, []).append(job)
+            for cfg, group in groups.items():
+                try:
+                    self._answer(cfg, group)
+                except Exception as exc:  # noqa: BLE001 -- answer the clients, keep serving
+                    log.exception("translation failed for %d requests", len(group))
+                    for job in group:
+                        if not job.future.done():
+                            job.future.set_exception(exc)
+                with self._lock:
+                    self.queued -= sum(len(job.ids) for job in group)
+
+    def _answer(self, cfg: DecodeConfig, jobs: list[_Job]) -> None:
+        """One ``translate_ids`` call for all sentences of ``jobs`` (same settings), then each answer."""
+        jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]  # drop cancelled ones
+        if not jobs:
+            return
+        translator = Translator(self.model, self.src_tok, self.tgt_tok, cfg)
+        ids = [x for job in jobs for x in job.ids]
+        t0 = time.perf_counter()
+        hyps = translator.translate_ids(ids)
+        self.calls += 1
+        log.debug("%d requests, %d sentences in one call: %.1f ms", len(jobs), len(ids),
+                  1000 * (time.perf_counter() - t0))
+        start = 0
+        for job in jobs:
+            mine = hyps[start:start + len(job.ids)]
+            nbest = [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
+                     for hs in mine]
+            att = None
+            if job.attention:
+                att = [translator.attention(x, hs[0].tokens, hs[0].eos) if hs else None
+                       for x, hs in zip(job.ids, mine)]
+            job.future.set_result(Result(nbest, att))
+            start += len(job.ids)

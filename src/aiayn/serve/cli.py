@@ -1,0 +1,48 @@
+"""``aiayn serve``: the translation service (HTTP JSON API and web page) for a checkpoint."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.decode.config import DecodeConfig
+from aiayn.errors import UserError
+from aiayn.serve.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a checkpoint over HTTP: POST /translate, GET /health, a web page at /",
+        description="Translation service. POST /translate with {\"sentences\": [...], \"beam\": 4, \"alpha\": 0.6, "
+                    "\"nbest\": 1, \"attention\": false}; GET /health; open / in a browser to type sentences and "
+                    "see translations and attention maps. Concurrent requests share model calls. The decode "
+                    "options below are the defaults of requests that do not set them.")
+    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_arguments(p, ServeConfig)
+    add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from aiayn.serve.app import create_app
+    except ImportError as exc:
+        raise UserError(f"`aiayn serve` needs the web stack: pip install 'aiayn[serve]' ({exc})") from exc
+    import torch
+
+    from aiayn.decode.translator import Translator
+    try:
+        cfg, decode = from_args(ServeConfig, args), from_args(DecodeConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    app = create_app(Translator.from_checkpoint(args.checkpoint, decode, device=args.device), cfg)
+    log.info("serving %s on http://%s:%d/", args.checkpoint, cfg.host, cfg.port)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
+    return 0

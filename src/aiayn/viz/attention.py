@@ -1,0 +1,97 @@
+"""Attention heat maps of a translation: the pictures of the paper's Figures 3-5.
+
+For one source sentence the translator's best output is recomputed teacher-forced with
+``need_weights=True`` (``Translator.attention``), so the plotted weights are exactly the ones
+the model returns. One PNG per kind (encoder self-attention, decoder self-attention,
+encoder-decoder attention) and layer, each a grid of the H heads with query tokens on the
+rows and key tokens on the columns (every row sums to 1 over the keys).
+
+Shapes: L layers, H heads, Q queries (rows), K keys (columns), S source, T target length.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# kind -> (title, query side, key side)
+KINDS: dict[str, tuple[str, str, str]] = {
+    "encoder": ("encoder self-attention", "src_tokens", "src_tokens"),
+    "decoder_self": ("decoder self-attention", "tgt_tokens", "tgt_tokens"),
+    "cross": ("encoder-decoder attention", "tgt_tokens", "src_tokens"),
+}
+
+
+def agg_pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def attention_figure(weights: np.ndarray, rows: list[str], cols: list[str], title: str):
+    """A grid of heat maps, one per head. weights (H,Q,K); rows: Q query tokens; cols: K key tokens."""
+    plt = agg_pyplot()
+    H, Q, K = weights.shape
+    n_cols = min(H, 4)
+    n_rows = math.ceil(H / n_cols)
+    cell = max(0.18, min(0.35, 6.0 / max(Q, K)))  # inches per token, bounded
+    side = max(2.5, cell * max(Q, K) + 1.2)
+    font = max(4.0, min(9.0, 110.0 / max(Q, K, 1)))
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(n_cols * side, n_rows * side + 0.5),
+                             squeeze=False, constrained_layout=True)
+    for h, ax in enumerate(axes.flat):
+        if h >= H:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        ax.set_title(f"head {h + 1}", fontsize=9)
+        ax.set_xticks(range(K), cols, rotation=90, fontsize=font)
+        ax.set_yticks(range(Q), rows, fontsize=font)
+    fig.suptitle(title)
+    return fig
+
+
+def attention_maps(translator, src_text: str) -> dict[str, object]:
+    """Pieces and weights (``Translator.attention``) of the best translation of ``src_text``."""
+    ids = translator.encode([src_text])[0]
+    if not ids:
+        raise UserError("--src: the sentence is empty (no subword tokens); nothing to plot")
+    hyps = translator.translate_ids([ids])[0]
+    best = hyps[0]
+    maps = translator.attention(ids, best.tokens, best.eos)
+    maps["translation"] = translator.tgt_tok.decode(best.tokens)
+    return maps
+
+
+def plot_attention(translator, src_text: str, out_dir: str | Path) -> list[Path]:
+    """Translate ``src_text`` and write one heat-map grid PNG per attention kind and layer.
+
+    Files: ``{encoder,decoder_self,cross}_layer{1..L}.png`` in ``out_dir``; returns their paths.
+    """
+    out_dir = Path(out_dir)
+    maps = attention_maps(translator, src_text)
+    log.info("translation: %s", maps["translation"])
+    paths = []
+    for kind, (title, q_side, k_side) in KINDS.items():
+        stack = maps[kind]  # (L,H,Q,K)
+        for layer, weights in enumerate(stack, 1):
+            fig = attention_figure(weights, maps[q_side], maps[k_side], f"{title}, layer {layer}")
+            paths.append(save_figure(fig, out_dir / f"{kind}_layer{layer}.png"))
+    return paths
+
+
+def save_figure(fig, out: str | Path) -> Path:
+    """Write ``fig`` as a PNG (creating the directory), close it, return the path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    agg_pyplot().close(fig)
+    return out

@@ -1,0 +1,84 @@
+"""``aiayn plot attention|lr|smoothing``: PNG figures of attention, Eq. 3 and label smoothing."""
+from __future__ import annotations
+
+import argparse
+
+from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plot", help="PNG figures: attention heat maps, the Eq. 3 learning rate, label smoothing",
+                              description="Write PNG figures and print their paths.")
+    sub = p.add_subparsers(dest="figure", metavar="FIGURE")
+    sub.required = True
+
+    from aiayn.decode.config import DecodeConfig
+    a = sub.add_parser("attention", help="heat maps of every attention layer and head for one sentence (Figures 3-5)",
+                       description="Translate --src with the checkpoint, then write one PNG per attention kind "
+                                   "(encoder, decoder_self, cross) and layer, a grid of the heads, tokens on the axes.")
+    a.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    a.add_argument("--src", required=True, help="the source sentence")
+    a.add_argument("--out", default="attention", metavar="DIR", help="output directory (default: attention)")
+    add_arguments(a, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
+    a.set_defaults(func=run_attention)
+
+    lr = sub.add_parser("lr", help="learning-rate curves of Eq. 3 for (d_model, warmup) pairs",
+                        description="Plot lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3).")
+    lr.add_argument("--pairs", nargs="+", default=["512:4000", "512:8000", "256:4000"], metavar="D:W",
+                    help="d_model:warmup_steps pairs (default: 512:4000 512:8000 256:4000)")
+    lr.add_argument("--steps", type=int, default=20000, help="last step plotted (default: 20000)")
+    lr.add_argument("--scale", type=float, default=1.0, help="factor on Eq. 3 (default: 1)")
+    lr.add_argument("--out", default="lr.png", metavar="FILE", help="PNG path (default: lr.png)")
+    lr.set_defaults(func=run_lr)
+
+    s = sub.add_parser("smoothing", help="the label-smoothed target distribution (§5.4) for a few targets",
+                       description="Heat map of smoothed_targets (the training loss's q) for --targets.")
+    s.add_argument("--targets", nargs="+", type=int, default=[2, 1, 0, 3, 3], help="target ids (default: 2 1 0 3 3)")
+    s.add_argument("--vocab-size", type=int, default=5, help="V (default: 5)")
+    s.add_argument("--eps-ls", type=float, default=0.4, help="eps_ls (default: 0.4; the paper trains with 0.1)")
+    s.add_argument("--pad-id", type=int, default=0, help="padding id (default: 0)")
+    s.add_argument("--out", default="smoothing.png", metavar="FILE", help="PNG path (default: smoothing.png)")
+    s.set_defaults(func=run_smoothing)
+
+
+def run_attention(args: argparse.Namespace) -> int:
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.translator import Translator
+    from aiayn.viz.attention import plot_attention
+    try:
+        cfg = from_args(DecodeConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    for path in plot_attention(Translator.from_checkpoint(args.checkpoint, cfg), args.src, args.out):
+        print(path)
+    return 0
+
+
+def _pairs(texts: list[str]) -> list[tuple[int, int]]:
+    out = []
+    for t in texts:
+        d, _, w = t.partition(":")
+        if not (d.isdigit() and w.isdigit() and int(d) > 0 and int(w) > 0):
+            raise UserError(f"--pairs {t!r}: expected D_MODEL:WARMUP with positive integers, e.g. 512:4000")
+        out.append((int(d), int(w)))
+    return out
+
+
+def run_lr(args: argparse.Namespace) -> int:
+    from aiayn.viz.curves import plot_lr
+    if args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
+    print(plot_lr(args.out, _pairs(args.pairs), args.steps, args.scale))
+    return 0
+
+
+def run_smoothing(args: argparse.Namespace) -> int:
+    from aiayn.viz.curves import plot_smoothing
+    V = args.vocab_size
+    if V < 3 or not 0 <= args.pad_id < V or any(not 0 <= t < V for t in args.targets):
+        raise UserError(f"--vocab-size must be >= 3 and --pad-id and --targets in [0, {V})")
+    if not 0.0 <= args.eps_ls < 1.0:
+        raise UserError(f"--eps-ls must be in [0, 1), got {args.eps_ls}")
+    print(plot_smoothing(args.out, tuple(args.targets), V, args.eps_ls, args.pad_id))
+    return 0

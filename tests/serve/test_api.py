@@ -1,0 +1,104 @@
+"""POST /translate, GET /health, GET / and the limits, through FastAPI's test client."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator
+from aiayn.serve.app import create_app
+
+from .conftest import SERVE
+
+SENTS = ["A man is riding a bicycle.", "Two dogs play in the snow.", ""]
+
+
+@pytest.fixture(scope="module")
+def client(translator):
+    with TestClient(create_app(translator, SERVE)) as c:
+        yield c
+
+
+def reference(translator, cfg: DecodeConfig, sentences):
+    return Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate_nbest(sentences)
+
+
+def test_health(client):
+    r = client.get("/health")
+    assert r.status_code == 200
+    data = r.json()
+    assert data["status"] == "ok" and data["model"]["n_layers"] == 2
+    assert data["defaults"] == {"beam": 4, "alpha": 0.6} and data["limits"]["max_sentences"] == 4
+
+
+def test_translate_matches_the_translator(client, translator):
+    r = client.post("/translate", json={"sentences": SENTS})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    ref = reference(translator, translator.cfg, SENTS)
+    assert data["translations"] == [ts[0].text if ts else "" for ts in ref]
+    assert data["translations"][2] == "" and data["beam"] == 4 and data["alpha"] == 0.6
+    assert "nbest" not in data and "attention" not in data
+
+
+def test_translate_settings_nbest_and_attention(client, translator):
+    body = {"sentences": SENTS[:2], "beam": 3, "alpha": 0.0, "nbest": 3, "attention": True}
+    data = client.post("/translate", json=body).json()
+    ref = reference(translator, DecodeConfig(max_len_b=8, beam_size=3, alpha=0.0, nbest=3), SENTS[:2])
+    assert [[h["text"] for h in hs] for hs in data["nbest"]] == [[t.text for t in ts] for ts in ref]
+    assert [h["score"] for hs in data["nbest"] for h in hs] == pytest.approx([t.score for ts in ref for t in ts])
+    assert data["translations"] == [ts[0].text for ts in ref]
+    L, H = translator.model.cfg.n_layers, translator.model.cfg.n_heads
+    for att, ts, sent in zip(data["attention"], ref, SENTS):
+        cross = np.array(att["cross"])
+        S, T = len(translator.encode([sent])[0]), len(ts[0].tokens) + ts[0].eos
+        assert cross.shape == (L, H, T, S)
+        assert att["src_tokens"][-1] == "</s>" and len(att["tgt_tokens"]) == T
+        np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-3)  # over the source keys
+
+
+@pytest.mark.parametrize("body, status, msg", [
+    (b"{not json", 400, "not JSON"),
+    (b"\xff\xfe", 400, "not JSON"),
+    (b"[1, 2]", 422, "JSON object"),
+    (b"{}", 422, "sentences: Field required"),
+    (json.dumps({"sentences": "one string"}).encode(), 422, "sentences"),
+    (json.dumps({"sentences": [1, 2]}).encode(), 422, "sentences.0"),
+    (json.dumps({"sentences": []}).encode(), 422, "at least one sentence"),
+    (json.dumps({"sentences": ["a"], "colour": 1}).encode(), 422, "colour: Extra inputs"),
+    (json.dumps({"sentences": ["a"], "beam": 0}).encode(), 422, "beam"),
+    (json.dumps({"sentences": ["a"], "beam": 7}).encode(), 422, "beam: 7 exceeds the limit of 6"),
+    (json.dumps({"sentences": ["a"], "beam": 2, "nbest": 3}).encode(), 422, "nbest must be in [1, beam_size=2]"),
+    (json.dumps({"sentences": ["a"], "alpha": -1}).encode(), 422, "alpha"),
+    (json.dumps({"sentences": ["a"] * 5}).encode(), 413, "5 sentences; the limit is 4"),
+    (json.dumps({"sentences": ["a", "the dog " * 30]}).encode(), 422, "sentences[1]: "),
+    (json.dumps({"sentences": ["x" * 5000]}).encode(), 413, "limit is 4000"),
+])
+def test_bad_requests_get_4xx_with_a_message(client, body, status, msg):
+    r = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert msg in r.json()["error"]
+    assert client.post("/translate", json={"sentences": ["ok"]}).status_code == 200  # still serving
+
+
+def test_chunked_body_over_the_limit_is_refused(client):
+    r = client.post("/translate", content=iter([b'{"sentences": ["', b"y" * 3000, b"y" * 3000, b'"]}']))
+    assert r.status_code == 413 and "exceeds the limit of 4000 bytes" in r.json()["error"]
+
+
+def test_unknown_routes_answer_json_errors(client):
+    assert client.get("/nope").status_code == 404 and "error" in client.get("/nope").json()
+    r = client.get("/translate")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_page_is_self_contained(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert 'id="source"' in page and 'id="translate"' in page and 'value="4"' in page
+    assert "<script src" not in page and "http://" not in page and "https://" not in page
+    assert ".innerHTML" not in page  # user text goes in with textContent only

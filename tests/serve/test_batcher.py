@@ -1,0 +1,68 @@
+"""The batching worker: one model call per settings group, answers in order, failures contained."""
+from __future__ import annotations
+
+import pytest
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator
+from aiayn.serve.batcher import Batcher, Busy
+
+SENTS = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl.", ""]
+
+
+def make(translator, **kw) -> Batcher:
+    return Batcher(translator.model, translator.src_tok, translator.tgt_tok, **kw)
+
+
+def test_requests_waiting_together_share_one_call_per_settings(translator):
+    greedy, beam = DecodeConfig(max_len_b=8, beam_size=1), DecodeConfig(max_len_b=8, beam_size=3, nbest=2)
+    b = make(translator, wait_ms=50)
+    ids = translator.encode(SENTS)
+    futures = [(cfg, k, b.submit(cfg, [ids[k]], attention=(k == 0))) for k in range(4) for cfg in (greedy, beam)]
+    assert b.queued == 8
+    b.start()  # everything is already queued: one collection, two settings groups
+    try:
+        results = [(cfg, k, f.result(timeout=60)) for cfg, k, f in futures]
+    finally:
+        b.stop()
+    assert b.calls == 2 and b.queued == 0
+    for cfg, k, res in results:
+        single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate_nbest([SENTS[k]])
+        assert [[t.text for t in ts] for ts in res.nbest] == [[t.text for t in ts] for ts in single]
+        assert (res.attention is not None) == (k == 0)
+    assert results[0][2].attention[0]["cross"].shape[1] == translator.model.cfg.n_heads
+
+
+def test_token_limit_splits_collections(translator):
+    cfg = DecodeConfig(max_len_b=2, beam_size=1)
+    ids = translator.encode(SENTS[:2])
+    b = make(translator, wait_ms=50, batch_tokens=max(map(len, ids)) + 1)  # room for one sentence per call
+    futures = [b.submit(cfg, [x]) for x in ids]
+    b.start()
+    try:
+        [f.result(timeout=60) for f in futures]
+    finally:
+        b.stop()
+    assert b.calls == 2
+
+
+def test_full_queue_is_busy(translator):
+    b = make(translator, max_queue_sentences=2)
+    b.submit(DecodeConfig(), [[5, 3]])
+    with pytest.raises(Busy, match="limit 2"):
+        b.submit(DecodeConfig(), [[5, 3], [6, 3]])
+
+
+def test_a_failing_call_answers_its_clients_and_the_worker_goes_on(translator):
+    cfg = DecodeConfig(max_len_b=2, beam_size=1)
+    b = make(translator, wait_ms=0).start()
+    try:
+        bad = b.submit(cfg, [[10**6, 3]])  # no such token id: the embedding lookup fails
+        with pytest.raises(IndexError):
+            bad.result(timeout=60)
+        good = b.submit(cfg, translator.encode(["A girl."]))
+        single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate(["A girl."])
+        assert good.result(timeout=60).nbest[0][0].text == single[0]
+        assert b.queued == 0
+    finally:
+        b.stop()

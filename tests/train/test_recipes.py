@@ -1,0 +1,38 @@
+"""Every shipped recipe resolves, builds its model, and the WMT14 ones match the paper."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.model.transformer import count_preset_parameters
+from aiayn.train.config import load_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.json")), ids=lambda p: p.name)
+def test_recipe_resolves_and_builds(path):
+    cfg = load_recipe(path)
+    assert count_preset_parameters(cfg.model) > 0
+
+
+@pytest.mark.parametrize("name,params,steps,p_drop,tokens", [
+    ("wmt14-ende-base.json", 63_082_496, 100_000, 0.1, 3125),
+    ("wmt14-ende-big.json", 214_245_376, 300_000, 0.3, 3125),
+])
+def test_wmt14_recipes_follow_the_paper(name, params, steps, p_drop, tokens):
+    cfg = load_recipe(RECIPES / name)
+    t = cfg.train
+    assert count_preset_parameters(cfg.model) == params  # 65M / 213M in Table 3 (see test_params.py)
+    assert t.max_steps == steps and cfg.model.p_drop == p_drop
+    assert (t.adam_beta1, t.adam_beta2, t.adam_eps, t.warmup_steps, t.eps_ls) == (0.9, 0.98, 1e-9, 4000, 0.1)
+    assert t.max_tgt_tokens * 8 * t.accum_steps == 25_000  # per-device x 8 devices x accumulation
+    assert t.save_every_min == 10 and not cfg.model.pre_norm
+
+
+def test_recipe_unknown_key_is_an_error(tmp_path):
+    bad = tmp_path / "r.json"
+    bad.write_text('{"preset": "tiny", "train": {"warmup": 5}}')
+    with pytest.raises(ValueError, match="unknown field 'warmup'"):
+        load_recipe(bad)

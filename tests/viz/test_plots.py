@@ -1,0 +1,129 @@
+"""Figures: attention heat maps from the model's own weights, Eq. 3 curves, label smoothing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
+from aiayn.viz import attention as viz_attention
+from aiayn.viz.curves import lr_curves
+
+SRC = "A man is riding a bicycle."
+
+
+def assert_real_png(path, min_bytes=5000):
+    """The file is a PNG of some size whose pixels are not all one colour."""
+    import matplotlib.image as mpimg
+    assert path.is_file() and path.stat().st_size > min_bytes, path
+    img = mpimg.imread(path)  # (rows, cols, channels) floats in [0, 1]
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert img[..., :3].var() > 1e-3, f"{path} looks blank"
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_checkpoint) -> Translator:
+    torch.set_num_threads(1)
+    return Translator.from_checkpoint(tiny_checkpoint, DecodeConfig(max_len_b=6))
+
+
+def test_plot_attention_draws_the_models_weights(translator, tmp_path, monkeypatch):
+    drawn = []
+    real = viz_attention.attention_figure
+
+    def spy(weights, rows, cols, title):
+        fig = real(weights, rows, cols, title)
+        drawn.append((title, weights, rows, cols, [ax.images[0].get_array() for ax in fig.axes if ax.images]))
+        return fig
+
+    monkeypatch.setattr(viz_attention, "attention_figure", spy)
+    paths = viz_attention.plot_attention(translator, SRC, tmp_path / "att")
+    L, H = translator.model.cfg.n_layers, translator.model.cfg.n_heads
+    assert [p.name for p in paths] == [f"{k}_layer{i}.png" for k in ("encoder", "decoder_self", "cross")
+                                       for i in range(1, L + 1)]
+    for p in paths:
+        assert_real_png(p)
+
+    # the plotted arrays are the model's own weights (teacher-forced on the best translation)
+    src_ids = translator.encode([SRC])[0]
+    best = translator.translate_ids([src_ids])[0][0]
+    out_ids = list(best.tokens) + ([3] if best.eos else [])
+    with torch.inference_mode():
+        enc = translator.model.encode(torch.tensor([src_ids]), need_weights=True)
+        dec = translator.model.decode(torch.tensor([[2] + out_ids[:-1]]), enc, need_weights=True)
+    expected = [w[0] for w in enc.weights] + [w[0] for w in dec.self_weights] + [w[0] for w in dec.cross_weights]
+    assert len(drawn) == 3 * L
+    S, T = len(src_ids), len(out_ids)
+    for (title, weights, rows, cols, images), ref in zip(drawn, expected):
+        assert len(images) == H
+        assert weights.shape == (H, len(rows), len(cols))
+        np.testing.assert_allclose(weights, ref.numpy(), atol=1e-6)
+        for img in images:  # each head's heat map: rows are probability distributions over the keys
+            np.testing.assert_allclose(np.asarray(img).sum(-1), 1.0, atol=1e-5)
+        if title.startswith("encoder-decoder"):
+            assert weights.shape[1:] == (T, S) and cols == [translator.src_tok.piece(i) for i in src_ids]
+        if title.startswith("decoder self"):  # causal: no weight on future positions
+            assert np.triu(weights, k=1).max() == 0.0
+
+
+def test_attention_figure_rows_and_labels():
+    w = np.random.default_rng(0).random((3, 2, 4))
+    w /= w.sum(-1, keepdims=True)
+    fig = viz_attention.attention_figure(w, ["x", "y"], ["a", "b", "c", "d"], "t")
+    axes = [ax for ax in fig.axes if ax.images]
+    assert len(axes) == 3
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["a", "b", "c", "d"]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["x", "y"]
+    np.testing.assert_array_equal(axes[2].images[0].get_array(), w[2])
+    viz_attention.agg_pyplot().close(fig)
+
+
+def test_plot_attention_empty_sentence_is_a_user_error(translator, tmp_path):
+    with pytest.raises(UserError, match="empty"):
+        viz_attention.plot_attention(translator, "   ", tmp_path)
+
+
+def test_cli_plot_attention_prints_paths(tiny_checkpoint, tmp_path, capsys):
+    assert main(["plot", "attention", "--checkpoint", str(tiny_checkpoint), "--src", "Two dogs.",
+                 "--out", str(tmp_path / "a"), "--beam-size", "2", "--max-len-b", "4"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 3 * 2 and all((tmp_path / "a").joinpath(p.split("/")[-1]).is_file() for p in printed)
+
+
+def test_lr_curves_follow_eq3():
+    x, lrs = lr_curves([(512, 4000), (256, 4000)], 8000)
+    # peak at step = warmup: d_model^-0.5 * warmup^-0.5
+    assert x[lrs[0].argmax()] == 4000
+    assert lrs[0].max() == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
+    assert lrs[0][0] == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
+    np.testing.assert_allclose(lrs[1] / lrs[0], 2 ** 0.5)
+
+
+def test_cli_plot_lr_and_smoothing(tmp_path, capsys):
+    assert main(["plot", "lr", "--out", str(tmp_path / "lr.png"), "--steps", "2000",
+                 "--pairs", "512:400", "512:800", "256:400"]) == 0
+    assert main(["plot", "smoothing", "--out", str(tmp_path / "ls.png")]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "lr.png"), str(tmp_path / "ls.png")]
+    assert_real_png(tmp_path / "lr.png")
+    assert_real_png(tmp_path / "ls.png", min_bytes=3000)
+
+
+def test_smoothing_plot_shows_smoothed_targets(tmp_path, monkeypatch):
+    """The picture is smoothed_targets: gold 1 - eps, eps / (V - 2) elsewhere, 0 for pad and pad rows."""
+    from aiayn.viz import curves
+    shown = []
+    monkeypatch.setattr(curves, "save_figure", lambda fig, out: shown.append(fig.axes[0].images[0].get_array()))
+    curves.plot_smoothing(tmp_path / "x.png", targets=(2, 0), vocab_size=5, eps_ls=0.4, pad_id=0)
+    np.testing.assert_allclose(np.asarray(shown[0]), [[0, 0.4 / 3, 0.6, 0.4 / 3, 0.4 / 3], [0, 0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["plot", "lr", "--pairs", "512-4000"], "D_MODEL:WARMUP"),
+    (["plot", "smoothing", "--targets", "7"], "--targets"),
+])
+def test_cli_plot_bad_arguments_exit_2(argv, msg, tmp_path, capsys):
+    assert main(argv + ["--out", str(tmp_path / "x.png")]) == 2
+    assert msg in capsys.readouterr().err
