@@ -102,3 +102,20 @@ def test_page_is_self_contained(client):
     assert 'id="source"' in page and 'id="translate"' in page and 'value="4"' in page
     assert "<script src" not in page and "http://" not in page and "https://" not in page
     assert ".innerHTML" not in page  # user text goes in with textContent only
+
+
+def test_an_internal_failure_is_a_500_and_the_service_goes_on(translator, monkeypatch):
+    app = create_app(translator, SERVE)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        real = app.state.batcher._answer
+
+        def broken(cfg, jobs):
+            raise RuntimeError("model exploded")
+
+        monkeypatch.setattr(app.state.batcher, "_answer", broken)
+        r = client.post("/translate", json={"sentences": ["A cat."]})
+        assert r.status_code == 500 and "model exploded" in r.json()["error"]
+        monkeypatch.setattr(app.state.batcher, "_answer", real)
+        r = client.post("/translate", json={"sentences": ["A cat."]})
+        assert r.status_code == 200 and r.json()["translations"] == translator.translate(["A cat."])
+        assert client.get("/health").json()["queued"] == 0

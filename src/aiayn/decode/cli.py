@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Defaults are the paper's: beam 4, alpha 0.6, max length = input length + 50. "
                     "An empty line gives an empty line; a line longer than --max-input-tokens is an error "
                     "naming its line number. With --nbest N > 1 each output line is "
-                    "'INDEX ||| TRANSLATION ||| SCORE' (0-based input index, best first).")
+                    "'INDEX ||| TRANSLATION ||| SCORE' (0-based input index, best first; an empty input line "
+                    "has no entries).")
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     p.add_argument("--input", metavar="FILE", help="source sentences, one per line, plain or gzip (default: stdin)")
     p.add_argument("--attention-out", metavar="FILE",

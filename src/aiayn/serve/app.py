@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.config import ConfigError, replace
+from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import InputError
 from aiayn.serve.batcher import Batcher, Busy, Result
@@ -88,7 +89,22 @@ def _parse(body: bytes) -> TranslateRequest:
         raise ApiError(422, _validation_message(exc)) from None
 
 
-def _response(req: TranslateRequest, result: Result, beam: int, alpha: float, t0: float) -> dict:
+def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> DecodeConfig:
+    """The request's decode settings (server defaults where omitted), or an ApiError for a limit it breaks."""
+    if not req.sentences:
+        raise ApiError(422, "sentences: give at least one sentence")
+    if len(req.sentences) > cfg.max_sentences:
+        raise ApiError(413, f"sentences: {len(req.sentences)} sentences; the limit is {cfg.max_sentences} per request")
+    beam = base.beam_size if req.beam is None else req.beam
+    if beam > cfg.max_beam:
+        raise ApiError(422, f"beam: {beam} exceeds the limit of {cfg.max_beam}")
+    try:
+        return replace(base, beam_size=beam, alpha=base.alpha if req.alpha is None else req.alpha, nbest=req.nbest)
+    except ConfigError as exc:
+        raise ApiError(422, str(exc)) from None
+
+
+def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0: float) -> dict:
     out: dict = {"translations": [ts[0].text if ts else "" for ts in result.nbest]}
     if req.nbest > 1:
         out["nbest"] = [[{"text": t.text, "score": t.score, "log_prob": t.log_prob, "eos": t.eos} for t in ts]
@@ -98,8 +114,25 @@ def _response(req: TranslateRequest, result: Result, beam: int, alpha: float, t0
             "src_tokens": a["src_tokens"], "tgt_tokens": a["tgt_tokens"],
             "cross": np.round(a["cross"], 4).tolist()}  # (L,H,T,S)
             for a in result.attention]
-    out.update(beam=beam, alpha=alpha, time_ms=round(1000 * (time.perf_counter() - t0), 2))
+    out.update(beam=settings.beam_size, alpha=settings.alpha, time_ms=round(1000 * (time.perf_counter() - t0), 2))
     return out
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error answer is {"error": message}; unexpected exceptions are logged and become 500."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
 
 def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> FastAPI:
@@ -118,19 +151,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
 
     app = FastAPI(title="aiayn translation service", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher = batcher
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s", request.url.path)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict:
@@ -148,19 +169,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     async def translate(request: Request) -> dict:
         t0 = time.perf_counter()
         req = _parse(await _read_body(request, cfg.max_request_bytes))
-        if not req.sentences:
-            raise ApiError(422, "sentences: give at least one sentence")
-        if len(req.sentences) > cfg.max_sentences:
-            raise ApiError(413, f"sentences: {len(req.sentences)} sentences; the limit is {cfg.max_sentences} "
-                                f"per request")
-        beam = base.beam_size if req.beam is None else req.beam
-        alpha = base.alpha if req.alpha is None else req.alpha
-        if beam > cfg.max_beam:
-            raise ApiError(422, f"beam: {beam} exceeds the limit of {cfg.max_beam}")
-        try:
-            settings = replace(base, beam_size=beam, alpha=alpha, nbest=req.nbest)
-        except ConfigError as exc:
-            raise ApiError(422, str(exc)) from None
+        settings = _settings(req, base, cfg)
         try:
             ids = checker.encode(req.sentences, source="sentences", first_line=0)
         except InputError as exc:
@@ -170,6 +179,6 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
         except Busy as exc:
             raise ApiError(503, str(exc)) from None
         result = await asyncio.wrap_future(future)
-        return _response(req, result, beam, alpha, t0)
+        return _response(req, result, settings, t0)
 
     return app

@@ -25,7 +25,7 @@ _PAGE = r"""<!doctype html>
   #error { color: #b00020; white-space: pre-wrap; }
   #translations li { margin: .35em 0; }
   #translations .text { font-size: 1.1em; margin-right: .6em; }
-  #status { color: #666; font-size: .9em; }
+  #status, #scale { color: #666; font-size: .9em; }
   #attention { margin-top: 1.2em; overflow-x: auto; }
   #attention table { border-collapse: collapse; font-size: .8em; }
   #attention td.w { width: 1.9em; height: 1.9em; border: 1px solid #fff; }
@@ -53,6 +53,7 @@ _PAGE = r"""<!doctype html>
     <label>layer <select id="layer"></select></label>
     <label>head <select id="head"></select></label>
   </div>
+  <p id="scale"></p>
   <table id="attention-map"></table>
 </div>
 <script>
@@ -60,8 +61,8 @@ _PAGE = r"""<!doctype html>
 const $ = (id) => document.getElementById(id);
 let current = null;  // attention of the sentence shown: {src_tokens, tgt_tokens, cross (L,H,T,S)}
 
-function color(w) {  // 0 -> white, 1 -> dark blue
-  const t = Math.max(0, Math.min(1, w));
+function color(w, top) {  // 0 -> white, top (the largest weight shown) -> dark blue
+  const t = Math.max(0, Math.min(1, w / top));
   const r = Math.round(255 - 230 * t), g = Math.round(255 - 190 * t), b = Math.round(255 - 100 * t);
   return `rgb(${r},${g},${b})`;
 }
@@ -80,12 +81,15 @@ function cell(tag, text) {
 
 function drawMap() {
   const w = weights(Number($("layer").value), $("head").value);
+  const top = Math.max(1e-6, ...w.flat());
+  $("scale").textContent = `Rows: target tokens; columns: source tokens; each row sums to 1. ` +
+    `White = 0, darkest = ${top.toFixed(3)} (hover a cell for its weight).`;
   const table = $("attention-map");
   table.replaceChildren();
-  const head = document.createElement("thead"), top = document.createElement("tr");
-  top.appendChild(cell("th", ""));
-  current.src_tokens.forEach((tok) => top.appendChild(cell("th", tok)));
-  head.appendChild(top);
+  const head = document.createElement("thead"), headRow = document.createElement("tr");
+  headRow.appendChild(cell("th", ""));
+  current.src_tokens.forEach((tok) => headRow.appendChild(cell("th", tok)));
+  head.appendChild(headRow);
   const body = document.createElement("tbody");
   current.tgt_tokens.forEach((tok, t) => {
     const tr = document.createElement("tr");
@@ -93,7 +97,7 @@ function drawMap() {
     w[t].forEach((v, s) => {
       const td = cell("td", "");
       td.className = "w";
-      td.style.background = color(v);
+      td.style.background = color(v, top);
       td.dataset.weight = v.toFixed(4);
       td.title = `${tok} -> ${current.src_tokens[s]}: ${v.toFixed(3)}`;
       tr.appendChild(td);

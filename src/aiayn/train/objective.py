@@ -42,20 +42,23 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> LossSums:
     """Cross-entropy against ``smoothed_targets`` (§5.4), summed over non-pad positions.
 
-    logits (B,T,V), target (B,T). Computed without materializing q:
+    logits (B,T,V), target (B,T). Computed without materializing q or the (N,V) log-softmax:
+    with log p_v = z_v - logsumexp(z),
     loss = -(1-eps) log p_gold - eps/(V-2) (sum_v log p_v - log p_gold - log p_pad).
-    The log-softmax runs in float32 even under autocast.
+    Padding positions are dropped before the vocabulary-sized work; it runs in float32 even
+    under autocast.
     """
     V = logits.size(-1)
-    lprobs = torch.log_softmax(logits.float(), dim=-1).view(-1, V)  # (N,V)
     tgt = target.reshape(-1)
     keep = tgt.ne(pad_id)
-    gold = lprobs.gather(1, tgt.unsqueeze(1)).squeeze(1)  # (N,)
-    nll = -gold
+    z = logits.reshape(-1, V)[keep].float()  # (N,V) real positions only
+    tgt = tgt[keep]
+    lse = torch.logsumexp(z, dim=-1)  # (N,)
+    gold = z.gather(1, tgt.unsqueeze(1)).squeeze(1) - lse  # log p_gold
+    nll = -gold.sum()
     if eps_ls > 0:
-        others = lprobs.sum(-1) - gold - lprobs[:, pad_id]
-        loss = (1.0 - eps_ls) * nll - eps_ls / (V - 2) * others
+        others = (z.sum(-1) - V * lse) - gold - (z[:, pad_id] - lse)
+        loss = (1.0 - eps_ls) * nll - eps_ls / (V - 2) * others.sum()
     else:
         loss = nll
-    zero = loss.new_zeros(())
-    return LossSums(torch.where(keep, loss, zero).sum(), torch.where(keep, nll, zero).sum(), keep.sum())
+    return LossSums(loss, nll, keep.sum())

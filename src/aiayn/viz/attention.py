@@ -40,13 +40,12 @@ def attention_figure(weights: np.ndarray, rows: list[str], cols: list[str], titl
     """A grid of heat maps, one per head. weights (H,Q,K); rows: Q query tokens; cols: K key tokens."""
     plt = agg_pyplot()
     H, Q, K = weights.shape
-    n_cols = min(H, 4)
+    n_cols = H if H <= 2 else (2 if H <= 4 else 4)
     n_rows = math.ceil(H / n_cols)
-    cell = max(0.18, min(0.35, 6.0 / max(Q, K)))  # inches per token, bounded
-    side = max(2.5, cell * max(Q, K) + 1.2)
-    font = max(4.0, min(9.0, 110.0 / max(Q, K, 1)))
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(n_cols * side, n_rows * side + 0.5),
-                             squeeze=False, constrained_layout=True)
+    cell = min(0.28, max(0.12, 8.0 / max(Q, K)))  # inches per token: square cells, bounded figure
+    font = min(8.0, max(4.0, 30.0 * cell))
+    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, constrained_layout=True,
+                             figsize=(n_cols * (cell * K + 1.3), n_rows * (cell * Q + 1.5) + 0.4))
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")

@@ -1,0 +1,321 @@
+"""Shared pieces of the speed benchmarks (issue 7): machine description, timing statistics,
+peak memory, result files, and interleaved measurement of several systems.
+
+Every system under test (aiayn fp32, aiayn bf16, Hugging Face Marian, CTranslate2, ...) runs
+in its own worker process, built once and then driven by the parent in rounds A B C A B C ...
+so that slow drifts of the machine (thermal, another process waking up) hit every system
+alike. Separate processes also give each system its own peak RSS, keep one rival's crash
+from losing the others' numbers, and keep the thread pools of different runtimes (PyTorch's
+OpenMP, CTranslate2's) from spinning against each other.
+
+Environment: BENCH_THREADS (default 2) threads per system; BENCH_RESULTS (default
+bench/results) for the JSON files.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("bench")
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_THREADS = int(os.environ.get("BENCH_THREADS", "2"))
+# Seconds the parent waits between two timed runs: CTranslate2's Intel OpenMP threads keep
+# spinning for up to 200 ms (KMP_BLOCKTIME) after a call; the next system must not pay for it.
+GAP_S = 0.3
+
+
+def results_dir() -> Path:
+    path = Path(os.environ.get("BENCH_RESULTS", BENCH_DIR / "results"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    """Options every interleaved benchmark shares; None = the per-size default (``fill_defaults``)."""
+    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="threads per system (intra-op)")
+    ap.add_argument("--reps", type=int, default=None, help="measured rounds (each round runs every system once)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed rounds first")
+    ap.add_argument("--min-reps", type=int, default=None, help="rounds always measured, even past --budget-s")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new round once the measured rounds took this long (after --min-reps)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="a system taking longer for one call fails")
+    ap.add_argument("--systems", default=None, help="comma-separated subset of the systems to run")
+    ap.add_argument("--name", default=None, help="result file name (default: derived from the arguments)")
+
+
+def fill_defaults(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+# The model sizes raced (the rivals' "base" and "small" in /work/shared/rivals use the same
+# shapes): base = Table 3's base model; small = the main job's "multi30k" preset (d_model 256,
+# 3+3 layers, d_ff 1024, 4 heads of d_k = d_v = 64). Vocabulary 8000 for both, as the rivals.
+# "tiny" is for seconds-long smoke runs of the harness only.
+SIZES = {
+    "base": ("base", {"vocab_size": 8000}),
+    "small": ("multi30k", {}),
+    "tiny": ("tiny", {"vocab_size": 1000}),
+}
+
+
+def model_config(size: str):
+    """The aiayn ModelConfig of a benchmark size."""
+    import aiayn
+
+    preset, overrides = SIZES[size]
+    return aiayn.get_preset(preset, **overrides)
+
+
+# -- machine ---------------------------------------------------------------------------------------
+
+
+def _lscpu() -> dict[str, str]:
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines()) if v}
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """What the numbers were measured on: CPU model, cores, ISA features, library versions."""
+    import torch
+
+    cpu = _lscpu()
+    flags = set(cpu.get("Flags", "").split())
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu_model": cpu.get("Model name", platform.processor()),
+        "logical_cpus": os.cpu_count(),
+        "cores_per_socket": cpu.get("Core(s) per socket"),
+        "sockets": cpu.get("Socket(s)"),
+        "threads_per_core": cpu.get("Thread(s) per core"),
+        "isa": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"}),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "loadavg_start": os.getloadavg(),
+    }
+    for mod in ("transformers", "ctranslate2", "numpy"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a missing rival is recorded, not fatal
+            info[mod] = None
+    return info
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def time_stats(times: list[float]) -> dict[str, Any]:
+    return {"n": len(times), "median": statistics.median(times), "min": min(times), "max": max(times),
+            "all": times}
+
+
+# -- result files ----------------------------------------------------------------------------------
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    payload = {**payload, "loadavg_end": os.getloadavg()}
+    path = results_dir() / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str))
+    tmp.replace(path)  # a killed run never leaves a half-written file behind
+    log.info("wrote %s", path)
+    return path
+
+
+def read_result(name: str) -> dict[str, Any] | None:
+    path = results_dir() / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def peak_gflops(dtype: str = "fp32") -> float | None:
+    """Median GFLOP/s of the 2048^3 matmul from matmul_peak.json (run matmul_peak.py first)."""
+    res = read_result("matmul_peak")
+    try:
+        return float(res["cases"][f"{dtype}_2048"]["gflops_median"])
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+# -- interleaved measurement in worker processes -------------------------------------------------------
+
+
+@dataclass
+class System:
+    """One system under test. ``build(**kwargs)`` runs inside the worker and returns a callable
+    ``run() -> dict`` (the dict: anything worth recording about the call, e.g. output lengths)."""
+
+    name: str
+    build: Callable[..., Callable[[], dict]]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _worker(conn, system: System, threads: int) -> None:
+    """Build the system, then time one call per "run" message; report peak RSS on "stop"."""
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        rss0 = peak_rss_mb()
+        t0 = time.perf_counter()
+        run = system.build(**system.kwargs)
+        conn.send(("ready", {"build_s": time.perf_counter() - t0, "rss_before_build_mb": rss0,
+                             "rss_after_build_mb": peak_rss_mb()}))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which carries on
+        conn.send(("error", traceback.format_exc()))
+        return
+    cpu_s = wall_s = 0.0
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            conn.send(("stopped", {"peak_rss_mb": peak_rss_mb(),
+                                   "cores_used_avg": cpu_s / wall_s if wall_s else None}))
+            return
+        try:
+            c0, t0 = os.times(), time.perf_counter()
+            info = run() or {}
+            dt = time.perf_counter() - t0
+            c1 = os.times()
+            cpu_s += (c1.user - c0.user) + (c1.system - c0.system)
+            wall_s += dt
+            conn.send(("ok", dt, info))
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+            return
+
+
+class _Worker:
+    def __init__(self, system: System, threads: int, timeout_s: float):
+        ctx = mp.get_context("spawn")
+        self.system, self.timeout_s = system, timeout_s
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, system, threads), name=f"bench-{system.name}",
+                                daemon=True)
+        self.proc.start()
+        child.close()
+
+    def call(self, msg: str | None, timeout_s: float) -> tuple:
+        try:
+            if msg is not None:
+                self.conn.send(msg)
+            if not self.conn.poll(timeout_s):
+                return ("error", f"timed out after {timeout_s:.0f}s")
+            return self.conn.recv()
+        except (EOFError, OSError) as exc:
+            return ("error", f"worker died: {exc!r} (exit code {self.proc.exitcode})")
+
+    def close(self) -> None:
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.terminate()  # our own child, by its handle
+            self.proc.join(timeout=10)
+
+
+def measure_interleaved(systems: list[System], *, threads: int, warmup: int, reps: int, min_reps: int,
+                        budget_s: float, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Build every system (one after the other), then run rounds A B C A B C ...
+
+    Returns per system: times (stats of the measured calls), the last call's info, build time,
+    peak RSS, average cores used during the calls, or ``error`` with the traceback. A system
+    that fails drops out; the others go on.
+    """
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)  # inherited by workers
+    out: dict[str, dict[str, Any]] = {}
+    workers: dict[str, _Worker] = {}
+    for s in systems:
+        log.info("building %s", s.name)
+        w = _Worker(s, threads, timeout_s)
+        kind, *rest = w.call(None, timeout_s)
+        if kind != "ready":
+            log.error("%s failed to build:\n%s", s.name, rest[0])
+            out[s.name] = {"error": rest[0]}
+            w.close()
+            continue
+        out[s.name] = {**rest[0], "times_s": []}
+        workers[s.name] = w
+    t_measured, rounds = 0.0, 0
+    for r in range(warmup + reps):
+        measured = r >= warmup
+        if measured and rounds >= min_reps and t_measured >= budget_s:
+            log.info("budget of %.0fs reached after %d measured rounds", budget_s, rounds)
+            break
+        for name, w in list(workers.items()):
+            time.sleep(GAP_S)
+            kind, *rest = w.call("run", timeout_s)
+            if kind != "ok":
+                log.error("%s failed in round %d:\n%s", name, r, rest[0])
+                out[name]["error"] = rest[0]
+                w.close()
+                del workers[name]
+                continue
+            dt, info = rest
+            out[name]["info"] = info
+            if measured:
+                out[name]["times_s"].append(dt)
+                t_measured += dt
+            log.info("%s %s %.3fs", "run" if measured else "warmup", name, dt)
+        rounds += measured
+    for name, w in workers.items():
+        kind, *rest = w.call("stop", 60)
+        if kind == "stopped":
+            out[name].update(rest[0])
+        w.close()
+    for res in out.values():
+        if res.get("times_s"):
+            res["time"] = time_stats(res.pop("times_s"))
+    return out
+
+
+def pick(systems: list[System], names: str | None) -> list[System]:
+    """The subset named in --systems (comma-separated), in the given order."""
+    if not names:
+        return systems
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {s.name: s for s in systems}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown system(s) {unknown}; known: {', '.join(known)}")
+    return [known[n] for n in wanted]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def fmt(x: float | None, spec: str = ".0f", missing: str = "-") -> str:
+    return missing if x is None else format(x, spec)
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """A plain aligned table on stdout (CLI output)."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))))

@@ -1,0 +1,25 @@
+"""`aiayn serve`: the command line reaches the app (uvicorn.run replaced by a recorder)."""
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from aiayn.cli import main
+
+
+def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypatch):
+    import uvicorn
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", "8123", "--max-sentences", "3",
+                 "--beam-size", "2", "--alpha", "0.3", "--max-len-b", "4", "--threads", "1"]) == 0
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
+    with TestClient(seen["app"]) as client:
+        health = client.get("/health").json()
+        assert health["defaults"] == {"beam": 2, "alpha": 0.3} and health["limits"]["max_sentences"] == 3
+        r = client.post("/translate", json={"sentences": ["A dog."]})
+        assert r.status_code == 200 and r.json()["beam"] == 2
+
+
+def test_serve_bad_option_exits_2(tiny_checkpoint, capsys):
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--batch-tokens", "0"]) == 2
+    assert "batch_tokens must be >= 1" in capsys.readouterr().err
