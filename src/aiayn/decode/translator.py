@@ -16,6 +16,7 @@ decoded, and returned in input order. Documented choices:
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
@@ -89,13 +90,14 @@ class Translator:
 
     def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
                  cfg: DecodeConfig = DecodeConfig()):
-        self.model = model.eval()
+        # bf16 decoding: a cast copy of the weights, so the caller's model is left as it was
+        self.model = (copy.deepcopy(model).to(torch.bfloat16) if cfg.precision == "bf16" else model).eval()
         self.src_tok, self.tgt_tok, self.cfg = src_tok, tgt_tok, cfg
         m = model.cfg
         self.ids = SpecialIds(pad=m.pad_id, bos=m.bos_id, eos=m.eos_id)
         self.input_limit = min(cfg.max_input_tokens, m.max_positions) if m.learned_positions else cfg.max_input_tokens
         self.output_cap = m.max_positions if m.learned_positions else None
-        self.decoder = CachedDecoder(model)
+        self.decoder = CachedDecoder(self.model)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, cfg: DecodeConfig = DecodeConfig(),

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from aiayn.config import add_arguments, from_args
+from aiayn.config import ConfigError, add_arguments, from_args
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import UserError
 
@@ -28,7 +28,11 @@ def run(args) -> int:
     src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
     if len(src) != len(ref):
         raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    translator = Translator.from_checkpoint(args.checkpoint, cfg=from_args(DecodeConfig, args), device=args.device)
+    try:
+        decode_cfg = from_args(DecodeConfig, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    translator = Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device)
     t0 = time.perf_counter()
     hyps = translator.translate(src, source=args.src)
     seconds = time.perf_counter() - t0

@@ -1,0 +1,48 @@
+"""Reduced-precision decoding: a bf16 copy of the model, fp32 log-probabilities, same API."""
+from __future__ import annotations
+
+import torch
+
+import aiayn
+from aiayn.decode.adapter import CachedDecoder
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import SpecialIds, search
+from aiayn.decode.translator import Translator, load_model_for_inference
+
+
+def test_bf16_translator_casts_a_copy_and_translates(tiny_checkpoint):
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    fp32 = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2))
+    bf16 = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="bf16"))
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model is untouched
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    lines = ["A dog runs.", "", "Two men are sitting on a bench in the park."]
+    out16, out32 = bf16.translate(lines), fp32.translate(lines)
+    assert len(out16) == 3 and out16[1] == "" and out32[1] == ""
+
+
+def test_bf16_step_log_probs_close_to_fp32():
+    cfg = aiayn.get_preset("tiny", vocab_size=50, p_drop=0.0)
+    model = aiayn.Transformer(cfg).eval()
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    with torch.inference_mode():
+        d32 = CachedDecoder(model)
+        lp32, _ = d32.step(torch.tensor([2, 2]), d32.start(src, 4))
+        model16 = aiayn.Transformer(cfg).eval()
+        model16.load_state_dict(model.state_dict())
+        model16 = model16.to(torch.bfloat16)
+        d16 = CachedDecoder(model16)
+        lp16, _ = d16.step(torch.tensor([2, 2]), d16.start(src, 4))
+    assert lp16.dtype == torch.float32
+    assert torch.allclose(lp16.exp().sum(-1), torch.ones(2), atol=1e-4)
+    assert (lp16 - lp32).abs().max() < 0.15  # bf16 has 8 bits of mantissa
+
+
+def test_bf16_search_runs_with_fixed_length():
+    cfg = aiayn.get_preset("tiny", vocab_size=50, p_drop=0.0)
+    model = aiayn.Transformer(cfg).eval().to(torch.bfloat16)
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    dc = DecodeConfig(beam_size=3, min_len=6, max_len_a=0.0, max_len_b=6)
+    with torch.inference_mode():
+        hyps = search(CachedDecoder(model), src, dc, SpecialIds(pad=0, bos=2, eos=3))
+    assert [len(h[0].tokens) for h in hyps] == [6, 6]
