@@ -31,6 +31,11 @@ from typing import Any, Callable
 
 log = logging.getLogger("bench")
 
+# Nothing is downloaded (the rivals are built from configurations), and no progress bars in logs.
+# Set before transformers is imported, here or in the worker processes (they inherit it).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 # Seconds the parent waits between two timed runs: CTranslate2's Intel OpenMP threads keep

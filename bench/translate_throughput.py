@@ -227,6 +227,7 @@ def report(args, cfg, machine: dict, res: dict, conversion: dict) -> None:
         med = r["time"]["median"]
         r["tgt_tokens_per_s"] = tokens / med
         r["model_gflops_per_s"] = flops / med / 1e9
+        r["peak_dtype"] = DTYPE[name]
         r["peak_gflops"] = peak = bl.peak_gflops(DTYPE[name])
         r["fraction_of_peak"] = bl.ratio(r["model_gflops_per_s"], peak)
         info = r.get("info", {})

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import aiayn.data.prepare as prep
+from aiayn.config import ConfigError, replace
 from aiayn.data import cli as data_cli
 from aiayn.data import store
 from aiayn.data.dataset import DataDir
@@ -91,6 +92,29 @@ def test_sample_smaller_than_corpus(corpus, tmp_path):
     cfg = PrepareConfig(vocab_size=300, num_workers=1, spm_sample_pairs=500)
     m = prepare({"train": corpus.train}, tmp_path / "d", cfg)
     assert m["splits"]["train"]["pairs"] > 1900 and m["options"]["spm_sample_pairs"] == 500
+
+
+def test_user_symbols_are_one_piece(corpus, tmp_path, prepared):
+    symbols = ("(NP", ")NP", "XX")
+    m = prepare({"train": corpus.train}, tmp_path / "d", replace(SMALL, user_symbols=symbols))
+    assert m["options"]["user_symbols"] == ["(NP", ")NP", "XX"]
+    tok = DataDir(tmp_path / "d").src_tokenizer
+    assert [tok.piece(i) for i in range(4, 7)] == ["\u2581(NP", "\u2581)NP", "\u2581XX"]  # after the specials
+    line = "(NP XX XX )NP runs (NP XX )NP"
+    assert tok.encode(line)[:4] == [4, 6, 6, 5] and tok.encode(line)[-3:] == [4, 6, 5]
+    assert tok.decode(tok.encode(line)) == line
+    look_alike = "(VP XXL a)NP"          # not symbols: spelled out (their characters are kept), no <unk>
+    assert 1 not in tok.encode(look_alike) and tok.decode(tok.encode(look_alike)) == look_alike
+    assert len(DataDir(prepared).src_tokenizer.encode("(NP")) > 1  # without user symbols: split
+
+
+@pytest.mark.parametrize("symbols,message", [(("(S", "(S"), "more than once"), (("a b",), "without spaces"),
+                                             (("",), "without spaces"), (("\u2581XX",), "without spaces")])
+def test_user_symbols_refused(symbols, message):
+    with pytest.raises(ConfigError, match=message):
+        PrepareConfig(user_symbols=symbols)
+    with pytest.raises(ConfigError, match="4 special ids \\+ 3 user symbols"):
+        PrepareConfig(vocab_size=7, user_symbols=("a", "b", "c"))
 
 
 def _listing(path):
@@ -222,11 +246,15 @@ def test_cli_prepare(corpus, tmp_path, capsys):
         ["prepare", "--train-src", str(corpus.train.src), "--train-tgt", str(corpus.train.tgt),
          "--valid-src", str(corpus.train.src), "--valid-tgt", str(corpus.train.tgt),
          "--vocab-size", "400", "--max-len-ratio", "2.5", "--shared-vocab", "false",
-         "--num-workers", "1", "--out", str(tmp_path / "out")])
+         "--num-workers", "1", "--user-symbols", "(S,)S XX", "--out", str(tmp_path / "out")])
     assert args.func(args) == 0
     assert "valid: 2000 pairs" in capsys.readouterr().out
-    m = DataDir(tmp_path / "out").manifest
+    d = DataDir(tmp_path / "out")
+    m = d.manifest
     assert m["options"]["max_len_ratio"] == 2.5 and m["vocab"]["shared"] is False
+    assert m["options"]["user_symbols"] == ["(S", ")S", "XX"]
+    for tok in (d.src_tokenizer, d.tgt_tokenizer):      # separate models: both keep the symbols
+        assert tok.encode("(S XX )S") == [4, 6, 5]
     assert _parser().parse_args(["prepare", "--train-src", "a", "--train-tgt", "b", "--out", "o"]).num_workers >= 1
 
 

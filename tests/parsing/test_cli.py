@@ -2,8 +2,10 @@
 import json
 
 from aiayn.cli import main
+from aiayn.data.dataset import DataDir
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS
+from aiayn.parsing.linearize import delinearize
 from aiayn.parsing.trees import parse_tree
 
 
@@ -72,6 +74,31 @@ def test_prepare_builds_data_directory(treebank_zip, tmp_path, capsys):
     assert {k: v["pairs"] for k, v in manifest["splits"].items()} == {"train": 3396, "valid": 273, "test": 245}
     assert manifest["splits"]["train"]["cleaning"]["kept"] == 3396
     assert manifest["options"]["character_coverage"] == 1.0
+    assert len(manifest["options"]["user_symbols"]) == 53            # XX and 26 labels, opened and closed
+    train_tokens = len((out / "train.linear").read_text().split())
+    assert manifest["splits"]["train"]["tgt"]["tokens"] == train_tokens  # every tree token is one piece
+
+
+def test_prepared_dev_targets_decode_to_the_gold_trees(treebank_zip, tmp_path, capsys):
+    """linearize -> encode -> decode -> delinearize is exact on dev, including (WHADJP, a label
+    train lacks (so no user symbol): it is spelled out in characters, not lost to <unk>."""
+    out = tmp_path / "ptb"
+    assert main(["parse", "prepare", "--treebank", str(treebank_zip), "--out", str(out), "--num-workers", "1"]) == 0
+    data = DataDir(out / "data")
+    valid, tok = data.split("valid"), data.tgt_tokenizer
+    assert data.manifest["splits"]["valid"]["tgt"]["unk"] == 0 and data.vocab_size == 4000
+    gold = [parse_tree(line) for line in (out / "dev.gold").read_text().splitlines()]
+    linear = (out / "dev.linear").read_text().splitlines()
+    assert len(gold) == len(valid) == 273
+    spelled = 0
+    for i, tree in enumerate(gold):
+        text = tok.decode(valid.tgt(i))
+        assert text == linear[i]
+        result = delinearize(text.split(), tree.words(), tree.tags())
+        assert result.tree == tree and not result.repaired
+        spelled += len(valid.tgt(i)) != len(text.split())
+    assert spelled == 1 and "(WHADJP" in tok.decode(valid.tgt(next(
+        i for i in range(len(valid)) if len(valid.tgt(i)) != len(linear[i].split()))))
 
 
 def test_prepare_refuses_concatenated_file(tmp_path, capsys):

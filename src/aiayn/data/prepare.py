@@ -6,7 +6,8 @@ Steps (§5.1: sentences encoded with byte-pair encoding into a shared source-tar
    no split is empty; all before anything is written;
 2. sample: up to ``spm_sample_pairs`` non-empty train pairs (reservoir sampling, ``seed``),
    so SentencePiece never needs the whole corpus in memory;
-3. train SentencePiece (BPE by default; unigram as an option), one shared model by default;
+3. train SentencePiece (BPE by default; unigram as an option), one shared model by default,
+   keeping each of ``user_symbols`` one piece (in each model when they are separate);
 4. encode every split streaming, ``chunk_lines`` pairs at a time with SentencePiece's thread
    pool (``num_workers``), appending ids to ``.npy`` files (layout: ``aiayn.data.store``);
 5. clean train only (valid/test are scored line by line, so they are kept whole, in order);
@@ -43,7 +44,7 @@ from aiayn.config import ConfigError, param, to_dict
 from aiayn.data.store import SIDES, AtomicDir, NpyAppender, array_files, token_dtype, write_json_atomic
 from aiayn.data.store import FORMAT, MANIFEST, VERSION
 from aiayn.data.textio import check_readable, read_pairs
-from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, Tokenizer, train_sentencepiece
+from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,20 @@ class PrepareConfig:
     seed: int = param(1, "seed of the SentencePiece training sample")
     num_workers: int = param(0, "threads for SentencePiece training and encoding; 0 = os.cpu_count()")
     chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
+    user_symbols: tuple[str, ...] = param((), "pieces SentencePiece must keep whole (user_defined_symbols), e.g. the bracket labels of linearized trees; each a space-separated word of the text")
 
     def __post_init__(self) -> None:
         if self.model_type not in ("bpe", "unigram"):
             raise ConfigError(f"model_type must be bpe or unigram, got {self.model_type!r}")
-        if self.vocab_size <= len(SPECIAL_IDS):
-            raise ConfigError(f"vocab_size must exceed {len(SPECIAL_IDS)}, got {self.vocab_size}")
+        if self.vocab_size <= len(SPECIAL_IDS) + len(self.user_symbols):
+            raise ConfigError(f"vocab_size must exceed {len(SPECIAL_IDS)} special ids + {len(self.user_symbols)} "
+                              f"user symbols, got {self.vocab_size}")
+        bad = [s for s in self.user_symbols if not s or WORD_BOUNDARY in s or any(c.isspace() for c in s)]
+        if bad:
+            raise ConfigError(f"user_symbols must be words without spaces or {WORD_BOUNDARY!r}, got {bad!r}")
+        if len(set(self.user_symbols)) != len(self.user_symbols):
+            twice = sorted({s for s in self.user_symbols if self.user_symbols.count(s) > 1})
+            raise ConfigError(f"user_symbols given more than once: {twice!r}")
         if self.max_len < 0 or self.max_len_ratio < 0 or self.chunk_lines <= 0 or self.spm_sample_pairs <= 0:
             raise ConfigError("max_len and max_len_ratio must be >= 0; chunk_lines and spm_sample_pairs > 0")
 
@@ -125,7 +134,8 @@ def _scan(files: SplitFiles, sample_size: int, seed: int) -> tuple[int, list[tup
 def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConfig) -> dict[str, str]:
     """Train the SentencePiece model(s) into ``tmp``; return the model file name per side."""
     opts = dict(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
-                character_coverage=cfg.character_coverage, num_threads=cfg.threads)
+                character_coverage=cfg.character_coverage, num_threads=cfg.threads,
+                user_symbols=cfg.user_symbols)
     if cfg.shared_vocab:
         path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", **opts)
         return {"src": path.name, "tgt": path.name}

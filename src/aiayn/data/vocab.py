@@ -29,6 +29,7 @@ from aiayn.errors import UserError
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+WORD_BOUNDARY = "\u2581"  # "▁", SentencePiece's mark for the space before a word
 SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
 _DROPPED_ON_DECODE = frozenset((PAD_ID, BOS_ID, EOS_ID))
 
@@ -97,12 +98,23 @@ class Tokenizer:
 
 
 def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int, model_type: str,
-                        character_coverage: float, num_threads: int) -> Path:
+                        character_coverage: float, num_threads: int, user_symbols: Sequence[str] = ()) -> Path:
     """Train a SentencePiece model on ``sentences`` (already sampled) and write it to ``path``.
 
     The file depends only on the sentences and the model options: the thread count, which
     SentencePiece records in the model, is reset to 1, so the sha256 is reproducible.
+
+    ``user_symbols`` are space-separated words to keep as one piece each (e.g. ``(NP``). They
+    become SentencePiece ``user_defined_symbols`` with the word-boundary mark in front (``▁(NP``:
+    a bare ``(NP`` would still cost two pieces, ``▁`` + ``(NP``), in the order given, right after
+    the special ids. Their characters become ``required_chars``: SentencePiece never sees the
+    text a user symbol covers, so without them a word that only resembles one (``(WHADJP`` when
+    ``(WHADJP`` is not a symbol) would lose ``(`` to <unk> instead of being spelled out.
     """
+    symbols: dict[str, object] = {}
+    if user_symbols:
+        symbols = {"user_defined_symbols": [WORD_BOUNDARY + s for s in user_symbols],
+                   "required_chars": "".join(sorted(set("".join(user_symbols))))}
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -111,7 +123,7 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int
             character_coverage=character_coverage, num_threads=max(1, num_threads),
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2, **symbols,
         )
     except RuntimeError as exc:
         raise UserError(f"SentencePiece training failed: {exc}") from exc

@@ -1,0 +1,57 @@
+"""Where aiayn's beam search spends its time: torch.profiler operator table + cProfile of the
+Python side, on one small call (seconds).
+
+    python bench/profile_beam.py [--size small --batch 16 --src-len 20 --out-len 20 --threads 2]
+
+Same setting as translate_throughput.py (random weights, forced output length, beam 4), one
+warm-up call, then one profiled call per profiler. Prints the top operators by self CPU time
+and the top Python functions by own time; nothing is written.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+import benchlib as bl
+from translate_throughput import build_aiayn
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=list(bl.SIZES), default="small")
+    ap.add_argument("--mode", choices=["fp32", "bf16", "bf16w"], default="fp32")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--src-len", type=int, default=20)
+    ap.add_argument("--out-len", type=int, default=20)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=bl.DEFAULT_THREADS)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    run = build_aiayn(args.size, args.mode, args.batch, args.src_len, args.out_len, args.beam)
+    run()  # warm-up
+    t0 = time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    print(f"one call: {wall:.3f}s = {1e3 * wall / args.out_len:.2f} ms per step "
+          f"({args.batch} x {args.beam} rows, {args.out_len} steps, size {args.size}, {args.mode})")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+    pr = cProfile.Profile()
+    pr.enable()
+    run()
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Collect bench/results/*.json into results/summary.md: tables ready for BENCHMARKS.md and the
+targets of issue 7, each marked PASS, FAIL or MISSING.
+
+    python bench/summarize.py
+
+Fractions of peak are recomputed here against the current matmul_peak.json (the same
+FLOP counts as in each part's JSON; see their "flop_formula").
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import benchlib as bl
+
+# Issue 7's targets: (part, ratio key in that part's JSON, what it means).
+TARGETS = [
+    ("train_base", "aiayn-fp32/hf-fp32", "training fp32 vs HF Marian, base"),
+    ("train_small", "aiayn-fp32/hf-fp32", "training fp32 vs HF Marian, small"),
+    ("train_base", "aiayn-bf16/aiayn-fp32", "training bf16 vs aiayn fp32, base"),
+    ("train_small", "aiayn-bf16/aiayn-fp32", "training bf16 vs aiayn fp32, small"),
+    ("translate_base", "aiayn-fp32/ct2-fp32", "translation fp32 vs CTranslate2 fp32, base"),
+    ("translate_small", "aiayn-fp32/ct2-fp32", "translation fp32 vs CTranslate2 fp32, small"),
+    ("translate_base", "aiayn-fp32/hf-fp32", "translation fp32 vs HF generate, base"),
+    ("translate_small", "aiayn-fp32/hf-fp32", "translation fp32 vs HF generate, small"),
+    ("translate_base", "aiayn-best-reduced/ct2-fp32", "translation reduced precision vs CTranslate2 fp32, base"),
+    ("translate_small", "aiayn-best-reduced/ct2-fp32", "translation reduced precision vs CTranslate2 fp32, small"),
+]
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+           ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def machine_section(parts: dict) -> list[str]:
+    m = next((p["machine"] for p in parts.values() if p and "machine" in p), None)
+    if m is None:
+        return ["No results yet: run `bash bench/run_all.sh`."]
+    lines = [f"Measured {m['date']} on {m['cpu_model']} ({m['logical_cpus']} logical CPUs, "
+             f"{m['cores_per_socket']} cores/socket x {m['sockets']} socket(s), {m['threads_per_core']} thread(s)/core; "
+             f"ISA {', '.join(m['isa'])}), Python {m['python']}, torch {m['torch']}, transformers "
+             f"{m.get('transformers')}, ctranslate2 {m.get('ctranslate2')}; {m['threads']} threads per system.",
+             "Every system runs in its own process; systems are interleaved (A B C A B C ...); numbers are "
+             "medians over the measured rounds (n below). Random weights; synthetic token ids."]
+    mm = parts.get("matmul_peak")
+    if mm:
+        rows = [[k, "x".join(map(str, v["shape_mkn"])), f"{v['gflops_median']:.1f}", f"{v['gflops_best']:.1f}"]
+                for k, v in mm["cases"].items() if "gflops_median" in v]
+        lines += ["", "### Matmul peak (C = A @ B, 2*M*K*N FLOPs)", ""]
+        lines += md_table(["case", "M x K x N", "GFLOP/s (median)", "best"], rows)
+    return lines
+
+
+def system_rows(part: dict) -> list[list[str]]:
+    rows = []
+    for name, r in part["systems"].items():
+        if "time" not in r:
+            err = (r.get("error") or "failed").strip().splitlines()[-1][:120]
+            rows.append([name, "FAILED: " + err.replace("|", "/"), "", "", "", "", ""])
+            continue
+        peak = bl.peak_gflops(r["peak_dtype"])
+        frac = bl.ratio(r["model_gflops_per_s"], peak)
+        note = "" if r.get("lengths_ok", True) else " (output lengths differ!)"
+        rss = r.get("peak_rss_mb")
+        rss_txt = "-" if rss is None else f"{rss:.0f} (+{rss - r.get('rss_before_build_mb', 0):.0f})"
+        rows.append([name, f"{r['tgt_tokens_per_s']:.0f}{note}", f"{r['time']['median']:.3f}", str(r["time"]["n"]),
+                     f"{r['model_gflops_per_s']:.1f}", pct(frac), rss_txt])
+    return rows
+
+
+def throughput_section(parts: dict) -> list[str]:
+    lines = []
+    header = ["system", "target tokens/s", "{} s (median)", "n", "model GFLOP/s", "of peak",
+              "peak RSS MB (+ over import)"]
+    for kind, what in (("train", "step"), ("translate", "call")):
+        for size in ("base", "small"):
+            part = parts.get(f"{kind}_{size}")
+            if not part:
+                continue
+            a = part["args"]
+            if kind == "train":
+                title = (f"### Training, {size}: fwd + bwd + Adam, {a['batch']} x {a['src_len']}/{a['tgt_len']} "
+                         f"tokens = {part['tgt_tokens_per_step']} target tokens per step, "
+                         f"{part['model_flops_per_step'] / 1e9:.0f} GFLOP per step")
+            else:
+                title = (f"### Translation, {size}: beam {a['beam']}, {a['batch']} sentences x {a['src_len']} "
+                         f"tokens, output forced to {a['out_len']} tokens, "
+                         f"{part['model_flops_per_call'] / 1e9:.0f} GFLOP per call")
+            lines += ["", title, ""]
+            lines += md_table([h.format(what) for h in header], system_rows(part))
+            lines += ["", f"FLOPs: {part['flop_formula']}. Fraction of peak: against the 2048^3 matmul median of "
+                          f"the system's dtype (bf16 systems against bf16; CTranslate2 int8 against fp32)."]
+    return lines
+
+
+def targets_section(parts: dict) -> list[str]:
+    rows = []
+    for part_name, key, what in TARGETS:
+        part = parts.get(part_name)
+        r = (part or {}).get("ratios", {}).get(key)
+        if not r or r["ratio"] is None:
+            rows.append([what, key, "-", "MISSING"])
+            continue
+        verdict = "PASS" if r["ratio"] >= r["target"] else "FAIL"
+        bad = [n for n, s in part["systems"].items() if n in key and not s.get("lengths_ok", True)]
+        if bad:
+            verdict += " (invalid: output lengths differ)"
+        rows.append([what, key, f"{r['ratio']:.2f}x (target >= {r['target']}x)", verdict])
+    return ["", "### Issue 7 targets", ""] + md_table(["target", "ratio of tokens/s", "measured", "verdict"], rows)
+
+
+def attention_section(part: dict | None) -> list[str]:
+    if not part:
+        return []
+    c = part["model_config"]
+    rows = [[r["n"], r["B"], f"{r['flops_projections'] / 1e9:.2f}", f"{r['flops_core'] / 1e9:.2f}",
+             f"{r['flops_ffn'] / 1e9:.2f}", f"{1e3 * r['t_attention_layer_s']:.1f}", f"{1e3 * r['t_core_s']:.1f}",
+             f"{1e3 * r['t_ffn_s']:.1f}", f"{r['t_attention_layer_s'] / r['t_ffn_s']:.2f}"] for r in part["rows"]]
+    x = part["crossover_n"]
+    return ["", f"### §4 Table 1: self-attention layer vs FFN (d_model {c['d_model']}, h {c['n_heads']}, d_k "
+                f"{c['d_k']}, d_ff {c['d_ff']}; B x n = {part['args']['tokens']} tokens, forward, fp32)", ""] + \
+        md_table(["n", "B", "GFLOP proj", "GFLOP core", "GFLOP FFN", "attention ms", "core ms", "FFN ms",
+                  "attention / FFN time"], rows) + \
+        ["", f"FLOPs: {part['flop_formula']}.",
+         f"Attention core >= projections: FLOPs from n = {x['flops_core_ge_projections']}, time from n = "
+         f"{x['time_core_ge_projections']}; core >= FFN: FLOPs from n = {x['flops_core_ge_ffn']}, time from n = "
+         f"{x['time_core_ge_ffn']}; whole attention layer >= 2x FFN time from n = "
+         f"{x['time_attention_layer_ge_2x_ffn']}."]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="default: <results>/summary.md")
+    args = ap.parse_args(argv)
+    names = ["matmul_peak", "train_base", "train_small", "translate_base", "translate_small", "attention_sweep"]
+    parts = {n: bl.read_result(n) for n in names}
+    lines = ["## Speed (issue 7)", ""] + machine_section(parts) + throughput_section(parts) + \
+        targets_section(parts) + attention_section(parts["attention_sweep"])
+    out = Path(args.out) if args.out else bl.results_dir() / "summary.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"\n[wrote {out}]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
