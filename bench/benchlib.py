@@ -218,9 +218,8 @@ def _worker(conn, system: System, threads: int) -> None:
 
 
 class _Worker:
-    def __init__(self, system: System, threads: int, timeout_s: float):
+    def __init__(self, system: System, threads: int):
         ctx = mp.get_context("spawn")
-        self.system, self.timeout_s = system, timeout_s
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, system, threads), name=f"bench-{system.name}",
                                 daemon=True)
@@ -232,13 +231,14 @@ class _Worker:
             if msg is not None:
                 self.conn.send(msg)
             if not self.conn.poll(timeout_s):
-                return ("error", f"timed out after {timeout_s:.0f}s")
+                return ("error", f"timed out after {timeout_s:g}s")
             return self.conn.recv()
         except (EOFError, OSError) as exc:
             return ("error", f"worker died: {exc!r} (exit code {self.proc.exitcode})")
 
-    def close(self) -> None:
-        self.proc.join(timeout=30)
+    def close(self, failed: bool = False) -> None:
+        """Wait for a stopped worker; end a failed (possibly hung) one at once."""
+        self.proc.join(timeout=1 if failed else 30)
         if self.proc.is_alive():
             self.proc.terminate()  # our own child, by its handle
             self.proc.join(timeout=10)
@@ -257,12 +257,12 @@ def measure_interleaved(systems: list[System], *, threads: int, warmup: int, rep
     workers: dict[str, _Worker] = {}
     for s in systems:
         log.info("building %s", s.name)
-        w = _Worker(s, threads, timeout_s)
+        w = _Worker(s, threads)
         kind, *rest = w.call(None, timeout_s)
         if kind != "ready":
             log.error("%s failed to build:\n%s", s.name, rest[0])
             out[s.name] = {"error": rest[0]}
-            w.close()
+            w.close(failed=True)
             continue
         out[s.name] = {**rest[0], "times_s": []}
         workers[s.name] = w
@@ -278,7 +278,7 @@ def measure_interleaved(systems: list[System], *, threads: int, warmup: int, rep
             if kind != "ok":
                 log.error("%s failed in round %d:\n%s", name, r, rest[0])
                 out[name]["error"] = rest[0]
-                w.close()
+                w.close(failed=True)
                 del workers[name]
                 continue
             dt, info = rest
@@ -294,8 +294,11 @@ def measure_interleaved(systems: list[System], *, threads: int, warmup: int, rep
             out[name].update(rest[0])
         w.close()
     for res in out.values():
-        if res.get("times_s"):
-            res["time"] = time_stats(res.pop("times_s"))
+        times = res.pop("times_s", [])
+        if "error" in res:  # a system that failed part-way is reported as failed, not with partial numbers
+            res["times_before_error_s"] = times
+        elif times:
+            res["time"] = time_stats(times)
     return out
 
 

@@ -47,6 +47,12 @@ def machine_section(parts: dict) -> list[str]:
              f"{m.get('transformers')}, ctranslate2 {m.get('ctranslate2')}; {m['threads']} threads per system.",
              "Every system runs in its own process; systems are interleaved (A B C A B C ...); numbers are "
              "medians over the measured rounds (n below). Random weights; synthetic token ids."]
+    sizes = {p.get("size") for p in parts.values() if p and "size" in p}
+    threads = {p["machine"]["threads"] for p in parts.values() if p and "machine" in p}
+    if "tiny" in sizes:
+        lines += ["", "**SMOKE RESULTS (tiny model): a check of the harness, not a measurement.**"]
+    if len(threads) > 1:
+        lines += ["", f"**Parts were measured with different thread counts: {sorted(threads)}.**"]
     mm = parts.get("matmul_peak")
     if mm:
         rows = [[k, "x".join(map(str, v["shape_mkn"])), f"{v['gflops_median']:.1f}", f"{v['gflops_best']:.1f}"]
@@ -121,7 +127,7 @@ def attention_section(part: dict | None) -> list[str]:
     rows = [[r["n"], r["B"], f"{r['flops_projections'] / 1e9:.2f}", f"{r['flops_core'] / 1e9:.2f}",
              f"{r['flops_ffn'] / 1e9:.2f}", f"{1e3 * r['t_attention_layer_s']:.1f}", f"{1e3 * r['t_core_s']:.1f}",
              f"{1e3 * r['t_ffn_s']:.1f}", f"{r['t_attention_layer_s'] / r['t_ffn_s']:.2f}"] for r in part["rows"]]
-    x = part["crossover_n"]
+    x = {k: "not reached" if v is None else v for k, v in part["crossover_n"].items()}
     return ["", f"### §4 Table 1: self-attention layer vs FFN (d_model {c['d_model']}, h {c['n_heads']}, d_k "
                 f"{c['d_k']}, d_ff {c['d_ff']}; B x n = {part['args']['tokens']} tokens, forward, fp32)", ""] + \
         md_table(["n", "B", "GFLOP proj", "GFLOP core", "GFLOP FFN", "attention ms", "core ms", "FFN ms",

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 
 import torch
 import torch.nn.functional as F
 
 import benchlib as bl
-
-log = logging.getLogger("bench.train")
 
 DEFAULTS = {  # per size: measured rounds, warm-up rounds, minimum rounds, measuring budget (s)
     "base": {"reps": 5, "warmup": 1, "min_reps": 3, "budget_s": 200.0},

@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import multiprocessing as mp
 import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-import multiprocessing as mp
 from pathlib import Path
 
 import torch

@@ -166,3 +166,15 @@ def test_unknown_set_key_is_a_clear_error(small_data_dir, tmp_path, capsys):
                "--set", "train.learning_rate=3"])
     assert rc == 2
     assert "unknown field 'learning_rate'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_validation_bleu_is_logged(small_data_dir, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
+                 *FAST, "--max-steps", "2", "--set", "train.valid_bleu=true",
+                 "--set", "train.valid_bleu_max_lines=20"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0.0 <= summary["valid"]["valid_bleu"] <= 100.0
+    logged = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert any("valid_bleu" in rec for rec in logged)

@@ -22,9 +22,9 @@ from aiayn.model.cache import LayerCache
 
 def _log_softmax(logits: Tensor) -> Tensor:
     """(N, V) log-probabilities, in float32 unless the model runs in float64."""
-    if logits.dtype not in (torch.float32, torch.float64):
-        logits = logits.float()
-    return logits.log_softmax(dim=-1)
+    if logits.dtype == torch.float64:
+        return logits.log_softmax(dim=-1)
+    return logits.log_softmax(dim=-1, dtype=torch.float32)  # upcast inside the kernel (bf16 models)
 
 
 @dataclass

@@ -42,6 +42,8 @@ class TrainConfig:
     validate_every_steps: int = param(1000, "validate every N optimizer steps (and at the end); 0 = only at the end")
     validate_at_save: bool = param(True, "also validate whenever a checkpoint is written (so best.pt is tracked)")
     patience: int = param(0, "stop when validation loss has not improved for this many validations; 0 = off")
+    valid_bleu: bool = param(False, "also translate the validation set (greedy, cached decoder) and log its sacreBLEU at each validation")
+    valid_bleu_max_lines: int = param(500, "validation lines translated for valid_bleu (the first N)")
     # machinery
     seed: int = param(1, "seed for initialization, dropout and batch order")
     device: str = param("auto", "auto | cpu | cuda | cuda:N")

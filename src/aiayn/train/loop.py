@@ -63,7 +63,7 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
 
 
 @torch.no_grad()
-def validate(model, data, cfg: RunConfig, device, precision) -> dict:
+def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None) -> dict:
     """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout)."""
     model.eval()
     t = cfg.train
@@ -77,9 +77,29 @@ def validate(model, data, cfg: RunConfig, device, precision) -> dict:
             logits = model(b.src, b.tgt_in)
         sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id)
         loss, nll, n = loss + sums.loss.item(), nll + sums.nll.item(), n + sums.n_tokens.item()
-    model.train()
     n = max(n, 1)
-    return {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
+    out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
+    if t.valid_bleu and tokenizers is not None:
+        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines)
+    model.train()
+    return out
+
+
+@torch.no_grad()
+def valid_bleu(model, data, tokenizers: tuple, max_lines: int) -> float:
+    """sacreBLEU of greedy translations of the first ``max_lines`` validation pairs (§6.1 decoder,
+    beam 1), against the detokenized reference ids (what the tokenizer gives back)."""
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.translator import Translator
+    from aiayn.evaluate.bleu import sacre_bleu
+    src_tok, tgt_tok = tokenizers
+    n = min(len(data), max_lines)
+    translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=1))
+    ids = [list(map(int, data.src(i))) + [model.cfg.eos_id] if len(data.src(i)) else [] for i in range(n)]
+    hyps = translator.translate_ids(ids)
+    out = [tgt_tok.decode(h[0].tokens) if h else "" for h in hyps]
+    refs = [tgt_tok.decode(list(map(int, data.tgt(i)))) for i in range(n)]
+    return sacre_bleu(out, refs).score
 
 
 def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: TrainState, cfg: RunConfig,
@@ -169,6 +189,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     if len(sampler) == 0:
         raise UserError(f"{data_dir}: too few training batches for {dist.world_size} device(s)")
     tokenizers = tokenizer_payload(data)
+    toks = (data.src_tokenizer, data.tgt_tokenizer)
     state = TrainState()
     if (run_dir / "last.pt").exists():
         state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers)
@@ -286,7 +307,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         due_time = t.save_every_min and (time.monotonic() - last_save) >= 60 * t.save_every_min
         due_valid = t.validate_every_steps and state.step % t.validate_every_steps == 0
         if due_valid or ((due_steps or due_time) and t.validate_at_save):
-            valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars)
+            valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
         else:
             valid = None
         if due_steps or due_time:
@@ -298,7 +319,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             stop_reason = "patience"
             break
     # the end: validate, write the final checkpoint
-    valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars)
+    valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
     is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
     if dist.is_main:
         _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
@@ -320,18 +341,20 @@ def _null():
     return contextlib.nullcontext()
 
 
-def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars) -> dict | None:
+def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars,
+                        tokenizers: tuple | None = None) -> dict | None:
     if valid_data is None:
         return None
-    valid = validate(model, valid_data, cfg, device, precision)
+    valid = validate(model, valid_data, cfg, device, precision, tokenizers)
     if valid["valid_loss"] < state.best_valid_loss:
         state.best_valid_loss = valid["valid_loss"]
         state.bad_validations = 0
     else:
         state.bad_validations += 1
     log_scalars(valid)
-    log.info("step %d: valid loss %.4f nll %.4f ppl %.2f", state.step, valid["valid_loss"],
-             valid["valid_nll"], valid["valid_ppl"])
+    log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s", state.step, valid["valid_loss"],
+             valid["valid_nll"], valid["valid_ppl"],
+             f" BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else "")
     return valid
 
 
