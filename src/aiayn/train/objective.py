@@ -42,23 +42,24 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> LossSums:
     """Cross-entropy against ``smoothed_targets`` (§5.4), summed over non-pad positions.
 
-    logits (B,T,V), target (B,T). Computed without materializing q or the (N,V) log-softmax:
-    with log p_v = z_v - logsumexp(z),
+    logits (B,T,V), target (B,T). Computed without materializing q:
     loss = -(1-eps) log p_gold - eps/(V-2) (sum_v log p_v - log p_gold - log p_pad).
-    Padding positions are dropped before the vocabulary-sized work; it runs in float32 even
-    under autocast.
+    One fused log-softmax over all positions (upcast to float32 inside the kernel under
+    autocast); padding positions are masked on the (N,) vectors. Measured 2x faster than a
+    logsumexp formulation that first gathers the real positions (bench notes in BENCHMARKS.md).
     """
     V = logits.size(-1)
+    z = logits.reshape(-1, V)  # (N,V)
     tgt = target.reshape(-1)
     keep = tgt.ne(pad_id)
-    z = logits.reshape(-1, V)[keep].float()  # (N,V) real positions only
-    tgt = tgt[keep]
-    lse = torch.logsumexp(z, dim=-1)  # (N,)
-    gold = z.gather(1, tgt.unsqueeze(1)).squeeze(1) - lse  # log p_gold
-    nll = -gold.sum()
+    up = torch.float32 if z.dtype in (torch.bfloat16, torch.float16) else None
+    lprobs = torch.log_softmax(z, dim=-1, dtype=up)  # (N,V)
+    gold = lprobs.gather(1, tgt.unsqueeze(1)).squeeze(1)  # (N,) log p_gold
+    nll = -gold
     if eps_ls > 0:
-        others = (z.sum(-1) - V * lse) - gold - (z[:, pad_id] - lse)
-        loss = (1.0 - eps_ls) * nll - eps_ls / (V - 2) * others.sum()
+        others = lprobs.sum(-1) - gold - lprobs[:, pad_id]
+        loss = (1.0 - eps_ls) * nll - eps_ls / (V - 2) * others
     else:
         loss = nll
-    return LossSums(loss, nll, keep.sum())
+    zero = loss.new_zeros(())
+    return LossSums(torch.where(keep, loss, zero).sum(), torch.where(keep, nll, zero).sum(), keep.sum())
