@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from aiayn.config import ConfigError, add_arguments, apply_sets, from_args, replace
+from aiayn.config import ConfigError, add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
 from aiayn.errors import InputError, UserError
 from aiayn.decode.config import DecodeConfig
@@ -130,15 +130,10 @@ def _register_train(sub) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from aiayn.train.config import run_config_from_preset
+    from aiayn.train.cli import resolve_run_config
     from aiayn.train.loop import train
-    sets = [*PARSE_TRAIN_SETS, *args.set]
-    if args.max_steps is not None:
-        sets.append(f"train.max_steps={args.max_steps}")
-    try:
-        cfg = apply_sets(run_config_from_preset(args.preset), sets)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg = resolve_run_config(argparse.Namespace(recipe=None, preset=args.preset, max_steps=args.max_steps,
+                                                set=[*PARSE_TRAIN_SETS, *args.set]))
     train(args.data, args.out, cfg, progress=not args.no_progress)
     return 0
 
