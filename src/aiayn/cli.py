@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    from aiayn.allocator import configure_from_env
     from aiayn.errors import UserError
     try:
+        configure_from_env()
         rc = args.func(args)
     except UserError as exc:
         print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)

@@ -36,6 +36,7 @@ class ModelConfig:
     pad_id: int = param(0, "padding token id (never attended to, never predicted)")
     bos_id: int = param(2, "beginning-of-sentence id, the decoder's first input")
     eos_id: int = param(3, "end-of-sentence id")
+    fast_dropout: bool = param(True, "on CPU draw dropout masks by thresholding random_() integers instead of F.dropout's bernoulli_: the same Bernoulli law from the same generator, 3-4x faster (model/dropout.py); CUDA always uses F.dropout")
     attn_fp32: bool = param(True, "under bf16/fp16 autocast compute the attention core (QK^T, softmax, .V) in float32; same math, faster backward on CPU, safer numerics")
 
     def __post_init__(self) -> None:

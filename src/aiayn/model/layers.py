@@ -11,21 +11,23 @@ from torch import Tensor, nn
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.cache import DecoderCache
 from aiayn.model.config import ModelConfig
+from aiayn.model.dropout import dropout
 
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2), inner size d_ff."""
 
-    def __init__(self, d_model: int, d_ff: int, p_drop_ffn: float):
+    def __init__(self, d_model: int, d_ff: int, p_drop_ffn: float, fast_dropout: bool = True):
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
         self.p_drop_ffn = p_drop_ffn
+        self.fast_dropout = fast_dropout
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.w1(x))
         if self.p_drop_ffn > 0:
-            h = F.dropout(h, self.p_drop_ffn, self.training)
+            h = dropout(h, self.p_drop_ffn, self.training, self.fast_dropout)
         return self.w2(h)
 
 
@@ -37,17 +39,18 @@ class SublayerConnection(nn.Module):
     Used as ``y = conn.post(x, conn.pre(x) -> sublayer)``: ``pre`` gives the sub-layer input.
     """
 
-    def __init__(self, d_model: int, p_drop: float, pre_norm: bool, eps: float):
+    def __init__(self, d_model: int, p_drop: float, pre_norm: bool, eps: float, fast_dropout: bool = True):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.p_drop = p_drop
+        self.fast_dropout = fast_dropout
         self.pre_norm = pre_norm
 
     def pre(self, x: Tensor) -> Tensor:
         return self.norm(x) if self.pre_norm else x
 
     def post(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
-        y = x + F.dropout(sublayer_out, self.p_drop, self.training)
+        y = x + dropout(sublayer_out, self.p_drop, self.training, self.fast_dropout)
         return y if self.pre_norm else self.norm(y)
 
 
@@ -58,7 +61,7 @@ def _mha(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
 
 
 def _conn(cfg: ModelConfig) -> SublayerConnection:
-    return SublayerConnection(cfg.d_model, cfg.p_drop, cfg.pre_norm, cfg.layer_norm_eps)
+    return SublayerConnection(cfg.d_model, cfg.p_drop, cfg.pre_norm, cfg.layer_norm_eps, cfg.fast_dropout)
 
 
 class EncoderLayer(nn.Module):
@@ -67,7 +70,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = _mha(cfg, self_attention=True)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout)
         self.conn_attn, self.conn_ffn = _conn(cfg), _conn(cfg)
 
     def forward(self, x: Tensor, key_mask: Tensor, need_weights: bool = False):
@@ -86,7 +89,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _mha(cfg, self_attention=True)
         self.cross_attn = _mha(cfg, self_attention=False)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout)
         self.conn_self, self.conn_cross, self.conn_ffn = _conn(cfg), _conn(cfg), _conn(cfg)
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor,

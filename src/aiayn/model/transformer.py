@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from aiayn.model.cache import DecoderCache, LayerCache
 from aiayn.model.config import ModelConfig
+from aiayn.model.dropout import dropout
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 
@@ -72,7 +73,7 @@ class Transformer(nn.Module):
     def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:
         """Embedding * sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4)."""
         x = embed(tokens) + pos(start, tokens.size(1)).to(embed.weight.dtype)  # (B,L,D)
-        return nn.functional.dropout(x, self.cfg.p_drop, self.training)
+        return dropout(x, self.cfg.p_drop, self.training, self.cfg.fast_dropout)
 
     def output_logits(self, h: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4): (B,T,D) -> (B,T,V)."""

@@ -42,6 +42,82 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> LossSums:
     """Cross-entropy against ``smoothed_targets`` (§5.4), summed over non-pad positions.
 
+    logits (B,T,V), target (B,T). The same sums as ``label_smoothed_loss_reference`` with a
+    hand-written backward (``_SmoothedCrossEntropy``): per row only log Z, z_gold, z_pad and
+    sum_v z_v are needed forward, and d loss / d z = p - q is written in one pass backward,
+    in blocks of rows small enough to stay in cache, in the logits' dtype. No (N,V) float32
+    log-probabilities are kept, which is most of the saving over autograd's log_softmax.
+    """
+    V = logits.size(-1)
+    z = logits.reshape(-1, V)  # (N,V)
+    tgt = target.reshape(-1)
+    keep = tgt.ne(pad_id)
+    loss, nll = _SmoothedCrossEntropy.apply(z, tgt, keep, float(eps_ls), int(pad_id))
+    return LossSums(loss, nll, keep.sum())
+
+
+_BLOCK_ELEMENTS = 2 ** 20  # rows per block = this // V (4 MB of float32 per block)
+
+
+def _acc_dtype(z: Tensor) -> torch.dtype:
+    return torch.float64 if z.dtype == torch.float64 else torch.float32
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed loss and NLL of logits z (N,V), with gold ids (N,) and row mask.
+
+    With eps' = eps / (V - 2), log Z = logsumexp(z) and s = sum_v z_v, per kept row:
+      nll  = log Z - z_g
+      loss = log Z - (1 - eps) z_g - eps' (s - z_g - z_pad)       (q sums to 1)
+    and d loss / d z = softmax(z) - q, d nll / d z = softmax(z) - onehot(g).
+    Statistics are computed in float32 (float64 for float64 logits).
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor, tgt: Tensor, keep: Tensor, eps_ls: float, pad_id: int):
+        N, V = z.shape
+        block = max(1, _BLOCK_ELEMENTS // V)
+        acc = _acc_dtype(z)
+        log_z = torch.empty(N, dtype=acc, device=z.device)
+        sum_z = torch.empty(N, dtype=acc, device=z.device)
+        for i in range(0, N, block):
+            zf = z[i:i + block].to(acc)  # (b,V)
+            torch.logsumexp(zf, dim=-1, out=log_z[i:i + block])
+            torch.sum(zf, dim=-1, out=sum_z[i:i + block])
+        z_gold = z.gather(1, tgt.unsqueeze(1)).squeeze(1).to(acc)  # (N,)
+        z_pad = z[:, pad_id].to(acc)  # (N,)
+        nll = log_z - z_gold
+        eps_o = eps_ls / (V - 2)
+        loss = log_z - (1.0 - eps_ls) * z_gold - eps_o * (sum_z - z_gold - z_pad)
+        w = keep.to(acc)
+        ctx.save_for_backward(z, tgt, w, log_z)
+        ctx.eps_ls, ctx.pad_id = eps_ls, pad_id
+        return (loss * w).sum(), (nll * w).sum()
+
+    @staticmethod
+    def backward(ctx, g_loss: Tensor, g_nll: Tensor):
+        z, tgt, w, log_z = ctx.saved_tensors
+        N, V = z.shape
+        eps_ls, pad_id = ctx.eps_ls, ctx.pad_id
+        eps_o = eps_ls / (V - 2)
+        a = (g_loss + g_nll) * w  # (N,) coefficient of softmax(z)
+        c = g_loss * eps_o * w  # (N,) q mass on each non-gold, non-pad token
+        gold_extra = (g_loss * (1.0 - eps_ls - eps_o) + g_nll) * w  # (N,) gold: -(1-eps) g_loss - g_nll in all
+        grad = torch.empty_like(z)
+        block = max(1, _BLOCK_ELEMENTS // V)
+        for i in range(0, N, block):
+            j = min(N, i + block)
+            p = z[i:j].to(log_z.dtype).sub_(log_z[i:j, None]).exp_()  # (b,V) softmax
+            p.mul_(a[i:j, None]).sub_(c[i:j, None])
+            p[:, pad_id] += c[i:j]  # q_pad = 0
+            p.scatter_add_(1, tgt[i:j, None], -gold_extra[i:j, None])
+            grad[i:j] = p
+        return grad, None, None, None, None
+
+
+def label_smoothed_loss_reference(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> LossSums:
+    """The plain autograd form of ``label_smoothed_loss``: the slow path its tests compare to.
+
     logits (B,T,V), target (B,T). Computed without materializing q:
     loss = -(1-eps) log p_gold - eps/(V-2) (sum_v log p_v - log p_gold - log p_pad).
     One fused log-softmax over all positions (upcast to float32 inside the kernel under

@@ -1,0 +1,43 @@
+"""The allocator setting removes the page faults of re-allocating large buffers."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from aiayn import allocator
+from aiayn.errors import UserError
+
+# Allocate and free a 64 MB tensor 20 times, touching it, and print the minor page faults.
+_PROBE = """
+import resource, sys, torch
+from aiayn.allocator import reuse_freed_memory
+if sys.argv[1] == "reuse":
+    assert reuse_freed_memory()
+torch.ones(1 << 24).sum()  # warm-up: the first touch faults in either mode
+r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    torch.ones(1 << 24).sum()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+"""
+
+
+def _faults(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_reuse_removes_page_faults_of_large_buffers():
+    system, reuse = _faults("system"), _faults("reuse")
+    assert system > 20 * (1 << 26) // 4096 // 2  # each 64 MB buffer faults its pages in again
+    assert reuse < system // 5  # at most a few first touches of a growing heap, not one per buffer
+
+
+def test_env_choice(monkeypatch):
+    monkeypatch.setenv(allocator.ENV, "system")
+    assert allocator.configure_from_env() is False
+    monkeypatch.setenv(allocator.ENV, "jemalloc")
+    with pytest.raises(UserError, match="AIAYN_MALLOC"):
+        allocator.configure_from_env()
