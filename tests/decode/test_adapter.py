@@ -34,20 +34,25 @@ def test_cache_reorder_equals_recomputing_the_reordered_prefixes(model):
     g = torch.Generator().manual_seed(2)
     cached, plain = CachedDecoder(model), RecomputeDecoder(model)
     with torch.inference_mode():
-        states = [cached.start(src, 8), plain.start(src, 8)]
+        states = [cached.start(src, 9), plain.start(src, 9)]
         expand = torch.tensor([0, 0, 0, 1, 1, 1])
         states = [s.reorder(expand) for s in states]
         tokens = torch.full((6,), 2)
-        for step in range(6):
+        for step in range(7):
             (lp_c, states[0]), (lp_p, states[1]) = cached.step(tokens, states[0]), plain.step(tokens, states[1])
             assert lp_c.shape == (tokens.numel(), V)
             assert torch.allclose(lp_c, lp_p, atol=1e-10), step
             n = tokens.numel()
             idx = {1: torch.randint(0, n, (n - 1,), generator=g),  # repeats and dropped rows
                    2: torch.arange(n).flip(0),  # same number of rows, other sentences
-                   3: torch.tensor([0, 0, 1, 3, 3][:n])}.get(step)  # within the first sentence
+                   3: torch.tensor([0, 0, 1, 3, 3][:n]),  # within the first sentence
+                   4: torch.tensor([0, 0, 2, 3, 4][:n]),  # one row moves: the in-place path
+                   5: torch.arange(n)}.get(step)  # nothing moves
             if idx is not None:
+                buf = states[0].cache.layers[0].self_k
                 states = [s.reorder(idx) for s in states]
+                if step in (4, 5):  # few rows moved: copied in place, the buffers stay
+                    assert states[0].cache.layers[0].self_k is buf
             tokens = torch.randint(4, V, (states[1].prefix.size(0),), generator=g)
 
 

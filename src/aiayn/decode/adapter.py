@@ -31,12 +31,17 @@ def _log_softmax(logits: Tensor) -> Tensor:
 class CachedState:
     """The model's ``DecoderCache`` plus what makes beam reordering cheap.
 
-    ``reorder`` gathers the filled self-attention keys/values into preallocated spare buffers
-    (no fresh allocation per step) and keeps the encoder-decoder keys/values untouched while
-    every row still decodes the same sentence as before (beams reordered within a sentence);
-    they are gathered only when sentences leave the batch. A reordered state takes over the
-    buffers of the old one: the old state must not be used again (as with the cache itself,
-    which ``decode`` advances in place).
+    ``reorder`` keeps the encoder-decoder keys/values untouched while every row still decodes
+    the same sentence as before (beams reordered within a sentence); they are gathered only
+    when sentences leave the batch. For the self-attention keys/values it takes the cheaper of
+    two exact paths:
+    - few rows move (at most half: a beam usually keeps extending its own hypothesis): only
+      the moved rows are copied, in place: their sources are gathered first, then written;
+    - otherwise the filled part is gathered into preallocated spare buffers (no fresh
+      allocation per step), which then become the cache.
+    Either way the copy is the filled length only. A reordered state takes over the buffers
+    of the old one: the old state must not be used again (as with the cache itself, which
+    ``decode`` advances in place).
     """
 
     cache: DecoderCache
@@ -47,6 +52,11 @@ class CachedState:
         c, n, L = self.cache, idx.numel(), self.cache.length
         sentence = self.sentence.index_select(0, idx)
         same_rows = sentence.shape == self.sentence.shape and torch.equal(sentence, self.sentence)
+        if same_rows:
+            moved = (idx != torch.arange(n, device=idx.device)).nonzero().squeeze(1)  # (m,)
+            if 2 * moved.numel() <= n:
+                self._move_rows_in_place(moved, idx.index_select(0, moved))
+                return CachedState(c, sentence, self.spare)
         spare = self.spare
         if spare is None or spare[0][0].size(0) < n or spare[0][0].size(2) != c.capacity:
             spare = [(torch.empty((n,) + lc.self_k.shape[1:], dtype=lc.self_k.dtype, device=lc.self_k.device),
@@ -63,6 +73,16 @@ class CachedState:
         src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, idx)
         old = [(lc.self_k, lc.self_v) for lc in c.layers]
         return CachedState(DecoderCache(layers, src_pad, L), sentence, old)
+
+    def _move_rows_in_place(self, rows: Tensor, sources: Tensor) -> None:
+        """Row rows[i] of every self-attention buffer becomes (old) row sources[i]."""
+        L = self.cache.length
+        if rows.numel() == 0 or L == 0:
+            return
+        for lc in self.cache.layers:
+            for buf in (lc.self_k, lc.self_v):
+                filled = buf[:, :, :L]  # (N,H,L,K)
+                filled.index_copy_(0, rows, filled.index_select(0, sources))  # gather first, then write
 
 
 class CachedDecoder:
