@@ -79,3 +79,22 @@ def test_each_sentence_alone_equals_inside_the_batch(model, cfg):
         alone = search(CachedDecoder(model), src[b:b + 1, :n], cfg, SpecialIds())[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[b]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[b]], rel=1e-9, abs=1e-12)
+
+
+def test_beams_of_a_sentence_share_its_encoder_rows(model):
+    # Expanding B sentences to B*K rows groups them: cross keys/values stay at B rows, and
+    # the grouped cross-attention gives the same log-probs and weights as the ungrouped cache.
+    src = sources()[:3]
+    K = 4
+    dec = CachedDecoder(model)
+    with torch.inference_mode():
+        state = dec.start(src, 5).reorder(torch.arange(3).repeat_interleave(K))
+        assert state.cache.group == K and state.cache.layers[0].cross_k.size(0) == 3
+        plain = model.init_cache(model.encode(src), 5).reorder(torch.arange(3).repeat_interleave(K))
+        assert plain.group == 1 and plain.layers[0].cross_k.size(0) == 3 * K
+        tokens = torch.randint(4, V, (3 * K,), generator=torch.Generator().manual_seed(3))
+        a = model.decode(tokens[:, None], cache=state.cache, need_weights=True)
+        b = model.decode(tokens[:, None], cache=plain, need_weights=True)
+    assert torch.allclose(a.logits, b.logits, atol=1e-12)
+    for wa, wb in zip(a.cross_weights, b.cross_weights):
+        assert torch.allclose(wa, wb, atol=1e-12)

@@ -27,6 +27,23 @@ def _log_softmax(logits: Tensor) -> Tensor:
     return logits.log_softmax(dim=-1, dtype=torch.float32)  # upcast inside the kernel (bf16 models)
 
 
+def _encoder_rows(entries: Tensor) -> tuple[int, Tensor]:
+    """Group new decoder rows by the encoder-side row they read (entries (N',)).
+
+    Returns (g, rows): g is the largest run length such that every block of g consecutive
+    rows reads one encoder row (beam search: g = beam size), rows (N'/g,) those encoder rows.
+    Anything else falls back to g = 1, one encoder-side row per decoder row.
+    """
+    n = entries.numel()
+    runs = torch.unique_consecutive(entries).numel()
+    if runs and n % runs == 0 and n // runs > 1:
+        g = n // runs
+        blocks = entries.view(runs, g)
+        if bool((blocks == blocks[:, :1]).all()):
+            return g, blocks[:, 0].contiguous()
+    return 1, entries
+
+
 @dataclass
 class CachedState:
     """The model's ``DecoderCache`` plus what makes beam reordering cheap.
@@ -62,17 +79,20 @@ class CachedState:
             spare = [(torch.empty((n,) + lc.self_k.shape[1:], dtype=lc.self_k.dtype, device=lc.self_k.device),
                       torch.empty((n,) + lc.self_v.shape[1:], dtype=lc.self_v.dtype, device=lc.self_v.device))
                      for lc in c.layers]
+        group, enc_rows = c.group, None
+        if not same_rows:
+            group, enc_rows = _encoder_rows(idx // c.group)
         layers = []
         for lc, (k, v) in zip(c.layers, spare):
             k, v = k[:n], v[:n]
             torch.index_select(lc.self_k[:, :, :L], 0, idx, out=k[:, :, :L])
             torch.index_select(lc.self_v[:, :, :L], 0, idx, out=v[:, :, :L])
-            cross_k = lc.cross_k if same_rows else lc.cross_k.index_select(0, idx)
-            cross_v = lc.cross_v if same_rows else lc.cross_v.index_select(0, idx)
+            cross_k = lc.cross_k if same_rows else lc.cross_k.index_select(0, enc_rows)
+            cross_v = lc.cross_v if same_rows else lc.cross_v.index_select(0, enc_rows)
             layers.append(LayerCache(k, v, cross_k, cross_v))
-        src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, idx)
+        src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, enc_rows)
         old = [(lc.self_k, lc.self_v) for lc in c.layers]
-        return CachedState(DecoderCache(layers, src_pad, L), sentence, old)
+        return CachedState(DecoderCache(layers, src_pad, L, group), sentence, old)
 
     def _move_rows_in_place(self, rows: Tensor, sources: Tensor) -> None:
         """Row rows[i] of every self-attention buffer becomes (old) row sources[i]."""

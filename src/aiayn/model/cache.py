@@ -27,9 +27,15 @@ class LayerCache:
 
 @dataclass
 class DecoderCache:
+    """Per-layer buffers. With ``group`` g > 1 the encoder-side tensors hold one row per g
+    decoder rows (decoder row r attends to encoder row r // g): beam search keeps the g = K
+    beams of a sentence together, so the sentence's cross keys/values are stored and read
+    once, and its K queries go through one attention call instead of K."""
+
     layers: list[LayerCache]
-    src_pad: Tensor  # (N,S) bool, True at padding
+    src_pad: Tensor  # (N/g,S) bool, True at padding
     length: int  # steps decoded so far = position of the next token
+    group: int = 1  # decoder rows per encoder-side row
 
     @property
     def capacity(self) -> int:
@@ -37,7 +43,7 @@ class DecoderCache:
 
     @property
     def batch_size(self) -> int:
-        return self.src_pad.size(0)
+        return self.src_pad.size(0) * self.group
 
     def append(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new self-attention keys/values (N,H,t,K) of layer i at position ``length``;
@@ -61,8 +67,11 @@ class DecoderCache:
                 setattr(layer, name, new)
 
     def reorder(self, indices: Tensor) -> "DecoderCache":
-        """Rows ``indices`` (N',) of every tensor, in that order (beams may repeat a row)."""
+        """Rows ``indices`` (N',) of every tensor, in that order (beams may repeat a row).
+
+        The plain path: the result has one encoder-side row per decoder row (group 1)."""
         L = self.length
+        enc_rows = indices // self.group  # (N',) encoder-side row of each new row
         layers = []
         for layer in self.layers:
             self_k = layer.self_k.new_empty((indices.numel(),) + tuple(layer.self_k.shape[1:]))
@@ -71,6 +80,6 @@ class DecoderCache:
                 self_k[:, :, :L].copy_(layer.self_k[:, :, :L].index_select(0, indices))
                 self_v[:, :, :L].copy_(layer.self_v[:, :, :L].index_select(0, indices))
             layers.append(LayerCache(self_k, self_v,
-                                     layer.cross_k.index_select(0, indices),
-                                     layer.cross_v.index_select(0, indices)))
-        return DecoderCache(layers, self.src_pad.index_select(0, indices), L)
+                                     layer.cross_k.index_select(0, enc_rows),
+                                     layer.cross_v.index_select(0, enc_rows)))
+        return DecoderCache(layers, self.src_pad.index_select(0, enc_rows), L)

@@ -108,8 +108,17 @@ class DecoderLayer(nn.Module):
             causal = True
         a, w_self = self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
         x = self.conn_self.post(x, a)
-        q = self.cross_attn.project_q(self.conn_cross.pre(x))
+        q = self.cross_attn.project_q(self.conn_cross.pre(x))  # (N,H,t,K)
+        g = cache.group if cache is not None else 1
+        if g > 1:  # the g rows sharing an encoder row become g*t queries of one row
+            N, H, t, _ = q.shape
+            q = q.view(N // g, g, H, t, -1).transpose(1, 2).reshape(N // g, H, g * t, -1)
         a, w_cross = self.cross_attn.attend(q, *memory_kv, memory_mask, need_weights=need_weights)
+        if g > 1:
+            a = a.reshape(N, t, a.size(-1))  # (N/g, g*t, D) -> (N,t,D)
+            if w_cross is not None:
+                S = w_cross.size(-1)
+                w_cross = w_cross.view(N // g, H, g, t, S).transpose(1, 2).reshape(N, H, t, S)
         x = self.conn_cross.post(x, a)
         x = self.conn_ffn.post(x, self.ffn(self.conn_ffn.pre(x)))
         return x, w_self, w_cross
