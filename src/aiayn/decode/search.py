@@ -229,7 +229,7 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
             live = live.to(log_probs.dtype)
             pool = _Pool(B, F, T, dev, log_probs.dtype)
         N, V = live.size(0), log_probs.size(1)
-        cand = (live.view(N * K, 1) + log_probs).view(N, K * V)
+        cand = log_probs.add_(live.view(N * K, 1)).view(N, K * V)  # in place: log_probs is not used again
         top_lp, top_i = cand.topk(K, dim=1)  # (N, K)
         parent, tok = top_i // V, top_i % V
         seqs = seqs.gather(1, parent[..., None].expand(-1, -1, T))
