@@ -69,7 +69,7 @@ class DemoConfig:
     vocab_size: int = param(8000, "shared BPE vocabulary size")
     average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
     beam_size: int = param(4, "beam size (§6.1: 4)")
-    alphas: str = param("0.6,1.0,1.4", "length penalties α tried on the validation set (§6.1 uses 0.6); the best is used on test")
+    alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set (§6.1 uses 0.6); the best is used on test")
     train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
 

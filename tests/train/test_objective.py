@@ -104,3 +104,15 @@ def test_fused_loss_bf16_logits_close_to_reference():
     assert out[0][1].dtype == torch.bfloat16
     assert torch.allclose(out[0][0], out[1][0], rtol=1e-5)
     assert torch.allclose(out[0][1].float(), out[1][1].float(), atol=1e-2)
+
+
+def test_linear_decay_to_zero_golden():
+    # d_model 256, warmup 1000, scale 1.5, max_steps 1000, decay over the last 40% (steps 600..1000)
+    peak = 1.5 * 256 ** -0.5 * 1000 ** -0.5  # Eq. 3 at step 1000 = 2.9646e-3
+    from aiayn.train.objective import learning_rate
+    assert learning_rate(500, 256, 1000, 1.5, 1000, 0.4) == pytest.approx(noam_lr(500, 256, 1000, 1.5), rel=1e-12)
+    assert learning_rate(600, 256, 1000, 1.5, 1000, 0.4) == pytest.approx(noam_lr(600, 256, 1000, 1.5), rel=1e-12)
+    # step 800: Eq. 3 = 1.5 * 256^-0.5 * 800 * 1000^-1.5 = 2.3717e-3, ramp (1000-800)/400 = 0.5
+    assert learning_rate(800, 256, 1000, 1.5, 1000, 0.4) == pytest.approx(0.5 * 2.3717082451262845e-03, rel=1e-9)
+    assert learning_rate(1000, 256, 1000, 1.5, 1000, 0.4) == 0.0
+    assert learning_rate(1000, 256, 1000, 1.5, 1000, 0.0) == pytest.approx(peak, rel=1e-12)  # off: Eq. 3

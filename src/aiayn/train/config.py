@@ -22,6 +22,7 @@ class TrainConfig:
     adam_eps: float = param(1e-9, "Adam epsilon (§5.3)")
     warmup_steps: int = param(4000, "warmup_steps of Eq. 3")
     lr_scale: float = param(1.0, "factor on Eq. 3 (1 = the paper); the peak rate is lr_scale * d_model^-0.5 * warmup^-0.5")
+    lr_decay_frac: float = param(0.0, "multiply Eq. 3 by a linear ramp from 1 to 0 over the last fraction of max_steps (0 = off, the paper); for short fixed-budget runs")
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     # regularization (§5.4)
@@ -60,6 +61,8 @@ class TrainConfig:
             raise ConfigError("accum_steps must be >= 1")
         if not 0.0 <= self.eps_ls < 1.0:
             raise ConfigError("eps_ls must be in [0, 1)")
+        if not 0.0 <= self.lr_decay_frac <= 1.0:
+            raise ConfigError("lr_decay_frac must be in [0, 1]")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, run_config_from_dict
-from aiayn.train.objective import label_smoothed_loss, noam_lr
+from aiayn.train.objective import label_smoothed_loss, learning_rate
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     rt.seed_everything(t.seed)
     model = Transformer(m).to(device)
     opt_cls = torch.optim.AdamW if t.weight_decay > 0 else torch.optim.Adam
-    opt = opt_cls(model.parameters(), lr=noam_lr(1, m.d_model, t.warmup_steps, t.lr_scale),
+    opt = opt_cls(model.parameters(), lr=learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
                   betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     sampler = TokenBatchSampler(train_data.src_lens + 1, train_data.tgt_lens + 1, t.max_src_tokens,
@@ -246,7 +246,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 break
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         total_tokens, = rt.all_reduce_sum([float(local_tokens)], dist, device)
-        lr = noam_lr(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale)
+        lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
         for group in opt.param_groups:
             group["lr"] = lr
         step_loss = step_nll = 0.0

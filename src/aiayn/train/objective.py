@@ -19,6 +19,21 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> f
     return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
+def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0,
+                  max_steps: int = 0, decay_frac: float = 0.0) -> float:
+    """Eq. 3 (``noam_lr``), optionally times a linear ramp to zero over the run's last steps.
+
+    With ``decay_frac`` f > 0 (a deviation, off by default) the rate is multiplied by
+    min(1, (max_steps - step) / (f * max_steps)): unchanged until step (1 - f) * max_steps,
+    then falling linearly to 0 at ``max_steps``. Short fixed-budget runs end nearer a
+    minimum this way than with Eq. 3's slow step^-0.5 tail (budgeted training).
+    """
+    lr = noam_lr(step, d_model, warmup_steps, scale)
+    if decay_frac > 0 and max_steps > 0:
+        lr *= max(0.0, min(1.0, (max_steps - step) / (decay_frac * max_steps)))
+    return lr
+
+
 class LossSums(NamedTuple):
     loss: Tensor  # sum over non-pad targets of the label-smoothed cross-entropy
     nll: Tensor  # sum of -log p(gold)
