@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.allocator import reuse_freed_memory
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.demo import _multi30k_files, _read, default_data_root
+    from aiayn.demo import _multi30k_files, _read, default_data_root, tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.train.checkpoint import atomic_save, average_checkpoints
@@ -74,15 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             avg = Path(tmp) / "avg.pt"
             atomic_save(average_checkpoints(within), avg)
             tr = Translator.from_checkpoint(avg)
-        val = {}
-        for alpha in [float(a) for a in args.alphas.split(",")]:
-            tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)
-            val[alpha] = multi30k_bleu(tr.translate(val_src), val_tok, tgt).score
+        val = {a: r["valid_multi30k_bleu"] for a, r in tune_alpha(tr, val_src, val_tok, tgt, args.alphas, 4).items()}
         alpha = max(val, key=val.get)
         tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)
         hyps = tr.translate(test_src)
         rec = {"budget_min": budget, "checkpoints": [p.name for p in within], "alpha": alpha,
-               "valid_multi30k_bleu": round(val[alpha], 2),
+               "valid_multi30k_bleu": val[alpha],
                "test_multi30k_bleu": round(multi30k_bleu(hyps, test_tok, tgt).score, 2),
                "test_sacrebleu": round(sacre_bleu(hyps, test_raw).score, 2)}
         out["budgets"].append(rec)

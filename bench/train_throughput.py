@@ -112,7 +112,8 @@ def systems(args: argparse.Namespace) -> list[bl.System]:
 
 
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "hf-fp32": "fp32", "hf-fp32-reuse": "fp32"}
-# (numerator, denominator, target or None): the ratios issue 7 asks about, and two more.
+# (numerator, denominator, target or None): the ratios issue 7 asks about, and two more
+# (bf16 vs HF; fp32 vs HF given aiayn's allocator setting).
 RATIOS = [("aiayn-fp32", "hf-fp32", 1.1), ("aiayn-bf16", "aiayn-fp32", 1.8), ("aiayn-bf16", "hf-fp32", None),
           ("aiayn-fp32", "hf-fp32-reuse", None)]
 

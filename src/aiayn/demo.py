@@ -95,6 +95,24 @@ def _read(path: Path, limit: int = 0) -> list[str]:
     return lines[:limit] if limit else lines
 
 
+def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, alphas: str, beam_size: int,
+               report=lambda alpha, result: None) -> dict[float, dict]:
+    """Translate ``src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."); per α the
+    Multi30k tokenized BLEU against ``tok_refs`` and the seconds taken. Leaves ``translator.cfg``
+    at the last α."""
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.evaluate.multi30k import multi30k_bleu
+    tuning = {}
+    for alpha in [float(a) for a in alphas.split(",")]:
+        translator.cfg = DecodeConfig(beam_size=beam_size, alpha=alpha)
+        t0 = time.monotonic()
+        hyps = translator.translate(src_lines)
+        tuning[alpha] = {"valid_multi30k_bleu": round(multi30k_bleu(hyps, tok_refs, tgt).score, 2),
+                         "seconds": round(time.monotonic() - t0, 1)}
+        report(alpha, tuning[alpha])
+    return tuning
+
+
 def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
     """Write the first N lines of each file when --train-lines / --eval-lines ask for it."""
     if not cfg.train_lines and not cfg.eval_lines:
@@ -166,14 +184,9 @@ def run_demo(cfg: DemoConfig) -> dict:
     from aiayn.evaluate.multi30k import multi30k_bleu
     translator = Translator.from_checkpoint(model_path)
     val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
-    tuning = {}
-    for alpha in [float(a) for a in cfg.alphas.split(",")]:
-        translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=alpha)
-        t0 = time.monotonic()
-        hyps = translator.translate(val_src)
-        tuning[alpha] = {"valid_multi30k_bleu": round(multi30k_bleu(hyps, val_tok, tgt).score, 2),
-                         "seconds": round(time.monotonic() - t0, 1)}
-        print(f"[4/7] valid α={alpha}: Multi30k BLEU {tuning[alpha]['valid_multi30k_bleu']:.2f}", flush=True)
+    tuning = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
+                        report=lambda a, r: print(f"[4/7] valid α={a}: Multi30k BLEU "
+                                                  f"{r['valid_multi30k_bleu']:.2f}", flush=True))
     best_alpha = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha
