@@ -46,3 +46,27 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
     # a re-run resumes: nothing is trained again
     assert main(common + ["--alphas", "0.6"]) == 0
     assert "training" not in capsys.readouterr().out.split("[2/7] trained")[0].split("[1/7]")[-1]
+
+
+@pytest.mark.slow
+def test_demo_lowercase(shared_data, tmp_path, capsys):
+    """--lowercase: lowercase translations, sacreBLEU -lc beside cased sacreBLEU; an output
+    directory prepared the other way is refused by name instead of silently reused."""
+    out = tmp_path / "demo"
+    recipe = tmp_path / "smoke.json"
+    recipe.write_text(json.dumps({
+        "preset": "multi30k",
+        "model": {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 2, "d_k": 32, "d_v": 32, "p_drop": 0.1},
+        "train": {"warmup_steps": 20, "max_src_tokens": 1024, "max_tgt_tokens": 1024,
+                  "save_every_steps": 20, "save_every_min": 0, "validate_every_steps": 0}}))
+    common = ["demo", "--out", str(out), "--recipe", str(recipe), "--train-lines", "1500", "--eval-lines", "20",
+              "--max-steps", "40", "--data-root", str(shared_data), "--alphas", "1.0", "--vocab-size", "1000"]
+    assert main(common + ["--lowercase"]) == 0
+    capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    assert {"sacreBLEU", "sacreBLEU -lc"} <= set(results["test"])
+    hyps = (out / "test_2016.hyp").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 20 and all(h == h.lower() for h in hyps)
+    assert all(t == t.lower() for t in results["examples"].values())
+    assert main(common) == 2   # the cased run would reuse lowercased data
+    assert "prepared with lowercase=True" in capsys.readouterr().err

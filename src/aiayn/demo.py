@@ -67,6 +67,7 @@ class DemoConfig:
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json (quick: recipes/multi30k-quick.json)")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
+    lowercase: bool = param(False, "train on lowercased text (the form the published Multi30k baselines train on): the tokenizer lowercases every input, translations come out lowercase, and sacreBLEU -lc is reported beside cased sacreBLEU")
     average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
     beam_size: int = param(4, "beam size (§6.1: 4)")
     alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set (§6.1 uses 0.6); the best is used on test")
@@ -141,12 +142,20 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     # 1. prepare
     data_dir = out / "data"
+    from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
+    prep_cfg = PrepareConfig(vocab_size=cfg.vocab_size, lowercase=cfg.lowercase)
     if not (data_dir / "manifest.json").exists():
-        from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
         t0 = time.monotonic()
         prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"]) for s in ("train", "valid", "test")},
-                data_dir, PrepareConfig(vocab_size=cfg.vocab_size))
+                data_dir, prep_cfg)
         results["prepare_seconds"] = round(time.monotonic() - t0, 1)
+    else:
+        had = json.loads((data_dir / "manifest.json").read_text())["options"]
+        differ = [k for k in ("vocab_size", "lowercase") if had.get(k, False) != getattr(prep_cfg, k)]
+        if differ:
+            raise UserError(f"{data_dir / 'manifest.json'}: prepared with "
+                            f"{', '.join(f'{k}={had.get(k, False)}' for k in differ)}, but this run asks for "
+                            f"{', '.join(f'{k}={getattr(prep_cfg, k)}' for k in differ)}; use another --out")
     print(f"[1/7] data: {data_dir}", flush=True)
 
     # 2. train (resumes if interrupted)
@@ -207,8 +216,10 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     # 6. score
     ref_raw, ref_tok = _read(files[f"raw.test.{tgt}"]), _read(files[f"tok.test.{tgt}"])
-    scores = [multi30k_bleu(hyps, ref_tok, tgt), sacre_bleu(hyps, ref_raw), chrf(hyps, ref_raw),
-              compound_split_bleu(hyps, ref_raw, tgt)]
+    scores = [multi30k_bleu(hyps, ref_tok, tgt), sacre_bleu(hyps, ref_raw)]
+    if cfg.lowercase:
+        scores.append(sacre_bleu(hyps, ref_raw, lowercase=True))
+    scores += [chrf(hyps, ref_raw), compound_split_bleu(hyps, ref_raw, tgt)]
     results["test"] = {s.label: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
     for s in scores:
         print(f"[6/7] test_2016 {s.label}: {s.score:.2f}   {s.signature}", flush=True)

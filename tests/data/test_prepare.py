@@ -13,6 +13,7 @@ from aiayn.data import cli as data_cli
 from aiayn.data import store
 from aiayn.data.dataset import DataDir
 from aiayn.data.prepare import PrepareConfig, SplitFiles, clean_reason, prepare
+from aiayn.data.vocab import lowercase_rules
 from aiayn.errors import InputError, UserError
 from tests.data.conftest import SMALL, write_lines
 
@@ -106,6 +107,41 @@ def test_user_symbols_are_one_piece(corpus, tmp_path, prepared):
     look_alike = "(VP XXL a)NP"          # not symbols: spelled out (their characters are kept), no <unk>
     assert 1 not in tok.encode(look_alike) and tok.decode(tok.encode(look_alike)) == look_alike
     assert len(DataDir(prepared).src_tokenizer.encode("(NP")) > 1  # without user symbols: split
+
+
+def test_lowercase_is_built_into_the_model(corpus, tmp_path, train_lines):
+    """PrepareConfig.lowercase: the corpus is encoded lowercased and the tokenizer lowercases any
+    later input by itself (the rule lives in the model bytes, so checkpoints carry it); ß stays ß
+    (case folding would write ss), NFKC still applies, and the model file is reproducible."""
+    m = prepare({"train": corpus.train}, tmp_path / "d", replace(SMALL, lowercase=True))
+    assert m["options"]["lowercase"] is True
+    d = DataDir(tmp_path / "d")
+    tok = d.src_tokenizer
+    assert d.tgt_tokenizer.decode(d.split("train").tgt(0)) == "zwei junge weiße männer sind im freien in der nähe vieler büsche."
+    assert tok.decode(tok.encode("Ein Mann fährt die Straße HINUNTER.")) == "ein mann fährt die straße hinunter."
+    assert tok.encode("Two DOGS") == tok.encode("two dogs")
+    assert tok.decode(tok.encode("Ｔｗｏ  dogs\u00a0run")) == "two dogs run"   # NFKC: full-width letters, nbsp
+    for line in train_lines[1][:200]:
+        ids = tok.encode(line)
+        if 1 not in ids:
+            assert tok.decode(ids) == " ".join(line.split()).lower()
+    again = prepare({"train": corpus.train}, tmp_path / "e", replace(SMALL, lowercase=True))
+    assert again["vocab"]["src"]["sha256"] == m["vocab"]["src"]["sha256"]
+    prepare({"train": corpus.train}, tmp_path / "f", SMALL)
+    cased = DataDir(tmp_path / "f").src_tokenizer
+    assert cased.decode(cased.encode("Two dogs")) == "Two dogs"
+
+
+def test_lowercase_rules_golden():
+    rules = dict(line.split("\t") for line in lowercase_rules().splitlines())
+    assert rules["41"] == "61"                 # A -> a
+    assert rules["C4"] == "E4"                 # Ä -> ä
+    assert rules["1E9E"] == "DF"               # capital sharp s -> ß
+    assert "DF" not in rules                   # ß itself is kept
+    assert rules["FF21"] == "61"               # full-width A -> NFKC A -> a
+    assert rules["FB01"] == "66 69"            # the fi ligature -> f i
+    assert rules["130"] == "69 307"            # İ -> i + combining dot above
+    assert "61" not in rules and "E4" not in rules
 
 
 @pytest.mark.parametrize("symbols,message", [(("(S", "(S"), "more than once"), (("a b",), "without spaces"),

@@ -66,6 +66,7 @@ class PrepareConfig:
     num_workers: int = param(0, "threads for SentencePiece training and encoding; 0 = os.cpu_count()")
     chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
     user_symbols: tuple[str, ...] = param((), "pieces SentencePiece must keep whole (user_defined_symbols), e.g. the bracket labels of linearized trees; each a space-separated word of the text")
+    lowercase: bool = param(False, "build lowercasing into the SentencePiece model(s): the corpus and every later input are lowercased (outputs are lowercase); the form Multi30k's published baselines train on")
 
     def __post_init__(self) -> None:
         if self.model_type not in ("bpe", "unigram"):
@@ -135,7 +136,7 @@ def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConf
     """Train the SentencePiece model(s) into ``tmp``; return the model file name per side."""
     opts = dict(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
                 character_coverage=cfg.character_coverage, num_threads=cfg.threads,
-                user_symbols=cfg.user_symbols)
+                user_symbols=cfg.user_symbols, lowercase=cfg.lowercase)
     if cfg.shared_vocab:
         path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", **opts)
         return {"src": path.name, "tgt": path.name}

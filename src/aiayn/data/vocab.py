@@ -11,13 +11,20 @@ Special ids are fixed for every model this toolkit trains or loads, and match ``
 ``Tokenizer.encode`` adds neither bos nor eos (``aiayn.data.batching.collate`` does), and
 ``Tokenizer.decode`` drops pad/bos/eos. A model with other ids is refused on load.
 Text goes through SentencePiece's nmt_nfkc normalization, so ``decode(encode(line))`` is the
-line NFKC-normalized with runs of whitespace collapsed (identical for ordinary text).
+line NFKC-normalized with runs of whitespace collapsed (identical for ordinary text). A model
+trained with ``lowercase=True`` instead carries a rule that maps every character to the
+lowercase of its NFKC form (``lowercase_rules``): lowercasing is then part of the model, so a
+checkpoint lowercases its input wherever it is used (translate, serve) with nothing else to
+configure, and ``decode(encode(line))`` is ``line.lower()`` for ordinary text.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import logging
+import os
+import tempfile
+import unicodedata
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -97,8 +104,25 @@ class Tokenizer:
         return self._sp.id_to_piece(int(id))
 
 
+def lowercase_rules() -> str:
+    """SentencePiece normalization rules (TSV: source code point, tab, target code points, in
+    hex) mapping each Basic Multilingual Plane character c to ``NFKC(c).lower()`` where that
+    differs from c. Unlike SentencePiece's own ``nmt_nfkc_cf`` (Unicode case folding) this keeps
+    German ß (folding writes "ss", which lowercased references do not). Per-character only:
+    combining sequences are not composed, as NFKC would."""
+    rows = []
+    for cp in range(0x10000):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates are not characters
+            continue
+        target = unicodedata.normalize("NFKC", chr(cp)).lower()
+        if target != chr(cp):
+            rows.append(f"{cp:X}\t{' '.join(f'{ord(c):X}' for c in target)}\n")
+    return "".join(rows)
+
+
 def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int, model_type: str,
-                        character_coverage: float, num_threads: int, user_symbols: Sequence[str] = ()) -> Path:
+                        character_coverage: float, num_threads: int, user_symbols: Sequence[str] = (),
+                        lowercase: bool = False) -> Path:
     """Train a SentencePiece model on ``sentences`` (already sampled) and write it to ``path``.
 
     The file depends only on the sentences and the model options: the thread count, which
@@ -110,11 +134,19 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int
     the special ids. Their characters become ``required_chars``: SentencePiece never sees the
     text a user symbol covers, so without them a word that only resembles one (``(WHADJP`` when
     ``(WHADJP`` is not a symbol) would lose ``(`` to <unk> instead of being spelled out.
+
+    ``lowercase`` builds ``lowercase_rules`` into the model in place of nmt_nfkc.
     """
     symbols: dict[str, object] = {}
+    rules = None
+    if lowercase:
+        rules = tempfile.NamedTemporaryFile("w", suffix=".tsv", encoding="utf-8", delete=False)
+        rules.write(lowercase_rules())
+        rules.close()
+        symbols["normalization_rule_tsv"] = rules.name
     if user_symbols:
-        symbols = {"user_defined_symbols": [WORD_BOUNDARY + s for s in user_symbols],
-                   "required_chars": "".join(sorted(set("".join(user_symbols))))}
+        symbols |= {"user_defined_symbols": [WORD_BOUNDARY + s for s in user_symbols],
+                    "required_chars": "".join(sorted(set("".join(user_symbols))))}
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -127,8 +159,14 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int
         )
     except RuntimeError as exc:
         raise UserError(f"SentencePiece training failed: {exc}") from exc
+    finally:
+        if rules is not None:
+            os.unlink(rules.name)
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(buf.getvalue())
     proto.trainer_spec.num_threads = 1
+    if lowercase:  # the rules are compiled into precompiled_charsmap; the temporary file's name is noise
+        proto.normalizer_spec.ClearField("normalization_rule_tsv")
+        proto.normalizer_spec.name = "nfkc_lowercase"
     path.write_bytes(proto.SerializeToString())
     return path

@@ -71,9 +71,10 @@ def _bleu(label: str, hyps: Sequence[str], refs, prefix: str = "", **kw) -> Bleu
                       res.bp, res.sys_len, res.ref_len)
 
 
-def sacre_bleu(hyps: Sequence[str], refs) -> BleuResult:
-    """sacreBLEU corpus BLEU on detokenized text (defaults: 13a tokenization, exp smoothing)."""
-    return _bleu("sacreBLEU", hyps, refs)
+def sacre_bleu(hyps: Sequence[str], refs, lowercase: bool = False) -> BleuResult:
+    """sacreBLEU corpus BLEU on detokenized text (defaults: 13a tokenization, exp smoothing);
+    ``lowercase`` is its -lc (case-insensitive)."""
+    return _bleu("sacreBLEU -lc" if lowercase else "sacreBLEU", hyps, refs, lowercase=lowercase)
 
 
 def chrf(hyps: Sequence[str], refs) -> ChrfResult:
