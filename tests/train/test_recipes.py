@@ -36,3 +36,20 @@ def test_recipe_unknown_key_is_an_error(tmp_path):
     bad.write_text('{"preset": "tiny", "train": {"warmup": 5}}')
     with pytest.raises(ValueError, match="unknown field 'warmup'"):
         load_recipe(bad)
+
+
+def test_multi30k_tiny_is_wu_et_al_transformer_tiny():
+    """recipes/multi30k-tiny.json is fairseq's transformer_tiny as Wu et al. (2021) trained it:
+    d_model 128, d_ff 256, 4+4 layers, 4 heads, post-norm, all embeddings shared, dropout 0.3,
+    peak rate 0.005 reached at step 2,000."""
+    from aiayn.train.objective import learning_rate
+    cfg = load_recipe(RECIPES / "multi30k-tiny.json")
+    m, t = cfg.model, cfg.train
+    assert (m.d_model, m.d_ff, m.n_layers, m.n_heads, m.d_k, m.p_drop) == (128, 256, 4, 4, 32, 0.3)
+    assert not m.pre_norm and m.tie_embeddings and m.tie_src_tgt_embeddings
+    # 8000 x 128 shared embedding + 4 x (4 x 128^2 + 4 x 128 attn, 2 x 128 x 256 + 256 + 128 FFN, 2 LN)
+    # encoder layers + 4 decoder layers with a second attention and LN; the paper's models have no final LN
+    assert count_preset_parameters(m) == 2_349_056
+    peak = learning_rate(t.warmup_steps, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
+    assert peak == pytest.approx(0.005, rel=2e-3)
+    assert t.max_tgt_tokens == 8192 and t.max_time_min == 45
