@@ -120,7 +120,7 @@ def test_lowercase_is_built_into_the_model(corpus, tmp_path, train_lines):
     assert d.tgt_tokenizer.decode(d.split("train").tgt(0)) == "zwei junge weiße männer sind im freien in der nähe vieler büsche."
     assert tok.decode(tok.encode("Ein Mann fährt die Straße HINUNTER.")) == "ein mann fährt die straße hinunter."
     assert tok.encode("Two DOGS") == tok.encode("two dogs")
-    assert tok.decode(tok.encode("Ｔｗｏ  dogs\u00a0run")) == "two dogs run"   # NFKC: full-width letters, nbsp
+    assert tok.decode(tok.encode("Ｔｗｏ  dogs\u00a0run\tfast\x01")) == "two dogs run fast"  # NFKC, spaces, controls
     for line in train_lines[1][:200]:
         ids = tok.encode(line)
         if 1 not in ids:
@@ -141,7 +141,9 @@ def test_lowercase_rules_golden():
     assert rules["FF21"] == "61"               # full-width A -> NFKC A -> a
     assert rules["FB01"] == "66 69"            # the fi ligature -> f i
     assert rules["130"] == "69 307"            # İ -> i + combining dot above
-    assert "61" not in rules and "E4" not in rules
+    assert rules["9"] == rules["A0"] == rules["2028"] == "20"   # tab, no-break space, line separator
+    assert rules["1"] == ""                                  # control characters are removed
+    assert "61" not in rules and "E4" not in rules and "20" not in rules
 
 
 @pytest.mark.parametrize("symbols,message", [(("(S", "(S"), "more than once"), (("a b",), "without spaces"),

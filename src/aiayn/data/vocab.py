@@ -107,15 +107,23 @@ class Tokenizer:
 def lowercase_rules() -> str:
     """SentencePiece normalization rules (TSV: source code point, tab, target code points, in
     hex) mapping each Basic Multilingual Plane character c to ``NFKC(c).lower()`` where that
-    differs from c. Unlike SentencePiece's own ``nmt_nfkc_cf`` (Unicode case folding) this keeps
-    German ß (folding writes "ss", which lowercased references do not). Per-character only:
-    combining sequences are not composed, as NFKC would."""
+    differs from c; as in nmt_nfkc, other whitespace (tab, no-break space, line separators)
+    becomes a space and the remaining control characters are removed. Unlike SentencePiece's own
+    ``nmt_nfkc_cf`` (Unicode case folding) this keeps German ß (folding writes "ss", which
+    lowercased references do not). Per-character only: combining sequences are not composed,
+    as NFKC would."""
     rows = []
-    for cp in range(0x10000):
+    for cp in range(1, 0x10000):  # NUL cannot be a rule's key
         if 0xD800 <= cp <= 0xDFFF:  # surrogates are not characters
             continue
-        target = unicodedata.normalize("NFKC", chr(cp)).lower()
-        if target != chr(cp):
+        c = chr(cp)
+        if c.isspace():
+            target = " "
+        elif unicodedata.category(c) == "Cc":
+            target = ""
+        else:
+            target = unicodedata.normalize("NFKC", c).lower()
+        if target != c:
             rows.append(f"{cp:X}\t{' '.join(f'{ord(c):X}' for c in target)}\n")
     return "".join(rows)
 
