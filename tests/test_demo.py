@@ -64,7 +64,7 @@ def test_demo_lowercase(shared_data, tmp_path, capsys):
     assert main(common + ["--lowercase"]) == 0
     capsys.readouterr()
     results = json.loads((out / "results.json").read_text())
-    assert {"sacreBLEU", "sacreBLEU -lc"} <= set(results["test"])
+    assert {"sacreBLEU", "sacreBLEU -lc"} <= set(results["test"]) and "sacrebleu_lc" in results["valid"]
     hyps = (out / "test_2016.hyp").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 20 and all(h == h.lower() for h in hyps)
     assert all(t == t.lower() for t in results["examples"].values())

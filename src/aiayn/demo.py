@@ -204,6 +204,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     val_raw = _read(files[f"raw.valid.{tgt}"])
     results["valid"] = {"multi30k_bleu": multi30k_bleu(hyps_val, val_tok, tgt).score,
                         "sacrebleu": sacre_bleu(hyps_val, val_raw).score}
+    if cfg.lowercase:
+        results["valid"]["sacrebleu_lc"] = sacre_bleu(hyps_val, val_raw, lowercase=True).score
 
     # 5. translate test_2016
     test_src = _read(files[f"raw.test.{src}"])
