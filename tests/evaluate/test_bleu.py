@@ -99,6 +99,17 @@ def test_score_all_labels():
     assert labels[0].startswith("tokenized BLEU (multi-bleu")
 
 
+def test_sacrebleu_lowercase_golden():
+    """-lc: a lowercase system against cased references scores as if both were lowercase."""
+    upper = ["A B C D F", "X Y Z W"]
+    assert sacre_bleu(HYPS, upper).score == 0.0
+    lc = sacre_bleu(HYPS, upper, lowercase=True)
+    assert lc.score == pytest.approx(GOLD, abs=1e-9) and lc.label == "sacreBLEU -lc" and "case:lc" in lc.signature
+    results = score_all(HYPS, upper, lowercase=True)
+    assert [r.label for r in results][:2] == ["sacreBLEU", "sacreBLEU -lc"]
+    assert results[0].score == 0.0 and results[1].score == pytest.approx(GOLD, abs=1e-9)
+
+
 def test_cli_score(tmp_path, capsys, monkeypatch):
     (tmp_path / "ref").write_text("\n".join(REFS) + "\n")
     (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n")

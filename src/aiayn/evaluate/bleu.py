@@ -129,8 +129,11 @@ def compound_split_bleu(hyps: Sequence[str], refs, lang: str = "de",
 def score_all(hyps: Sequence[str], refs, lang: str = "de", tokenized: bool = False,
               lowercase: bool = False) -> list[BleuResult | ChrfResult]:
     """Every metric that fits the input: detokenized text -> sacreBLEU, chrF2 and the paper's
-    compound-split BLEU; already tokenized text -> tokenized BLEU and its compound-split form."""
+    compound-split BLEU; already tokenized text -> tokenized BLEU and its compound-split form.
+    ``lowercase`` scores BLEU case-insensitively (-lc); for detokenized text, case-sensitive
+    sacreBLEU stays first and sacreBLEU -lc is added (e.g. for a model trained lowercased)."""
     if tokenized:
         return [tokenized_bleu(hyps, refs, lowercase=lowercase),
                 compound_split_bleu(hyps, refs, lang, tokenized=True)]
-    return [sacre_bleu(hyps, refs), chrf(hyps, refs), compound_split_bleu(hyps, refs, lang)]
+    lc = [sacre_bleu(hyps, refs, lowercase=True)] if lowercase else []
+    return [sacre_bleu(hyps, refs), *lc, chrf(hyps, refs), compound_split_bleu(hyps, refs, lang)]

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ref", nargs="+", required=True, metavar="FILE", help="reference file(s), one sentence per line")
     p.add_argument("--hyp", metavar="FILE", help="translations, one per line (default: stdin)")
     p.add_argument("--tokenized", action="store_true", help="inputs are already tokenized: score whitespace tokens")
-    p.add_argument("--lc", action="store_true", help="with --tokenized: lowercase both sides (multi-bleu -lc)")
+    p.add_argument("--lc", action="store_true", help="case-insensitive BLEU: with --tokenized, lowercase both sides (multi-bleu -lc); "
+                                               "otherwise add sacreBLEU -lc after cased sacreBLEU")
     p.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default: de)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
