@@ -124,7 +124,7 @@ def lowercase_rules() -> str:
         else:
             target = unicodedata.normalize("NFKC", c).lower()
         if target != c:
-            rows.append(f"{cp:X}\t{' '.join(f'{ord(c):X}' for c in target)}\n")
+            rows.append(f"{cp:X}\t{' '.join(f'{ord(t):X}' for t in target)}\n")
     return "".join(rows)
 
 
