@@ -301,8 +301,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             window_tokens, window_t0 = 0, time.monotonic()
             if bar is not None:
                 bar.set_postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+            rss = rt.resident_mb()
             log_scalars({"train_loss": loss_tok, "train_nll": step_nll / total_tokens, "lr": lr,
-                         "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds})
+                         "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
+                         **({"rss_mb": rss} if rss is not None else {})})
         due_steps = t.save_every_steps and state.step % t.save_every_steps == 0
         due_time = t.save_every_min and (time.monotonic() - last_save) >= 60 * t.save_every_min
         due_valid = t.validate_every_steps and state.step % t.validate_every_steps == 0

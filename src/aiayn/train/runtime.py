@@ -110,6 +110,17 @@ def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> lis
     return t.tolist()
 
 
+def resident_mb() -> float | None:
+    """This process's resident memory in MiB now (Linux /proc/self/statm), or None elsewhere.
+    Logged with every training record, so growth over a long run shows in the train log."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def matmul_tflops(device: torch.device, n: int = 1024, seconds: float = 0.5) -> float:
     """A quick measure of sustained fp32 matmul throughput (for the Table 2 cost estimate)."""
     import time
