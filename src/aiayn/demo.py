@@ -189,7 +189,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 4. choose α on the validation set
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import chrf, compound_split_bleu, sacre_bleu
+    from aiayn.evaluate.bleu import sacre_bleu, score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
     translator = Translator.from_checkpoint(model_path)
     val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
@@ -218,10 +218,7 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     # 6. score
     ref_raw, ref_tok = _read(files[f"raw.test.{tgt}"]), _read(files[f"tok.test.{tgt}"])
-    scores = [multi30k_bleu(hyps, ref_tok, tgt), sacre_bleu(hyps, ref_raw)]
-    if cfg.lowercase:
-        scores.append(sacre_bleu(hyps, ref_raw, lowercase=True))
-    scores += [chrf(hyps, ref_raw), compound_split_bleu(hyps, ref_raw, tgt)]
+    scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
     results["test"] = {s.label: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
     for s in scores:
         print(f"[6/7] test_2016 {s.label}: {s.score:.2f}   {s.signature}", flush=True)

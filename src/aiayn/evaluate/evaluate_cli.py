@@ -20,7 +20,7 @@ from aiayn.errors import UserError
 def run(args) -> int:
     from aiayn.data.textio import check_readable, read_lines
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import chrf, compound_split_bleu, sacre_bleu
+    from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
 
     for p in (args.src, args.ref) + ((args.tok_ref,) if args.tok_ref else ()):
@@ -38,7 +38,7 @@ def run(args) -> int:
     seconds = time.perf_counter() - t0
     if args.out:
         Path(args.out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    results = [sacre_bleu(hyps, ref), chrf(hyps, ref), compound_split_bleu(hyps, ref, args.lang)]
+    results = score_all(hyps, ref, args.lang)
     if args.tok_ref:
         results.append(multi30k_bleu(hyps, list(read_lines(Path(args.tok_ref))), args.lang))
     if args.json:
