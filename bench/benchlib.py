@@ -173,6 +173,10 @@ def peak_gflops(dtype: str = "fp32") -> float | None:
 # -- interleaved measurement in worker processes -------------------------------------------------------
 
 
+# The process settings the ``aiayn`` command makes at start-up (aiayn/cli.py), for aiayn's systems.
+AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush"}
+
+
 @dataclass
 class System:
     """One system under test. ``build(**kwargs)`` runs inside the worker and returns a callable
@@ -184,6 +188,9 @@ class System:
     # "reuse": the worker calls aiayn.allocator.reuse_freed_memory() first, as the aiayn
     # command does at start-up; "system": glibc's defaults (what a rival's user gets).
     malloc: str = "system"
+    # "flush": the worker calls aiayn.denormals.flush_denormals() before anything else, as the
+    # aiayn command does at start-up; "keep": IEEE denormals (what a rival's user gets).
+    denormals: str = "keep"
 
 
 def _worker(conn, system: System, threads: int) -> None:
@@ -191,6 +198,10 @@ def _worker(conn, system: System, threads: int) -> None:
     try:
         import torch
 
+        if system.denormals == "flush":  # before the thread pool exists, so that every thread has it
+            from aiayn.denormals import flush_denormals
+
+            flush_denormals()
         torch.set_num_threads(threads)
         if system.malloc == "reuse":
             from aiayn.allocator import reuse_freed_memory

@@ -157,7 +157,7 @@ def build_ct2(size: str, compute_type: str, ct2_dir: str, threads: int, B: int, 
 
 def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     shape = {"B": args.batch, "S": args.src_len, "L": args.out_len, "K": args.beam}
-    out = [bl.System(f"aiayn-{m}", build_aiayn, {"size": args.size, "mode": m, **shape}, malloc="reuse")
+    out = [bl.System(f"aiayn-{m}", build_aiayn, {"size": args.size, "mode": m, **shape}, **bl.AIAYN_PROCESS)
            for m in ("fp32", "bf16", "bf16w")]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):

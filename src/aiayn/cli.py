@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from aiayn.denormals import configure_from_env as configure_denormals
+    from aiayn.errors import UserError
+    try:
+        configure_denormals()  # first: before anything creates PyTorch's thread pool (aiayn/denormals.py)
+    except UserError as exc:
+        print(f"aiayn: error: {exc}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -56,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     from aiayn.allocator import configure_from_env
-    from aiayn.errors import UserError
     try:
         configure_from_env()
         rc = args.func(args)
