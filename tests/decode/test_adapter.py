@@ -29,10 +29,12 @@ def sources() -> torch.Tensor:
     return src
 
 
-def test_cache_reorder_equals_recomputing_the_reordered_prefixes(model):
+@pytest.mark.parametrize("share", [False, True])
+def test_cache_reorder_equals_recomputing_the_reordered_prefixes(model, share):
+    # with shared slots, step 1 (rows of no fixed group) falls back to the plain layout
     src = sources()[:2]
     g = torch.Generator().manual_seed(2)
-    cached, plain = CachedDecoder(model), RecomputeDecoder(model)
+    cached, plain = CachedDecoder(model, share_slots=share), RecomputeDecoder(model)
     with torch.inference_mode():
         states = [cached.start(src, 9), plain.start(src, 9)]
         expand = torch.tensor([0, 0, 0, 1, 1, 1])
@@ -56,11 +58,12 @@ def test_cache_reorder_equals_recomputing_the_reordered_prefixes(model):
             tokens = torch.randint(4, V, (states[1].prefix.size(0),), generator=g)
 
 
+@pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2, max_len_b=6),
                                  DecodeConfig(beam_size=1, max_len_b=6)])
-def test_cached_and_recomputed_search_agree(model, cfg):
+def test_cached_and_recomputed_search_agree(model, cfg, share):
     src = sources()
-    a = search(CachedDecoder(model), src, cfg, SpecialIds())
+    a = search(CachedDecoder(model, share_slots=share), src, cfg, SpecialIds())
     b = search(RecomputeDecoder(model), src, cfg, SpecialIds())
     assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
     assert [h.score for hs in a for h in hs] == pytest.approx([h.score for hs in b for h in hs], rel=1e-9)
@@ -69,14 +72,15 @@ def test_cached_and_recomputed_search_agree(model, cfg):
 @pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=4, max_len_b=6),
                                  DecodeConfig(beam_size=3, alpha=0.0, max_len_a=2.0, max_len_b=2),
                                  DecodeConfig(beam_size=1, max_len_b=6)])
-def test_each_sentence_alone_equals_inside_the_batch(model, cfg):
+@pytest.mark.parametrize("share", [False, True])
+def test_each_sentence_alone_equals_inside_the_batch(model, cfg, share):
     src = sources()
-    together = search(CachedDecoder(model), src, cfg, SpecialIds())
+    together = search(CachedDecoder(model, share_slots=share), src, cfg, SpecialIds())
     lengths = {(len(hs[0].tokens), hs[0].eos) for hs in together}
     assert len(lengths) > 2  # the batch really mixes hypotheses that end at different steps
     for b in range(src.size(0)):
         n = int((src[b] != 0).sum())
-        alone = search(CachedDecoder(model), src[b:b + 1, :n], cfg, SpecialIds())[0]
+        alone = search(CachedDecoder(model, share_slots=share), src[b:b + 1, :n], cfg, SpecialIds())[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[b]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[b]], rel=1e-9, abs=1e-12)
 
@@ -86,7 +90,7 @@ def test_beams_of_a_sentence_share_its_encoder_rows(model):
     # the grouped cross-attention gives the same log-probs and weights as the ungrouped cache.
     src = sources()[:3]
     K = 4
-    dec = CachedDecoder(model)
+    dec = CachedDecoder(model, share_slots=False)
     with torch.inference_mode():
         state = dec.start(src, 5).reorder(torch.arange(3).repeat_interleave(K))
         assert state.cache.group == K and state.cache.layers[0].cross_k.size(0) == 3
@@ -98,3 +102,44 @@ def test_beams_of_a_sentence_share_its_encoder_rows(model):
     assert torch.allclose(a.logits, b.logits, atol=1e-12)
     for wa, wb in zip(a.cross_weights, b.cross_weights):
         assert torch.allclose(wa, wb, atol=1e-12)
+
+
+def test_shared_slots_move_no_keys_and_equal_recomputation(model):
+    # Beam search's reorders on a cache with shared slots: within sentences only the ancestor
+    # table changes (the buffers stay); a dropped sentence leaves the buffers. Log-probs,
+    # self-attention weights and the materialized per-row keys match the plain paths.
+    src, K = sources()[:3], 3
+    g = torch.Generator().manual_seed(4)
+    shared, copied, plain = CachedDecoder(model), CachedDecoder(model, share_slots=False), RecomputeDecoder(model)
+    with torch.inference_mode():
+        expand = torch.arange(3).repeat_interleave(K)
+        states = [d.start(src, 4).reorder(expand) for d in (shared, copied, plain)]  # capacity 4: grows
+        assert states[0].cache.shared_slots and not states[1].cache.shared_slots
+        tokens = torch.full((9,), 2)
+        reorders = {1: torch.tensor([2, 2, 0, 3, 5, 4, 6, 6, 6]),  # within sentences, repeats
+                    2: torch.tensor([1, 0, 0, 8, 7, 6]),  # sentence 1 leaves, the others reorder
+                    3: torch.tensor([0, 1, 2, 3, 4, 5]),  # nothing moves
+                    4: torch.tensor([5, 5, 3]),  # sentence 0 leaves
+                    5: torch.tensor([2, 2, 2])}
+        for step in range(7):
+            out = model.decode(tokens[:, None], cache=states[0].cache, need_weights=True)
+            ref = model.decode(tokens[:, None], cache=states[1].cache, need_weights=True)
+            lp_p, states[2] = plain.step(tokens, states[2])
+            states[0] = type(states[0])(out.cache, states[0].sentence, None, True)
+            states[1] = type(states[1])(ref.cache, states[1].sentence, states[1].spare, False)
+            assert torch.allclose(out.logits[:, -1].log_softmax(-1), lp_p, atol=1e-10), step
+            assert torch.allclose(out.logits, ref.logits, atol=1e-12), step
+            for wa, wb in zip(out.self_weights, ref.self_weights):
+                assert torch.allclose(wa, wb, atol=1e-12), step
+            unshared = states[0].cache.unshared()
+            L = unshared.length
+            for la, lb in zip(unshared.layers, states[1].cache.layers):
+                assert torch.allclose(la.self_k[:, :, :L], lb.self_k[:, :, :L], atol=1e-12), step
+                assert torch.allclose(la.self_v[:, :, :L], lb.self_v[:, :, :L], atol=1e-12), step
+            idx = reorders.get(step)
+            if idx is not None:
+                buf = states[0].cache.layers[0].self_k
+                states = [s.reorder(idx) for s in states]
+                assert states[0].cache.shared_slots
+                assert (states[0].cache.layers[0].self_k is buf) == (step in (1, 3, 5))  # no copy within sentences
+            tokens = torch.randint(4, V, (states[2].prefix.size(0),), generator=g)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from aiayn.model import DecoderCache, EncoderOutput, Transformer
-from aiayn.model.cache import LayerCache
+from aiayn.model.cache import LayerCache, share_slots
 
 
 def _log_softmax(logits: Tensor) -> Tensor:
@@ -65,8 +65,12 @@ class CachedState:
     sentence: Tensor  # (N,) the source sentence each row decodes
     spare: list[tuple[Tensor, Tensor]] | None = None  # per layer (N',H,Tmax,K), (N',H,Tmax,Dv)
 
+    share_slots: bool = True  # group rows into shared beam slots when beam search expands them
+
     def reorder(self, idx: Tensor) -> "CachedState":
         c, n, L = self.cache, idx.numel(), self.cache.length
+        if c.shared_slots:
+            return self._reorder_shared(idx)
         sentence = self.sentence.index_select(0, idx)
         same_rows = sentence.shape == self.sentence.shape and torch.equal(sentence, self.sentence)
         if same_rows:
@@ -82,6 +86,11 @@ class CachedState:
         group, enc_rows = c.group, None
         if not same_rows:
             group, enc_rows = _encoder_rows(idx // c.group)
+            if self.share_slots and group > 1 and c.group == 1 and L == 0:  # beam search starts
+                enc = [LayerCache(lc.self_k, lc.self_v, lc.cross_k.index_select(0, enc_rows),
+                                  lc.cross_v.index_select(0, enc_rows)) for lc in c.layers]
+                cache = share_slots(enc, c.src_pad.index_select(0, enc_rows), group, c.capacity)
+                return CachedState(cache, sentence, None, self.share_slots)
         layers = []
         for lc, (k, v) in zip(c.layers, spare):
             k, v = k[:n], v[:n]
@@ -92,7 +101,38 @@ class CachedState:
             layers.append(LayerCache(k, v, cross_k, cross_v))
         src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, enc_rows)
         old = [(lc.self_k, lc.self_v) for lc in c.layers]
-        return CachedState(DecoderCache(layers, src_pad, L, group), sentence, old)
+        return CachedState(DecoderCache(layers, src_pad, L, group), sentence, old, self.share_slots)
+
+    def _reorder_shared(self, idx: Tensor) -> "CachedState":
+        """Shared beam slots: new row i continues old row idx[i]. Within a sentence only the
+        ancestor table moves; sentences that leave are dropped from the buffers (their filled
+        part copied once). Anything that does not keep g rows per sentence falls back to the
+        plain layout (``DecoderCache.unshared``)."""
+        c, L, g = self.cache, self.cache.length, self.cache.group
+        sentence = self.sentence.index_select(0, idx)
+        group, enc_rows = _encoder_rows(idx // g)
+        if group != g:
+            plain = CachedState(c.unshared(), self.sentence, None, share_slots=False)
+            return plain.reorder(idx)
+        Bs = enc_rows.numel()
+        parent = (idx % g).view(Bs, g, 1)  # slot of each new row's parent, within its sentence
+        same = Bs == c.src_pad.size(0) and torch.equal(enc_rows, torch.arange(Bs, device=idx.device))
+        anc = c.ancestors if same else c.ancestors.index_select(0, enc_rows)
+        if L:
+            anc[:, :, :L] = anc[:, :, :L].gather(1, parent.expand(Bs, g, L))  # gathered, then written
+        if same:
+            return CachedState(DecoderCache(c.layers, c.src_pad, L, g, anc), sentence, None, True)
+        layers = []
+        for lc in c.layers:
+            bufs = []
+            for buf in (lc.self_k, lc.self_v):
+                new = buf.new_empty((Bs,) + tuple(buf.shape[1:]))
+                if L:
+                    torch.index_select(buf[:, :, : L * g], 0, enc_rows, out=new[:, :, : L * g])
+                bufs.append(new)
+            layers.append(LayerCache(bufs[0], bufs[1], lc.cross_k.index_select(0, enc_rows),
+                                     lc.cross_v.index_select(0, enc_rows)))
+        return CachedState(DecoderCache(layers, c.src_pad.index_select(0, enc_rows), L, g, anc), sentence, None, True)
 
     def _move_rows_in_place(self, rows: Tensor, sources: Tensor) -> None:
         """Row rows[i] of every self-attention buffer becomes (old) row sources[i]."""
@@ -108,18 +148,19 @@ class CachedState:
 class CachedDecoder:
     """Incremental decoding with the model's ``DecoderCache`` (wrapped in ``CachedState``)."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, share_slots: bool = True):
         self.model = model
+        self.share_slots = share_slots  # shared beam slots (``DecoderCache``); False = copy on reorder
 
     def start(self, src: Tensor, max_len: int) -> CachedState:
         """src (B, S) -> a cache of B rows with room for max_len decoder positions."""
         cache = self.model.init_cache(self.model.encode(src), max_len)
-        return CachedState(cache, torch.arange(src.size(0), device=src.device))
+        return CachedState(cache, torch.arange(src.size(0), device=src.device), None, self.share_slots)
 
     def step(self, tokens: Tensor, state: CachedState) -> tuple[Tensor, CachedState]:
         """tokens (N,) at position cache.length -> next-token log-probs (N, V)."""
         out = self.model.decode(tokens[:, None], cache=state.cache)
-        return _log_softmax(out.logits[:, -1]), CachedState(out.cache, state.sentence, state.spare)
+        return _log_softmax(out.logits[:, -1]), CachedState(out.cache, state.sentence, state.spare, state.share_slots)
 
 
 @dataclass

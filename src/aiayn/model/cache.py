@@ -8,10 +8,12 @@ Shapes: N rows (sentences x beams), H heads, S source length, K d_k, Dv d_v, Tma
   ``length``.
 - ``reorder(indices)`` selects rows (beam search reorders beams and drops finished
   sentences); only the filled part of the self-attention buffers is copied.
+- Shared beam slots (``ancestors`` set; beam search, see ``DecoderCache``): reordering the
+  beams of a sentence moves integers, not keys and values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -36,10 +38,25 @@ class DecoderCache:
     src_pad: Tensor  # (N/g,S) bool, True at padding
     length: int  # steps decoded so far = position of the next token
     group: int = 1  # decoder rows per encoder-side row
+    # Shared beam slots (set by beam search, group g > 1): the self-attention buffers hold, per
+    # sentence, g slots per position, (N/g, H, Tmax*g, K) with position j of slot b at index
+    # j*g + b; ancestors[s, r, j] (N/g, g, Tmax) is the slot that holds position j of row
+    # s*g + r's prefix. Reordering the beams of a sentence gathers ``ancestors`` only; each row
+    # attends to all g*length keys of its sentence through ``self_mask``, which keeps exactly
+    # its own prefix's keys (one per position). Same Eq. 1, no key/value copies.
+    ancestors: Tensor | None = None
+    _mask: Tensor | None = field(default=None, repr=False)  # self_mask() of length _mask_length
+    _mask_length: int = field(default=-1, repr=False)
 
     @property
     def capacity(self) -> int:
-        return self.layers[0].self_k.size(2) if self.layers else 0
+        if not self.layers:
+            return 0
+        return self.layers[0].self_k.size(2) // (self.group if self.ancestors is not None else 1)
+
+    @property
+    def shared_slots(self) -> bool:
+        return self.ancestors is not None
 
     @property
     def batch_size(self) -> int:
@@ -48,6 +65,8 @@ class DecoderCache:
     def append(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new self-attention keys/values (N,H,t,K) of layer i at position ``length``;
         return the filled keys/values (N,H,length+t,K) to attend over."""
+        if self.ancestors is not None:
+            return self._append_shared(i, k, v)
         layer = self.layers[i]
         t = k.size(2)
         end = self.length + t
@@ -58,7 +77,69 @@ class DecoderCache:
         layer.self_v[:, :, self.length:end] = v
         return layer.self_k[:, :, :end], layer.self_v[:, :, :end]
 
+    def _append_shared(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Shared slots: write row s*g + r's new key/value (N,H,1,K) at position ``length``
+        of slot r; return all filled slots (N/g,H,(length+1)*g,K)."""
+        if k.size(2) != 1:
+            raise ValueError("a cache with shared beam slots takes one position per step")
+        L, g = self.length, self.group
+        if L + 1 > self.capacity:
+            self._grow(max(L + 1, 2 * self.capacity))
+        layer = self.layers[i]
+        Bs, H, K, Dv = self.src_pad.size(0), k.size(1), k.size(3), v.size(3)
+        layer.self_k.view(Bs, H, -1, g, K)[:, :, L] = k.view(Bs, g, H, K).transpose(1, 2)
+        layer.self_v.view(Bs, H, -1, g, Dv)[:, :, L] = v.view(Bs, g, H, Dv).transpose(1, 2)
+        end = (L + 1) * g
+        return layer.self_k[:, :, :end], layer.self_v[:, :, :end]
+
+    def self_mask(self) -> Tensor:
+        """Shared slots: (N/g,1,g,(length+1)*g) bool, True where row s*g + r may attend: at each
+        position j <= length, the one slot holding its prefix (itself at ``length``)."""
+        L, g = self.length, self.group
+        if self._mask_length != L:
+            anc = self.ancestors
+            slots = torch.arange(g, device=anc.device)
+            anc[:, :, L] = slots  # the new position of row r is in its own slot
+            self._mask = (anc[:, :, : L + 1, None] == slots).view(anc.size(0), 1, g, (L + 1) * g)
+            self._mask_length = L
+        return self._mask
+
+    def own_weights(self, weights: Tensor) -> Tensor:
+        """Shared slots: attention weights (N/g,H,g,(length+1)*g) over all slots -> each row's
+        weights over its own prefix (N,H,1,length+1), as the unshared cache gives them."""
+        L, g = self.length, self.group
+        Bs, H = weights.shape[:2]
+        pos = torch.arange(L + 1, device=weights.device) * g + self.ancestors[:, :, : L + 1]  # (N/g,g,L+1)
+        own = weights.gather(3, pos[:, None].expand(Bs, H, g, L + 1))  # (N/g,H,g,L+1)
+        return own.transpose(1, 2).reshape(Bs * g, H, 1, L + 1)
+
+    def unshared(self) -> "DecoderCache":
+        """Shared slots -> the plain layout: one (N,H,Tmax,K) row per decoder row, holding its
+        own prefix's keys/values (the same numbers, copied)."""
+        if self.ancestors is None:
+            return self
+        L, g, cap = self.length, self.group, self.capacity
+        Bs = self.src_pad.size(0)
+        anc = self.ancestors[:, :, :L]
+        layers = []
+        for lc in self.layers:
+            plain = []
+            for buf in (lc.self_k, lc.self_v):
+                H, D = buf.size(1), buf.size(3)
+                out = buf.new_zeros(Bs * g, H, cap, D)
+                if L:
+                    filled = buf[:, :, : L * g].view(Bs, H, L, g, D)
+                    idx = anc.transpose(1, 2)[:, None, :, :, None].expand(Bs, H, L, g, D)  # (Bs,H,L,g,D)
+                    own = filled.gather(3, idx)  # [s,h,j,r] = slot anc[s,r,j] at position j
+                    out[:, :, :L] = own.permute(0, 3, 1, 2, 4).reshape(Bs * g, H, L, D)
+                plain.append(out)
+            layers.append(LayerCache(plain[0], plain[1], lc.cross_k, lc.cross_v))
+        return DecoderCache(layers, self.src_pad, L, g)
+
     def _grow(self, capacity: int) -> None:
+        if self.ancestors is not None:
+            self._grow_shared(capacity)
+            return
         for layer in self.layers:
             for name in ("self_k", "self_v"):
                 old = getattr(layer, name)
@@ -70,6 +151,8 @@ class DecoderCache:
         """Rows ``indices`` (N',) of every tensor, in that order (beams may repeat a row).
 
         The plain path: the result has one encoder-side row per decoder row (group 1)."""
+        if self.ancestors is not None:
+            return self.unshared().reorder(indices)
         L = self.length
         enc_rows = indices // self.group  # (N',) encoder-side row of each new row
         layers = []
@@ -83,3 +166,29 @@ class DecoderCache:
                                      layer.cross_k.index_select(0, enc_rows),
                                      layer.cross_v.index_select(0, enc_rows)))
         return DecoderCache(layers, self.src_pad.index_select(0, enc_rows), L)
+
+    def _grow_shared(self, capacity: int) -> None:
+        g, L = self.group, self.length
+        for layer in self.layers:
+            for name in ("self_k", "self_v"):
+                old = getattr(layer, name)
+                new = old.new_zeros(old.size(0), old.size(1), capacity * g, old.size(3))
+                new[:, :, : L * g] = old[:, :, : L * g]
+                setattr(layer, name, new)
+        anc = self.ancestors.new_zeros(self.ancestors.size(0), g, capacity)
+        anc[:, :, :L] = self.ancestors[:, :, :L]
+        self.ancestors = anc
+
+
+def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity: int) -> DecoderCache:
+    """An empty cache with shared beam slots: ``group`` rows per sentence of ``src_pad`` (N/g,S),
+    room for ``capacity`` positions; ``layers`` give the encoder-side keys/values (N/g rows)."""
+    Bs = src_pad.size(0)
+    out = []
+    for lc in layers:
+        H = lc.cross_k.size(1)
+        self_k = lc.cross_k.new_empty(Bs, H, capacity * group, lc.self_k.size(3))
+        self_v = lc.cross_v.new_empty(Bs, H, capacity * group, lc.self_v.size(3))
+        out.append(LayerCache(self_k, self_v, lc.cross_k, lc.cross_v))
+    ancestors = torch.zeros(Bs, group, capacity, dtype=torch.long, device=src_pad.device)
+    return DecoderCache(out, src_pad, 0, group, ancestors)

@@ -54,6 +54,15 @@ class SublayerConnection(nn.Module):
         return y if self.pre_norm else self.norm(y)
 
 
+def _group_rows(q: Tensor, g: int) -> Tensor:
+    """Queries (N,H,t,K) of g consecutive rows that share an encoder row (and, with shared beam
+    slots, self-attention slots) -> g*t queries of one row (N/g,H,g*t,K)."""
+    if g == 1:
+        return q
+    N, H, t, K = q.shape
+    return q.view(N // g, g, H, t, K).transpose(1, 2).reshape(N // g, H, g * t, K)
+
+
 def _mha(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_k, d_v=cfg.d_v,
                               p_drop_attn=cfg.p_drop_attn, self_attention=self_attention,
@@ -101,19 +110,24 @@ class DecoderLayer(nn.Module):
         With a cache: x holds the new position(s); keys/values are appended to the cache.
         """
         q, k, v = self.self_attn.project_qkv(self.conn_self.pre(x))
-        if cache is not None:
-            k, v = cache.append(index, k, v)
-            causal = q.size(2) > 1  # a multi-token chunk appended to the cache stays causal
+        g = cache.group if cache is not None else 1
+        if cache is not None and cache.shared_slots:  # beam search: a sentence's g rows share slots
+            k, v = cache.append(index, k, v)  # (N/g,H,(L+1)g,K)
+            a, w_self = self.self_attn.attend(_group_rows(q, g), k, v, cache.self_mask(), need_weights=need_weights)
+            a = a.reshape(q.size(0), 1, a.size(-1))  # (N/g, g, D) -> (N,1,D)
+            if w_self is not None:
+                w_self = cache.own_weights(w_self)
         else:
-            causal = True
-        a, w_self = self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
+            if cache is not None:
+                k, v = cache.append(index, k, v)
+                causal = q.size(2) > 1  # a multi-token chunk appended to the cache stays causal
+            else:
+                causal = True
+            a, w_self = self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
         x = self.conn_self.post(x, a)
         q = self.cross_attn.project_q(self.conn_cross.pre(x))  # (N,H,t,K)
-        g = cache.group if cache is not None else 1
-        if g > 1:  # the g rows sharing an encoder row become g*t queries of one row
-            N, H, t, _ = q.shape
-            q = q.view(N // g, g, H, t, -1).transpose(1, 2).reshape(N // g, H, g * t, -1)
-        a, w_cross = self.cross_attn.attend(q, *memory_kv, memory_mask, need_weights=need_weights)
+        N, H, t, _ = q.shape
+        a, w_cross = self.cross_attn.attend(_group_rows(q, g), *memory_kv, memory_mask, need_weights=need_weights)
         if g > 1:
             a = a.reshape(N, t, a.size(-1))  # (N/g, g*t, D) -> (N,t,D)
             if w_cross is not None:
