@@ -36,6 +36,16 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
     scores = {k: v["score"] for k, v in results["test"].items()}
     assert all(isinstance(s, float) for s in scores.values())
     assert results["valid"]["multi30k_bleu"] > 1.0  # a low floor: 200 steps of a small model
+    # every character of the training text is in the vocabulary (digits and capitals included)
+    from aiayn.data.dataset import DataDir
+    from aiayn.data.vocab import UNK_ID
+    tok = DataDir(out / "data").src_tokenizer
+    chars = set()
+    for lang in ("en", "de"):
+        with gzip.open(shared_data / f"multi30k/raw/train.{lang}.gz", "rt", encoding="utf-8") as f:
+            chars.update(c for _, line in zip(range(6000), f) for c in line.strip())
+    assert {"6", "9", "(", "!"} <= chars
+    assert [c for c in sorted(chars) if UNK_ID in tok.encode(c)] == []
     # in order: the same sentence translated alone gives the same line
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
@@ -70,3 +80,5 @@ def test_demo_lowercase(shared_data, tmp_path, capsys):
     assert all(t == t.lower() for t in results["examples"].values())
     assert main(common) == 2   # the cased run would reuse lowercased data
     assert "prepared with lowercase=True" in capsys.readouterr().err
+    assert main(common + ["--lowercase", "--character-coverage", "0.9999"]) == 2  # so would another coverage
+    assert "character_coverage=1.0" in capsys.readouterr().err
