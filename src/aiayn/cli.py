@@ -31,6 +31,7 @@ COMMAND_MODULES: list[str] = [
     "aiayn.parsing.cli",
     "aiayn.viz.cli",
     "aiayn.serve.cli",
+    "aiayn.export",
 ]
 
 

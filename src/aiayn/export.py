@@ -1,0 +1,154 @@
+"""``aiayn export``: a checkpoint as a CTranslate2 model, for serving with its C++ runtime.
+
+    aiayn export --checkpoint runs/demo/model.pt --out runs/demo/ct2 [--quantization int8]
+
+then, in Python (``pip install ctranslate2``, or ``aiayn[ct2]``):
+
+    translator = ctranslate2.Translator("runs/demo/ct2")
+    pieces = sp.encode(line, out_type=str) + ["</s>"]        # sp: the model's SentencePiece
+    out = translator.translate_batch([pieces], beam_size=4, length_penalty=1.4)
+
+The mapping (CTranslate2's ``TransformerSpec``; every weight copied, nothing re-trained):
+- embeddings scaled by sqrt(d_model) (§3.4) and our own positional table, sinusoids interleaved
+  as §3.5 writes them (sin on even, cos on odd dimensions) or learned (Table 3 row E);
+  CTranslate2's default sinusoids are laid out differently, so the table is always written;
+- self-attention as one fused QKV projection, encoder-decoder attention as Q plus fused KV,
+  then W^O (§3.2.2); FFN (Eq. 2); LayerNorm epsilon from the model;
+- post-norm (the paper) or pre-norm with a final LayerNorm per stack (``pre_norm``);
+- the pre-softmax projection is the target embedding when tied (§3.4), with a zero bias.
+- vocabulary: the SentencePiece pieces, ids unchanged (<pad> 0, <unk> 1, <s> 2, </s> 3); the
+  decoder starts from <s> (BOS) and the source ends with </s> (EOS), as in aiayn's batches.
+Limits: d_k = d_v = d_model / h (CTranslate2 splits d_model across heads), one vocabulary
+(shared) or two (separate); ``tests/test_export.py`` checks that CTranslate2's greedy and beam
+outputs equal aiayn's.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from aiayn.errors import UserError
+from aiayn.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+def _require_ct2():
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError as exc:
+        raise UserError("aiayn export needs CTranslate2: pip install ctranslate2 (or aiayn[ct2])") from exc
+    return ctranslate2
+
+
+def _np(t: torch.Tensor):
+    return t.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+def _linear(spec, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    spec.weight = _np(weight)
+    spec.bias = _np(bias if bias is not None else torch.zeros(weight.size(0)))
+
+
+def _norm(spec, ln: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _np(ln.weight), _np(ln.bias)
+
+
+def _positions(pos_module, n: int) -> torch.Tensor:
+    """(n, D) positional encodings exactly as the model adds them."""
+    return pos_module(0, n)
+
+
+def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list[str]):
+    """CTranslate2 ``TransformerSpec`` holding ``model``'s weights (module docstring)."""
+    from ctranslate2.specs import common_spec, transformer_spec as ts
+
+    cfg = model.cfg
+    if cfg.d_k * cfg.n_heads != cfg.d_model or cfg.d_v != cfg.d_k:
+        raise UserError(f"CTranslate2 needs d_k = d_v = d_model / h; this model has d_model {cfg.d_model}, "
+                        f"h {cfg.n_heads}, d_k {cfg.d_k}, d_v {cfg.d_v}")
+    spec = ts.TransformerSpec.from_config((cfg.n_layers, cfg.decoder_layers), cfg.n_heads,
+                                          pre_norm=cfg.pre_norm, activation=common_spec.Activation.RELU)
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    enc, dec = spec.encoder, spec.decoder
+    n_pos = cfg.max_positions
+    enc.embeddings[0].weight = _np(model.src_embed.weight)
+    dec.embeddings.weight = _np(model.tgt_embed.weight)
+    enc.scale_embeddings = dec.scale_embeddings = bool(cfg.scale_embeddings)
+    enc.position_encodings.encodings = _np(_positions(model.src_pos, n_pos))
+    dec.position_encodings.encodings = _np(_positions(model.tgt_pos, n_pos))
+    if cfg.pre_norm:
+        _norm(enc.layer_norm, model.encoder_norm)
+        _norm(dec.layer_norm, model.decoder_norm)
+    for layer_spec, layer in zip(enc.layer, model.encoder_layers):
+        att = layer.self_attn
+        _linear(layer_spec.self_attention.linear[0], att.qkv_proj.weight, att.qkv_proj.bias)
+        _linear(layer_spec.self_attention.linear[1], att.out_proj.weight, att.out_proj.bias)
+        _norm(layer_spec.self_attention.layer_norm, layer.conn_attn.norm)
+        _linear(layer_spec.ffn.linear_0, layer.ffn.w1.weight, layer.ffn.w1.bias)
+        _linear(layer_spec.ffn.linear_1, layer.ffn.w2.weight, layer.ffn.w2.bias)
+        _norm(layer_spec.ffn.layer_norm, layer.conn_ffn.norm)
+    for layer_spec, layer in zip(dec.layer, model.decoder_layers):
+        sa, ca = layer.self_attn, layer.cross_attn
+        _linear(layer_spec.self_attention.linear[0], sa.qkv_proj.weight, sa.qkv_proj.bias)
+        _linear(layer_spec.self_attention.linear[1], sa.out_proj.weight, sa.out_proj.bias)
+        _norm(layer_spec.self_attention.layer_norm, layer.conn_self.norm)
+        _linear(layer_spec.attention.linear[0], ca.q_proj.weight, ca.q_proj.bias)
+        _linear(layer_spec.attention.linear[1], ca.kv_proj.weight, ca.kv_proj.bias)
+        _linear(layer_spec.attention.linear[2], ca.out_proj.weight, ca.out_proj.bias)
+        _norm(layer_spec.attention.layer_norm, layer.conn_cross.norm)
+        _linear(layer_spec.ffn.linear_0, layer.ffn.w1.weight, layer.ffn.w1.bias)
+        _linear(layer_spec.ffn.linear_1, layer.ffn.w2.weight, layer.ffn.w2.bias)
+        _norm(layer_spec.ffn.layer_norm, layer.conn_ffn.norm)
+    out_weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
+    _linear(dec.projection, out_weight, None)
+    spec.register_source_vocabulary(src_tokens)
+    spec.register_target_vocabulary(tgt_tokens)
+    return spec
+
+
+def export_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str], out: str | Path,
+               quantization: str | None = None) -> Path:
+    """Write ``model`` as a CTranslate2 model directory ``out`` (replaced if it exists)."""
+    _require_ct2()
+    from ctranslate2.converters.converter import Converter
+
+    class _FromAiayn(Converter):
+        def _load(self):
+            return transformer_spec(model, src_tokens, tgt_tokens)
+
+    with torch.no_grad():
+        _FromAiayn().convert(str(out), quantization=quantization, force=True)
+    return Path(out)
+
+
+def pieces(tokenizer) -> list[str]:
+    """The tokenizer's vocabulary as piece strings, by id."""
+    return [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def run(args) -> int:
+    from aiayn.decode.translator import load_model_for_inference
+
+    _require_ct2()
+    model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)
+    out = export_ct2(model, pieces(src_tok), pieces(tgt_tok), args.out, args.quantization or None)
+    # the tokenizers travel with the model, so the directory is all a user needs
+    (out / "source.spm").write_bytes(src_tok.model_bytes)
+    (out / "target.spm").write_bytes(tgt_tok.model_bytes)
+    (out / "aiayn.json").write_text(json.dumps({"checkpoint": str(args.checkpoint), "quantization": args.quantization,
+                                                "source_eos": "</s>", "decoder_start": "<s>"}, indent=1))
+    print(f"ctranslate2 model: {out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a checkpoint as a CTranslate2 model directory (needs ctranslate2)")
+    p.add_argument("--checkpoint", required=True, help="aiayn checkpoint (.pt), e.g. the demo's model.pt")
+    p.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    p.add_argument("--quantization", default="",
+                   help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default: float32)")
+    p.set_defaults(func=run)
