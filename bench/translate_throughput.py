@@ -67,8 +67,9 @@ def _src(B: int, S: int, low: int, high: int, eos: int) -> torch.Tensor:
     return src
 
 
-def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int):
-    """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w."""
+def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True):
+    """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w;
+    share_slots=False: the copying beam cache (for A/B runs)."""
     import aiayn
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
@@ -79,7 +80,7 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int):
     model = aiayn.Transformer(cfg).eval()
     if mode == "bf16w":
         model = model.to(torch.bfloat16)
-    decoder = CachedDecoder(model)
+    decoder = CachedDecoder(model, share_slots=share_slots)
     dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
     src = _src(B, S, 4, cfg.vocab_size, cfg.eos_id)
