@@ -48,10 +48,16 @@ def _encoder_rows(entries: Tensor) -> tuple[int, Tensor]:
 class CachedState:
     """The model's ``DecoderCache`` plus what makes beam reordering cheap.
 
-    ``reorder`` keeps the encoder-decoder keys/values untouched while every row still decodes
-    the same sentence as before (beams reordered within a sentence); they are gathered only
-    when sentences leave the batch. For the self-attention keys/values it takes the cheaper of
-    two exact paths:
+    Beam search (``share_slots``, the default): when the search first expands each sentence to
+    K rows, the cache switches to shared beam slots (``DecoderCache.ancestors``): reordering
+    the beams of a sentence then moves only the ancestor table, and keys/values are copied only
+    when a sentence leaves the batch (``_reorder_shared``).
+
+    The copying cache (``share_slots=False``, and the fallback for reorders that do not keep K
+    rows per sentence): ``reorder`` keeps the encoder-decoder keys/values untouched while every
+    row still decodes the same sentence as before (beams reordered within a sentence); they are
+    gathered only when sentences leave the batch. For the self-attention keys/values it takes
+    the cheaper of two exact paths:
     - few rows move (at most half: a beam usually keeps extending its own hypothesis): only
       the moved rows are copied, in place: their sources are gathered first, then written;
     - otherwise the filled part is gathered into preallocated spare buffers (no fresh
