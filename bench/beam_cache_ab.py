@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, "FAILED", "-", "-"])
             continue
         r["tgt_tokens_per_s"] = args.batch * args.out_len / r["time"]["median"]
-        rows.append([name, f"{r['tgt_tokens_per_s']:.0f}", f"{r['time']['median']:.3f}", f"{r.get('peak_rss_mb', 0):.0f}"])
+        rows.append([name, f"{r['tgt_tokens_per_s']:.0f}", f"{r['time']['median']:.3f}",
+                     f"{r.get('peak_rss_mb', 0):.0f}"])
     bl.print_table(["system", "target tokens/s", "call s (median)", "peak RSS MB"], rows)
     tps = {k: v.get("tgt_tokens_per_s") for k, v in res.items()}
     ratios = {"shared/copy (flush)": bl.ratio(tps.get("shared-flush"), tps.get("copy-flush")),
