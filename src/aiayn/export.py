@@ -57,9 +57,19 @@ def _norm(spec, ln: torch.nn.LayerNorm) -> None:
     spec.gamma, spec.beta = _np(ln.weight), _np(ln.bias)
 
 
-def _positions(pos_module, n: int) -> torch.Tensor:
-    """(n, D) positional encodings exactly as the model adds them."""
-    return pos_module(0, n)
+def _attention(spec, projections: list[torch.nn.Linear], conn) -> None:
+    """An attention sub-layer: its projections in CTranslate2's order (fused QKV, W^O; or Q,
+    fused KV, W^O) and the LayerNorm of its residual connection."""
+    for linear_spec, lin in zip(spec.linear, projections, strict=True):
+        _linear(linear_spec, lin.weight, lin.bias)
+    _norm(spec.layer_norm, conn.norm)
+
+
+def _ffn(spec, ffn, conn) -> None:
+    """The FFN sub-layer (Eq. 2) and the LayerNorm of its residual connection."""
+    _linear(spec.linear_0, ffn.w1.weight, ffn.w1.bias)
+    _linear(spec.linear_1, ffn.w2.weight, ffn.w2.bias)
+    _norm(spec.layer_norm, conn.norm)
 
 
 def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list[str]):
@@ -78,31 +88,19 @@ def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list
     enc.embeddings[0].weight = _np(model.src_embed.weight)
     dec.embeddings.weight = _np(model.tgt_embed.weight)
     enc.scale_embeddings = dec.scale_embeddings = bool(cfg.scale_embeddings)
-    enc.position_encodings.encodings = _np(_positions(model.src_pos, n_pos))
-    dec.position_encodings.encodings = _np(_positions(model.tgt_pos, n_pos))
+    enc.position_encodings.encodings = _np(model.src_pos(0, n_pos))  # (n_pos, D), as the model adds them
+    dec.position_encodings.encodings = _np(model.tgt_pos(0, n_pos))
     if cfg.pre_norm:
         _norm(enc.layer_norm, model.encoder_norm)
         _norm(dec.layer_norm, model.decoder_norm)
     for layer_spec, layer in zip(enc.layer, model.encoder_layers):
-        att = layer.self_attn
-        _linear(layer_spec.self_attention.linear[0], att.qkv_proj.weight, att.qkv_proj.bias)
-        _linear(layer_spec.self_attention.linear[1], att.out_proj.weight, att.out_proj.bias)
-        _norm(layer_spec.self_attention.layer_norm, layer.conn_attn.norm)
-        _linear(layer_spec.ffn.linear_0, layer.ffn.w1.weight, layer.ffn.w1.bias)
-        _linear(layer_spec.ffn.linear_1, layer.ffn.w2.weight, layer.ffn.w2.bias)
-        _norm(layer_spec.ffn.layer_norm, layer.conn_ffn.norm)
+        _attention(layer_spec.self_attention, [layer.self_attn.qkv_proj, layer.self_attn.out_proj], layer.conn_attn)
+        _ffn(layer_spec.ffn, layer.ffn, layer.conn_ffn)
     for layer_spec, layer in zip(dec.layer, model.decoder_layers):
         sa, ca = layer.self_attn, layer.cross_attn
-        _linear(layer_spec.self_attention.linear[0], sa.qkv_proj.weight, sa.qkv_proj.bias)
-        _linear(layer_spec.self_attention.linear[1], sa.out_proj.weight, sa.out_proj.bias)
-        _norm(layer_spec.self_attention.layer_norm, layer.conn_self.norm)
-        _linear(layer_spec.attention.linear[0], ca.q_proj.weight, ca.q_proj.bias)
-        _linear(layer_spec.attention.linear[1], ca.kv_proj.weight, ca.kv_proj.bias)
-        _linear(layer_spec.attention.linear[2], ca.out_proj.weight, ca.out_proj.bias)
-        _norm(layer_spec.attention.layer_norm, layer.conn_cross.norm)
-        _linear(layer_spec.ffn.linear_0, layer.ffn.w1.weight, layer.ffn.w1.bias)
-        _linear(layer_spec.ffn.linear_1, layer.ffn.w2.weight, layer.ffn.w2.bias)
-        _norm(layer_spec.ffn.layer_norm, layer.conn_ffn.norm)
+        _attention(layer_spec.self_attention, [sa.qkv_proj, sa.out_proj], layer.conn_self)
+        _attention(layer_spec.attention, [ca.q_proj, ca.kv_proj, ca.out_proj], layer.conn_cross)
+        _ffn(layer_spec.ffn, layer.ffn, layer.conn_ffn)
     out_weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
     _linear(dec.projection, out_weight, None)
     spec.register_source_vocabulary(src_tokens)
