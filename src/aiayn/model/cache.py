@@ -137,15 +137,20 @@ class DecoderCache:
         return DecoderCache(layers, self.src_pad, L, g)
 
     def _grow(self, capacity: int) -> None:
-        if self.ancestors is not None:
-            self._grow_shared(capacity)
-            return
+        """Room for ``capacity`` positions; the filled part is kept (with shared slots, g
+        entries per position, and the ancestor table too)."""
+        f = self.group if self.ancestors is not None else 1  # buffer entries per position
+        filled = self.length * f
         for layer in self.layers:
             for name in ("self_k", "self_v"):
                 old = getattr(layer, name)
-                new = old.new_zeros(old.size(0), old.size(1), capacity, old.size(3))
-                new[:, :, : old.size(2)] = old
+                new = old.new_zeros(old.size(0), old.size(1), capacity * f, old.size(3))
+                new[:, :, :filled] = old[:, :, :filled]
                 setattr(layer, name, new)
+        if self.ancestors is not None:
+            anc = self.ancestors.new_zeros(self.ancestors.size(0), f, capacity)
+            anc[:, :, : self.length] = self.ancestors[:, :, : self.length]
+            self.ancestors = anc
 
     def reorder(self, indices: Tensor) -> "DecoderCache":
         """Rows ``indices`` (N',) of every tensor, in that order (beams may repeat a row).
@@ -166,18 +171,6 @@ class DecoderCache:
                                      layer.cross_k.index_select(0, enc_rows),
                                      layer.cross_v.index_select(0, enc_rows)))
         return DecoderCache(layers, self.src_pad.index_select(0, enc_rows), L)
-
-    def _grow_shared(self, capacity: int) -> None:
-        g, L = self.group, self.length
-        for layer in self.layers:
-            for name in ("self_k", "self_v"):
-                old = getattr(layer, name)
-                new = old.new_zeros(old.size(0), old.size(1), capacity * g, old.size(3))
-                new[:, :, : L * g] = old[:, :, : L * g]
-                setattr(layer, name, new)
-        anc = self.ancestors.new_zeros(self.ancestors.size(0), g, capacity)
-        anc[:, :, :L] = self.ancestors[:, :, :L]
-        self.ancestors = anc
 
 
 def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity: int) -> DecoderCache:
