@@ -36,6 +36,10 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
     scores = {k: v["score"] for k, v in results["test"].items()}
     assert all(isinstance(s, float) for s in scores.values())
     assert results["valid"]["multi30k_bleu"] > 1.0  # a low floor: 200 steps of a small model
+    # length ratios (hypothesis / reference tokens) beside every BLEU, for α's effect on length
+    assert all(0.0 < r["length_ratio"] < 5.0 for r in results["alpha_tuning"].values())
+    assert 0.0 < results["valid"]["length_ratio"] < 5.0
+    assert "length_ratio" in results["test"]["Multi30k tokenized BLEU (lc.norm.tok, fairseq-score style)"]
     # every character of the training text is in the vocabulary (digits and capitals included)
     from aiayn.data.dataset import DataDir
     from aiayn.data.vocab import UNK_ID

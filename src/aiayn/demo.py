@@ -100,8 +100,9 @@ def _read(path: Path, limit: int = 0) -> list[str]:
 def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, alphas: str, beam_size: int,
                report=lambda alpha, result: None) -> dict[float, dict]:
     """Translate ``src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."); per α the
-    Multi30k tokenized BLEU against ``tok_refs`` and the seconds taken. Leaves ``translator.cfg``
-    at the last α."""
+    Multi30k tokenized BLEU against ``tok_refs``, the length ratio (hypothesis / reference
+    tokens, the brevity penalty's input) and the seconds taken. Leaves ``translator.cfg`` at the
+    last α."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.evaluate.multi30k import multi30k_bleu
     tuning = {}
@@ -109,7 +110,8 @@ def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, 
         translator.cfg = DecodeConfig(beam_size=beam_size, alpha=alpha)
         t0 = time.monotonic()
         hyps = translator.translate(src_lines)
-        tuning[alpha] = {"valid_multi30k_bleu": round(multi30k_bleu(hyps, tok_refs, tgt).score, 2),
+        bleu = multi30k_bleu(hyps, tok_refs, tgt)
+        tuning[alpha] = {"valid_multi30k_bleu": round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3),
                          "seconds": round(time.monotonic() - t0, 1)}
         report(alpha, tuning[alpha])
     return tuning
@@ -191,20 +193,21 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 4. choose α on the validation set
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import sacre_bleu, score_all
+    from aiayn.evaluate.bleu import BleuResult, sacre_bleu, score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
     translator = Translator.from_checkpoint(model_path)
     val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
     tuning = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
-                        report=lambda a, r: print(f"[4/7] valid α={a}: Multi30k BLEU "
-                                                  f"{r['valid_multi30k_bleu']:.2f}", flush=True))
+                        report=lambda a, r: print(f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
+                                                  f" (length ratio {r['length_ratio']:.3f})", flush=True))
     best_alpha = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha
     translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)
     hyps_val = translator.translate(val_src)
     val_raw = _read(files[f"raw.valid.{tgt}"])
-    results["valid"] = {"multi30k_bleu": multi30k_bleu(hyps_val, val_tok, tgt).score,
+    val_bleu = multi30k_bleu(hyps_val, val_tok, tgt)
+    results["valid"] = {"multi30k_bleu": val_bleu.score, "length_ratio": round(val_bleu.length_ratio, 3),
                         "sacrebleu": sacre_bleu(hyps_val, val_raw).score}
     if cfg.lowercase:
         results["valid"]["sacrebleu_lc"] = sacre_bleu(hyps_val, val_raw, lowercase=True).score
@@ -223,7 +226,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
     results["test"] = {s.label: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
     for s in scores:
-        print(f"[6/7] test_2016 {s.label}: {s.score:.2f}   {s.signature}", flush=True)
+        ratio = f" (length ratio {s.length_ratio:.3f})" if isinstance(s, BleuResult) else ""
+        if ratio:
+            results["test"][s.label]["length_ratio"] = round(s.length_ratio, 3)
+        print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{ratio}   {s.signature}", flush=True)
 
     # 7. examples and an attention plot
     examples = EXAMPLES[src]

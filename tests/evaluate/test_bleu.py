@@ -24,6 +24,7 @@ def test_bleu_golden_corpus():
         assert res.score == pytest.approx(GOLD, abs=1e-9)
         assert res.bp == pytest.approx(BP)
         assert (res.sys_len, res.ref_len) == (7, 9)
+        assert res.length_ratio == pytest.approx(7 / 9)
         assert res.precisions == pytest.approx((600 / 7, 80.0, 200 / 3, 50.0))
     assert "tok:13a" in sacre_bleu(HYPS, REFS).signature
     assert "tok:none" in tokenized_bleu(HYPS, REFS).signature

@@ -35,6 +35,11 @@ class BleuResult:
     sys_len: int
     ref_len: int
 
+    @property
+    def length_ratio(self) -> float:
+        """Hypothesis tokens / reference tokens: below 1 the brevity penalty applies."""
+        return self.sys_len / self.ref_len if self.ref_len else 0.0
+
     def format(self) -> str:
         p = "/".join(f"{x:.1f}" for x in self.precisions)
         return (f"{self.label}: {self.score:.2f}  ({p}, BP={self.bp:.3f}, "
