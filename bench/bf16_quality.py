@@ -4,7 +4,7 @@ val and scored on test_2016 exactly as ``aiayn demo`` does (issue 7: within 0.5 
 
     python bench/bf16_quality.py --steps 1000 [--runs /tmp/aiayn-bf16-quality]
 
-Both runs use the same seed, data, batches and recipe (recipes/multi30k.json); only
+Both runs use the same seed, data, batches and recipe (recipes/multi30k-wide.json, the main job's until session 5); only
 train.precision differs, and checkpoints are written every steps/10 steps (not every 2.5
 minutes) so that both average the same last 5 steps' checkpoints. Runs one after the other, each with the recipe's 2 threads: run it
 on an otherwise idle machine (it also reports tokens/s of each). Writes
@@ -24,12 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_demo(precision: str, steps: int, runs: Path, data_root: str) -> dict:
-    recipe = json.loads((REPO / "recipes" / "multi30k.json").read_text())
+    recipe = json.loads((REPO / "recipes" / "multi30k-wide.json").read_text())
     recipe["train"]["precision"] = precision
     # checkpoints by step, not by minute, so that both runs average the same steps
     recipe["train"]["save_every_min"] = 0
     recipe["train"]["save_every_steps"] = max(1, steps // 10)
-    recipe["description"] = f"recipes/multi30k.json with train.precision={precision} (bench/bf16_quality.py)"
+    recipe["description"] = f"recipes/multi30k-wide.json with train.precision={precision} (bench/bf16_quality.py)"
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / f"multi30k-{precision}.json"
     path.write_text(json.dumps(recipe, indent=2))

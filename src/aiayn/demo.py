@@ -3,7 +3,7 @@ translations and an attention plot, on whatever machine it runs on.
 
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
-  2. train     the recipe (recipes/multi30k.json), bounded by --minutes  OUT/run
+  2. train     the recipe (recipes/multi30k.json), bounded by --minutes OUT/run
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
   4. tune α    length penalty chosen on the validation set (never on test)
   5. translate test_2016 with beam search                              OUT/test_2016.hyp
