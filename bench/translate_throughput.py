@@ -15,7 +15,9 @@ The default L = 69 is the rivals' setting (/work/shared/rivals: max length = inp
 
 Systems (each in its own process, interleaved, 2 threads each): aiayn-fp32; aiayn-bf16
 (search under torch.autocast bfloat16; attention core in float32 by ModelConfig.attn_fp32);
-aiayn-bf16w (weights cast to bfloat16, no autocast); hf-fp32; ct2-fp32; ct2-int8.
+aiayn-bf16w (weights cast to bfloat16, no autocast); hf-fp32; ct2-fp32; ct2-int8; ct2-fp32-inter
+(CTranslate2's inter_threads: 2 workers of 1 thread, each given half the batch; CT2 scales
+worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
 
 Model FLOPs of one call (``beam_flops``): the encoder and the encoder-decoder keys/values once
@@ -137,18 +139,22 @@ def prepare_ct2(size: str, workdir: str) -> dict:
     return {"ct2_dir": str(ct2_dir), "greedy_agreement_hf_ct2": sum(a == b for a, b in pairs) / max(1, len(pairs))}
 
 
-def build_ct2(size: str, compute_type: str, ct2_dir: str, threads: int, B: int, S: int, L: int, K: int):
+def build_ct2(size: str, compute_type: str, ct2_dir: str, threads: int, B: int, S: int, L: int, K: int,
+              inter: int = 1):
+    """inter > 1: CTranslate2's own data parallelism, ``inter`` workers of threads / inter threads
+    each, the batch split into ``inter`` parts (the same total thread count)."""
     import ctranslate2
     from marian import MARIAN_EOS, marian_pad, marian_tokens
 
     cfg = bl.model_config(size)
-    tr = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type, inter_threads=1,
-                                intra_threads=threads)
+    tr = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type, inter_threads=inter,
+                                intra_threads=max(1, threads // inter))
     toks = marian_tokens(cfg)
     src = [[toks[i] for i in row] for row in _src(B, S, 2, marian_pad(cfg), MARIAN_EOS).tolist()]
 
     def run() -> dict:
-        out = tr.translate_batch(src, beam_size=K, min_decoding_length=L, max_decoding_length=L, max_batch_size=B)
+        out = tr.translate_batch(src, beam_size=K, min_decoding_length=L, max_decoding_length=L,
+                                 max_batch_size=-(-B // inter))
         lens = [len(r.hypotheses[0]) for r in out]
         return {"out_len_min": min(lens), "out_len_max": max(lens), "sentences": len(out),
                 "compute_type": tr.compute_type}
@@ -164,15 +170,20 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
         out.append(bl.System(name, build_ct2, {"size": args.size, "compute_type": ct, "ct2_dir": ct2_dir,
                                                "threads": args.threads, **shape}))
+    if args.threads > 1:  # CTranslate2's inter_threads, the same thread count split over workers
+        out.append(bl.System("ct2-fp32-inter", build_ct2, {"size": args.size, "compute_type": "float32",
+                                                           "ct2_dir": ct2_dir, "threads": args.threads,
+                                                           "inter": args.threads, **shape}))
     return out
 
 
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "hf-fp32": "fp32",
-         "ct2-fp32": "fp32", "ct2-int8": "fp32"}
+         "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" is the
 # faster of aiayn-bf16 and aiayn-bf16w.
 RATIOS = [("aiayn-fp32", "ct2-fp32", 1.2), ("aiayn-fp32", "hf-fp32", 3.0),
           ("aiayn-best-reduced", "ct2-fp32", 2.0), ("aiayn-best-reduced", "ct2-int8", None),
+          ("aiayn-fp32", "ct2-fp32-inter", None),
           ("aiayn-bf16", "aiayn-fp32", None), ("aiayn-bf16w", "aiayn-fp32", None)]
 
 
