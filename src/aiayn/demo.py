@@ -117,6 +117,15 @@ def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, 
     return tuning
 
 
+def _score_entry(score) -> dict:
+    """A score for results.json; BLEU scores also carry their length ratio."""
+    from aiayn.evaluate.bleu import BleuResult
+    entry = {"score": round(score.score, 2), "signature": score.signature}
+    if isinstance(score, BleuResult):
+        entry["length_ratio"] = round(score.length_ratio, 3)
+    return entry
+
+
 def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
     """Write the first N lines of each file when --train-lines / --eval-lines ask for it."""
     if not cfg.train_lines and not cfg.eval_lines:
@@ -193,7 +202,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 4. choose α on the validation set
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import BleuResult, sacre_bleu, score_all
+    from aiayn.evaluate.bleu import sacre_bleu, score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
     translator = Translator.from_checkpoint(model_path)
     val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
@@ -224,12 +233,11 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 6. score
     ref_raw, ref_tok = _read(files[f"raw.test.{tgt}"]), _read(files[f"tok.test.{tgt}"])
     scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
-    results["test"] = {s.label: {"score": round(s.score, 2), "signature": s.signature} for s in scores}
+    results["test"] = {s.label: _score_entry(s) for s in scores}
     for s in scores:
-        ratio = f" (length ratio {s.length_ratio:.3f})" if isinstance(s, BleuResult) else ""
-        if ratio:
-            results["test"][s.label]["length_ratio"] = round(s.length_ratio, 3)
-        print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{ratio}   {s.signature}", flush=True)
+        ratio = results["test"][s.label].get("length_ratio")
+        shown = f" (length ratio {ratio:.3f})" if ratio is not None else ""
+        print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
 
     # 7. examples and an attention plot
     examples = EXAMPLES[src]
