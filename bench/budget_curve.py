@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             avg = Path(tmp) / "avg.pt"
             atomic_save(average_checkpoints(within), avg)
             tr = Translator.from_checkpoint(avg)
-        val = {a: r["valid_multi30k_bleu"] for a, r in tune_alpha(tr, val_src, val_tok, tgt, args.alphas, 4).items()}
+        val = {a: r["valid_multi30k_bleu"] for a, r in tune_alpha(tr, val_src, val_tok, tgt, args.alphas, 4)[0].items()}
         alpha = max(val, key=val.get)
         tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)
         hyps = tr.translate(test_src)

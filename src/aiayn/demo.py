@@ -98,23 +98,23 @@ def _read(path: Path, limit: int = 0) -> list[str]:
 
 
 def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, alphas: str, beam_size: int,
-               report=lambda alpha, result: None) -> dict[float, dict]:
-    """Translate ``src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."); per α the
-    Multi30k tokenized BLEU against ``tok_refs``, the length ratio (hypothesis / reference
-    tokens, the brevity penalty's input) and the seconds taken. Leaves ``translator.cfg`` at the
-    last α."""
+               report=lambda alpha, result: None) -> tuple[dict[float, dict], dict[float, list[str]]]:
+    """Translate ``src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."). Returns,
+    per α, the Multi30k tokenized BLEU against ``tok_refs``, the length ratio (hypothesis /
+    reference tokens, the brevity penalty's input) and the seconds taken; and, per α, the
+    translations. Leaves ``translator.cfg`` at the last α."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.evaluate.multi30k import multi30k_bleu
-    tuning = {}
+    tuning, translations = {}, {}
     for alpha in [float(a) for a in alphas.split(",")]:
         translator.cfg = DecodeConfig(beam_size=beam_size, alpha=alpha)
         t0 = time.monotonic()
-        hyps = translator.translate(src_lines)
+        translations[alpha] = hyps = translator.translate(src_lines)
         bleu = multi30k_bleu(hyps, tok_refs, tgt)
         tuning[alpha] = {"valid_multi30k_bleu": round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3),
                          "seconds": round(time.monotonic() - t0, 1)}
         report(alpha, tuning[alpha])
-    return tuning
+    return tuning, translations
 
 
 def _score_entry(score) -> dict:
@@ -206,14 +206,15 @@ def run_demo(cfg: DemoConfig) -> dict:
     from aiayn.evaluate.multi30k import multi30k_bleu
     translator = Translator.from_checkpoint(model_path)
     val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
-    tuning = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
-                        report=lambda a, r: print(f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
-                                                  f" (length ratio {r['length_ratio']:.3f})", flush=True))
+    tuning, val_translations = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
+                                          report=lambda a, r: print(
+                                              f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
+                                              f" (length ratio {r['length_ratio']:.3f})", flush=True))
     best_alpha = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha
     translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)
-    hyps_val = translator.translate(val_src)
+    hyps_val = val_translations[best_alpha]  # translated while tuning; the same cfg gives the same lines
     val_raw = _read(files[f"raw.valid.{tgt}"])
     val_bleu = multi30k_bleu(hyps_val, val_tok, tgt)
     results["valid"] = {"multi30k_bleu": val_bleu.score, "length_ratio": round(val_bleu.length_ratio, 3),
