@@ -176,6 +176,10 @@ def peak_gflops(dtype: str = "fp32") -> float | None:
 # The process settings the ``aiayn`` command makes at start-up (aiayn/cli.py), for aiayn's systems.
 AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush"}
 
+# Composite systems of the translation benchmark: each is the faster of its members (issue 7's
+# reduced-precision aiayn, and CTranslate2 float32 in its better use of the same threads).
+BEST_OF = {"aiayn-best-reduced": ("aiayn-bf16", "aiayn-bf16w"), "ct2-best-fp32": ("ct2-fp32", "ct2-fp32-inter")}
+
 
 @dataclass
 class System:

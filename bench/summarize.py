@@ -119,7 +119,7 @@ def targets_section(parts: dict) -> list[str]:
             rows.append([what, key, "-", "MISSING"])
             continue
         verdict = "PASS" if r["ratio"] >= r["target"] else "FAIL"
-        named = set(key.replace("ct2-best-fp32", "ct2-fp32/ct2-fp32-inter").split("/"))
+        named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}
         bad = [n for n, s in part["systems"].items() if n in named and not s.get("lengths_ok", True)]
         if bad:
             verdict += " (invalid: output lengths differ)"
