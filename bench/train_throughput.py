@@ -11,7 +11,8 @@ Systems, each in its own process, run interleaved (A B C A B C ...), 2 threads e
 Every step: one synthetic batch of --batch sentences, --src-len source and --tgt-len target
 tokens each (default 128 x 32 = 4,096 target tokens, no padding), label-smoothed loss
 (eps_ls = 0.1; aiayn's ``label_smoothed_loss``, HF with F.cross_entropy(label_smoothing)),
-Adam(0.9, 0.98, 1e-9), zero_grad(set_to_none).
+Adam(0.9, 0.98, 1e-9) (aiayn: fused, as its training loop; HF: PyTorch's per-tensor loop, as
+../shared/rivals measured it), zero_grad(set_to_none).
 
 Model FLOPs per step: ``aiayn.model.flops.train_flops`` = 3 x forward matmul FLOPs (formula
 in src/aiayn/model/flops.py), the same for every system since the shapes are the same;
@@ -47,8 +48,9 @@ def _batch(B: int, S: int, T: int, low: int, high: int, eos: int, start: int):
     return src, tgt_in, y
 
 
-def _adam(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)  # §5.3
+def _adam(model: torch.nn.Module, fused: bool = False) -> torch.optim.Optimizer:
+    """§5.3's Adam; fused as aiayn's training loop runs it (train.fused_adam), per-tensor as the rivals' script."""
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused)
 
 
 def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
@@ -59,7 +61,7 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     cfg = bl.model_config(size)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).train()
-    opt = _adam(model)
+    opt = _adam(model, fused=True)
     src, tgt_in, tgt_out = _batch(B, S, T, 4, cfg.vocab_size, cfg.eos_id, cfg.bos_id)
 
     def step() -> dict:
