@@ -80,6 +80,9 @@ SIZES = {
     "base": ("base", {"vocab_size": 8000}),
     "small": ("multi30k", {}),
     "tiny": ("tiny", {"vocab_size": 1000}),
+    # the main job's model (recipes/multi30k.json): Wu et al.'s transformer-tiny
+    "main": ("multi30k", {"n_layers": 4, "d_model": 128, "d_ff": 256, "n_heads": 4, "d_k": 32, "d_v": 32,
+                          "pre_norm": False}),
 }
 
 

@@ -33,6 +33,7 @@ DEFAULTS = {  # per size: measured rounds, warm-up rounds, minimum rounds, measu
     "base": {"reps": 5, "warmup": 1, "min_reps": 3, "budget_s": 200.0},
     "small": {"reps": 8, "warmup": 2, "min_reps": 3, "budget_s": 80.0},
     "tiny": {"reps": 2, "warmup": 1, "min_reps": 1, "budget_s": 10.0},
+    "main": {"reps": 10, "warmup": 2, "min_reps": 3, "budget_s": 60.0},
 }
 EPS_LS = 0.1
 

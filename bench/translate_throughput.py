@@ -46,6 +46,7 @@ DEFAULTS = {
     "base": {"reps": 4, "warmup": 1, "min_reps": 3, "budget_s": 160.0},
     "small": {"reps": 6, "warmup": 1, "min_reps": 3, "budget_s": 60.0},
     "tiny": {"reps": 2, "warmup": 1, "min_reps": 1, "budget_s": 10.0},
+    "main": {"reps": 6, "warmup": 1, "min_reps": 3, "budget_s": 60.0},
 }
 
 
