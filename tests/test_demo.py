@@ -75,9 +75,15 @@ def test_demo_lowercase(shared_data, tmp_path, capsys):
                   "save_every_steps": 20, "save_every_min": 0, "validate_every_steps": 0}}))
     common = ["demo", "--out", str(out), "--recipe", str(recipe), "--train-lines", "1500", "--eval-lines", "20",
               "--max-steps", "40", "--data-root", str(shared_data), "--alphas", "1.0", "--vocab-size", "1000"]
-    assert main(common + ["--lowercase"]) == 0
+    assert main(common + ["--lowercase", "--set", "train.seed=7", "--set", "model.p_drop=0.0"]) == 0
     capsys.readouterr()
     results = json.loads((out / "results.json").read_text())
+    # --set overrides the recipe, as in `aiayn train`, and is recorded
+    run_cfg = json.loads((out / "run" / "config.json").read_text())
+    assert run_cfg["train"]["seed"] == 7 and run_cfg["model"]["p_drop"] == 0.0
+    assert results["config"]["sets"] == "train.seed=7,model.p_drop=0.0"
+    assert main(common + ["--lowercase", "--set", "train.no_such_field=1"]) == 2
+    assert "no_such_field" in capsys.readouterr().err
     assert {"sacreBLEU", "sacreBLEU -lc"} <= set(results["test"]) and "sacrebleu_lc" in results["valid"]
     hyps = (out / "test_2016.hyp").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 20 and all(h == h.lower() for h in hyps)

@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     from aiayn.allocator import configure_from_env
+    from aiayn.config import ConfigError
     try:
         configure_from_env()
         rc = args.func(args)
-    except UserError as exc:
+    except (UserError, ConfigError) as exc:  # bad input: one clear line, no traceback
         print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

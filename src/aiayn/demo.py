@@ -66,6 +66,7 @@ class DemoConfig:
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json (quick: recipes/multi30k-quick.json)")
+    sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
     character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover: 1.0 keeps every one (Multi30k has about 100; at 0.9999 the digits 6-9, Ö and ( ) ! ? became <unk>, on 14 test_2016 lines and 1 validation line)")
     lowercase: bool = param(False, "train on lowercased text (the form the published Multi30k baselines train on): the tokenizer lowercases every input, translations come out lowercase, and sacreBLEU -lc is reported beside cased sacreBLEU")
@@ -177,7 +178,9 @@ def run_demo(cfg: DemoConfig) -> dict:
     from aiayn.train.loop import train
     recipe = Path(cfg.recipe) if cfg.recipe else RECIPES / ("multi30k-quick.json" if cfg.quick else "multi30k.json")
     run_cfg = load_recipe(recipe)
-    sets = [f"train.max_time_min={cfg.minutes}"] if cfg.minutes else []
+    sets = [x for x in cfg.sets.split(",") if x.strip()]
+    if cfg.minutes:
+        sets.append(f"train.max_time_min={cfg.minutes}")
     if cfg.max_steps:
         sets.append(f"train.max_steps={cfg.max_steps}")
     if cfg.threads:
@@ -260,12 +263,17 @@ def run_demo(cfg: DemoConfig) -> dict:
 
 
 def run(args) -> int:
-    run_demo(from_args(DemoConfig, args))
+    cfg = from_args(DemoConfig, args)
+    if args.set:
+        cfg = dataclasses.replace(cfg, sets=",".join(args.set))
+    run_demo(cfg)
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job: Multi30k prepare, train, average, translate, score, plot",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_arguments(p, DemoConfig)
+    add_arguments(p, DemoConfig, only=tuple(f.name for f in dataclasses.fields(DemoConfig) if f.name != "sets"))
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="override a field of the recipe (repeatable), e.g. --set model.p_drop=0.2 --set train.seed=2")
     p.set_defaults(func=run)
