@@ -80,9 +80,8 @@ SIZES = {
     "base": ("base", {"vocab_size": 8000}),
     "small": ("multi30k", {}),
     "tiny": ("tiny", {"vocab_size": 1000}),
-    # the main job's model (recipes/multi30k.json): Wu et al.'s transformer-tiny
-    "main": ("multi30k", {"n_layers": 4, "d_model": 128, "d_ff": 256, "n_heads": 4, "d_k": 32, "d_v": 32,
-                          "pre_norm": False}),
+    # a recipe file's model: the main job's, Wu et al.'s transformer-tiny
+    "main": BENCH_DIR.parent / "recipes" / "multi30k.json",
 }
 
 
@@ -90,6 +89,9 @@ def model_config(size: str):
     """The aiayn ModelConfig of a benchmark size."""
     import aiayn
 
+    if isinstance(SIZES[size], Path):
+        from aiayn.train.config import load_recipe
+        return load_recipe(SIZES[size]).model
     preset, overrides = SIZES[size]
     return aiayn.get_preset(preset, **overrides)
 
