@@ -55,37 +55,26 @@ def test_multi30k_tiny_is_wu_et_al_transformer_tiny():
     assert t.max_tgt_tokens == 8192 and t.max_time_min == 45
 
 
-def test_main_job_recipe_is_the_tiny_model_with_a_quarter_of_the_batch():
-    """recipes/multi30k.json (the main job's) is multi30k-tiny.json with 2,048 + 2,048 tokens per
-    step, up to 14,500 steps, warmup 4,000 (the tokens of the baseline's 2,000 steps), and the peak
-    rate scaled by about the square root of the batch ratio (0.005 * sqrt(2048 / 8192) = 0.0025:
-    scale 1.77 * 128^-0.5 * 4000^-0.5 = 0.00247), then a linear ramp to 0 over steps 7,250-14,500."""
+@pytest.mark.parametrize("name,tokens,steps,warmup,peak,peak_rel,probe", [
+    # the main job's: a quarter of the baseline's batch, warmup 4,000 (the tokens of its 2,000
+    # steps), peak 0.005 * sqrt(2048 / 8192) = 0.0025 (scale 1.77 * 128^-0.5 * 4000^-0.5 = 0.00247),
+    # ramp to 0 over steps 7,250-14,500
+    ("multi30k.json", 2048, 14500, 4000, 0.0025, 0.02, 10875),
+    # session 5's: half the batch, peak 0.005 * sqrt(4096 / 8192) = 0.00354, rounded to 0.0035
+    # (scale 1.77 * 128^-0.5 * 2000^-0.5), ramp to 0 over steps 4,000-8,000
+    ("multi30k-4k.json", 4096, 8000, 2000, 0.0035, 2e-3, 6000),
+])
+def test_main_job_recipes_are_the_tiny_model_with_a_smaller_batch(name, tokens, steps, warmup, peak, peak_rel, probe):
+    """recipes/multi30k.json (the main job's) and multi30k-4k.json (its in session 5) are
+    multi30k-tiny.json with fewer tokens per step, more steps, the peak rate scaled by about the
+    square root of the batch ratio, then a linear ramp to 0 over the second half."""
     from aiayn.train.objective import learning_rate
-    main_job, tiny = load_recipe(RECIPES / "multi30k.json"), load_recipe(RECIPES / "multi30k-tiny.json")
+    main_job, tiny = load_recipe(RECIPES / name), load_recipe(RECIPES / "multi30k-tiny.json")
     assert main_job.model == tiny.model
     t = main_job.train
-    assert (t.max_src_tokens, t.max_tgt_tokens, t.max_steps, t.warmup_steps) == (2048, 2048, 14500, 4000)
+    assert (t.max_src_tokens, t.max_tgt_tokens, t.max_steps, t.warmup_steps) == (tokens, tokens, steps, warmup)
     assert (t.max_time_min, t.lr_decay_frac, t.save_every_min) == (45, 0.5, 2.5)
-    peak = learning_rate(4000, 128, 4000, t.lr_scale, t.max_steps, t.lr_decay_frac)
-    assert peak == pytest.approx(0.0025, rel=0.02)
-    # Eq. 3 at step 10,875 (1.77 * 128^-0.5 * 10875^-0.5) times the ramp (14500 - 10875) / 7250 = 0.5
-    assert learning_rate(10875, 128, 4000, t.lr_scale, t.max_steps, t.lr_decay_frac) == pytest.approx(
-        1.77 * 128 ** -0.5 * 10875 ** -0.5 * 0.5, rel=1e-6)
-
-
-def test_session5_recipe_is_the_tiny_model_with_half_the_batch():
-    """recipes/multi30k-4k.json (the main job's in session 5) is multi30k-tiny.json with 4,096 +
-    4,096 tokens per step, 8,000 steps, and the peak rate scaled by about the square root of the
-    batch ratio (0.005 * sqrt(4096 / 8192) = 0.00354, rounded to 0.0035: scale 1.77 * 128^-0.5 *
-    2000^-0.5) at step 2,000, then a linear ramp to 0 over steps 4,000-8,000."""
-    from aiayn.train.objective import learning_rate
-    main_job, tiny = load_recipe(RECIPES / "multi30k-4k.json"), load_recipe(RECIPES / "multi30k-tiny.json")
-    assert main_job.model == tiny.model
-    t = main_job.train
-    assert (t.max_src_tokens, t.max_tgt_tokens, t.max_steps, t.warmup_steps) == (4096, 4096, 8000, 2000)
-    assert (t.max_time_min, t.lr_decay_frac, t.save_every_min) == (45, 0.5, 2.5)
-    peak = learning_rate(2000, 128, 2000, t.lr_scale, t.max_steps, t.lr_decay_frac)
-    assert peak == pytest.approx(0.0035, rel=2e-3)
-    # Eq. 3 at step 6,000 (1.77 * 128^-0.5 * 6000^-0.5 = 2.02e-3) times the ramp (8000 - 6000) / 4000
-    assert learning_rate(6000, 128, 2000, t.lr_scale, t.max_steps, t.lr_decay_frac) == pytest.approx(
-        1.77 * 128 ** -0.5 * 6000 ** -0.5 * 0.5, rel=1e-6)
+    assert learning_rate(warmup, 128, warmup, t.lr_scale, t.max_steps, t.lr_decay_frac) == pytest.approx(peak, rel=peak_rel)
+    # Eq. 3 at the probe step (three quarters of the run) times the ramp, which is at one half there
+    assert learning_rate(probe, 128, warmup, t.lr_scale, t.max_steps, t.lr_decay_frac) == pytest.approx(
+        1.77 * 128 ** -0.5 * probe ** -0.5 * 0.5, rel=1e-6)
