@@ -179,7 +179,7 @@ def peak_gflops(dtype: str = "fp32") -> float | None:
 
 
 # The process settings the ``aiayn`` command makes at start-up (aiayn/cli.py), for aiayn's systems.
-AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush"}
+AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush", "hugepages": "on"}
 
 # Composite systems of the translation benchmark: each is the faster of its members (issue 7's
 # reduced-precision aiayn, and CTranslate2 float32 in its better use of the same threads).
@@ -200,11 +200,18 @@ class System:
     # "flush": the worker calls aiayn.denormals.flush_denormals() before anything else, as the
     # aiayn command does at start-up; "keep": IEEE denormals (what a rival's user gets).
     denormals: str = "keep"
+    # "on": the worker calls aiayn.hugepages.use_huge_pages() before its first tensor, as the
+    # aiayn command does at start-up; "off": 4 kB pages (what a rival's user gets).
+    hugepages: str = "off"
 
 
 def _worker(conn, system: System, threads: int) -> None:
     """Build the system, then time one call per "run" message; report peak RSS on "stop"."""
     try:
+        if system.hugepages == "on":  # before the first tensor: PyTorch reads the setting once
+            from aiayn.hugepages import use_huge_pages
+
+            use_huge_pages()
         import torch
 
         if system.denormals == "flush":  # before the thread pool exists, so that every thread has it

@@ -51,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from aiayn.denormals import configure_from_env as configure_denormals
     from aiayn.errors import UserError
+    from aiayn.hugepages import configure_from_env as configure_huge_pages
     try:
-        configure_denormals()  # first: before anything creates PyTorch's thread pool (aiayn/denormals.py)
+        configure_huge_pages()  # before the first tensor: PyTorch reads it once (aiayn/hugepages.py)
+        configure_denormals()  # before anything creates PyTorch's thread pool (aiayn/denormals.py)
     except UserError as exc:
         print(f"aiayn: error: {exc}", file=sys.stderr)
         return 2
