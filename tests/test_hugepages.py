@@ -22,9 +22,9 @@ print(next(int(l.split()[1]) for l in open("/proc/self/smaps_rollup") if l.start
 """
 
 
-def _huge_kb(mode: str, **env) -> int:
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True,
-                         env={k: v for k, v in os.environ.items() if k != hugepages.TORCH_ENV} | env)
+def _huge_kb(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != hugepages.TORCH_ENV}
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.strip())
 
 
