@@ -36,13 +36,19 @@ TORCH_ENV = "THP_MEM_ALLOC_ENABLE"  # read by c10's CPU allocator (c10/core/impl
 THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def kernel_allows_huge_pages(sysfs: Path = THP_SYSFS) -> bool:
-    """True when the kernel's THP mode is ``always`` or ``madvise`` (the selected one is bracketed)."""
+def kernel_mode(sysfs: Path = THP_SYSFS) -> str | None:
+    """The kernel's THP mode, ``always``, ``madvise`` or ``never`` (the bracketed word); None if unknown."""
     try:
-        mode = sysfs.read_text()
+        text = sysfs.read_text()
     except OSError:
-        return False
-    return "[never]" not in mode and "[" in mode
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
+
+
+def kernel_allows_huge_pages(sysfs: Path = THP_SYSFS) -> bool:
+    """True when the kernel's THP mode is ``always`` or ``madvise``."""
+    return kernel_mode(sysfs) in ("always", "madvise")
 
 
 def use_huge_pages() -> bool:
