@@ -27,10 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     bl.fill_defaults(args, {"reps": 3, "warmup": 1, "min_reps": 3, "budget_s": 1e9})
     bl.setup_logging()
     shape = {"size": args.size, "mode": args.mode, "B": args.batch, "S": 20, "L": args.out_len, "K": 4}
+    keep = {**bl.AIAYN_PROCESS, "denormals": "keep"}
     systems = [bl.System("shared-flush", build_aiayn, shape, **bl.AIAYN_PROCESS),
                bl.System("copy-flush", build_aiayn, {**shape, "share_slots": False}, **bl.AIAYN_PROCESS),
-               bl.System("shared-keep", build_aiayn, shape, malloc="reuse", denormals="keep", hugepages="on"),
-               bl.System("copy-keep", build_aiayn, {**shape, "share_slots": False}, malloc="reuse", denormals="keep", hugepages="on")]
+               bl.System("shared-keep", build_aiayn, shape, **keep),
+               bl.System("copy-keep", build_aiayn, {**shape, "share_slots": False}, **keep)]
     res = bl.measure_interleaved(bl.pick(systems, args.systems), threads=args.threads, warmup=args.warmup,
                                  reps=args.reps, min_reps=args.min_reps, budget_s=args.budget_s,
                                  timeout_s=args.timeout_s)
