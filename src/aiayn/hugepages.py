@@ -21,7 +21,9 @@ It is a process setting, like the allocator's (``aiayn.allocator``) and the deno
 (``aiayn.denormals``):
 - the ``aiayn`` command calls ``configure_from_env()`` first thing; ``AIAYN_HUGEPAGES=off``
   turns it off, and a ``THP_MEM_ALLOC_ENABLE`` the user set is left as it is;
-- Python users call ``use_huge_pages()`` before creating their first tensor;
+- Python users call ``use_huge_pages()`` before creating their first tensor. Called later (for
+  example ``aiayn.cli.main`` from a process that already has tensors, as the tests do), it only
+  affects the processes this one starts, which inherit the variable;
 - it does nothing where the kernel has transparent huge pages disabled (``never``) or has none
   (not Linux); CUDA memory is unaffected.
 """
