@@ -10,37 +10,17 @@ import pytest
 from aiayn import hugepages
 from aiayn.errors import UserError
 
-# Touch a 64 MB tensor and print how much of the process is in anonymous huge pages (kB).
+# Turn the setting on (or not), touch a 64 MB tensor, print the setting and how much of the
+# process is in anonymous huge pages (kB). "on": the library call; "command": the aiayn
+# command's start-up (cli.main), which must do it before the first tensor; "off": neither.
 _PROBE = """
-import sys
-from aiayn import hugepages
+import contextlib, io, os, sys
+from aiayn import cli, hugepages
 if sys.argv[1] == "on":
     assert hugepages.use_huge_pages()
-import torch
-x = torch.ones(1 << 24)
-print(next(int(l.split()[1]) for l in open("/proc/self/smaps_rollup") if l.startswith("AnonHugePages")))
-"""
-
-
-def _huge_kb(mode: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k != hugepages.TORCH_ENV}
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, env=env)
-    return int(out.stdout.strip())
-
-
-@pytest.mark.skipif(not hugepages.kernel_allows_huge_pages(), reason="kernel has transparent huge pages off")
-def test_large_tensors_get_huge_pages():
-    if hugepages.kernel_mode() == "madvise":  # ("always" gives huge pages to every large mapping)
-        assert _huge_kb("off") < 8 * 1024  # 4 kB pages: the 64 MB tensor is not in huge pages
-    assert _huge_kb("on") >= 32 * 1024  # most of it is (the kernel may fall back for a few 2 MB ranges)
-
-
-# The aiayn command's start-up (cli.main), then a 64 MB tensor: the command set it up in time.
-_CLI_PROBE = """
-import contextlib, io, os
-from aiayn import cli
-with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-    cli.main(["--help"])
+elif sys.argv[1] == "command":
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        cli.main(["--help"])
 import torch
 x = torch.ones(1 << 24)
 print(os.environ.get("THP_MEM_ALLOC_ENABLE"),
@@ -48,12 +28,24 @@ print(os.environ.get("THP_MEM_ALLOC_ENABLE"),
 """
 
 
+def _probe(mode: str) -> tuple[str, int]:
+    env = {k: v for k, v in os.environ.items() if k not in (hugepages.TORCH_ENV, hugepages.ENV)}
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, env=env)
+    setting, huge_kb = out.stdout.split()
+    return setting, int(huge_kb)
+
+
+@pytest.mark.skipif(not hugepages.kernel_allows_huge_pages(), reason="kernel has transparent huge pages off")
+def test_large_tensors_get_huge_pages():
+    if hugepages.kernel_mode() == "madvise":  # ("always" gives huge pages to every large mapping)
+        assert _probe("off")[1] < 8 * 1024  # 4 kB pages: the 64 MB tensor is not in huge pages
+    assert _probe("on")[1] >= 32 * 1024  # most of it is (the kernel may fall back for a few 2 MB ranges)
+
+
 @pytest.mark.skipif(not hugepages.kernel_allows_huge_pages(), reason="kernel has transparent huge pages off")
 def test_the_command_turns_it_on_before_the_first_tensor():
-    env = {k: v for k, v in os.environ.items() if k not in (hugepages.TORCH_ENV, hugepages.ENV)}
-    out = subprocess.run([sys.executable, "-c", _CLI_PROBE], capture_output=True, text=True, check=True, env=env)
-    setting, huge_kb = out.stdout.split()
-    assert setting == "1" and int(huge_kb) >= 32 * 1024
+    setting, huge_kb = _probe("command")
+    assert setting == "1" and huge_kb >= 32 * 1024
 
 
 def test_kernel_mode_parsing(tmp_path):
