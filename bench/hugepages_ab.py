@@ -25,15 +25,16 @@ from pathlib import Path
 
 import benchlib as bl
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+from aiayn import hugepages
+from aiayn.demo import RECIPES
 
 
-def one_run(data: Path, recipe: Path, steps: int, threads: int, hugepages: str) -> dict:
+def one_run(data: Path, recipe: Path, steps: int, threads: int, setting: str) -> dict:
     """``aiayn train`` for ``steps`` steps in a fresh process; its rates and validation loss."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        env = {**os.environ, "AIAYN_HUGEPAGES": hugepages}
-        env.pop("THP_MEM_ALLOC_ENABLE", None)
+        env = {**os.environ, hugepages.ENV: setting}
+        env.pop(hugepages.TORCH_ENV, None)  # a user's own setting would override ours
         cmd = [sys.executable, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(out),
                "--recipe", str(recipe), "--no-progress", "--set", f"train.max_steps={steps}",
                "--set", f"train.threads={threads}", "--set", "train.save_every_min=1000",
@@ -43,7 +44,7 @@ def one_run(data: Path, recipe: Path, steps: int, threads: int, hugepages: str) 
         rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     timed = [r for r in rows if "tokens_per_s" in r]  # one row per 25 steps: the rate over those steps
     last = timed[(3 * len(timed)) // 4:]
-    return {"hugepages": hugepages, "tokens_per_s": summary["tokens_per_s"],
+    return {"hugepages": setting, "tokens_per_s": summary["tokens_per_s"],
             "last_quarter_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in last),
             "train_seconds": summary["train_seconds"], "valid_loss": summary["valid"]["valid_loss"],
             "peak_rss_mb": max(r.get("rss_mb", 0) for r in timed)}
@@ -52,7 +53,7 @@ def one_run(data: Path, recipe: Path, steps: int, threads: int, hugepages: str) 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="a prepared data directory (aiayn prepare, or a demo's OUT/data)")
-    ap.add_argument("--recipe", default=str(CHECKOUT / "recipes" / "multi30k.json"))
+    ap.add_argument("--recipe", default=str(RECIPES / "multi30k.json"))
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=bl.DEFAULT_THREADS)
