@@ -9,7 +9,7 @@ import torch
 from aiayn.config import ConfigError
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import (SpecialIds, filter_logits, length_penalty, max_output_lengths,
-                                 search)
+                                 search, topk_rows)
 from tests.decode.stub import BOS, EOS, PAD, TableDecoder
 
 A, B, C = 4, 5, 6
@@ -173,10 +173,12 @@ def reference_beam(dec: TableDecoder, key: int, max_len: int, K: int, F: int, al
     return finished[:F]
 
 
-@pytest.mark.parametrize("K,F,alpha,min_len", [(2, 1, 0.6, 0), (4, 4, 0.6, 0), (3, 2, 0.0, 0),
-                                               (4, 1, 2.0, 2), (5, 3, 1.0, 0)])
-def test_beam_matches_the_reference_without_early_stop(K, F, alpha, min_len):
-    dec = TableDecoder(V=9, random_vocab=True, dtype=torch.float64)
+@pytest.mark.parametrize("K,F,alpha,min_len,V", [(2, 1, 0.6, 0, 9), (4, 4, 0.6, 0, 9), (3, 2, 0.0, 0, 9),
+                                                 (4, 1, 2.0, 2, 9), (5, 3, 1.0, 0, 9),
+                                                 # K * V large enough for topk_rows' block path
+                                                 (4, 2, 0.6, 0, 150), (3, 3, 1.0, 1, 107)])
+def test_beam_matches_the_reference_without_early_stop(K, F, alpha, min_len, V):
+    dec = TableDecoder(V=V, random_vocab=True, dtype=torch.float64)
     src = torch.tensor([[11, 7, 7, 7], [12, 7, 0, 0], [13, 7, 7, 0], [14, 0, 0, 0]])
     cfg = DecodeConfig(beam_size=K, nbest=F, alpha=alpha, min_len=min_len, max_len_a=1.0, max_len_b=4)
     out = search(dec, src, cfg, IDS)
@@ -255,3 +257,38 @@ def test_config_errors():
         DecodeConfig(beam_size=2, nbest=3)
     with pytest.raises(ConfigError):
         DecodeConfig(top_p=0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# topk_rows: the beam's top-k by block maxima
+
+
+@pytest.mark.parametrize("R,M,k,blocks", [(3, 1000, 4, 16), (5, 4003, 5, 16), (2, 640, 1, 8), (4, 50, 4, 16)])
+def test_topk_rows_equals_torch_topk(R, M, k, blocks):
+    g = torch.Generator().manual_seed(R * M)
+    x = torch.randn(R, M, generator=g, dtype=torch.float64)
+    x[0, ::3] = float("-inf")  # masked tokens and dead beams
+    x[1, M - 1] = 10.0  # the best entry in the tail columns past the last whole block
+    values, idx = topk_rows(x, k, blocks)
+    ref = x.topk(k, dim=1)
+    assert torch.equal(values, ref.values)
+    assert torch.equal(idx, ref.indices)  # no ties here, so the indices are determined
+
+
+def test_topk_rows_with_ties_gives_the_same_values_and_distinct_indices():
+    x = torch.randint(0, 6, (6, 2000), generator=torch.Generator().manual_seed(0)).double()  # many ties
+    x[2] = float("-inf")  # a row with no finite entry
+    x[3, :1990] = float("-inf")  # fewer finite entries than blocks
+    values, idx = topk_rows(x, 4, 16)
+    assert torch.equal(values, x.topk(4, dim=1).values)
+    assert torch.equal(x.gather(1, idx), values)
+    assert all(len(set(row)) == 4 for row in idx.tolist())
+
+
+def test_topk_rows_hand_example():
+    # 40 columns, 2 blocks -> n = 20 blocks of 2 interleaved columns {j, j + 20}; the two best
+    # entries (col 25 = 9, col 3 = 7) are in blocks 5 and 3; col 5 = 8 shares block 5 with col 25.
+    x = torch.zeros(1, 41)
+    x[0, 25], x[0, 3], x[0, 5], x[0, 40] = 9.0, 7.0, 8.0, 8.5
+    values, idx = topk_rows(x, 3, blocks=2)  # n = 20 >= 4k: the block path; col 40 is the tail
+    assert values.tolist() == [[9.0, 8.5, 8.0]] and idx.tolist() == [[25, 40, 5]]

@@ -90,6 +90,33 @@ def _mask_special(log_probs: Tensor, t: int, cfg: DecodeConfig, ids: SpecialIds)
     return log_probs.index_fill_(1, torch.tensor(banned, device=log_probs.device), NEG_INF)
 
 
+def topk_rows(x: Tensor, k: int, blocks: int = 16) -> tuple[Tensor, Tensor]:
+    """The k largest entries of each row of x (R, M), best first: torch.topk(x, k, dim=1).
+
+    torch.topk selects within every row; beam search asks for k = beam size of M = K * V
+    candidates, where one pass over the row does most of the work. The columns are split into
+    n = M // blocks interleaved blocks {j, j + n, j + 2n, ...}; one elementwise max over the
+    ``blocks`` rows of x viewed as (R, blocks, n) gives each block's maximum (it vectorizes; a
+    per-row selection does not). The k largest entries lie in the k blocks with the largest
+    maxima: if an entry's block is not among them, those k blocks hold k entries at least as
+    large, one each. So the answer is topk over those k * blocks entries and the M - n * blocks
+    columns left over. Same values as torch.topk; among exactly equal values the indices may
+    differ (torch.topk does not specify them either). Rows too short to gain (n < 4k) use
+    torch.topk.
+    """
+    R, M = x.shape
+    n = M // blocks
+    if n < 4 * k or not x.is_contiguous():
+        return x.topk(k, dim=1)
+    block_max = x[:, : n * blocks].view(R, blocks, n).amax(dim=1)  # (R, n)
+    top_blocks = block_max.topk(k, dim=1).indices  # (R, k)
+    idx = (top_blocks[:, :, None] + n * torch.arange(blocks, device=x.device)).view(R, k * blocks)
+    if n * blocks < M:
+        idx = torch.cat([idx, torch.arange(n * blocks, M, device=x.device).expand(R, -1)], dim=1)
+    values, pos = x.gather(1, idx).topk(k, dim=1)
+    return values, idx.gather(1, pos)
+
+
 class _Results:
     """Output buffers for B sentences x F hypotheses, written as sentences finish."""
 
@@ -230,7 +257,7 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
             pool = _Pool(B, F, T, dev, log_probs.dtype)
         N, V = live.size(0), log_probs.size(1)
         cand = log_probs.add_(live.view(N * K, 1)).view(N, K * V)  # in place: log_probs is not used again
-        top_lp, top_i = cand.topk(K, dim=1)  # (N, K)
+        top_lp, top_i = topk_rows(cand, K)  # (N, K)
         parent, tok = top_i // V, top_i % V
         seqs = seqs.gather(1, parent[..., None].expand(-1, -1, T))
         seqs[:, :, t - 1] = tok
