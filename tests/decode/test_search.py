@@ -286,8 +286,10 @@ def test_topk_rows_with_ties_gives_the_same_values_and_distinct_indices():
 
 
 def test_topk_rows_hand_example():
-    # 40 columns, 2 blocks -> n = 20 blocks of 2 interleaved columns {j, j + 20}; the two best
-    # entries (col 25 = 9, col 3 = 7) are in blocks 5 and 3; col 5 = 8 shares block 5 with col 25.
+    # 41 columns, 2 blocks -> n = 20 blocks of 2 interleaved columns {j, j + 20}, and column 40
+    # left over (the tail). Block maxima: block 5 = {5, 25} 9, block 3 = {3, 23} 7, the rest 0.
+    # The top 3 are 9 (col 25), 8.5 (col 40, from the tail) and 8 (col 5, found because it
+    # shares block 5 with col 25, although block 3's 7 ranks above the other blocks).
     x = torch.zeros(1, 41)
     x[0, 25], x[0, 3], x[0, 5], x[0, 40] = 9.0, 7.0, 8.0, 8.5
     values, idx = topk_rows(x, 3, blocks=2)  # n = 20 >= 4k: the block path; col 40 is the tail
