@@ -143,3 +143,19 @@ def test_shared_slots_move_no_keys_and_equal_recomputation(model):
                 assert states[0].cache.shared_slots
                 assert (states[0].cache.layers[0].self_k is buf) == (step in (1, 3, 5))  # no copy within sentences
             tokens = torch.randint(4, V, (states[2].prefix.size(0),), generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_log_softmax_in_place_equals_the_out_of_place_call(dtype):
+    from aiayn.decode.adapter import _log_softmax
+    g = torch.Generator().manual_seed(3)
+    for shape in [(1, 7), (5, 300), (256, 8000)]:
+        logits = (torch.randn(shape, generator=g) * 6).to(dtype)
+        logits[0, :3] = float("-inf")  # masked entries stay -inf
+        expected = logits.log_softmax(dim=-1, dtype=torch.float32)
+        got = _log_softmax(logits.clone())
+        assert got.dtype == torch.float32
+        assert torch.equal(got, expected)
+    view = torch.randn(4, 3, 50, generator=g)[:, -1]  # not contiguous: computed out of place
+    before = view.clone()
+    assert torch.equal(_log_softmax(view), before.log_softmax(dim=-1)) and torch.equal(view, before)

@@ -175,8 +175,9 @@ def reference_beam(dec: TableDecoder, key: int, max_len: int, K: int, F: int, al
 
 @pytest.mark.parametrize("K,F,alpha,min_len,V", [(2, 1, 0.6, 0, 9), (4, 4, 0.6, 0, 9), (3, 2, 0.0, 0, 9),
                                                  (4, 1, 2.0, 2, 9), (5, 3, 1.0, 0, 9),
-                                                 # K * V large enough for topk_rows' block path
-                                                 (4, 2, 0.6, 0, 150), (3, 3, 1.0, 1, 107)])
+                                                 (4, 2, 0.6, 0, 150), (3, 3, 1.0, 1, 107),
+                                                 # V // 16 >= 4K: topk_rows' block path on each beam's row
+                                                 (4, 2, 0.6, 0, 300), (3, 3, 1.0, 1, 200)])
 def test_beam_matches_the_reference_without_early_stop(K, F, alpha, min_len, V):
     dec = TableDecoder(V=V, random_vocab=True, dtype=torch.float64)
     src = torch.tensor([[11, 7, 7, 7], [12, 7, 0, 0], [13, 7, 7, 0], [14, 0, 0, 0]])

@@ -21,10 +21,19 @@ from aiayn.model.cache import LayerCache, share_slots
 
 
 def _log_softmax(logits: Tensor) -> Tensor:
-    """(N, V) log-probabilities, in float32 unless the model runs in float64."""
+    """(N, V) log-probabilities, in float32 unless the model runs in float64.
+
+    On CPU the result overwrites a contiguous float32 ``logits`` (or its float32 copy, for bf16
+    models): the kernel reads a row before it writes it, so the values are those of the
+    out-of-place call (tested), without a second (N, V) buffer. ``logits`` is not used again.
+    Elsewhere (CUDA upcasts bf16 inside the kernel) the call is out of place.
+    """
     if logits.dtype == torch.float64:
         return logits.log_softmax(dim=-1)
-    return logits.log_softmax(dim=-1, dtype=torch.float32)  # upcast inside the kernel (bf16 models)
+    if logits.device.type != "cpu" or not logits.is_contiguous():
+        return logits.log_softmax(dim=-1, dtype=torch.float32)
+    x = logits.float()  # the same tensor when logits are float32
+    return torch.log_softmax(x, dim=-1, out=x)
 
 
 def _encoder_rows(entries: Tensor) -> tuple[int, Tensor]:
