@@ -191,6 +191,18 @@ def test_beam_matches_the_reference_without_early_stop(K, F, alpha, min_len, V):
         assert [h.log_prob for h in out[b]] == pytest.approx([r[2] for r in ref], rel=1e-9)
 
 
+def test_beam_wider_than_the_vocabulary_matches_the_reference():
+    # K = 6 beams over V = 5 tokens (3 of them pad, BOS, EOS): each beam offers fewer than K tokens.
+    dec = TableDecoder(V=5, random_vocab=True, dtype=torch.float64)
+    src = torch.tensor([[11, 7, 7], [12, 7, 0]])
+    cfg = DecodeConfig(beam_size=6, nbest=3, alpha=0.6, max_len_a=1.0, max_len_b=3)
+    out = search(dec, src, cfg, IDS)
+    for b, key in enumerate([11, 12]):
+        ref = reference_beam(dec, key, int((src[b] != PAD).sum()) + 3, 6, 3, 0.6)
+        assert [h.tokens for h in out[b]] == [r[1] for r in ref]
+        assert [h.score for h in out[b]] == pytest.approx([r[0] for r in ref], rel=1e-9)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_beam_size_one_equals_greedy(alpha):
     src = torch.tensor([[11, 7, 7], [12, 7, 0], [13, 0, 0], [15, 7, 7]])
