@@ -256,9 +256,9 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
             live = live.to(log_probs.dtype)
             pool = _Pool(B, F, T, dev, log_probs.dtype)
         N, k = live.size(0), min(K, log_probs.size(1))
-        # The K best of a sentence's K*V extensions are among each beam's k = K best tokens:
-        # take those first (per row, where adding the beam's score cannot change the order),
-        # then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
+        # The K best of a sentence's K*V extensions are among each beam's k = min(K, V) best
+        # tokens: take those first (per row, where adding the beam's score cannot change the
+        # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
         row_lp, row_tok = topk_rows(log_probs, k)  # (N*K, k)
         cand = (row_lp.view(N, K, k) + live[:, :, None]).view(N, K * k)
         top_lp, top_j = cand.topk(K, dim=1)  # (N, K)
