@@ -92,3 +92,41 @@ def test_demo_lowercase(shared_data, tmp_path, capsys):
     assert "prepared with lowercase=True" in capsys.readouterr().err
     assert main(common + ["--lowercase", "--character-coverage", "0.9999"]) == 2  # so would another coverage
     assert "character_coverage=1.0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tmp_path, capsys):
+    """--members 2: two `aiayn train` processes with one thread and their own seed each, each
+    averaged, one ensemble file as model.pt; a failing member stops the run with its log named."""
+    out = tmp_path / "demo"
+    recipe = tmp_path / "smoke.json"
+    recipe.write_text(json.dumps({
+        "preset": "multi30k",
+        "model": {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 2, "d_k": 32, "d_v": 32, "p_drop": 0.1},
+        "train": {"warmup_steps": 20, "max_src_tokens": 1024, "max_tgt_tokens": 1024, "threads": 2,
+                  "save_every_steps": 10, "save_every_min": 0, "validate_every_steps": 0}}))
+    common = ["demo", "--out", str(out), "--recipe", str(recipe), "--train-lines", "1500", "--eval-lines", "20",
+              "--max-steps", "30", "--data-root", str(shared_data), "--alphas", "1.0", "--vocab-size", "1000",
+              "--average-last", "2", "--members", "2"]
+    assert main(common + ["--set", "train.seed=3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3] == f"model: {out / 'model.pt'}"
+    results = json.loads((out / "results.json").read_text())
+    members = [json.loads((out / "run" / f"member{i}" / "config.json").read_text())["train"] for i in (1, 2)]
+    assert [(m["seed"], m["threads"]) for m in members] == [(3, 1), (4, 1)]
+    assert [s["steps"] for s in results["train_members"]] == [30, 30]
+    assert results["averaged"] == [[f"member{i}/ckpt_step{s:08d}.pt" for s in (20, 30)] for i in (1, 2)]
+    from aiayn.decode.translator import Translator
+    from aiayn.train.checkpoint import ENSEMBLE_FORMAT, load_checkpoint
+    assert load_checkpoint(out / "model.pt", ensemble_ok=True)["format"] == ENSEMBLE_FORMAT
+    tr = Translator.from_checkpoint(out / "model.pt")
+    assert len(tr.models) == 2 and len((out / "test_2016.hyp").read_text().splitlines()) == 20
+    # a member that fails stops the run and names its log
+    from aiayn.demo import _train_members
+    from aiayn.errors import UserError
+    from aiayn.train.config import load_recipe
+    bad = [tmp_path / "bad" / "member1", tmp_path / "bad" / "member2"]
+    bad[0].mkdir(parents=True)
+    (bad[0] / "summary.json").write_text("{}")  # finished: skipped
+    with pytest.raises(UserError, match="member2: training failed .*member2.log"):
+        _train_members(tmp_path / "no-data", bad, recipe, [], load_recipe(recipe))

@@ -4,7 +4,9 @@ translations and an attention plot, on whatever machine it runs on.
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
   2. train     the recipe (recipes/multi30k.json), bounded by --minutes OUT/run
+               (--members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
+               (--members N: each member's, then one ensemble file of the N averages)
   4. tune α    length penalty chosen on the validation set (never on test)
   5. translate test_2016 with beam search                              OUT/test_2016.hyp
   6. score     sacreBLEU + chrF on raw cased text; Multi30k tokenized BLEU (lowercased,
@@ -20,6 +22,9 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +69,7 @@ class DemoConfig:
     minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
+    members: int = param(1, "train this many models at once, each on threads/members CPU threads with its own seed (train.seed + i); each is averaged, and they translate as an ensemble (the mean of their next-token probabilities); 1 = one model on all the threads")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json (quick: recipes/multi30k-quick.json)")
     sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
@@ -142,6 +148,58 @@ def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pa
     return out
 
 
+def _die_with_parent() -> None:
+    """In a member's process, before exec (Linux): get SIGTERM when the demo's process dies, even
+    by SIGKILL, so no orphan keeps training into a directory that a re-run resumes."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: list[str], run_cfg) -> None:
+    """Train one model per directory at once, each in its own ``aiayn train`` process with its
+    share of the threads and seed train.seed + i. The first shows its progress bar; the others
+    write to MEMBER.log beside their directory. Finished members are skipped, interrupted ones
+    resume; if one fails, the others are stopped.
+    """
+    n = len(member_dirs)
+    threads = max(1, (run_cfg.train.threads or os.cpu_count() or 1) // n)
+    procs: list[tuple[Path, subprocess.Popen, Path | None]] = []
+    try:
+        for i, d in enumerate(member_dirs):
+            if (d / "summary.json").exists():
+                continue
+            cmd = [sys.executable, "-m", "aiayn.cli", "train", "--data", str(data_dir), "--out", str(d),
+                   "--recipe", str(recipe)]
+            for s in [*sets, f"train.seed={run_cfg.train.seed + i}", f"train.threads={threads}"]:
+                cmd += ["--set", s]
+            log_path = None if i == 0 else d.parent / f"{d.name}.log"
+            if log_path is None:
+                procs.append((d, subprocess.Popen(cmd, preexec_fn=_die_with_parent), None))
+            else:
+                d.parent.mkdir(parents=True, exist_ok=True)
+                with open(log_path, "ab") as f:
+                    procs.append((d, subprocess.Popen(cmd + ["--no-progress"], stdout=f, stderr=subprocess.STDOUT,
+                                                     preexec_fn=_die_with_parent), log_path))
+        running = list(procs)
+        while running:
+            time.sleep(0.5)
+            for d, proc, log_path in list(running):
+                if proc.poll() is None:
+                    continue
+                running.remove((d, proc, log_path))
+                if proc.returncode != 0:
+                    raise UserError(f"{d}: training failed (exit code {proc.returncode})"
+                                    + (f"; see {log_path}" if log_path else ""))
+    finally:
+        for _, proc, _ in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     src, tgt = cfg.src_lang, ("de" if cfg.src_lang == "en" else "en")
     if cfg.src_lang not in LANGS:
@@ -187,20 +245,44 @@ def run_demo(cfg: DemoConfig) -> dict:
         sets.append(f"train.threads={cfg.threads}")
     run_cfg = apply_sets(run_cfg, sets)
     run_dir = out / "run"
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
-        print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
-        train(data_dir, run_dir, run_cfg, progress=True)
-    results["train"] = json.loads(summary_path.read_text())
-    print(f"[2/7] trained: {results['train']['steps']} steps, {results['train']['train_seconds']:.0f} s", flush=True)
+    if cfg.members < 1:
+        raise UserError(f"--members must be at least 1, got {cfg.members}")
+    if cfg.members == 1:
+        summary_path = run_dir / "summary.json"
+        if not summary_path.exists():
+            print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
+            train(data_dir, run_dir, run_cfg, progress=True)
+        results["train"] = json.loads(summary_path.read_text())
+        member_dirs = [run_dir]
+    else:
+        member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
+        print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
+              f"{run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
+        _train_members(data_dir, member_dirs, recipe, sets, run_cfg)
+        summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
+        results["train"] = summaries[0]
+        results["train_members"] = summaries
+    print(f"[2/7] trained: {', '.join(str(json.loads((d / 'summary.json').read_text())['steps']) for d in member_dirs)} "
+          f"steps, {results['train']['train_seconds']:.0f} s", flush=True)
 
     # 3. average
-    from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    from aiayn.train.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
     model_path = out / "model.pt"
-    ckpts = step_checkpoints(run_dir)[-cfg.average_last:]
-    atomic_save(average_checkpoints(ckpts), model_path)
-    results["averaged"] = [p.name for p in ckpts]
-    print(f"[3/7] averaged {len(ckpts)} checkpoints -> {model_path}", flush=True)
+    if cfg.members == 1:
+        ckpts = step_checkpoints(run_dir)[-cfg.average_last:]
+        atomic_save(average_checkpoints(ckpts), model_path)
+        results["averaged"] = [p.name for p in ckpts]
+        print(f"[3/7] averaged {len(ckpts)} checkpoints -> {model_path}", flush=True)
+    else:
+        averages, results["averaged"] = [], []
+        for d in member_dirs:
+            ckpts = step_checkpoints(d)[-cfg.average_last:]
+            averages.append(d / "averaged.pt")
+            atomic_save(average_checkpoints(ckpts), averages[-1])
+            results["averaged"].append([f"{d.name}/{p.name}" for p in ckpts])
+        atomic_save(ensemble_checkpoint(averages), model_path)
+        print(f"[3/7] averaged the last {cfg.average_last} checkpoints of each member; their ensemble -> {model_path}",
+              flush=True)
 
     # 4. choose α on the validation set
     from aiayn.decode.config import DecodeConfig

@@ -119,3 +119,21 @@ def test_an_internal_failure_is_a_500_and_the_service_goes_on(translator, monkey
         r = client.post("/translate", json={"sentences": ["A cat."]})
         assert r.status_code == 200 and r.json()["translations"] == translator.translate(["A cat."])
         assert client.get("/health").json()["queued"] == 0
+
+
+def test_an_ensemble_is_served_as_an_ensemble(translator):
+    # a second model: the tiny one with its weights moved; the service must decode with both
+    import copy
+
+    import torch
+    other = copy.deepcopy(translator.model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ens = Translator([translator.model, other], translator.src_tok, translator.tgt_tok, translator.cfg)
+    with TestClient(create_app(ens, SERVE)) as c:
+        assert c.get("/health").json()["model"]["ensemble"] == 2
+        r = c.post("/translate", json={"sentences": SENTS})
+    assert r.status_code == 200, r.text
+    assert r.json()["translations"] == ens.translate(SENTS)
+    assert ens.translate(SENTS) != translator.translate(SENTS)

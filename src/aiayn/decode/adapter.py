@@ -4,13 +4,15 @@
 sentence and self-attention keys/values are kept in the model's ``DecoderCache`` (one new
 position per step). ``RecomputeDecoder`` re-runs the decoder over the whole prefix at every
 step; it exists as the reference the cache is tested against and as the "no cache" baseline
-of the speed measurement.
+of the speed measurement. ``EnsembleDecoder`` decodes with several models at once (the mean of
+their next-token probabilities).
 
 Shapes: B sentences, N decoding rows (sentences x beams), S source length, t prefix length,
 V target vocabulary.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -203,3 +205,41 @@ class RecomputeDecoder:
         prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (N, t)
         logits = self.model.decode(prefix, state.enc).logits[:, -1]  # (N, V)
         return _log_softmax(logits), PrefixState(state.enc, prefix)
+
+
+@dataclass
+class EnsembleState:
+    """One state per member of an ``EnsembleDecoder``; reordering reorders them all alike."""
+
+    members: tuple
+
+    def reorder(self, idx: Tensor) -> "EnsembleState":
+        return EnsembleState(tuple(s.reorder(idx) for s in self.members))
+
+
+class EnsembleDecoder:
+    """Several models decoding as one: the next-token distribution is the mean of the members'.
+
+    log p(y) = log (1/M) sum_m p_m(y) = logsumexp_m log p_m(y) - log M, the ensemble of fairseq's
+    ``--path a.pt:b.pt`` and of the paper's own tensor2tensor decoding with several checkpoints.
+    The members share the target vocabulary (one tokenizer); their architectures may differ. Each
+    keeps its own cache, so the ensemble costs the members' steps added together. One member is
+    that member, bit for bit.
+    """
+
+    def __init__(self, members: list):
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        self.members = list(members)
+
+    def start(self, src: Tensor, max_len: int) -> EnsembleState:
+        return EnsembleState(tuple(m.start(src, max_len) for m in self.members))
+
+    def step(self, tokens: Tensor, state: EnsembleState) -> tuple[Tensor, EnsembleState]:
+        """tokens (N,) -> log of the members' mean probabilities (N, V)."""
+        outs = [m.step(tokens, s) for m, s in zip(self.members, state.members)]
+        new_state = EnsembleState(tuple(s for _, s in outs))
+        if len(outs) == 1:
+            return outs[0][0], new_state
+        log_probs = torch.stack([lp for lp, _ in outs])  # (M, N, V)
+        return torch.logsumexp(log_probs, dim=0) - math.log(len(outs)), new_state

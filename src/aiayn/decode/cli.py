@@ -29,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "naming its line number. With --nbest N > 1 each output line is "
                     "'INDEX ||| TRANSLATION ||| SCORE' (0-based input index, best first; an empty input line "
                     "has no entries).")
-    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
+                   help="checkpoint written by `aiayn train` or `aiayn average`; several (or an ensemble file from "
+                        "`aiayn ensemble`) translate with their ensemble, the mean of their next-token probabilities")
     p.add_argument("--input", metavar="FILE", help="source sentences, one per line, plain or gzip (default: stdin)")
     p.add_argument("--attention-out", metavar="FILE",
                    help="write attention weights of each best translation to FILE.json or FILE.npz")

@@ -29,7 +29,7 @@ import torch
 
 from aiayn.config import ConfigError, from_dict
 from aiayn.data.vocab import Tokenizer
-from aiayn.decode.adapter import CachedDecoder
+from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.errors import InputError, UserError
@@ -58,13 +58,7 @@ def _tokenizer_from_checkpoint(toks: dict, side: str, path: Path) -> Tokenizer:
     return Tokenizer(bytes(data), name=f"{path}:tokenizers.{side}")
 
 
-def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"
-                             ) -> tuple[Transformer, Tokenizer, Tokenizer]:
-    """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks."""
-    from aiayn.train.checkpoint import load_checkpoint
-
-    path = Path(path)
-    ckpt = load_checkpoint(path, map_location=device)
+def _model_from_checkpoint(ckpt: dict, path: Path, device) -> tuple[Transformer, Tokenizer, Tokenizer]:
     for key in ("model_config", "model", "tokenizers"):
         if key not in ckpt:
             raise UserError(f"{path}: checkpoint has no {key!r} entry")
@@ -85,24 +79,79 @@ def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu
     return model.to(device).eval(), src_tok, tgt_tok
 
 
-class Translator:
-    """Model + tokenizers + DecodeConfig: text lines in, translations out, in input order."""
+def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"
+                             ) -> tuple[Transformer, Tokenizer, Tokenizer]:
+    """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks."""
+    from aiayn.train.checkpoint import load_checkpoint
 
-    def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
+    path = Path(path)
+    return _model_from_checkpoint(load_checkpoint(path, map_location=device), path, device)
+
+
+def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu"
+                              ) -> tuple[list[Transformer], Tokenizer, Tokenizer]:
+    """The models of one or more checkpoints or ensemble files (in order) and their shared tokenizers."""
+    from aiayn.train.checkpoint import ENSEMBLE_FORMAT, load_checkpoint
+
+    models: list[Transformer] = []
+    toks: tuple[Tokenizer, Tokenizer] | None = None
+    first = None
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        path = Path(path)
+        ckpt = load_checkpoint(path, map_location=device, ensemble_ok=True)
+        for n, member in enumerate(ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]):
+            where = path if ckpt["format"] != ENSEMBLE_FORMAT else Path(f"{path} (member {n})")
+            model, src_tok, tgt_tok = _model_from_checkpoint(member, where, device)
+            if toks is None:
+                toks, first = (src_tok, tgt_tok), where
+            elif (src_tok.sha256, tgt_tok.sha256) != (toks[0].sha256, toks[1].sha256):
+                raise UserError(f"{where}: its tokenizers differ from those of {first}; "
+                                f"the models of an ensemble must share one vocabulary")
+            models.append(model)
+    if toks is None:
+        raise UserError("no checkpoint given")
+    return models, toks[0], toks[1]
+
+
+class Translator:
+    """Model(s) + tokenizers + DecodeConfig: text lines in, translations out, in input order.
+
+    Given several models (an ensemble: ``aiayn translate --checkpoint a.pt b.pt``, or an ensemble
+    file), each step's next-token distribution is the mean of theirs (``EnsembleDecoder``). They
+    must share the tokenizers and the special ids. ``model`` is the first of them; attention
+    plots show its attention.
+    """
+
+    def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer,
                  cfg: DecodeConfig = DecodeConfig()):
-        # bf16 decoding: a cast copy of the weights, so the caller's model is left as it was
-        self.model = (copy.deepcopy(model).to(torch.bfloat16) if cfg.precision == "bf16" else model).eval()
+        given = [model] if isinstance(model, Transformer) else list(model)
+        if not given:
+            raise UserError("a Translator needs at least one model")
+        # bf16 decoding: a cast copy of the weights, so the caller's models are left as they were
+        self.models = [(copy.deepcopy(m).to(torch.bfloat16) if cfg.precision == "bf16" else m).eval() for m in given]
+        self.model = self.models[0]
         self.src_tok, self.tgt_tok, self.cfg = src_tok, tgt_tok, cfg
-        m = model.cfg
+        m = given[0].cfg
         self.ids = SpecialIds(pad=m.pad_id, bos=m.bos_id, eos=m.eos_id)
-        self.input_limit = min(cfg.max_input_tokens, m.max_positions) if m.learned_positions else cfg.max_input_tokens
-        self.output_cap = m.max_positions if m.learned_positions else None
-        self.decoder = CachedDecoder(self.model)
+        for other in given[1:]:
+            o = other.cfg
+            if (o.pad_id, o.bos_id, o.eos_id, o.target_vocab_size) != (m.pad_id, m.bos_id, m.eos_id, m.target_vocab_size):
+                raise UserError("the models of an ensemble must share the target vocabulary and its special ids "
+                                f"(pad/bos/eos/size {m.pad_id}/{m.bos_id}/{m.eos_id}/{m.target_vocab_size} against "
+                                f"{o.pad_id}/{o.bos_id}/{o.eos_id}/{o.target_vocab_size})")
+        limits = [min(cfg.max_input_tokens, g.cfg.max_positions) if g.cfg.learned_positions else cfg.max_input_tokens
+                  for g in given]
+        self.input_limit = min(limits)
+        caps = [g.cfg.max_positions for g in given if g.cfg.learned_positions]
+        self.output_cap = min(caps) if caps else None
+        decoders = [CachedDecoder(x) for x in self.models]
+        self.decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, cfg: DecodeConfig = DecodeConfig(),
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], cfg: DecodeConfig = DecodeConfig(),
                         device: str | torch.device = "cpu") -> "Translator":
-        return cls(*load_model_for_inference(path, device), cfg=cfg)
+        """A checkpoint, an ensemble file, or a list of them (an ensemble of all their models)."""
+        return cls(*load_models_for_inference(path, device), cfg=cfg)
 
     @property
     def device(self) -> torch.device:

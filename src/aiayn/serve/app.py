@@ -138,8 +138,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> FastAPI:
     """The service around ``translator`` (its DecodeConfig gives the defaults of every request)."""
     base = replace(translator.cfg, max_input_tokens=cfg.max_sentence_tokens, batch_tokens=cfg.batch_tokens)
-    checker = Translator(translator.model, translator.src_tok, translator.tgt_tok, base)  # encodes + length check
-    batcher = Batcher(translator.model, translator.src_tok, translator.tgt_tok, wait_ms=cfg.batch_wait_ms,
+    checker = Translator(translator.models, translator.src_tok, translator.tgt_tok, base)  # encodes + length check
+    batcher = Batcher(translator.models, translator.src_tok, translator.tgt_tok, wait_ms=cfg.batch_wait_ms,
                       batch_tokens=cfg.batch_tokens, max_queue_sentences=cfg.max_queue_sentences)
     m = translator.model.cfg
 
@@ -156,7 +156,8 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "queued": batcher.queued, "model_calls": batcher.calls,
-                "model": {"n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model},
+                "model": {"n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
+                          "ensemble": len(translator.models)},
                 "defaults": {"beam": base.beam_size, "alpha": base.alpha},
                 "limits": {k: getattr(cfg, k) for k in ("max_sentences", "max_sentence_tokens",
                                                         "max_request_bytes", "max_beam")}}

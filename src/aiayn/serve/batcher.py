@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.config import DecodeConfig
@@ -50,7 +51,7 @@ class _Job:
 class Batcher:
     """Collects requests for ``wait_ms`` (up to ``batch_tokens`` source tokens) into one model call per settings."""
 
-    def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, wait_ms: float = 5.0,
+    def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer, *, wait_ms: float = 5.0,
                  batch_tokens: int = 4096, max_queue_sentences: int = 2048):
         self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
         self.wait_s, self.batch_tokens, self.max_queue = wait_ms / 1000.0, batch_tokens, max_queue_sentences

@@ -8,6 +8,10 @@ A checkpoint is a torch file holding a dict:
   tokenizers: {"src": bytes, "tgt": bytes, "src_sha256": str, "tgt_sha256": str, "shared": bool}
   best_valid_loss, valid (last validation metrics)
 Files in a run directory: ckpt_step00001234.pt (kept: the last K), last.pt, best.pt.
+
+An ensemble file (``ensemble_checkpoint``) holds several models for translation only:
+  format: "aiayn-ensemble-1"; members: a list of checkpoints as above, without training state
+(all with the same tokenizers). Training, resuming and averaging take single checkpoints.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from aiayn.errors import UserError
 
 log = logging.getLogger(__name__)
 FORMAT = "aiayn-checkpoint-1"
+ENSEMBLE_FORMAT = "aiayn-ensemble-1"
+TRAINING_STATE = ("optimizer", "scaler", "rng", "sampler")
 STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
 
 
@@ -54,7 +60,9 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         pass
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    ensemble_ok: bool = False) -> dict:
+    """The checkpoint dict of ``path``; an ensemble file only with ``ensemble_ok`` (translation)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: checkpoint not found")
@@ -62,6 +70,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as exc:  # a truncated or foreign file
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+    if isinstance(ckpt, dict) and ckpt.get("format") == ENSEMBLE_FORMAT:
+        if not ensemble_ok:
+            raise UserError(f"{path}: an ensemble of {len(ckpt.get('members', []))} models, which only "
+                            f"translation reads; training, resuming and averaging take single checkpoints")
+        if not ckpt.get("members"):
+            raise UserError(f"{path}: an ensemble file without members")
+        return ckpt
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
     return ckpt
@@ -108,7 +123,28 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         last = ckpt
     n = len(paths)
     model = {k: (v / n if v.is_floating_point() else v) for k, v in total.items()}
-    out = {k: v for k, v in last.items() if k not in ("optimizer", "scaler", "rng", "sampler")}
+    out = {k: v for k, v in last.items() if k not in TRAINING_STATE}
     out["model"] = model
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def ensemble_checkpoint(paths: list[str | Path]) -> dict:
+    """One file holding the models of ``paths`` (checkpoints or ensemble files), to translate with
+    their ensemble (``aiayn.decode.adapter.EnsembleDecoder``). Their tokenizers must be the same
+    (the members predict over one vocabulary); training state is left out.
+    """
+    if not paths:
+        raise UserError("no checkpoints to put in an ensemble")
+    members: list[dict] = []
+    sources: list[str] = []
+    for p in paths:
+        ckpt = load_checkpoint(p, ensemble_ok=True)
+        for m in ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]:
+            toks, ref = m.get("tokenizers", {}), (members[0].get("tokenizers", {}) if members else None)
+            if ref is not None and any(toks.get(k) != ref.get(k) for k in ("src", "tgt")):
+                raise UserError(f"{p}: its tokenizers differ from those of {sources[0]}; "
+                                f"the members of an ensemble must share one vocabulary")
+            members.append({k: v for k, v in m.items() if k not in TRAINING_STATE})
+            sources.append(str(p))
+    return {"format": ENSEMBLE_FORMAT, "members": members, "ensembled_from": sources}

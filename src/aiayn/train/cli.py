@@ -49,6 +49,14 @@ def run_average(args) -> int:
     return 0
 
 
+def run_ensemble(args) -> int:
+    from aiayn.train.checkpoint import atomic_save, ensemble_checkpoint
+    ens = ensemble_checkpoint([Path(p) for p in args.inputs])
+    atomic_save(ens, args.out)
+    print(f"an ensemble of {len(ens['members'])} model(s) in {args.out}")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "train", help="train a Transformer on a prepared data directory (resumes if --out has a run)",
@@ -70,3 +78,11 @@ def register(sub) -> None:
     a.add_argument("--last", type=int, default=5, help="with a run directory: average its last N step checkpoints")
     a.add_argument("--out", required=True, help="output checkpoint file")
     a.set_defaults(func=run_average)
+
+    e = sub.add_parser("ensemble", help="put several checkpoints into one file that translates with their ensemble",
+                       description="One file holding the models of several checkpoints (averaged or not; they must "
+                                   "share the tokenizers). `aiayn translate --checkpoint FILE` then decodes with the "
+                                   "mean of their next-token probabilities, as with several --checkpoint files.")
+    e.add_argument("inputs", nargs="+", help="checkpoint files (or ensemble files)")
+    e.add_argument("--out", required=True, help="output ensemble file")
+    e.set_defaults(func=run_ensemble)

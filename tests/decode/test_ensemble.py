@@ -1,0 +1,158 @@
+"""Ensembles: the mean of the members' next-token probabilities (``EnsembleDecoder``), ensemble
+files, and `aiayn translate` / `aiayn ensemble` with several checkpoints."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import aiayn.model as M
+from aiayn.cli import main
+from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder, RecomputeDecoder
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import SpecialIds, search
+from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
+from aiayn.train.checkpoint import ENSEMBLE_FORMAT, average_checkpoints, ensemble_checkpoint, load_checkpoint
+
+from tests.decode.stub import EOS, TableDecoder
+from tests.decode.test_adapter import sources
+from tests.decode.test_translator import LINES, make_checkpoint, spm_bytes  # noqa: F401 (fixture)
+
+V = 24
+
+
+def test_the_mean_of_the_members_probabilities_by_hand():
+    # after BOS, member A: p(4) = 0.6, p(5) = 0.4; member B: p(4) = 0.2, p(5) = 0.3, p(6) = 0.5.
+    # The ensemble: p(4) = (0.6 + 0.2) / 2 = 0.4, p(5) = (0.4 + 0.3) / 2 = 0.35, p(6) = (0 + 0.5) / 2 = 0.25;
+    # every other token has probability 0 in both, so -inf.
+    a = TableDecoder({7: {(): {4: 0.6, 5: 0.4}}})
+    b = TableDecoder({7: {(): {4: 0.2, 5: 0.3, 6: 0.5}}})
+    ens = EnsembleDecoder([a, b])
+    src = torch.tensor([[7, EOS]])
+    log_probs, _ = ens.step(torch.tensor([2]), ens.start(src, 5))
+    assert log_probs[0, 4].item() == pytest.approx(math.log(0.4), abs=1e-6)  # -0.916291
+    assert log_probs[0, 5].item() == pytest.approx(math.log(0.35), abs=1e-6)  # -1.049822
+    assert log_probs[0, 6].item() == pytest.approx(math.log(0.25), abs=1e-6)  # -1.386294
+    assert log_probs[0, :4].eq(float("-inf")).all() and log_probs[0, 7].item() == float("-inf")
+
+
+def test_greedy_follows_the_ensemble_not_a_member():
+    # A prefers 4 (0.55), B prefers 5 (0.9): the mean prefers 5 (0.675 against 0.3, and 0.025
+    # for 6); each then ends.
+    ends = {(4,): {EOS: 1.0}, (5,): {EOS: 1.0}, (6,): {EOS: 1.0}}
+    a = TableDecoder({7: {(): {4: 0.55, 5: 0.45}, **ends}})
+    b = TableDecoder({7: {(): {4: 0.05, 5: 0.9, 6: 0.05}, **ends}})
+    cfg, src = DecodeConfig(beam_size=1, alpha=0.0), torch.tensor([[7, EOS]])
+    assert search(a, src, cfg)[0][0].tokens == (4,)
+    hyp = search(EnsembleDecoder([a, b]), src, cfg)[0][0]
+    assert hyp.tokens == (5,) and hyp.log_prob == pytest.approx(math.log(0.675), abs=1e-6)  # (0.45 + 0.9) / 2
+    beam = search(EnsembleDecoder([a, b]), src, DecodeConfig(beam_size=3, alpha=0.0, nbest=3))[0]
+    assert [h.tokens for h in beam] == [(5,), (4,), (6,)]
+    assert [h.log_prob for h in beam] == pytest.approx([math.log(0.675), math.log(0.3), math.log(0.025)], abs=1e-6)
+
+
+def _models(n: int) -> list[M.Transformer]:
+    out = []
+    for seed in range(n):
+        torch.manual_seed(seed)
+        out.append(M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval())
+    return out
+
+
+def test_one_member_is_that_member_bit_for_bit():
+    (model,) = _models(1)
+    cfg = DecodeConfig(beam_size=3, max_len_b=6)
+    single, ens = search(CachedDecoder(model), sources(), cfg), search(EnsembleDecoder([CachedDecoder(model)]), sources(), cfg)
+    assert single == ens
+
+
+def test_two_copies_of_a_model_decode_as_the_model():
+    (model,) = _models(1)
+    cfg = DecodeConfig(beam_size=3, max_len_b=6, nbest=2)
+    single = search(CachedDecoder(model), sources(), cfg)
+    twice = search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(model)]), sources(), cfg)
+    assert [[h.tokens for h in hs] for hs in twice] == [[h.tokens for h in hs] for hs in single]
+    assert [h.score for hs in twice for h in hs] == pytest.approx([h.score for hs in single for h in hs], abs=1e-9)
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=1, max_len_b=6), DecodeConfig(beam_size=4, max_len_b=6, nbest=2)])
+def test_cached_ensemble_equals_recomputed_ensemble(cfg):
+    # the members' caches are reordered with the beams (EnsembleState.reorder); recomputation has no cache
+    models = _models(3)
+    fast = search(EnsembleDecoder([CachedDecoder(m) for m in models]), sources(), cfg)
+    slow = search(EnsembleDecoder([RecomputeDecoder(m) for m in models]), sources(), cfg)
+    assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in slow]
+    assert [h.score for hs in fast for h in hs] == pytest.approx([h.score for hs in slow for h in hs], abs=1e-9)
+    members = [search(CachedDecoder(m), sources(), cfg) for m in models]
+    assert any([[h.tokens for h in hs] for hs in r] != [[h.tokens for h in hs] for hs in fast] for r in members)
+
+
+def test_each_sentence_alone_equals_inside_the_batch():
+    dec = EnsembleDecoder([CachedDecoder(m) for m in _models(2)])
+    cfg = DecodeConfig(beam_size=3, max_len_b=6)
+    src = sources()
+    batch = search(dec, src, cfg)
+    for b in range(src.size(0)):
+        n = int((src[b] != 0).sum())
+        alone = search(dec, src[b:b + 1, :n], cfg)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batch[b]]
+
+
+@pytest.fixture
+def two_ckpts(tmp_path, spm_bytes):  # noqa: F811
+    a = make_checkpoint(tmp_path / "a.pt", spm_bytes)
+    torch.manual_seed(5)  # a second model: other weights, same tokenizer
+    b = make_checkpoint(tmp_path / "b.pt", spm_bytes)
+    ckpt = torch.load(b, weights_only=False)
+    ckpt["model"] = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    ckpt["optimizer"] = {"state": "dropped from ensembles"}
+    torch.save(ckpt, b)
+    return a, b
+
+
+def test_ensemble_file_translates_as_the_checkpoints_together(two_ckpts, tmp_path):
+    a, b = two_ckpts
+    cfg = DecodeConfig(max_len_b=3, beam_size=3)
+    together = Translator.from_checkpoint([a, b], cfg)
+    assert len(together.models) == 2 and isinstance(together.decoder, EnsembleDecoder)
+    torch.save(ensemble_checkpoint([a, b]), tmp_path / "ens.pt")
+    ens = load_checkpoint(tmp_path / "ens.pt", ensemble_ok=True)
+    assert ens["format"] == ENSEMBLE_FORMAT and len(ens["members"]) == 2
+    assert "optimizer" not in ens["members"][1]
+    from_file = Translator.from_checkpoint(tmp_path / "ens.pt", cfg)
+    assert from_file.translate(LINES) == together.translate(LINES)
+    assert together.translate(LINES) != Translator.from_checkpoint(a, cfg).translate(LINES)
+    # an ensemble file inside a list counts each of its members
+    assert len(Translator.from_checkpoint([tmp_path / "ens.pt", a], cfg).models) == 3
+
+
+def test_ensemble_files_are_for_translation_only(two_ckpts, tmp_path, spm_bytes):  # noqa: F811
+    a, b = two_ckpts
+    torch.save(ensemble_checkpoint([a, b]), tmp_path / "ens.pt")
+    with pytest.raises(UserError, match="an ensemble of 2 models"):
+        load_checkpoint(tmp_path / "ens.pt")
+    with pytest.raises(UserError, match="an ensemble of 2 models"):
+        average_checkpoints([tmp_path / "ens.pt"])
+    # members must share the tokenizers
+    other = make_checkpoint(tmp_path / "other.pt", spm_bytes.replace(b"house", b"horse"))
+    with pytest.raises(UserError, match="other.pt: its tokenizers differ"):
+        ensemble_checkpoint([a, other])
+    with pytest.raises(UserError, match="other.pt: its tokenizers differ"):
+        Translator.from_checkpoint([a, other])
+
+
+def test_cli_translate_with_several_checkpoints_and_aiayn_ensemble(two_ckpts, tmp_path, capsys):
+    a, b = two_ckpts
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    expected = Translator.from_checkpoint([a, b], DecodeConfig(max_len_b=3)).translate(LINES)
+    args = ["translate", "--input", str(tmp_path / "in.txt"), "--max-len-b", "3"]
+    assert main(args + ["--checkpoint", a, b]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
+    assert main(["ensemble", a, b, "--out", str(tmp_path / "e.pt")]) == 0
+    assert "an ensemble of 2 model(s)" in capsys.readouterr().out
+    assert main(args + ["--checkpoint", str(tmp_path / "e.pt")]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected
+    assert main(["average", str(tmp_path / "e.pt"), "--out", str(tmp_path / "avg.pt")]) == 2
+    assert "training, resuming and averaging take single checkpoints" in capsys.readouterr().err
