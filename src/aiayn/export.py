@@ -131,8 +131,8 @@ def pieces(tokenizer) -> list[str]:
 def run(args) -> int:
     from aiayn.decode.translator import load_model_for_inference
 
+    model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)  # a bad file is named first
     _require_ct2()
-    model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)
     out = export_ct2(model, pieces(src_tok), pieces(tgt_tok), args.out, args.quantization or None)
     # the tokenizers travel with the model, so the directory is all a user needs
     (out / "source.spm").write_bytes(src_tok.model_bytes)

@@ -155,4 +155,6 @@ def test_cli_translate_with_several_checkpoints_and_aiayn_ensemble(two_ckpts, tm
     assert main(args + ["--checkpoint", str(tmp_path / "e.pt")]) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == expected
     assert main(["average", str(tmp_path / "e.pt"), "--out", str(tmp_path / "avg.pt")]) == 2
-    assert "training, resuming and averaging take single checkpoints" in capsys.readouterr().err
+    assert "training, resuming, averaging and export take single checkpoints" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(tmp_path / "e.pt"), "--out", str(tmp_path / "ct2")]) == 2
+    assert "an ensemble of 2 models" in capsys.readouterr().err

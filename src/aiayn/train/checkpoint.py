@@ -72,8 +72,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
     if isinstance(ckpt, dict) and ckpt.get("format") == ENSEMBLE_FORMAT:
         if not ensemble_ok:
-            raise UserError(f"{path}: an ensemble of {len(ckpt.get('members', []))} models, which only "
-                            f"translation reads; training, resuming and averaging take single checkpoints")
+            raise UserError(f"{path}: an ensemble of {len(ckpt.get('members', []))} models, which only translation "
+                            f"reads (translate, evaluate, serve); training, resuming, averaging and export take "
+                            f"single checkpoints")
         if not ckpt.get("members"):
             raise UserError(f"{path}: an ensemble file without members")
         return ckpt
