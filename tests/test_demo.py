@@ -121,6 +121,11 @@ def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tm
     assert load_checkpoint(out / "model.pt", ensemble_ok=True)["format"] == ENSEMBLE_FORMAT
     tr = Translator.from_checkpoint(out / "model.pt")
     assert len(tr.models) == 2 and len((out / "test_2016.hyp").read_text().splitlines()) == 20
+    # a re-run resumes: no member is trained again
+    mtimes = [(out / "run" / f"member{i}" / "summary.json").stat().st_mtime for i in (1, 2)]
+    assert main(common + ["--set", "train.seed=3"]) == 0
+    assert "training 2 members" not in capsys.readouterr().out
+    assert [(out / "run" / f"member{i}" / "summary.json").stat().st_mtime for i in (1, 2)] == mtimes
     # a member that fails stops the run and names its log
     from aiayn.demo import _train_members
     from aiayn.errors import UserError

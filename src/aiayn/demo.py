@@ -256,9 +256,10 @@ def run_demo(cfg: DemoConfig) -> dict:
         member_dirs = [run_dir]
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
-        print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
-              f"{run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
-        _train_members(data_dir, member_dirs, recipe, sets, run_cfg)
+        if not all((d / "summary.json").exists() for d in member_dirs):
+            print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
+                  f"{run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
+            _train_members(data_dir, member_dirs, recipe, sets, run_cfg)
         summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
         results["train"] = summaries[0]
         results["train_members"] = summaries

@@ -11,7 +11,7 @@ Files in a run directory: ckpt_step00001234.pt (kept: the last K), last.pt, best
 
 An ensemble file (``ensemble_checkpoint``) holds several models for translation only:
   format: "aiayn-ensemble-1"; members: a list of checkpoints as above, without training state
-(all with the same tokenizers). Training, resuming and averaging take single checkpoints.
+(all with the same tokenizers). Training, resuming, averaging and export take single checkpoints.
 """
 from __future__ import annotations
 
