@@ -91,23 +91,14 @@ def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu
 def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu"
                               ) -> tuple[list[Transformer], Tokenizer, Tokenizer]:
     """The models of one or more checkpoints or ensemble files (in order) and their shared tokenizers."""
-    from aiayn.train.checkpoint import ENSEMBLE_FORMAT, load_checkpoint
+    from aiayn.train.checkpoint import checkpoint_members
 
     models: list[Transformer] = []
     toks: tuple[Tokenizer, Tokenizer] | None = None
-    first = None
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        path = Path(path)
-        ckpt = load_checkpoint(path, map_location=device, ensemble_ok=True)
-        for n, member in enumerate(ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]):
-            where = path if ckpt["format"] != ENSEMBLE_FORMAT else Path(f"{path} (member {n})")
-            model, src_tok, tgt_tok = _model_from_checkpoint(member, where, device)
-            if toks is None:
-                toks, first = (src_tok, tgt_tok), where
-            elif (src_tok.sha256, tgt_tok.sha256) != (toks[0].sha256, toks[1].sha256):
-                raise UserError(f"{where}: its tokenizers differ from those of {first}; "
-                                f"the models of an ensemble must share one vocabulary")
-            models.append(model)
+    for label, member in checkpoint_members([paths] if isinstance(paths, (str, Path)) else list(paths), device):
+        model, src_tok, tgt_tok = _model_from_checkpoint(member, Path(label), device)
+        toks = toks or (src_tok, tgt_tok)
+        models.append(model)
     if toks is None:
         raise UserError("no checkpoint given")
     return models, toks[0], toks[1]

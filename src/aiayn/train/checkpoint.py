@@ -130,6 +130,27 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     return out
 
 
+def checkpoint_members(paths: list[str | Path], map_location: str | torch.device = "cpu") -> list[tuple[str, dict]]:
+    """(label, checkpoint dict) of every model in ``paths`` (checkpoints or ensemble files), in
+    order; the members of an ensemble file are labelled "PATH (member N)". Their tokenizers must
+    be the same bytes: the models of an ensemble predict over one vocabulary.
+    """
+    out: list[tuple[str, dict]] = []
+    for p in paths:
+        ckpt = load_checkpoint(p, map_location=map_location, ensemble_ok=True)
+        is_ensemble = ckpt["format"] == ENSEMBLE_FORMAT
+        for n, m in enumerate(ckpt["members"] if is_ensemble else [ckpt]):
+            label = f"{p} (member {n})" if is_ensemble else str(p)
+            if out:
+                first_label, first = out[0]
+                toks, ref = m.get("tokenizers", {}), first.get("tokenizers", {})
+                if any(toks.get(k) != ref.get(k) for k in ("src", "tgt")):
+                    raise UserError(f"{label}: its tokenizers differ from those of {first_label}; "
+                                    f"the models of an ensemble must share one vocabulary")
+            out.append((label, m))
+    return out
+
+
 def ensemble_checkpoint(paths: list[str | Path]) -> dict:
     """One file holding the models of ``paths`` (checkpoints or ensemble files), to translate with
     their ensemble (``aiayn.decode.adapter.EnsembleDecoder``). Their tokenizers must be the same
@@ -137,15 +158,7 @@ def ensemble_checkpoint(paths: list[str | Path]) -> dict:
     """
     if not paths:
         raise UserError("no checkpoints to put in an ensemble")
-    members: list[dict] = []
-    sources: list[str] = []
-    for p in paths:
-        ckpt = load_checkpoint(p, ensemble_ok=True)
-        for m in ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]:
-            toks, ref = m.get("tokenizers", {}), (members[0].get("tokenizers", {}) if members else None)
-            if ref is not None and any(toks.get(k) != ref.get(k) for k in ("src", "tgt")):
-                raise UserError(f"{p}: its tokenizers differ from those of {sources[0]}; "
-                                f"the members of an ensemble must share one vocabulary")
-            members.append({k: v for k, v in m.items() if k not in TRAINING_STATE})
-            sources.append(str(p))
-    return {"format": ENSEMBLE_FORMAT, "members": members, "ensembled_from": sources}
+    members = checkpoint_members(paths)
+    return {"format": ENSEMBLE_FORMAT, "members": [{k: v for k, v in m.items() if k not in TRAINING_STATE}
+                                                   for _, m in members],
+            "ensembled_from": [label for label, _ in members]}
