@@ -248,39 +248,37 @@ def run_demo(cfg: DemoConfig) -> dict:
     if cfg.members < 1:
         raise UserError(f"--members must be at least 1, got {cfg.members}")
     if cfg.members == 1:
-        summary_path = run_dir / "summary.json"
-        if not summary_path.exists():
+        member_dirs = [run_dir]
+        if not (run_dir / "summary.json").exists():
             print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
             train(data_dir, run_dir, run_cfg, progress=True)
-        results["train"] = json.loads(summary_path.read_text())
-        member_dirs = [run_dir]
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
         if not all((d / "summary.json").exists() for d in member_dirs):
             print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
                   f"{run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
             _train_members(data_dir, member_dirs, recipe, sets, run_cfg)
-        summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
-        results["train"] = summaries[0]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
+    results["train"] = summaries[0]
+    if cfg.members > 1:
         results["train_members"] = summaries
-    print(f"[2/7] trained: {', '.join(str(json.loads((d / 'summary.json').read_text())['steps']) for d in member_dirs)} "
-          f"steps, {results['train']['train_seconds']:.0f} s", flush=True)
+    print(f"[2/7] trained: {', '.join(str(t['steps']) for t in summaries)} steps, "
+          f"{results['train']['train_seconds']:.0f} s", flush=True)
 
-    # 3. average
+    # 3. average: each member's last checkpoints (one member: straight into model.pt)
     from aiayn.train.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
     model_path = out / "model.pt"
+    averages, averaged = [], []
+    for d in member_dirs:
+        ckpts = step_checkpoints(d)[-cfg.average_last:]
+        averages.append(model_path if cfg.members == 1 else d / "averaged.pt")
+        atomic_save(average_checkpoints(ckpts), averages[-1])
+        averaged.append([p.relative_to(run_dir).as_posix() for p in ckpts])
     if cfg.members == 1:
-        ckpts = step_checkpoints(run_dir)[-cfg.average_last:]
-        atomic_save(average_checkpoints(ckpts), model_path)
-        results["averaged"] = [p.name for p in ckpts]
-        print(f"[3/7] averaged {len(ckpts)} checkpoints -> {model_path}", flush=True)
+        results["averaged"] = averaged[0]
+        print(f"[3/7] averaged {len(averaged[0])} checkpoints -> {model_path}", flush=True)
     else:
-        averages, results["averaged"] = [], []
-        for d in member_dirs:
-            ckpts = step_checkpoints(d)[-cfg.average_last:]
-            averages.append(d / "averaged.pt")
-            atomic_save(average_checkpoints(ckpts), averages[-1])
-            results["averaged"].append([f"{d.name}/{p.name}" for p in ckpts])
+        results["averaged"] = averaged
         atomic_save(ensemble_checkpoint(averages), model_path)
         print(f"[3/7] averaged the last {cfg.average_last} checkpoints of each member; their ensemble -> {model_path}",
               flush=True)
