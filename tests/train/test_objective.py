@@ -116,3 +116,28 @@ def test_linear_decay_to_zero_golden():
     assert learning_rate(800, 256, 1000, 1.5, 1000, 0.4) == pytest.approx(0.5 * 2.3717082451262845e-03, rel=1e-9)
     assert learning_rate(1000, 256, 1000, 1.5, 1000, 0.4) == 0.0
     assert learning_rate(1000, 256, 1000, 1.5, 1000, 0.0) == pytest.approx(peak, rel=1e-12)  # off: Eq. 3
+
+
+def test_linear_decay_measured_in_wall_time_golden():
+    # The same schedule as above with progress p = max(step / max_steps, time_frac):
+    # d_model 256, warmup 1000, scale 1.5, max_steps 1000, decay over the last 40%.
+    from aiayn.train.objective import learning_rate
+    eq3_200 = 1.5 * 256 ** -0.5 * 200 * 1000 ** -1.5  # 5.9293e-4 (step 200, still warming up)
+    # step 200 is 20% of the steps; 80% of the time budget is gone: ramp (1 - 0.8) / 0.4 = 0.5
+    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, time_frac=0.8) == pytest.approx(0.5 * eq3_200, rel=1e-9)
+    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, time_frac=0.6) == pytest.approx(eq3_200, rel=1e-12)
+    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, time_frac=1.0) == 0.0
+    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, time_frac=1.3) == 0.0  # past the budget: never negative
+    # steps further along than time: the step ramp rules (step 800: 0.5, as above)
+    assert learning_rate(800, 256, 1000, 1.5, 1000, 0.4, time_frac=0.1) == pytest.approx(0.5 * 2.3717082451262845e-03, rel=1e-9)
+    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.0, time_frac=0.9) == pytest.approx(eq3_200, rel=1e-12)  # ramp off
+
+
+def test_lr_decay_by_time_needs_a_ramp_and_a_budget():
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    with pytest.raises(ConfigError, match="lr_decay_by_time"):
+        TrainConfig(lr_decay_by_time=True, lr_decay_frac=0.5)  # no max_time_min
+    with pytest.raises(ConfigError, match="lr_decay_by_time"):
+        TrainConfig(lr_decay_by_time=True, max_time_min=45)  # no ramp
+    assert TrainConfig(lr_decay_by_time=True, lr_decay_frac=0.5, max_time_min=45).lr_decay_by_time

@@ -105,7 +105,8 @@ def test_resume_after_sigkill_gives_the_same_losses(small_data_dir, tmp_path):
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, tmp_path):
     steps = 3
-    extra = ["--set", "model.p_drop=0.0"]
+    # a time budget that is never reached: the ranks still agree on the time every step
+    extra = ["--set", "model.p_drop=0.0", "--set", "train.max_time_min=1000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = tmp_path / "one"
     subprocess.run(_train_cmd(small_data_dir, one, steps, [*extra, "--set", "train.accum_steps=2"]),
@@ -219,3 +220,42 @@ def test_resident_mb_sees_an_allocation():
             "x = torch.ones(64 * 2**20); print(resident_mb() - b)")  # 256 MiB, touched
     grown = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 200 < grown < 400
+
+
+def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_path, monkeypatch):
+    """train.lr_decay_by_time: on a clock where each step takes 10 s, a 1-minute budget runs
+    6 steps (elapsed 0, 10, ..., 50 s before each) and the ramp over the last half of the time
+    scales Eq. 3 by 1, 1, 1, 1, 2/3, 1/3; then the run stops for time, far from max_steps."""
+    from aiayn.train import loop
+    from aiayn.train.objective import learning_rate, noam_lr
+
+    class Clock:
+        now = 1000.0
+
+        @staticmethod
+        def monotonic() -> float:
+            return Clock.now
+
+    seen = []
+
+    def ticking_learning_rate(*args, **kwargs):
+        seen.append(args[-1] if len(args) == 7 else kwargs.get("time_frac", 0.0))
+        lr = learning_rate(*args, **kwargs)
+        Clock.now += 10.0  # the step that follows takes 10 s
+        return lr
+
+    monkeypatch.setattr(loop, "time", Clock)
+    monkeypatch.setattr(loop, "learning_rate", ticking_learning_rate)
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
+            *FAST, "--max-steps", "1000", "--set", "train.log_every_steps=1", "--set", "train.max_time_min=1",
+            "--set", "train.lr_decay_frac=0.5", "--set", "train.lr_decay_by_time=true"]
+    assert main(argv) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_time" and summary["steps"] == 6
+    # seen[0] is the optimizer's construction (step 1, no time); then one call per step
+    assert seen[1:] == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "train_log.jsonl").read_text().splitlines()) if "lr" in r}
+    ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
+    for s in range(1, 7):
+        assert lrs[s] == pytest.approx(noam_lr(s, 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s

@@ -23,6 +23,7 @@ class TrainConfig:
     warmup_steps: int = param(4000, "warmup_steps of Eq. 3")
     lr_scale: float = param(1.0, "factor on Eq. 3 (1 = the paper); the peak rate is lr_scale * d_model^-0.5 * warmup^-0.5")
     lr_decay_frac: float = param(0.0, "multiply Eq. 3 by a linear ramp from 1 to 0 over the last fraction of max_steps (0 = off, the paper); for short fixed-budget runs")
+    lr_decay_by_time: bool = param(False, "measure the lr_decay_frac ramp in max_time_min as well as in max_steps (whichever is further along), so a wall-time-bounded run ends its ramp on any machine")
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
@@ -64,6 +65,8 @@ class TrainConfig:
             raise ConfigError("eps_ls must be in [0, 1)")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
+        if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):
+            raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min > 0")
 
 
 @dataclass(frozen=True)

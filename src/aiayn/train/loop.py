@@ -235,7 +235,11 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     stop_reason = "max_steps"
     model.train()
     while state.step < t.max_steps:
-        if t.max_time_min and (time.monotonic() - t_start) >= 60 * t.max_time_min:
+        # The ranks' mean training time: every rank takes the same stop and learning-rate
+        # decisions (a rank that stopped alone would leave the others waiting in all_reduce).
+        elapsed = (rt.all_reduce_sum([time.monotonic() - t_start], dist, device)[0] / dist.world_size
+                   if t.max_time_min else 0.0)
+        if t.max_time_min and elapsed >= 60 * t.max_time_min:
             stop_reason = "max_time"
             break
         micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m)
@@ -247,7 +251,9 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 break
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         total_tokens, = rt.all_reduce_sum([float(local_tokens)], dist, device)
-        lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
+        time_frac = elapsed / (60 * t.max_time_min) if t.lr_decay_by_time else 0.0
+        lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
+                           time_frac)
         for group in opt.param_groups:
             group["lr"] = lr
         step_loss = step_nll = 0.0

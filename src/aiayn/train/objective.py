@@ -20,17 +20,21 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> f
 
 
 def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0,
-                  max_steps: int = 0, decay_frac: float = 0.0) -> float:
-    """Eq. 3 (``noam_lr``), optionally times a linear ramp to zero over the run's last steps.
+                  max_steps: int = 0, decay_frac: float = 0.0, time_frac: float = 0.0) -> float:
+    """Eq. 3 (``noam_lr``), optionally times a linear ramp to zero over the run's last part.
 
     With ``decay_frac`` f > 0 (a deviation, off by default) the rate is multiplied by
-    min(1, (max_steps - step) / (f * max_steps)): unchanged until step (1 - f) * max_steps,
-    then falling linearly to 0 at ``max_steps``. Short fixed-budget runs end nearer a
-    minimum this way than with Eq. 3's slow step^-0.5 tail (budgeted training).
+    min(1, (1 - p) / f), where p is the run's progress in [0, 1]: p = step / max_steps,
+    or ``time_frac`` (the fraction of the wall-time budget used so far) when that is larger.
+    The rate is unchanged until p = 1 - f, then falls linearly to 0 at p = 1. Short
+    fixed-budget runs end nearer a minimum this way than with Eq. 3's slow step^-0.5 tail
+    (budgeted training). ``time_frac`` makes the ramp end with a wall-time budget on a
+    machine slower than the one ``max_steps`` was chosen for (``train.lr_decay_by_time``).
     """
     lr = noam_lr(step, d_model, warmup_steps, scale)
-    if decay_frac > 0 and max_steps > 0:
-        lr *= max(0.0, min(1.0, (max_steps - step) / (decay_frac * max_steps)))
+    if decay_frac > 0 and (max_steps > 0 or time_frac > 0):
+        progress = max(step / max_steps if max_steps > 0 else 0.0, time_frac)
+        lr *= max(0.0, min(1.0, (1.0 - progress) / decay_frac))
     return lr
 
 
