@@ -66,7 +66,8 @@ class TrainConfig:
         if not 0.0 <= self.lr_decay_frac <= 1.0:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):
-            raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min > 0")
+            raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min > 0 "
+                              "(for a run without a time budget, set train.lr_decay_by_time=false)")
 
 
 @dataclass(frozen=True)
