@@ -15,7 +15,7 @@ import torch
 import aiayn
 from aiayn.cli import main
 from aiayn.train.checkpoint import atomic_save, average_checkpoints, load_checkpoint
-from aiayn.train.objective import label_smoothed_loss, noam_lr
+from aiayn.train.objective import label_smoothed_loss, learning_rate, noam_lr
 
 FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=0",
         "--set", "train.precision=fp32", "--set", "train.threads=1", "--set", "train.max_src_tokens=600",
@@ -35,7 +35,9 @@ def test_copy_task_loss_goes_near_zero():
         src = torch.cat([body, torch.full((32, 1), cfg.eos_id)], 1)
         tgt_in = torch.cat([torch.full((32, 1), cfg.bos_id), body], 1)
         for group in opt.param_groups:
-            group["lr"] = noam_lr(step, cfg.d_model, 100)
+            # Eq. 3 with a ramp to 0 over the second half: with Eq. 3 alone the loss spikes
+            # (0.01-0.3 over steps 250-300, by seed and by CPU), with the ramp it settles near 0.005
+            group["lr"] = learning_rate(step, cfg.d_model, 100, 1.0, 300, 0.5)
         sums = label_smoothed_loss(model(src, tgt_in), src, 0.0, cfg.pad_id)
         loss = sums.loss / sums.n_tokens
         opt.zero_grad()
@@ -148,7 +150,13 @@ def test_fused_adam_matches_the_per_tensor_loop(small_data_dir, tmp_path):
             x, y = torch.cat([x[:hk], x[2 * hk:]]), torch.cat([y[:hk], y[2 * hk:]])
         elif k.endswith("kv_proj.bias"):
             x, y = x[hk:], y[hk:]
-        assert torch.allclose(x, y, atol=1e-6, rtol=1e-5), k
+        # Elsewhere the same noise, smaller: a weight whose gradient is at rounding level moves
+        # by a rounding-dependent fraction of lr (measured on an AMD EPYC: 40 of 16,384 decoder FFN
+        # weights off by up to 9e-6; lr here is about 1.4e-3 a step). A wrong Adam (a beta, the
+        # bias correction, eps) moves most weights by a sizeable part of lr.
+        diff = (x - y).abs()
+        assert diff.max() <= 5e-5 + 1e-5 * y.abs().max(), (k, diff.max())
+        assert (diff > 1e-6).float().mean() < 0.01, (k, (diff > 1e-6).float().mean())
     init = aiayn.Transformer(aiayn.model.ModelConfig(**a["model_config"])).state_dict()
     assert not torch.allclose(init["encoder_layers.0.ffn.w1.weight"], a["model"]["encoder_layers.0.ffn.w1.weight"])
 
