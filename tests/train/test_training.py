@@ -235,7 +235,6 @@ def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_pat
     6 steps (elapsed 0, 10, ..., 50 s before each) and the ramp over the last half of the time
     scales Eq. 3 by 1, 1, 1, 1, 2/3, 1/3; then the run stops for time, far from max_steps."""
     from aiayn.train import loop
-    from aiayn.train.objective import learning_rate, noam_lr
 
     class Clock:
         now = 1000.0
