@@ -57,6 +57,9 @@ class Tokenizer:
                  "bos": self._sp.bos_id(), "eos": self._sp.eos_id()}
         if found != SPECIAL_IDS:
             raise UserError(f"{name}: special ids {found}, expected {SPECIAL_IDS}")
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(model_bytes)
+        self._model_type = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -89,6 +92,24 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """``encode`` over many lines, using SentencePiece's own thread pool."""
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def encode_dropout(self, text: str, p: float) -> list[int]:
+        """Subword ids of ``text`` segmented with BPE-dropout (Provilkov et al., 2020): each merge
+        is skipped with probability ``p`` at every step of the BPE merge loop, so the result is
+        a random finer segmentation of the same text (``p`` = 0: ``encode``; 1: characters).
+        BPE models only (for a unigram model SentencePiece's ``alpha`` means something else).
+        The draws come from SentencePiece's own generator, which cannot be seeded reproducibly
+        across processes (sentencepiece 0.2.3), so they differ from run to run."""
+        if self._model_type != "bpe":
+            raise UserError(f"{self.name}: BPE-dropout needs a BPE model, this one is {self.model_type}")
+        if p <= 0.0:
+            return self.encode(text)
+        return self._sp.encode(text, out_type=int, enable_sampling=True, alpha=float(p), nbest_size=-1)
+
+    @property
+    def model_type(self) -> str:
+        """"bpe" or "unigram" (or another SentencePiece model type, lowercased)."""
+        return self._model_type
 
     def encode_pieces(self, text: str) -> list[str]:
         return self._sp.encode(text, out_type=str)

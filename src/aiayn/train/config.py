@@ -29,6 +29,7 @@ class TrainConfig:
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
     # regularization (§5.4)
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
+    bpe_dropout: float = param(0.0, "BPE-dropout (Provilkov et al., 2020): re-segment every training pair on each read, skipping each BPE merge with this probability; 0 = off (the paper segments once, §5.1); needs a BPE vocabulary")
     # batching (§5.1)
     max_src_tokens: int = param(4096, "source tokens per batch per device, padding included")
     max_tgt_tokens: int = param(4096, "target tokens per batch per device, padding included")
@@ -63,6 +64,8 @@ class TrainConfig:
             raise ConfigError("accum_steps must be >= 1")
         if not 0.0 <= self.eps_ls < 1.0:
             raise ConfigError("eps_ls must be in [0, 1)")
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ConfigError("bpe_dropout must be in [0, 1)")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):

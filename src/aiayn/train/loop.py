@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
-from aiayn.data.dataset import DataDir
+from aiayn.data.dataset import BpeDropoutData, DataDir
 from aiayn.errors import UserError
 from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
@@ -171,6 +171,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     cfg = fit_to_data(cfg, data)
     m = cfg.model
     train_data = data.split("train")
+    if t.bpe_dropout > 0:
+        train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout)
     valid_data = data.split("valid") if "valid" in data.splits else None
     run_dir = Path(run_dir)
     if dist.is_main:
