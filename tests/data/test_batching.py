@@ -178,3 +178,21 @@ def test_sampler_argument_errors(kwargs, message):
 def test_collate_empty_batch():
     with pytest.raises(ValueError, match="empty"):
         collate([])
+
+
+def test_set_lengths_cuts_as_a_new_sampler_would():
+    src, tgt = random_lens()
+    rng = np.random.default_rng(5)
+    src2, tgt2 = src + rng.integers(0, 15, len(src)), tgt + rng.integers(0, 15, len(tgt))  # a BPE-dropout epoch
+    run = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    before = len(run)
+    run.set_epoch(3)
+    run.set_lengths(src2, tgt2)
+    fresh = TokenBatchSampler(src2, tgt2, 250, 250, seed=2, num_replicas=2, rank=1)
+    fresh.set_epoch(3)
+    assert len(run) == len(fresh) > before
+    assert list(run) == list(fresh)
+    assert all(padded(src2, b) <= 250 and padded(tgt2, b) <= 250 for b in run.epoch_batches())
+    assert run.state_dict() == fresh.state_dict()
+    with pytest.raises(ValueError, match="499/499 lengths for 500 examples"):
+        run.set_lengths(src2[:-1], tgt2[:-1])

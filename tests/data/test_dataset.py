@@ -115,3 +115,40 @@ def test_npy_appender_writes_loadable_npy(tmp_path):
 
 def test_token_dtype():
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.int32
+
+
+def test_bpe_dropout_data_follows_its_segmentation(prepared, tmp_path):
+    from aiayn.data.dataset import BpeDropoutData, Segmentation
+    d = DataDir(prepared)
+    train = d.split("train")
+    tok = d.src_tokenizer
+    data = BpeDropoutData(train, tok, tok, 0.1, num_threads=2)
+    assert all(np.array_equal(data[i][s], train[i][s]) for i in range(50) for s in (0, 1))  # stored until use()
+    plain = BpeDropoutData(train, tok, tok, 0.0).sample()
+    assert all(np.array_equal(plain.get("tgt", i), train.tgt(i)) for i in range(len(train)))
+    seg = data.sample()
+    data.use(seg)
+    assert len(data) == len(seg) == len(train)
+    changed = 0
+    for i in range(len(train)):
+        for side, lens in (("src", data.src_lens), ("tgt", data.tgt_lens)):
+            stored, got = getattr(train, side)(i), getattr(data, side)(i)
+            assert got.dtype == np.int64 and len(got) == lens[i]
+            if (stored == 1).any():  # <unk> does not survive decoding: the stored ids are kept
+                assert np.array_equal(got, stored)
+                continue
+            assert tok.decode(got) == tok.decode(stored)
+            changed += not np.array_equal(got, stored)
+    assert changed > len(train)  # most of the 2 x 2,000 sides lose a merge at p = 0.1
+    assert data.tgt_lens.sum() > 1.1 * train.tgt_lens.sum()
+    assert np.array_equal(data.tgt(7), data.tgt(7))  # one segmentation until the next use()
+    other = data.sample()
+    assert any(not np.array_equal(other.get("src", i), seg.get("src", i)) for i in range(20))
+    seg.save(tmp_path / "e" / "epoch00000.npz")
+    back = Segmentation.load(tmp_path / "e" / "epoch00000.npz")
+    assert all(np.array_equal(back.get(s, i), seg.get(s, i)) for s in ("src", "tgt") for i in range(len(seg)))
+    (tmp_path / "bad.npz").write_bytes(b"not npz")
+    with pytest.raises(UserError, match="bad.npz: unreadable BPE-dropout segmentation"):
+        Segmentation.load(tmp_path / "bad.npz")
+    with pytest.raises(UserError, match="a segmentation of 2 pairs for a split of 2000"):
+        data.use(Segmentation({s: (np.arange(3), np.array([0, 1, 3])) for s in ("src", "tgt")}))

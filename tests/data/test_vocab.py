@@ -72,3 +72,30 @@ def test_refuses_missing_or_bad_file(tmp_path):
     (tmp_path / "bad.model").write_bytes(b"not a model")
     with pytest.raises(UserError, match="not a SentencePiece model"):
         Tokenizer.load(tmp_path / "bad.model")
+
+
+def test_bpe_dropout_segments_the_same_text_more_finely(tok, train_lines):
+    lines = [line for line in train_lines[0][:200] + train_lines[1][:200] if 1 not in tok.encode(line)]
+    assert tok.model_type == "bpe"
+    changed = 0
+    for line in lines:
+        plain = tok.encode(line)
+        assert tok.encode_dropout(line, 0.0) == plain
+        chars = tok.encode_dropout(line, 1.0)  # every merge dropped: one piece per character
+        assert "".join(tok.piece(i) for i in chars) == "▁" + normalized(line).replace(" ", "▁")
+        assert all(len(tok.piece(i)) == 1 for i in chars)
+        sampled = tok.encode_dropout(line, 0.1)
+        assert tok.decode(sampled) == tok.decode(plain)
+        assert len(sampled) <= len(chars)  # (it can be shorter than plain: a dropped merge opens another path)
+        changed += sampled != plain
+    assert changed > len(lines) // 2  # at p = 0.1 most sentences lose at least one merge
+
+
+def test_bpe_dropout_needs_a_bpe_model(tmp_path, train_lines):
+    from aiayn.data.vocab import train_sentencepiece
+    path = train_sentencepiece(train_lines[0][:500], tmp_path / "uni.model", vocab_size=300, model_type="unigram",
+                               character_coverage=1.0, num_threads=1)
+    uni = Tokenizer.load(path)
+    assert uni.model_type == "unigram"
+    with pytest.raises(UserError, match="uni.model: BPE-dropout needs a BPE model, this one is unigram"):
+        uni.encode_dropout("a man", 0.1)

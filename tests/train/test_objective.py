@@ -141,3 +141,12 @@ def test_lr_decay_by_time_needs_a_ramp_and_a_budget():
     with pytest.raises(ConfigError, match="lr_decay_by_time"):
         TrainConfig(lr_decay_by_time=True, max_time_min=45)  # no ramp
     assert TrainConfig(lr_decay_by_time=True, lr_decay_frac=0.5, max_time_min=45).lr_decay_by_time
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_bpe_dropout_is_a_probability_below_one(p):
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    with pytest.raises(ConfigError, match=r"bpe_dropout must be in \[0, 1\)"):
+        TrainConfig(bpe_dropout=p)
+    assert TrainConfig(bpe_dropout=0.1).bpe_dropout == 0.1 and TrainConfig().bpe_dropout == 0.0  # off: the paper

@@ -266,3 +266,36 @@ def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_pat
     ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
     for s in range(1, 7):
         assert lrs[s] == pytest.approx(noam_lr(s, 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s
+
+
+@pytest.mark.slow
+def test_bpe_dropout_epochs_are_saved_and_resumed(small_data_dir, tmp_path):
+    """train.bpe_dropout: each epoch's segmentation is written to the run directory before use,
+    a resumed run reads it back (two resumed copies of one run train identically, although
+    SentencePiece's draws are not reproducible), and only the epochs last.pt may need are kept."""
+    import shutil
+    import numpy as np
+    from aiayn.data.dataset import DataDir, Segmentation
+    argv = lambda out, steps: ["train", "--data", str(small_data_dir), "--out", str(out), "--preset", "tiny",  # noqa: E731
+                               "--max-steps", str(steps), "--no-progress", *FAST, "--set", "train.bpe_dropout=0.1",
+                               "--set", "train.max_src_tokens=6000", "--set", "train.max_tgt_tokens=6000",
+                               "--set", "train.save_every_steps=3"]
+    run = tmp_path / "run"
+    assert main(argv(run, 3)) == 0
+    seg_file = run / "bpe_dropout" / "epoch00000.npz"
+    seg = Segmentation.load(seg_file)
+    stored = DataDir(small_data_dir).split("train")
+    assert seg.lens("tgt").sum() > 1.1 * stored.tgt_lens.sum()  # the epoch really was re-segmented
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for out in (run, copy):
+        assert main(argv(out, 6)) == 0
+    a, b = load_checkpoint(run / "last.pt"), load_checkpoint(copy / "last.pt")
+    assert a["step"] == b["step"] == 6 and a["tokens"] == b["tokens"] and a["epoch"] == 0
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert np.array_equal(Segmentation.load(seg_file).lens("src"), seg.lens("src"))  # read back, not re-drawn
+    assert main(argv(run, 30)) == 0  # about 9 batches an epoch: into epoch 3
+    last = load_checkpoint(run / "last.pt")
+    assert last["epoch"] >= 2 and last["run_config"]["train"]["bpe_dropout"] == 0.1
+    assert sorted(f.name for f in (run / "bpe_dropout").iterdir()) == [f"epoch{last['sampler']['epoch']:05d}.npz"]

@@ -103,6 +103,16 @@ class TokenBatchSampler:
     def __len__(self) -> int:
         return len(self._slices) // self.num_replicas
 
+    def set_lengths(self, src_lens: Sequence[int], tgt_lens: Sequence[int]) -> None:
+        """New lengths for the same examples (an epoch's BPE-dropout segmentation): the batches
+        are cut again by the rules above, so their number may change; epoch and position stay."""
+        src_lens, tgt_lens = np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)
+        if src_lens.shape != self.src_lens.shape or tgt_lens.shape != self.tgt_lens.shape:
+            raise ValueError(f"set_lengths: {len(src_lens)}/{len(tgt_lens)} lengths for {len(self.src_lens)} examples")
+        self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        self._longer = np.maximum(src_lens, tgt_lens)
+        self._slices, self.n_oversize = self._cut()
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a different epoch starts from its first batch."""
         if epoch != self.epoch:

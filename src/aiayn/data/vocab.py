@@ -106,6 +106,15 @@ class Tokenizer:
             return self.encode(text)
         return self._sp.encode(text, out_type=int, enable_sampling=True, alpha=float(p), nbest_size=-1)
 
+    def encode_dropout_batch(self, texts: Sequence[str], p: float, num_threads: int = 1) -> list[list[int]]:
+        """``encode_dropout`` over many lines, using SentencePiece's own thread pool."""
+        if self._model_type != "bpe":
+            raise UserError(f"{self.name}: BPE-dropout needs a BPE model, this one is {self._model_type}")
+        if p <= 0.0:
+            return self.encode_batch(texts, num_threads)
+        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=float(p), nbest_size=-1,
+                               num_threads=num_threads)
+
     @property
     def model_type(self) -> str:
         """"bpe" or "unigram" (or another SentencePiece model type, lowercased)."""

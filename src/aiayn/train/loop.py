@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
-from aiayn.data.dataset import BpeDropoutData, DataDir
+from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.errors import UserError
 from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
@@ -121,7 +121,19 @@ def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: Tra
     ck.atomic_save(ckpt, run_dir / "last.pt")  # last, so a resume always finds a complete state
 
 
-def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict) -> TrainState:
+def _segmentation_path(run_dir: Path, epoch: int) -> Path:
+    return run_dir / "bpe_dropout" / f"epoch{epoch:05d}.npz"
+
+
+def _prune_segmentations(run_dir: Path, epoch: int) -> None:
+    """Delete saved BPE-dropout segmentations of epochs before ``epoch`` (last.pt no longer needs them)."""
+    for f in (run_dir / "bpe_dropout").glob("epoch*.npz"):
+        if int(f.stem[len("epoch"):]) < epoch:
+            f.unlink(missing_ok=True)
+
+
+def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
+             segment_epoch=lambda epoch: None) -> TrainState:
     ckpt = ck.load_checkpoint(run_dir / "last.pt")
     saved = run_config_from_dict(ckpt["run_config"])
     if saved.model != cfg.model:
@@ -133,6 +145,7 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     opt.load_state_dict(ckpt["optimizer"])
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
+    segment_epoch(int(ckpt["sampler"]["epoch"]))  # BPE-dropout: the batches are cut on that epoch's lengths
     sampler.load_state_dict(ckpt["sampler"])
     rt.set_rng_state(ckpt["rng"])
     return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
@@ -140,7 +153,8 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
                       train_seconds=ckpt["train_seconds"])
 
 
-def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m) -> list:
+def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
+                  segment_epoch=lambda epoch: None) -> list:
     """Up to n collated batches; an epoch that ends mid-step closes the step early."""
     out = []
     while len(out) < n:
@@ -151,6 +165,7 @@ def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m) -
                 break
             it_state["epoch"] += 1
             sampler.set_epoch(it_state["epoch"])
+            segment_epoch(it_state["epoch"])
             it_state["it"] = iter(sampler)
             it_state["new_epoch"] = True
             continue
@@ -171,8 +186,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     cfg = fit_to_data(cfg, data)
     m = cfg.model
     train_data = data.split("train")
+    bpe = None
     if t.bpe_dropout > 0:
-        train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout)
+        bpe = train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
+                                          num_threads=torch.get_num_threads())
     valid_data = data.split("valid") if "valid" in data.splits else None
     run_dir = Path(run_dir)
     if dist.is_main:
@@ -193,12 +210,28 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         raise UserError(f"{data_dir}: too few training batches for {dist.world_size} device(s)")
     tokenizers = tokenizer_payload(data)
     toks = (data.src_tokenizer, data.tgt_tokenizer)
+
+    def segment_epoch(epoch: int) -> None:
+        """BPE-dropout: the epoch's segmentation, sampled by the main rank and saved in the run
+        directory before any rank uses it (so ranks and resumed runs agree); batches re-cut."""
+        if bpe is None:
+            return
+        path = _segmentation_path(run_dir, epoch)
+        if dist.is_main and not path.exists():
+            bpe.sample().save(path)
+        if dist.enabled:
+            torch.distributed.barrier()
+        bpe.use(Segmentation.load(path))
+        sampler.set_lengths(bpe.src_lens + 1, bpe.tgt_lens + 1)
+
     state = TrainState()
     if (run_dir / "last.pt").exists():
-        state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers)
+        state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers, segment_epoch)
         log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
         if dist.is_main:
             print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
+    else:
+        segment_epoch(state.epoch)
     net = DistributedDataParallel(model) if dist.enabled else model
     if t.compile:
         net = torch.compile(net)
@@ -244,7 +277,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         if t.max_time_min and elapsed >= 60 * t.max_time_min:
             stop_reason = "max_time"
             break
-        micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m)
+        micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m, segment_epoch)
         if it_state["new_epoch"]:
             it_state["new_epoch"] = False
             state.epoch = it_state["epoch"]
@@ -325,6 +358,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
             if dist.is_main:
                 _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
+                if bpe is not None:
+                    _prune_segmentations(run_dir, sampler.epoch)
             last_save = time.monotonic()
         if t.patience and state.bad_validations >= t.patience:
             stop_reason = "patience"
@@ -334,6 +369,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
     if dist.is_main:
         _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
+        if bpe is not None:
+            _prune_segmentations(run_dir, sampler.epoch)
         summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if bar is not None:
