@@ -299,3 +299,19 @@ def test_bpe_dropout_epochs_are_saved_and_resumed(small_data_dir, tmp_path):
     last = load_checkpoint(run / "last.pt")
     assert last["epoch"] >= 2 and last["run_config"]["train"]["bpe_dropout"] == 0.1
     assert sorted(f.name for f in (run / "bpe_dropout").iterdir()) == [f"epoch{last['sampler']['epoch']:05d}.npz"]
+
+
+@pytest.mark.slow
+def test_bpe_dropout_under_two_process_ddp(small_data_dir, tmp_path):
+    """The main rank samples each epoch's segmentation and the other waits for it (a rank with its
+    own draw would cut another number of batches and hang the all-reduce); crossing an epoch."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "ddp"
+    extra = ["--set", "train.bpe_dropout=0.1", "--set", "train.max_src_tokens=3000", "--set", "train.max_tgt_tokens=3000"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "aiayn.cli", *_train_cmd(small_data_dir, out, 14, extra)[3:]]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = load_checkpoint(out / "last.pt")
+    assert last["step"] == 14 and last["epoch"] == 1  # about 6 steps of 2 x 3,000 tokens an epoch
+    assert sorted(f.name for f in (out / "bpe_dropout").iterdir()) == ["epoch00001.npz"]
