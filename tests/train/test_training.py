@@ -283,6 +283,7 @@ def test_bpe_dropout_epochs_are_saved_and_resumed(small_data_dir, tmp_path):
     run = tmp_path / "run"
     assert main(argv(run, 3)) == 0
     seg_file = run / "bpe_dropout" / "epoch00000.npz"
+    copy_seg_file = tmp_path / "copy" / "bpe_dropout" / "epoch00000.npz"
     seg = Segmentation.load(seg_file)
     stored = DataDir(small_data_dir).split("train")
     assert seg.lens("tgt").sum() > 1.1 * stored.tgt_lens.sum()  # the epoch really was re-segmented
@@ -299,6 +300,11 @@ def test_bpe_dropout_epochs_are_saved_and_resumed(small_data_dir, tmp_path):
     last = load_checkpoint(run / "last.pt")
     assert last["epoch"] >= 2 and last["run_config"]["train"]["bpe_dropout"] == 0.1
     assert sorted(f.name for f in (run / "bpe_dropout").iterdir()) == [f"epoch{last['sampler']['epoch']:05d}.npz"]
+    # a lost segmentation file: the epoch is drawn again and restarts, nothing else is lost
+    for f in (copy / "bpe_dropout").iterdir():
+        f.unlink()
+    assert main(argv(copy, 8)) == 0
+    assert load_checkpoint(copy / "last.pt")["step"] == 8 and copy_seg_file.exists()
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ def _prune_segmentations(run_dir: Path, epoch: int) -> None:
 
 
 def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
-             segment_epoch=lambda epoch: None) -> TrainState:
+             segment_epoch=lambda epoch: False) -> TrainState:
     ckpt = ck.load_checkpoint(run_dir / "last.pt")
     saved = run_config_from_dict(ckpt["run_config"])
     if saved.model != cfg.model:
@@ -145,8 +145,14 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     opt.load_state_dict(ckpt["optimizer"])
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
-    segment_epoch(int(ckpt["sampler"]["epoch"]))  # BPE-dropout: the batches are cut on that epoch's lengths
-    sampler.load_state_dict(ckpt["sampler"])
+    sampler_state = ckpt["sampler"]
+    # BPE-dropout: the batches are cut on the saved epoch's lengths. If its segmentation file is
+    # gone, the epoch is drawn again, cut into other batches, and restarted from its first one.
+    if segment_epoch(int(sampler_state["epoch"])) and sampler_state["n_batches"] != len(sampler):
+        log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
+                    "that epoch starts over", run_dir, sampler_state["epoch"])
+        sampler_state = {**sampler_state, "n_batches": len(sampler), "position": 0}
+    sampler.load_state_dict(sampler_state)
     rt.set_rng_state(ckpt["rng"])
     return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
                       best_valid_loss=ckpt["best_valid_loss"], bad_validations=ckpt["bad_validations"],
@@ -154,7 +160,7 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
 
 
 def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
-                  segment_epoch=lambda epoch: None) -> list:
+                  segment_epoch=lambda epoch: False) -> list:
     """Up to n collated batches; an epoch that ends mid-step closes the step early."""
     out = []
     while len(out) < n:
@@ -211,11 +217,12 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     tokenizers = tokenizer_payload(data)
     toks = (data.src_tokenizer, data.tgt_tokenizer)
 
-    def segment_epoch(epoch: int) -> None:
+    def segment_epoch(epoch: int) -> bool:
         """BPE-dropout: the epoch's segmentation, sampled by the main rank and saved in the run
-        directory before any rank uses it (so ranks and resumed runs agree); batches re-cut."""
+        directory before any rank uses it (so ranks and resumed runs agree); batches re-cut.
+        Returns whether BPE-dropout is on."""
         if bpe is None:
-            return
+            return False
         path = _segmentation_path(run_dir, epoch)
         if dist.is_main and not path.exists():
             bpe.sample().save(path)
@@ -223,6 +230,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             torch.distributed.barrier()
         bpe.use(Segmentation.load(path))
         sampler.set_lengths(bpe.src_lens + 1, bpe.tgt_lens + 1)
+        return True
 
     state = TrainState()
     if (run_dir / "last.pt").exists():
