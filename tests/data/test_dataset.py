@@ -152,3 +152,16 @@ def test_bpe_dropout_data_follows_its_segmentation(prepared, tmp_path):
         Segmentation.load(tmp_path / "bad.npz")
     with pytest.raises(UserError, match="a segmentation of 2 pairs for a split of 2000"):
         data.use(Segmentation({s: (np.arange(3), np.array([0, 1, 3])) for s in ("src", "tgt")}))
+
+
+def test_bpe_dropout_on_the_source_side_only(prepared):
+    from aiayn.data.dataset import BpeDropoutData
+    d = DataDir(prepared)
+    train = d.split("train")
+    data = BpeDropoutData(train, d.src_tokenizer, d.tgt_tokenizer, 0.1, sides=("src",))
+    seg = data.sample()
+    assert np.array_equal(seg.lens("tgt"), train.tgt_lens)
+    assert all(np.array_equal(seg.get("tgt", i), train.tgt(i)) for i in range(len(train)))
+    assert seg.lens("src").sum() > 1.1 * train.src_lens.sum()
+    with pytest.raises(ValueError, match="sides must be among src, tgt"):
+        BpeDropoutData(train, d.src_tokenizer, d.tgt_tokenizer, 0.1, sides=("source",))

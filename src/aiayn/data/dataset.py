@@ -176,46 +176,45 @@ class BpeDropoutData:
     """
 
     def __init__(self, data: ParallelData, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, p: float,
-                 num_threads: int = 1):
+                 num_threads: int = 1, sides: tuple[str, ...] = ("src", "tgt")):
+        if not set(sides) <= {"src", "tgt"}:
+            raise ValueError(f"sides must be among src, tgt; got {sides!r}")
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"BPE-dropout probability must be in [0, 1], got {p}")
         for tok in (src_tokenizer, tgt_tokenizer):
             if tok.model_type != "bpe":
                 raise UserError(f"{tok.name}: BPE-dropout needs a BPE model, this one is {tok.model_type}")
-        self.data, self.p, self.num_threads = data, float(p), int(num_threads)
+        self.data, self.p, self.num_threads, self.sides = data, float(p), int(num_threads), tuple(sides)
         self.name = data.name
         self.tokenizers = {"src": src_tokenizer, "tgt": tgt_tokenizer}
-        self._texts: dict[str, list[str | None]] | None = None
+        self._texts: dict[str, list[str | None]] = {}
         self.segmentation: Segmentation | None = None
         self.src_lens, self.tgt_lens = data.src_lens, data.tgt_lens
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def _stored_texts(self) -> dict[str, list[str | None]]:
-        """Each side's text per pair, decoded once; None where the stored ids hold <unk>."""
-        if self._texts is None:
-            self._texts = {}
-            for side in ("src", "tgt"):
-                tok, get = self.tokenizers[side], getattr(self.data, side)
-                rows = (get(i) for i in range(len(self.data)))
-                self._texts[side] = [None if (ids == UNK_ID).any() else tok.decode(ids) for ids in rows]
-        return self._texts
+    def _stored_texts(self, side: str) -> list[str | None]:
+        """One side's text per pair, decoded once; None where the stored ids hold <unk>."""
+        if side not in self._texts:
+            tok, get = self.tokenizers[side], getattr(self.data, side)
+            rows = (get(i) for i in range(len(self.data)))
+            self._texts[side] = [None if (ids == UNK_ID).any() else tok.decode(ids) for ids in rows]
+        return self._texts[side]
 
     def sample(self) -> "Segmentation":
-        """A new BPE-dropout segmentation of every pair (SentencePiece's thread pool)."""
-        texts = self._stored_texts()
+        """A new BPE-dropout segmentation of every pair (SentencePiece's thread pool); a side not
+        in ``sides`` keeps its stored segmentation."""
         arrays = {}
         for side in ("src", "tgt"):
-            tok, get = self.tokenizers[side], getattr(self.data, side)
-            todo = [i for i, t in enumerate(texts[side]) if t is not None]
-            sampled = tok.encode_dropout_batch([texts[side][i] for i in todo], self.p, self.num_threads)
-            rows: list = [None] * len(self.data)
-            for i, ids in zip(todo, sampled):
-                rows[i] = ids
-            for i, t in enumerate(texts[side]):
-                if t is None:
-                    rows[i] = get(i)
+            get = getattr(self.data, side)
+            rows: list = [get(i) for i in range(len(self.data))]
+            if side in self.sides:
+                texts = self._stored_texts(side)
+                todo = [i for i, t in enumerate(texts) if t is not None]
+                sampled = self.tokenizers[side].encode_dropout_batch([texts[i] for i in todo], self.p, self.num_threads)
+                for i, ids in zip(todo, sampled):
+                    rows[i] = ids
             lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
             offsets = np.zeros(len(rows) + 1, dtype=np.int64)
             np.cumsum(lens, out=offsets[1:])

@@ -195,7 +195,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     bpe = None
     if t.bpe_dropout > 0:
         bpe = train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
-                                          num_threads=torch.get_num_threads())
+                                          num_threads=torch.get_num_threads(),
+                                          sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
     valid_data = data.split("valid") if "valid" in data.splits else None
     run_dir = Path(run_dir)
     if dist.is_main:
