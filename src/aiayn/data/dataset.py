@@ -245,6 +245,19 @@ class Segmentation:
     def __init__(self, arrays: dict[str, tuple[np.ndarray, np.ndarray]]):
         self.arrays = arrays
 
+    @staticmethod
+    def path(run_dir: Path, epoch: int) -> Path:
+        """Where a training run keeps an epoch's segmentation."""
+        return Path(run_dir) / "bpe_dropout" / f"epoch{epoch:05d}.npz"
+
+    @staticmethod
+    def prune(run_dir: Path, epoch: int) -> None:
+        """Delete a run's saved segmentations of epochs before ``epoch`` (no checkpoint from
+        ``epoch`` on needs them)."""
+        for f in (Path(run_dir) / "bpe_dropout").glob("epoch*.npz"):
+            if int(f.stem[len("epoch"):]) < epoch:
+                f.unlink(missing_ok=True)
+
     def __len__(self) -> int:
         return len(self.arrays["src"][1]) - 1
 

@@ -121,17 +121,6 @@ def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: Tra
     ck.atomic_save(ckpt, run_dir / "last.pt")  # last, so a resume always finds a complete state
 
 
-def _segmentation_path(run_dir: Path, epoch: int) -> Path:
-    return run_dir / "bpe_dropout" / f"epoch{epoch:05d}.npz"
-
-
-def _prune_segmentations(run_dir: Path, epoch: int) -> None:
-    """Delete saved BPE-dropout segmentations of epochs before ``epoch`` (last.pt no longer needs them)."""
-    for f in (run_dir / "bpe_dropout").glob("epoch*.npz"):
-        if int(f.stem[len("epoch"):]) < epoch:
-            f.unlink(missing_ok=True)
-
-
 def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
              segment_epoch=lambda epoch: False) -> TrainState:
     ckpt = ck.load_checkpoint(run_dir / "last.pt")
@@ -224,7 +213,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         Returns whether BPE-dropout is on."""
         if bpe is None:
             return False
-        path = _segmentation_path(run_dir, epoch)
+        path = Segmentation.path(run_dir, epoch)
         if dist.is_main and not path.exists():
             bpe.sample().save(path)
         if dist.enabled:
@@ -368,7 +357,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             if dist.is_main:
                 _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
                 if bpe is not None:
-                    _prune_segmentations(run_dir, sampler.epoch)
+                    Segmentation.prune(run_dir, sampler.epoch)
             last_save = time.monotonic()
         if t.patience and state.bad_validations >= t.patience:
             stop_reason = "patience"
@@ -379,7 +368,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     if dist.is_main:
         _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
         if bpe is not None:
-            _prune_segmentations(run_dir, sampler.epoch)
+            Segmentation.prune(run_dir, sampler.epoch)
         summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if bar is not None:
