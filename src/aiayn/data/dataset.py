@@ -156,7 +156,6 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-
 class BpeDropoutData:
     """A train split re-segmented with BPE-dropout (Provilkov et al., 2020) once per epoch.
 
