@@ -80,11 +80,11 @@ def test_bpe_dropout_segments_the_same_text_more_finely(tok, train_lines):
     changed = 0
     for line in lines:
         plain = tok.encode(line)
-        assert tok.encode_dropout(line, 0.0) == plain
-        chars = tok.encode_dropout(line, 1.0)  # every merge dropped: one piece per character
+        assert tok.encode_dropout([line], 0.0) == [plain]
+        chars, = tok.encode_dropout([line], 1.0)  # every merge dropped: one piece per character
         assert "".join(tok.piece(i) for i in chars) == "▁" + normalized(line).replace(" ", "▁")
         assert all(len(tok.piece(i)) == 1 for i in chars)
-        sampled = tok.encode_dropout(line, 0.1)
+        sampled, = tok.encode_dropout([line], 0.1)
         assert tok.decode(sampled) == tok.decode(plain)
         assert len(sampled) <= len(chars)  # (it can be shorter than plain: a dropped merge opens another path)
         changed += sampled != plain
@@ -98,4 +98,4 @@ def test_bpe_dropout_needs_a_bpe_model(tmp_path, train_lines):
     uni = Tokenizer.load(path)
     assert uni.model_type == "unigram"
     with pytest.raises(UserError, match="uni.model: BPE-dropout needs a BPE model, this one is unigram"):
-        uni.encode_dropout("a man", 0.1)
+        uni.encode_dropout(["a man"], 0.1)

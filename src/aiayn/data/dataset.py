@@ -160,7 +160,7 @@ class BpeDropoutData:
     """A train split re-segmented with BPE-dropout (Provilkov et al., 2020) once per epoch.
 
     The paper segments the corpus once (§5.1). Here ``sample()`` decodes every stored pair back
-    to text and encodes it again with ``Tokenizer.encode_dropout(text, p)`` (each BPE merge
+    to text and encodes it again with ``Tokenizer.encode_dropout(texts, p)`` (each BPE merge
     skipped with probability p), giving a ``Segmentation`` of the whole split; ``use(seg)``
     makes ``data[i]``, ``src_lens`` and ``tgt_lens`` follow it, so batches are cut on the
     lengths the model will see (cutting on the stored lengths instead padded Multi30k's
@@ -211,7 +211,7 @@ class BpeDropoutData:
             if side in self.sides:
                 texts = self._stored_texts(side)
                 todo = [i for i, t in enumerate(texts) if t is not None]
-                sampled = self.tokenizers[side].encode_dropout_batch([texts[i] for i in todo], self.p, self.num_threads)
+                sampled = self.tokenizers[side].encode_dropout([texts[i] for i in todo], self.p, self.num_threads)
                 for i, ids in zip(todo, sampled):
                     rows[i] = ids
             lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))

@@ -93,21 +93,13 @@ class Tokenizer:
         """``encode`` over many lines, using SentencePiece's own thread pool."""
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
-    def encode_dropout(self, text: str, p: float) -> list[int]:
-        """Subword ids of ``text`` segmented with BPE-dropout (Provilkov et al., 2020): each merge
+    def encode_dropout(self, texts: Sequence[str], p: float, num_threads: int = 1) -> list[list[int]]:
+        """Subword ids of each line segmented with BPE-dropout (Provilkov et al., 2020): each merge
         is skipped with probability ``p`` at every step of the BPE merge loop, so the result is
-        a random finer segmentation of the same text (``p`` = 0: ``encode``; 1: characters).
-        BPE models only (for a unigram model SentencePiece's ``alpha`` means something else).
-        The draws come from SentencePiece's own generator, which cannot be seeded reproducibly
-        across processes (sentencepiece 0.2.3), so they differ from run to run."""
-        if self._model_type != "bpe":
-            raise UserError(f"{self.name}: BPE-dropout needs a BPE model, this one is {self.model_type}")
-        if p <= 0.0:
-            return self.encode(text)
-        return self._sp.encode(text, out_type=int, enable_sampling=True, alpha=float(p), nbest_size=-1)
-
-    def encode_dropout_batch(self, texts: Sequence[str], p: float, num_threads: int = 1) -> list[list[int]]:
-        """``encode_dropout`` over many lines, using SentencePiece's own thread pool."""
+        a random segmentation of the same text, usually finer (``p`` = 0: ``encode``; 1:
+        characters). SentencePiece's own thread pool. BPE models only (for a unigram model
+        SentencePiece's ``alpha`` means something else). The draws come from SentencePiece's
+        generator, which cannot be seeded reproducibly across processes (sentencepiece 0.2.3)."""
         if self._model_type != "bpe":
             raise UserError(f"{self.name}: BPE-dropout needs a BPE model, this one is {self._model_type}")
         if p <= 0.0:
