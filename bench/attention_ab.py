@@ -1,0 +1,55 @@
+"""In-loop A/B of the attention used while decoding: SDPA (aiayn's) against the explicit form.
+
+    python bench/attention_ab.py SIZE MODE VARIANT N     # e.g. small fp32 explicit 5
+
+SIZE small | base, MODE fp32 | bf16w, VARIANT sdpa | explicit | explicit_f32 | math. One process:
+the translation benchmark's beam search (64 sentences x 20 tokens, beam 4, output forced to 69
+tokens) with aiayn's process settings, one warm-up call, then N timed calls (seconds printed).
+Run the variants in alternating processes on an idle machine (BENCHMARKS.md §2, session 12).
+"""
+import sys, time
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aiayn.hugepages import use_huge_pages
+use_huge_pages()
+import torch
+from aiayn.denormals import flush_denormals
+flush_denormals()
+torch.set_num_threads(2)
+from aiayn.allocator import reuse_freed_memory
+reuse_freed_memory()
+import aiayn.model.attention as A
+
+size, mode, variant, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if variant == "explicit":
+    orig = A.attention_fast
+    def fast(q, k, v, mask, is_causal, p_drop=0.0, training=False):
+        if training or is_causal:
+            return orig(q, k, v, mask, is_causal, p_drop, training)
+        s = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(s, -1), v)
+    A.attention_fast = fast
+elif variant == "explicit_f32":
+    orig = A.attention_fast
+    def fast(q, k, v, mask, is_causal, p_drop=0.0, training=False):
+        if training or is_causal:
+            return orig(q, k, v, mask, is_causal, p_drop, training)
+        dt = q.dtype
+        q, k, v = q.float(), k.float(), v.float()
+        s = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(s, -1), v).to(dt)
+    A.attention_fast = fast
+elif variant == "math":
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    ctx = sdpa_kernel([SDPBackend.MATH]); ctx.__enter__()
+from translate_throughput import build_aiayn
+run = build_aiayn(size, mode, 64, 20, 69, 4)
+run()
+ts = []
+for _ in range(n):
+    t0 = time.perf_counter(); run(); ts.append(time.perf_counter() - t0)
+print(variant, mode, size, " ".join(f"{t:.3f}" for t in ts), "min %.3f" % min(ts), flush=True)
