@@ -26,14 +26,13 @@ so opening a 4.5M-pair corpus costs only the offsets.
 from __future__ import annotations
 
 import json
-import os
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION
+from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, atomic_write
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, Tokenizer
 from aiayn.errors import UserError
 
@@ -270,13 +269,9 @@ class Segmentation:
     def save(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        with open(tmp, "wb") as f:
-            np.savez(f, **{f"{side}_{name}": a for side, (tok, off) in self.arrays.items()
-                           for name, a in (("tokens", tok.astype(np.int32)), ("offsets", off))})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        arrays = {f"{side}_{name}": a for side, (tok, off) in self.arrays.items()
+                  for name, a in (("tokens", tok.astype(np.int32)), ("offsets", off))}
+        atomic_write(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
     def load(cls, path: Path) -> "Segmentation":

@@ -24,7 +24,7 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -76,6 +76,33 @@ class NpyAppender:
 
     def abort(self) -> None:
         self._f.close()
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write`` on a temporary file in the same directory, fsync, then rename over ``path``.
+
+    A kill at any moment leaves either the old file or the new one, never a torn file.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+    except OSError:
+        pass
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -16,14 +16,13 @@ An ensemble file (``ensemble_checkpoint``) holds several models for translation 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from aiayn.data.store import atomic_write
 from aiayn.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -34,30 +33,9 @@ STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over ``path``.
-
-    A kill at any moment leaves either the old file or the new one, never a torn file.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        os.fsync(dfd)
-        os.close(dfd)
-    except OSError:
-        pass
+    """``torch.save`` through ``atomic_write``: a kill at any moment leaves either the old file or
+    the new one, never a torn file."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
