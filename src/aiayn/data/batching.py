@@ -45,10 +45,9 @@ class TokenBatchSampler:
     def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_src_tokens: int,
                  max_tgt_tokens: int, seed: int = 1, shuffle: bool = True, num_replicas: int = 1,
                  rank: int = 0, drop_oversize: bool = False):
-        self.src_lens = np.asarray(src_lens, dtype=np.int64)
-        self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
-        if self.src_lens.shape != self.tgt_lens.shape:
-            raise ValueError(f"src_lens has {len(self.src_lens)} entries, tgt_lens {len(self.tgt_lens)}")
+        src_lens, tgt_lens = np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)
+        if src_lens.shape != tgt_lens.shape:
+            raise ValueError(f"src_lens has {len(src_lens)} entries, tgt_lens {len(tgt_lens)}")
         if max_src_tokens <= 0 or max_tgt_tokens <= 0:
             raise ValueError("max_src_tokens and max_tgt_tokens must be positive")
         if not 0 <= rank < num_replicas:
@@ -60,7 +59,11 @@ class TokenBatchSampler:
         self.epoch = 0
         self._position = 0  # batches of this epoch handed out by the current iteration
         self._skip = 0  # batches the next __iter__ skips (set by load_state_dict only)
-        self._longer = np.maximum(self.src_lens, self.tgt_lens)
+        self._set_lengths(src_lens, tgt_lens)
+
+    def _set_lengths(self, src_lens: np.ndarray, tgt_lens: np.ndarray) -> None:
+        self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        self._longer = np.maximum(src_lens, tgt_lens)
         self._slices, self.n_oversize = self._cut()
 
     def _sorted_order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator | None]:
@@ -109,9 +112,7 @@ class TokenBatchSampler:
         src_lens, tgt_lens = np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)
         if src_lens.shape != self.src_lens.shape or tgt_lens.shape != self.tgt_lens.shape:
             raise ValueError(f"set_lengths: {len(src_lens)}/{len(tgt_lens)} lengths for {len(self.src_lens)} examples")
-        self.src_lens, self.tgt_lens = src_lens, tgt_lens
-        self._longer = np.maximum(src_lens, tgt_lens)
-        self._slices, self.n_oversize = self._cut()
+        self._set_lengths(src_lens, tgt_lens)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a different epoch starts from its first batch."""
