@@ -206,13 +206,13 @@ class BpeDropoutData:
         arrays = {}
         for side in ("src", "tgt"):
             get = getattr(self.data, side)
-            rows: list = [get(i) for i in range(len(self.data))]
             if side in self.sides:
                 texts = self._stored_texts(side)
-                todo = [i for i, t in enumerate(texts) if t is not None]
-                sampled = self.tokenizers[side].encode_dropout([texts[i] for i in todo], self.p, self.num_threads)
-                for i, ids in zip(todo, sampled):
-                    rows[i] = ids
+                sampled = iter(self.tokenizers[side].encode_dropout([t for t in texts if t is not None], self.p,
+                                                                    self.num_threads))
+                rows: list = [get(i) if t is None else next(sampled) for i, t in enumerate(texts)]
+            else:
+                rows = [get(i) for i in range(len(self.data))]
             lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
             offsets = np.zeros(len(rows) + 1, dtype=np.int64)
             np.cumsum(lens, out=offsets[1:])
