@@ -1,11 +1,13 @@
-"""In-loop A/B of the attention used while decoding: SDPA (aiayn's) against the explicit form.
+"""In-loop A/Bs of decoding (BENCHMARKS.md §2, session 12): the attention kernel, and the thread
+and batch split of ``bench/decode_split_ab.sh``.
 
-    python bench/attention_ab.py SIZE MODE VARIANT N     # e.g. small fp32 explicit 5
+    python bench/decode_ab.py SIZE MODE VARIANT N [THREADS BATCH]   # e.g. small fp32 explicit 5
 
-SIZE small | base, MODE fp32 | bf16w, VARIANT sdpa | explicit | explicit_f32 | math. One process:
-the translation benchmark's beam search (64 sentences x 20 tokens, beam 4, output forced to 69
-tokens) with aiayn's process settings, one warm-up call, then N timed calls (seconds printed).
-Run the variants in alternating processes on an idle machine (BENCHMARKS.md §2, session 12).
+SIZE small | base, MODE fp32 | bf16w, VARIANT sdpa (aiayn's) | explicit | explicit_f32 | math;
+THREADS 2 and BATCH 64 by default. One process: the translation benchmark's beam search (BATCH
+sentences x 20 tokens, beam 4, output forced to 69 tokens) with aiayn's process settings, one
+warm-up call, then N timed calls (seconds printed, with their minimum and median). Run the
+variants in alternating processes on an idle machine.
 """
 import sys, time
 from pathlib import Path
@@ -15,12 +17,13 @@ use_huge_pages()
 import torch
 from aiayn.denormals import flush_denormals
 flush_denormals()
-torch.set_num_threads(2)
+size, mode, variant, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+threads, batch = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 5 else (2, 64)
+torch.set_num_threads(threads)
 from aiayn.allocator import reuse_freed_memory
 reuse_freed_memory()
 import aiayn.model.attention as A
 
-size, mode, variant, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 if variant == "explicit":
     orig = A.attention_fast
     def fast(q, k, v, mask, is_causal, p_drop=0.0, training=False):
@@ -47,9 +50,10 @@ elif variant == "math":
     from torch.nn.attention import sdpa_kernel, SDPBackend
     ctx = sdpa_kernel([SDPBackend.MATH]); ctx.__enter__()
 from translate_throughput import build_aiayn
-run = build_aiayn(size, mode, 64, 20, 69, 4)
+run = build_aiayn(size, mode, batch, 20, 69, 4)
 run()
 ts = []
 for _ in range(n):
     t0 = time.perf_counter(); run(); ts.append(time.perf_counter() - t0)
-print(variant, mode, size, " ".join(f"{t:.3f}" for t in ts), "min %.3f" % min(ts), flush=True)
+print(variant, mode, size, f"threads={threads} batch={batch}", " ".join(f"{t:.3f}" for t in ts),
+      "min %.3f" % min(ts), "median %.3f" % sorted(ts)[len(ts) // 2], flush=True)
