@@ -230,10 +230,10 @@ def test_resident_mb_sees_an_allocation():
     assert 200 < grown < 400
 
 
-def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_path, monkeypatch):
-    """train.lr_decay_by_time: on a clock where each step takes 10 s, a 1-minute budget runs
-    6 steps (elapsed 0, 10, ..., 50 s before each) and the ramp over the last half of the time
-    scales Eq. 3 by 1, 1, 1, 1, 2/3, 1/3; then the run stops for time, far from max_steps."""
+def _run_on_a_ticking_clock(small_data_dir, run, monkeypatch, *sets: str):
+    """Train the tiny preset on a clock where each step takes 10 s, with a 1-minute budget, up
+    to 1000 steps and a ramp over the last half; return the summary, the time fractions the
+    loop passed to learning_rate at each step, and the logged rate of each step."""
     from aiayn.train import loop
 
     class Clock:
@@ -246,26 +246,49 @@ def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_pat
     seen = []
 
     def ticking_learning_rate(*args, **kwargs):
-        seen.append(args[-1] if len(args) == 7 else kwargs.get("time_frac", 0.0))
+        seen.append(args[6] if len(args) > 6 else kwargs.get("time_frac", 0.0))
         lr = learning_rate(*args, **kwargs)
         Clock.now += 10.0  # the step that follows takes 10 s
         return lr
 
     monkeypatch.setattr(loop, "time", Clock)
     monkeypatch.setattr(loop, "learning_rate", ticking_learning_rate)
-    run = tmp_path / "run"
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
             *FAST, "--max-steps", "1000", "--set", "train.log_every_steps=1", "--set", "train.max_time_min=1",
-            "--set", "train.lr_decay_frac=0.5", "--set", "train.lr_decay_by_time=true"]
+            "--set", "train.lr_decay_frac=0.5", *[a for kv in sets for a in ("--set", kv)]]
     assert main(argv) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_time" and summary["steps"] == 6
-    # seen[0] is the optimizer's construction (step 1, no time); then one call per step
-    assert seen[1:] == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
     lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "train_log.jsonl").read_text().splitlines()) if "lr" in r}
+    # seen[0] is the optimizer's construction (step 1, no time); then one call per step
+    return summary, seen[1:], lrs
+
+
+def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_path, monkeypatch):
+    """train.lr_decay_by_time: on a clock where each step takes 10 s, a 1-minute budget runs
+    6 steps (elapsed 0, 10, ..., 50 s before each) and the ramp over the last half of the time
+    scales Eq. 3 by 1, 1, 1, 1, 2/3, 1/3; then the run stops for time, far from max_steps."""
+    summary, seen, lrs = _run_on_a_ticking_clock(small_data_dir, tmp_path / "run", monkeypatch,
+                                                 "train.lr_decay_by_time=true")
+    assert summary["stop_reason"] == "max_time" and summary["steps"] == 6
+    assert seen == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
     ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
     for s in range(1, 7):
         assert lrs[s] == pytest.approx(noam_lr(s, 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s
+
+
+def test_whole_schedule_measured_in_wall_time(small_data_dir, tmp_path, monkeypatch):
+    """train.lr_schedule_by_time: the same clock and budget, and Eq. 3 itself is taken at
+    step' = max(step, time_frac * 1000): steps 1..6 see step' = 1, 166.7, 333.3, 500, 666.7,
+    833.3 (the tiny preset's warmup of 50 is long over by step 2), times the same ramp."""
+    summary, seen, lrs = _run_on_a_ticking_clock(small_data_dir, tmp_path / "run", monkeypatch,
+                                                 "train.lr_schedule_by_time=true")
+    assert summary["stop_reason"] == "max_time" and summary["steps"] == 6
+    assert seen == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
+    step_ = [1, 1000 / 6, 2000 / 6, 500, 4000 / 6, 5000 / 6]
+    ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
+    for s in range(1, 7):
+        assert lrs[s] == pytest.approx(noam_lr(step_[s - 1], 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s
+    assert lrs[3] == pytest.approx(3.0 ** 0.5 / 8 / 1000 ** 0.5, rel=1e-9)  # 64^-0.5 * (1000/3)^-0.5 = 6.8465e-3
 
 
 @pytest.mark.slow

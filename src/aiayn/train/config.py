@@ -24,6 +24,7 @@ class TrainConfig:
     lr_scale: float = param(1.0, "factor on Eq. 3 (1 = the paper); the peak rate is lr_scale * d_model^-0.5 * warmup^-0.5")
     lr_decay_frac: float = param(0.0, "multiply Eq. 3 by a linear ramp from 1 to 0 over the last fraction of max_steps (0 = off, the paper); for short fixed-budget runs")
     lr_decay_by_time: bool = param(False, "measure the lr_decay_frac ramp in max_time_min as well as in max_steps (whichever is further along), so a wall-time-bounded run ends its ramp on any machine")
+    lr_schedule_by_time: bool = param(False, "measure the whole schedule, Eq. 3's warmup and decay as well as the lr_decay_frac ramp, in max_time_min as well as in max_steps: Eq. 3 is taken at max(step, elapsed / max_time_min * max_steps), so a machine too slow to reach max_steps in the budget runs the same schedule compressed into fewer updates")
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
@@ -72,6 +73,9 @@ class TrainConfig:
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):
             raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min > 0 "
                               "(for a run without a time budget, set train.lr_decay_by_time=false)")
+        if self.lr_schedule_by_time and not self.max_time_min > 0:
+            raise ConfigError("lr_schedule_by_time needs max_time_min > 0 "
+                              "(for a run without a time budget, set train.lr_schedule_by_time=false)")
 
 
 @dataclass(frozen=True)

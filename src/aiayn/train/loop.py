@@ -284,9 +284,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 break
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         total_tokens, = rt.all_reduce_sum([float(local_tokens)], dist, device)
-        time_frac = elapsed / (60 * t.max_time_min) if t.lr_decay_by_time else 0.0
+        by_time = t.lr_decay_by_time or t.lr_schedule_by_time
+        time_frac = elapsed / (60 * t.max_time_min) if by_time else 0.0
         lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
-                           time_frac)
+                           time_frac, t.lr_schedule_by_time)
         for group in opt.param_groups:
             group["lr"] = lr
         step_loss = step_nll = 0.0

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 
-def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+def noam_lr(step: float, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """Eq. 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), times ``scale``.
 
     ``step`` counts optimizer steps from 1 (step 0 is treated as step 1).
@@ -20,7 +20,8 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> f
 
 
 def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0,
-                  max_steps: int = 0, decay_frac: float = 0.0, time_frac: float = 0.0) -> float:
+                  max_steps: int = 0, decay_frac: float = 0.0, time_frac: float = 0.0,
+                  whole_by_time: bool = False) -> float:
     """Eq. 3 (``noam_lr``), optionally times a linear ramp to zero over the run's last part.
 
     With ``decay_frac`` f > 0 (a deviation, off by default) the rate is multiplied by
@@ -30,7 +31,16 @@ def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0
     fixed-budget runs end nearer a minimum this way than with Eq. 3's slow step^-0.5 tail
     (budgeted training). ``time_frac`` makes the ramp end with a wall-time budget on a
     machine slower than the one ``max_steps`` was chosen for (``train.lr_decay_by_time``).
+
+    ``whole_by_time`` (``train.lr_schedule_by_time``) measures Eq. 3 itself in the same
+    progress: it is evaluated at step' = p * max_steps = max(step, time_frac * max_steps)
+    instead of ``step``. A slower machine then runs the whole schedule that ``max_steps``
+    describes (warmup to the peak, the step^-0.5 decay, the ramp) in fewer updates, so its
+    warmup ends at the same fraction of the budget instead of late or never. A run that
+    reaches ``max_steps`` before the budget has step' = step: nothing changes.
     """
+    if whole_by_time and max_steps > 0:
+        step = max(float(step), time_frac * max_steps)
     lr = noam_lr(step, d_model, warmup_steps, scale)
     if decay_frac > 0 and (max_steps > 0 or time_frac > 0):
         progress = max(step / max_steps if max_steps > 0 else 0.0, time_frac)
