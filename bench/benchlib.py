@@ -336,6 +336,30 @@ def measure_interleaved(systems: list[System], *, threads: int, warmup: int, rep
     return out
 
 
+BF16_ISA = {"avx512_bf16", "amx_bf16"}
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX). Without them PyTorch emulates
+    bf16 matmuls, 30-500x slower than float32 (an AVX2-only AMD EPYC, session 13), and timing a
+    bf16 system only costs minutes. BENCH_BF16=1 times them anyway."""
+    if os.environ.get("BENCH_BF16") == "1":
+        return True
+    return bool(set(_lscpu().get("Flags", "").split()) & BF16_ISA)
+
+
+def without_emulated_bf16(systems: list[System]) -> tuple[list[System], dict[str, dict]]:
+    """The systems to time, and a result for each bf16 system left out on a CPU without bf16."""
+    if cpu_has_bf16():
+        return systems, {}
+    reason = "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16); bf16 would be emulated"
+    keep = [s for s in systems if "bf16" not in s.name]
+    skipped = {s.name: {"error": reason} for s in systems if "bf16" in s.name}
+    for name in skipped:
+        log.warning("%s: %s (BENCH_BF16=1 times it anyway)", name, reason)
+    return keep, skipped
+
+
 def pick(systems: list[System], names: str | None) -> list[System]:
     """The subset named in --systems (comma-separated), in the given order."""
     if not names:

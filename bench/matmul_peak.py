@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     cases, rows = {}, []
     for name, M, K, N, dtype in CASES:
         M, K, N = (max(16, int(x * args.scale)) for x in (M, K, N))
+        if dtype == torch.bfloat16 and not bl.cpu_has_bf16():
+            log.warning("%s: not run, this CPU has no bf16 instructions (BENCH_BF16=1 times it anyway)", name)
+            cases[name] = {"error": "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16)"}
+            continue
         try:
             r = time_matmul(M, K, N, dtype, args.warmup, args.reps)
         except Exception as exc:  # noqa: BLE001 - e.g. no bf16 kernel: record and go on

@@ -70,7 +70,8 @@ def system_rows(part: dict) -> list[list[str]]:
     for name, r in part["systems"].items():
         if "time" not in r:
             err = (r.get("error") or "failed").strip().splitlines()[-1][:120]
-            rows.append([name, "FAILED: " + err.replace("|", "/"), "", "", "", "", ""])
+            label = "" if err.startswith("not run") else "FAILED: "
+            rows.append([name, label + err.replace("|", "/"), "", "", "", "", ""])
             continue
         peak = bl.peak_gflops(r["peak_dtype"])
         frac = bl.ratio(r["model_gflops_per_s"], peak)
@@ -116,7 +117,10 @@ def targets_section(parts: dict) -> list[str]:
             key = OLDER_KEY[key]
         r = ratios.get(key)
         if not r or r["ratio"] is None:
-            rows.append([what, key, "-", "MISSING"])
+            named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}
+            not_run = [s["error"] for n, s in (part or {}).get("systems", {}).items()
+                       if n in named and str(s.get("error", "")).startswith("not run: this CPU has no bf16")]
+            rows.append([what, key, "-", "N/A: this CPU has no bf16 instructions" if not_run else "MISSING"])
             continue
         verdict = "PASS" if r["ratio"] >= r["target"] else "FAIL"
         named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}

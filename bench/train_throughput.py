@@ -135,15 +135,17 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = bl.model_config(args.size)
     machine = bl.machine_info(args.threads)
-    res = bl.measure_interleaved(bl.pick(systems(args), args.systems), threads=args.threads, warmup=args.warmup,
+    todo, skipped = bl.without_emulated_bf16(bl.pick(systems(args), args.systems))
+    res = bl.measure_interleaved(todo, threads=args.threads, warmup=args.warmup,
                                  reps=args.reps, min_reps=args.min_reps, budget_s=args.budget_s,
                                  timeout_s=args.timeout_s)
+    res.update(skipped)
     tokens = args.batch * args.tgt_len
     flops = train_flops(cfg, args.batch, args.src_len, args.tgt_len)
     rows = []
     for name, r in res.items():
         if "time" not in r:
-            rows.append([name, "FAILED", "-", "-", "-", "-"])
+            rows.append([name, "not run" if r.get("error", "").startswith("not run") else "FAILED", "-", "-", "-", "-"])
             continue
         med = r["time"]["median"]
         r["tgt_tokens_per_s"] = tokens / med

@@ -218,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ct2_dir, conversion = (_ct2_prepared(args, workdir) if any(n.startswith("ct2") for n in chosen)
                                else (None, {}))
-        todo = [s for s in bl.pick(systems(args, ct2_dir), args.systems)
-                if not (s.name.startswith("ct2") and ct2_dir is None)]
+        todo, skipped = bl.without_emulated_bf16([s for s in bl.pick(systems(args, ct2_dir), args.systems)
+                                                  if not (s.name.startswith("ct2") and ct2_dir is None)])
         res = bl.measure_interleaved(todo, threads=args.threads, warmup=args.warmup, reps=args.reps,
                                      min_reps=args.min_reps, budget_s=args.budget_s, timeout_s=args.timeout_s)
+        res.update(skipped)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for name in chosen:
@@ -236,7 +237,7 @@ def report(args, cfg, machine: dict, res: dict, conversion: dict) -> None:
     rows = []
     for name, r in res.items():
         if "time" not in r:
-            rows.append([name, "FAILED", "-", "-", "-", "-", "-"])
+            rows.append([name, "not run" if r.get("error", "").startswith("not run") else "FAILED", "-", "-", "-", "-", "-"])
             continue
         med = r["time"]["median"]
         r["tgt_tokens_per_s"] = tokens / med
