@@ -3,7 +3,9 @@ and batch split of ``bench/decode_split_ab.sh``.
 
     python bench/decode_ab.py SIZE MODE VARIANT N [THREADS BATCH]   # e.g. small fp32 explicit 5
 
-SIZE small | base, MODE fp32 | bf16w, VARIANT sdpa (aiayn's) | explicit | explicit_f32 | math;
+SIZE small | base, MODE fp32 | bf16w, VARIANT sdpa (aiayn's) | explicit | explicit_f32 | math |
+int8dyn (every nn.Linear replaced by PyTorch's dynamic int8 one, fbgemm; the shared output
+projection stays fp32; session 13);
 THREADS 2 and BATCH 64 by default. One process: the translation benchmark's beam search (BATCH
 sentences x 20 tokens, beam 4, output forced to 69 tokens) with aiayn's process settings, one
 warm-up call, then N timed calls (seconds printed, with their minimum and median). Run the
@@ -49,6 +51,11 @@ elif variant == "explicit_f32":
 elif variant == "math":
     from torch.nn.attention import sdpa_kernel, SDPBackend
     ctx = sdpa_kernel([SDPBackend.MATH]); ctx.__enter__()
+elif variant == "int8dyn":
+    import aiayn
+    plain = aiayn.Transformer
+    aiayn.Transformer = lambda cfg: torch.ao.quantization.quantize_dynamic(plain(cfg).eval(), {torch.nn.Linear},
+                                                                           dtype=torch.qint8)
 from translate_throughput import build_aiayn
 run = build_aiayn(size, mode, batch, 20, 69, 4)
 run()
