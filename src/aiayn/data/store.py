@@ -106,14 +106,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON to a temporary name, fsync, then rename: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """JSON through ``atomic_write``: a reader never sees half a file."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _is_replaceable(path: Path) -> bool:
