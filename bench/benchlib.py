@@ -336,28 +336,33 @@ def measure_interleaved(systems: list[System], *, threads: int, warmup: int, rep
     return out
 
 
-BF16_ISA = {"avx512_bf16", "amx_bf16"}
+NO_BF16 = "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16); bf16 would be emulated"
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX). Without them PyTorch emulates
-    bf16 matmuls, 30-500x slower than float32 (an AVX2-only AMD EPYC, session 13), and timing a
-    bf16 system only costs minutes. BENCH_BF16=1 times them anyway."""
-    if os.environ.get("BENCH_BF16") == "1":
-        return True
-    return bool(set(_lscpu().get("Flags", "").split()) & BF16_ISA)
+    """Whether this CPU has bf16 instructions, by the test ``precision auto`` uses
+    (``aiayn.train.runtime.cpu_supports_bf16``, oneDNN's). Without it PyTorch emulates bf16 matmuls, 30-500x
+    slower than float32 (an AVX2-only AMD EPYC, session 13), and timing a bf16 system only costs
+    minutes. BENCH_BF16=1 times them anyway."""
+    from aiayn.train.runtime import cpu_supports_bf16
+
+    return os.environ.get("BENCH_BF16") == "1" or cpu_supports_bf16()
 
 
 def without_emulated_bf16(systems: list[System]) -> tuple[list[System], dict[str, dict]]:
-    """The systems to time, and a result for each bf16 system left out on a CPU without bf16."""
+    """The systems to time, and a result (``NO_BF16``) for each bf16 system left out on a CPU without bf16."""
     if cpu_has_bf16():
         return systems, {}
-    reason = "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16); bf16 would be emulated"
     keep = [s for s in systems if "bf16" not in s.name]
-    skipped = {s.name: {"error": reason} for s in systems if "bf16" in s.name}
+    skipped = {s.name: {"error": NO_BF16} for s in systems if "bf16" in s.name}
     for name in skipped:
-        log.warning("%s: %s (BENCH_BF16=1 times it anyway)", name, reason)
+        log.warning("%s: %s (BENCH_BF16=1 times it anyway)", name, NO_BF16)
     return keep, skipped
+
+
+def status(result: dict) -> str:
+    """What a table shows for a system without timings: "not run" (left out on purpose) or "FAILED"."""
+    return "not run" if str(result.get("error", "")).startswith("not run") else "FAILED"
 
 
 def pick(systems: list[System], names: str | None) -> list[System]:

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, M, K, N, dtype in CASES:
         M, K, N = (max(16, int(x * args.scale)) for x in (M, K, N))
         if dtype == torch.bfloat16 and not bl.cpu_has_bf16():
-            log.warning("%s: not run, this CPU has no bf16 instructions (BENCH_BF16=1 times it anyway)", name)
-            cases[name] = {"error": "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16)"}
+            log.warning("%s: %s (BENCH_BF16=1 times it anyway)", name, bl.NO_BF16)
+            cases[name] = {"error": bl.NO_BF16}
             continue
         try:
             r = time_matmul(M, K, N, dtype, args.warmup, args.reps)

@@ -70,7 +70,7 @@ def system_rows(part: dict) -> list[list[str]]:
     for name, r in part["systems"].items():
         if "time" not in r:
             err = (r.get("error") or "failed").strip().splitlines()[-1][:120]
-            label = "" if err.startswith("not run") else "FAILED: "
+            label = "" if bl.status(r) == "not run" else "FAILED: "
             rows.append([name, label + err.replace("|", "/"), "", "", "", "", ""])
             continue
         peak = bl.peak_gflops(r["peak_dtype"])
@@ -116,14 +116,12 @@ def targets_section(parts: dict) -> list[str]:
         if key not in ratios and OLDER_KEY.get(key) in ratios:
             key = OLDER_KEY[key]
         r = ratios.get(key)
+        named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}
         if not r or r["ratio"] is None:
-            named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}
-            not_run = [s["error"] for n, s in (part or {}).get("systems", {}).items()
-                       if n in named and str(s.get("error", "")).startswith("not run: this CPU has no bf16")]
-            rows.append([what, key, "-", "N/A: this CPU has no bf16 instructions" if not_run else "MISSING"])
+            no_bf16 = any(s.get("error") == bl.NO_BF16 for n, s in (part or {}).get("systems", {}).items() if n in named)
+            rows.append([what, key, "-", "N/A: this CPU has no bf16 instructions" if no_bf16 else "MISSING"])
             continue
         verdict = "PASS" if r["ratio"] >= r["target"] else "FAIL"
-        named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}
         bad = [n for n, s in part["systems"].items() if n in named and not s.get("lengths_ok", True)]
         if bad:
             verdict += " (invalid: output lengths differ)"

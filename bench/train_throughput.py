@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, r in res.items():
         if "time" not in r:
-            rows.append([name, "not run" if r.get("error", "").startswith("not run") else "FAILED", "-", "-", "-", "-"])
+            rows.append([name, bl.status(r), "-", "-", "-", "-"])
             continue
         med = r["time"]["median"]
         r["tgt_tokens_per_s"] = tokens / med

@@ -237,7 +237,7 @@ def report(args, cfg, machine: dict, res: dict, conversion: dict) -> None:
     rows = []
     for name, r in res.items():
         if "time" not in r:
-            rows.append([name, "not run" if r.get("error", "").startswith("not run") else "FAILED", "-", "-", "-", "-", "-"])
+            rows.append([name, bl.status(r), "-", "-", "-", "-", "-"])
             continue
         med = r["time"]["median"]
         r["tgt_tokens_per_s"] = tokens / med
