@@ -26,23 +26,14 @@ from aiayn.allocator import reuse_freed_memory
 reuse_freed_memory()
 import aiayn.model.attention as A
 
-if variant == "explicit":
-    orig = A.attention_fast
-    def fast(q, k, v, mask, is_causal, p_drop=0.0, training=False):
-        if training or is_causal:
-            return orig(q, k, v, mask, is_causal, p_drop, training)
-        s = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        return torch.matmul(torch.softmax(s, -1), v)
-    A.attention_fast = fast
-elif variant == "explicit_f32":
-    orig = A.attention_fast
+if variant in ("explicit", "explicit_f32"):  # matmul, masked softmax, matmul; explicit_f32 in float32
+    orig, upcast = A.attention_fast, variant == "explicit_f32"
     def fast(q, k, v, mask, is_causal, p_drop=0.0, training=False):
         if training or is_causal:
             return orig(q, k, v, mask, is_causal, p_drop, training)
         dt = q.dtype
-        q, k, v = q.float(), k.float(), v.float()
+        if upcast:
+            q, k, v = q.float(), k.float(), v.float()
         s = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
