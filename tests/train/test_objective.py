@@ -8,7 +8,7 @@ import torch
 
 from aiayn.train import objective
 from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, noam_lr,
-                                    smoothed_targets)
+                                    rdrop_kl, smoothed_targets)
 
 
 @pytest.mark.parametrize("step,expected", [
@@ -175,3 +175,35 @@ def test_bpe_dropout_is_a_probability_below_one(p):
     with pytest.raises(ConfigError, match=r"bpe_dropout must be in \[0, 1\)"):
         TrainConfig(bpe_dropout=p)
     assert TrainConfig(bpe_dropout=0.1).bpe_dropout == 0.1 and TrainConfig().bpe_dropout == 0.0  # off: the paper
+
+
+def test_rdrop_kl_hand_computed():
+    # Copy 1: logits [0, 0, 0] -> p1 = [1/3, 1/3, 1/3]; copy 2: [0, 0, ln 2] -> p2 = [1/4, 1/4, 1/2].
+    # 1/2 sum_v (p1 - p2)(log p1 - log p2) = 1/2 [2 (1/12) ln(4/3) - (1/6) ln(2/3)] = ln(2) / 12.
+    # A second position is padding in the target: whatever its logits, it adds nothing.
+    logits = torch.tensor([[[0.0, 0.0, 0.0], [5.0, -1.0, 2.0]],
+                           [[0.0, 0.0, math.log(2.0)], [-3.0, 0.0, 1.0]]], dtype=torch.float64)  # (2B,T,V), B=1
+    target = torch.tensor([[2, 0]])  # pad_id 0
+    assert rdrop_kl(logits, target, pad_id=0).item() == pytest.approx(math.log(2.0) / 12, rel=1e-12)
+
+
+def test_rdrop_kl_is_the_mean_of_the_two_kl_divergences():
+    B, T, V = 3, 4, 9
+    logits = torch.randn(2 * B, T, V, dtype=torch.float64)
+    target = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0], [6, 7, 8, 1]])
+    lp1, lp2 = torch.log_softmax(logits[:B], -1), torch.log_softmax(logits[B:], -1)
+    kl12 = torch.nn.functional.kl_div(lp2, lp1, log_target=True, reduction="none").sum(-1)  # KL(p1 || p2)
+    kl21 = torch.nn.functional.kl_div(lp1, lp2, log_target=True, reduction="none").sum(-1)
+    want = ((kl12 + kl21) / 2)[target.ne(0)].sum()
+    assert rdrop_kl(logits, target, 0).item() == pytest.approx(want.item(), rel=1e-10)
+    # identical copies agree: no consistency loss, and none from bf16 logits either
+    same = torch.cat([logits[:B], logits[:B]]).bfloat16()
+    assert rdrop_kl(same, target, 0).item() == 0.0
+
+
+def test_rdrop_alpha_is_not_negative():
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    with pytest.raises(ConfigError, match="rdrop_alpha"):
+        TrainConfig(rdrop_alpha=-1.0)
+    assert TrainConfig().rdrop_alpha == 0.0  # off: the paper

@@ -141,15 +141,8 @@ def test_fused_adam_matches_the_per_tensor_loop(small_data_dir, tmp_path):
     a, b = load_checkpoint(runs[True] / "last.pt"), load_checkpoint(runs[False] / "last.pt")
     assert a["step"] == b["step"] == steps
     assert a["run_config"]["train"]["fused_adam"] is True and b["run_config"]["train"]["fused_adam"] is False
-    # The key biases' true gradient is 0 (softmax is shift-invariant), so Adam's g / sqrt(v)
-    # turns their rounding noise into steps of up to lr: compare every other parameter.
-    hk = a["model_config"]["n_heads"] * a["model_config"]["d_k"]
     for k in a["model"]:
-        x, y = a["model"][k], b["model"][k]
-        if k.endswith("qkv_proj.bias"):
-            x, y = torch.cat([x[:hk], x[2 * hk:]]), torch.cat([y[:hk], y[2 * hk:]])
-        elif k.endswith("kv_proj.bias"):
-            x, y = x[hk:], y[hk:]
+        x, y = (_without_key_biases(k, c["model"][k], a["model_config"]) for c in (a, b))
         # Elsewhere the same noise, smaller: a weight whose gradient is at rounding level moves
         # by a rounding-dependent fraction of lr (measured on an AMD EPYC: 40 of 16,384 decoder FFN
         # weights off by up to 9e-6; lr here is about 1.4e-3 a step). A wrong Adam (a beta, the
@@ -159,6 +152,18 @@ def test_fused_adam_matches_the_per_tensor_loop(small_data_dir, tmp_path):
         assert (diff > 1e-6).float().mean() < 0.01, (k, (diff > 1e-6).float().mean())
     init = aiayn.Transformer(aiayn.model.ModelConfig(**a["model_config"])).state_dict()
     assert not torch.allclose(init["encoder_layers.0.ffn.w1.weight"], a["model"]["encoder_layers.0.ffn.w1.weight"])
+
+
+def _without_key_biases(name: str, value: torch.Tensor, model_config: dict) -> torch.Tensor:
+    """A parameter without its key-bias entries. Their true gradient is 0 (softmax is
+    shift-invariant), so Adam's g / sqrt(v) turns their rounding noise into steps of up to lr:
+    two runs that differ only in rounding are compared on every other parameter."""
+    hk = model_config["n_heads"] * model_config["d_k"]
+    if name.endswith("qkv_proj.bias"):
+        return torch.cat([value[:hk], value[2 * hk:]])
+    if name.endswith("kv_proj.bias"):
+        return value[hk:]
+    return value
 
 
 @pytest.mark.slow
@@ -344,3 +349,45 @@ def test_bpe_dropout_under_two_process_ddp(small_data_dir, tmp_path):
     last = load_checkpoint(out / "last.pt")
     assert last["step"] == 14 and last["epoch"] == 1  # about 6 steps of 2 x 3,000 tokens an epoch
     assert sorted(f.name for f in (out / "bpe_dropout").iterdir()) == ["epoch00001.npz"]
+
+
+def _train_in_process(data: Path, run: Path, steps: int, *sets: str) -> dict:
+    argv = ["train", "--data", str(data), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
+            "--max-steps", str(steps), "--set", "train.log_every_steps=1", *[a for kv in sets for a in ("--set", kv)]]
+    assert main(argv) == 0
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_rdrop_without_dropout_is_plain_training(small_data_dir, tmp_path):
+    """train.rdrop_alpha: with no dropout the two copies of a batch agree, the KL term is 0 and
+    the per-copy loss is the plain loss, so R-Drop trains the same weights as plain training
+    (the doubled batch changes only the order of the gradient sums)."""
+    steps = 3
+    plain = _train_in_process(small_data_dir, tmp_path / "plain", steps, "model.p_drop=0.0")
+    rdrop = _train_in_process(small_data_dir, tmp_path / "rdrop", steps, "model.p_drop=0.0", "train.rdrop_alpha=5")
+    assert rdrop["target_tokens"] == plain["target_tokens"]  # tokens are counted once
+    assert rdrop["counted_flops"] == pytest.approx(2 * plain["counted_flops"])  # but computed twice
+    want, got = _losses(tmp_path / "plain"), _losses(tmp_path / "rdrop")
+    for s in range(1, steps + 1):
+        assert got[s] == pytest.approx(want[s], rel=1e-5), s
+    kls = [json.loads(r).get("train_kl") for r in (tmp_path / "rdrop" / "train_log.jsonl").read_text().splitlines()]
+    assert [k for k in kls if k is not None] == [0.0] * steps
+    a, b = load_checkpoint(tmp_path / "plain" / "last.pt"), load_checkpoint(tmp_path / "rdrop" / "last.pt")
+    for k in a["model"]:
+        x, y = (_without_key_biases(k, c["model"][k], a["model_config"]) for c in (a, b))
+        assert torch.allclose(x, y, atol=1e-5), k
+
+
+def test_rdrop_with_dropout_pulls_the_two_passes_together(small_data_dir, tmp_path):
+    """With dropout the two passes differ (KL > 0), and the consistency term is trained on: the
+    same run with a larger alpha ends with a smaller KL between its two passes."""
+    kl = {}
+    for alpha in (1.0, 50.0):
+        run = tmp_path / f"a{alpha:g}"
+        _train_in_process(small_data_dir, run, 20, "model.p_drop=0.3", f"train.rdrop_alpha={alpha}",
+                          "train.warmup_steps=10")
+        recs = [json.loads(r) for r in (run / "train_log.jsonl").read_text().splitlines()]
+        kls = [r["train_kl"] for r in recs if "train_kl" in r]
+        assert len(kls) == 20 and all(k > 0 for k in kls)
+        kl[alpha] = sum(kls[-5:]) / 5
+    assert kl[50.0] < 0.5 * kl[1.0], kl

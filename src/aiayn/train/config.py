@@ -32,6 +32,7 @@ class TrainConfig:
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
     bpe_dropout: float = param(0.0, "BPE-dropout (Provilkov et al., 2020): re-segment the training pairs at every epoch, skipping each BPE merge with this probability; 0 = off (the paper segments once, §5.1); needs a BPE vocabulary")
     bpe_dropout_target: bool = param(True, "apply bpe_dropout to the target side too (as Provilkov et al. do); false re-segments the source side only")
+    rdrop_alpha: float = param(0.0, "R-Drop (Liang et al., 2021): every batch goes through the model twice in one forward (two dropout masks) and rdrop_alpha times the symmetric KL divergence between the two predicted distributions is added to their label-smoothed losses; 0 = off (the paper); a step then costs about twice the compute for the same tokens; needs dropout")
     # batching (§5.1)
     max_src_tokens: int = param(4096, "source tokens per batch per device, padding included")
     max_tgt_tokens: int = param(4096, "target tokens per batch per device, padding included")
@@ -68,6 +69,8 @@ class TrainConfig:
             raise ConfigError("eps_ls must be in [0, 1)")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError("bpe_dropout must be in [0, 1)")
+        if self.rdrop_alpha < 0:
+            raise ConfigError("rdrop_alpha must be >= 0")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):

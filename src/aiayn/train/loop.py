@@ -27,7 +27,7 @@ from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, run_config_from_dict
-from aiayn.train.objective import label_smoothed_loss, learning_rate
+from aiayn.train.objective import label_smoothed_loss, learning_rate, rdrop_kl
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 if isinstance(v, (int, float)):
                     writer.add_scalar(k, v, state.step)
 
+    copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
     sampler.set_epoch(state.epoch)
     it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
     t_start = time.monotonic() - state.train_seconds
@@ -290,23 +291,32 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                            time_frac, t.lr_schedule_by_time)
         for group in opt.param_groups:
             group["lr"] = lr
-        step_loss = step_nll = 0.0
+        step_loss = step_nll = step_kl = 0.0
         for j, b in enumerate(micro):
             b = b.to(device)
             sync = j == len(micro) - 1 or not dist.enabled
             ctx = net.no_sync() if (dist.enabled and not sync) else _null()
             with ctx:
+                src, tgt_in, tgt_out = b.src, b.tgt_in, b.tgt_out
+                if copies == 2:
+                    src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
                 with rt.autocast(device, precision):
-                    logits = net(b.src, b.tgt_in)
-                sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id)
-                # DDP averages gradients over ranks: scale so the result is sum / total tokens.
-                scaled = sums.loss * (dist.world_size / total_tokens)
+                    logits = net(src, tgt_in)  # (copies*B, T, V)
+                sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id)
+                objective = sums.loss
+                if copies == 2:  # R-Drop: both copies' losses plus alpha x their symmetric KL
+                    kl = rdrop_kl(logits, b.tgt_out, m.pad_id)
+                    objective = objective + t.rdrop_alpha * kl
+                    step_kl += kl.item()
+                # DDP averages gradients over ranks: scale so the result is sum / total tokens
+                # (per copy, as R-Drop's criterion divides by the doubled batch's tokens).
+                scaled = objective * (dist.world_size / (copies * total_tokens))
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            step_loss += sums.loss.item()
-            step_nll += sums.nll.item()
-            bs, S = b.src.shape
+            step_loss += sums.loss.item() / copies
+            step_nll += sums.nll.item() / copies
+            bs, S = src.shape
             state.flops += train_flops(m, bs, S, b.tgt_in.size(1)) * dist.world_size
-        step_loss, step_nll = rt.all_reduce_sum([step_loss, step_nll], dist, device)
+        step_loss, step_nll, step_kl = rt.all_reduce_sum([step_loss, step_nll, step_kl], dist, device)
         if not math.isfinite(step_loss):
             bad_in_row += 1
             opt.zero_grad(set_to_none=True)
@@ -344,6 +354,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 bar.set_postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
             rss = rt.resident_mb()
             log_scalars({"train_loss": loss_tok, "train_nll": step_nll / total_tokens, "lr": lr,
+                         **({"train_kl": step_kl / total_tokens} if copies == 2 else {}),
                          "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
                          **({"rss_mb": rss} if rss is not None else {})})
         due_steps = t.save_every_steps and state.step % t.save_every_steps == 0
@@ -381,6 +392,11 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     if dist.enabled:
         torch.distributed.barrier()
     return state
+
+
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    """A batch stacked on itself along B (R-Drop's two passes in one forward): (B,...) -> (2B,...)."""
+    return torch.cat([x, x])
 
 
 def _null():

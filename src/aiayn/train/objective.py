@@ -144,6 +144,24 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+def rdrop_kl(logits: Tensor, target: Tensor, pad_id: int) -> Tensor:
+    """R-Drop's consistency term (Liang et al., 2021, §2.1), summed over non-pad positions.
+
+    ``logits`` (2B,T,V) holds the same B pairs twice, through two dropout masks: rows [0, B)
+    and [B, 2B). Per position, with p1, p2 the two predicted distributions,
+      (KL(p1 || p2) + KL(p2 || p1)) / 2 = 1/2 sum_v (p1_v - p2_v) (log p1_v - log p2_v).
+    ``target`` (B,T) marks the positions that count (not ``pad_id``). Computed in float32
+    (float64 for float64 logits) with autograd; padded positions are dropped first.
+    """
+    V = logits.size(-1)
+    z1, z2 = logits.reshape(2, -1, V).unbind(0)  # (B*T,V) each
+    keep = target.reshape(-1).ne(pad_id)
+    acc = _acc_dtype(logits)
+    lp1 = torch.log_softmax(z1[keep].to(acc), dim=-1)  # (N,V), N non-pad positions
+    lp2 = torch.log_softmax(z2[keep].to(acc), dim=-1)
+    return 0.5 * ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum()
+
+
 def label_smoothed_loss_reference(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> LossSums:
     """The plain autograd form of ``label_smoothed_loss``: the slow path its tests compare to.
 
