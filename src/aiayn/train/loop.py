@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
 from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
+from aiayn.data.store import write_json_atomic
 from aiayn.errors import UserError
 from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
@@ -382,7 +383,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         if bpe is not None:
             Segmentation.prune(run_dir, sampler.epoch)
         summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_json_atomic(run_dir / "summary.json", summary)  # the demo reads its presence as "trained"
         if bar is not None:
             bar.close()
         print(_summary_text(summary), flush=True)
