@@ -72,6 +72,13 @@ def _train_cmd(data: Path, out: Path, steps: int, extra=()) -> list[str]:
             "--set", "train.log_every_steps=1", *extra]
 
 
+def _train_in_process(data: Path, run: Path, steps: int, *sets: str) -> dict:
+    argv = ["train", "--data", str(data), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
+            "--max-steps", str(steps), "--set", "train.log_every_steps=1", *[a for kv in sets for a in ("--set", kv)]]
+    assert main(argv) == 0
+    return json.loads((run / "summary.json").read_text())
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill_gives_the_same_losses(small_data_dir, tmp_path):
     steps = 12
@@ -258,11 +265,7 @@ def _run_on_a_ticking_clock(small_data_dir, run, monkeypatch, *sets: str):
 
     monkeypatch.setattr(loop, "time", Clock)
     monkeypatch.setattr(loop, "learning_rate", ticking_learning_rate)
-    argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
-            *FAST, "--max-steps", "1000", "--set", "train.log_every_steps=1", "--set", "train.max_time_min=1",
-            "--set", "train.lr_decay_frac=0.5", *[a for kv in sets for a in ("--set", kv)]]
-    assert main(argv) == 0
-    summary = json.loads((run / "summary.json").read_text())
+    summary = _train_in_process(small_data_dir, run, 1000, "train.max_time_min=1", "train.lr_decay_frac=0.5", *sets)
     lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "train_log.jsonl").read_text().splitlines()) if "lr" in r}
     # seen[0] is the optimizer's construction (step 1, no time); then one call per step
     return summary, seen[1:], lrs
@@ -349,13 +352,6 @@ def test_bpe_dropout_under_two_process_ddp(small_data_dir, tmp_path):
     last = load_checkpoint(out / "last.pt")
     assert last["step"] == 14 and last["epoch"] == 1  # about 6 steps of 2 x 3,000 tokens an epoch
     assert sorted(f.name for f in (out / "bpe_dropout").iterdir()) == ["epoch00001.npz"]
-
-
-def _train_in_process(data: Path, run: Path, steps: int, *sets: str) -> dict:
-    argv = ["train", "--data", str(data), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
-            "--max-steps", str(steps), "--set", "train.log_every_steps=1", *[a for kv in sets for a in ("--set", kv)]]
-    assert main(argv) == 0
-    return json.loads((run / "summary.json").read_text())
 
 
 def test_rdrop_without_dropout_is_plain_training(small_data_dir, tmp_path):
