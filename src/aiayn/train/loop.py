@@ -318,7 +318,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             bs, S = src.shape
             state.flops += train_flops(m, bs, S, b.tgt_in.size(1)) * dist.world_size
         step_loss, step_nll, step_kl = rt.all_reduce_sum([step_loss, step_nll, step_kl], dist, device)
-        if not math.isfinite(step_loss):
+        if not math.isfinite(step_loss + step_kl):  # R-Drop's KL term reaches the gradients too
             bad_in_row += 1
             opt.zero_grad(set_to_none=True)
             log.warning("step %d: non-finite loss (%s); skipping the update (%d in a row)",
