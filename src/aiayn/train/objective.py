@@ -153,10 +153,15 @@ def rdrop_kl(logits: Tensor, target: Tensor, pad_id: int) -> Tensor:
     ``target`` (B,T) marks the positions that count (not ``pad_id``). The same value as
     ``rdrop_kl_reference`` with a hand-written backward (``_SymmetricKL``).
     """
+    return _SymmetricKL.apply(*_non_pad_halves(logits, target, pad_id))
+
+
+def _non_pad_halves(logits: Tensor, target: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """The two copies' logits (2B,T,V) at the non-pad positions of ``target`` (B,T): (N,V) each."""
     V = logits.size(-1)
     z1, z2 = logits.reshape(2, -1, V).unbind(0)  # (B*T,V) each
     keep = target.reshape(-1).ne(pad_id)
-    return _SymmetricKL.apply(z1[keep], z2[keep])  # (N,V) each, N non-pad positions
+    return z1[keep], z2[keep]
 
 
 class _SymmetricKL(torch.autograd.Function):
@@ -199,12 +204,10 @@ class _SymmetricKL(torch.autograd.Function):
 
 def rdrop_kl_reference(logits: Tensor, target: Tensor, pad_id: int) -> Tensor:
     """The plain autograd form of ``rdrop_kl``: the slow path its tests compare to."""
-    V = logits.size(-1)
-    z1, z2 = logits.reshape(2, -1, V).unbind(0)
-    keep = target.reshape(-1).ne(pad_id)
+    z1, z2 = _non_pad_halves(logits, target, pad_id)
     acc = _acc_dtype(logits)
-    lp1 = torch.log_softmax(z1[keep].to(acc), dim=-1)  # (N,V)
-    lp2 = torch.log_softmax(z2[keep].to(acc), dim=-1)
+    lp1 = torch.log_softmax(z1.to(acc), dim=-1)  # (N,V)
+    lp2 = torch.log_softmax(z2.to(acc), dim=-1)
     return 0.5 * ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum()
 
 
