@@ -57,12 +57,13 @@ def test_copy_task_loss_goes_near_zero():
     assert out == body[0].tolist()
 
 
-def _losses(run: Path) -> dict[int, float]:
+def _logged(run: Path, key: str = "train_loss") -> dict[int, float]:
+    """{step: value} of one scalar of the run's train_log.jsonl."""
     out = {}
     for line in (run / "train_log.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        if "train_loss" in rec:
-            out[rec["step"]] = rec["train_loss"]  # the last occurrence wins (a resumed run re-logs)
+        if key in rec:
+            out[rec["step"]] = rec[key]  # the last occurrence wins (a resumed run re-logs)
     return out
 
 
@@ -80,7 +81,7 @@ def _train_in_process(data: Path, run: Path, steps: int, *sets: str) -> dict:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_gives_the_same_losses(small_data_dir, tmp_path):
+def test_resume_after_sigkill_gives_the_same_logged(small_data_dir, tmp_path):
     steps = 12
     extra = ["--set", "train.save_every_steps=3", "--set", "model.p_drop=0.1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -102,7 +103,7 @@ def test_resume_after_sigkill_gives_the_same_losses(small_data_dir, tmp_path):
     res = subprocess.run(_train_cmd(small_data_dir, run, steps, extra), check=True, env=env,
                          capture_output=True, text=True)
     assert f"resuming from {run / 'last.pt'} at step {killed_at}" in res.stdout
-    want, got = _losses(ref), _losses(run)
+    want, got = _logged(ref), _logged(run)
     assert sorted(got) == list(range(1, steps + 1))
     for s in range(1, steps + 1):
         assert got[s] == pytest.approx(want[s], rel=1e-6, abs=1e-7), s
@@ -266,7 +267,7 @@ def _run_on_a_ticking_clock(small_data_dir, run, monkeypatch, *sets: str):
     monkeypatch.setattr(loop, "time", Clock)
     monkeypatch.setattr(loop, "learning_rate", ticking_learning_rate)
     summary = _train_in_process(small_data_dir, run, 1000, "train.max_time_min=1", "train.lr_decay_frac=0.5", *sets)
-    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "train_log.jsonl").read_text().splitlines()) if "lr" in r}
+    lrs = _logged(run, "lr")
     # seen[0] is the optimizer's construction (step 1, no time); then one call per step
     return summary, seen[1:], lrs
 
@@ -363,11 +364,10 @@ def test_rdrop_without_dropout_is_plain_training(small_data_dir, tmp_path):
     rdrop = _train_in_process(small_data_dir, tmp_path / "rdrop", steps, "model.p_drop=0.0", "train.rdrop_alpha=5")
     assert rdrop["target_tokens"] == plain["target_tokens"]  # tokens are counted once
     assert rdrop["counted_flops"] == pytest.approx(2 * plain["counted_flops"])  # but computed twice
-    want, got = _losses(tmp_path / "plain"), _losses(tmp_path / "rdrop")
+    want, got = _logged(tmp_path / "plain"), _logged(tmp_path / "rdrop")
     for s in range(1, steps + 1):
         assert got[s] == pytest.approx(want[s], rel=1e-5), s
-    kls = [json.loads(r).get("train_kl") for r in (tmp_path / "rdrop" / "train_log.jsonl").read_text().splitlines()]
-    assert [k for k in kls if k is not None] == [0.0] * steps
+    assert list(_logged(tmp_path / "rdrop", "train_kl").values()) == [0.0] * steps
     a, b = load_checkpoint(tmp_path / "plain" / "last.pt"), load_checkpoint(tmp_path / "rdrop" / "last.pt")
     for k in a["model"]:
         x, y = (_without_key_biases(k, c["model"][k], a["model_config"]) for c in (a, b))
@@ -382,8 +382,7 @@ def test_rdrop_with_dropout_pulls_the_two_passes_together(small_data_dir, tmp_pa
         run = tmp_path / f"a{alpha:g}"
         _train_in_process(small_data_dir, run, 20, "model.p_drop=0.3", f"train.rdrop_alpha={alpha}",
                           "train.warmup_steps=10")
-        recs = [json.loads(r) for r in (run / "train_log.jsonl").read_text().splitlines()]
-        kls = [r["train_kl"] for r in recs if "train_kl" in r]
+        kls = list(_logged(run, "train_kl").values())
         assert len(kls) == 20 and all(k > 0 for k in kls)
         kl[alpha] = sum(kls[-5:]) / 5
     assert kl[50.0] < 0.5 * kl[1.0], kl
