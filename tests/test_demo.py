@@ -18,9 +18,10 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
         "preset": "multi30k",
         "model": {"n_layers": 2, "d_model": 128, "d_ff": 512, "n_heads": 4, "d_k": 32, "d_v": 32, "p_drop": 0.1},
         "train": {"warmup_steps": 80, "lr_scale": 2.0, "max_src_tokens": 2048, "max_tgt_tokens": 2048,
-                  "save_every_steps": 40, "save_every_min": 0, "validate_every_steps": 0}}))
+                  "save_every_steps": 40, "save_every_min": 0, "validate_every_steps": 0, "local_sgd_period": 8,
+                  "threads": 2}}))
     common = ["demo", "--out", str(out), "--recipe", str(recipe), "--train-lines", "6000", "--eval-lines", "120",
-              "--max-steps", "200", "--data-root", str(shared_data)]
+              "--max-steps", "200", "--data-root", str(shared_data), "--processes", "2"]
     rc = main(common + ["--alphas", "0.6,1.0"])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -33,6 +34,9 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
         n_src = len([next(f) for _ in range(120)])
     assert len(hyps) == n_src and all(h.strip() for h in hyps)
     results = json.loads((out / "results.json").read_text())
+    # as the main job trains: 2 processes of one thread each, their weights averaged every 8 steps
+    assert results["train"]["devices"] == 2 and results["train"]["steps"] == 200
+    assert json.loads((out / "run" / "config.json").read_text())["train"]["threads"] == 1
     scores = {k: v["score"] for k, v in results["test"].items()}
     assert all(isinstance(s, float) for s in scores.values())
     assert results["valid"]["multi30k_bleu"] > 1.0  # a low floor: 200 steps of a small model

@@ -70,6 +70,7 @@ class DemoConfig:
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
     members: int = param(1, "train this many models at once, each on threads/members CPU threads with its own seed (train.seed + i); each is averaged, and they translate as an ensemble (the mean of their next-token probabilities); 1 = one model on all the threads")
+    processes: int = param(0, "train the one model with this many data-parallel processes (as torchrun launches them: NCCL on GPUs, gloo on a CPU), each on threads/processes CPU threads; the recipe's train.local_sgd_period says whether they average their weights every few steps (local SGD, the main job's recipe) or their gradients every step; 0 = one per GPU, or 2 on a CPU with 2 or more cores (a process of this small model uses a second thread poorly); 1 = one process on all the threads")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json (quick: recipes/multi30k-quick.json)")
     sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
@@ -158,6 +159,49 @@ def _die_with_parent() -> None:
         pass
 
 
+def _run_training(cmd: list[str], run_dir: Path, log_path: Path | None) -> subprocess.Popen:
+    """Start one ``aiayn train`` command (killed with the demo); output to the terminal or a log."""
+    if log_path is None:
+        return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as f:
+        return subprocess.Popen(cmd + ["--no-progress"], stdout=f, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
+
+
+def _train_cmd(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], processes: int = 1) -> list[str]:
+    """``aiayn train`` in a child process; with several processes, through torchrun's launcher
+    (``torch.distributed.run``): one model, data parallel over gloo on a CPU."""
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+              if processes > 1 else [sys.executable])
+    cmd = [*launch, "-m", "aiayn.cli", "train", "--data", str(data_dir), "--out", str(run_dir), "--recipe", str(recipe)]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _auto_processes() -> int:
+    """``--processes 0``: one per GPU; on a CPU 2 (with at least 2 cores), each with its own thread."""
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], run_cfg, processes: int) -> None:
+    """Train one model with ``processes`` data-parallel processes, each on its share of the threads."""
+    threads = max(1, (run_cfg.train.threads or os.cpu_count() or 1) // processes)
+    proc = _run_training(_train_cmd(data_dir, run_dir, recipe, [*sets, f"train.threads={threads}"], processes),
+                         run_dir, None)
+    try:
+        if proc.wait() != 0:
+            raise UserError(f"{run_dir}: training failed (exit code {proc.returncode})")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+
+
 def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: list[str], run_cfg) -> None:
     """Train one model per directory at once, each in its own ``aiayn train`` process with its
     share of the threads and seed train.seed + i. The first shows its progress bar; the others
@@ -171,18 +215,9 @@ def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: 
         for i, d in enumerate(member_dirs):
             if (d / "summary.json").exists():
                 continue
-            cmd = [sys.executable, "-m", "aiayn.cli", "train", "--data", str(data_dir), "--out", str(d),
-                   "--recipe", str(recipe)]
-            for s in [*sets, f"train.seed={run_cfg.train.seed + i}", f"train.threads={threads}"]:
-                cmd += ["--set", s]
+            cmd = _train_cmd(data_dir, d, recipe, [*sets, f"train.seed={run_cfg.train.seed + i}", f"train.threads={threads}"])
             log_path = None if i == 0 else d.parent / f"{d.name}.log"
-            if log_path is None:
-                procs.append((d, subprocess.Popen(cmd, preexec_fn=_die_with_parent), None))
-            else:
-                d.parent.mkdir(parents=True, exist_ok=True)
-                with open(log_path, "ab") as f:
-                    procs.append((d, subprocess.Popen(cmd + ["--no-progress"], stdout=f, stderr=subprocess.STDOUT,
-                                                     preexec_fn=_die_with_parent), log_path))
+            procs.append((d, _run_training(cmd, d, log_path), log_path))
         running = list(procs)
         while running:
             time.sleep(0.5)
@@ -245,13 +280,18 @@ def run_demo(cfg: DemoConfig) -> dict:
         sets.append(f"train.threads={cfg.threads}")
     run_cfg = apply_sets(run_cfg, sets)
     run_dir = out / "run"
-    if cfg.members < 1:
-        raise UserError(f"--members must be at least 1, got {cfg.members}")
+    if cfg.members < 1 or cfg.processes < 0:
+        raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
     if cfg.members == 1:
         member_dirs = [run_dir]
         if not (run_dir / "summary.json").exists():
-            print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
-            train(data_dir, run_dir, run_cfg, progress=True)
+            processes = cfg.processes or _auto_processes()
+            print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}"
+                  + (f" with {processes} processes" if processes > 1 else ""), flush=True)
+            if processes > 1:
+                _train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
+            else:
+                train(data_dir, run_dir, run_cfg, progress=True)
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
         if not all((d / "summary.json").exists() for d in member_dirs):

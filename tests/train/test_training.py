@@ -73,6 +73,12 @@ def _train_cmd(data: Path, out: Path, steps: int, extra=()) -> list[str]:
             "--set", "train.log_every_steps=1", *extra]
 
 
+def _torchrun_cmd(data: Path, out: Path, steps: int, extra=()) -> list[str]:
+    """``_train_cmd`` as 2 data-parallel processes (torchrun's launcher; gloo on the CPU)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "aiayn.cli", *_train_cmd(data, out, steps, extra)[3:]]
+
+
 def _train_in_process(data: Path, run: Path, steps: int, *sets: str) -> dict:
     argv = ["train", "--data", str(data), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
             "--max-steps", str(steps), "--set", "train.log_every_steps=1", *[a for kv in sets for a in ("--set", kv)]]
@@ -122,9 +128,7 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
     subprocess.run(_train_cmd(small_data_dir, one, steps, [*extra, "--set", "train.accum_steps=2"]),
                    check=True, env=env, capture_output=True)
     two = tmp_path / "two"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "aiayn.cli", *_train_cmd(small_data_dir, two, steps, extra)[3:]]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    res = subprocess.run(_torchrun_cmd(small_data_dir, two, steps, extra), env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     a, b = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
     assert a["step"] == b["step"] == steps and a["tokens"] == b["tokens"]
@@ -133,6 +137,107 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
     # and the parameters did move
     init = aiayn.Transformer(aiayn.model.ModelConfig(**a["model_config"])).state_dict()
     assert not torch.allclose(init["encoder_layers.0.ffn.w1.weight"], a["model"]["encoder_layers.0.ffn.w1.weight"])
+
+
+def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int = 2) -> dict:
+    """Local SGD written out in one process: `ranks` copies of the model from the same seeded
+    initialization, each with its own Adam and its share of the batches (rank r: batches r,
+    r + ranks, ... of each epoch's shuffled order), its loss divided by its own tokens; every
+    `period` steps (and at the end) every copy is replaced by the copies' mean."""
+    from aiayn.data.batching import TokenBatchSampler, collate
+    from aiayn.data.dataset import DataDir
+    from aiayn.model import ModelConfig
+    from aiayn.train import runtime as rt
+    from aiayn.train.config import run_config_from_dict
+    cfg = run_config_from_dict(ckpt["run_config"])
+    m, t = ModelConfig(**ckpt["model_config"]), cfg.train
+    rt.seed_everything(t.seed)
+    models = [aiayn.Transformer(m)]
+    models += [aiayn.Transformer(m) for _ in range(ranks - 1)]
+    for copy in models[1:]:
+        copy.load_state_dict(models[0].state_dict())
+    opts = [torch.optim.Adam(x.parameters(), lr=0.0, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
+                             fused=t.fused_adam) for x in models]
+    train = DataDir(data_dir).split("train")
+
+    def rank_batches(r: int):
+        sampler = TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, t.max_src_tokens, t.max_tgt_tokens,
+                                    seed=t.seed, num_replicas=ranks, rank=r)
+        for epoch in range(1000):
+            sampler.set_epoch(epoch)
+            for idx in sampler:
+                yield collate([train[i] for i in idx], m.pad_id, m.bos_id, m.eos_id)
+
+    streams = [rank_batches(r) for r in range(ranks)]
+    for step in range(1, steps + 1):
+        lr = learning_rate(step, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
+        for model, opt, stream in zip(models, opts, streams):
+            b = next(stream)
+            sums = label_smoothed_loss(model(b.src, b.tgt_in), b.tgt_out, t.eps_ls, m.pad_id)
+            (sums.loss / b.n_tgt_tokens).backward()
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if step % period == 0 or step == steps:
+            with torch.no_grad():
+                for ps in zip(*(x.parameters() for x in models)):
+                    mean = sum(p.detach() for p in ps) / ranks
+                    for p in ps:
+                        p.copy_(mean)
+    return models[0].state_dict()
+
+
+@pytest.mark.slow
+def test_two_process_local_sgd_matches_its_reference(small_data_dir, tmp_path):
+    """train.local_sgd_period: 2 processes, each its own copy and Adam, weights averaged every 2
+    steps (and at the end: 5 is not a multiple of 2), against the same written out in one process;
+    a resumed run continues from the averaged weights."""
+    steps, period = 5, 2
+    extra = ["--set", "model.p_drop=0.0", "--set", "train.save_every_steps=2", "--set", "train.max_time_min=1000"]
+    lsgd = [*extra, "--set", f"train.local_sgd_period={period}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "lsgd"
+    res = subprocess.run(_torchrun_cmd(small_data_dir, run, steps, lsgd), env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = load_checkpoint(run / "last.pt")
+    assert last["step"] == steps and last["run_config"]["train"]["local_sgd_period"] == period
+    torch.set_num_threads(1)
+    want = _local_sgd_reference(small_data_dir, last, steps, period)
+    for k in want:
+        assert torch.allclose(last["model"][k], want[k], atol=2e-5, rtol=1e-4), k
+    # not the synchronous path: DDP from the same start trains other weights
+    ddp = tmp_path / "ddp"
+    assert subprocess.run(_torchrun_cmd(small_data_dir, ddp, steps, extra), env=env, capture_output=True).returncode == 0
+    other = load_checkpoint(ddp / "last.pt")["model"]
+    assert not torch.allclose(other["encoder_layers.0.ffn.w1.weight"], want["encoder_layers.0.ffn.w1.weight"], atol=1e-4)
+    # the target tokens counted are both ranks'
+    assert last["tokens"] == load_checkpoint(ddp / "last.pt")["tokens"]
+    # resume: the checkpoint's step (5) was an averaging point; the run goes on to step 8
+    res = subprocess.run(_torchrun_cmd(small_data_dir, run, 8, lsgd), env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resuming from {run / 'last.pt'} at step {steps}" in res.stdout
+    assert load_checkpoint(run / "last.pt")["step"] == 8
+
+
+def test_synchronization_points_golden():
+    """_crossed(every, since, step): a multiple of `every` in (since, step]. Every step is a
+    synchronization point without local SGD (since = step - 1: step % every == 0); with local SGD
+    logging, step-count checkpoints and validations fire at the first averaging after their step."""
+    from aiayn.train.loop import _crossed
+    assert [s for s in range(1, 11) if _crossed(3, s - 1, s)] == [3, 6, 9]
+    assert _crossed(25, 24, 32) and not _crossed(25, 32, 40) and _crossed(25, 48, 56)
+    assert not _crossed(0, 0, 100)  # 0 = never
+
+
+def test_local_sgd_period_is_checked():
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    assert TrainConfig(local_sgd_period=8).local_sgd_period == 8
+    with pytest.raises(ConfigError, match="local_sgd_period"):
+        TrainConfig(local_sgd_period=-1)
 
 
 @pytest.mark.slow
@@ -346,9 +451,7 @@ def test_bpe_dropout_under_two_process_ddp(small_data_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "ddp"
     extra = ["--set", "train.bpe_dropout=0.1", "--set", "train.max_src_tokens=3000", "--set", "train.max_tgt_tokens=3000"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "aiayn.cli", *_train_cmd(small_data_dir, out, 14, extra)[3:]]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(_torchrun_cmd(small_data_dir, out, 14, extra), env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     last = load_checkpoint(out / "last.pt")
     assert last["step"] == 14 and last["epoch"] == 1  # about 6 steps of 2 x 3,000 tokens an epoch

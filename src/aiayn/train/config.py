@@ -37,6 +37,7 @@ class TrainConfig:
     max_src_tokens: int = param(4096, "source tokens per batch per device, padding included")
     max_tgt_tokens: int = param(4096, "target tokens per batch per device, padding included")
     accum_steps: int = param(1, "batches accumulated per optimizer step (tokens per step = per-device tokens x devices x accum_steps)")
+    local_sgd_period: int = param(0, "data parallel (torchrun) only: each process trains its own copy of the model on its share of the batches, with its own Adam, and the copies' weights are averaged every N optimizer steps (local SGD: Stich, 2019; Lin et al., 2020) instead of their gradients at every step (0 = off: synchronous data parallelism, the paper's); the processes then wait for each other only every N steps. On a CPU, where one process uses a second thread poorly for a small model, N processes of one thread each train more tokens per second")
     # length of the run
     max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K)")
     max_epochs: int = param(0, "stop after this many epochs; 0 = no limit")
@@ -65,6 +66,8 @@ class TrainConfig:
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.accum_steps < 1:
             raise ConfigError("accum_steps must be >= 1")
+        if self.local_sgd_period < 0:
+            raise ConfigError("local_sgd_period must be >= 0 (0 = synchronous data parallelism)")
         if not 0.0 <= self.eps_ls < 1.0:
             raise ConfigError("eps_ls must be in [0, 1)")
         if not 0.0 <= self.bpe_dropout < 1.0:

@@ -231,7 +231,13 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
     else:
         segment_epoch(state.epoch)
-    net = DistributedDataParallel(model) if dist.enabled else model
+    # Local SGD: every process trains its own copy (no DDP), and the copies are averaged every
+    # `period` steps; elsewhere every step is a synchronization point.
+    local_sgd = dist.enabled and t.local_sgd_period > 0
+    period = t.local_sgd_period if local_sgd else 1
+    if local_sgd:
+        rt.broadcast_parameters(list(model.parameters()), dist)
+    net = DistributedDataParallel(model) if dist.enabled and not local_sgd else model
     if t.compile:
         net = torch.compile(net)
     n_params = count_parameters(model)
@@ -265,15 +271,24 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     sampler.set_epoch(state.epoch)
     it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
     t_start = time.monotonic() - state.train_seconds
-    last_save = time.monotonic()
+
+    def clock() -> float:
+        return time.monotonic() - t_start
+
+    def mean_clock() -> float:
+        """The ranks' mean training time: every rank takes the same stop, save and learning-rate
+        decisions from it (a rank that stopped alone would leave the others waiting in all_reduce)."""
+        return rt.all_reduce_sum([clock()], dist, device)[0] / dist.world_size
+
+    elapsed = last_save = mean_clock()
+    last_sync_step, pending_tokens = state.step, 0
     bad_in_row, window_tokens, window_t0 = 0, 0, time.monotonic()
     stop_reason = "max_steps"
     model.train()
     while state.step < t.max_steps:
-        # The ranks' mean training time: every rank takes the same stop and learning-rate
-        # decisions (a rank that stopped alone would leave the others waiting in all_reduce).
-        elapsed = (rt.all_reduce_sum([time.monotonic() - t_start], dist, device)[0] / dist.world_size
-                   if t.max_time_min else 0.0)
+        if not local_sgd:
+            elapsed = mean_clock()
+        # (local SGD: `elapsed` is the mean clock of the last averaging, so the ranks stop together)
         if t.max_time_min and elapsed >= 60 * t.max_time_min:
             stop_reason = "max_time"
             break
@@ -285,9 +300,12 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 stop_reason = "max_epochs"
                 break
         local_tokens = sum(b.n_tgt_tokens for b in micro)
-        total_tokens, = rt.all_reduce_sum([float(local_tokens)], dist, device)
+        # The loss is a sum over the step's tokens divided by their count: over all ranks with
+        # DDP, which averages gradients; over this rank's with local SGD, whose copies are averaged.
+        total_tokens, = [float(local_tokens)] if local_sgd else rt.all_reduce_sum([float(local_tokens)], dist, device)
+        grad_ranks = 1 if local_sgd else dist.world_size
         by_time = t.lr_decay_by_time or t.lr_schedule_by_time
-        time_frac = elapsed / (60 * t.max_time_min) if by_time else 0.0
+        time_frac = (clock() if local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
         lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
                            time_frac, t.lr_schedule_by_time)
         for group in opt.param_groups:
@@ -311,14 +329,16 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                     step_kl += kl.item()
                 # DDP averages gradients over ranks: scale so the result is sum / total tokens
                 # (per copy, as R-Drop's criterion divides by the doubled batch's tokens).
-                scaled = objective * (dist.world_size / (copies * total_tokens))
+                scaled = objective * (grad_ranks / (copies * total_tokens))
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
             step_loss += sums.loss.item() / copies
             step_nll += sums.nll.item() / copies
             bs, S = src.shape
             state.flops += train_flops(m, bs, S, b.tgt_in.size(1)) * dist.world_size
-        step_loss, step_nll, step_kl = rt.all_reduce_sum([step_loss, step_nll, step_kl], dist, device)
-        if not math.isfinite(step_loss + step_kl):  # R-Drop's KL term reaches the gradients too
+        if not local_sgd:  # (local SGD: this rank's loss, logged as such)
+            step_loss, step_nll, step_kl = rt.all_reduce_sum([step_loss, step_nll, step_kl], dist, device)
+        finite = math.isfinite(step_loss + step_kl)  # R-Drop's KL term reaches the gradients too
+        if not finite:
             bad_in_row += 1
             opt.zero_grad(set_to_none=True)
             log.warning("step %d: non-finite loss (%s); skipping the update (%d in a row)",
@@ -327,29 +347,39 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 raise UserError(f"{bad_in_row} non-finite losses in a row at step {state.step + 1}; stopping. "
                                 f"The last good checkpoint is {run_dir / 'last.pt'}; try a lower lr_scale or "
                                 f"precision=fp32")
-            continue
-        bad_in_row = 0
-        if scaler is not None:
-            scaler.unscale_(opt)
-        if t.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
+            if not local_sgd:
+                continue
+            # local SGD: the skipped update still counts as a step, so the ranks average together
         else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+            bad_in_row = 0
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if t.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
         state.step += 1
-        state.tokens += int(total_tokens)
-        window_tokens += int(total_tokens)
-        state.train_seconds = time.monotonic() - t_start
+        pending_tokens += int(total_tokens)
+        state.train_seconds = clock()
         loss_tok = step_loss / total_tokens
         state.history.append((state.step, loss_tok))
         if bar is not None:
             bar.update(1)
-        if t.log_every_steps and state.step % t.log_every_steps == 0:
-            elapsed = time.monotonic() - window_t0
-            tps = window_tokens / max(elapsed, 1e-9)
+        if state.step % period:
+            continue  # local SGD between two averagings: no logging, checkpoint or validation
+        if local_sgd:
+            rt.average_parameters(list(model.parameters()), dist)
+            pending_tokens, elapsed = _sum_tokens_mean_clock(pending_tokens, clock(), dist, device)
+        state.tokens += pending_tokens
+        window_tokens += pending_tokens
+        pending_tokens = 0
+        if _crossed(t.log_every_steps, last_sync_step, state.step):
+            window_s = time.monotonic() - window_t0
+            tps = window_tokens / max(window_s, 1e-9)
             window_tokens, window_t0 = 0, time.monotonic()
             if bar is not None:
                 bar.set_postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
@@ -358,9 +388,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                          **({"train_kl": step_kl / total_tokens} if copies == 2 else {}),
                          "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
                          **({"rss_mb": rss} if rss is not None else {})})
-        due_steps = t.save_every_steps and state.step % t.save_every_steps == 0
-        due_time = t.save_every_min and (time.monotonic() - last_save) >= 60 * t.save_every_min
-        due_valid = t.validate_every_steps and state.step % t.validate_every_steps == 0
+        due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
+        due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
+        due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
+        last_sync_step = state.step
         if due_valid or ((due_steps or due_time) and t.validate_at_save):
             valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
         else:
@@ -371,10 +402,14 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
                 if bpe is not None:
                     Segmentation.prune(run_dir, sampler.epoch)
-            last_save = time.monotonic()
+            last_save = elapsed
         if t.patience and state.bad_validations >= t.patience:
             stop_reason = "patience"
             break
+    if local_sgd and state.step != last_sync_step:  # stopped between two averagings
+        rt.average_parameters(list(model.parameters()), dist)
+        pending_tokens, _ = _sum_tokens_mean_clock(pending_tokens, clock(), dist, device)
+        state.tokens += pending_tokens
     # the end: validate, write the final checkpoint
     valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
     is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
@@ -393,6 +428,19 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     if dist.enabled:
         torch.distributed.barrier()
     return state
+
+
+def _crossed(every: int, since: int, step: int) -> bool:
+    """Whether a multiple of ``every`` (0 = never) lies in (since, step]: a step-count event
+    fell between the last synchronization point and this one (every step, unless local SGD)."""
+    return every > 0 and step // every > since // every
+
+
+def _sum_tokens_mean_clock(tokens: int, seconds: float, dist, device) -> tuple[int, float]:
+    """Local SGD's bookkeeping at an averaging: the ranks' tokens since the last one, summed,
+    and their mean training time."""
+    tokens_sum, seconds_sum = rt.all_reduce_sum([float(tokens), seconds], dist, device)
+    return int(tokens_sum), seconds_sum / dist.world_size
 
 
 def _twice(x: torch.Tensor) -> torch.Tensor:

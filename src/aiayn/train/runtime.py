@@ -110,6 +110,27 @@ def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> lis
     return t.tolist()
 
 
+def average_parameters(params: list[torch.Tensor], dist: Dist) -> None:
+    """Set every rank's parameters to their mean over the ranks, in one all-reduce of a flat
+    float32 copy: local SGD's averaging step (``train.local_sgd_period``)."""
+    if not dist.enabled:
+        return
+    flat = torch.cat([p.detach().reshape(-1).float() for p in params])
+    tdist.all_reduce(flat)
+    flat /= dist.world_size
+    offset = 0
+    for p in params:
+        p.detach().copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def broadcast_parameters(params: list[torch.Tensor], dist: Dist) -> None:
+    """Give every rank rank 0's parameters (what DDP does when it wraps a model)."""
+    if dist.enabled:
+        for p in params:
+            tdist.broadcast(p.detach(), 0)
+
+
 def resident_mb() -> float | None:
     """This process's resident memory in MiB now (Linux /proc/self/statm), or None elsewhere.
     Logged with every training record, so growth over a long run shows in the train log."""
