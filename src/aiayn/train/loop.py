@@ -328,7 +328,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                     objective = objective + t.rdrop_alpha * kl
                     step_kl += kl.item()
                 # DDP averages gradients over ranks: scale so the result is sum / total tokens
-                # (per copy, as R-Drop's criterion divides by the doubled batch's tokens).
+                # (per copy, as R-Drop's criterion divides by the doubled batch's tokens); local
+                # SGD's rank divides its own sum by its own tokens.
                 scaled = objective * (grad_ranks / (copies * total_tokens))
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
             step_loss += sums.loss.item() / copies
@@ -363,7 +364,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 opt.step()
             opt.zero_grad(set_to_none=True)
         state.step += 1
-        pending_tokens += int(total_tokens)
+        pending_tokens += int(total_tokens) if finite else 0
         state.train_seconds = clock()
         loss_tok = step_loss / total_tokens
         state.history.append((state.step, loss_tok))
