@@ -4,7 +4,8 @@ translations and an attention plot, on whatever machine it runs on.
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
   2. train     the recipe (recipes/multi30k.json), bounded by --minutes OUT/run
-               (--members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
+               (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
+               --members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
                (--members N: each member's, then one ensemble file of the N averages)
   4. tune α    length penalty chosen on the validation set (never on test)
@@ -159,14 +160,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def _run_training(cmd: list[str], run_dir: Path, log_path: Path | None) -> subprocess.Popen:
+def _run_training(cmd: list[str], log_path: Path | None, env: dict | None = None) -> subprocess.Popen:
     """Start one ``aiayn train`` command (killed with the demo); output to the terminal or a log."""
     if log_path is None:
-        return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(cmd, preexec_fn=_die_with_parent, env=env)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as f:
         return subprocess.Popen(cmd + ["--no-progress"], stdout=f, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with_parent, env=env)
 
 
 def _train_cmd(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], processes: int = 1) -> list[str]:
@@ -192,7 +193,7 @@ def _train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list
     """Train one model with ``processes`` data-parallel processes, each on its share of the threads."""
     threads = max(1, (run_cfg.train.threads or os.cpu_count() or 1) // processes)
     proc = _run_training(_train_cmd(data_dir, run_dir, recipe, [*sets, f"train.threads={threads}"], processes),
-                         run_dir, None)
+                         None, env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # (torchrun's default is 1)
     try:
         if proc.wait() != 0:
             raise UserError(f"{run_dir}: training failed (exit code {proc.returncode})")
@@ -217,7 +218,7 @@ def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: 
                 continue
             cmd = _train_cmd(data_dir, d, recipe, [*sets, f"train.seed={run_cfg.train.seed + i}", f"train.threads={threads}"])
             log_path = None if i == 0 else d.parent / f"{d.name}.log"
-            procs.append((d, _run_training(cmd, d, log_path), log_path))
+            procs.append((d, _run_training(cmd, log_path), log_path))
         running = list(procs)
         while running:
             time.sleep(0.5)
