@@ -7,7 +7,7 @@ every `train.local_sgd_period` steps).
 Each system is a real ``aiayn train`` of ``recipes/multi30k.json`` on a prepared Multi30k data
 directory (``aiayn demo`` writes one to OUT/data) for --minutes of wall time, no checkpoints;
 systems run one after another (interleaved over rounds), never at once. Prints a table and
-writes results/train_processes_ab.json: target tokens/s over the whole run (the run's own
+writes results/train_processes_ab.json ($BENCH_RESULTS moves it): target tokens/s over the whole run (the run's own
 summary: all ranks' tokens / wall time), steps, epochs and the final validation loss (for
 runs this short the loss mostly reflects the number of updates, not the final quality).
 """
@@ -22,8 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RECIPE = HERE.parent / "recipes" / "multi30k.json"
+import benchlib as bl
+
+from aiayn.demo import RECIPES
+
+RECIPE = RECIPES / "multi30k.json"
 
 # name -> (processes, threads per process, local_sgd_period)
 SYSTEMS = {
@@ -57,9 +60,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--results", type=Path, default=Path(os.environ.get("BENCH_RESULTS", HERE / "results")))
     args = ap.parse_args()
     names = args.systems.split(",")
+    machine = bl.machine_info(threads=2)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -77,21 +80,8 @@ def main() -> None:
         print(f"| {name} | {' / '.join(f'{v:,.0f}' for v in tps)} | {ratio:.2f}x | "
               f"{' / '.join(str(x['steps']) for x in mine)} | {' / '.join(str(x['epochs']) for x in mine)} | "
               f"{' / '.join(format(x['valid_loss'], '.3f') for x in mine)} |")
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / "train_processes_ab.json"
-    path.write_text(json.dumps({"measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "minutes": args.minutes,
-                                "cpu": _cpu(), "rows": rows}, indent=2))
+    path = bl.write_result("train_processes_ab", {"machine": machine, "minutes": args.minutes, "rows": rows})
     print(f"\nwrote {path}")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
