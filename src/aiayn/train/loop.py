@@ -373,8 +373,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         if state.step % period:
             continue  # local SGD between two averagings: no logging, checkpoint or validation
         if local_sgd:
-            rt.average_parameters(list(model.parameters()), dist)
-            pending_tokens, elapsed = _sum_tokens_mean_clock(pending_tokens, clock(), dist, device)
+            pending_tokens, elapsed = _average_copies(model, pending_tokens, clock(), dist, device)
         state.tokens += pending_tokens
         window_tokens += pending_tokens
         pending_tokens = 0
@@ -408,9 +407,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             stop_reason = "patience"
             break
     if local_sgd and state.step != last_sync_step:  # stopped between two averagings
-        rt.average_parameters(list(model.parameters()), dist)
-        pending_tokens, _ = _sum_tokens_mean_clock(pending_tokens, clock(), dist, device)
-        state.tokens += pending_tokens
+        state.tokens += _average_copies(model, pending_tokens, clock(), dist, device)[0]
     # the end: validate, write the final checkpoint
     valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
     is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
@@ -437,9 +434,10 @@ def _crossed(every: int, since: int, step: int) -> bool:
     return every > 0 and step // every > since // every
 
 
-def _sum_tokens_mean_clock(tokens: int, seconds: float, dist, device) -> tuple[int, float]:
-    """Local SGD's bookkeeping at an averaging: the ranks' tokens since the last one, summed,
-    and their mean training time."""
+def _average_copies(model, tokens: int, seconds: float, dist, device) -> tuple[int, float]:
+    """Local SGD's averaging: every rank's copy of the model becomes the copies' mean; returns the
+    ranks' target tokens since the last averaging, summed, and their mean training time."""
+    rt.average_parameters(list(model.parameters()), dist)
     tokens_sum, seconds_sum = rt.all_reduce_sum([float(tokens), seconds], dist, device)
     return int(tokens_sum), seconds_sum / dist.world_size
 
