@@ -203,8 +203,12 @@ def test_two_process_local_sgd_matches_its_reference(small_data_dir, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     last = load_checkpoint(run / "last.pt")
     assert last["step"] == steps and last["run_config"]["train"]["local_sgd_period"] == period
-    torch.set_num_threads(1)
-    want = _local_sgd_reference(small_data_dir, last, steps, period)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks ran
+    try:
+        want = _local_sgd_reference(small_data_dir, last, steps, period)
+    finally:
+        torch.set_num_threads(threads)  # the test process's other tests keep theirs
     for k in want:
         assert torch.allclose(last["model"][k], want[k], atol=2e-5, rtol=1e-4), k
     # not the synchronous path: DDP from the same start trains other weights
