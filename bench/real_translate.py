@@ -8,6 +8,7 @@ to raw text (SentencePiece encoding and decoding included), beam 4, maximum leng
   aiayn-fp32     Translator, DecodeConfig(beam 4, α, batches of 4,096 padded source tokens
                  sorted by length), as ``aiayn translate`` runs
   aiayn-bf16     the same with precision bf16 (weights cast to bfloat16)
+  aiayn-int8     the same with precision int8 (int8 linear maps, aiayn/decode/int8.py)
   ct2-fp32       ctranslate2.Translator on the exported model, translate_batch(beam_size=4,
                  max_batch_size=4096, batch_type="tokens", min_decoding_length=0, <pad>/<s>
                  suppressed); the source pieces + </s>, per-sentence maximum length |x| + 50
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("export failed")
         systems = [bl.System(f"aiayn-{p}", build_aiayn, {"checkpoint": str(ckpt), "precision": p, "alpha": alpha,
                                                          "lines": lines}, **bl.AIAYN_PROCESS)
-                   for p in ("fp32", "bf16")]
+                   for p in ("fp32", "bf16", "int8")]
         systems += [bl.System(f"ct2-{name}", build_ct2, {"ct2_dir": ct2_dir, "compute_type": ct, "alpha": alpha,
                                                          "lines": lines, "threads": args.threads})
                     for name, ct in (("fp32", "float32"), ("int8", "int8"))]
@@ -145,7 +146,8 @@ def report(args, ckpt: Path, alpha: float, src: str, tgt: str, machine: dict, re
         rows.append([name, f"{r['sentences_per_s']:.1f}", f"{med:.2f}", str(r["time"]["n"]),
                      f"{r['multi30k_bleu']:.2f}", f"{r['sacrebleu']:.2f}"])
     ratios = {}
-    for a, b in (("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-fp32"), ("aiayn-bf16", "ct2-int8")):
+    for a, b in (("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-fp32"), ("aiayn-bf16", "ct2-int8"),
+                 ("aiayn-int8", "ct2-fp32"), ("aiayn-int8", "ct2-int8"), ("aiayn-int8", "aiayn-fp32")):
         ratios[f"{a}/{b}"] = bl.ratio(res.get(a, {}).get("sentences_per_s"), res.get(b, {}).get("sentences_per_s"))
     print(f"\nMulti30k test_2016 {src}->{tgt}, {ckpt}, beam 4, alpha {alpha}, {args.threads} threads")
     bl.print_table(["system", "sentences/s", "call s (median)", "n", "Multi30k BLEU", "sacreBLEU"], rows)

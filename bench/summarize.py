@@ -104,7 +104,7 @@ def throughput_section(parts: dict) -> list[str]:
             lines += ["", title, ""]
             lines += md_table([h.format(what) for h in header], system_rows(part))
             lines += ["", f"FLOPs: {part['flop_formula']}. Fraction of peak: against the 2048^3 matmul median of "
-                          f"the system's dtype (bf16 systems against bf16; CTranslate2 int8 against fp32)."]
+                          f"the system's dtype (bf16 systems against bf16; the int8 systems, aiayn's and CTranslate2's, against fp32)."]
     return lines
 
 

@@ -31,6 +31,7 @@ from aiayn.config import ConfigError, from_dict
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.int8 import int8_copy
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.errors import InputError, UserError
 from aiayn.model import ModelConfig, Transformer
@@ -104,6 +105,16 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
     return models, toks[0], toks[1]
 
 
+def _for_precision(model: Transformer, precision: str) -> Transformer:
+    """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (decode/int8.py),
+    so the caller's model is left as it was."""
+    if precision == "bf16":
+        return copy.deepcopy(model).to(torch.bfloat16)
+    if precision == "int8":
+        return int8_copy(model)
+    return model
+
+
 class Translator:
     """Model(s) + tokenizers + DecodeConfig: text lines in, translations out, in input order.
 
@@ -118,8 +129,7 @@ class Translator:
         given = [model] if isinstance(model, Transformer) else list(model)
         if not given:
             raise UserError("a Translator needs at least one model")
-        # bf16 decoding: a cast copy of the weights, so the caller's models are left as they were
-        self.models = [(copy.deepcopy(m).to(torch.bfloat16) if cfg.precision == "bf16" else m).eval() for m in given]
+        self.models = [_for_precision(m, cfg.precision).eval() for m in given]
         self.model = self.models[0]
         self.src_tok, self.tgt_tok, self.cfg = src_tok, tgt_tok, cfg
         m = given[0].cfg

@@ -77,8 +77,9 @@ class Transformer(nn.Module):
 
     def output_logits(self, h: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4): (B,T,D) -> (B,T,V)."""
-        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
-        return nn.functional.linear(h, weight)
+        if self.out_proj is None:
+            return nn.functional.linear(h, self.tgt_embed.weight)
+        return self.out_proj(h)
 
     # -- encoder ------------------------------------------------------------------------
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:

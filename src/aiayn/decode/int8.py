@@ -1,0 +1,79 @@
+"""int8 decoding (``DecodeConfig.precision = "int8"``): the model's linear maps in 8-bit integers.
+
+Every linear map of a decoding copy of the model (W^Q/W^K/W^V and W^O of §3.2.2, W_1 and W_2 of
+Eq. 2, and the pre-softmax projection of §3.4, the shared embedding matrix when it is tied)
+becomes an ``Int8Linear``:
+
+    W ≈ s_W · W_q    W_q int8 (O, I), s_W (O,) = max_i |W[o, i]| / 127     (per output channel, once)
+    x ≈ s_x · x_q    x_q int8 (N, I), s_x (N,) = max_i |x[n, i]| / 127     (per row, at every call)
+    y = s_x s_W ⊙ (x_q W_qᵀ) + b                                           (int32 accumulation, exact)
+
+Both scales are symmetric (no zero point), so the integer product is one ``torch._int_mm`` (oneDNN's
+int8 GEMM; VNNI on CPUs that have it). Each row of x is quantized on its own, so a sentence's
+translation does not depend on which other sentences share its batch (batched = single, tested);
+PyTorch's dynamic quantization scales the whole batch with one number and would not give that.
+Embeddings, LayerNorm, the softmax of Eq. 1 and the log-probabilities stay in float32. CPU only:
+on a GPU use ``precision bf16``. The BLEU this costs is measured in BENCHMARKS.md §2.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.errors import UserError
+
+_TINY = 1e-12  # scale floor, so an all-zero row or output channel quantizes to zeros, not NaNs
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-row int8: x (N, I) float -> (x_q (N, I) int8, s (N, 1) float32), x ≈ s · x_q."""
+    x = x.float()
+    s = x.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) / 127.0  # (N,1)
+    return torch.round(x / s).to(torch.int8), s
+
+
+class Int8Linear(nn.Module):
+    """A linear map y = x Wᵀ + b with int8 weights and int8 row-quantized inputs (module docstring)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w_q, s_w = quantize_rows(weight.detach())  # per output channel: the rows of W (O, I)
+        self.register_buffer("w_q", w_q, persistent=False)  # (O,I) int8
+        self.register_buffer("s_w", s_w.squeeze(1), persistent=False)  # (O,)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., I) -> (..., O) float32."""
+        lead = x.shape[:-1]
+        x_q, s_x = quantize_rows(x.reshape(-1, self.in_features))  # (N,I), (N,1)
+        acc = torch._int_mm(x_q, self.w_q.t())  # (N,O) int32, exact
+        y = (acc * self.s_w).mul_(s_x)  # float32
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def int8_copy(model: nn.Module) -> nn.Module:
+    """A decoding copy of a Transformer whose linear maps are ``Int8Linear`` (the caller's model is
+    left as it was). A tied pre-softmax projection (``out_proj`` None, §3.4) gets its own int8 copy of
+    the embedding matrix; the embedding lookups keep the float32 one."""
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise UserError("precision int8 runs on CPU; on a GPU use precision bf16")
+    out = copy.deepcopy(model).float().eval()
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear.from_linear(child))
+    if out.out_proj is None:
+        out.out_proj = Int8Linear(out.tgt_embed.weight)
+    return out

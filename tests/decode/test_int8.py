@@ -1,0 +1,95 @@
+"""int8 decoding (decode/int8.py): the quantized linear map by hand, its batch independence, and
+the int8 copy of a Transformer against the float32 model, the recomputing decoder and the batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import aiayn.model as M
+from aiayn.decode.adapter import CachedDecoder, RecomputeDecoder
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.int8 import Int8Linear, int8_copy, quantize_rows
+from aiayn.decode.search import SpecialIds, search
+from aiayn.decode.translator import Translator, load_model_for_inference
+from tests.decode.test_adapter import V, sources
+
+
+def test_int8_linear_golden():
+    # W rows: s_W = 1/127 and 2/127; W_q = round([127, -31.75]) = [127, -32], round([31.75, 127]) = [32, 127]
+    # x: s_x = 2/127; x_q = round([127, -95.25]) = [127, -95]
+    # acc = [127*127 + 95*32, 32*127 - 95*127] = [19169, -8001]; y = acc * s_x * s_W + b
+    lin = Int8Linear(torch.tensor([[1.0, -0.25], [0.5, 2.0]]), torch.tensor([0.1, 0.0]))
+    assert lin.w_q.tolist() == [[127, -32], [32, 127]]
+    y = lin(torch.tensor([[2.0, -1.5]]))
+    expected = torch.tensor([[19169 * 2 / 127 ** 2 + 0.1, -8001 * 4 / 127 ** 2]])
+    assert torch.allclose(y, expected, atol=1e-6, rtol=0)
+    assert torch.allclose(y, torch.tensor([[2.375 + 0.1, -2.0]]), atol=0.02)  # the exact product, within int8
+    x_q, s = quantize_rows(torch.zeros(1, 3))  # an all-zero row: zeros, no NaN
+    assert x_q.tolist() == [[0, 0, 0]] and torch.isfinite(s).all()
+
+
+def test_int8_linear_rows_are_independent_and_shapes_kept():
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 40)
+    q = Int8Linear.from_linear(linear)
+    x = torch.randn(2, 5, 24)
+    x[1, 2] *= 100  # one loud row: with one scale per batch it would coarsen every other row
+    y = q(x)
+    assert y.shape == (2, 5, 40) and y.dtype == torch.float32
+    for b in range(2):
+        for t in range(5):
+            assert torch.equal(q(x[b, t][None]), y[b, t][None])  # bit-identical alone
+    ref = linear(x)
+    assert (y - ref).abs().max() / ref.abs().max() < 0.02
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).eval()
+
+
+def test_int8_copy_replaces_every_linear_map_and_leaves_the_model(model):
+    q = int8_copy(model)
+    assert not any(isinstance(m, nn.Linear) for m in q.modules())
+    assert sum(isinstance(m, Int8Linear) for m in q.modules()) == sum(isinstance(m, nn.Linear) for m in model.modules()) + 1
+    assert model.out_proj is None and isinstance(q.out_proj, Int8Linear)  # the tied projection, §3.4
+    assert torch.equal(q.tgt_embed.weight, model.tgt_embed.weight)  # the lookups keep float32
+
+
+def test_int8_step_log_probs_close_to_fp32(model):
+    src = sources()
+    with torch.inference_mode():
+        out = []
+        for m in (model, int8_copy(model)):
+            d = CachedDecoder(m)
+            lp, _ = d.step(torch.full((src.size(0),), 2), d.start(src, 4))
+            out.append(lp)
+    assert out[1].dtype == torch.float32
+    assert torch.allclose(out[1].exp().sum(-1), torch.ones(src.size(0)), atol=1e-5)
+    assert 0 < (out[1] - out[0]).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2, max_len_b=6), DecodeConfig(beam_size=1, max_len_b=6)])
+def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alone(model, cfg):
+    q, src = int8_copy(model), sources()
+    cached = search(CachedDecoder(q), src, cfg, SpecialIds())
+    plain = search(RecomputeDecoder(q), src, cfg, SpecialIds())
+    assert [[h.tokens for h in hs] for hs in cached] == [[h.tokens for h in hs] for hs in plain]
+    assert [h.score for hs in cached for h in hs] == pytest.approx([h.score for hs in plain for h in hs], rel=1e-4)
+    for b in range(src.size(0)):
+        n = int((src[b] != 0).sum())
+        alone = search(CachedDecoder(q), src[b:b + 1, :n], cfg, SpecialIds())[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in cached[b]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in cached[b]], rel=1e-4)
+
+
+def test_int8_translator_translates_a_checkpoint(tiny_checkpoint):
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    tr = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="int8", batch_tokens=16))
+    assert any(isinstance(m, nn.Linear) for m in model.modules())  # the caller's model is untouched
+    lines = ["A dog runs.", "", "Two men are sitting on a bench in the park."]
+    out = tr.translate(lines)
+    assert len(out) == 3 and out[1] == "" and out[0] and out[2]
+    assert out == [tr.translate([line])[0] for line in lines]
