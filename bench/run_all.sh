@@ -55,7 +55,11 @@ ORDER=(matmul train_small train_base translate_small translate_base attention)
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=("${ORDER[@]}")
 
+# absolute, since every part runs from $BENCH (a relative path would put its JSON under bench/ while
+# this script looks for it beside the caller)
 mkdir -p "$BENCH_RESULTS/logs"
+BENCH_RESULTS="$(cd "$BENCH_RESULTS" && pwd)"
+export BENCH_RESULTS
 LOG="$BENCH_RESULTS/logs/run_all.log"
 say() { echo "[run_all $(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
 say "results in $BENCH_RESULTS; python $PY; threads $BENCH_THREADS; load $(cut -d' ' -f1-3 /proc/loadavg)"
