@@ -82,11 +82,9 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     cfg = bl.model_config(size)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()
-    if mode == "bf16w":
-        model = model.to(torch.bfloat16)
-    elif mode == "int8":
-        from aiayn.decode.int8 import int8_copy
-        model = int8_copy(model)
+    if mode in ("bf16w", "int8"):  # the decoding copy Translator makes for precision bf16 / int8
+        from aiayn.decode.translator import model_for_precision
+        model = model_for_precision(model, "bf16" if mode == "bf16w" else mode)
     decoder = CachedDecoder(model, share_slots=share_slots)
     dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)

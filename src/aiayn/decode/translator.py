@@ -105,7 +105,7 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
     return models, toks[0], toks[1]
 
 
-def _for_precision(model: Transformer, precision: str) -> Transformer:
+def model_for_precision(model: Transformer, precision: str) -> Transformer:
     """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (decode/int8.py),
     so the caller's model is left as it was."""
     if precision == "bf16":
@@ -129,7 +129,7 @@ class Translator:
         given = [model] if isinstance(model, Transformer) else list(model)
         if not given:
             raise UserError("a Translator needs at least one model")
-        self.models = [_for_precision(m, cfg.precision).eval() for m in given]
+        self.models = [model_for_precision(m, cfg.precision).eval() for m in given]
         self.model = self.models[0]
         self.src_tok, self.tgt_tok, self.cfg = src_tok, tgt_tok, cfg
         m = given[0].cfg
