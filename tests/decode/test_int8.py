@@ -93,3 +93,67 @@ def test_int8_translator_translates_a_checkpoint(tiny_checkpoint):
     out = tr.translate(lines)
     assert len(out) == 3 and out[1] == "" and out[0] and out[2]
     assert out == [tr.translate([line])[0] for line in lines]
+
+
+# -- int8-bf16: int8 linear maps, bfloat16 between them -----------------------------------------
+
+def test_int8_linear_out_dtype_rounds_the_float32_result():
+    lin32 = Int8Linear(torch.tensor([[1.0, -0.25], [0.5, 2.0]]), torch.tensor([0.1, 0.0]))
+    lin16 = Int8Linear(torch.tensor([[1.0, -0.25], [0.5, 2.0]]), torch.tensor([0.1, 0.0]), torch.bfloat16)
+    x = torch.tensor([[2.0, -1.5]])
+    y16 = lin16(x.bfloat16())  # bf16 in: 2.0 and -1.5 are exact in bfloat16, so the same x_q
+    assert y16.dtype == torch.bfloat16
+    assert torch.equal(y16, lin32(x).bfloat16())  # the products and scales in float32, rounded once
+    assert lin16.s_w.dtype == torch.float32
+
+
+def test_int8_bf16_copy_keeps_scales_and_logits_in_float32(model):
+    q = int8_copy(model, torch.bfloat16)
+    lins = [m for m in q.modules() if isinstance(m, Int8Linear)]
+    assert lins and all(m.s_w.dtype == torch.float32 and m.w_q.dtype == torch.int8 for m in lins)
+    assert all(m.bias is None or m.bias.dtype == torch.float32 for m in lins)
+    assert q.out_proj.out_dtype == torch.float32  # float32 logits
+    assert all(m.out_dtype == torch.bfloat16 for m in lins if m is not q.out_proj)
+    assert q.tgt_embed.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for m in q.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters())
+    # the same int8 weights as the float32 int8 copy: quantized from the float32 weights, not from bf16
+    ref = int8_copy(model)
+    for (n1, a), (n2, b) in zip(q.named_modules(), ref.named_modules()):
+        if isinstance(a, Int8Linear):
+            assert n1 == n2 and torch.equal(a.w_q, b.w_q) and torch.equal(a.s_w, b.s_w)
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model untouched
+
+
+def test_int8_bf16_step_log_probs_close_to_int8(model):
+    src = sources()
+    with torch.inference_mode():
+        out = []
+        for m in (int8_copy(model), int8_copy(model, torch.bfloat16)):
+            d = CachedDecoder(m)
+            lp, _ = d.step(torch.full((src.size(0),), 2), d.start(src, 4))
+            out.append(lp)
+    assert out[1].dtype == torch.float32
+    assert torch.allclose(out[1].exp().sum(-1), torch.ones(src.size(0)), atol=1e-5)
+    assert 0 < (out[1] - out[0]).abs().max() < 0.15  # bf16 has 8 bits of mantissa
+
+
+def test_int8_bf16_cached_search_agrees_with_recomputation_and_with_each_sentence_alone(model):
+    q, src, cfg = int8_copy(model, torch.bfloat16), sources(), DecodeConfig(beam_size=4, nbest=2, max_len_b=6)
+    cached = search(CachedDecoder(q), src, cfg, SpecialIds())
+    plain = search(RecomputeDecoder(q), src, cfg, SpecialIds())
+    assert [[h.tokens for h in hs] for hs in cached] == [[h.tokens for h in hs] for hs in plain]
+    assert [h.score for hs in cached for h in hs] == pytest.approx([h.score for hs in plain for h in hs], abs=0.05)
+    for b in range(src.size(0)):
+        n = int((src[b] != 0).sum())
+        alone = search(CachedDecoder(q), src[b:b + 1, :n], cfg, SpecialIds())[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in cached[b]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in cached[b]], abs=1e-3)
+
+
+def test_int8_bf16_translator_translates_a_checkpoint(tiny_checkpoint):
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    tr = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="int8-bf16", batch_tokens=16))
+    assert tr.model.tgt_embed.weight.dtype == torch.bfloat16
+    lines = ["A dog runs.", "", "Two men are sitting on a bench in the park."]
+    out = tr.translate(lines)
+    assert len(out) == 3 and out[1] == "" and out[0] and out[2]

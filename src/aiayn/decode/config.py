@@ -26,7 +26,7 @@ class DecodeConfig:
     top_p: float = param(1.0, "sampling: keep the smallest set of most probable tokens whose mass reaches p (nucleus; 1.0 = all)")
     seed: int = param(0, "sampling: random seed (sampled outputs depend on it and on batch composition)")
     batch_tokens: int = param(4096, "source tokens per batch, counting padding (sentences are sorted by length into batches; output keeps input order)")
-    precision: str = param("fp32", "weights and activations while decoding: fp32 (exact), bf16 (the model cast to bfloat16: faster on CPUs with bf16 instructions and on GPUs; log-probabilities still in float32) or int8 (CPU: every linear map, the output projection included, with int8 weights per output channel and int8 inputs per row, int32 products; decode/int8.py)")
+    precision: str = param("fp32", "weights and activations while decoding: fp32 (exact), bf16 (the model cast to bfloat16: faster on CPUs with bf16 instructions and on GPUs; log-probabilities still in float32) int8 (CPU: every linear map, the output projection included, with int8 weights per output channel and int8 inputs per row, int32 products; decode/int8.py) or int8-bf16 (CPU: the same int8 linear maps, everything between them, the attention core included, in bfloat16; for CPUs with bf16 instructions)")
     max_input_tokens: int = param(1024, "a source line longer than this (in subword tokens, EOS included) is an error naming its line number; also capped by the model's max_positions")
 
     def __post_init__(self) -> None:
@@ -44,7 +44,7 @@ class DecodeConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
-        if self.precision not in ("fp32", "bf16", "int8"):
-            raise ConfigError(f"precision must be fp32, bf16 or int8, got {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "int8", "int8-bf16"):
+            raise ConfigError(f"precision must be fp32, bf16, int8 or int8-bf16, got {self.precision!r}")
         if self.batch_tokens < 1 or self.max_input_tokens < 1:
             raise ConfigError("batch_tokens and max_input_tokens must be >= 1")

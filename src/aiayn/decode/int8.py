@@ -14,6 +14,12 @@ translation does not depend on which other sentences share its batch (batched = 
 PyTorch's dynamic quantization scales the whole batch with one number and would not give that.
 Embeddings, LayerNorm, the softmax of Eq. 1 and the log-probabilities stay in float32. CPU only:
 on a GPU use ``precision bf16``. The BLEU this costs is measured in BENCHMARKS.md §2.
+
+``precision = "int8-bf16"`` keeps the same int8 linear maps but runs everything between them in
+bfloat16: the residual stream, LayerNorm and the attention core of Eq. 1 (QKᵀ, softmax, ·V), which
+is the other half of decoding time once the linear maps are int8 (BENCHMARKS.md §2). Each
+``Int8Linear`` then returns bfloat16, except the pre-softmax projection, whose logits stay float32
+for the log-probabilities. Worth it on CPUs with bf16 instructions (AVX512-BF16, AMX).
 """
 from __future__ import annotations
 
@@ -37,43 +43,50 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 class Int8Linear(nn.Module):
     """A linear map y = x Wᵀ + b with int8 weights and int8 row-quantized inputs (module docstring)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None):
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.out_dtype = out_dtype
         w_q, s_w = quantize_rows(weight.detach())  # per output channel: the rows of W (O, I)
         self.register_buffer("w_q", w_q, persistent=False)  # (O,I) int8
         self.register_buffer("s_w", s_w.squeeze(1), persistent=False)  # (O,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        return cls(linear.weight, linear.bias)
+    def from_linear(cls, linear: nn.Linear, out_dtype: torch.dtype = torch.float32) -> "Int8Linear":
+        return cls(linear.weight, linear.bias, out_dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (..., I) -> (..., O) float32."""
+        """x (..., I) -> (..., O) in out_dtype (the products and the rescaling in float32)."""
         lead = x.shape[:-1]
         x_q, s_x = quantize_rows(x.reshape(-1, self.in_features))  # (N,I), (N,1)
         acc = torch._int_mm(x_q, self.w_q.t())  # (N,O) int32, exact
         y = (acc * self.s_w).mul_(s_x)  # float32
         if self.bias is not None:
             y.add_(self.bias)
-        return y.view(*lead, self.out_features)
+        return y.to(self.out_dtype).view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"out_dtype={self.out_dtype}")
 
 
-def int8_copy(model: nn.Module) -> nn.Module:
+def int8_copy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A decoding copy of a Transformer whose linear maps are ``Int8Linear`` (the caller's model is
-    left as it was). A tied pre-softmax projection (``out_proj`` None, §3.4) gets its own int8 copy of
-    the embedding matrix; the embedding lookups keep the float32 one."""
+    left as it was), everything else in ``dtype`` (float32 for precision int8, bfloat16 for
+    int8-bf16). A tied pre-softmax projection (``out_proj`` None, §3.4) gets its own int8 copy of the
+    embedding matrix; the embedding lookups keep the float one. The logits are float32 either way."""
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise UserError("precision int8 runs on CPU; on a GPU use precision bf16")
-    out = copy.deepcopy(model).float().eval()
-    for parent in list(out.modules()):
+    ref = copy.deepcopy(model).float().eval()  # float32 weights to quantize from
+    out = copy.deepcopy(model).to(dtype).eval()  # embeddings, LayerNorm, positions in dtype
+    linears = {name: m for name, m in ref.named_modules() if isinstance(m, nn.Linear)}
+    for parent_name, parent in list(out.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_linear(child))
+                full = f"{parent_name}.{name}" if parent_name else name
+                logits = full == "out_proj"  # the untied pre-softmax projection: float32 logits
+                setattr(parent, name, Int8Linear.from_linear(linears[full], torch.float32 if logits else dtype))
     if out.out_proj is None:
-        out.out_proj = Int8Linear(out.tgt_embed.weight)
+        out.out_proj = Int8Linear(ref.tgt_embed.weight)
     return out

@@ -106,12 +106,15 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
 
 
 def model_for_precision(model: Transformer, precision: str) -> Transformer:
-    """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (decode/int8.py),
+    """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (int8-bf16: int8
+    linear maps, bfloat16 between them; decode/int8.py),
     so the caller's model is left as it was."""
     if precision == "bf16":
         return copy.deepcopy(model).to(torch.bfloat16)
     if precision == "int8":
         return int8_copy(model)
+    if precision == "int8-bf16":
+        return int8_copy(model, torch.bfloat16)
     return model
 
 
