@@ -183,7 +183,7 @@ AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush", "hugepages": "on"}
 
 # Composite systems of the translation benchmark: each is the faster of its members (issue 7's
 # reduced-precision aiayn, and CTranslate2 float32 in its better use of the same threads).
-BEST_OF = {"aiayn-best-reduced": ("aiayn-bf16", "aiayn-bf16w", "aiayn-int8"), "ct2-best-fp32": ("ct2-fp32", "ct2-fp32-inter")}
+BEST_OF = {"aiayn-best-reduced": ("aiayn-bf16", "aiayn-bf16w", "aiayn-int8", "aiayn-int8bf16"), "ct2-best-fp32": ("ct2-fp32", "ct2-fp32-inter")}
 
 
 @dataclass

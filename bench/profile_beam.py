@@ -24,7 +24,7 @@ from translate_throughput import build_aiayn
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=list(bl.SIZES), default="small")
-    ap.add_argument("--mode", choices=["fp32", "bf16", "bf16w", "int8"], default="fp32")
+    ap.add_argument("--mode", choices=["fp32", "bf16", "bf16w", "int8", "int8bf16"], default="fp32")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--src-len", type=int, default=20)
     ap.add_argument("--out-len", type=int, default=20)

@@ -9,6 +9,7 @@ to raw text (SentencePiece encoding and decoding included), beam 4, maximum leng
                  sorted by length), as ``aiayn translate`` runs
   aiayn-bf16     the same with precision bf16 (weights cast to bfloat16)
   aiayn-int8     the same with precision int8 (int8 linear maps, aiayn/decode/int8.py)
+  aiayn-int8bf16 the same with precision int8-bf16 (int8 linear maps, bfloat16 between them)
   ct2-fp32       ctranslate2.Translator on the exported model, translate_batch(beam_size=4,
                  max_batch_size=4096, batch_type="tokens", min_decoding_length=0, <pad>/<s>
                  suppressed); the source pieces + </s>, per-sentence maximum length |x| + 50
@@ -113,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         ct2_dir = str(Path(workdir) / "ct2")
         if aiayn_main(["export", "--checkpoint", str(ckpt), "--out", ct2_dir]) != 0:
             raise SystemExit("export failed")
-        systems = [bl.System(f"aiayn-{p}", build_aiayn, {"checkpoint": str(ckpt), "precision": p, "alpha": alpha,
+        systems = [bl.System(f"aiayn-{p.replace('-', '')}", build_aiayn, {"checkpoint": str(ckpt), "precision": p, "alpha": alpha,
                                                          "lines": lines}, **bl.AIAYN_PROCESS)
-                   for p in ("fp32", "bf16", "int8")]
+                   for p in ("fp32", "bf16", "int8", "int8-bf16")]
         systems += [bl.System(f"ct2-{name}", build_ct2, {"ct2_dir": ct2_dir, "compute_type": ct, "alpha": alpha,
                                                          "lines": lines, "threads": args.threads})
                     for name, ct in (("fp32", "float32"), ("int8", "int8"))]
@@ -147,7 +148,8 @@ def report(args, ckpt: Path, alpha: float, src: str, tgt: str, machine: dict, re
                      f"{r['multi30k_bleu']:.2f}", f"{r['sacrebleu']:.2f}"])
     ratios = {}
     for a, b in (("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-fp32"), ("aiayn-bf16", "ct2-int8"),
-                 ("aiayn-int8", "ct2-fp32"), ("aiayn-int8", "ct2-int8"), ("aiayn-int8", "aiayn-fp32")):
+                 ("aiayn-int8", "ct2-fp32"), ("aiayn-int8", "ct2-int8"), ("aiayn-int8", "aiayn-fp32"),
+                 ("aiayn-int8bf16", "ct2-int8"), ("aiayn-int8bf16", "aiayn-fp32")):
         ratios[f"{a}/{b}"] = bl.ratio(res.get(a, {}).get("sentences_per_s"), res.get(b, {}).get("sentences_per_s"))
     print(f"\nMulti30k test_2016 {src}->{tgt}, {ckpt}, beam 4, alpha {alpha}, {args.threads} threads")
     bl.print_table(["system", "sentences/s", "call s (median)", "n", "Multi30k BLEU", "sacreBLEU"], rows)

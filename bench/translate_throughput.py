@@ -16,7 +16,8 @@ The default L = 69 is the rivals' setting (/work/shared/rivals: max length = inp
 Systems (each in its own process, interleaved, 2 threads each): aiayn-fp32; aiayn-bf16
 (search under torch.autocast bfloat16; attention core in float32 by ModelConfig.attn_fp32);
 aiayn-bf16w (weights cast to bfloat16, no autocast); aiayn-int8 (int8 linear maps,
-aiayn/decode/int8.py, as DecodeConfig(precision="int8") decodes); hf-fp32; ct2-fp32; ct2-int8; ct2-fp32-inter
+aiayn/decode/int8.py, as DecodeConfig(precision="int8") decodes); aiayn-int8bf16 (the same int8 linear
+maps, bfloat16 between them: precision "int8-bf16"); hf-fp32; ct2-fp32; ct2-int8; ct2-fp32-inter
 (CTranslate2's inter_threads: 2 workers of 1 thread, each given half the batch; CT2 scales
 worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
@@ -72,7 +73,7 @@ def _src(B: int, S: int, low: int, high: int, eos: int) -> torch.Tensor:
 
 
 def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True):
-    """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w | int8;
+    """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w | int8 | int8bf16;
     share_slots=False: the copying beam cache (for A/B runs)."""
     import aiayn
     from aiayn.decode.adapter import CachedDecoder
@@ -82,9 +83,9 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     cfg = bl.model_config(size)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()
-    if mode in ("bf16w", "int8"):  # the decoding copy Translator makes for precision bf16 / int8
+    if mode in ("bf16w", "int8", "int8bf16"):  # the decoding copy Translator makes for precision bf16 / int8 / int8-bf16
         from aiayn.decode.translator import model_for_precision
-        model = model_for_precision(model, "bf16" if mode == "bf16w" else mode)
+        model = model_for_precision(model, {"bf16w": "bf16", "int8": "int8", "int8bf16": "int8-bf16"}[mode])
     decoder = CachedDecoder(model, share_slots=share_slots)
     dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
@@ -168,7 +169,7 @@ def build_ct2(size: str, compute_type: str, ct2_dir: str, threads: int, B: int, 
 def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     shape = {"B": args.batch, "S": args.src_len, "L": args.out_len, "K": args.beam}
     out = [bl.System(f"aiayn-{m}", build_aiayn, {"size": args.size, "mode": m, **shape}, **bl.AIAYN_PROCESS)
-           for m in ("fp32", "bf16", "bf16w", "int8")]
+           for m in ("fp32", "bf16", "bf16w", "int8", "int8bf16")]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
         out.append(bl.System(name, build_ct2, {"size": args.size, "compute_type": ct, "ct2_dir": ct2_dir,
@@ -180,7 +181,8 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     return out
 
 
-DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "hf-fp32": "fp32",
+DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "aiayn-int8bf16": "fp32",
+         "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and
 # "ct2-best-fp32" are the composites of benchlib.BEST_OF (the CTranslate2 targets are judged on
@@ -189,7 +191,7 @@ RATIOS = [("aiayn-fp32", "ct2-best-fp32", 1.2), ("aiayn-fp32", "hf-fp32", 3.0),
           ("aiayn-best-reduced", "ct2-best-fp32", 2.0), ("aiayn-best-reduced", "ct2-int8", None),
           ("aiayn-fp32", "ct2-fp32", None), ("aiayn-fp32", "ct2-fp32-inter", None),
           ("aiayn-bf16", "aiayn-fp32", None), ("aiayn-bf16w", "aiayn-fp32", None), ("aiayn-int8", "aiayn-fp32", None),
-          ("aiayn-int8", "ct2-int8", None)]
+          ("aiayn-int8", "ct2-int8", None), ("aiayn-int8bf16", "aiayn-int8", None), ("aiayn-int8bf16", "ct2-int8", None)]
 
 
 def _ct2_prepared(args: argparse.Namespace, workdir: str) -> tuple[str | None, dict]:
