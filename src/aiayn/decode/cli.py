@@ -81,23 +81,23 @@ def run(args: argparse.Namespace) -> int:
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
-    translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
-    source = args.input or "<stdin>"
-    records, n_lines, t0 = [], 0, time.perf_counter()
-    for first, lines in _input_chunks(args.input):
-        ids = translator.encode(lines, source, first)
-        hyps = translator.translate_ids(ids)
-        for k, hs in enumerate(hyps):
-            texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
-            if cfg.nbest == 1:
-                sys.stdout.write((texts[0] if texts else "") + "\n")
-            else:
-                for text, h in zip(texts, hs):
-                    sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}\n")
-            if att_path is not None and hs:
-                records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
-        sys.stdout.flush()
-        n_lines += len(lines)
+    with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
+        source = args.input or "<stdin>"
+        records, n_lines, t0 = [], 0, time.perf_counter()
+        for first, lines in _input_chunks(args.input):
+            ids = translator.encode(lines, source, first)
+            hyps = translator.translate_ids(ids)
+            for k, hs in enumerate(hyps):
+                texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
+                if cfg.nbest == 1:
+                    sys.stdout.write((texts[0] if texts else "") + "\n")
+                else:
+                    for text, h in zip(texts, hs):
+                        sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}\n")
+                if att_path is not None and hs:
+                    records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
+            sys.stdout.flush()
+            n_lines += len(lines)
     if att_path is not None:
         _write_attention(att_path, records)
     log.info("translated %d lines in %.1fs", n_lines, time.perf_counter() - t0)

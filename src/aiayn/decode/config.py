@@ -26,7 +26,8 @@ class DecodeConfig:
     top_p: float = param(1.0, "sampling: keep the smallest set of most probable tokens whose mass reaches p (nucleus; 1.0 = all)")
     seed: int = param(0, "sampling: random seed (sampled outputs depend on it and on batch composition)")
     batch_tokens: int = param(4096, "source tokens per batch, counting padding (sentences are sorted by length into batches; output keeps input order)")
-    precision: str = param("fp32", "weights and activations while decoding: fp32 (exact), bf16 (the model cast to bfloat16: faster on CPUs with bf16 instructions and on GPUs; log-probabilities still in float32) int8 (CPU: every linear map, the output projection included, with int8 weights per output channel and int8 inputs per row, int32 products; decode/int8.py) or int8-bf16 (CPU: the same int8 linear maps, everything between them, the attention core included, in bfloat16; for CPUs with bf16 instructions)")
+    precision: str = param("fp32", "weights and activations while decoding: fp32 (exact), bf16 (the model cast to bfloat16: faster on CPUs with bf16 instructions and on GPUs; log-probabilities still in float32), int8 (CPU: every linear map, the output projection included, with int8 weights per output channel and int8 inputs per row, int32 products; decode/int8.py) or int8-bf16 (CPU: the same int8 linear maps, everything between them, the attention core included, in bfloat16; for CPUs with bf16 instructions)")
+    workers: int = param(1, "decoding processes (CPU): the length-sorted batches are shared among this many worker processes, each with its own copy of the model and threads/workers of the CPU threads (as CTranslate2's inter_threads; decode/workers.py); 1 = decode in this process")
     max_input_tokens: int = param(1024, "a source line longer than this (in subword tokens, EOS included) is an error naming its line number; also capped by the model's max_positions")
 
     def __post_init__(self) -> None:
@@ -46,5 +47,7 @@ class DecodeConfig:
             raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
         if self.precision not in ("fp32", "bf16", "int8", "int8-bf16"):
             raise ConfigError(f"precision must be fp32, bf16, int8 or int8-bf16, got {self.precision!r}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.batch_tokens < 1 or self.max_input_tokens < 1:
             raise ConfigError("batch_tokens and max_input_tokens must be >= 1")

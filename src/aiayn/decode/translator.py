@@ -31,8 +31,9 @@ from aiayn.config import ConfigError, from_dict
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.int8 import int8_copy
+from aiayn.decode.int8 import Int8Linear, int8_copy
 from aiayn.decode.search import Hypothesis, SpecialIds, search
+from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
 from aiayn.model import ModelConfig, Transformer
 
@@ -109,6 +110,8 @@ def model_for_precision(model: Transformer, precision: str) -> Transformer:
     """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (int8-bf16: int8
     linear maps, bfloat16 between them; decode/int8.py),
     so the caller's model is left as it was."""
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
+        return model  # already an int8 decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
         return copy.deepcopy(model).to(torch.bfloat16)
     if precision == "int8":
@@ -150,6 +153,10 @@ class Translator:
         self.output_cap = min(caps) if caps else None
         decoders = [CachedDecoder(x) for x in self.models]
         self.decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+        self._pool: DecodePool | None = None
+        self._float_models = given if cfg.workers > 1 else []  # what the workers load (decode/workers.py)
+        if cfg.workers > 1 and self.device.type != "cpu":
+            raise UserError(f"workers = {cfg.workers} decodes in several CPU processes; on {self.device} use workers = 1")
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], cfg: DecodeConfig = DecodeConfig(),
@@ -192,17 +199,39 @@ class Translator:
     def translate_ids(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
         """Hypotheses (n-best, best first) per line of source ids; [] for an empty line."""
         out: list[list[Hypothesis]] = [[] for _ in ids]
-        gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed) if self.cfg.sampling else None
         t0, n_out = time.perf_counter(), 0
-        for batch in self.batches(ids):
-            hyps = search(self.decoder, self._pad([ids[i] for i in batch]), self.cfg, self.ids,
-                          max_len_cap=self.output_cap, generator=gen)
+        batches = self.batches(ids)
+        if self.cfg.workers > 1 and batches:
+            batches = spread(batches, [len(x) for x in ids], self.cfg.workers)
+            results = self._workers().map([[ids[i] for i in batch] for batch in batches])
+        else:
+            gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed) if self.cfg.sampling else None
+            results = (search(self.decoder, self._pad([ids[i] for i in batch]), self.cfg, self.ids,
+                              max_len_cap=self.output_cap, generator=gen) for batch in batches)
+        for batch, hyps in zip(batches, results):
             for i, hs in zip(batch, hyps):
                 out[i] = hs
                 n_out += len(hs[0].tokens) if hs else 0
         dt = time.perf_counter() - t0
         log.debug("%d lines, %d output tokens in %.2fs (%.0f tokens/s)", len(ids), n_out, dt, n_out / max(dt, 1e-9))
         return out
+
+    def _workers(self) -> DecodePool:
+        if self._pool is None:
+            self._pool = DecodePool(self._float_models, self.src_tok, self.tgt_tok, self.cfg, torch.get_num_threads())
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the decoding workers, if any (they are started again when needed)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> "Translator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1
                         ) -> list[list[Translation]]:

@@ -32,10 +32,10 @@ def run(args) -> int:
         decode_cfg = from_args(DecodeConfig, args)
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
-    translator = Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device)
-    t0 = time.perf_counter()
-    hyps = translator.translate(src, source=args.src)
-    seconds = time.perf_counter() - t0
+    with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
+        t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
+        hyps = translator.translate(src, source=args.src)
+        seconds = time.perf_counter() - t0
     if args.out:
         Path(args.out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     results = score_all(hyps, ref, args.lang)

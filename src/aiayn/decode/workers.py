@@ -1,0 +1,99 @@
+"""Decoding in several CPU processes at once (``DecodeConfig.workers``).
+
+A beam-search step of a small model is many small operations, and one process uses a second CPU
+thread poorly (BENCHMARKS.md §2, session 12: two one-thread processes decode 1.07-1.30x faster than
+one two-thread process). So, as CTranslate2's ``inter_threads``, ``workers = N`` starts N processes,
+each with its own copy of the model(s) and ``threads // N`` of the CPU threads, and hands them the
+length-sorted batches of ``Translator.batches`` one at a time (each worker takes the next batch when
+it is done, so long and short batches balance). When there are fewer batches than workers, the
+largest batches are halved until each worker has one (a sentence's translation does not depend on
+its batch: tests/decode/test_translator.py). The results come back in input order.
+
+The workers are started (``spawn``) the first time they are needed and live as long as the
+``Translator`` (``Translator.close()`` stops them). They receive the checkpoint's weights and
+tokenizers once, as bytes, and set the process settings of the ``aiayn`` command (denormals, huge
+pages, allocator) before they create a tensor. Sampling (``DecodeConfig.sampling``) seeds each batch's
+generator with ``DecodeConfig.seed``, so sampled outputs also depend on how the batches were shared.
+CPU only: on a GPU, one process with large batches is the fast way.
+"""
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
+from typing import Sequence
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
+
+_WORKER = None  # the worker process's Translator
+
+
+def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig, threads: int) -> None:
+    """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)."""
+    global _WORKER
+    from aiayn.allocator import configure_from_env as configure_allocator
+    from aiayn.denormals import configure_from_env as configure_denormals
+    from aiayn.hugepages import configure_from_env as configure_huge_pages
+
+    configure_huge_pages()  # before the first tensor
+    configure_denormals()  # before PyTorch's thread pool
+    configure_allocator()
+    import torch
+
+    from aiayn.config import from_dict
+    from aiayn.decode.translator import Translator
+    from aiayn.model import ModelConfig, Transformer
+
+    torch.set_num_threads(threads)
+    built = []
+    for model_cfg, state in models:
+        model = Transformer(from_dict(ModelConfig, model_cfg))
+        model.load_state_dict(torch.load(io.BytesIO(state), map_location="cpu", weights_only=True))
+        built.append(model.eval())
+    _WORKER = Translator(built, *tokenizers, cfg=cfg)
+
+
+def _translate(rows: list[list[int]]) -> list[list[Hypothesis]]:
+    return _WORKER.translate_ids(rows)
+
+
+def spread(batches: list[list[int]], lengths: Sequence[int], workers: int) -> list[list[int]]:
+    """Halve the batch with the most padded source tokens until there are ``workers`` batches (or every
+    batch is one sentence). Batches keep their longest-first order; the result is longest first too."""
+    out = [list(b) for b in batches]
+    while len(out) < workers:
+        size = [len(b) * lengths[b[0]] for b in out]  # B * S of each batch (its first sentence is its longest)
+        k = max(range(len(out)), key=size.__getitem__)
+        if len(out[k]) < 2:
+            break
+        half = (len(out[k]) + 1) // 2
+        out[k: k + 1] = [out[k][:half], out[k][half:]]
+    return out
+
+
+class DecodePool:
+    """``workers`` processes, each with a Translator of the given (float) models on ``threads // workers``
+    threads; ``map`` translates batches of source ids in them and returns their hypotheses in order."""
+
+    def __init__(self, models: Sequence, src_tok, tgt_tok, cfg: DecodeConfig, threads: int):
+        import torch
+
+        payload = []
+        for model in models:
+            buf = io.BytesIO()
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+            payload.append((asdict(model.cfg), buf.getvalue()))
+        self.workers = cfg.workers
+        self.threads = max(1, threads // cfg.workers)
+        self._pool = ProcessPoolExecutor(
+            max_workers=cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+            initargs=(payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads))
+
+    def map(self, batches: list[list[list[int]]]) -> list[list[list[Hypothesis]]]:
+        """Each batch (rows of source ids + EOS) -> its rows' hypotheses, in the order given."""
+        return list(self._pool.map(_translate, batches))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

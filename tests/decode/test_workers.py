@@ -1,0 +1,62 @@
+"""Decoding in several worker processes (DecodeConfig.workers, decode/workers.py): the batches
+are shared out and the translations are those of one process, in input order."""
+from __future__ import annotations
+
+import pytest
+
+from aiayn.config import ConfigError
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.workers import spread
+
+LINES = ["A dog runs.", "", "Two men are sitting on a bench in the park.", "A woman is reading a book.",
+         "Children play football on a green field next to the old church.", "A cat.", "",
+         "The man in the red shirt is cooking dinner for his family.", "People walk in the rain."]
+
+
+def test_spread_halves_the_largest_batch_until_every_worker_has_one():
+    lengths = [10, 8, 8, 7, 3, 3]  # sentence i has lengths[i] source tokens
+    # one batch of 4 (4 x 10 = 40 padded tokens) and one of 2 (2 x 3 = 6): the first is halved
+    assert spread([[0, 1, 2, 3], [4, 5]], lengths, 3) == [[0, 1], [2, 3], [4, 5]]
+    # then [0, 1] (20) is the largest again: halved
+    assert spread([[0, 1, 2, 3], [4, 5]], lengths, 4) == [[0], [1], [2, 3], [4, 5]]
+    assert spread([[0], [1]], lengths, 4) == [[0], [1]]  # one sentence per batch: nothing left to split
+    assert spread([[0, 1, 2]], lengths, 2) == [[0, 1], [2]]  # the odd one goes to the first half
+    assert spread([[0, 1, 2]], lengths, 1) == [[0, 1, 2]]
+
+
+def test_workers_must_be_positive():
+    with pytest.raises(ConfigError, match="workers"):
+        DecodeConfig(workers=0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_two_workers_translate_as_one_process(tiny_checkpoint, precision):
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    cfg = DecodeConfig(beam_size=3, nbest=2, max_len_b=8, batch_tokens=40, precision=precision)
+    one = Translator(model, src_tok, tgt_tok, cfg)
+    with Translator(model, src_tok, tgt_tok, DecodeConfig(**{**cfg.__dict__, "workers": 2})) as two:
+        assert len(two.batches(two.encode(LINES))) >= 2  # several batches to share
+        got, want = two.translate_nbest(LINES), one.translate_nbest(LINES)
+        assert [[t.text for t in ts] for ts in got] == [[t.text for t in ts] for ts in want]
+        assert [t.score for ts in got for t in ts] == pytest.approx([t.score for ts in want for t in ts], rel=1e-4)
+        assert got[1] == [] and got[6] == []  # empty lines stay empty, in place
+        # one batch only: it is halved so that both workers decode; the same translations
+        single = two.translate(LINES[:4])
+        assert single == one.translate(LINES[:4])
+        assert two._pool is not None and two._pool.threads >= 1
+    assert two._pool is None  # closed by the with block
+
+
+def test_translate_command_with_workers(tiny_checkpoint, tmp_path, capsys):
+    from aiayn.cli import main
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(src), "--beam-size", "2",
+                 "--max-len-b", "6", "--batch-tokens", "40"]) == 0
+    one = capsys.readouterr().out
+    assert main(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(src), "--beam-size", "2",
+                 "--max-len-b", "6", "--batch-tokens", "40", "--workers", "2"]) == 0
+    two = capsys.readouterr().out
+    assert two == one and len(two.splitlines()) == len(LINES)
