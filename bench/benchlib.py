@@ -135,9 +135,18 @@ def machine_info(threads: int) -> dict[str, Any]:
     return info
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process (ru_maxrss is in KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def peak_rss_mb(pid: int | None = None) -> float | None:
+    """Peak resident set size of this process (ru_maxrss is in KiB on Linux), or of process ``pid``
+    (VmHWM in /proc; None where that cannot be read)."""
+    if pid is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
 
 
 def time_stats(times: list[float]) -> dict[str, Any]:
@@ -183,7 +192,12 @@ AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush", "hugepages": "on"}
 
 # Composite systems of the translation benchmark: each is the faster of its members (issue 7's
 # reduced-precision aiayn, and CTranslate2 float32 in its better use of the same threads).
-BEST_OF = {"aiayn-best-reduced": ("aiayn-bf16", "aiayn-bf16w", "aiayn-int8", "aiayn-int8bf16"), "ct2-best-fp32": ("ct2-fp32", "ct2-fp32-inter")}
+# Both toolkits are judged on their better use of the threads: one process on all of them, or
+# processes of one thread each (aiayn's DecodeConfig.workers, CTranslate2's inter_threads).
+BEST_OF = {"aiayn-best-fp32": ("aiayn-fp32", "aiayn-fp32-inter"),
+           "aiayn-best-reduced": ("aiayn-bf16", "aiayn-bf16w", "aiayn-int8", "aiayn-int8bf16",
+                                  "aiayn-bf16w-inter", "aiayn-int8bf16-inter"),
+           "ct2-best-fp32": ("ct2-fp32", "ct2-fp32-inter")}
 
 
 @dataclass
@@ -255,8 +269,10 @@ class _Worker:
     def __init__(self, system: System, threads: int):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
+        # not a daemon: a system may start processes of its own (aiayn's DecodeConfig.workers);
+        # close() still ends a failed worker
         self.proc = ctx.Process(target=_worker, args=(child, system, threads), name=f"bench-{system.name}",
-                                daemon=True)
+                                daemon=False)
         self.proc.start()
         child.close()
 

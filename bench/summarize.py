@@ -19,16 +19,18 @@ TARGETS = [
     ("train_small", "aiayn-fp32/hf-fp32", "training fp32 vs HF Marian, small"),
     ("train_base", "aiayn-bf16/aiayn-fp32", "training bf16 vs aiayn fp32, base"),
     ("train_small", "aiayn-bf16/aiayn-fp32", "training bf16 vs aiayn fp32, small"),
-    ("translate_base", "aiayn-fp32/ct2-best-fp32", "translation fp32 vs CTranslate2 fp32, base"),
-    ("translate_small", "aiayn-fp32/ct2-best-fp32", "translation fp32 vs CTranslate2 fp32, small"),
-    ("translate_base", "aiayn-fp32/hf-fp32", "translation fp32 vs HF generate, base"),
-    ("translate_small", "aiayn-fp32/hf-fp32", "translation fp32 vs HF generate, small"),
+    ("translate_base", "aiayn-best-fp32/ct2-best-fp32", "translation fp32 vs CTranslate2 fp32, base"),
+    ("translate_small", "aiayn-best-fp32/ct2-best-fp32", "translation fp32 vs CTranslate2 fp32, small"),
+    ("translate_base", "aiayn-best-fp32/hf-fp32", "translation fp32 vs HF generate, base"),
+    ("translate_small", "aiayn-best-fp32/hf-fp32", "translation fp32 vs HF generate, small"),
     ("translate_base", "aiayn-best-reduced/ct2-best-fp32", "translation reduced precision vs CTranslate2 fp32, base"),
     ("translate_small", "aiayn-best-reduced/ct2-best-fp32", "translation reduced precision vs CTranslate2 fp32, small"),
 ]
-# Results written before ct2-fp32-inter existed compare with intra-op CTranslate2 only.
-OLDER_KEY = {"aiayn-fp32/ct2-best-fp32": "aiayn-fp32/ct2-fp32",
-             "aiayn-best-reduced/ct2-best-fp32": "aiayn-best-reduced/ct2-fp32"}
+# Results written before aiayn's workers (session 17) compare aiayn-fp32 alone, and those written
+# before ct2-fp32-inter existed compare with intra-op CTranslate2 only: the keys tried in order.
+OLDER_KEY = {"aiayn-best-fp32/ct2-best-fp32": ("aiayn-fp32/ct2-best-fp32", "aiayn-fp32/ct2-fp32"),
+             "aiayn-best-fp32/hf-fp32": ("aiayn-fp32/hf-fp32",),
+             "aiayn-best-reduced/ct2-best-fp32": ("aiayn-best-reduced/ct2-fp32",)}
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -113,8 +115,8 @@ def targets_section(parts: dict) -> list[str]:
     for part_name, key, what in TARGETS:
         part = parts.get(part_name)
         ratios = (part or {}).get("ratios", {})
-        if key not in ratios and OLDER_KEY.get(key) in ratios:
-            key = OLDER_KEY[key]
+        if key not in ratios:
+            key = next((k for k in OLDER_KEY.get(key, ()) if k in ratios), key)
         r = ratios.get(key)
         named = {n for side in key.split("/") for n in bl.BEST_OF.get(side, (side,))}
         if not r or r["ratio"] is None:

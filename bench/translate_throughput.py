@@ -19,7 +19,9 @@ aiayn-bf16w (weights cast to bfloat16, no autocast); aiayn-int8 (int8 linear map
 aiayn/decode/int8.py, as DecodeConfig(precision="int8") decodes); aiayn-int8bf16 (the same int8 linear
 maps, bfloat16 between them: precision "int8-bf16"); hf-fp32; ct2-fp32; ct2-int8; ct2-fp32-inter
 (CTranslate2's inter_threads: 2 workers of 1 thread, each given half the batch; CT2 scales
-worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads).
+worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads);
+aiayn-fp32-inter, aiayn-bf16w-inter, aiayn-int8bf16-inter (aiayn's DecodeConfig.workers = 2 through a
+Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inter).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
 
 Model FLOPs of one call (``beam_flops``): the encoder and the encoder-decoder keys/values once
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import shutil
@@ -72,9 +75,10 @@ def _src(B: int, S: int, low: int, high: int, eos: int) -> torch.Tensor:
     return src
 
 
-def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True):
+def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True, workers: int = 1):
     """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w | int8 | int8bf16;
-    share_slots=False: the copying beam cache (for A/B runs)."""
+    share_slots=False: the copying beam cache (for A/B runs); workers > 1: through a Translator with
+    DecodeConfig.workers (the batch halved over that many processes, aiayn/decode/workers.py)."""
     import aiayn
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
@@ -83,13 +87,30 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     cfg = bl.model_config(size)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()
-    if mode in ("bf16w", "int8", "int8bf16"):  # the decoding copy Translator makes for precision bf16 / int8 / int8-bf16
-        from aiayn.decode.translator import model_for_precision
-        model = model_for_precision(model, {"bf16w": "bf16", "int8": "int8", "int8bf16": "int8-bf16"}[mode])
-    decoder = CachedDecoder(model, share_slots=share_slots)
+    precision = {"fp32": "fp32", "bf16": "fp32", "bf16w": "bf16", "int8": "int8", "int8bf16": "int8-bf16"}[mode]
     dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
     src = _src(B, S, 4, cfg.vocab_size, cfg.eos_id)
+    if workers > 1:
+        from aiayn.decode.translator import Translator
+
+        assert mode != "bf16", "autocast decoding has no workers variant"
+        # no tokenizers: translate_ids works on ids (the workers get None for them)
+        tr = Translator(model, None, None, dataclasses.replace(dcfg, precision=precision, workers=workers))
+        rows = [r.tolist() for r in src]
+        tr.translate_ids(rows[:workers])  # start the workers (the harness's warm-up rounds come on top)
+
+        def run_workers() -> dict:
+            lens = [hs[0].length for hs in tr.translate_ids(rows)]
+            # the system's own process only waits: its peak RSS and cores leave out the workers'
+            return {"out_len_min": min(lens), "out_len_max": max(lens), "sentences": len(lens), "workers": workers,
+                    "workers_peak_rss_mb": [bl.peak_rss_mb(pid) for pid in tr._workers().pids()]}
+
+        return run_workers
+    if precision != "fp32":  # the decoding copy Translator makes for precision bf16 / int8 / int8-bf16
+        from aiayn.decode.translator import model_for_precision
+        model = model_for_precision(model, precision)
+    decoder = CachedDecoder(model, share_slots=share_slots)
 
     def run() -> dict:
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
@@ -170,6 +191,10 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     shape = {"B": args.batch, "S": args.src_len, "L": args.out_len, "K": args.beam}
     out = [bl.System(f"aiayn-{m}", build_aiayn, {"size": args.size, "mode": m, **shape}, **bl.AIAYN_PROCESS)
            for m in ("fp32", "bf16", "bf16w", "int8", "int8bf16")]
+    if args.threads > 1:  # aiayn's DecodeConfig.workers: the same threads split over processes, as CT2's inter
+        out += [bl.System(f"aiayn-{m}-inter", build_aiayn, {"size": args.size, "mode": m, "workers": args.threads,
+                                                           **shape}, **bl.AIAYN_PROCESS)
+                for m in ("fp32", "bf16w", "int8bf16")]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
         out.append(bl.System(name, build_ct2, {"size": args.size, "compute_type": ct, "ct2_dir": ct2_dir,
@@ -182,16 +207,18 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
 
 
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "aiayn-int8bf16": "fp32",
+         "aiayn-fp32-inter": "fp32", "aiayn-bf16w-inter": "bf16", "aiayn-int8bf16-inter": "fp32",
          "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and
-# "ct2-best-fp32" are the composites of benchlib.BEST_OF (the CTranslate2 targets are judged on
-# its better use of the same threads).
-RATIOS = [("aiayn-fp32", "ct2-best-fp32", 1.2), ("aiayn-fp32", "hf-fp32", 3.0),
+# "ct2-best-fp32" are the composites of benchlib.BEST_OF (both toolkits are judged on their better
+# use of the same threads).
+RATIOS = [("aiayn-best-fp32", "ct2-best-fp32", 1.2), ("aiayn-best-fp32", "hf-fp32", 3.0),
           ("aiayn-best-reduced", "ct2-best-fp32", 2.0), ("aiayn-best-reduced", "ct2-int8", None),
           ("aiayn-fp32", "ct2-fp32", None), ("aiayn-fp32", "ct2-fp32-inter", None),
           ("aiayn-bf16", "aiayn-fp32", None), ("aiayn-bf16w", "aiayn-fp32", None), ("aiayn-int8", "aiayn-fp32", None),
-          ("aiayn-int8", "ct2-int8", None), ("aiayn-int8bf16", "aiayn-int8", None), ("aiayn-int8bf16", "ct2-int8", None)]
+          ("aiayn-int8", "ct2-int8", None), ("aiayn-int8bf16", "aiayn-int8", None), ("aiayn-int8bf16", "ct2-int8", None),
+          ("aiayn-fp32-inter", "aiayn-fp32", None), ("aiayn-int8bf16-inter", "aiayn-int8bf16", None)]
 
 
 def _ct2_prepared(args: argparse.Namespace, workdir: str) -> tuple[str | None, dict]:

@@ -12,14 +12,20 @@ its batch: tests/decode/test_translator.py). The results come back in input orde
 The workers are started (``spawn``) the first time they are needed and live as long as the
 ``Translator`` (``Translator.close()`` stops them). They receive the checkpoint's weights and
 tokenizers once, as bytes, and set the process settings of the ``aiayn`` command (denormals, huge
-pages, allocator) before they create a tensor. Sampling (``DecodeConfig.sampling``) seeds each batch's
+pages, allocator) before they create a tensor. On Linux they end with the thread that started them
+(``PR_SET_PDEATHSIG``), so a killed ``aiayn translate`` leaves no orphans; start them from a thread
+that outlives the Translator (the main thread, as the CLI does). Sampling (``DecodeConfig.sampling``) seeds each batch's
 generator with ``DecodeConfig.seed``, so sampled outputs also depend on how the batches were shared.
 CPU only: on a GPU, one process with large batches is the fast way.
 """
 from __future__ import annotations
 
+import ctypes
 import io
 import multiprocessing as mp
+import os
+import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from typing import Sequence
@@ -30,9 +36,22 @@ from aiayn.decode.search import Hypothesis
 _WORKER = None  # the worker process's Translator
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel ends this worker when the process that started it ends, however it ends."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() == 1:  # the parent ended before prctl took effect
+        os._exit(1)
+
+
 def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig, threads: int) -> None:
     """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)."""
     global _WORKER
+    _die_with_parent()
     from aiayn.allocator import configure_from_env as configure_allocator
     from aiayn.denormals import configure_from_env as configure_denormals
     from aiayn.hugepages import configure_from_env as configure_huge_pages
@@ -94,6 +113,10 @@ class DecodePool:
     def map(self, batches: list[list[list[int]]]) -> list[list[list[Hypothesis]]]:
         """Each batch (rows of source ids + EOS) -> its rows' hypotheses, in the order given."""
         return list(self._pool.map(_translate, batches))
+
+    def pids(self) -> list[int]:
+        """The worker processes' ids (those started so far)."""
+        return [p.pid for p in self._pool._processes.values()]  # concurrent.futures keeps them there
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
