@@ -45,6 +45,10 @@ def test_two_workers_translate_as_one_process(tiny_checkpoint, precision):
         single = two.translate(LINES[:4])
         assert single == one.translate(LINES[:4])
         assert two._pool is not None and two._pool.threads >= 1
+        # settings changed on the Translator after its workers started reach them (the demo tunes α so)
+        one.cfg = DecodeConfig(beam_size=2, alpha=1.4, max_len_b=8, batch_tokens=40, precision=precision)
+        two.cfg = DecodeConfig(**{**one.cfg.__dict__, "workers": 2})
+        assert two.translate(LINES) == one.translate(LINES)
     assert two._pool is None  # closed by the with block
 
 

@@ -154,7 +154,7 @@ class Translator:
         decoders = [CachedDecoder(x) for x in self.models]
         self.decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
         self._pool: DecodePool | None = None
-        self._float_models = given if cfg.workers > 1 else []  # what the workers load (decode/workers.py)
+        self._float_models = given  # what workers load, if any (decode/workers.py): references, not copies
         if cfg.workers > 1 and self.device.type != "cpu":
             raise UserError(f"workers = {cfg.workers} decodes in several CPU processes; on {self.device} use workers = 1")
 
@@ -203,7 +203,7 @@ class Translator:
         batches = self.batches(ids)
         if self.cfg.workers > 1 and batches:
             batches = spread(batches, [len(x) for x in ids], self.cfg.workers)
-            results = self._workers().map([[ids[i] for i in batch] for batch in batches])
+            results = self._workers().map([[ids[i] for i in batch] for batch in batches], self.cfg)
         else:
             gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed) if self.cfg.sampling else None
             results = (search(self.decoder, self._pad([ids[i] for i in batch]), self.cfg, self.ids,
@@ -218,6 +218,9 @@ class Translator:
 
     def _workers(self) -> DecodePool:
         if self._pool is None:
+            if self.device.type != "cpu":
+                raise UserError(f"workers = {self.cfg.workers} decodes in several CPU processes; on {self.device} "
+                                "use workers = 1")
             self._pool = DecodePool(self._float_models, self.src_tok, self.tgt_tok, self.cfg, torch.get_num_threads())
         return self._pool
 

@@ -74,7 +74,8 @@ def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: Decod
     _WORKER = Translator(built, *tokenizers, cfg=cfg)
 
 
-def _translate(rows: list[list[int]]) -> list[list[Hypothesis]]:
+def _translate(rows: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    _WORKER.cfg = cfg  # the caller's settings of this call (beam, α, ...); the precision is the pool's
     return _WORKER.translate_ids(rows)
 
 
@@ -97,6 +98,8 @@ class DecodePool:
     threads; ``map`` translates batches of source ids in them and returns their hypotheses in order."""
 
     def __init__(self, models: Sequence, src_tok, tgt_tok, cfg: DecodeConfig, threads: int):
+        """``cfg.precision`` is fixed here (each worker makes its decoding copy once); the other settings
+        come with each ``map`` call."""
         import torch
 
         payload = []
@@ -110,9 +113,10 @@ class DecodePool:
             max_workers=cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
             initargs=(payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads))
 
-    def map(self, batches: list[list[list[int]]]) -> list[list[list[Hypothesis]]]:
-        """Each batch (rows of source ids + EOS) -> its rows' hypotheses, in the order given."""
-        return list(self._pool.map(_translate, batches))
+    def map(self, batches: list[list[list[int]]], cfg: DecodeConfig) -> list[list[list[Hypothesis]]]:
+        """Each batch (rows of source ids + EOS) -> its rows' hypotheses under ``cfg``, in the order given."""
+        one = replace(cfg, workers=1)
+        return list(self._pool.map(_translate, batches, [one] * len(batches)))
 
     def pids(self) -> list[int]:
         """The worker processes' ids (those started so far)."""
