@@ -80,6 +80,9 @@ def system_rows(part: dict) -> list[list[str]]:
         note = "" if r.get("lengths_ok", True) else " (output lengths differ!)"
         rss = r.get("peak_rss_mb")
         rss_txt = "-" if rss is None else f"{rss:.0f} (+{rss - r.get('rss_before_build_mb', 0):.0f})"
+        workers = [w for w in (r.get("info") or {}).get("workers_peak_rss_mb") or [] if w is not None]
+        if workers and rss is not None:  # decoding worker processes (aiayn's DecodeConfig.workers) come on top
+            rss_txt += " + workers " + " + ".join(f"{w:.0f}" for w in workers)
         rows.append([name, f"{r['tgt_tokens_per_s']:.0f}{note}", f"{r['time']['median']:.3f}", str(r["time"]["n"]),
                      f"{r['model_gflops_per_s']:.1f}", pct(frac), rss_txt])
     return rows
