@@ -64,3 +64,13 @@ def test_translate_command_with_workers(tiny_checkpoint, tmp_path, capsys):
                  "--max-len-b", "6", "--batch-tokens", "40", "--workers", "2"]) == 0
     two = capsys.readouterr().out
     assert two == one and len(two.splitlines()) == len(LINES)
+
+
+def test_workers_refuse_an_int8_copy(tiny_checkpoint):
+    from aiayn.decode.int8 import int8_copy
+    from aiayn.errors import UserError
+
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    with Translator(int8_copy(model), src_tok, tgt_tok, DecodeConfig(precision="int8", workers=2)) as tr:
+        with pytest.raises(UserError, match="float model"):
+            tr.translate(LINES)

@@ -102,6 +102,12 @@ class DecodePool:
         come with each ``map`` call."""
         import torch
 
+        from aiayn.decode.int8 import Int8Linear
+        from aiayn.errors import UserError
+
+        if any(isinstance(m, Int8Linear) for model in models for m in model.modules()):
+            raise UserError("decoding workers load the float model and make their own int8 copy: give the Translator "
+                            "the float model with precision int8 / int8-bf16, not an int8 copy")
         payload = []
         for model in models:
             buf = io.BytesIO()
