@@ -41,6 +41,7 @@ def test_two_workers_translate_as_one_process(tiny_checkpoint, precision):
         assert [[t.text for t in ts] for ts in got] == [[t.text for t in ts] for ts in want]
         assert [t.score for ts in got for t in ts] == pytest.approx([t.score for ts in want for t in ts], rel=1e-4)
         assert got[1] == [] and got[6] == []  # empty lines stay empty, in place
+        assert "models" not in two.__dict__  # only the workers made decoding copies
         # one batch only: it is halved so that both workers decode; the same translations
         single = two.translate(LINES[:4])
         assert single == one.translate(LINES[:4])

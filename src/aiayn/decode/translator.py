@@ -17,6 +17,7 @@ decoded, and returned in input order. Documented choices:
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import time
@@ -135,8 +136,7 @@ class Translator:
         given = [model] if isinstance(model, Transformer) else list(model)
         if not given:
             raise UserError("a Translator needs at least one model")
-        self.models = [model_for_precision(m, cfg.precision).eval() for m in given]
-        self.model = self.models[0]
+        self._given = given  # the caller's models: the decoding copies below and the workers are made from them
         self.src_tok, self.tgt_tok, self.cfg = src_tok, tgt_tok, cfg
         m = given[0].cfg
         self.ids = SpecialIds(pad=m.pad_id, bos=m.bos_id, eos=m.eos_id)
@@ -151,10 +151,7 @@ class Translator:
         self.input_limit = min(limits)
         caps = [g.cfg.max_positions for g in given if g.cfg.learned_positions]
         self.output_cap = min(caps) if caps else None
-        decoders = [CachedDecoder(x) for x in self.models]
-        self.decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
         self._pool: DecodePool | None = None
-        self._float_models = given  # what workers load, if any (decode/workers.py): references, not copies
         if cfg.workers > 1 and self.device.type != "cpu":
             raise UserError(f"workers = {cfg.workers} decodes in several CPU processes; on {self.device} use workers = 1")
 
@@ -164,9 +161,24 @@ class Translator:
         """A checkpoint, an ensemble file, or a list of them (an ensemble of all their models)."""
         return cls(*load_models_for_inference(path, device), cfg=cfg)
 
+    @functools.cached_property
+    def models(self) -> list[Transformer]:
+        """The decoding copies (``model_for_precision``), made when first needed: with workers they
+        are only needed for attention plots, so a Translator that only translates does not hold them."""
+        return [model_for_precision(m, self.cfg.precision).eval() for m in self._given]
+
+    @property
+    def model(self) -> Transformer:
+        return self.models[0]
+
+    @functools.cached_property
+    def decoder(self) -> CachedDecoder | EnsembleDecoder:
+        decoders = [CachedDecoder(x) for x in self.models]
+        return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return next(self._given[0].parameters()).device
 
     def encode(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[list[int]]:
         """Source ids + [EOS] per line ([] for an empty line); too long lines are InputErrors."""
@@ -221,7 +233,7 @@ class Translator:
             if self.device.type != "cpu":
                 raise UserError(f"workers = {self.cfg.workers} decodes in several CPU processes; on {self.device} "
                                 "use workers = 1")
-            self._pool = DecodePool(self._float_models, self.src_tok, self.tgt_tok, self.cfg, torch.get_num_threads())
+            self._pool = DecodePool(self._given, self.src_tok, self.tgt_tok, self.cfg, torch.get_num_threads())
         return self._pool
 
     def close(self) -> None:
