@@ -14,8 +14,9 @@ The workers are started (``spawn``) the first time they are needed and live as l
 tokenizers once, as bytes, and set the process settings of the ``aiayn`` command (denormals, huge
 pages, allocator) before they create a tensor. On Linux they end with the thread that started them
 (``PR_SET_PDEATHSIG``), so a killed ``aiayn translate`` leaves no orphans; start them from a thread
-that outlives the Translator (the main thread, as the CLI does). Sampling (``DecodeConfig.sampling``) seeds each batch's
-generator with ``DecodeConfig.seed``, so sampled outputs also depend on how the batches were shared.
+that outlives the Translator (the main thread, as the CLI does). Sampling (``DecodeConfig.sampling``)
+seeds each batch's generator with ``DecodeConfig.seed``, so sampled outputs also depend on how the
+batches were shared.
 CPU only: on a GPU, one process with large batches is the fast way.
 """
 from __future__ import annotations
