@@ -34,10 +34,11 @@ _TINY = 1e-12  # scale floor, so an all-zero row or output channel quantizes to 
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8: x (N, I) float -> (x_q (N, I) int8, s (N, 1) float32), x ≈ s · x_q."""
-    x = x.float()
-    s = x.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) / 127.0  # (N,1)
-    return torch.round(x / s).to(torch.int8), s
+    """Symmetric per-row int8: x (N, I) float -> (x_q (N, I) int8, s (N, 1) float32), x ≈ s · x_q.
+    A bfloat16 x is not copied to float32 first: its row maxima are exact in bfloat16, and x / s
+    promotes each element to float32 on the way, so the result is the same as for x.float()."""
+    s = x.abs().amax(dim=1, keepdim=True).float().clamp_min(_TINY) / 127.0  # (N,1)
+    return torch.div(x, s).round_().to(torch.int8), s
 
 
 class Int8Linear(nn.Module):
