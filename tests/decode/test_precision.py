@@ -1,6 +1,7 @@
 """Reduced-precision decoding: a bf16 copy of the model, fp32 log-probabilities, same API."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import aiayn
@@ -46,3 +47,18 @@ def test_bf16_search_runs_with_fixed_length():
     with torch.inference_mode():
         hyps = search(CachedDecoder(model), src, dc, SpecialIds(pad=0, bos=2, eos=3))
     assert [len(h[0].tokens) for h in hyps] == [6, 6]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int8-bf16"])
+def test_a_decoding_copy_is_not_copied_again(tiny_checkpoint, precision):
+    """The service hands its Translator's decoding copies to a Translator per request batch: they are
+    used as they are, not cast or quantized again on every batch."""
+    from aiayn.decode.translator import model_for_precision
+
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    first = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision=precision))
+    again = Translator(first.models, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision=precision))
+    assert again.models[0] is first.models[0] is model_for_precision(first.models[0], precision)
+    assert first.models[0] is not model  # the caller's model was copied once
+    lines = ["A dog runs.", "Two men are sitting on a bench in the park."]
+    assert again.translate(lines) == first.translate(lines)

@@ -114,6 +114,8 @@ def model_for_precision(model: Transformer, precision: str) -> Transformer:
     if any(isinstance(m, Int8Linear) for m in model.modules()):
         return model  # already an int8 decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
+        if next(model.parameters()).dtype == torch.bfloat16:
+            return model  # already a bfloat16 decoding copy (as above; casting a copy again changes nothing)
         return copy.deepcopy(model).to(torch.bfloat16)
     if precision == "int8":
         return int8_copy(model)
@@ -152,8 +154,8 @@ class Translator:
         caps = [g.cfg.max_positions for g in given if g.cfg.learned_positions]
         self.output_cap = min(caps) if caps else None
         self._pool: DecodePool | None = None
-        if cfg.workers > 1 and self.device.type != "cpu":
-            raise UserError(f"workers = {cfg.workers} decodes in several CPU processes; on {self.device} use workers = 1")
+        if cfg.workers > 1:
+            self._check_workers_device()
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], cfg: DecodeConfig = DecodeConfig(),
@@ -228,11 +230,14 @@ class Translator:
         log.debug("%d lines, %d output tokens in %.2fs (%.0f tokens/s)", len(ids), n_out, dt, n_out / max(dt, 1e-9))
         return out
 
+    def _check_workers_device(self) -> None:
+        if self.device.type != "cpu":
+            raise UserError(f"workers = {self.cfg.workers} decodes in several CPU processes; on {self.device} "
+                            "use workers = 1")
+
     def _workers(self) -> DecodePool:
         if self._pool is None:
-            if self.device.type != "cpu":
-                raise UserError(f"workers = {self.cfg.workers} decodes in several CPU processes; on {self.device} "
-                                "use workers = 1")
+            self._check_workers_device()
             self._pool = DecodePool(self._given, self.src_tok, self.tgt_tok, self.cfg, torch.get_num_threads())
         return self._pool
 
