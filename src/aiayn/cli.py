@@ -49,12 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aiayn.denormals import configure_from_env as configure_denormals
     from aiayn.errors import UserError
-    from aiayn.hugepages import configure_from_env as configure_huge_pages
+    from aiayn.process import configure_process
     try:
-        configure_huge_pages()  # before the first tensor: PyTorch reads it once (aiayn/hugepages.py)
-        configure_denormals()  # before anything creates PyTorch's thread pool (aiayn/denormals.py)
+        configure_process()  # huge pages, denormals, allocator: before the first tensor (aiayn/process.py)
     except UserError as exc:
         print(f"aiayn: error: {exc}", file=sys.stderr)
         return 2
@@ -65,10 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    from aiayn.allocator import configure_from_env
     from aiayn.config import ConfigError
     try:
-        configure_from_env()
         rc = args.func(args)
     except (UserError, ConfigError) as exc:  # bad input: one clear line, no traceback
         print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)

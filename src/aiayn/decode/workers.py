@@ -53,13 +53,9 @@ def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: Decod
     """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)."""
     global _WORKER
     _die_with_parent()
-    from aiayn.allocator import configure_from_env as configure_allocator
-    from aiayn.denormals import configure_from_env as configure_denormals
-    from aiayn.hugepages import configure_from_env as configure_huge_pages
+    from aiayn.process import configure_process
 
-    configure_huge_pages()  # before the first tensor
-    configure_denormals()  # before PyTorch's thread pool
-    configure_allocator()
+    configure_process()  # before the first tensor and PyTorch's thread pool
     import torch
 
     from aiayn.config import from_dict
