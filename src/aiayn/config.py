@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -114,32 +115,34 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     return cls(**kwargs)
 
 
-def apply_sets(cfg: T, assignments: list[str]) -> T:
-    """Apply ``section.field=value`` (or ``field=value`` for a flat config) overrides."""
+def apply_sets(cfg: T, assignments: list[str], where: Callable[[str], str] = lambda key: f"--set {key}") -> T:
+    """Apply ``section.field=value`` (or ``field=value`` for a flat config) overrides.
+    ``where(key)`` names the source of an assignment in error messages (a recipe file gives its
+    path and line instead of the default ``--set key``)."""
     for item in assignments:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.field=value")
         key, value = item.split("=", 1)
-        path = key.strip().split(".")
-        cfg = _set_path(cfg, path, value.strip(), key)
+        key = key.strip()
+        cfg = _set_path(cfg, key.split("."), value.strip(), where(key))
     return cfg
 
 
-def _set_path(cfg: Any, path: list[str], value: str, full: str) -> Any:
+def _set_path(cfg: Any, path: list[str], value: str, label: str) -> Any:
     types = _field_types(type(cfg))
     head = path[0]
     if head not in types:
         raise ConfigError(
-            f"--set {full}: unknown field {head!r} in {type(cfg).__name__}; known: {', '.join(sorted(types))}"
+            f"{label}: unknown field {head!r} in {type(cfg).__name__}; known: {', '.join(sorted(types))}"
         )
     if len(path) == 1:
         if dataclasses.is_dataclass(types[head]):
-            raise ConfigError(f"--set {full}: {head!r} is a section; name a field in it")
-        return dataclasses.replace(cfg, **{head: parse_value(value, types[head], full)})
+            raise ConfigError(f"{label}: {head!r} is a section; name a field in it")
+        return dataclasses.replace(cfg, **{head: parse_value(value, types[head], label)})
     sub = getattr(cfg, head)
     if not dataclasses.is_dataclass(sub):
-        raise ConfigError(f"--set {full}: {head!r} is not a section")
-    return dataclasses.replace(cfg, **{head: _set_path(sub, path[1:], value, full)})
+        raise ConfigError(f"{label}: {head!r} is not a section")
+    return dataclasses.replace(cfg, **{head: _set_path(sub, path[1:], value, label)})
 
 
 def describe(cls: type) -> list[tuple[str, Any, str]]:

@@ -1,6 +1,7 @@
 """Every shipped recipe resolves, builds its model, and the WMT14 ones match the paper."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,15 @@ def test_main_job_recipes_are_the_tiny_model_with_a_smaller_batch(name, tokens, 
     assert learning_rate(probe, 128, warmup, t.lr_scale, t.max_steps, t.lr_decay_frac) == pytest.approx(
         scale * 128 ** -0.5 * probe ** -0.5 * 0.5, rel=1e-6)
     assert t.lr_decay_by_time == (name != "multi30k-4k.json")
+
+
+def test_recipe_errors_name_the_file_and_line(tmp_path):
+    """A bad field or value in a recipe is reported at its line of the file, not as a --set option."""
+    bad = tmp_path / "r.json"
+    bad.write_text('{\n  "preset": "tiny",\n  "model": {"d_model": 64},\n  "train": {\n    "seed": 3,\n'
+                   '    "d_model": 7,\n    "fused_adam": "perhaps"\n  }\n}\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:6: train.d_model: unknown field 'd_model'"):
+        load_recipe(bad)
+    bad.write_text(bad.read_text().replace('    "d_model": 7,\n', ""))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:6: train.fused_adam: expected a boolean"):
+        load_recipe(bad)

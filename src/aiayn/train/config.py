@@ -101,7 +101,8 @@ def load_recipe(path: str | Path) -> RunConfig:
     """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        data = json.loads(text)
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: recipe file not found") from exc
     except json.JSONDecodeError as exc:
@@ -112,7 +113,14 @@ def load_recipe(path: str | Path) -> RunConfig:
     base = run_config_from_preset(data.get("preset", "base"))
     sets = [f"model.{k}={v}" for k, v in data.get("model", {}).items()]
     sets += [f"train.{k}={v}" for k, v in data.get("train", {}).items()]
-    return apply_sets(base, sets)
+
+    def where(key: str) -> str:  # "section.field" -> "FILE:LINE: section.field", the field's line in its section
+        section, _, field = key.partition(".")
+        start = text.find(f'"{section}"')
+        at = text.find(f'"{field}"', max(start, 0))
+        return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
+
+    return apply_sets(base, sets, where)
 
 
 def run_config_to_dict(cfg: RunConfig) -> dict:
