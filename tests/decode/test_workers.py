@@ -50,6 +50,10 @@ def test_two_workers_translate_as_one_process(tiny_checkpoint, precision):
         one.cfg = DecodeConfig(beam_size=2, alpha=1.4, max_len_b=8, batch_tokens=40, precision=precision)
         two.cfg = DecodeConfig(**{**one.cfg.__dict__, "workers": 2})
         assert two.translate(LINES) == one.translate(LINES)
+        # MBR: the workers return the whole beam, the choice is made in the calling process
+        one.cfg = DecodeConfig(beam_size=3, max_len_b=8, batch_tokens=40, precision=precision, mbr=True)
+        two.cfg = DecodeConfig(**{**one.cfg.__dict__, "workers": 2})
+        assert two.translate(LINES) == one.translate(LINES)
     assert two._pool is None  # closed by the with block
 
 

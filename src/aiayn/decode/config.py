@@ -20,6 +20,7 @@ class DecodeConfig:
     max_len_b: int = param(50, "b of the maximum output length a * |x| + b (§6.1: 50; parsing §6.3: 300)")
     min_len: int = param(0, "EOS is forbidden until this many tokens have been generated (min_len = max length forces a fixed output length, for benchmarks)")
     nbest: int = param(1, "hypotheses returned per sentence, best first (at most beam_size; with sampling, the number of samples)")
+    mbr: bool = param(False, "minimum Bayes risk choice (not in the paper, which outputs the best-scoring hypothesis; decode/mbr.py): beam search keeps beam_size finished hypotheses and returns first the one with the highest expected sentence-BLEU against all of them, weighted by their model probabilities; the n-best list is in that order")
     sampling: bool = param(False, "sample each token instead of searching (ancestral sampling with temperature / top-k / top-p)")
     temperature: float = param(1.0, "sampling: divide logits by this before the softmax")
     top_k: int = param(0, "sampling: keep only the k most probable tokens (0 = all)")
@@ -41,6 +42,8 @@ class DecodeConfig:
             raise ConfigError("max_len_a and max_len_b must be >= 0 and allow at least one token")
         if self.min_len < 0:
             raise ConfigError(f"min_len must be >= 0, got {self.min_len}")
+        if self.mbr and self.sampling:
+            raise ConfigError("mbr chooses among beam search's hypotheses; it does not combine with sampling")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:

@@ -17,6 +17,7 @@ decoded, and returned in input order. Documented choices:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -33,6 +34,7 @@ from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
+from aiayn.decode.mbr import mbr_order
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -211,24 +213,34 @@ class Translator:
         return src.to(self.device)
 
     def translate_ids(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
-        """Hypotheses (n-best, best first) per line of source ids; [] for an empty line."""
+        """Hypotheses (n-best, best first) per line of source ids; [] for an empty line. With
+        ``cfg.mbr`` the search keeps beam_size hypotheses and "best" is the MBR order (decode/mbr.py)."""
         out: list[list[Hypothesis]] = [[] for _ in ids]
         t0, n_out = time.perf_counter(), 0
+        mbr = self.cfg.mbr  # the search (here or in the workers) keeps the beam; the choice is made here
+        cfg = dataclasses.replace(self.cfg, nbest=self.cfg.beam_size, mbr=False) if mbr else self.cfg
         batches = self.batches(ids)
-        if self.cfg.workers > 1 and batches:
-            batches = spread(batches, [len(x) for x in ids], self.cfg.workers)
-            results = self._workers().map([[ids[i] for i in batch] for batch in batches], self.cfg)
+        if cfg.workers > 1 and batches:
+            batches = spread(batches, [len(x) for x in ids], cfg.workers)
+            results = self._workers().map([[ids[i] for i in batch] for batch in batches], cfg)
         else:
-            gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed) if self.cfg.sampling else None
-            results = (search(self.decoder, self._pad([ids[i] for i in batch]), self.cfg, self.ids,
+            gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.sampling else None
+            results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
                               max_len_cap=self.output_cap, generator=gen) for batch in batches)
         for batch, hyps in zip(batches, results):
             for i, hs in zip(batch, hyps):
-                out[i] = hs
-                n_out += len(hs[0].tokens) if hs else 0
+                out[i] = self._mbr(hs) if mbr and hs else hs
+                n_out += len(out[i][0].tokens) if hs else 0
         dt = time.perf_counter() - t0
         log.debug("%d lines, %d output tokens in %.2fs (%.0f tokens/s)", len(ids), n_out, dt, n_out / max(dt, 1e-9))
         return out
+
+    def _mbr(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
+        """The beam's hypotheses in minimum-Bayes-risk order, the first cfg.nbest of them."""
+        if self.tgt_tok is None:
+            raise UserError("mbr compares detokenized hypotheses: the Translator needs its target tokenizer")
+        order = mbr_order([self.tgt_tok.decode(h.tokens) for h in hyps], [h.log_prob for h in hyps])
+        return [hyps[j] for j in order[: self.cfg.nbest]]
 
     def _check_workers_device(self) -> None:
         if self.device.type != "cpu":
