@@ -34,7 +34,6 @@ from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
-from aiayn.decode.mbr import mbr_order
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -237,6 +236,8 @@ class Translator:
 
     def _mbr(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
         """The beam's hypotheses in minimum-Bayes-risk order, the first cfg.nbest of them."""
+        from aiayn.decode.mbr import mbr_order  # sacreBLEU's tokenizer: imported only when asked for
+
         if self.tgt_tok is None:
             raise UserError("mbr compares detokenized hypotheses: the Translator needs its target tokenizer")
         order = mbr_order([self.tgt_tok.decode(h.tokens) for h in hyps], [h.log_prob for h in hyps])
