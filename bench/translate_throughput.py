@@ -75,20 +75,23 @@ def _src(B: int, S: int, low: int, high: int, eos: int) -> torch.Tensor:
     return src
 
 
-def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True, workers: int = 1):
+def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True, workers: int = 1,
+                c_kernels: bool = True):
     """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w | int8 | int8bf16;
     share_slots=False: the copying beam cache (for A/B runs); workers > 1: through a Translator with
-    DecodeConfig.workers (the batch halved over that many processes, aiayn/decode/workers.py)."""
+    DecodeConfig.workers (the batch halved over that many processes, aiayn/decode/workers.py);
+    c_kernels=False: PyTorch's operations instead of the C kernels (DecodeConfig.c_kernels)."""
     import aiayn
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import SpecialIds, search
+    from aiayn.decode.translator import decoding_kernels
 
     cfg = bl.model_config(size)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()
     precision = {"fp32": "fp32", "bf16": "fp32", "bf16w": "bf16", "int8": "int8", "int8bf16": "int8-bf16"}[mode]
-    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L)
+    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, c_kernels=c_kernels)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
     src = _src(B, S, 4, cfg.vocab_size, cfg.eos_id)
     if workers > 1:
@@ -109,8 +112,8 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
         return run_workers
     if precision != "fp32":  # the decoding copy Translator makes for precision bf16 / int8 / int8-bf16
         from aiayn.decode.translator import model_for_precision
-        model = model_for_precision(model, precision)
-    decoder = CachedDecoder(model, share_slots=share_slots)
+        model = model_for_precision(model, precision, decoding_kernels(dcfg, model))
+    decoder = CachedDecoder(model, share_slots=share_slots, kernels=decoding_kernels(dcfg, model))
 
     def run() -> dict:
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
@@ -195,6 +198,10 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
         out += [bl.System(f"aiayn-{m}-inter", build_aiayn, {"size": args.size, "mode": m, "workers": args.threads,
                                                            **shape}, **bl.AIAYN_PROCESS)
                 for m in ("fp32", "bf16w", "int8bf16")]
+    # A/B only (run when named in --systems): the same systems with PyTorch's operations in place of the C kernels
+    out += [bl.System(f"aiayn-{m}{'-inter' if w > 1 else ''}-sdpa", build_aiayn,
+                      {"size": args.size, "mode": m, "workers": w, "c_kernels": False, **shape}, **bl.AIAYN_PROCESS)
+            for m, w in (("fp32", 1), ("int8bf16", 1), ("int8bf16", args.threads)) if w == 1 or args.threads > 1]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
         out.append(bl.System(name, build_ct2, {"size": args.size, "compute_type": ct, "ct2_dir": ct2_dir,
@@ -208,6 +215,7 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
 
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "aiayn-int8bf16": "fp32",
          "aiayn-fp32-inter": "fp32", "aiayn-bf16w-inter": "bf16", "aiayn-int8bf16-inter": "fp32",
+         "aiayn-fp32-sdpa": "fp32", "aiayn-int8bf16-sdpa": "fp32", "aiayn-int8bf16-inter-sdpa": "fp32",
          "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     bl.setup_logging()
     cfg = bl.model_config(args.size)
     machine = bl.machine_info(args.threads)
-    chosen = [s.name for s in bl.pick(systems(args, None), args.systems)]
+    chosen = [s.name for s in bl.pick(systems(args, None), args.systems) if args.systems or not s.name.endswith("-sdpa")]
     workdir = tempfile.mkdtemp(prefix="bench_ct2_")
     try:
         ct2_dir, conversion = (_ct2_prepared(args, workdir) if any(n.startswith("ct2") for n in chosen)

@@ -20,6 +20,15 @@ def shared_data_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_cache(tmp_path_factory):
+    """Compiled kernels (aiayn/decode/kernel.py) go to a directory of this run, not ~/.cache/aiayn."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AIAYN_CACHE_DIR", str(tmp_path_factory.mktemp("aiayn-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     random.seed(0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aiayn.decode.kernel import Kernels
 from aiayn.model import DecoderCache, EncoderOutput, Transformer
 from aiayn.model.cache import LayerCache, share_slots
 
@@ -106,7 +107,7 @@ class CachedState:
             if self.share_slots and group > 1 and c.group == 1 and L == 0:  # beam search starts
                 enc = [LayerCache(lc.self_k, lc.self_v, lc.cross_k.index_select(0, enc_rows),
                                   lc.cross_v.index_select(0, enc_rows)) for lc in c.layers]
-                cache = share_slots(enc, c.src_pad.index_select(0, enc_rows), group, c.capacity)
+                cache = share_slots(enc, c.src_pad.index_select(0, enc_rows), group, c.capacity, c.kernels)
                 return CachedState(cache, sentence, None, self.share_slots)
         layers = []
         for lc, (k, v) in zip(c.layers, spare):
@@ -118,7 +119,7 @@ class CachedState:
             layers.append(LayerCache(k, v, cross_k, cross_v))
         src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, enc_rows)
         old = [(lc.self_k, lc.self_v) for lc in c.layers]
-        return CachedState(DecoderCache(layers, src_pad, L, group), sentence, old, self.share_slots)
+        return CachedState(DecoderCache(layers, src_pad, L, group, kernels=c.kernels), sentence, old, self.share_slots)
 
     def _reorder_shared(self, idx: Tensor) -> "CachedState":
         """Shared beam slots: new row i continues old row idx[i]. Within a sentence only the
@@ -138,7 +139,7 @@ class CachedState:
         if L:
             anc[:, :, :L] = anc[:, :, :L].gather(1, parent.expand(Bs, g, L))  # gathered, then written
         if same:
-            return CachedState(DecoderCache(c.layers, c.src_pad, L, g, anc), sentence, None, True)
+            return CachedState(DecoderCache(c.layers, c.src_pad, L, g, anc, c.kernels), sentence, None, True)
         layers = []
         for lc in c.layers:
             bufs = []
@@ -149,7 +150,8 @@ class CachedState:
                 bufs.append(new)
             layers.append(LayerCache(bufs[0], bufs[1], lc.cross_k.index_select(0, enc_rows),
                                      lc.cross_v.index_select(0, enc_rows)))
-        return CachedState(DecoderCache(layers, c.src_pad.index_select(0, enc_rows), L, g, anc), sentence, None, True)
+        return CachedState(DecoderCache(layers, c.src_pad.index_select(0, enc_rows), L, g, anc, c.kernels),
+                           sentence, None, True)
 
     def _move_rows_in_place(self, rows: Tensor, sources: Tensor) -> None:
         """Row rows[i] of every self-attention buffer becomes (old) row sources[i]."""
@@ -165,13 +167,15 @@ class CachedState:
 class CachedDecoder:
     """Incremental decoding with the model's ``DecoderCache`` (wrapped in ``CachedState``)."""
 
-    def __init__(self, model: Transformer, share_slots: bool = True):
+    def __init__(self, model: Transformer, share_slots: bool = True, kernels: Kernels | None = None):
         self.model = model
         self.share_slots = share_slots  # shared beam slots (``DecoderCache``); False = copy on reorder
+        self.kernels = kernels  # C kernels for the attention of shared-slot steps (decode/kernel.py), or None
 
     def start(self, src: Tensor, max_len: int) -> CachedState:
         """src (B, S) -> a cache of B rows with room for max_len decoder positions."""
         cache = self.model.init_cache(self.model.encode(src), max_len)
+        cache.kernels = self.kernels
         return CachedState(cache, torch.arange(src.size(0), device=src.device), None, self.share_slots)
 
     def step(self, tokens: Tensor, state: CachedState) -> tuple[Tensor, CachedState]:

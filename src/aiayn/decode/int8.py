@@ -24,11 +24,15 @@ for the log-probabilities. Worth it on CPUs with bf16 instructions (AVX512-BF16,
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.errors import UserError
+
+if TYPE_CHECKING:
+    from aiayn.decode.kernel import Kernels
 
 _TINY = 1e-12  # scale floor, so an all-zero row or output channel quantizes to zeros, not NaNs
 
@@ -42,26 +46,35 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """A linear map y = x Wᵀ + b with int8 weights and int8 row-quantized inputs (module docstring)."""
+    """A linear map y = x Wᵀ + b with int8 weights and int8 row-quantized inputs (module docstring).
+    With ``kernels`` (decode/kernel.py) the quantization and the rescaling are one C loop each, with
+    the same results."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype = torch.float32):
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+                 kernels: "Kernels | None" = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.out_dtype = out_dtype
+        self.kernels = kernels
         w_q, s_w = quantize_rows(weight.detach())  # per output channel: the rows of W (O, I)
         self.register_buffer("w_q", w_q, persistent=False)  # (O,I) int8
         self.register_buffer("s_w", s_w.squeeze(1), persistent=False)  # (O,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, out_dtype: torch.dtype = torch.float32) -> "Int8Linear":
-        return cls(linear.weight, linear.bias, out_dtype)
+    def from_linear(cls, linear: nn.Linear, out_dtype: torch.dtype = torch.float32,
+                    kernels: "Kernels | None" = None) -> "Int8Linear":
+        return cls(linear.weight, linear.bias, out_dtype, kernels)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., I) -> (..., O) in out_dtype (the products and the rescaling in float32)."""
         lead = x.shape[:-1]
-        x_q, s_x = quantize_rows(x.reshape(-1, self.in_features))  # (N,I), (N,1)
+        x2 = x.reshape(-1, self.in_features)  # (N,I)
+        fast = self.kernels is not None and self.kernels.supports_rows(x2)
+        x_q, s_x = self.kernels.quantize_rows(x2) if fast else quantize_rows(x2)  # (N,I), (N,1)
         acc = torch._int_mm(x_q, self.w_q.t())  # (N,O) int32, exact
+        if fast:
+            return self.kernels.rescale(acc, s_x, self.s_w, self.bias, self.out_dtype).view(*lead, self.out_features)
         y = (acc * self.s_w).mul_(s_x)  # float32
         if self.bias is not None:
             y.add_(self.bias)
@@ -72,11 +85,12 @@ class Int8Linear(nn.Module):
                 f"out_dtype={self.out_dtype}")
 
 
-def int8_copy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def int8_copy(model: nn.Module, dtype: torch.dtype = torch.float32, kernels: "Kernels | None" = None) -> nn.Module:
     """A decoding copy of a Transformer whose linear maps are ``Int8Linear`` (the caller's model is
     left as it was), everything else in ``dtype`` (float32 for precision int8, bfloat16 for
     int8-bf16). A tied pre-softmax projection (``out_proj`` None, §3.4) gets its own int8 copy of the
-    embedding matrix; the embedding lookups keep the float one. The logits are float32 either way."""
+    embedding matrix; the embedding lookups keep the float one. The logits are float32 either way.
+    ``kernels`` (or None): the C loops for the passes around each int8 product (``Int8Linear``)."""
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise UserError("precision int8 runs on CPU; on a GPU use precision bf16")
     ref = copy.deepcopy(model).float().eval()  # float32 weights to quantize from
@@ -87,7 +101,8 @@ def int8_copy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module
             if isinstance(child, nn.Linear):
                 full = f"{parent_name}.{name}" if parent_name else name
                 logits = full == "out_proj"  # the untied pre-softmax projection: float32 logits
-                setattr(parent, name, Int8Linear.from_linear(linears[full], torch.float32 if logits else dtype))
+                setattr(parent, name, Int8Linear.from_linear(linears[full], torch.float32 if logits else dtype,
+                                                             kernels))
     if out.out_proj is None:
-        out.out_proj = Int8Linear(ref.tgt_embed.weight)
+        out.out_proj = Int8Linear(ref.tgt_embed.weight, kernels=kernels)
     return out

@@ -34,6 +34,7 @@ from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
+from aiayn.decode.kernel import Kernels, load as load_kernels
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -108,10 +109,10 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
     return models, toks[0], toks[1]
 
 
-def model_for_precision(model: Transformer, precision: str) -> Transformer:
+def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None) -> Transformer:
     """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (int8-bf16: int8
-    linear maps, bfloat16 between them; decode/int8.py),
-    so the caller's model is left as it was."""
+    linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes around the int8
+    products), so the caller's model is left as it was."""
     if any(isinstance(m, Int8Linear) for m in model.modules()):
         return model  # already an int8 decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
@@ -119,10 +120,18 @@ def model_for_precision(model: Transformer, precision: str) -> Transformer:
             return model  # already a bfloat16 decoding copy (as above; casting a copy again changes nothing)
         return copy.deepcopy(model).to(torch.bfloat16)
     if precision == "int8":
-        return int8_copy(model)
+        return int8_copy(model, kernels=kernels)
     if precision == "int8-bf16":
-        return int8_copy(model, torch.bfloat16)
+        return int8_copy(model, torch.bfloat16, kernels)
     return model
+
+
+def decoding_kernels(cfg: DecodeConfig, model: Transformer) -> Kernels | None:
+    """The C kernels (decode/kernel.py: beam-step attention, the int8 passes) when ``cfg.c_kernels`` asks
+    for them and the model is on the CPU; None (PyTorch's operations) otherwise or without a C compiler."""
+    if not cfg.c_kernels or next(model.parameters()).device.type != "cpu":
+        return None
+    return load_kernels()
 
 
 class Translator:
@@ -168,7 +177,7 @@ class Translator:
     def models(self) -> list[Transformer]:
         """The decoding copies (``model_for_precision``), made when first needed: with workers they
         are only needed for attention plots, so a Translator that only translates does not hold them."""
-        return [model_for_precision(m, self.cfg.precision).eval() for m in self._given]
+        return [model_for_precision(m, self.cfg.precision, decoding_kernels(self.cfg, m)).eval() for m in self._given]
 
     @property
     def model(self) -> Transformer:
@@ -176,7 +185,7 @@ class Translator:
 
     @functools.cached_property
     def decoder(self) -> CachedDecoder | EnsembleDecoder:
-        decoders = [CachedDecoder(x) for x in self.models]
+        decoders = [CachedDecoder(x, kernels=decoding_kernels(self.cfg, x)) for x in self.models]
         return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
 
     @property

@@ -14,9 +14,13 @@ Shapes: N rows (sentences x beams), H heads, S source length, K d_k, Dv d_v, Tma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from aiayn.decode.kernel import Kernels
 
 
 @dataclass
@@ -45,6 +49,9 @@ class DecoderCache:
     # attends to all g*length keys of its sentence through ``self_mask``, which keeps exactly
     # its own prefix's keys (one per position). Same Eq. 1, no key/value copies.
     ancestors: Tensor | None = None
+    # With shared slots, the C kernels that compute the step's attention (decode/kernel.py), or None
+    # for PyTorch's; caches made from this one keep them.
+    kernels: "Kernels | None" = None
     _mask: Tensor | None = field(default=None, repr=False)  # self_mask() of length _mask_length
     _mask_length: int = field(default=-1, repr=False)
 
@@ -86,6 +93,8 @@ class DecoderCache:
         if L + 1 > self.capacity:
             self._grow(max(L + 1, 2 * self.capacity))
         layer = self.layers[i]
+        if i == 0:  # position L of row r is its own slot r (self_mask() sets it too; the C kernel uses no mask)
+            self.ancestors[:, :, L] = torch.arange(g, device=self.ancestors.device)
         Bs, H, K, Dv = self.src_pad.size(0), k.size(1), k.size(3), v.size(3)
         layer.self_k.view(Bs, H, -1, g, K)[:, :, L] = k.view(Bs, g, H, K).transpose(1, 2)
         layer.self_v.view(Bs, H, -1, g, Dv)[:, :, L] = v.view(Bs, g, H, Dv).transpose(1, 2)
@@ -134,7 +143,7 @@ class DecoderCache:
                     out[:, :, :L] = own.permute(0, 3, 1, 2, 4).reshape(Bs * g, H, L, D)
                 plain.append(out)
             layers.append(LayerCache(plain[0], plain[1], lc.cross_k, lc.cross_v))
-        return DecoderCache(layers, self.src_pad, L, g)
+        return DecoderCache(layers, self.src_pad, L, g, kernels=self.kernels)
 
     def _grow(self, capacity: int) -> None:
         """Room for ``capacity`` positions; the filled part is kept (with shared slots, g
@@ -170,12 +179,14 @@ class DecoderCache:
             layers.append(LayerCache(self_k, self_v,
                                      layer.cross_k.index_select(0, enc_rows),
                                      layer.cross_v.index_select(0, enc_rows)))
-        return DecoderCache(layers, self.src_pad.index_select(0, enc_rows), L)
+        return DecoderCache(layers, self.src_pad.index_select(0, enc_rows), L, kernels=self.kernels)
 
 
-def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity: int) -> DecoderCache:
+def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity: int,
+                kernels: "Kernels | None" = None) -> DecoderCache:
     """An empty cache with shared beam slots: ``group`` rows per sentence of ``src_pad`` (N/g,S),
-    room for ``capacity`` positions; ``layers`` give the encoder-side keys/values (N/g rows)."""
+    room for ``capacity`` positions; ``layers`` give the encoder-side keys/values (N/g rows);
+    ``kernels`` (or None) compute its attention."""
     Bs = src_pad.size(0)
     out = []
     for lc in layers:
@@ -184,4 +195,4 @@ def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity:
         self_v = lc.cross_v.new_empty(Bs, H, capacity * group, lc.self_v.size(3))
         out.append(LayerCache(self_k, self_v, lc.cross_k, lc.cross_v))
     ancestors = torch.zeros(Bs, group, capacity, dtype=torch.long, device=src_pad.device)
-    return DecoderCache(out, src_pad, 0, group, ancestors)
+    return DecoderCache(out, src_pad, 0, group, ancestors, kernels)

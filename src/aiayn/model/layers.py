@@ -5,6 +5,7 @@ Shapes: B batch, S source length, T target length, D d_model, H heads.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -63,6 +64,17 @@ def _group_rows(q: Tensor, g: int) -> Tensor:
     return q.view(N // g, g, H, t, K).transpose(1, 2).reshape(N // g, H, g * t, K)
 
 
+def _kernels_for(cache: DecoderCache | None, q: Tensor, need_weights: bool):
+    """The cache's C kernels when this step's attention can use them: shared beam slots, one new
+    position, no weights asked for, no autocast (whose float32 attention they do not mimic), and
+    tensors they handle (``Kernels.supports``); else None (PyTorch's attention)."""
+    kernels = cache.kernels if cache is not None and cache.shared_slots else None
+    if (kernels is None or need_weights or q.size(2) != 1 or torch.is_autocast_enabled(q.device.type)
+            or not kernels.supports(q, cache.layers[0].self_k, cache.layers[0].cross_k)):
+        return None
+    return kernels
+
+
 def _mha(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_k, d_v=cfg.d_v,
                               p_drop_attn=cfg.p_drop_attn, self_attention=self_attention,
@@ -111,7 +123,12 @@ class DecoderLayer(nn.Module):
         """
         q, k, v = self.self_attn.project_qkv(self.conn_self.pre(x))
         g = cache.group if cache is not None else 1
-        if cache is not None and cache.shared_slots:  # beam search: a sentence's g rows share slots
+        kernels = _kernels_for(cache, q, need_weights)
+        if kernels is not None:  # beam search's shared slots, through the C kernel (decode/kernel.py)
+            k, v = cache.append(index, k, v)  # (N/g,H,(L+1)g,K)
+            a = self.self_attn.out_proj(kernels.self_attention(q, k, v, cache.ancestors, g))[:, None]  # (N,1,D)
+            w_self = None
+        elif cache is not None and cache.shared_slots:  # beam search: a sentence's g rows share slots
             k, v = cache.append(index, k, v)  # (N/g,H,(L+1)g,K)
             a, w_self = self.self_attn.attend(_group_rows(q, g), k, v, cache.self_mask(), need_weights=need_weights)
             a = a.reshape(q.size(0), 1, a.size(-1))  # (N/g, g, D) -> (N,1,D)
@@ -127,8 +144,12 @@ class DecoderLayer(nn.Module):
         x = self.conn_self.post(x, a)
         q = self.cross_attn.project_q(self.conn_cross.pre(x))  # (N,H,t,K)
         N, H, t, _ = q.shape
-        a, w_cross = self.cross_attn.attend(_group_rows(q, g), *memory_kv, memory_mask, need_weights=need_weights)
-        if g > 1:
+        if kernels is not None:
+            a = self.cross_attn.out_proj(kernels.cross_attention(q, *memory_kv, cache.src_pad, g))[:, None]  # (N,1,D)
+            w_cross = None
+        else:
+            a, w_cross = self.cross_attn.attend(_group_rows(q, g), *memory_kv, memory_mask, need_weights=need_weights)
+        if g > 1 and kernels is None:
             a = a.reshape(N, t, a.size(-1))  # (N/g, g*t, D) -> (N,t,D)
             if w_cross is not None:
                 S = w_cross.size(-1)

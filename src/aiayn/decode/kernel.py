@@ -1,0 +1,220 @@
+"""Hand-written C kernels for decoding on the CPU, compiled on first use: the attention of a beam-search
+step (Eq. 1, one query per row) and the passes around an int8 product.
+
+Why: at a beam step each (sentence, head) pair is a product of g beam queries with a few dozen keys.
+PyTorch's ``scaled_dot_product_attention`` handles such small products at three or more times
+the time it takes to read the keys and values (BENCHMARKS.md §2, session 18), and with shared beam
+slots (``DecoderCache.ancestors``) it also multiplies each query with the other beams' slots and
+masks them out. ``beam_attention.c`` does, per (sentence, head) and beam row, one pass over that
+row's own keys (the ancestor table picks the slot at each position), a float32 softmax and one
+pass over the values; encoder-decoder attention is the same loop over the source positions, with
+source padding skipped. float32 and bfloat16 tensors. Around each int8 product (``Int8Linear``,
+decode/int8.py) PyTorch spends six or so small operations quantizing the input rows and rescaling
+the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-identical, tested).
+
+How it is built: the first ``load()`` of a process compiles both files with the system's C compiler
+(``$CC``, else ``cc``) for this CPU (``-march=native``) into the cache directory
+(``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
+hashes the sources, the flags and the CPU, written atomically; later loads reuse the file. Without a
+compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding uses
+PyTorch's operations: the same numbers up to rounding for attention, identical for int8
+(``tests/decode/test_kernel.py`` checks both kinds of attention step against ``attention_explicit``
+in float32 and bfloat16, the int8 passes against PyTorch's, and beam search with and without the
+kernels). ``DecodeConfig.c_kernels`` turns them off.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SOURCES = (Path(__file__).with_name("beam_attention.c"), Path(__file__).with_name("int8_rows.c"))
+# no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
+_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live: $AIAYN_CACHE_DIR, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn."""
+    if os.environ.get("AIAYN_CACHE_DIR"):
+        return Path(os.environ["AIAYN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "aiayn"
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the machine and its CPU flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc.split()[0]) and cc
+
+
+def _compile(cc: str, out: Path) -> str | None:
+    """Compile SOURCES into ``out`` (atomically); None on success, else the reason."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for arch in (["-march=native"], []):  # some compilers or CPUs have no -march=native
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        cmd = cc.split() + [*_FLAGS, *arch, *map(str, SOURCES), "-o", tmp, "-lm"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            done, err = None, str(e)
+        if done is not None and done.returncode == 0:
+            os.replace(tmp, out)
+            return None
+        os.unlink(tmp)
+        errors.append(err if done is None else (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1])
+    return "; ".join(errors)
+
+
+class Kernels:
+    """The compiled library. ``self_attention`` and ``cross_attention`` return (N, H*Dv): the heads
+    concatenated, in the input's dtype, ready for W^O; ``quantize_rows`` and ``rescale`` are the two
+    halves of ``Int8Linear``'s work around ``torch._int_mm``. Copying or pickling one (a decoding copy
+    of a model holds it) gives the loaded library of the receiving process."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path):
+        self.path = path
+        p, i64, i64p = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+        self._attend = lib.aiayn_beam_attention
+        self._attend.argtypes = [p, p, p, p, p, p, i64p, i64p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        self._attend.restype = ctypes.c_int
+        self._quantize = lib.aiayn_quantize_rows
+        self._quantize.argtypes = [p, i64, i64, i64, ctypes.c_int, p, p]
+        self._quantize.restype = None
+        self._rescale = lib.aiayn_rescale
+        self._rescale.argtypes = [p, i64, i64, p, p, p, ctypes.c_int, p]
+        self._rescale.restype = None
+
+    def __reduce__(self):
+        return load, ()
+
+    def __deepcopy__(self, memo) -> "Kernels":
+        return self
+
+    # -- the passes around an int8 product (decode/int8.py) ------------------------------------------
+
+    @staticmethod
+    def supports_rows(x: Tensor) -> bool:
+        """quantize_rows' cases: a CPU (N, I) float32 or bfloat16 tensor with contiguous rows."""
+        return x.device.type == "cpu" and x.dtype in _DTYPES and x.dim() == 2 and x.stride(1) == 1
+
+    def quantize_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``int8.quantize_rows`` in one pass per row: x (N, I) -> (x_q (N, I) int8, s (N, 1) float32)."""
+        if not self.supports_rows(x):
+            raise ValueError("quantize_rows: a CPU (N, I) float32 or bfloat16 tensor with contiguous rows")
+        N, I = x.shape
+        q = torch.empty(N, I, dtype=torch.int8)
+        s = torch.empty(N, 1, dtype=torch.float32)
+        self._quantize(x.data_ptr(), N, I, x.stride(0), _DTYPES[x.dtype], q.data_ptr(), s.data_ptr())
+        return q, s
+
+    def rescale(self, acc: Tensor, s_x: Tensor, s_w: Tensor, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+        """(acc * s_w) * s_x (+ bias) in float32, then out_dtype, as ``Int8Linear`` computes it: acc (N, O)
+        int32 contiguous, s_x (N, 1), s_w (O,), bias (O,) float32 contiguous -> (N, O)."""
+        N, O = acc.shape
+        if not (acc.dtype == torch.int32 and acc.is_contiguous() and s_x.is_contiguous() and s_w.is_contiguous()
+                and (bias is None or bias.is_contiguous()) and out_dtype in _DTYPES):
+            raise ValueError("rescale: int32 contiguous products, contiguous float32 scales, float32 or bfloat16 out")
+        y = torch.empty(N, O, dtype=out_dtype)
+        self._rescale(acc.data_ptr(), N, O, s_x.data_ptr(), s_w.data_ptr(),
+                      None if bias is None else bias.data_ptr(), _DTYPES[out_dtype], y.data_ptr())
+        return y
+
+    # -- the attention of a beam-search step ----------------------------------------------------------
+
+    @staticmethod
+    def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """The kernel's cases: CPU tensors of one dtype, float32 or bfloat16, last dimension contiguous."""
+        return (q.device.type == "cpu" and q.dtype in _DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+                and k.device.type == "cpu" and v.device.type == "cpu"
+                and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
+
+    def self_attention(self, q: Tensor, k: Tensor, v: Tensor, ancestors: Tensor, g: int) -> Tensor:
+        """Shared beam slots (``DecoderCache``): q (N,H,1,K) with N = Bs*g rows (beams of a sentence
+        adjacent); k (Bs,H,n*g,K), v (Bs,H,n*g,Dv) the filled slots of n positions; ancestors
+        (Bs,g,>=n-1) int64, the slot of each earlier position of each row's prefix."""
+        N, H, _, K = q.shape
+        Bs, n = N // g, k.size(2) // g
+        if ancestors.dtype != torch.int64 or ancestors.stride(-1) != 1:
+            raise ValueError("ancestors must be int64 with a contiguous last dimension")
+        anc = (ancestors.data_ptr(), ancestors.stride(0), ancestors.stride(1))
+        return self._run(q, k, v, g, Bs, n, k.stride(2), v.stride(2), anc, None)
+
+    def cross_attention(self, q: Tensor, k: Tensor, v: Tensor, src_pad: Tensor, g: int) -> Tensor:
+        """Encoder-decoder attention: q (N,H,1,K), rows s*g..s*g+g-1 attend to sentence s of k (Bs,H,S,K),
+        v (Bs,H,S,Dv), except where src_pad (Bs,S) bool is True."""
+        N, H, _, K = q.shape
+        Bs, S = k.size(0), k.size(2)
+        if src_pad.dtype != torch.bool or src_pad.stride(-1) != 1:
+            raise ValueError("src_pad must be bool with a contiguous last dimension")
+        return self._run(q, k, v, g, Bs, S, k.stride(2), v.stride(2), None, src_pad)
+
+    def _run(self, q, k, v, g, Bs, n, kt, vt, anc, pad) -> Tensor:
+        N, H, t, K = q.shape
+        Dv = v.size(-1)
+        if t != 1 or N != Bs * g or k.size(0) != Bs or v.size(0) != Bs or k.size(1) != H or k.size(-1) != K:
+            raise ValueError(f"beam attention: bad shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {g}")
+        out = torch.empty(N, H * Dv, dtype=q.dtype)
+        dims = (ctypes.c_int64 * 6)(Bs, H, g, n, K, Dv)
+        strides = (ctypes.c_int64 * 12)(
+            g * q.stride(0), q.stride(1), q.stride(0), k.stride(0), k.stride(1), kt, v.stride(0), v.stride(1), vt,
+            anc[1] if anc else 0, anc[2] if anc else 0, pad.stride(0) if pad is not None else 0)
+        status = self._attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), anc[0] if anc else None,
+                          pad.data_ptr() if pad is not None else None, dims, strides, 1.0 / math.sqrt(K),
+                          _DTYPES[q.dtype], torch.get_num_threads())
+        if status:
+            raise MemoryError("beam attention kernel: out of memory")
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Kernels | None:
+    """The kernels, compiled on first use (module docstring); None, logged once, if they cannot be had."""
+    cc = _compiler()
+    if cc is None:
+        log.info("no C compiler (%s): decoding uses PyTorch's operations", os.environ.get("CC") or "cc")
+        return None
+    texts = [src.read_text() for src in SOURCES]
+    key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
+    path = cache_dir() / f"aiayn-kernels-{key.hexdigest()[:16]}.so"
+    if not path.exists():
+        try:
+            reason = _compile(cc, path)
+        except OSError as e:  # e.g. the cache directory cannot be written
+            reason = str(e)
+        if reason is not None:
+            log.warning("could not compile %s (%s): decoding uses PyTorch's operations",
+                        " ".join(src.name for src in SOURCES), reason)
+            return None
+    try:
+        return Kernels(ctypes.CDLL(str(path)), path)
+    except (OSError, AttributeError) as e:
+        log.warning("could not load %s (%s): decoding uses PyTorch's operations", path, e)
+        return None

@@ -1,0 +1,261 @@
+"""decode/kernel.py: the C beam-step attention against Eq. 1 written out (attention_explicit), by hand on
+a tiny case, in float32 and bfloat16, with 1 and 2 threads; and what happens without a compiler."""
+import copy
+import math
+
+import pytest
+import torch
+
+from aiayn.decode import kernel as kernel_mod
+from aiayn.model.attention import attention_explicit
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AIAYN_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))
+    kernel_mod.load.cache_clear()
+    k = kernel_mod.load()
+    mp.undo()
+    kernel_mod.load.cache_clear()
+    if k is None:
+        pytest.skip("no C compiler on this machine: decoding uses PyTorch's attention (tested elsewhere)")
+    return k
+
+
+def _shared_slot_case(Bs=3, g=4, H=2, n=5, K=8, Dv=6, dtype=torch.float32, cap=7):
+    """Random q (N,H,1,K), slot buffers (Bs,H,cap*g,K) with n filled positions, ancestors (Bs,g,cap)."""
+    q = torch.randn(Bs * g, 1, H, K).transpose(1, 2).to(dtype)  # (N,H,1,K), strided as project_qkv gives it
+    k_buf = torch.randn(Bs, H, cap * g, K).to(dtype)
+    v_buf = torch.randn(Bs, H, cap * g, Dv).to(dtype)
+    anc = torch.randint(0, g, (Bs, g, cap))
+    return q, k_buf[:, :, : n * g], v_buf[:, :, : n * g], anc
+
+
+def _shared_slot_reference(q, k, v, anc, g):
+    """Each row's own prefix gathered by hand (slot anc[s,r,j] at position j < n-1, its own slot r at
+    n-1), then Eq. 1 in float32: (N, H*Dv)."""
+    N, H, _, K = q.shape
+    n = k.size(2) // g
+    rows = []
+    for row in range(N):
+        s, r = divmod(row, g)
+        idx = [j * g + int(anc[s, r, j]) for j in range(n - 1)] + [(n - 1) * g + r]
+        ks, vs = k[s][:, idx].float(), v[s][:, idx].float()  # (H,n,K), (H,n,Dv)
+        out, _ = attention_explicit(q[row].float()[None], ks[None], vs[None], None)  # (1,H,1,Dv)
+        rows.append(out.reshape(-1))
+    return torch.stack(rows)
+
+
+def test_hand_computed_cross_attention(kernels):
+    # One sentence, one head, one beam row, d_k = 4: q = (2,0,0,0), keys e1, 0, e1 (the last is padding),
+    # values (1,0), (0,1), (9,9). Scores q.k / sqrt(4) = 1, 0 (padding skipped): softmax e/(e+1), 1/(e+1).
+    q = torch.tensor([2.0, 0, 0, 0]).view(1, 1, 1, 4)
+    k = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]).view(1, 1, 3, 4)
+    v = torch.tensor([[1.0, 0], [0, 1], [9, 9]]).view(1, 1, 3, 2)
+    pad = torch.tensor([[False, False, True]])
+    out = kernels.cross_attention(q, k, v, pad, g=1)
+    e = math.e
+    assert out.view(-1).tolist() == pytest.approx([e / (e + 1), 1 / (e + 1)], abs=1e-6)
+
+
+def test_hand_computed_shared_slots(kernels):
+    # One sentence, g = 2 rows, one head, d_k = 1, two positions. Slots: position 0 holds keys 1 (slot 0)
+    # and 3 (slot 1); position 1 (the new one) holds 0 and 2. Row 0's prefix is slot 1 at position 0,
+    # row 1's is slot 0. q = 1 for both rows: row 0 sees keys (3, 0) -> softmax(3, 0); row 1 sees (1, 2).
+    q = torch.ones(2, 1, 1, 1)
+    k = torch.tensor([1.0, 3.0, 0.0, 2.0]).view(1, 1, 4, 1)
+    v = torch.tensor([10.0, 20.0, 30.0, 40.0]).view(1, 1, 4, 1)
+    anc = torch.tensor([[[1, 0], [0, 0]]])  # (Bs=1, g=2, cap=2); anc[0, r, 1] is ignored (own slot)
+    out = kernels.self_attention(q, k, v, anc, g=2)
+    p0 = 1 / (1 + math.exp(-3))  # weight of key 3 against key 0
+    p1 = 1 / (1 + math.exp(1))  # weight of key 1 against key 2
+    assert out.view(-1).tolist() == pytest.approx([20 * p0 + 30 * (1 - p0), 10 * p1 + 40 * (1 - p1)], abs=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_shared_slot_self_attention_is_eq1(kernels, dtype, tol, threads):
+    q, k, v, anc = _shared_slot_case(dtype=dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernels.self_attention(q, k, v, anc, g=4)
+    finally:
+        torch.set_num_threads(before)
+    assert out.dtype == dtype and out.shape == (12, 2 * 6)
+    torch.testing.assert_close(out.float(), _shared_slot_reference(q, k, v, anc, 4), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cross_attention_is_eq1_with_padding(kernels, dtype, tol):
+    Bs, g, H, S, K, Dv = 3, 4, 2, 6, 8, 6
+    q = torch.randn(Bs * g, 1, H, K).transpose(1, 2).to(dtype)
+    kv = torch.randn(Bs, S, H, K + Dv).to(dtype)  # keys and values of one projection, as project_kv splits them
+    k, v = kv[..., :K].transpose(1, 2), kv[..., K:].transpose(1, 2)  # (Bs,H,S,K), (Bs,H,S,Dv), strided
+    pad = torch.zeros(Bs, S, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[2, 1:] = True
+    out = kernels.cross_attention(q, k, v, pad, g=g)
+    qg = q.reshape(Bs, g, H, K).transpose(1, 2).float()  # (Bs,H,g,K)
+    ref, _ = attention_explicit(qg, k.float(), v.float(), ~pad[:, None, None, :])
+    torch.testing.assert_close(out.float(), ref.transpose(1, 2).reshape(Bs * g, H * Dv), atol=tol, rtol=tol)
+
+
+def test_bad_shapes_are_errors(kernels):
+    q, k, v, anc = _shared_slot_case()
+    with pytest.raises(ValueError, match="bad shapes"):
+        kernels.self_attention(q[:-1], k, v, anc, g=4)
+
+
+def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "kernels"))
+    kernel_mod.load.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger="aiayn.decode.kernel"):
+            assert kernel_mod.load() is None
+    finally:
+        kernel_mod.load.cache_clear()
+    assert "no C compiler" in caplog.text
+
+
+def test_a_compile_error_is_logged_and_returns_none(monkeypatch, tmp_path, caplog):
+    bad = tmp_path / "bad.c"
+    bad.write_text("this is not C\n")
+    monkeypatch.setattr(kernel_mod, "SOURCES", (kernel_mod.SOURCES[0], bad))
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "kernels"))
+    kernel_mod.load.cache_clear()
+    try:
+        if kernel_mod._compiler() is None:
+            pytest.skip("no C compiler")
+        with caplog.at_level("WARNING", logger="aiayn.decode.kernel"):
+            assert kernel_mod.load() is None
+    finally:
+        kernel_mod.load.cache_clear()
+    assert "could not compile beam_attention.c bad.c" in caplog.text
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-written is left to load
+
+
+# ---- the kernel inside beam search -------------------------------------------------------------------
+
+V = 24
+
+
+def _tiny_model(dtype=torch.float32):
+    import aiayn.model as M
+
+    torch.manual_seed(0)
+    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).to(dtype).eval()
+
+
+def _sources() -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    lengths = [7, 3, 5, 1, 6]
+    src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        src[b, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[b, n - 1] = 3
+    return src
+
+
+def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
+    # the same shared-slot cache driven step by step, beams reordered within sentences and a sentence
+    # dropped: log-probabilities with the kernel equal those with PyTorch's attention
+    from aiayn.decode.adapter import CachedDecoder
+
+    model, src = _tiny_model(), _sources()[:3]
+    g = torch.Generator().manual_seed(2)
+    decoders = [CachedDecoder(model, kernels=kernels), CachedDecoder(model)]
+    with torch.inference_mode():
+        states = [d.start(src, 12).reorder(torch.arange(3).repeat_interleave(4)) for d in decoders]
+        assert states[0].cache.kernels is kernels and states[0].cache.shared_slots
+        tokens = torch.full((12,), 2)
+        for step in range(8):
+            outs = [d.step(tokens, s) for d, s in zip(decoders, states)]
+            torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+            states = [o[1] for o in outs]
+            n = tokens.numel()
+            if step == 4:  # the second sentence leaves
+                idx = torch.tensor([r for r in range(n) if r // 4 != 1])
+            else:  # each row continues a random beam of its own sentence
+                idx = (torch.arange(n) // 4) * 4 + torch.randint(0, 4, (n,), generator=g)
+            states = [s.reorder(idx) for s in states]
+            assert states[0].cache.kernels is kernels and states[0].cache.shared_slots
+            tokens = torch.randint(4, V, (idx.numel(),), generator=g)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8-bf16"])
+def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch, precision):
+    # the Translator's decoder gets the kernel from DecodeConfig.c_kernels; fp32 outputs are the same
+    # hypotheses with the same scores, int8-bf16 (bfloat16 attention, rounded differently) nearly so
+    from aiayn.decode import translator as tr_mod
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.search import search
+
+    monkeypatch.setattr(tr_mod, "load_kernels", lambda: kernels)
+    calls = []
+    for name in ("self_attention", "cross_attention"):
+        fn = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
+    model, src = _tiny_model(), _sources()
+    out = {}
+    for on in (True, False):
+        t = tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, precision=precision, c_kernels=on))
+        assert t.decoder.kernels is (kernels if on else None)
+        with torch.inference_mode():
+            out[on] = search(t.decoder, src, t.cfg, t.ids)
+    layers = len(model.decoder_layers)
+    assert calls.count("self_attention") == calls.count("cross_attention") > layers  # every step after the first
+    if precision == "fp32":
+        assert [[h.tokens for h in hs] for hs in out[True]] == [[h.tokens for h in hs] for hs in out[False]]
+        for a, b in zip(out[True], out[False]):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    else:
+        best = [hs[0].tokens for hs in out[True]], [hs[0].tokens for hs in out[False]]
+        assert sum(a == b for a, b in zip(*best)) >= len(best[0]) - 1
+
+
+def test_decoding_kernels_follow_the_config(kernels, monkeypatch):
+    from aiayn.decode import translator as tr_mod
+    from aiayn.decode.config import DecodeConfig
+
+    monkeypatch.setattr(tr_mod, "load_kernels", lambda: kernels)
+    model = _tiny_model()
+    assert tr_mod.decoding_kernels(DecodeConfig(), model) is kernels
+    assert tr_mod.decoding_kernels(DecodeConfig(c_kernels=False), model) is None
+    q = tr_mod.model_for_precision(model, "int8-bf16", kernels)
+    assert q.out_proj.kernels is kernels
+    assert copy.deepcopy(q).out_proj.kernels is kernels  # a copy shares the loaded library
+
+
+# ---- the passes around an int8 product ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_rows_is_bit_identical(kernels, dtype):
+    from aiayn.decode.int8 import quantize_rows
+
+    x = (torch.randn(37, 300) * torch.logspace(-3, 3, 37)[:, None]).to(dtype)
+    x[5] = 0  # an all-zero row: the scale floor
+    x[7, :3] = torch.tensor([2.5, -0.5, 1.5]) * x[7].abs().max() / 127  # ties: round half to even
+    wide = torch.randn(4, 600).to(dtype)[:, :300]  # rows further apart than their length
+    for a in (x, wide):
+        q, s = kernels.quantize_rows(a)
+        q_ref, s_ref = quantize_rows(a)
+        assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        kernels.quantize_rows(x[:, ::2])
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_with_the_kernels_is_bit_identical(kernels, out_dtype, bias):
+    from aiayn.decode.int8 import Int8Linear
+
+    lin = torch.nn.Linear(48, 40, bias=bias)
+    plain = Int8Linear.from_linear(lin, out_dtype)
+    fast = Int8Linear.from_linear(lin, out_dtype, kernels)
+    for x in (torch.randn(3, 7, 48), torch.randn(20, 48).to(out_dtype)):
+        with torch.inference_mode():
+            y, y_ref = fast(x), plain(x)
+        assert y.dtype == out_dtype and y.shape == y_ref.shape and torch.equal(y, y_ref)
