@@ -4,7 +4,7 @@ and batch split of ``bench/decode_split_ab.sh``.
     python bench/decode_ab.py SIZE MODE VARIANT N [THREADS BATCH]   # e.g. small fp32 explicit 5
 
 SIZE small | base, MODE fp32 | bf16w | int8 | int8bf16, VARIANT kernel (aiayn's since session 19: the C
-beam-step attention, aiayn/decode/kernel.py) | sdpa (PyTorch's, aiayn's before) | explicit | explicit_f32 | math |
+kernels of aiayn/decode/kernel.py, beam-step attention and the int8 passes) | sdpa (PyTorch's operations, aiayn's before) | explicit | explicit_f32 | math |
 int8dyn (every nn.Linear replaced by PyTorch's dynamic int8 one, fbgemm; the shared output
 projection stays fp32; session 13);
 THREADS 2 and BATCH 64 by default. One process: the translation benchmark's beam search (BATCH

@@ -21,7 +21,10 @@ maps, bfloat16 between them: precision "int8-bf16"); hf-fp32; ct2-fp32; ct2-int8
 (CTranslate2's inter_threads: 2 workers of 1 thread, each given half the batch; CT2 scales
 worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads);
 aiayn-fp32-inter, aiayn-bf16w-inter, aiayn-int8bf16-inter (aiayn's DecodeConfig.workers = 2 through a
-Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inter).
+Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inter). aiayn's systems use
+its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py, since session 19); aiayn-fp32-torch,
+aiayn-int8bf16-torch and aiayn-int8bf16-inter-torch are the same with PyTorch's operations, for A/B runs
+(only when named in --systems).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
 
 Model FLOPs of one call (``beam_flops``): the encoder and the encoder-decoder keys/values once
@@ -199,7 +202,7 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
                                                            **shape}, **bl.AIAYN_PROCESS)
                 for m in ("fp32", "bf16w", "int8bf16")]
     # A/B only (run when named in --systems): the same systems with PyTorch's operations in place of the C kernels
-    out += [bl.System(f"aiayn-{m}{'-inter' if w > 1 else ''}-sdpa", build_aiayn,
+    out += [bl.System(f"aiayn-{m}{'-inter' if w > 1 else ''}-torch", build_aiayn,
                       {"size": args.size, "mode": m, "workers": w, "c_kernels": False, **shape}, **bl.AIAYN_PROCESS)
             for m, w in (("fp32", 1), ("int8bf16", 1), ("int8bf16", args.threads)) if w == 1 or args.threads > 1]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
@@ -215,7 +218,7 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
 
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "aiayn-int8bf16": "fp32",
          "aiayn-fp32-inter": "fp32", "aiayn-bf16w-inter": "bf16", "aiayn-int8bf16-inter": "fp32",
-         "aiayn-fp32-sdpa": "fp32", "aiayn-int8bf16-sdpa": "fp32", "aiayn-int8bf16-inter-sdpa": "fp32",
+         "aiayn-fp32-torch": "fp32", "aiayn-int8bf16-torch": "fp32", "aiayn-int8bf16-inter-torch": "fp32",
          "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and
@@ -253,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     bl.setup_logging()
     cfg = bl.model_config(args.size)
     machine = bl.machine_info(args.threads)
-    chosen = [s.name for s in bl.pick(systems(args, None), args.systems) if args.systems or not s.name.endswith("-sdpa")]
+    chosen = [s.name for s in bl.pick(systems(args, None), args.systems) if args.systems or not s.name.endswith("-torch")]
     workdir = tempfile.mkdtemp(prefix="bench_ct2_")
     try:
         ct2_dir, conversion = (_ct2_prepared(args, workdir) if any(n.startswith("ct2") for n in chosen)
