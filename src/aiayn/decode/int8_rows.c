@@ -31,8 +31,11 @@ static inline uint16_t f32_to_bf16_q(float f) {
             const T *row = x + n * xs;                                                          \
             float m = 0.0f;                                                                     \
             _Pragma("omp simd reduction(max:m)")                                                \
-            for (int64_t i = 0; i < I; i++) m = fmaxf(m, fabsf(LOAD(row[i])));                  \
-            const float sn = fmaxf(m, 1e-12f) / 127.0f;                                         \
+            for (int64_t i = 0; i < I; i++) {                                                   \
+                const float a = fabsf(LOAD(row[i]));                                            \
+                m = a > m ? a : m; /* not fmaxf, which is a libm call per element */            \
+            }                                                                                   \
+            const float sn = (m > 1e-12f ? m : 1e-12f) / 127.0f;                                \
             s[n] = sn;                                                                          \
             int8_t *qn = q + n * I;                                                             \
             _Pragma("omp simd")                                                                 \
