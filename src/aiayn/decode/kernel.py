@@ -150,11 +150,11 @@ class Kernels:
     # -- the attention of a beam-search step ----------------------------------------------------------
 
     @staticmethod
-    def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """The kernel's cases: CPU tensors of one dtype, float32 or bfloat16, last dimension contiguous."""
-        return (q.device.type == "cpu" and q.dtype in _DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
-                and k.device.type == "cpu" and v.device.type == "cpu"
-                and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
+    def supports(*tensors: Tensor) -> bool:
+        """The attention kernel's cases: CPU tensors of one dtype, float32 or bfloat16, last dimension contiguous."""
+        dtype = tensors[0].dtype
+        return dtype in _DTYPES and all(t.device.type == "cpu" and t.dtype == dtype and t.stride(-1) == 1
+                                        for t in tensors)
 
     def self_attention(self, q: Tensor, k: Tensor, v: Tensor, ancestors: Tensor, g: int) -> Tensor:
         """Shared beam slots (``DecoderCache``): q (N,H,1,K) with N = Bs*g rows (beams of a sentence
