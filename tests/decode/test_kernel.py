@@ -259,3 +259,28 @@ def test_int8_linear_with_the_kernels_is_bit_identical(kernels, out_dtype, bias)
         with torch.inference_mode():
             y, y_ref = fast(x), plain(x)
         assert y.dtype == out_dtype and y.shape == y_ref.shape and torch.equal(y, y_ref)
+
+
+def test_steps_that_the_kernels_do_not_take(kernels, monkeypatch):
+    # attention weights asked for, autocast, or a dtype the kernel lacks: PyTorch's attention, same numbers
+    from aiayn.decode.adapter import CachedDecoder
+
+    def refuse(*a, **k):
+        raise AssertionError("the kernel was called")
+
+    model, src = _tiny_model(), _sources()[:2]
+    with torch.inference_mode():
+        state = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
+        tokens = torch.full((8,), 2)
+        reference = model.decode(tokens[:, None], cache=state.cache.unshared()).logits
+        monkeypatch.setattr(kernels, "self_attention", refuse)
+        monkeypatch.setattr(kernels, "cross_attention", refuse)
+        out = model.decode(tokens[:, None], cache=state.cache, need_weights=True)  # as attention plots ask
+        assert out.self_weights is not None
+        torch.testing.assert_close(out.logits, reference, atol=1e-5, rtol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            state64 = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
+            model.decode(tokens[:, None], cache=state64.cache)
+        double = _tiny_model(torch.float64)
+        state64 = CachedDecoder(double, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
+        double.decode(tokens[:, None], cache=state64.cache)
