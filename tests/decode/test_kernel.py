@@ -8,6 +8,7 @@ import torch
 
 from aiayn.decode import kernel as kernel_mod
 from aiayn.model.attention import attention_explicit
+from tests.decode.test_adapter import V, sources
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +140,6 @@ def test_a_compile_error_is_logged_and_returns_none(monkeypatch, tmp_path, caplo
 
 # ---- the kernel inside beam search -------------------------------------------------------------------
 
-V = 24
-
-
 def _tiny_model(dtype=torch.float32):
     import aiayn.model as M
 
@@ -149,22 +147,12 @@ def _tiny_model(dtype=torch.float32):
     return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).to(dtype).eval()
 
 
-def _sources() -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    lengths = [7, 3, 5, 1, 6]
-    src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
-    for b, n in enumerate(lengths):
-        src[b, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
-        src[b, n - 1] = 3
-    return src
-
-
 def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
     # the same shared-slot cache driven step by step, beams reordered within sentences and a sentence
     # dropped: log-probabilities with the kernel equal those with PyTorch's attention
     from aiayn.decode.adapter import CachedDecoder
 
-    model, src = _tiny_model(), _sources()[:3]
+    model, src = _tiny_model(), sources()[:3]
     g = torch.Generator().manual_seed(2)
     decoders = [CachedDecoder(model, kernels=kernels), CachedDecoder(model)]
     with torch.inference_mode():
@@ -198,7 +186,7 @@ def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch
     for name in ("self_attention", "cross_attention"):
         fn = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
-    model, src = _tiny_model(), _sources()
+    model, src = _tiny_model(), sources()
     out = {}
     for on in (True, False):
         t = tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, precision=precision, c_kernels=on))
@@ -268,7 +256,7 @@ def test_steps_that_the_kernels_do_not_take(kernels, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the kernel was called")
 
-    model, src = _tiny_model(), _sources()[:2]
+    model, src = _tiny_model(), sources()[:2]
     with torch.inference_mode():
         state = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
         tokens = torch.full((8,), 2)

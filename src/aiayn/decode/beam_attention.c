@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 typedef struct {
     const void *q, *k, *v;
     void *out;
@@ -37,20 +39,6 @@ typedef struct {
 static inline float f32_of_f32(float x) { return x; }
 static inline float f32_to_f32(float x) { return x; }
 
-static inline float f32_of_bf16(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
 
 /* exp(x) for x <= 0 (a softmax after the maximum is subtracted): 2^(x log2 e) split into 2^i * 2^f,
  * f in [0, 1), 2^f by a degree-6 polynomial (relative error about 2e-7), 2^i in the exponent bits.

@@ -9,20 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float f32_of_bf16_q(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16_q(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+#include "bf16.h"
 
 /* quantize_rows: s[n] = max(max_i |x[n, i]|, 1e-12) / 127 (float32), q[n, i] = round_half_even(x[n, i] / s[n]). */
 #define DEFINE_QUANTIZE(NAME, T, LOAD)                                                          \
@@ -45,7 +32,7 @@ static inline uint16_t f32_to_bf16_q(float f) {
 
 static inline float load_f32(float x) { return x; }
 DEFINE_QUANTIZE(quantize_f32, float, load_f32)
-DEFINE_QUANTIZE(quantize_bf16, uint16_t, f32_of_bf16_q)
+DEFINE_QUANTIZE(quantize_bf16, uint16_t, f32_of_bf16)
 
 void aiayn_quantize_rows(const void *x, int64_t N, int64_t I, int64_t xs, int bf16, int8_t *q, float *s) {
     if (bf16) quantize_bf16((const uint16_t *)x, N, I, xs, q, s);
@@ -62,10 +49,10 @@ void aiayn_rescale(const int32_t *acc, int64_t N, int64_t O, const float *s_x, c
             uint16_t *yn = (uint16_t *)y + n * O;
             if (bias) {
                 _Pragma("omp simd")
-                for (int64_t o = 0; o < O; o++) yn[o] = f32_to_bf16_q((float)a[o] * s_w[o] * sx + bias[o]);
+                for (int64_t o = 0; o < O; o++) yn[o] = f32_to_bf16((float)a[o] * s_w[o] * sx + bias[o]);
             } else {
                 _Pragma("omp simd")
-                for (int64_t o = 0; o < O; o++) yn[o] = f32_to_bf16_q((float)a[o] * s_w[o] * sx);
+                for (int64_t o = 0; o < O; o++) yn[o] = f32_to_bf16((float)a[o] * s_w[o] * sx);
             }
         } else {
             float *yn = (float *)y + n * O;

@@ -42,6 +42,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCES = (Path(__file__).with_name("beam_attention.c"), Path(__file__).with_name("int8_rows.c"))
+HEADERS = (Path(__file__).with_name("bf16.h"),)  # included by both; in the cache key too
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
 _FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -201,7 +202,7 @@ def load() -> Kernels | None:
     if cc is None:
         log.info("no C compiler (%s): decoding uses PyTorch's operations", os.environ.get("CC") or "cc")
         return None
-    texts = [src.read_text() for src in SOURCES]
+    texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
     path = cache_dir() / f"aiayn-kernels-{key.hexdigest()[:16]}.so"
     if not path.exists():
