@@ -113,10 +113,11 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
                     "workers_peak_rss_mb": [bl.peak_rss_mb(pid) for pid in tr._workers().pids()]}
 
         return run_workers
+    kernels = decoding_kernels(dcfg, model)
     if precision != "fp32":  # the decoding copy Translator makes for precision bf16 / int8 / int8-bf16
         from aiayn.decode.translator import model_for_precision
-        model = model_for_precision(model, precision, decoding_kernels(dcfg, model))
-    decoder = CachedDecoder(model, share_slots=share_slots, kernels=decoding_kernels(dcfg, model))
+        model = model_for_precision(model, precision, kernels)
+    decoder = CachedDecoder(model, share_slots=share_slots, kernels=kernels)
 
     def run() -> dict:
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()

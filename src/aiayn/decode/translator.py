@@ -177,15 +177,20 @@ class Translator:
     def models(self) -> list[Transformer]:
         """The decoding copies (``model_for_precision``), made when first needed: with workers they
         are only needed for attention plots, so a Translator that only translates does not hold them."""
-        return [model_for_precision(m, self.cfg.precision, decoding_kernels(self.cfg, m)).eval() for m in self._given]
+        return [model_for_precision(m, self.cfg.precision, self.kernels).eval() for m in self._given]
 
     @property
     def model(self) -> Transformer:
         return self.models[0]
 
     @functools.cached_property
+    def kernels(self) -> Kernels | None:
+        """The C kernels the decoding copies and the decoder use (``decoding_kernels``), looked up once."""
+        return decoding_kernels(self.cfg, self._given[0])
+
+    @functools.cached_property
     def decoder(self) -> CachedDecoder | EnsembleDecoder:
-        decoders = [CachedDecoder(x, kernels=decoding_kernels(self.cfg, x)) for x in self.models]
+        decoders = [CachedDecoder(x, kernels=self.kernels) for x in self.models]
         return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
 
     @property

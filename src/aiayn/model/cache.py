@@ -93,7 +93,7 @@ class DecoderCache:
         if L + 1 > self.capacity:
             self._grow(max(L + 1, 2 * self.capacity))
         layer = self.layers[i]
-        if i == 0:  # position L of row r is its own slot r (self_mask() sets it too; the C kernel uses no mask)
+        if i == 0:  # position L of row r is its own slot r (self_mask, own_weights and the C kernel read it)
             self.ancestors[:, :, L] = torch.arange(g, device=self.ancestors.device)
         Bs, H, K, Dv = self.src_pad.size(0), k.size(1), k.size(3), v.size(3)
         layer.self_k.view(Bs, H, -1, g, K)[:, :, L] = k.view(Bs, g, H, K).transpose(1, 2)
@@ -103,12 +103,12 @@ class DecoderCache:
 
     def self_mask(self) -> Tensor:
         """Shared slots: (N/g,1,g,(length+1)*g) bool, True where row s*g + r may attend: at each
-        position j <= length, the one slot holding its prefix (itself at ``length``)."""
+        position j <= length, the one slot holding its prefix (itself at ``length``, which ``append``
+        wrote into ``ancestors``)."""
         L, g = self.length, self.group
         if self._mask_length != L:
             anc = self.ancestors
             slots = torch.arange(g, device=anc.device)
-            anc[:, :, L] = slots  # the new position of row r is in its own slot
             self._mask = (anc[:, :, : L + 1, None] == slots).view(anc.size(0), 1, g, (L + 1) * g)
             self._mask_length = L
         return self._mask
