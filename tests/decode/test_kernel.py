@@ -1,5 +1,7 @@
 """decode/kernel.py: the C beam-step attention against Eq. 1 written out (attention_explicit), by hand on
-a tiny case, in float32 and bfloat16, with 1 and 2 threads; and what happens without a compiler."""
+a tiny case, in float32 and bfloat16, with 1 and 2 threads; the top-k log-probabilities against PyTorch's
+log_softmax and topk; the int8 passes against PyTorch's; the same library built without -march=native
+(the portable loops); and what happens without a compiler."""
 import copy
 import math
 
@@ -9,6 +11,19 @@ import torch
 from aiayn.decode import kernel as kernel_mod
 from aiayn.model.attention import attention_explicit
 from tests.decode.test_adapter import V, sources
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory):
+    """The library compiled without -march=native: the plain C loops (no AVX-512 intrinsics)."""
+    import ctypes
+
+    cc = kernel_mod._compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    path = tmp_path_factory.mktemp("portable") / "portable.so"
+    assert kernel_mod._compile(cc, path, archs=([],)) is None
+    return kernel_mod.Kernels(ctypes.CDLL(str(path)), path)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +198,7 @@ def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch
 
     monkeypatch.setattr(tr_mod, "load_kernels", lambda: kernels)
     calls = []
-    for name in ("self_attention", "cross_attention"):
+    for name in ("self_attention", "cross_attention", "log_softmax_topk"):
         fn = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
     model, src = _tiny_model(), sources()
@@ -195,6 +210,7 @@ def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch
             out[on] = search(t.decoder, src, t.cfg, t.ids)
     layers = len(model.decoder_layers)
     assert calls.count("self_attention") == calls.count("cross_attention") > layers  # every step after the first
+    assert calls.count("log_softmax_topk") >= calls.count("self_attention") // layers  # every step's selection
     if precision == "fp32":
         assert [[h.tokens for h in hs] for hs in out[True]] == [[h.tokens for h in hs] for hs in out[False]]
         for a, b in zip(out[True], out[False]):
@@ -215,6 +231,71 @@ def test_decoding_kernels_follow_the_config(kernels, monkeypatch):
     q = tr_mod.model_for_precision(model, "int8-bf16", kernels)
     assert q.out_proj.kernels is kernels
     assert copy.deepcopy(q).out_proj.kernels is kernels  # a copy shares the loaded library
+
+
+# ---- the end of a beam step: log-softmax and each row's k best ---------------------------------------
+
+def test_hand_computed_log_softmax_topk(kernels):
+    # z = log(1, 2, 3, 4): p = (0.1, 0.2, 0.3, 0.4); token 3 banned, so the 2 best are 2 then 1
+    z = torch.tensor([[0.0, math.log(2), math.log(3), math.log(4)]])
+    values, ids = kernels.log_softmax_topk(z, 2, torch.tensor([3]))
+    assert ids.tolist() == [[2, 1]]
+    torch.testing.assert_close(values, torch.tensor([[math.log(0.3), math.log(0.2)]]), atol=1e-6, rtol=0)
+
+
+def test_log_softmax_topk_ties_and_too_few_tokens(kernels):
+    values, ids = kernels.log_softmax_topk(torch.zeros(2, 40), 3, torch.tensor([0]))
+    assert ids.tolist() == [[1, 2, 3]] * 2  # equal values: the lower ids first
+    torch.testing.assert_close(values, torch.full((2, 3), -math.log(40)), atol=1e-6, rtol=0)
+    values, ids = kernels.log_softmax_topk(torch.tensor([[1.0, 2.0, 3.0]]), 2, torch.tensor([0, 2]))
+    assert ids[0, 0] == 1 and values[0, 1] == float("-inf")  # one token allowed for k = 2
+    with pytest.raises(ValueError, match="contiguous rows"):
+        kernels.log_softmax_topk(torch.zeros(4, 10)[:, ::2], 2, torch.tensor([0]))
+    with pytest.raises(ValueError, match="k = 11 for 10 tokens"):
+        kernels.log_softmax_topk(torch.zeros(4, 10), 11, torch.tensor([0]))
+
+
+def _log_softmax_topk_matches_pytorch(lib, dtype, threads):
+    from aiayn.decode.search import select_topk
+
+    torch.manual_seed(3)
+    banned = torch.tensor([0, 2, 3])
+    for V, k in ((8000, 4), (1003, 6), (37, 5)):  # V % 16 != 0: the tail after the blocks
+        z = (torch.randn(50, V) * 4).to(dtype)
+        z[7, 5] = 40.0  # one token far ahead: the other exponentials underflow
+        with torch.inference_mode():
+            torch.set_num_threads(threads)
+            try:
+                values, ids = lib.log_softmax_topk(z, k, banned)
+            finally:
+                torch.set_num_threads(2)
+            lp = torch.log_softmax(z.float(), dim=-1)
+            ref_values, ref_ids = select_topk(lp.clone(), k, banned)
+        torch.testing.assert_close(values, ref_values, atol=2e-6, rtol=1e-6)
+        assert not torch.isin(ids, banned).any()
+        # the ids are those values' tokens (bfloat16 logits tie often; which of equal tokens comes first may differ)
+        torch.testing.assert_close(lp.gather(1, ids), ref_values, atol=2e-6, rtol=1e-6)
+        if dtype == torch.float32:
+            assert torch.equal(ids, ref_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_log_softmax_topk_is_pytorchs(kernels, dtype, threads):
+    _log_softmax_topk_matches_pytorch(kernels, dtype, threads)
+
+
+def test_the_portable_build_gives_the_same_numbers(portable):
+    # the library without -march=native: attention, log-softmax top-k and int8 passes by the plain loops
+    from aiayn.decode.int8 import quantize_rows
+
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        q, k, v, anc = _shared_slot_case(H=2, K=16, Dv=16, dtype=dtype)
+        torch.testing.assert_close(portable.self_attention(q, k, v, anc, 4).float(),
+                                   _shared_slot_reference(q, k, v, anc, 4), atol=tol, rtol=tol)
+        _log_softmax_topk_matches_pytorch(portable, dtype, 1)
+        x = torch.randn(9, 70).to(dtype)
+        assert all(torch.equal(a, b) for a, b in zip(portable.quantize_rows(x), quantize_rows(x)))
 
 
 # ---- the passes around an int8 product ---------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vexp.h"
 
 typedef struct {
     const void *q, *k, *v;
@@ -40,36 +41,12 @@ static inline float f32_of_f32(float x) { return x; }
 static inline float f32_to_f32(float x) { return x; }
 
 
-/* exp(x) for x <= 0 (a softmax after the maximum is subtracted): 2^(x log2 e) split into 2^i * 2^f,
- * f in [0, 1), 2^f by a degree-6 polynomial (relative error about 2e-7), 2^i in the exponent bits.
- * Written out so that the compiler vectorizes the loop around it. */
-static inline float exp_nonpositive(float x) {
-    float t = (x > -87.0f ? x : -87.0f) * 1.44269504088896341f; /* not fmaxf: a libm call per element */
-    float i = floorf(t);
-    float f = t - i;
-    float p = 1.535336188319500e-4f;
-    p = fmaf(p, f, 1.339887440266574e-3f);
-    p = fmaf(p, f, 9.618437357674640e-3f);
-    p = fmaf(p, f, 5.550332471162809e-2f);
-    p = fmaf(p, f, 2.402264791363012e-1f);
-    p = fmaf(p, f, 6.931472028550421e-1f);
-    p = fmaf(p, f, 1.0f);
-    uint32_t bits = (uint32_t)((int32_t)i + 127) << 23;
-    float s;
-    memcpy(&s, &bits, sizeof s);
-    return p * s;
-}
-
 /* The two inner products of the loop below: d = q . k over K, and acc += p v over Dv. With AVX-512
  * and lengths that are multiples of 16 (d_k = d_v = 64 in every preset) they are written with
  * intrinsics; compiled loops over such short lengths spent most of their time in set-up code. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16_bf16(const uint16_t *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 #define VEC(n) (((n) & 15) == 0)
 #else
 #define VEC(n) 0

@@ -20,4 +20,13 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 bfloat16 values widened to float32 */
+static inline __m512 load16_bf16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 #endif

@@ -53,6 +53,11 @@ class StepDecoder(Protocol):
     def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """Feed the last tokens (N,); return log-probabilities (N, V) of the next token."""
 
+    # Optional, for beam search: ``step`` followed by ``select_topk`` (what it must equal), done in
+    # one go; a decoder without it gets exactly that. (``CachedDecoder`` has it: with the C kernels
+    # the (N, V) log-probabilities are never written.)
+    # def step_topk(self, tokens, state, k, banned) -> tuple[Tensor, Tensor, DecoderState]
+
 
 @dataclass(frozen=True)
 class SpecialIds:
@@ -84,10 +89,33 @@ def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, cap: int | N
     return out.clamp_(max=cap) if cap is not None else out
 
 
+def _banned(t: int, cfg: DecodeConfig, ids: SpecialIds, device: torch.device) -> Tensor:
+    """Token ids never generated at step t (1-based index of the new token): pad and BOS always,
+    EOS while t <= min_len. (nb,) int64."""
+    return torch.tensor([ids.pad, ids.bos] + ([ids.eos] if t <= cfg.min_len else []), device=device)
+
+
 def _mask_special(log_probs: Tensor, t: int, cfg: DecodeConfig, ids: SpecialIds) -> Tensor:
-    """Forbid pad and BOS always, EOS while t <= min_len (t = 1-based index of the new token)."""
-    banned = [ids.pad, ids.bos] + ([ids.eos] if t <= cfg.min_len else [])
-    return log_probs.index_fill_(1, torch.tensor(banned, device=log_probs.device), NEG_INF)
+    """log_probs (N, V) with the ``_banned`` tokens of step t set to -inf (in place)."""
+    return log_probs.index_fill_(1, _banned(t, cfg, ids, log_probs.device), NEG_INF)
+
+
+def select_topk(log_probs: Tensor, k: int, banned: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's min(k, V) best tokens, best first, never one of ``banned`` (nb,): values and ids
+    (N, k) of log_probs (N, V), whose banned columns are overwritten with -inf."""
+    log_probs.index_fill_(1, banned, NEG_INF)
+    return topk_rows(log_probs, min(k, log_probs.size(1)))
+
+
+def _step_topk(decoder: StepDecoder, tokens: Tensor, state: DecoderState, k: int,
+               banned: Tensor) -> tuple[Tensor, Tensor, DecoderState]:
+    """The decoder's ``step_topk`` if it has one, else ``step`` then ``select_topk``."""
+    fused = getattr(decoder, "step_topk", None)
+    if fused is not None:
+        return fused(tokens, state, k, banned)
+    log_probs, state = decoder.step(tokens, state)
+    values, ids = select_topk(log_probs, k, banned)
+    return values, ids, state
 
 
 def topk_rows(x: Tensor, k: int, blocks: int = 16) -> tuple[Tensor, Tensor]:
@@ -249,17 +277,16 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     seqs = torch.zeros(B, K, T, dtype=torch.long, device=dev)  # (N, K, T)
     pool = None
     last = torch.full((B * K,), ids.bos, dtype=torch.long, device=dev)
+    early, late = _banned(1, cfg, ids, dev), _banned(cfg.min_len + 1, cfg, ids, dev)  # t <= min_len, t > min_len
     for t in range(1, T + 1):
-        log_probs, state = decoder.step(last, state)
-        log_probs = _mask_special(log_probs, t, cfg, ids)  # (N*K, V)
-        if pool is None:
-            live = live.to(log_probs.dtype)
-            pool = _Pool(B, F, T, dev, log_probs.dtype)
-        N, k = live.size(0), min(K, log_probs.size(1))
         # The K best of a sentence's K*V extensions are among each beam's k = min(K, V) best
         # tokens: take those first (per row, where adding the beam's score cannot change the
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
-        row_lp, row_tok = topk_rows(log_probs, k)  # (N*K, k)
+        row_lp, row_tok, state = _step_topk(decoder, last, state, K, early if t <= cfg.min_len else late)
+        if pool is None:
+            live = live.to(row_lp.dtype)
+            pool = _Pool(B, F, T, dev, row_lp.dtype)
+        N, k = live.size(0), row_lp.size(1)  # (N*K, k) rows
         cand = (row_lp.view(N, K, k) + live[:, :, None]).view(N, K * k)
         top_lp, top_j = cand.topk(K, dim=1)  # (N, K)
         parent, tok = top_j // k, row_tok.view(N, K * k).gather(1, top_j)

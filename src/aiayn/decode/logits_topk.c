@@ -1,0 +1,173 @@
+/* The end of a beam-search step: log-softmax over the vocabulary, then each row's k best tokens.
+ *
+ * Compiled and loaded with beam_attention.c by aiayn/decode/kernel.py, which says why and how it is
+ * tested. For each row z of the logits (R, V), float32 or bfloat16, row stride zs:
+ *   m = max_v z_v,  s = sum_v exp(z_v - m),  log p_v = (z_v - m) - log s
+ * (log_softmax, in the order PyTorch's CPU kernel computes it), and the k largest log p_v over the
+ * tokens v not in banned[0..nb), best first, into val (R, k) float32 and idx (R, k) int64; among
+ * equal values the lower token id comes first. Only those k values are written: the (R, V)
+ * log-probabilities that the search would otherwise write, read back and mask never exist.
+ * Per row, two passes over its V logits (which stay in the core's cache between them): the maximum
+ * and the k best (the k best of z are the k best of log p, which is z shifted), then the sum of
+ * exponentials; with AVX-512 both are written with intrinsics (GCC vectorizes neither: a reduction
+ * over exp_nonpositive, a block test), with plain loops otherwise. Rows are split among nthreads threads.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "bf16.h"
+#include "vexp.h"
+
+typedef struct {
+    const void *z;
+    int64_t V, zs, k, nb, begin, end;
+    const int64_t *banned;
+    float *val;
+    int64_t *idx;
+    int bf16;
+} rows_t;
+
+static inline float f32_of_f32(float x) { return x; }
+
+static inline int is_banned(int64_t v, const int64_t *banned, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++)
+        if (banned[b] == v) return 1;
+    return 0;
+}
+
+/* Insert (x, v) into the best-first list tv/ti of *cnt entries (at most k): a full list drops its last. */
+static inline void push(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float x, int64_t v) {
+    int64_t p = *cnt < k ? (*cnt)++ : k - 1;
+    while (p > 0 && tv[p - 1] < x) {
+        tv[p] = tv[p - 1];
+        ti[p] = ti[p - 1];
+        p--;
+    }
+    tv[p] = x;
+    ti[p] = v;
+}
+
+/* One row: the k best of z over the tokens not banned, best first, raw (tv, ti; returns how many, at
+ * most k) and the maximum m. Blocks of 16 are compared with the k-th best so far as a whole (with
+ * AVX-512 one compare per block; a block above it is scanned token by token). */
+#if defined(__AVX512F__)
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+#endif
+
+#define BLOCK 16
+#if defined(__AVX512F__)
+#define DEFINE_ROW(NAME, T, LOAD, LOAD16)                                                         \
+    static float NAME(const T *z, int64_t V, const int64_t *banned, int64_t nb, int64_t k,        \
+                      float *tv, int64_t *ti, int64_t *cnt) {                                     \
+        __m512 vm = _mm512_set1_ps(-INFINITY);                                                    \
+        int64_t v0 = 0;                                                                           \
+        for (; v0 + BLOCK <= V; v0 += BLOCK) {                                                    \
+            const __m512 x = LOAD16(z + v0);                                                      \
+            vm = _mm512_max_ps(vm, x);                                                            \
+            const float thr = *cnt < k ? -INFINITY : tv[k - 1];                                   \
+            if (*cnt == k && !_mm512_cmp_ps_mask(x, _mm512_set1_ps(thr), _CMP_GT_OQ)) continue;   \
+            for (int64_t j = v0; j < v0 + BLOCK; j++) {                                           \
+                const float xj = LOAD(z[j]);                                                      \
+                if ((*cnt < k || xj > tv[k - 1]) && !is_banned(j, banned, nb)) push(tv, ti, cnt, k, xj, j); \
+            }                                                                                     \
+        }                                                                                         \
+        float m = _mm512_reduce_max_ps(vm);                                                       \
+        for (int64_t j = v0; j < V; j++) {                                                        \
+            const float xj = LOAD(z[j]);                                                          \
+            m = xj > m ? xj : m;                                                                  \
+            if ((*cnt < k || xj > tv[k - 1]) && !is_banned(j, banned, nb)) push(tv, ti, cnt, k, xj, j); \
+        }                                                                                         \
+        return m;                                                                                 \
+    }                                                                                             \
+    static float NAME##_sum_exp(const T *z, int64_t V, float m) {                                 \
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                                \
+        const __m512 vm = _mm512_set1_ps(m);                                                      \
+        int64_t v = 0;                                                                            \
+        for (; v + 2 * BLOCK <= V; v += 2 * BLOCK) {                                              \
+            a0 = _mm512_add_ps(a0, exp_nonpositive16(_mm512_sub_ps(LOAD16(z + v), vm)));          \
+            a1 = _mm512_add_ps(a1, exp_nonpositive16(_mm512_sub_ps(LOAD16(z + v + BLOCK), vm)));  \
+        }                                                                                         \
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));                                    \
+        for (; v < V; v++) s += exp_nonpositive(LOAD(z[v]) - m);                                  \
+        return s;                                                                                 \
+    }
+DEFINE_ROW(row_f32, float, f32_of_f32, load16_f32)
+DEFINE_ROW(row_bf16, uint16_t, f32_of_bf16, load16_bf16)
+#else
+#define DEFINE_ROW(NAME, T, LOAD)                                                                 \
+    static float NAME(const T *z, int64_t V, const int64_t *banned, int64_t nb, int64_t k,        \
+                      float *tv, int64_t *ti, int64_t *cnt) {                                     \
+        float m = -INFINITY;                                                                      \
+        int64_t v0 = 0;                                                                           \
+        for (; v0 < V; v0 += BLOCK) {                                                             \
+            const int64_t end = v0 + BLOCK < V ? v0 + BLOCK : V;                                  \
+            float bm = -INFINITY;                                                                 \
+            for (int64_t j = v0; j < end; j++) {                                                  \
+                const float xj = LOAD(z[j]);                                                      \
+                bm = xj > bm ? xj : bm; /* not fmaxf: a libm call per element */                  \
+            }                                                                                     \
+            m = bm > m ? bm : m;                                                                  \
+            if (*cnt == k && !(bm > tv[k - 1])) continue;                                         \
+            for (int64_t j = v0; j < end; j++) {                                                  \
+                const float xj = LOAD(z[j]);                                                      \
+                if ((*cnt < k || xj > tv[k - 1]) && !is_banned(j, banned, nb)) push(tv, ti, cnt, k, xj, j); \
+            }                                                                                     \
+        }                                                                                         \
+        return m;                                                                                 \
+    }                                                                                             \
+    static float NAME##_sum_exp(const T *z, int64_t V, float m) {                                 \
+        double s = 0.0; /* one float32 sum over thousands of terms would drift (1e-5 measured) */ \
+        for (int64_t v = 0; v < V; v++) s += exp_nonpositive(LOAD(z[v]) - m);                     \
+        return (float)s;                                                                          \
+    }
+DEFINE_ROW(row_f32, float, f32_of_f32)
+DEFINE_ROW(row_bf16, uint16_t, f32_of_bf16)
+#endif
+
+#define DEFINE_ROWS(NAME, T, ROW)                                                                 \
+    static void NAME(rows_t *w) {                                                                 \
+        const int64_t k = w->k;                                                                   \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            const T *z = (const T *)w->z + r * w->zs;                                             \
+            float *tv = w->val + r * k;                                                           \
+            int64_t *ti = w->idx + r * k, cnt = 0;                                                \
+            const float m = ROW(z, w->V, w->banned, w->nb, k, tv, ti, &cnt);                      \
+            const float log_s = logf(ROW##_sum_exp(z, w->V, m));                                  \
+            for (int64_t j = 0; j < cnt; j++) tv[j] = (tv[j] - m) - log_s;                        \
+            for (int64_t j = cnt; j < k; j++) { tv[j] = -INFINITY; ti[j] = 0; } /* V - nb < k */  \
+        }                                                                                         \
+    }
+
+DEFINE_ROWS(rows_f32, float, row_f32)
+DEFINE_ROWS(rows_bf16, uint16_t, row_bf16)
+
+static void *work(void *arg) {
+    rows_t *w = (rows_t *)arg;
+    if (w->bf16) rows_bf16(w);
+    else rows_f32(w);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+
+void aiayn_log_softmax_topk(const void *z, int64_t R, int64_t V, int64_t zs, int bf16, int64_t k,
+                            const int64_t *banned, int64_t nb, float *val, int64_t *idx, int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads > R) nthreads = (int)(R > 0 ? R : 1);
+    rows_t tasks[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 0; i < nthreads; i++) {
+        rows_t t = {z, V, zs, k, nb, R * i / nthreads, R * (i + 1) / nthreads, banned, val, idx, bf16};
+        tasks[i] = t;
+    }
+    for (int i = 1; i < nthreads; i++)
+        started[i] = pthread_create(&threads[i], NULL, work, &tasks[i]) == 0;
+    work(&tasks[0]);
+    for (int i = 1; i < nthreads; i++) {
+        if (started[i]) pthread_join(threads[i], NULL);
+        else work(&tasks[i]); /* no thread to be had: do its share here */
+    }
+}
