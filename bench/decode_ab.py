@@ -5,7 +5,7 @@ and batch split of ``bench/decode_split_ab.sh``.
 
 SIZE small | base, MODE fp32 | bf16w | int8 | int8bf16, VARIANT kernel (aiayn's since session 19: the C
 kernels of aiayn/decode/kernel.py, beam-step attention, the int8 passes and since session 20 the
-log-softmax top-k) | kernel_notopk (the same without the fused log-softmax top-k: the search's
+log-softmax top-k) | kernel_unpacked (float32 through PyTorch's linear, not oneDNN's packed weights) | kernel_notopk (the same without the fused log-softmax top-k: the search's
 log_softmax, mask and topk_rows) | sdpa (PyTorch's operations, aiayn's before) | explicit | explicit_f32 | math |
 int8dyn (every nn.Linear replaced by PyTorch's dynamic int8 one, fbgemm; the shared output
 projection stays fp32; session 13);
@@ -54,7 +54,7 @@ elif variant == "kernel_notopk":
     from aiayn.decode.adapter import CachedDecoder
     del CachedDecoder.step_topk  # the search then takes step + select_topk
 from translate_throughput import build_aiayn
-run = build_aiayn(size, mode, batch, 20, 69, 4, c_kernels=variant.startswith("kernel"))
+run = build_aiayn(size, mode, batch, 20, 69, 4, c_kernels=variant.startswith("kernel"), packed=variant != "kernel_unpacked")
 run()
 ts = []
 for _ in range(n):

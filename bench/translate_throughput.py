@@ -24,7 +24,9 @@ aiayn-fp32-inter, aiayn-bf16w-inter, aiayn-int8bf16-inter (aiayn's DecodeConfig.
 Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inter). aiayn's systems use
 its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py, since session 19); aiayn-fp32-torch,
 aiayn-int8bf16-torch and aiayn-int8bf16-inter-torch are the same with PyTorch's operations, for A/B runs
-(only when named in --systems).
+(only when named in --systems). aiayn's float32 systems multiply from oneDNN's packed weights
+(DecodeConfig.packed_weights, aiayn/decode/packed.py, since session 20); aiayn-fp32-unpacked and
+aiayn-fp32-inter-unpacked use PyTorch's linear (A/B only).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
 
 Model FLOPs of one call (``beam_flops``): the encoder and the encoder-decoder keys/values once
@@ -79,11 +81,12 @@ def _src(B: int, S: int, low: int, high: int, eos: int) -> torch.Tensor:
 
 
 def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True, workers: int = 1,
-                c_kernels: bool = True):
+                c_kernels: bool = True, packed: bool = True):
     """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w | int8 | int8bf16;
     share_slots=False: the copying beam cache (for A/B runs); workers > 1: through a Translator with
     DecodeConfig.workers (the batch halved over that many processes, aiayn/decode/workers.py);
-    c_kernels=False: PyTorch's operations instead of the C kernels (DecodeConfig.c_kernels)."""
+    c_kernels=False: PyTorch's operations instead of the C kernels (DecodeConfig.c_kernels); packed=False:
+    PyTorch's float32 linear instead of oneDNN's packed weights (DecodeConfig.packed_weights)."""
     import aiayn
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
@@ -94,7 +97,7 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()
     precision = {"fp32": "fp32", "bf16": "fp32", "bf16w": "bf16", "int8": "int8", "int8bf16": "int8-bf16"}[mode]
-    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, c_kernels=c_kernels)
+    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, c_kernels=c_kernels, packed_weights=packed)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
     src = _src(B, S, 4, cfg.vocab_size, cfg.eos_id)
     if workers > 1:
@@ -114,9 +117,8 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
 
         return run_workers
     kernels = decoding_kernels(dcfg, model)
-    if precision != "fp32":  # the decoding copy Translator makes for precision bf16 / int8 / int8-bf16
-        from aiayn.decode.translator import model_for_precision
-        model = model_for_precision(model, precision, kernels)
+    from aiayn.decode.translator import model_for_precision
+    model = model_for_precision(model, precision, kernels, packed)  # the decoding copy Translator makes
     decoder = CachedDecoder(model, share_slots=share_slots, kernels=kernels)
 
     def run() -> dict:
@@ -206,6 +208,10 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     out += [bl.System(f"aiayn-{m}{'-inter' if w > 1 else ''}-torch", build_aiayn,
                       {"size": args.size, "mode": m, "workers": w, "c_kernels": False, **shape}, **bl.AIAYN_PROCESS)
             for m, w in (("fp32", 1), ("int8bf16", 1), ("int8bf16", args.threads)) if w == 1 or args.threads > 1]
+    # A/B only: float32 through PyTorch's linear instead of oneDNN's packed weights (DecodeConfig.packed_weights)
+    out += [bl.System(f"aiayn-fp32{'-inter' if w > 1 else ''}-unpacked", build_aiayn,
+                      {"size": args.size, "mode": "fp32", "workers": w, "packed": False, **shape}, **bl.AIAYN_PROCESS)
+            for w in (1, args.threads) if w == 1 or args.threads > 1]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
         out.append(bl.System(name, build_ct2, {"size": args.size, "compute_type": ct, "ct2_dir": ct2_dir,

@@ -35,6 +35,7 @@ from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
 from aiayn.decode.kernel import Kernels, load as load_kernels
+from aiayn.decode.packed import PackedLinear, available as packed_available, packed_copy
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -109,12 +110,14 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
     return models, toks[0], toks[1]
 
 
-def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None) -> Transformer:
-    """The model to decode with: itself (fp32), or a copy cast to bfloat16 or made int8 (int8-bf16: int8
-    linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes around the int8
-    products), so the caller's model is left as it was."""
-    if any(isinstance(m, Int8Linear) for m in model.modules()):
-        return model  # already an int8 decoding copy (the service passes its Translator's models on)
+def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None,
+                        packed: bool = False) -> Transformer:
+    """The model to decode with: itself (fp32), a copy whose linear maps use packed weights (fp32 with
+    ``packed``, a float32 model on a CPU with oneDNN; decode/packed.py), or a copy cast to bfloat16 or made
+    int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
+    around the int8 products), so the caller's model is left as it was."""
+    if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
+        return model  # already a decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
         if next(model.parameters()).dtype == torch.bfloat16:
             return model  # already a bfloat16 decoding copy (as above; casting a copy again changes nothing)
@@ -123,6 +126,9 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
         return int8_copy(model, kernels=kernels)
     if precision == "int8-bf16":
         return int8_copy(model, torch.bfloat16, kernels)
+    p = next(model.parameters())
+    if packed and p.dtype == torch.float32 and p.device.type == "cpu" and packed_available():
+        return packed_copy(model)
     return model
 
 
@@ -177,7 +183,8 @@ class Translator:
     def models(self) -> list[Transformer]:
         """The decoding copies (``model_for_precision``), made when first needed: with workers they
         are only needed for attention plots, so a Translator that only translates does not hold them."""
-        return [model_for_precision(m, self.cfg.precision, self.kernels).eval() for m in self._given]
+        return [model_for_precision(m, self.cfg.precision, self.kernels, self.cfg.packed_weights).eval()
+                for m in self._given]
 
     @property
     def model(self) -> Transformer:
