@@ -226,6 +226,7 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "aiayn-int8bf16": "fp32",
          "aiayn-fp32-inter": "fp32", "aiayn-bf16w-inter": "bf16", "aiayn-int8bf16-inter": "fp32",
          "aiayn-fp32-torch": "fp32", "aiayn-int8bf16-torch": "fp32", "aiayn-int8bf16-inter-torch": "fp32",
+         "aiayn-fp32-unpacked": "fp32", "aiayn-fp32-inter-unpacked": "fp32",
          "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and
