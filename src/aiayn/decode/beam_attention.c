@@ -17,12 +17,12 @@
  * softmax with the row maximum subtracted. Work items (s, h) are split among nthreads threads.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
+#include "split.h"
 #include "vexp.h"
 
 typedef struct {
@@ -207,8 +207,6 @@ static void *work(void *arg) {
     return NULL;
 }
 
-#define MAX_THREADS 64
-
 /* dims: Bs, H, g, n, K, Dv. strides: qs, qh, qr, ks, kh, kt, vs, vh, vt, anc_s, anc_r, pad_s.
  * Returns 0, or 1 if scratch memory could not be had. */
 int aiayn_beam_attention(const void *q, const void *k, const void *v, void *out, const int64_t *anc,
@@ -219,26 +217,16 @@ int aiayn_beam_attention(const void *q, const void *k, const void *v, void *out,
                   strides[6], strides[7], strides[8], strides[9], strides[10], strides[11],
                   scale, 0, 0, 0};
     const int64_t items = base.Bs * base.H;
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads > items) nthreads = (int)(items > 0 ? items : 1);
+    nthreads = split_threads(nthreads, items);
     task_t tasks[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     for (int i = 0; i < nthreads; i++) {
         tasks[i].job = base;
         tasks[i].job.begin = items * i / nthreads;
         tasks[i].job.end = items * (i + 1) / nthreads;
         tasks[i].bf16 = bf16;
     }
-    for (int i = 1; i < nthreads; i++)
-        started[i] = pthread_create(&threads[i], NULL, work, &tasks[i]) == 0;
-    work(&tasks[0]);
-    int status = tasks[0].job.status;
-    for (int i = 1; i < nthreads; i++) {
-        if (started[i]) pthread_join(threads[i], NULL);
-        else work(&tasks[i]); /* no thread to be had: do its share here */
-        status |= tasks[i].job.status;
-    }
+    run_split(work, tasks, sizeof tasks[0], nthreads);
+    int status = 0;
+    for (int i = 0; i < nthreads; i++) status |= tasks[i].job.status;
     return status;
 }

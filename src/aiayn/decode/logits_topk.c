@@ -13,10 +13,10 @@
  * over exp_nonpositive, a block test), with plain loops otherwise. Rows are split among nthreads threads.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "bf16.h"
+#include "split.h"
 #include "vexp.h"
 
 typedef struct {
@@ -149,25 +149,13 @@ static void *work(void *arg) {
     return NULL;
 }
 
-#define MAX_THREADS 64
-
 void aiayn_log_softmax_topk(const void *z, int64_t R, int64_t V, int64_t zs, int bf16, int64_t k,
                             const int64_t *banned, int64_t nb, float *val, int64_t *idx, int nthreads) {
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads > R) nthreads = (int)(R > 0 ? R : 1);
+    nthreads = split_threads(nthreads, R);
     rows_t tasks[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     for (int i = 0; i < nthreads; i++) {
         rows_t t = {z, V, zs, k, nb, R * i / nthreads, R * (i + 1) / nthreads, banned, val, idx, bf16};
         tasks[i] = t;
     }
-    for (int i = 1; i < nthreads; i++)
-        started[i] = pthread_create(&threads[i], NULL, work, &tasks[i]) == 0;
-    work(&tasks[0]);
-    for (int i = 1; i < nthreads; i++) {
-        if (started[i]) pthread_join(threads[i], NULL);
-        else work(&tasks[i]); /* no thread to be had: do its share here */
-    }
+    run_split(work, tasks, sizeof tasks[0], nthreads);
 }
