@@ -16,7 +16,7 @@ only (N, k). Around each int8 product (``Int8Linear``,
 decode/int8.py) PyTorch spends six or so small operations quantizing the input rows and rescaling
 the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-identical, tested).
 
-How it is built: the first ``load()`` of a process compiles both files with the system's C compiler
+How it is built: the first ``load()`` of a process compiles the three C files with the system's C compiler
 (``$CC``, else ``cc``) for this CPU (``-march=native``) into the cache directory
 (``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
 hashes the sources, the flags and the CPU, written atomically; later loads reuse the file. Without a
