@@ -179,19 +179,22 @@ class CachedDecoder:
         cache.kernels = self.kernels
         return CachedState(cache, torch.arange(src.size(0), device=src.device), None, self.share_slots)
 
+    def _logits(self, tokens: Tensor, state: CachedState) -> tuple[Tensor, CachedState]:
+        """tokens (N,) at position cache.length -> next-token logits (N, V) and the advanced state."""
+        out = self.model.decode(tokens[:, None], cache=state.cache)
+        return out.logits[:, -1], CachedState(out.cache, state.sentence, state.spare, state.share_slots)
+
     def step(self, tokens: Tensor, state: CachedState) -> tuple[Tensor, CachedState]:
         """tokens (N,) at position cache.length -> next-token log-probs (N, V)."""
-        out = self.model.decode(tokens[:, None], cache=state.cache)
-        return _log_softmax(out.logits[:, -1]), CachedState(out.cache, state.sentence, state.spare, state.share_slots)
+        logits, new = self._logits(tokens, state)
+        return _log_softmax(logits), new
 
     def step_topk(self, tokens: Tensor, state: CachedState, k: int, banned: Tensor) -> tuple[Tensor, Tensor, CachedState]:
         """``step`` then ``search.select_topk``: each row's min(k, V) best next tokens, never one of
         ``banned``, and their log-probs, (N, k) each. With the C kernels (CPU float32 or bfloat16
         logits) one pass per row over the logits (``Kernels.log_softmax_topk``) does it: the same
         tokens, log-probs equal up to the rounding of the exponentials (tested)."""
-        out = self.model.decode(tokens[:, None], cache=state.cache)
-        new = CachedState(out.cache, state.sentence, state.spare, state.share_slots)
-        logits = out.logits[:, -1]  # (N, V)
+        logits, new = self._logits(tokens, state)  # (N, V)
         if self.kernels is not None and self.kernels.supports_rows(logits):
             values, ids = self.kernels.log_softmax_topk(logits, min(k, logits.size(1)), banned)
             return values, ids, new

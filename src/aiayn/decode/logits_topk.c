@@ -48,6 +48,13 @@ static inline void push(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float x
     ti[p] = v;
 }
 
+/* Offer token v of value x to the list: taken while it holds fewer than k, or if x beats its k-th best;
+ * never a banned token. */
+static inline void offer(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float x, int64_t v,
+                         const int64_t *banned, int64_t nb) {
+    if ((*cnt < k || x > tv[k - 1]) && !is_banned(v, banned, nb)) push(tv, ti, cnt, k, x, v);
+}
+
 /* One row: the k best of z over the tokens not banned, best first, raw (tv, ti; returns how many, at
  * most k) and the maximum m. Blocks of 16 are compared with the k-th best so far as a whole (with
  * AVX-512 one compare per block; a block above it is scanned token by token). */
@@ -65,18 +72,14 @@ static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
         for (; v0 + BLOCK <= V; v0 += BLOCK) {                                                    \
             const __m512 x = LOAD16(z + v0);                                                      \
             vm = _mm512_max_ps(vm, x);                                                            \
-            const float thr = *cnt < k ? -INFINITY : tv[k - 1];                                   \
-            if (*cnt == k && !_mm512_cmp_ps_mask(x, _mm512_set1_ps(thr), _CMP_GT_OQ)) continue;   \
-            for (int64_t j = v0; j < v0 + BLOCK; j++) {                                           \
-                const float xj = LOAD(z[j]);                                                      \
-                if ((*cnt < k || xj > tv[k - 1]) && !is_banned(j, banned, nb)) push(tv, ti, cnt, k, xj, j); \
-            }                                                                                     \
+            if (*cnt == k && !_mm512_cmp_ps_mask(x, _mm512_set1_ps(tv[k - 1]), _CMP_GT_OQ)) continue; \
+            for (int64_t j = v0; j < v0 + BLOCK; j++) offer(tv, ti, cnt, k, LOAD(z[j]), j, banned, nb); \
         }                                                                                         \
         float m = _mm512_reduce_max_ps(vm);                                                       \
         for (int64_t j = v0; j < V; j++) {                                                        \
             const float xj = LOAD(z[j]);                                                          \
             m = xj > m ? xj : m;                                                                  \
-            if ((*cnt < k || xj > tv[k - 1]) && !is_banned(j, banned, nb)) push(tv, ti, cnt, k, xj, j); \
+            offer(tv, ti, cnt, k, xj, j, banned, nb);                                             \
         }                                                                                         \
         return m;                                                                                 \
     }                                                                                             \
@@ -109,10 +112,7 @@ DEFINE_ROW(row_bf16, uint16_t, f32_of_bf16, load16_bf16)
             }                                                                                     \
             m = bm > m ? bm : m;                                                                  \
             if (*cnt == k && !(bm > tv[k - 1])) continue;                                         \
-            for (int64_t j = v0; j < end; j++) {                                                  \
-                const float xj = LOAD(z[j]);                                                      \
-                if ((*cnt < k || xj > tv[k - 1]) && !is_banned(j, banned, nb)) push(tv, ti, cnt, k, xj, j); \
-            }                                                                                     \
+            for (int64_t j = v0; j < end; j++) offer(tv, ti, cnt, k, LOAD(z[j]), j, banned, nb);  \
         }                                                                                         \
         return m;                                                                                 \
     }                                                                                             \
