@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from aiayn.train import objective
-from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, noam_lr,
-                                    rdrop_kl, rdrop_kl_reference, smoothed_targets)
+from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, make_optimizer,
+                                    noam_lr, rdrop_kl, rdrop_kl_reference, smoothed_targets)
 
 
 @pytest.mark.parametrize("step,expected", [
@@ -24,6 +24,24 @@ def test_noam_golden(step, expected):
 def test_noam_scale_and_warmup_shape():
     assert noam_lr(10, 256, 1000, scale=2.0) == pytest.approx(2 * noam_lr(10, 256, 1000))
     assert noam_lr(999, 512, 1000) < noam_lr(1000, 512, 1000) > noam_lr(1001, 512, 1000)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("weight_decay,expected", [
+    # Adam's first step (§5.3), p = 1, g = 0.5, lr = 0.01, betas (0.9, 0.98): m = 0.05, v = 0.005,
+    # m_hat = 0.05 / 0.1 = 0.5, v_hat = 0.005 / 0.02 = 0.25, step = 0.01 * 0.5 / sqrt(0.25) = 0.01
+    (0.0, 0.99),
+    # decoupled decay first: 1 * (1 - 0.01 * 0.1) = 0.999, then the same step: 0.989
+    (0.1, 0.989),
+])
+def test_optimizer_first_step_hand_computed(weight_decay, expected, fused):
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = make_optimizer([p], lr=0.01, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay, fused=fused)
+    p.grad = torch.tensor([0.5, 0.5])
+    opt.step()
+    # the second entry: -2 * (1 - 0.01 * λ) - 0.01
+    assert p.detach().tolist() == pytest.approx([expected, -2 * (1 - 0.01 * weight_decay) - 0.01], rel=1e-6)  # float32
+    assert isinstance(opt, torch.optim.AdamW if weight_decay else torch.optim.Adam)
 
 
 def test_label_smoothed_loss_hand_computed():

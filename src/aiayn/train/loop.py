@@ -28,7 +28,7 @@ from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, run_config_from_dict
-from aiayn.train.objective import label_smoothed_loss, learning_rate, rdrop_kl
+from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer, rdrop_kl
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +195,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
 
     rt.seed_everything(t.seed)
     model = Transformer(m).to(device)
-    opt_cls = torch.optim.AdamW if t.weight_decay > 0 else torch.optim.Adam
-    opt = opt_cls(model.parameters(), lr=learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
-                  betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay,
-                  fused=t.fused_adam and device.type in ("cpu", "cuda"))
+    opt = make_optimizer(model.parameters(),
+                         learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
+                         (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
+                         fused=t.fused_adam and device.type in ("cpu", "cuda"))
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     sampler = TokenBatchSampler(train_data.src_lens + 1, train_data.tgt_lens + 1, t.max_src_tokens,
                                 t.max_tgt_tokens, seed=t.seed, shuffle=True,

@@ -1,4 +1,4 @@
-"""The learning rate of Eq. 3 and the label-smoothed loss of §5.4.
+"""The optimizer of §5.3, the learning rate of Eq. 3 and the label-smoothed loss of §5.4.
 
 Shapes: B batch, T target length, V vocabulary.
 """
@@ -46,6 +46,19 @@ def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0
         progress = max(step / max_steps if max_steps > 0 else 0.0, time_frac)
         lr *= max(0.0, min(1.0, (1.0 - progress) / decay_frac))
     return lr
+
+
+def make_optimizer(params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0,
+                   fused: bool = False) -> torch.optim.Optimizer:
+    """§5.3's Adam, or Adam with decoupled weight decay (AdamW; Loshchilov and Hutter, 2019).
+
+    With ``weight_decay`` λ > 0 (``train.weight_decay``, a deviation, 0 by default) each step
+    first shrinks every parameter by the current rate, p <- p * (1 - lr * λ), then takes Adam's
+    step, so the decay follows Eq. 3's schedule. It applies to every parameter (embeddings,
+    biases and LayerNorm gains included), as fairseq's ``--weight-decay`` does.
+    """
+    cls = torch.optim.AdamW if weight_decay > 0 else torch.optim.Adam
+    return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
 
 
 class LossSums(NamedTuple):
