@@ -44,6 +44,14 @@ def test_optimizer_first_step_hand_computed(weight_decay, expected, fused):
     assert isinstance(opt, torch.optim.AdamW if weight_decay else torch.optim.Adam)
 
 
+def test_weight_decay_is_checked():
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    assert TrainConfig(weight_decay=0.05).weight_decay == 0.05
+    with pytest.raises(ConfigError, match="weight_decay"):
+        TrainConfig(weight_decay=-0.01)
+
+
 def test_label_smoothed_loss_hand_computed():
     # V = 4 (pad = 0), eps = 0.1: gold gets 0.9, the two other non-pad classes 0.05 each.
     # logits [0,1,2,3]: log Z = log(1 + e + e^2 + e^3) = 3.440189698561196

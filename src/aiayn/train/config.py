@@ -72,6 +72,8 @@ class TrainConfig:
             raise ConfigError("eps_ls must be in [0, 1)")
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ConfigError("bpe_dropout must be in [0, 1)")
+        if self.weight_decay < 0:
+            raise ConfigError("weight_decay must be >= 0 (0 = the paper's Adam)")
         if self.rdrop_alpha < 0:
             raise ConfigError("rdrop_alpha must be >= 0")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
