@@ -141,7 +141,7 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
 
 def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int = 2) -> dict:
     """Local SGD written out in one process: `ranks` copies of the model from the same seeded
-    initialization, each with its own Adam and its share of the batches (rank r: batches r,
+    initialization, each with its own Adam (the loop's `make_optimizer`) and its share of the batches (rank r: batches r,
     r + ranks, ... of each epoch's shuffled order), its loss divided by its own tokens; every
     `period` steps (and at the end) every copy is replaced by the copies' mean."""
     from aiayn.data.batching import TokenBatchSampler, collate
@@ -149,6 +149,7 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
     from aiayn.model import ModelConfig
     from aiayn.train import runtime as rt
     from aiayn.train.config import run_config_from_dict
+    from aiayn.train.objective import make_optimizer
     cfg = run_config_from_dict(ckpt["run_config"])
     m, t = ModelConfig(**ckpt["model_config"]), cfg.train
     rt.seed_everything(t.seed)
@@ -156,8 +157,8 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
     models += [aiayn.Transformer(m) for _ in range(ranks - 1)]
     for copy in models[1:]:
         copy.load_state_dict(models[0].state_dict())
-    opts = [torch.optim.Adam(x.parameters(), lr=0.0, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
-                             fused=t.fused_adam) for x in models]
+    opts = [make_optimizer(x.parameters(), 0.0, (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
+                           fused=t.fused_adam) for x in models]
     train = DataDir(data_dir).split("train")
 
     def rank_batches(r: int):
