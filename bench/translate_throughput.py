@@ -26,7 +26,7 @@ its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py, since session 19)
 aiayn-int8bf16-torch and aiayn-int8bf16-inter-torch are the same with PyTorch's operations, for A/B runs
 (only when named in --systems). aiayn's float32 systems multiply from oneDNN's packed weights
 (DecodeConfig.packed_weights, aiayn/decode/packed.py, since session 20); aiayn-fp32-unpacked and
-aiayn-fp32-inter-unpacked use PyTorch's linear (A/B only).
+aiayn-fp32-inter-unpacked use PyTorch's linear (A/B only, also only when named in --systems).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
 
 Model FLOPs of one call (``beam_flops``): the encoder and the encoder-decoder keys/values once
@@ -223,6 +223,18 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     return out
 
 
+# Systems for A/B runs only: measured when named in --systems, never by default (every system is a live
+# process for the whole run, and on the base model the full list outgrew 24 GiB, BENCHMARKS.md §2, session 24).
+AB_ONLY_SUFFIXES = ("-torch", "-unpacked")
+
+
+def selected(all_systems: list[bl.System], names: str | None) -> list[bl.System]:
+    """The systems named in --systems; without it, all but the A/B-only ones."""
+    if names:
+        return bl.pick(all_systems, names)
+    return [s for s in all_systems if not s.name.endswith(AB_ONLY_SUFFIXES)]
+
+
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aiayn-int8": "fp32", "aiayn-int8bf16": "fp32",
          "aiayn-fp32-inter": "fp32", "aiayn-bf16w-inter": "bf16", "aiayn-int8bf16-inter": "fp32",
          "aiayn-fp32-torch": "fp32", "aiayn-int8bf16-torch": "fp32", "aiayn-int8bf16-inter-torch": "fp32",
@@ -264,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     bl.setup_logging()
     cfg = bl.model_config(args.size)
     machine = bl.machine_info(args.threads)
-    chosen = [s.name for s in bl.pick(systems(args, None), args.systems) if args.systems or not s.name.endswith("-torch")]
+    chosen = [s.name for s in selected(systems(args, None), args.systems)]
     workdir = tempfile.mkdtemp(prefix="bench_ct2_")
     try:
         ct2_dir, conversion = (_ct2_prepared(args, workdir) if any(n.startswith("ct2") for n in chosen)
                                else (None, {}))
-        todo, skipped = bl.without_emulated_bf16([s for s in bl.pick(systems(args, ct2_dir), args.systems)
+        todo, skipped = bl.without_emulated_bf16([s for s in selected(systems(args, ct2_dir), args.systems)
                                                   if not (s.name.startswith("ct2") and ct2_dir is None)])
         res = bl.measure_interleaved(todo, threads=args.threads, warmup=args.warmup, reps=args.reps,
                                      min_reps=args.min_reps, budget_s=args.budget_s, timeout_s=args.timeout_s)
