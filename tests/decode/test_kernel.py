@@ -118,6 +118,24 @@ def test_cross_attention_is_eq1_with_padding(kernels, dtype, tol):
     torch.testing.assert_close(out.float(), ref.transpose(1, 2).reshape(Bs * g, H * Dv), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("K", [32, 64])
+@pytest.mark.parametrize("n", [1, 17, 35])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_register_blocked_path_is_eq1(kernels, K, n, dtype, tol):
+    # beam 4 with d_k = d_v = 32 or 64 takes DEFINE_FAST in beam_attention.c (with AVX-512), the other
+    # tests' d_k = 8 the general loop; n = 17 and 35 also leave a masked tail in the 16-wide softmax
+    q, k, v, anc = _shared_slot_case(Bs=3, g=4, H=2, n=n, K=K, Dv=K, dtype=dtype, cap=n + 1)
+    torch.testing.assert_close(kernels.self_attention(q, k, v, anc, g=4).float(),
+                               _shared_slot_reference(q, k, v, anc, 4), atol=tol, rtol=tol)
+    pad = torch.zeros(3, n, dtype=torch.bool)
+    pad[1, n // 2 + 1:] = True
+    ks, vs = k[:, :, :n], v[:, :, :n]  # (Bs,H,S,K): n source positions
+    qg = q.reshape(3, 4, 2, K).transpose(1, 2).float()  # (Bs,H,g,K)
+    ref, _ = attention_explicit(qg, ks.float(), vs.float(), ~pad[:, None, None, :])
+    torch.testing.assert_close(kernels.cross_attention(q, ks, vs, pad, g=4).float(),
+                               ref.transpose(1, 2).reshape(12, 2 * K), atol=tol, rtol=tol)
+
+
 def test_bad_shapes_are_errors(kernels):
     q, k, v, anc = _shared_slot_case()
     with pytest.raises(ValueError, match="bad shapes"):

@@ -15,6 +15,9 @@
  *     positions, t = j, skipping those where pad[s, j] != 0.
  * Arithmetic in float32 (bfloat16 inputs are widened, the output rounded to nearest even), the
  * softmax with the row maximum subtracted. Work items (s, h) are split among nthreads threads.
+ * With AVX-512, beam 4 and d_k = d_v of 32 or 64 (every preset's beam and heads) the four rows' queries
+ * and accumulators stay in registers (DEFINE_FAST: the same operations in the same order), and the
+ * softmax runs 16 scores at a time (softmax_row).
  */
 #include <math.h>
 #include <stdint.h>
@@ -114,15 +117,125 @@ static inline void prefetch_position(const char *kb, const char *vb, int64_t row
     }
 }
 
+#if defined(__AVX512F__)
+/* The same work item for beam 4 with d_k = d_v = 16 * C (C = 2 or 4: d_k 32 or 64), with the four rows'
+ * queries and value accumulators held in registers instead of reloaded from scratch at every key (the
+ * loop below otherwise spends most of its time loading and storing them). The same operations in the
+ * same order as dot_* and axpy_*, so the same numbers, bit for bit. Scores go to sc (4, n) and the
+ * weighted values to acc (4, Dv) as in the general loop; the softmax between them is the caller's. */
+#define FAST_G 4
+#define DEFINE_FAST(SUFFIX, T, LOAD16)                                                            \
+    static inline __attribute__((always_inline)) void scores4_##SUFFIX(                           \
+        const int C, const float *qf, const T *kb, int64_t kt, const int64_t *anc, int64_t anc_r, \
+        const uint8_t *pad, int64_t n, float *sc, const char *pkb, const char *pvb, int64_t rows, \
+        int64_t kt_b, int64_t vt_b, int64_t k_b, int64_t v_b) {                                   \
+        __m512 q[FAST_G][4];                                                                      \
+        for (int r = 0; r < FAST_G; r++)                                                          \
+            for (int c = 0; c < C; c++) q[r][c] = _mm512_loadu_ps(qf + r * 16 * C + 16 * c);      \
+        for (int64_t j = 0; j < n; j++) {                                                         \
+            if (j + PREFETCH_AHEAD < n)                                                           \
+                prefetch_position(pkb, pvb, rows, j + PREFETCH_AHEAD, kt_b, vt_b, k_b, v_b);      \
+            if (pad && pad[j]) {                                                                  \
+                for (int r = 0; r < FAST_G; r++) sc[r * n + j] = -INFINITY;                       \
+                continue;                                                                         \
+            }                                                                                     \
+            for (int r = 0; r < FAST_G; r++) {                                                    \
+                const int64_t t = anc ? j * FAST_G + (j == n - 1 ? r : anc[r * anc_r + j]) : j;   \
+                const T *kp = kb + t * kt;                                                        \
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                        \
+                for (int c = 0; c < C; c += 2) {                                                  \
+                    a0 = _mm512_fmadd_ps(q[r][c], LOAD16(kp + 16 * c), a0);                       \
+                    a1 = _mm512_fmadd_ps(q[r][c + 1], LOAD16(kp + 16 * c + 16), a1);              \
+                }                                                                                 \
+                sc[r * n + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));                      \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    static inline __attribute__((always_inline)) void values4_##SUFFIX(                           \
+        const int C, const float *sc, const T *vb, int64_t vt, const int64_t *anc, int64_t anc_r, \
+        const uint8_t *pad, int64_t n, float *acc) {                                              \
+        __m512 a[FAST_G][4];                                                                      \
+        for (int r = 0; r < FAST_G; r++)                                                          \
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();                            \
+        for (int64_t j = 0; j < n; j++) {                                                         \
+            if (pad && pad[j]) continue;                                                          \
+            for (int r = 0; r < FAST_G; r++) {                                                    \
+                const float p = sc[r * n + j];                                                    \
+                if (p == 0.0f) continue;                                                          \
+                const int64_t t = anc ? j * FAST_G + (j == n - 1 ? r : anc[r * anc_r + j]) : j;   \
+                const T *vp = vb + t * vt;                                                        \
+                const __m512 pp = _mm512_set1_ps(p);                                              \
+                for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(pp, LOAD16(vp + 16 * c), a[r][c]); \
+            }                                                                                     \
+        }                                                                                         \
+        for (int r = 0; r < FAST_G; r++)                                                          \
+            for (int c = 0; c < C; c++) _mm512_storeu_ps(acc + r * 16 * C + 16 * c, a[r][c]);     \
+    }
+DEFINE_FAST(f32, float, load16_f32)
+DEFINE_FAST(bf16, uint16_t, load16_bf16)
+/* C for the fast path, or 0 for the general loop */
+static inline int fast_c(int64_t g, int64_t K, int64_t Dv) {
+    return g == FAST_G && K == Dv && (K == 32 || K == 64) ? (int)(K / 16) : 0;
+}
+#define FAST_SCORES(SUFFIX, C, ...) ((C) == 2 ? scores4_##SUFFIX(2, __VA_ARGS__) : scores4_##SUFFIX(4, __VA_ARGS__))
+#define FAST_VALUES(SUFFIX, C, ...) ((C) == 2 ? values4_##SUFFIX(2, __VA_ARGS__) : values4_##SUFFIX(4, __VA_ARGS__))
+#else
+static inline int fast_c(int64_t g, int64_t K, int64_t Dv) { (void)g; (void)K; (void)Dv; return 0; }
+#define FAST_SCORES(SUFFIX, C, ...) ((void)0)
+#define FAST_VALUES(SUFFIX, C, ...) ((void)0)
+#endif
+
+/* sr (n) <- softmax(sr), in place; -inf scores get weight 0, and a row of only -inf all zeros. */
+static inline void softmax_row(float *sr, int64_t n) {
+#if defined(__AVX512F__)
+    /* 16 scores at a time, the tail masked: the scalar loop below spent ~20 cycles a score here */
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 vm = ninf;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(ninf, k, sr + j));
+    }
+    const float m = _mm512_reduce_max_ps(vm);
+    float sum = 0.0f;
+    if (m > -INFINITY) {
+        const __m512 vmax = _mm512_set1_ps(m);
+        __m512 vs = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+            const __m512 x = _mm512_mask_loadu_ps(ninf, k, sr + j);
+            const __mmask16 live = _mm512_mask_cmp_ps_mask(k, x, ninf, _CMP_NEQ_OQ);
+            const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_sub_ps(x, vmax)));
+            _mm512_mask_storeu_ps(sr + j, k, e);
+            vs = _mm512_add_ps(vs, e);
+        }
+        sum = _mm512_reduce_add_ps(vs);
+    }
+#else
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) m = sr[j] > m ? sr[j] : m;
+    if (m > -INFINITY) {
+        _Pragma("omp simd reduction(+:sum)")
+        for (int64_t j = 0; j < n; j++) {
+            const float e = sr[j] == -INFINITY ? 0.0f : exp_nonpositive(sr[j] - m);
+            sr[j] = e;
+            sum += e;
+        }
+    }
+#endif
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t j = 0; j < n; j++) sr[j] *= inv;
+}
+
 /* Per (sentence, head): the g rows' queries, then position by position (so the slots of a position,
  * which lie together, are read together, and a slot shared by several rows' prefixes once) the rows'
  * scores, the softmax of each row, and position by position again the weighted values.
  * Scratch: qf (g, K), sc (g, n), acc (g, Dv) floats. */
-#define DEFINE_RUN(NAME, T, LOAD, STORE, DOT, AXPY)                                               \
+#define DEFINE_RUN(NAME, SUFFIX, T, LOAD, STORE, DOT, AXPY)                                               \
     static void NAME(job_t *jb, float *qf, float *sc, float *acc) {                               \
         const T *q = (const T *)jb->q, *k = (const T *)jb->k, *v = (const T *)jb->v;              \
         T *out = (T *)jb->out;                                                                    \
         const int64_t H = jb->H, g = jb->g, n = jb->n, K = jb->K, Dv = jb->Dv;                    \
+        const int fc = fast_c(g, K, Dv); /* the register-blocked path, or 0 */                    \
         for (int64_t w = jb->begin; w < jb->end; w++) {                                           \
             const int64_t s = w / H, h = w % H;                                                   \
             const T *kb = k + s * jb->ks + h * jb->kh, *vb = v + s * jb->vs + h * jb->vh;         \
@@ -143,39 +256,37 @@ static inline void prefetch_position(const char *kb, const char *vb, int64_t row
                 for (int64_t j = 0; j < n && j < PREFETCH_AHEAD; j++)                             \
                     prefetch_position(kx, vx, rows, j, kt_b, vt_b, k_b, v_b);                     \
             }                                                                                     \
-            for (int64_t j = 0; j < n; j++) {                                                     \
-                if (j + PREFETCH_AHEAD < n)                                                       \
-                    prefetch_position((const char *)kb, (const char *)vb, rows, j + PREFETCH_AHEAD,  \
-                                      kt_b, vt_b, k_b, v_b);                                      \
-                const int skip = pad && pad[j];                                                   \
-                for (int64_t r = 0; r < g; r++) {                                                 \
-                    if (skip) { sc[r * n + j] = -INFINITY; continue; }                            \
-                    const int64_t t = anc ? j * g + (j == n - 1 ? r : anc[r * jb->anc_r + j]) : j; \
-                    sc[r * n + j] = DOT(qf + r * K, kb + t * jb->kt, K);                          \
+            if (fc) {                                                                             \
+                FAST_SCORES(SUFFIX, fc, qf, kb, jb->kt, anc, jb->anc_r, pad, n, sc, (const char *)kb,   \
+                            (const char *)vb, rows, kt_b, vt_b, k_b, v_b);                        \
+            } else {                                                                              \
+                for (int64_t j = 0; j < n; j++) {                                                 \
+                    if (j + PREFETCH_AHEAD < n)                                                   \
+                        prefetch_position((const char *)kb, (const char *)vb, rows, j + PREFETCH_AHEAD, \
+                                          kt_b, vt_b, k_b, v_b);                                  \
+                    const int skip = pad && pad[j];                                               \
+                    for (int64_t r = 0; r < g; r++) {                                             \
+                        if (skip) { sc[r * n + j] = -INFINITY; continue; }                        \
+                        const int64_t t = anc ? j * g + (j == n - 1 ? r : anc[r * jb->anc_r + j]) : j; \
+                        sc[r * n + j] = DOT(qf + r * K, kb + t * jb->kt, K);                      \
+                    }                                                                             \
                 }                                                                                 \
             }                                                                                     \
             for (int64_t r = 0; r < g; r++) {                                                     \
-                float *sr = sc + r * n, m = -INFINITY, sum = 0.0f;                                \
-                for (int64_t j = 0; j < n; j++) m = sr[j] > m ? sr[j] : m;                        \
-                if (m > -INFINITY) {                                                              \
-                    _Pragma("omp simd reduction(+:sum)")                                          \
-                    for (int64_t j = 0; j < n; j++) {                                             \
-                        const float e = sr[j] == -INFINITY ? 0.0f : exp_nonpositive(sr[j] - m);   \
-                        sr[j] = e;                                                                \
-                        sum += e;                                                                 \
-                    }                                                                             \
-                }                                                                                 \
-                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;                                 \
-                for (int64_t j = 0; j < n; j++) sr[j] *= inv;                                     \
+                softmax_row(sc + r * n, n);                                                       \
                 for (int64_t d = 0; d < Dv; d++) acc[r * Dv + d] = 0.0f;                          \
             }                                                                                     \
-            for (int64_t j = 0; j < n; j++) {                                                     \
-                if (pad && pad[j]) continue;                                                      \
-                for (int64_t r = 0; r < g; r++) {                                                 \
-                    const float p = sc[r * n + j];                                                \
-                    if (p == 0.0f) continue;                                                      \
-                    const int64_t t = anc ? j * g + (j == n - 1 ? r : anc[r * jb->anc_r + j]) : j; \
-                    AXPY(p, vb + t * jb->vt, acc + r * Dv, Dv);                                   \
+            if (fc) {                                                                             \
+                FAST_VALUES(SUFFIX, fc, sc, vb, jb->vt, anc, jb->anc_r, pad, n, acc);             \
+            } else {                                                                              \
+                for (int64_t j = 0; j < n; j++) {                                                 \
+                    if (pad && pad[j]) continue;                                                  \
+                    for (int64_t r = 0; r < g; r++) {                                             \
+                        const float p = sc[r * n + j];                                            \
+                        if (p == 0.0f) continue;                                                  \
+                        const int64_t t = anc ? j * g + (j == n - 1 ? r : anc[r * jb->anc_r + j]) : j; \
+                        AXPY(p, vb + t * jb->vt, acc + r * Dv, Dv);                               \
+                    }                                                                             \
                 }                                                                                 \
             }                                                                                     \
             for (int64_t r = 0; r < g; r++) {                                                     \
@@ -185,8 +296,8 @@ static inline void prefetch_position(const char *kb, const char *vb, int64_t row
         }                                                                                         \
     }
 
-DEFINE_RUN(run_f32, float, f32_of_f32, f32_to_f32, dot_f32, axpy_f32)
-DEFINE_RUN(run_bf16, uint16_t, f32_of_bf16, f32_to_bf16, dot_bf16, axpy_bf16)
+DEFINE_RUN(run_f32, f32, float, f32_of_f32, f32_to_f32, dot_f32, axpy_f32)
+DEFINE_RUN(run_bf16, bf16, uint16_t, f32_of_bf16, f32_to_bf16, dot_bf16, axpy_bf16)
 
 typedef struct {
     job_t job;
