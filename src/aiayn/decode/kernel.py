@@ -9,8 +9,9 @@ masks them out. ``beam_attention.c`` does, per (sentence, head) and beam row, on
 row's own keys (the ancestor table picks the slot at each position), a float32 softmax and one
 pass over the values; encoder-decoder attention is the same loop over the source positions, with
 source padding skipped. float32 and bfloat16 tensors. With AVX-512, beam 4 and d_k = d_v of 32 or 64, the four
-rows' queries and accumulators are kept in registers and the softmax runs 16 scores at a time (0.74x the time
-of the plain loops for self-attention and 0.48x for cross-attention, BENCHMARKS.md §2, session 26). At the end of the step the search wants each
+rows' queries and accumulators are kept in registers and the softmax runs 16 scores at a time (0.73x the time
+of the plain loops for self-attention and 0.46x for cross-attention, ``bench/beam_attention_ab.sh``,
+BENCHMARKS.md §2, session 26). At the end of the step the search wants each
 beam's few best tokens by log-probability; PyTorch writes the (N, V) log-probabilities, masks the
 banned tokens and reads them again for topk, 1.2 ms a step for 128 rows of 8,000; ``logits_topk.c``
 finds the k best and the log-normalizer in two passes over each row of logits (0.4 ms), writing
