@@ -117,6 +117,12 @@ static inline void prefetch_position(const char *kb, const char *vb, int64_t row
     }
 }
 
+/* The key (and value) row that row r reads at position j: with shared slots (anc) the slot its prefix
+ * holds there, j * g + anc[r, j], or its own new slot r at the last position; else source position j. */
+static inline int64_t key_row(const int64_t *anc, int64_t anc_r, int64_t g, int64_t n, int64_t j, int64_t r) {
+    return anc ? j * g + (j == n - 1 ? r : anc[r * anc_r + j]) : j;
+}
+
 #if defined(__AVX512F__)
 /* The same work item for beam 4 with d_k = d_v = 16 * C (C = 2 or 4: d_k 32 or 64), with the four rows'
  * queries and value accumulators held in registers instead of reloaded from scratch at every key (the
@@ -127,20 +133,21 @@ static inline void prefetch_position(const char *kb, const char *vb, int64_t row
 #define DEFINE_FAST(SUFFIX, T, LOAD16)                                                            \
     static inline __attribute__((always_inline)) void scores4_##SUFFIX(                           \
         const int C, const float *qf, const T *kb, int64_t kt, const int64_t *anc, int64_t anc_r, \
-        const uint8_t *pad, int64_t n, float *sc, const char *pkb, const char *pvb, int64_t rows, \
+        const uint8_t *pad, int64_t n, float *sc, const T *vb, int64_t rows,                      \
         int64_t kt_b, int64_t vt_b, int64_t k_b, int64_t v_b) {                                   \
         __m512 q[FAST_G][4];                                                                      \
         for (int r = 0; r < FAST_G; r++)                                                          \
             for (int c = 0; c < C; c++) q[r][c] = _mm512_loadu_ps(qf + r * 16 * C + 16 * c);      \
         for (int64_t j = 0; j < n; j++) {                                                         \
             if (j + PREFETCH_AHEAD < n)                                                           \
-                prefetch_position(pkb, pvb, rows, j + PREFETCH_AHEAD, kt_b, vt_b, k_b, v_b);      \
+                prefetch_position((const char *)kb, (const char *)vb, rows, j + PREFETCH_AHEAD,   \
+                                  kt_b, vt_b, k_b, v_b);                                          \
             if (pad && pad[j]) {                                                                  \
                 for (int r = 0; r < FAST_G; r++) sc[r * n + j] = -INFINITY;                       \
                 continue;                                                                         \
             }                                                                                     \
             for (int r = 0; r < FAST_G; r++) {                                                    \
-                const int64_t t = anc ? j * FAST_G + (j == n - 1 ? r : anc[r * anc_r + j]) : j;   \
+                const int64_t t = key_row(anc, anc_r, FAST_G, n, j, r);                           \
                 const T *kp = kb + t * kt;                                                        \
                 __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                        \
                 for (int c = 0; c < C; c += 2) {                                                  \
@@ -162,7 +169,7 @@ static inline void prefetch_position(const char *kb, const char *vb, int64_t row
             for (int r = 0; r < FAST_G; r++) {                                                    \
                 const float p = sc[r * n + j];                                                    \
                 if (p == 0.0f) continue;                                                          \
-                const int64_t t = anc ? j * FAST_G + (j == n - 1 ? r : anc[r * anc_r + j]) : j;   \
+                const int64_t t = key_row(anc, anc_r, FAST_G, n, j, r);                           \
                 const T *vp = vb + t * vt;                                                        \
                 const __m512 pp = _mm512_set1_ps(p);                                              \
                 for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(pp, LOAD16(vp + 16 * c), a[r][c]); \
@@ -185,6 +192,13 @@ static inline int fast_c(int64_t g, int64_t K, int64_t Dv) { (void)g; (void)K; (
 #define FAST_VALUES(SUFFIX, C, ...) ((void)0)
 #endif
 
+#if defined(__AVX512F__)
+/* The lanes of a 16-wide block with `left` elements still to go: all 16, or the first `left`. */
+static inline __mmask16 tail16(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+#endif
+
 /* sr (n) <- softmax(sr), in place; -inf scores get weight 0, and a row of only -inf all zeros. */
 static inline void softmax_row(float *sr, int64_t n) {
 #if defined(__AVX512F__)
@@ -192,7 +206,7 @@ static inline void softmax_row(float *sr, int64_t n) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 vm = ninf;
     for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        const __mmask16 k = tail16(n - j);
         vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(ninf, k, sr + j));
     }
     const float m = _mm512_reduce_max_ps(vm);
@@ -201,7 +215,7 @@ static inline void softmax_row(float *sr, int64_t n) {
         const __m512 vmax = _mm512_set1_ps(m);
         __m512 vs = _mm512_setzero_ps();
         for (int64_t j = 0; j < n; j += 16) {
-            const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+            const __mmask16 k = tail16(n - j);
             const __m512 x = _mm512_mask_loadu_ps(ninf, k, sr + j);
             const __mmask16 live = _mm512_mask_cmp_ps_mask(k, x, ninf, _CMP_NEQ_OQ);
             const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive16(_mm512_sub_ps(x, vmax)));
@@ -230,7 +244,7 @@ static inline void softmax_row(float *sr, int64_t n) {
  * which lie together, are read together, and a slot shared by several rows' prefixes once) the rows'
  * scores, the softmax of each row, and position by position again the weighted values.
  * Scratch: qf (g, K), sc (g, n), acc (g, Dv) floats. */
-#define DEFINE_RUN(NAME, SUFFIX, T, LOAD, STORE, DOT, AXPY)                                               \
+#define DEFINE_RUN(NAME, SUFFIX, T, LOAD, STORE, DOT, AXPY)                                       \
     static void NAME(job_t *jb, float *qf, float *sc, float *acc) {                               \
         const T *q = (const T *)jb->q, *k = (const T *)jb->k, *v = (const T *)jb->v;              \
         T *out = (T *)jb->out;                                                                    \
@@ -245,9 +259,9 @@ static inline void softmax_row(float *sr, int64_t n) {
                 const T *qp = q + s * jb->qs + h * jb->qh + r * jb->qr;                           \
                 for (int64_t i = 0; i < K; i++) qf[r * K + i] = LOAD(qp[i]) * jb->scale;          \
             }                                                                                     \
-            const int64_t rows = anc ? g : 1; /* key rows at one position */                     \
-            const int64_t kt_b = jb->kt * (int64_t)sizeof(T), vt_b = jb->vt * (int64_t)sizeof(T);       \
-            const int64_t k_b = K * (int64_t)sizeof(T), v_b = Dv * (int64_t)sizeof(T);                   \
+            const int64_t rows = anc ? g : 1; /* key rows at one position */                      \
+            const int64_t kt_b = jb->kt * (int64_t)sizeof(T), vt_b = jb->vt * (int64_t)sizeof(T); \
+            const int64_t k_b = K * (int64_t)sizeof(T), v_b = Dv * (int64_t)sizeof(T);            \
             for (int64_t x = (w == jb->begin ? w : w + 1); x <= w + 1 && x < jb->end; x++) {      \
                 /* the first positions of this item (the first one only) and of the next */       \
                 const int64_t sx = x / H, hx = x % H;                                             \
@@ -257,8 +271,8 @@ static inline void softmax_row(float *sr, int64_t n) {
                     prefetch_position(kx, vx, rows, j, kt_b, vt_b, k_b, v_b);                     \
             }                                                                                     \
             if (fc) {                                                                             \
-                FAST_SCORES(SUFFIX, fc, qf, kb, jb->kt, anc, jb->anc_r, pad, n, sc, (const char *)kb,   \
-                            (const char *)vb, rows, kt_b, vt_b, k_b, v_b);                        \
+                FAST_SCORES(SUFFIX, fc, qf, kb, jb->kt, anc, jb->anc_r, pad, n, sc, vb, rows, kt_b,    \
+                            vt_b, k_b, v_b);                                                      \
             } else {                                                                              \
                 for (int64_t j = 0; j < n; j++) {                                                 \
                     if (j + PREFETCH_AHEAD < n)                                                   \
@@ -267,7 +281,7 @@ static inline void softmax_row(float *sr, int64_t n) {
                     const int skip = pad && pad[j];                                               \
                     for (int64_t r = 0; r < g; r++) {                                             \
                         if (skip) { sc[r * n + j] = -INFINITY; continue; }                        \
-                        const int64_t t = anc ? j * g + (j == n - 1 ? r : anc[r * jb->anc_r + j]) : j; \
+                        const int64_t t = key_row(anc, jb->anc_r, g, n, j, r);                    \
                         sc[r * n + j] = DOT(qf + r * K, kb + t * jb->kt, K);                      \
                     }                                                                             \
                 }                                                                                 \
@@ -284,7 +298,7 @@ static inline void softmax_row(float *sr, int64_t n) {
                     for (int64_t r = 0; r < g; r++) {                                             \
                         const float p = sc[r * n + j];                                            \
                         if (p == 0.0f) continue;                                                  \
-                        const int64_t t = anc ? j * g + (j == n - 1 ? r : anc[r * jb->anc_r + j]) : j; \
+                        const int64_t t = key_row(anc, jb->anc_r, g, n, j, r);                    \
                         AXPY(p, vb + t * jb->vt, acc + r * Dv, Dv);                               \
                     }                                                                             \
                 }                                                                                 \
