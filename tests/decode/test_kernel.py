@@ -140,6 +140,42 @@ def test_bad_shapes_are_errors(kernels):
     q, k, v, anc = _shared_slot_case()
     with pytest.raises(ValueError, match="bad shapes"):
         kernels.self_attention(q[:-1], k, v, anc, g=4)
+    with pytest.raises(ValueError, match="new keys/values"):
+        kernels.self_attention(q, k, v, anc, g=4, new_k=q)  # new_v missing
+    with pytest.raises(ValueError, match="new keys/values"):
+        kernels.self_attention(q, k, v, anc, g=4, new_k=q[:-1], new_v=q[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K", [8, 64])
+def test_the_kernels_append_is_the_caches(kernels, K, dtype):
+    # self_attention with the step's new keys/values on DecoderCache.slots writes what DecoderCache.append
+    # writes and returns what it returns after append, bit for bit, over steps that grow the cache
+    from aiayn.model.cache import LayerCache, share_slots
+
+    Bs, g, H = 3, 4, 2
+
+    def cache():
+        empty = torch.empty(Bs, H, 0, K, dtype=dtype)
+        return share_slots([LayerCache(empty, empty, empty, empty)], torch.zeros(Bs, 5, dtype=torch.bool), g, 2)
+
+    plain_cache, fused_cache = cache(), cache()  # capacity 2: the third step grows both
+    gen = torch.Generator().manual_seed(0)
+    for step in range(4):
+        q = torch.randn(Bs * g, 1, H, K, generator=gen).transpose(1, 2).to(dtype)  # (N,H,1,K), as project_qkv
+        kv = torch.randn(Bs * g, 1, 2 * H * K, generator=gen).to(dtype)  # one projection, split as project_qkv
+        k, v = (x.view(Bs * g, 1, H, K).transpose(1, 2) for x in kv.split(H * K, dim=-1))
+        plain = kernels.self_attention(q, *plain_cache.append(0, k, v), plain_cache.ancestors, g)
+        fused = kernels.self_attention(q, *fused_cache.slots(0), fused_cache.ancestors, g, k, v)
+        assert torch.equal(plain, fused)
+        L = step + 1
+        for name in ("self_k", "self_v"):
+            assert torch.equal(getattr(plain_cache.layers[0], name)[:, :, : L * g],
+                               getattr(fused_cache.layers[0], name)[:, :, : L * g])
+        anc = torch.randint(0, g, (Bs, g, L), generator=gen)  # the beams of each sentence continue random slots
+        for c in (plain_cache, fused_cache):
+            c.ancestors[:, :, :L] = anc
+            c.length = L
 
 
 def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):

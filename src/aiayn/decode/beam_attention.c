@@ -33,8 +33,9 @@ typedef struct {
     void *out;
     const int64_t *anc;
     const uint8_t *pad;
+    const void *nk, *nv; /* the step's new keys and values, or NULL (see aiayn_beam_attention) */
     int64_t Bs, H, g, n, K, Dv;
-    int64_t qs, qh, qr, ks, kh, kt, vs, vh, vt, anc_s, anc_r, pad_s;
+    int64_t qs, qh, qr, ks, kh, kt, vs, vh, vt, anc_s, anc_r, pad_s, nks, nkh, nvs, nvh;
     float scale;
     int64_t begin, end; /* work items s*H + h in [begin, end) */
     int status;
@@ -255,6 +256,13 @@ static inline void softmax_row(float *sr, int64_t n) {
             const T *kb = k + s * jb->ks + h * jb->kh, *vb = v + s * jb->vs + h * jb->vh;         \
             const int64_t *anc = jb->anc ? jb->anc + s * jb->anc_s : NULL; /* row r: + r*anc_r */ \
             const uint8_t *pad = jb->pad ? jb->pad + s * jb->pad_s : NULL;                        \
+            if (jb->nk) /* the append: row r's new key and value into its own slot at position n-1 */ \
+                for (int64_t r = 0; r < g; r++) {                                                 \
+                    const T *nkp = (const T *)jb->nk + (s * g + r) * jb->nks + h * jb->nkh;       \
+                    const T *nvp = (const T *)jb->nv + (s * g + r) * jb->nvs + h * jb->nvh;       \
+                    memcpy((T *)kb + ((n - 1) * g + r) * jb->kt, nkp, (size_t)K * sizeof(T));     \
+                    memcpy((T *)vb + ((n - 1) * g + r) * jb->vt, nvp, (size_t)Dv * sizeof(T));    \
+                }                                                                                 \
             for (int64_t r = 0; r < g; r++) {                                                     \
                 const T *qp = q + s * jb->qs + h * jb->qh + r * jb->qr;                           \
                 for (int64_t i = 0; i < K; i++) qf[r * K + i] = LOAD(qp[i]) * jb->scale;          \
@@ -332,15 +340,19 @@ static void *work(void *arg) {
     return NULL;
 }
 
-/* dims: Bs, H, g, n, K, Dv. strides: qs, qh, qr, ks, kh, kt, vs, vh, vt, anc_s, anc_r, pad_s.
+/* dims: Bs, H, g, n, K, Dv. strides: qs, qh, qr, ks, kh, kt, vs, vh, vt, anc_s, anc_r, pad_s, nks, nkh,
+ * nvs, nvh. With shared slots, nk and nv (or NULL) are the step's new keys and values, row s*g + r's of
+ * head h at nk + (s*g + r)*nks + h*nkh (nv likewise): each work item first writes its rows' into their
+ * own slots at position n - 1 of k and v (DecoderCache.append's copy, done where they are read next).
  * Returns 0, or 1 if scratch memory could not be had. */
-int aiayn_beam_attention(const void *q, const void *k, const void *v, void *out, const int64_t *anc,
-                         const uint8_t *pad, const int64_t *dims, const int64_t *strides, float scale,
-                         int bf16, int nthreads) {
-    job_t base = {q, k, v, out, anc, pad, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5],
+int aiayn_beam_attention_append(const void *q, void *k, void *v, void *out, const int64_t *anc,
+                                const uint8_t *pad, const void *nk, const void *nv, const int64_t *dims,
+                                const int64_t *strides, float scale, int bf16, int nthreads) {
+    job_t base = {q, k, v, out, anc, pad, anc ? nk : NULL, anc ? nv : NULL,
+                  dims[0], dims[1], dims[2], dims[3], dims[4], dims[5],
                   strides[0], strides[1], strides[2], strides[3], strides[4], strides[5],
                   strides[6], strides[7], strides[8], strides[9], strides[10], strides[11],
-                  scale, 0, 0, 0};
+                  strides[12], strides[13], strides[14], strides[15], scale, 0, 0, 0};
     const int64_t items = base.Bs * base.H;
     nthreads = split_threads(nthreads, items);
     task_t tasks[MAX_THREADS];
@@ -354,4 +366,14 @@ int aiayn_beam_attention(const void *q, const void *k, const void *v, void *out,
     int status = 0;
     for (int i = 0; i < nthreads; i++) status |= tasks[i].job.status;
     return status;
+}
+
+/* The same without an append: strides as above, the first 12. */
+int aiayn_beam_attention(const void *q, const void *k, const void *v, void *out, const int64_t *anc,
+                         const uint8_t *pad, const int64_t *dims, const int64_t *strides, float scale,
+                         int bf16, int nthreads) {
+    int64_t all[16] = {0};
+    memcpy(all, strides, 12 * sizeof(int64_t));
+    return aiayn_beam_attention_append(q, (void *)k, (void *)v, out, anc, pad, NULL, NULL, dims, all, scale,
+                                       bf16, nthreads);
 }

@@ -11,7 +11,9 @@ pass over the values; encoder-decoder attention is the same loop over the source
 source padding skipped. float32 and bfloat16 tensors. With AVX-512, beam 4 and d_k = d_v of 32 or 64, the four
 rows' queries and accumulators are kept in registers and the softmax runs 16 scores at a time (0.73x the time
 of the plain loops for self-attention and 0.46x for cross-attention, ``bench/beam_attention_ab.sh``,
-BENCHMARKS.md §2, session 26). At the end of the step the search wants each
+BENCHMARKS.md §2, session 26). The self-attention call also appends the step's keys and values to the
+cache (each work item copies its rows' into their slots before reading them), which PyTorch's strided copy
+in ``DecoderCache.append`` did in 3% of a small model's step. At the end of the step the search wants each
 beam's few best tokens by log-probability; PyTorch writes the (N, V) log-probabilities, masks the
 banned tokens and reads them again for topk, 1.2 ms a step for 128 rows of 8,000; ``logits_topk.c``
 finds the k best and the log-normalizer in two passes over each row of logits (0.4 ms), writing
@@ -113,8 +115,8 @@ class Kernels:
     def __init__(self, lib: ctypes.CDLL, path: Path):
         self.path = path
         p, i64, i64p = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
-        self._attend = lib.aiayn_beam_attention
-        self._attend.argtypes = [p, p, p, p, p, p, i64p, i64p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        self._attend = lib.aiayn_beam_attention_append
+        self._attend.argtypes = [p, p, p, p, p, p, p, p, i64p, i64p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
         self._attend.restype = ctypes.c_int
         self._quantize = lib.aiayn_quantize_rows
         self._quantize.argtypes = [p, i64, i64, i64, ctypes.c_int, p, p]
@@ -190,16 +192,27 @@ class Kernels:
         return dtype in _DTYPES and all(t.device.type == "cpu" and t.dtype == dtype and t.stride(-1) == 1
                                         for t in tensors)
 
-    def self_attention(self, q: Tensor, k: Tensor, v: Tensor, ancestors: Tensor, g: int) -> Tensor:
+    def self_attention(self, q: Tensor, k: Tensor, v: Tensor, ancestors: Tensor, g: int,
+                       new_k: Tensor | None = None, new_v: Tensor | None = None) -> Tensor:
         """Shared beam slots (``DecoderCache``): q (N,H,1,K) with N = Bs*g rows (beams of a sentence
         adjacent); k (Bs,H,n*g,K), v (Bs,H,n*g,Dv) the filled slots of n positions; ancestors
-        (Bs,g,>=n-1) int64, the slot of each earlier position of each row's prefix."""
+        (Bs,g,>=n-1) int64, the slot of each earlier position of each row's prefix. With new_k (N,H,1,K)
+        and new_v (N,H,1,Dv), the step's own keys and values, the kernel first writes row s*g + r's into
+        slot r of position n-1 of k and v (what ``DecoderCache.append`` copies there; ``DecoderCache.slots``
+        gives k and v without the copy), as it attends."""
         N, H, _, K = q.shape
         Bs, n = N // g, k.size(2) // g
         if ancestors.dtype != torch.int64 or ancestors.stride(-1) != 1:
             raise ValueError("ancestors must be int64 with a contiguous last dimension")
         anc = (ancestors.data_ptr(), ancestors.stride(0), ancestors.stride(1))
-        return self._run(q, k, v, g, Bs, n, k.stride(2), v.stride(2), anc, None)
+        new = None
+        if new_k is not None or new_v is not None:
+            if (new_k is None or new_v is None or new_k.shape != (N, H, 1, K) or new_v.shape != (N, H, 1, v.size(-1))
+                    or not self.supports(k, new_k, new_v)):
+                raise ValueError(f"beam attention: new keys/values {None if new_k is None else tuple(new_k.shape)}, "
+                                 f"{None if new_v is None else tuple(new_v.shape)} for q {tuple(q.shape)}")
+            new = (new_k, new_v)
+        return self._run(q, k, v, g, Bs, n, k.stride(2), v.stride(2), anc, None, new)
 
     def cross_attention(self, q: Tensor, k: Tensor, v: Tensor, src_pad: Tensor, g: int) -> Tensor:
         """Encoder-decoder attention: q (N,H,1,K), rows s*g..s*g+g-1 attend to sentence s of k (Bs,H,S,K),
@@ -208,21 +221,24 @@ class Kernels:
         Bs, S = k.size(0), k.size(2)
         if src_pad.dtype != torch.bool or src_pad.stride(-1) != 1:
             raise ValueError("src_pad must be bool with a contiguous last dimension")
-        return self._run(q, k, v, g, Bs, S, k.stride(2), v.stride(2), None, src_pad)
+        return self._run(q, k, v, g, Bs, S, k.stride(2), v.stride(2), None, src_pad, None)
 
-    def _run(self, q, k, v, g, Bs, n, kt, vt, anc, pad) -> Tensor:
+    def _run(self, q, k, v, g, Bs, n, kt, vt, anc, pad, new) -> Tensor:
         N, H, t, K = q.shape
         Dv = v.size(-1)
         if t != 1 or N != Bs * g or k.size(0) != Bs or v.size(0) != Bs or k.size(1) != H or k.size(-1) != K:
             raise ValueError(f"beam attention: bad shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {g}")
         out = torch.empty(N, H * Dv, dtype=q.dtype)
+        nk, nv = new if new is not None else (None, None)
         dims = (ctypes.c_int64 * 6)(Bs, H, g, n, K, Dv)
-        strides = (ctypes.c_int64 * 12)(
+        strides = (ctypes.c_int64 * 16)(
             g * q.stride(0), q.stride(1), q.stride(0), k.stride(0), k.stride(1), kt, v.stride(0), v.stride(1), vt,
-            anc[1] if anc else 0, anc[2] if anc else 0, pad.stride(0) if pad is not None else 0)
+            anc[1] if anc else 0, anc[2] if anc else 0, pad.stride(0) if pad is not None else 0,
+            *((nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1)) if new is not None else (0, 0, 0, 0)))
         status = self._attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), anc[0] if anc else None,
-                          pad.data_ptr() if pad is not None else None, dims, strides, 1.0 / math.sqrt(K),
-                          _DTYPES[q.dtype], torch.get_num_threads())
+                              pad.data_ptr() if pad is not None else None,
+                              nk.data_ptr() if nk is not None else None, nv.data_ptr() if nv is not None else None,
+                              dims, strides, 1.0 / math.sqrt(K), _DTYPES[q.dtype], torch.get_num_threads())
         if status:
             raise MemoryError("beam attention kernel: out of memory")
         return out

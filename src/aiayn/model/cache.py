@@ -89,15 +89,25 @@ class DecoderCache:
         of slot r; return all filled slots (N/g,H,(length+1)*g,K)."""
         if k.size(2) != 1:
             raise ValueError("a cache with shared beam slots takes one position per step")
+        keys, values = self.slots(i)
+        L, g = self.length, self.group
+        layer = self.layers[i]
+        Bs, H, K, Dv = self.src_pad.size(0), k.size(1), k.size(3), v.size(3)
+        layer.self_k.view(Bs, H, -1, g, K)[:, :, L] = k.view(Bs, g, H, K).transpose(1, 2)
+        layer.self_v.view(Bs, H, -1, g, Dv)[:, :, L] = v.view(Bs, g, H, Dv).transpose(1, 2)
+        return keys, values
+
+    def slots(self, i: int) -> tuple[Tensor, Tensor]:
+        """Shared slots: ``append``'s work but the copy. Room for position ``length`` in layer i (and, at
+        layer 0, each row's slot there recorded as its own in ``ancestors``); returns the slots
+        (N/g,H,(length+1)*g,K) with position ``length``'s still to be written by the caller: ``append``
+        does, and the C kernel as it attends (``Kernels.self_attention`` with new_k, new_v)."""
         L, g = self.length, self.group
         if L + 1 > self.capacity:
             self._grow(max(L + 1, 2 * self.capacity))
         layer = self.layers[i]
         if i == 0:  # position L of row r is its own slot r (self_mask, own_weights and the C kernel read it)
             self.ancestors[:, :, L] = torch.arange(g, device=self.ancestors.device)
-        Bs, H, K, Dv = self.src_pad.size(0), k.size(1), k.size(3), v.size(3)
-        layer.self_k.view(Bs, H, -1, g, K)[:, :, L] = k.view(Bs, g, H, K).transpose(1, 2)
-        layer.self_v.view(Bs, H, -1, g, Dv)[:, :, L] = v.view(Bs, g, H, Dv).transpose(1, 2)
         end = (L + 1) * g
         return layer.self_k[:, :, :end], layer.self_v[:, :, :end]
 

@@ -125,8 +125,8 @@ class DecoderLayer(nn.Module):
         g = cache.group if cache is not None else 1
         kernels = _kernels_for(cache, q, need_weights)
         if kernels is not None:  # beam search's shared slots, through the C kernel (decode/kernel.py)
-            k, v = cache.append(index, k, v)  # (N/g,H,(L+1)g,K)
-            a = self.self_attn.out_proj(kernels.self_attention(q, k, v, cache.ancestors, g))[:, None]  # (N,1,D)
+            slot_k, slot_v = cache.slots(index)  # (N/g,H,(L+1)g,K); the kernel appends k, v as it attends
+            a = self.self_attn.out_proj(kernels.self_attention(q, slot_k, slot_v, cache.ancestors, g, k, v))[:, None]
             w_self = None
         elif cache is not None and cache.shared_slots:  # beam search: a sentence's g rows share slots
             k, v = cache.append(index, k, v)  # (N/g,H,(L+1)g,K)
