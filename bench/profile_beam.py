@@ -5,7 +5,9 @@ Python side, on one small call (seconds).
 
 Same setting as translate_throughput.py (random weights, forced output length, beam 4), one
 warm-up call, then one profiled call per profiler. Prints the top operators by self CPU time
-and the top Python functions by own time; nothing is written.
+and the top Python functions by own time; nothing is written. The process first takes the
+``aiayn`` command's settings (huge pages, denormals, allocator: aiayn/process.py), as the
+decoding workers do (``--plain-process`` leaves them out).
 """
 from __future__ import annotations
 
@@ -13,12 +15,18 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 
-import torch
+if "--plain-process" not in sys.argv:  # before the first tensor, as aiayn/process.py asks
+    from aiayn.process import configure_process
 
-import benchlib as bl
-from translate_throughput import build_aiayn
+    configure_process()
+
+import torch  # noqa: E402
+
+import benchlib as bl  # noqa: E402
+from translate_throughput import build_aiayn  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--threads", type=int, default=bl.DEFAULT_THREADS)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--plain-process", action="store_true", help="without the aiayn command's process settings")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     run = build_aiayn(args.size, args.mode, args.batch, args.src_len, args.out_len, args.beam)

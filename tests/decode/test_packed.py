@@ -28,6 +28,19 @@ def test_packed_linear_is_f_linear(bias):
     assert p._packed is not None and p._packed.is_mkldnn
 
 
+def test_packed_linear_with_relu_is_relu_of_f_linear():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 64)
+    p = PackedLinear(lin.weight, lin.bias, relu=True)
+    x = torch.randn(7, 32)
+    with torch.inference_mode():
+        y = p(x)
+        assert (y == 0).any() and (y > 0).any()  # both sides of the max taken
+        torch.testing.assert_close(y, F.relu(F.linear(x, lin.weight, lin.bias)), atol=1e-5, rtol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # through F.linear, then F.relu
+            assert torch.equal(p(x), F.relu(F.linear(x, lin.weight, lin.bias)))
+
+
 def test_inputs_it_does_not_take_go_through_f_linear():
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 8)
@@ -68,6 +81,10 @@ def test_packed_copy_of_a_transformer():
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     out = model_for_precision(model, "fp32", packed=True)
     assert out is not model and not any(isinstance(m, torch.nn.Linear) for m in out.modules())
+    ffns = [m for m in out.modules() if isinstance(m, packed_mod.PackedFeedForward)]
+    assert len(ffns) == len(model.encoder_layers) + len(model.decoder_layers) and all(f.w1.relu for f in ffns)
+    tied = {"out_proj.weight"} if model.out_proj is None else set()  # the packed copy's own name for it
+    assert set(out.state_dict()) == set(model.state_dict()) | tied
     assert sum(isinstance(m, PackedLinear) for m in out.modules()) == n_linear + (model.out_proj is None)
     if model.out_proj is None:  # tied (§3.4): the pre-softmax projection multiplies by the embedding matrix itself
         assert out.out_proj.weight is out.tgt_embed.weight
