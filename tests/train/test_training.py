@@ -494,3 +494,24 @@ def test_rdrop_with_dropout_pulls_the_two_passes_together(small_data_dir, tmp_pa
         assert len(kls) == 20 and all(k > 0 for k in kls)
         kl[alpha] = sum(kls[-5:]) / 5
     assert kl[50.0] < 0.5 * kl[1.0], kl
+
+
+@pytest.mark.slow
+def test_compiled_training_is_plain_training(small_data_dir, tmp_path):
+    """train.compile wraps the model in torch.compile (for GPUs; slower on this CPU, BENCHMARKS.md §2,
+    session 7): the same losses as the plain model up to the compiled kernels' rounding, and checkpoints of
+    the plain model's parameters (no compile wrapper in the names), which translate and resume load."""
+    steps = 2
+    plain = _train_in_process(small_data_dir, tmp_path / "plain", steps, "model.p_drop=0.0")
+    compiled = _train_in_process(small_data_dir, tmp_path / "compiled", steps, "model.p_drop=0.0", "train.compile=true")
+    assert compiled["target_tokens"] == plain["target_tokens"]
+    want, got = _logged(tmp_path / "plain"), _logged(tmp_path / "compiled")
+    for s in range(1, steps + 1):
+        assert got[s] == pytest.approx(want[s], rel=1e-4), s
+    a, b = load_checkpoint(tmp_path / "plain" / "last.pt"), load_checkpoint(tmp_path / "compiled" / "last.pt")
+    assert a["run_config"]["train"]["compile"] is False and b["run_config"]["train"]["compile"] is True
+    assert set(b["model"]) == set(a["model"])
+    aiayn.Transformer(aiayn.model.ModelConfig(**b["model_config"])).load_state_dict(b["model"])
+    for k in a["model"]:  # key biases: no gradient, so Adam moves them by rounding noise (_without_key_biases)
+        x, y = (_without_key_biases(k, c["model"][k], a["model_config"]) for c in (a, b))
+        assert torch.allclose(x, y, atol=1e-4), k
