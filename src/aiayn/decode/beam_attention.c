@@ -33,7 +33,7 @@ typedef struct {
     void *out;
     const int64_t *anc;
     const uint8_t *pad;
-    const void *nk, *nv; /* the step's new keys and values, or NULL (see aiayn_beam_attention) */
+    const void *nk, *nv; /* the step's new keys and values, or NULL (see aiayn_beam_attention_append) */
     int64_t Bs, H, g, n, K, Dv;
     int64_t qs, qh, qr, ks, kh, kt, vs, vh, vt, anc_s, anc_r, pad_s, nks, nkh, nvs, nvh;
     float scale;
