@@ -25,8 +25,10 @@ Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inte
 its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py, since session 19); aiayn-fp32-torch,
 aiayn-int8bf16-torch and aiayn-int8bf16-inter-torch are the same with PyTorch's operations, for A/B runs
 (only when named in --systems). aiayn's float32 systems multiply from oneDNN's packed weights
-(DecodeConfig.packed_weights, aiayn/decode/packed.py, since session 20); aiayn-fp32-unpacked and
-aiayn-fp32-inter-unpacked use PyTorch's linear (A/B only, also only when named in --systems).
+(DecodeConfig.packed_weights, aiayn/decode/packed.py, since session 20; MKL's packed sgemm instead on
+Intel CPUs since session 28, DecodeConfig.packed_library "auto"); aiayn-fp32-unpacked and
+aiayn-fp32-inter-unpacked use PyTorch's linear, aiayn-fp32-onednn and aiayn-fp32-inter-onednn oneDNN's
+packed weights whatever the CPU (A/B only, also only when named in --systems).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
 
 Model FLOPs of one call (``beam_flops``): the encoder and the encoder-decoder keys/values once
@@ -81,12 +83,13 @@ def _src(B: int, S: int, low: int, high: int, eos: int) -> torch.Tensor:
 
 
 def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slots: bool = True, workers: int = 1,
-                c_kernels: bool = True, packed: bool = True):
+                c_kernels: bool = True, packed: bool = True, library: str = "auto"):
     """aiayn beam search on ids, as Translator.translate_ids calls it; mode fp32 | bf16 | bf16w | int8 | int8bf16;
     share_slots=False: the copying beam cache (for A/B runs); workers > 1: through a Translator with
     DecodeConfig.workers (the batch halved over that many processes, aiayn/decode/workers.py);
     c_kernels=False: PyTorch's operations instead of the C kernels (DecodeConfig.c_kernels); packed=False:
-    PyTorch's float32 linear instead of oneDNN's packed weights (DecodeConfig.packed_weights)."""
+    PyTorch's float32 linear instead of packed weights (DecodeConfig.packed_weights); library: whose packed
+    weights (DecodeConfig.packed_library)."""
     import aiayn
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
@@ -97,7 +100,8 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()
     precision = {"fp32": "fp32", "bf16": "fp32", "bf16w": "bf16", "int8": "int8", "int8bf16": "int8-bf16"}[mode]
-    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, c_kernels=c_kernels, packed_weights=packed)
+    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, c_kernels=c_kernels, packed_weights=packed,
+                        packed_library=library)
     ids = SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
     src = _src(B, S, 4, cfg.vocab_size, cfg.eos_id)
     if workers > 1:
@@ -118,7 +122,7 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
         return run_workers
     kernels = decoding_kernels(dcfg, model)
     from aiayn.decode.translator import model_for_precision
-    model = model_for_precision(model, precision, kernels, packed)  # the decoding copy Translator makes
+    model = model_for_precision(model, precision, kernels, packed, library)  # the decoding copy Translator makes
     decoder = CachedDecoder(model, share_slots=share_slots, kernels=kernels)
 
     def run() -> dict:
@@ -208,10 +212,12 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
     out += [bl.System(f"aiayn-{m}{'-inter' if w > 1 else ''}-torch", build_aiayn,
                       {"size": args.size, "mode": m, "workers": w, "c_kernels": False, **shape}, **bl.AIAYN_PROCESS)
             for m, w in (("fp32", 1), ("int8bf16", 1), ("int8bf16", args.threads)) if w == 1 or args.threads > 1]
-    # A/B only: float32 through PyTorch's linear instead of oneDNN's packed weights (DecodeConfig.packed_weights)
-    out += [bl.System(f"aiayn-fp32{'-inter' if w > 1 else ''}-unpacked", build_aiayn,
-                      {"size": args.size, "mode": "fp32", "workers": w, "packed": False, **shape}, **bl.AIAYN_PROCESS)
-            for w in (1, args.threads) if w == 1 or args.threads > 1]
+    # A/B only: float32 through PyTorch's linear instead of packed weights (DecodeConfig.packed_weights), and
+    # through oneDNN's packed weights whatever "auto" picks on this CPU (DecodeConfig.packed_library)
+    out += [bl.System(f"aiayn-fp32{'-inter' if w > 1 else ''}-{suffix}", build_aiayn,
+                      {"size": args.size, "mode": "fp32", "workers": w, **kw, **shape}, **bl.AIAYN_PROCESS)
+            for w in (1, args.threads) if w == 1 or args.threads > 1
+            for suffix, kw in (("unpacked", {"packed": False}), ("onednn", {"library": "onednn"}))]
     out.append(bl.System("hf-fp32", build_hf, {"size": args.size, **shape}))
     for name, ct in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
         out.append(bl.System(name, build_ct2, {"size": args.size, "compute_type": ct, "ct2_dir": ct2_dir,
@@ -225,7 +231,7 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
 
 # Systems for A/B runs only: measured when named in --systems, never by default (every system is a live
 # process for the whole run, and on the base model the full list outgrew 24 GiB, BENCHMARKS.md §2, session 24).
-AB_ONLY_SUFFIXES = ("-torch", "-unpacked")
+AB_ONLY_SUFFIXES = ("-torch", "-unpacked", "-onednn")
 
 
 def selected(all_systems: list[bl.System], names: str | None) -> list[bl.System]:
@@ -239,6 +245,7 @@ DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aia
          "aiayn-fp32-inter": "fp32", "aiayn-bf16w-inter": "bf16", "aiayn-int8bf16-inter": "fp32",
          "aiayn-fp32-torch": "fp32", "aiayn-int8bf16-torch": "fp32", "aiayn-int8bf16-inter-torch": "fp32",
          "aiayn-fp32-unpacked": "fp32", "aiayn-fp32-inter-unpacked": "fp32",
+         "aiayn-fp32-onednn": "fp32", "aiayn-fp32-inter-onednn": "fp32",
          "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
 # (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and

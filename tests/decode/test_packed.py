@@ -1,5 +1,6 @@
-"""decode/packed.py: float32 linear maps from oneDNN's packed weights against F.linear, copies and
-pickles of them, the decoding copy of a Transformer, and beam search with and without them."""
+"""decode/packed.py: float32 linear maps from oneDNN's and MKL's packed weights against F.linear, copies
+and pickles of them, the decoding copy of a Transformer, the choice of library, and beam search with and
+without them."""
 import copy
 import pickle
 
@@ -11,27 +12,66 @@ from aiayn.decode import packed as packed_mod
 from aiayn.decode.packed import PackedLinear, packed_copy
 from tests.decode.test_adapter import V, sources
 
-pytestmark = pytest.mark.skipif(not packed_mod.available(), reason="this PyTorch has no oneDNN packed linear")
+LIBRARIES = [pytest.param(lib, marks=pytest.mark.skipif(not packed_mod.available(lib), reason=f"this PyTorch has no {lib} packed linear"))
+             for lib in packed_mod.LIBRARIES]
+pytestmark = pytest.mark.skipif(not any(map(packed_mod.available, packed_mod.LIBRARIES)),
+                                reason="this PyTorch has no packed linear")
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_linear_is_f_linear(bias):
+def test_packed_linear_is_f_linear(bias, library):
     torch.manual_seed(0)
     lin = torch.nn.Linear(48, 300, bias=bias)
-    p = PackedLinear.from_linear(lin)
+    p = PackedLinear.from_linear(lin, library)
     wide = torch.randn(9, 96)[:, :48]  # rows further apart than their length
     for x in (torch.randn(5, 48), torch.randn(3, 7, 48), wide, torch.randn(0, 48)):
         with torch.inference_mode():
             y = p(x)
         assert y.shape == x.shape[:-1] + (300,) and y.dtype == torch.float32
         torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
-    assert p._packed is not None and p._packed.is_mkldnn
+    assert p._packed is not None and p._packed.is_mkldnn  # both libraries' layouts are opaque tensors
 
 
-def test_packed_linear_with_relu_is_relu_of_f_linear():
+@pytest.mark.skipif(not packed_mod.available("mkl"), reason="this PyTorch has no MKL packed linear")
+def test_mkl_packs_once_for_every_row_count():
+    """MKL is told a row count when it packs (128) and at each product, where a count other than the
+    input's means F.linear instead of the packed kernels: the module packs once, tells each product its
+    own count, and the products equal F.linear's up to rounding for every count."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 1000)
+    p = PackedLinear.from_linear(lin, "mkl")
+    with torch.inference_mode():
+        for rows in (1, 3, 8, 100, 128, 200, 513):
+            x = torch.randn(rows, 256)
+            torch.testing.assert_close(p(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
+        packed = p._packed
+        x = torch.randn(100, 256)
+        assert p(x) is not None and p._packed is packed  # packed once
+        assert torch.equal(p(x), torch.ops.mkl._mkl_linear(x, packed, lin.weight, lin.bias, 100))
+
+
+def test_auto_takes_mkl_on_intel_and_onednn_elsewhere(monkeypatch):
+    have = {lib: packed_mod.available(lib) for lib in packed_mod.LIBRARIES}
+    for vendor, order in (("GenuineIntel", ("mkl", "onednn")), ("AuthenticAMD", ("onednn", "mkl")), ("", ("onednn", "mkl"))):
+        monkeypatch.setattr(packed_mod, "_cpu_vendor", lambda v=vendor: v)
+        assert packed_mod.resolve_library("auto") == next((lib for lib in order if have[lib]), None)
+    for lib in packed_mod.LIBRARIES:
+        assert packed_mod.resolve_library(lib) == (lib if have[lib] else None)
+    with pytest.raises(ValueError, match="packed library"):
+        packed_mod.available("blas")
+    from aiayn.config import ConfigError
+    from aiayn.decode.config import DecodeConfig
+
+    with pytest.raises(ConfigError, match="packed_library"):
+        DecodeConfig(packed_library="blas")
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_packed_linear_with_relu_is_relu_of_f_linear(library):
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 64)
-    p = PackedLinear(lin.weight, lin.bias, relu=True)
+    p = PackedLinear(lin.weight, lin.bias, relu=True, library=library)
     x = torch.randn(7, 32)
     with torch.inference_mode():
         y = p(x)
@@ -55,9 +95,10 @@ def test_inputs_it_does_not_take_go_through_f_linear():
         PackedLinear(torch.randn(3, 3, dtype=torch.float64))
 
 
-def test_a_copy_or_a_pickle_packs_its_own():
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_copy_or_a_pickle_packs_its_own(library):
     torch.manual_seed(0)
-    p = PackedLinear.from_linear(torch.nn.Linear(32, 40))
+    p = PackedLinear.from_linear(torch.nn.Linear(32, 40), library)
     x = torch.randn(6, 32)
     with torch.inference_mode():
         y = p(x)
@@ -74,12 +115,14 @@ def _tiny_model():
     return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).eval()
 
 
-def test_packed_copy_of_a_transformer():
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_packed_copy_of_a_transformer(library):
     from aiayn.decode.translator import model_for_precision
 
     model = _tiny_model()
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    out = model_for_precision(model, "fp32", packed=True)
+    out = model_for_precision(model, "fp32", packed=True, library=library)
+    assert {m.library for m in out.modules() if isinstance(m, PackedLinear)} == {library}
     assert out is not model and not any(isinstance(m, torch.nn.Linear) for m in out.modules())
     ffns = [m for m in out.modules() if isinstance(m, packed_mod.PackedFeedForward)]
     assert len(ffns) == len(model.encoder_layers) + len(model.decoder_layers) and all(f.w1.relu for f in ffns)
@@ -97,7 +140,8 @@ def test_packed_copy_of_a_transformer():
     assert packed_copy(model).out_proj is not None
 
 
-def test_translator_beam_search_with_and_without_packed_weights():
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_translator_beam_search_with_and_without_packed_weights(library):
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import search
     from aiayn.decode.translator import Translator
@@ -105,8 +149,8 @@ def test_translator_beam_search_with_and_without_packed_weights():
     model, src = _tiny_model(), sources()
     out = {}
     for on in (True, False):
-        t = Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, packed_weights=on))
-        assert any(isinstance(m, PackedLinear) for m in t.model.modules()) is on
+        t = Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, packed_weights=on, packed_library=library))
+        assert {m.library for m in t.model.modules() if isinstance(m, PackedLinear)} == ({library} if on else set())
         with torch.inference_mode():
             out[on] = search(t.decoder, src, t.cfg, t.ids)
     assert [[h.tokens for h in hs] for hs in out[True]] == [[h.tokens for h in hs] for hs in out[False]]

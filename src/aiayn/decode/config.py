@@ -30,7 +30,8 @@ class DecodeConfig:
     precision: str = param("fp32", "weights and activations while decoding: fp32 (exact), bf16 (the model cast to bfloat16: faster on CPUs with bf16 instructions and on GPUs; log-probabilities still in float32), int8 (CPU: every linear map, the output projection included, with int8 weights per output channel and int8 inputs per row, int32 products; decode/int8.py) or int8-bf16 (CPU: the same int8 linear maps, everything between them, the attention core included, in bfloat16; for CPUs with bf16 instructions)")
     workers: int = param(1, "decoding processes (CPU): the length-sorted batches are shared among this many worker processes, each with its own copy of the model and threads/workers of the CPU threads (as CTranslate2's inter_threads; decode/workers.py); 1 = decode in this process")
     c_kernels: bool = param(True, "hand-written C kernels on the CPU (decode/kernel.py; compiled with the system's C compiler on first use): beam search's attention (each beam reads only its own keys, one pass, float32 softmax: the same Eq. 1 up to rounding) and, for precision int8 / int8-bf16, the row quantization and rescaling around each int8 product (bit-identical); false, or no C compiler, = PyTorch's operations (scaled_dot_product_attention)")
-    packed_weights: bool = param(True, "precision fp32 on the CPU: the linear maps multiply from weights laid out once in oneDNN's blocked format (decode/packed.py) instead of PyTorch's default sgemm, which lays them out at every call; the same products up to the order of float32 additions; false = PyTorch's linear")
+    packed_weights: bool = param(True, "precision fp32 on the CPU: the linear maps multiply from weights laid out once for the library's kernels (decode/packed.py) instead of PyTorch's default sgemm, which lays them out at every call; the same products up to the order of float32 additions; false = PyTorch's linear")
+    packed_library: str = param("auto", "whose packed weights packed_weights uses: mkl (MKL's packed sgemm), onednn (oneDNN's blocked format) or auto (MKL on Intel CPUs, oneDNN on others: the faster of the two on the CPUs of BENCHMARKS.md)")
     max_input_tokens: int = param(1024, "a source line longer than this (in subword tokens, EOS included) is an error naming its line number; also capped by the model's max_positions")
 
     def __post_init__(self) -> None:
@@ -52,6 +53,8 @@ class DecodeConfig:
             raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
         if self.precision not in ("fp32", "bf16", "int8", "int8-bf16"):
             raise ConfigError(f"precision must be fp32, bf16, int8 or int8-bf16, got {self.precision!r}")
+        if self.packed_library not in ("auto", "mkl", "onednn"):
+            raise ConfigError(f"packed_library must be auto, mkl or onednn, got {self.packed_library!r}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.batch_tokens < 1 or self.max_input_tokens < 1:

@@ -35,7 +35,7 @@ from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
 from aiayn.decode.kernel import Kernels, load as load_kernels
-from aiayn.decode.packed import PackedLinear, available as packed_available, packed_copy
+from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -111,9 +111,10 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
 
 
 def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None,
-                        packed: bool = False) -> Transformer:
+                        packed: bool = False, library: str = "auto") -> Transformer:
     """The model to decode with: itself (fp32), a copy whose linear maps use packed weights (fp32 with
-    ``packed``, a float32 model on a CPU with oneDNN; decode/packed.py), or a copy cast to bfloat16 or made
+    ``packed``, a float32 model on a CPU whose PyTorch has ``library``'s packed linear maps, "auto" as
+    ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or made
     int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
     around the int8 products), so the caller's model is left as it was."""
     if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
@@ -127,8 +128,10 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
     if precision == "int8-bf16":
         return int8_copy(model, torch.bfloat16, kernels)
     p = next(model.parameters())
-    if packed and p.dtype == torch.float32 and p.device.type == "cpu" and packed_available():
-        return packed_copy(model)
+    if packed and p.dtype == torch.float32 and p.device.type == "cpu":
+        chosen = resolve_library(library)
+        if chosen is not None:
+            return packed_copy(model, chosen)
     return model
 
 
@@ -183,7 +186,8 @@ class Translator:
     def models(self) -> list[Transformer]:
         """The decoding copies (``model_for_precision``), made when first needed: with workers they
         are only needed for attention plots, so a Translator that only translates does not hold them."""
-        return [model_for_precision(m, self.cfg.precision, self.kernels, self.cfg.packed_weights).eval()
+        return [model_for_precision(m, self.cfg.precision, self.kernels, self.cfg.packed_weights,
+                                    self.cfg.packed_library).eval()
                 for m in self._given]
 
     @property
