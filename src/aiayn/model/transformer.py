@@ -102,8 +102,10 @@ class Transformer(nn.Module):
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.project_kv(enc.memory)
             H = layer.self_attn.n_heads
-            self_k = k.new_zeros(N, H, max_len, layer.self_attn.d_k)
-            self_v = v.new_zeros(N, H, max_len, layer.self_attn.d_v)
+            # Unwritten positions are never read (attention takes the filled part), so nothing is zeroed;
+            # beam search replaces these buffers with shared slots before its first step anyway.
+            self_k = k.new_empty(N, H, max_len, layer.self_attn.d_k)
+            self_v = v.new_empty(N, H, max_len, layer.self_attn.d_v)
             layers.append(LayerCache(self_k, self_v, k, v))
         return DecoderCache(layers, enc.src_pad, 0)
 
