@@ -9,7 +9,7 @@ its kernels at every call. Two libraries in PyTorch can lay it out once and mult
   1,024-wide maps.
 - MKL's packed sgemm (``torch.ops.mkl``: ``_mkl_reorder_linear_weight``, ``_mkl_linear``, what
   PyTorch's own compiler uses for frozen float32 linear maps), the same kernels as ``linear`` without
-  the per-call layout. On the Intel Xeon of BENCHMARKS.md (§2, session 28) it was 5-11% faster than
+  the per-call layout. On the Intel Xeon of BENCHMARKS.md (§2, session 28) it was 5-9% faster than
   oneDNN's on the small model's maps at 128 rows and cost 4 µs a call where oneDNN's cost 15; a whole
   beam-search call of the small model took 0.90 s against 1.00 s.
 ``packed_library`` "auto" takes MKL's on Intel CPUs (MKL's home) and oneDNN's elsewhere. The products
