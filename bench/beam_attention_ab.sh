@@ -16,9 +16,15 @@ trap 'rm -rf "$WORK"' EXIT
 DEC="$REPO/src/aiayn/decode"
 git -C "$REPO" show "$REV:src/aiayn/decode/beam_attention.c" > "$WORK/old.c"
 cp "$DEC/beam_attention.c" "$WORK/new.c"
+# kernel.py's compiler flags (read from its _FLAGS, without those that make a shared library)
+read -r -a FLAGS <<< "$(python3 -c "
+import ast, sys
+tree = ast.parse(open(sys.argv[1]).read())
+flags = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             and any(getattr(t, 'id', None) == '_FLAGS' for t in n.targets))
+print(' '.join(f for f in flags if f not in ('-fPIC', '-shared')))" "$DEC/kernel.py")"
 for v in old new; do
-  ${CC:-cc} -O3 -fopenmp-simd -fno-math-errno -ffp-contract=off -pthread -march=native -I"$DEC" \
-    "$BENCH/c/beam_attention_driver.c" "$WORK/$v.c" -o "$WORK/$v" -lm
+  ${CC:-cc} "${FLAGS[@]}" -march=native -I"$DEC" "$BENCH/c/beam_attention_driver.c" "$WORK/$v.c" -o "$WORK/$v" -lm
 done
 for args in "35 50" "21 50 cross"; do
   best_old=""; best_new=""
