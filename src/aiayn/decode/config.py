@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from aiayn.config import ConfigError, param
 
 
+PACKED_LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library besides "auto" (decode/packed.py)
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Search, length and batching settings for translation (§6.1)."""
@@ -53,7 +56,7 @@ class DecodeConfig:
             raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
         if self.precision not in ("fp32", "bf16", "int8", "int8-bf16"):
             raise ConfigError(f"precision must be fp32, bf16, int8 or int8-bf16, got {self.precision!r}")
-        if self.packed_library not in ("auto", "mkl", "onednn"):
+        if self.packed_library not in ("auto", *PACKED_LIBRARIES):
             raise ConfigError(f"packed_library must be auto, mkl or onednn, got {self.packed_library!r}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")

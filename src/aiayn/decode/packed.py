@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.decode.config import PACKED_LIBRARIES as LIBRARIES
 from aiayn.model.layers import FeedForward
 
-
-LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library, "auto" aside
+_MKL_PACK_ROWS = 128  # the row count MKL is told at packing: beam 4 x 32 sentences (module docstring)
 
 
 def available(library: str = "onednn") -> bool:
@@ -104,7 +104,7 @@ class PackedLinear(nn.Module):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_packed"] = None  # opaque oneDNN storage: the receiver packs its own
+        state["_packed"] = None  # the library's opaque storage: the receiver packs its own
         return state
 
     def forward(self, x: Tensor) -> Tensor:  # (..., I) -> (..., O)
@@ -132,8 +132,6 @@ class PackedLinear(nn.Module):
         return (f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, bias={self.bias is not None}, "
                 f"library={self.library}" + (", relu=True" if self.relu else ""))
 
-
-_MKL_PACK_ROWS = 128  # the row count MKL is told at packing: beam 4 x 32 sentences
 
 
 class PackedFeedForward(nn.Module):
