@@ -263,3 +263,34 @@ def test_rdrop_kl_bf16_logits_close_to_reference(monkeypatch):
     assert got.dtype == torch.float32 and g_got.dtype == torch.bfloat16
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
     assert torch.allclose(g_got.float(), ref_in.grad, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_gradients_with_the_loss_kernel(precision):
+    """train.c_kernels (the default on CPU) is a fast path: a model's gradients through the C loss
+    (decode/kernel.py, cross_entropy.c) are PyTorch's path's, up to rounding."""
+    from aiayn.decode.kernel import load
+    from aiayn.model import ModelConfig, Transformer
+    from aiayn.train import runtime as rt
+
+    kernels = load()
+    if kernels is None:
+        pytest.skip("no C compiler: training uses PyTorch's loss (tested above)")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, n_layers=1, d_model=32, d_ff=64, n_heads=2, d_k=16, d_v=16,
+                                    p_drop=0.0))
+    src, tgt = torch.randint(3, 50, (3, 6)), torch.randint(3, 50, (3, 5))
+    tgt[2, 3:] = 0
+    grads = []
+    for k in (kernels, None):
+        model.zero_grad()
+        with rt.autocast(torch.device("cpu"), precision):
+            logits = model(src, tgt)
+        sums = label_smoothed_loss(logits, tgt, 0.1, 0, k)
+        (sums.loss / sums.n_tokens).backward()
+        grads.append((sums.loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (l1, g1), (l2, g2) = grads
+    assert l1 == pytest.approx(l2, rel=1e-5)
+    tol = 1e-5 if precision == "fp32" else 2e-2  # bf16: the logits' gradient is rounded to bf16 either way
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], atol=tol * g2[name].abs().max().item() + 1e-7, rtol=tol)

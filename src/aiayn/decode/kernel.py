@@ -51,7 +51,8 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("beam_attention.c", "int8_rows.c", "logits_topk.c"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("beam_attention.c", "int8_rows.c", "logits_topk.c", "cross_entropy.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "split.h", "vexp.h"))  # included; in the cache key too
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
 _FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -127,6 +128,12 @@ class Kernels:
         self._topk = lib.aiayn_log_softmax_topk
         self._topk.argtypes = [p, i64, i64, i64, ctypes.c_int, i64, p, i64, p, p, ctypes.c_int]
         self._topk.restype = None
+        self._ce_forward = lib.aiayn_ce_forward
+        self._ce_forward.argtypes = [p, i64, i64, i64, ctypes.c_int, p, p, ctypes.c_int]
+        self._ce_forward.restype = None
+        self._ce_backward = lib.aiayn_ce_backward
+        self._ce_backward.argtypes = [p, i64, i64, i64, ctypes.c_int, p, p, p, p, p, i64, p, ctypes.c_int]
+        self._ce_backward.restype = None
 
     def __reduce__(self):
         return load, ()
@@ -182,6 +189,37 @@ class Kernels:
         self._topk(logits.data_ptr(), N, V, logits.stride(0), _DTYPES[logits.dtype], k, banned.data_ptr(),
                    banned.numel(), val.data_ptr(), idx.data_ptr(), torch.get_num_threads())
         return val, idx
+
+    # -- the label-smoothed loss of training (train/objective.py) -----------------------------------------
+
+    def cross_entropy_forward(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        """Per row of the logits z (N, V) (CPU float32 or bfloat16, contiguous rows): log Z = logsumexp(z)
+        and sum_v z_v, both (N,) float32, in one read of each row (cross_entropy.c)."""
+        if not self.supports_rows(z):
+            raise ValueError("cross_entropy_forward: (N, V) CPU float32 or bfloat16 logits with contiguous rows")
+        N, V = z.shape
+        log_z = torch.empty(N, dtype=torch.float32)
+        sum_z = torch.empty(N, dtype=torch.float32)
+        self._ce_forward(z.data_ptr(), N, V, z.stride(0), _DTYPES[z.dtype], log_z.data_ptr(), sum_z.data_ptr(),
+                         torch.get_num_threads())
+        return log_z, sum_z
+
+    def cross_entropy_backward(self, z: Tensor, log_z: Tensor, a: Tensor, c: Tensor, e: Tensor, gold: Tensor,
+                               pad_id: int) -> Tensor:
+        """d loss / d z (N, V) in z's dtype: a * softmax(z) - c on every column, then + c at ``pad_id``
+        and - e at each row's ``gold`` id; log_z, a, c, e (N,) float32 and gold (N,) int64, contiguous."""
+        N, V = z.shape
+        rows = (log_z, a, c, e)
+        if not (self.supports_rows(z) and all(t.dtype == torch.float32 and t.is_contiguous() and t.numel() == N
+                                              for t in rows)
+                and gold.dtype == torch.int64 and gold.is_contiguous() and gold.numel() == N and 0 <= pad_id < V
+                and (N == 0 or 0 <= int(gold.min()) and int(gold.max()) < V)):
+            raise ValueError("cross_entropy_backward: (N, V) CPU float32 or bfloat16 logits with contiguous rows, "
+                             "(N,) float32 row terms, (N,) int64 gold ids, a pad id below V")
+        g = torch.empty(N, V, dtype=z.dtype)
+        self._ce_backward(z.data_ptr(), N, V, z.stride(0), _DTYPES[z.dtype], log_z.data_ptr(), a.data_ptr(),
+                          c.data_ptr(), e.data_ptr(), gold.data_ptr(), pad_id, g.data_ptr(), torch.get_num_threads())
+        return g
 
     # -- the attention of a beam-search step ----------------------------------------------------------
 

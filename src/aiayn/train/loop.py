@@ -63,6 +63,14 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
     return replace(cfg, model=model)
 
 
+def loss_kernels(t, device: torch.device):
+    """The C kernels for the loss (``train.c_kernels``, CPU only), or None for PyTorch's operations."""
+    if not t.c_kernels or device.type != "cpu":
+        return None
+    from aiayn.decode.kernel import load
+    return load()
+
+
 @torch.no_grad()
 def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None) -> dict:
     """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout)."""
@@ -72,11 +80,12 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
                                 shuffle=False)
     loss = nll = n = 0.0
     m = cfg.model
+    kernels = loss_kernels(t, device)
     for idx in sampler:
         b = collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id).to(device)
         with rt.autocast(device, precision):
             logits = model(b.src, b.tgt_in)
-        sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id)
+        sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id, kernels)
         loss, nll, n = loss + sums.loss.item(), nll + sums.nll.item(), n + sums.n_tokens.item()
     n = max(n, 1)
     out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
@@ -268,6 +277,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                     writer.add_scalar(k, v, state.step)
 
     copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
+    kernels = loss_kernels(t, device)
     sampler.set_epoch(state.epoch)
     it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
     t_start = time.monotonic() - state.train_seconds
@@ -321,7 +331,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                     src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
                 with rt.autocast(device, precision):
                     logits = net(src, tgt_in)  # (copies*B, T, V)
-                sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id)
+                sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id, kernels)
                 objective = sums.loss
                 if copies == 2:  # R-Drop: both copies' losses plus alpha x their symmetric KL
                     kl = rdrop_kl(logits, b.tgt_out, m.pad_id)

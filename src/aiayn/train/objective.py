@@ -81,7 +81,7 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int
     return q
 
 
-def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> LossSums:
+def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int, kernels=None) -> LossSums:
     """Cross-entropy against ``smoothed_targets`` (§5.4), summed over non-pad positions.
 
     logits (B,T,V), target (B,T). The same sums as ``label_smoothed_loss_reference`` with a
@@ -89,12 +89,19 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: i
     sum_v z_v are needed forward, and d loss / d z = p - q is written in one pass backward,
     in blocks of rows small enough to stay in cache, in the logits' dtype. No (N,V) float32
     log-probabilities are kept, which is most of the saving over autograd's log_softmax.
+
+    ``kernels`` (``aiayn.decode.kernel.load()``, or None) does the (N,V) passes of both directions
+    in C on the CPU, one read of each row forward and one read and one write backward
+    (``cross_entropy.c``; the same sums up to rounding, tested against this module's PyTorch
+    path). Other devices and dtypes, or None, take the PyTorch path.
     """
     V = logits.size(-1)
     z = logits.reshape(-1, V)  # (N,V)
     tgt = target.reshape(-1)
     keep = tgt.ne(pad_id)
-    loss, nll = _SmoothedCrossEntropy.apply(z, tgt, keep, float(eps_ls), int(pad_id))
+    if kernels is not None and not kernels.supports_rows(z):
+        kernels = None
+    loss, nll = _SmoothedCrossEntropy.apply(z, tgt, keep, float(eps_ls), int(pad_id), kernels)
     return LossSums(loss, nll, keep.sum())
 
 
@@ -116,16 +123,19 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, tgt: Tensor, keep: Tensor, eps_ls: float, pad_id: int):
+    def forward(ctx, z: Tensor, tgt: Tensor, keep: Tensor, eps_ls: float, pad_id: int, kernels=None):
         N, V = z.shape
-        block = max(1, _BLOCK_ELEMENTS // V)
         acc = _acc_dtype(z)
-        log_z = torch.empty(N, dtype=acc, device=z.device)
-        sum_z = torch.empty(N, dtype=acc, device=z.device)
-        for i in range(0, N, block):
-            zf = z[i:i + block].to(acc)  # (b,V)
-            torch.logsumexp(zf, dim=-1, out=log_z[i:i + block])
-            torch.sum(zf, dim=-1, out=sum_z[i:i + block])
+        if kernels is not None:  # (N,V) float32 or bfloat16 rows on the CPU: one read of each
+            log_z, sum_z = kernels.cross_entropy_forward(z)
+        else:
+            block = max(1, _BLOCK_ELEMENTS // V)
+            log_z = torch.empty(N, dtype=acc, device=z.device)
+            sum_z = torch.empty(N, dtype=acc, device=z.device)
+            for i in range(0, N, block):
+                zf = z[i:i + block].to(acc)  # (b,V)
+                torch.logsumexp(zf, dim=-1, out=log_z[i:i + block])
+                torch.sum(zf, dim=-1, out=sum_z[i:i + block])
         z_gold = z.gather(1, tgt.unsqueeze(1)).squeeze(1).to(acc)  # (N,)
         z_pad = z[:, pad_id].to(acc)  # (N,)
         nll = log_z - z_gold
@@ -133,7 +143,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         loss = log_z - (1.0 - eps_ls) * z_gold - eps_o * (sum_z - z_gold - z_pad)
         w = keep.to(acc)
         ctx.save_for_backward(z, tgt, w, log_z)
-        ctx.eps_ls, ctx.pad_id = eps_ls, pad_id
+        ctx.eps_ls, ctx.pad_id, ctx.kernels = eps_ls, pad_id, kernels
         return (loss * w).sum(), (nll * w).sum()
 
     @staticmethod
@@ -145,6 +155,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         a = (g_loss + g_nll) * w  # (N,) coefficient of softmax(z)
         c = g_loss * eps_o * w  # (N,) q mass on each non-gold, non-pad token
         gold_extra = (g_loss * (1.0 - eps_ls - eps_o) + g_nll) * w  # (N,) gold: -(1-eps) g_loss - g_nll in all
+        if ctx.kernels is not None:
+            grad = ctx.kernels.cross_entropy_backward(z, log_z, a.contiguous(), c.contiguous(),
+                                                      gold_extra.contiguous(), tgt.contiguous(), pad_id)
+            return grad, None, None, None, None, None
         grad = torch.empty_like(z)
         block = max(1, _BLOCK_ELEMENTS // V)
         for i in range(0, N, block):
@@ -154,7 +168,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             p[:, pad_id] += c[i:j]  # q_pad = 0
             p.scatter_add_(1, tgt[i:j, None], -gold_extra[i:j, None])
             grad[i:j] = p
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def rdrop_kl(logits: Tensor, target: Tensor, pad_id: int) -> Tensor:
