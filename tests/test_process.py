@@ -15,7 +15,8 @@ def test_order(monkeypatch):
     monkeypatch.setattr(denormals, "configure_from_env", lambda: calls.append("denormals"))
     monkeypatch.setattr(allocator, "configure_from_env", lambda: calls.append("allocator"))
     configure_process()
-    assert calls == ["hugepages", "onednn_cache", "denormals", "allocator"]  # first tensor, first matmul, thread pool, malloc
+    # first tensor, first matmul, thread pool, then malloc
+    assert calls == ["hugepages", "onednn_cache", "denormals", "allocator"]
 
 
 @pytest.mark.parametrize("var,value", [("AIAYN_HUGEPAGES", "maybe"), ("AIAYN_DENORMALS", "maybe"),

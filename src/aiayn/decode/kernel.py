@@ -1,5 +1,6 @@
 """Hand-written C kernels for decoding on the CPU, compiled on first use: the attention of a beam-search
-step (Eq. 1, one query per row) and the passes around an int8 product.
+step (Eq. 1, one query per row) and the passes around an int8 product; and one for training, the
+label-smoothed loss over the logits (``cross_entropy.c``, used by train/objective.py).
 
 Why: at a beam step each (sentence, head) pair is a product of g beam queries with a few dozen keys.
 PyTorch's ``scaled_dot_product_attention`` handles such small products at three or more times
@@ -20,17 +21,23 @@ finds the k best and the log-normalizer in two passes over each row of logits (0
 only (N, k). Around each int8 product (``Int8Linear``,
 decode/int8.py) PyTorch spends six or so small operations quantizing the input rows and rescaling
 the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-identical, tested).
+In training, the label-smoothed loss reads the (N, V) logits forward and writes their gradient backward;
+PyTorch's operations passed over each block six or seven times, a fifth of the main job's step on this
+CPU; ``cross_entropy.c`` reads each row once forward and once backward and writes the gradient once
+(``train.c_kernels``; BENCHMARKS.md §2, session 29).
 
-How it is built: the first ``load()`` of a process compiles the three C files with the system's C compiler
+How it is built: the first ``load()`` of a process compiles the four C files with the system's C compiler
 (``$CC``, else ``cc``) for this CPU (``-march=native``) into the cache directory
 (``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
 hashes the sources, the flags and the CPU, written atomically; later loads reuse the file. Without a
-compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding uses
+compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding and training use
 PyTorch's operations: the same numbers up to rounding for attention and log-probabilities, identical
 for int8 (``tests/decode/test_kernel.py`` checks both kinds of attention step against
 ``attention_explicit`` in float32 and bfloat16, the top-k log-probabilities against PyTorch's
 log_softmax and topk, the int8 passes against PyTorch's, all of them also built without
--march=native (the portable loops), and beam search with and without the kernels). ``DecodeConfig.c_kernels`` turns them off.
+-march=native (the portable loops), and beam search with and without the kernels; the loss against the
+PyTorch path of train/objective.py, and a model's gradients with and without it). ``DecodeConfig.c_kernels``
+turns the decoding kernels off, ``TrainConfig.c_kernels`` the loss's.
 """
 from __future__ import annotations
 
@@ -287,7 +294,8 @@ def load() -> Kernels | None:
     """The kernels, compiled on first use (module docstring); None, logged once, if they cannot be had."""
     cc = _compiler()
     if cc is None:
-        log.info("no C compiler (%s): decoding uses PyTorch's operations", os.environ.get("CC") or "cc")
+        log.info("no C compiler (%s): decoding and the training loss use PyTorch's operations",
+                 os.environ.get("CC") or "cc")
         return None
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
@@ -298,11 +306,11 @@ def load() -> Kernels | None:
         except OSError as e:  # e.g. the cache directory cannot be written
             reason = str(e)
         if reason is not None:
-            log.warning("could not compile %s (%s): decoding uses PyTorch's operations",
+            log.warning("could not compile %s (%s): decoding and the training loss use PyTorch's operations",
                         " ".join(src.name for src in SOURCES), reason)
             return None
     try:
         return Kernels(ctypes.CDLL(str(path)), path)
     except (OSError, AttributeError) as e:
-        log.warning("could not load %s (%s): decoding uses PyTorch's operations", path, e)
+        log.warning("could not load %s (%s): decoding and the training loss use PyTorch's operations", path, e)
         return None
