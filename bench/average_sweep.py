@@ -29,11 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from aiayn.allocator import reuse_freed_memory
     from aiayn.data.dataset import DataDir
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.demo import _multi30k_files, _read, default_data_root, tune_alpha
+    from aiayn.demo import tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.model.transformer import Transformer
@@ -41,13 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.train.config import run_config_from_dict
     from aiayn.train.loop import validate
 
-    reuse_freed_memory()
-    torch.set_num_threads(2)
-    src, tgt = args.src_lang, "de" if args.src_lang == "en" else "en"
-    files = _multi30k_files(Path(args.data_root or default_data_root()), src, tgt)
-    val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
-    test_src, test_tok = _read(files[f"raw.test.{src}"]), _read(files[f"tok.test.{tgt}"])
-    test_raw = _read(files[f"raw.test.{tgt}"])
+    ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
+    src, tgt = ev["src"], ev["tgt"]
     out = {"direction": f"{src}-{tgt}", "counts": args.counts, "runs": {}}
     rows = []
     for demo_dir in args.demo_dirs:
@@ -65,16 +59,16 @@ def main(argv: list[str] | None = None) -> int:
             model = Transformer(cfg.model)
             model.load_state_dict(ckpt["model"])
             loss = validate(model, valid, cfg, torch.device("cpu"), "fp32")
-            tuning = tune_alpha(tr, val_src, val_tok, tgt, args.alphas, 4)[0]
+            tuning = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)[0]
             val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
             alpha = max(val, key=val.get)
             tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)
-            hyps = tr.translate(test_src)
+            hyps = tr.translate(ev["test_src"])
             rec = {"k": k, "checkpoints": [p.name for p in last], "valid_loss": round(loss["valid_loss"], 4),
                    "valid_nll": round(loss["valid_nll"], 4), "valid_bleu_by_alpha": val, "alpha": alpha,
                    "valid_multi30k_bleu": val[alpha],
-                   "test_multi30k_bleu": round(multi30k_bleu(hyps, test_tok, tgt).score, 2),
-                   "test_sacrebleu": round(sacre_bleu(hyps, test_raw).score, 2)}
+                   "test_multi30k_bleu": round(multi30k_bleu(hyps, ev["test_tok"], tgt).score, 2),
+                   "test_sacrebleu": round(sacre_bleu(hyps, ev["test_raw"]).score, 2)}
             recs.append(rec)
             rows.append([demo_dir, str(k), f"{rec['valid_loss']:.4f}", " / ".join(f"{v:.2f}" for v in val.values()),
                          f"{alpha}", f"{rec['test_multi30k_bleu']:.2f}", f"{rec['test_sacrebleu']:.2f}"])

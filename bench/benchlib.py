@@ -135,6 +135,27 @@ def machine_info(threads: int) -> dict[str, Any]:
     return info
 
 
+def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> dict[str, Any]:
+    """For the scripts that re-score finished main-job runs: the ``aiayn`` command's process settings
+    and ``threads`` threads, then the Multi30k evaluation text the main job reads (aiayn.demo's files;
+    ``data_root`` empty = its default): the target language, validation source and tokenized
+    references, test_2016 source, tokenized and raw references."""
+    import torch
+
+    from aiayn.demo import _multi30k_files, _read, default_data_root
+    from aiayn.process import configure_process
+
+    configure_process()
+    torch.set_num_threads(threads)
+
+    src, tgt = src_lang, "de" if src_lang == "en" else "en"
+    files = _multi30k_files(Path(data_root or default_data_root()), src, tgt)
+    return {"src": src, "tgt": tgt,
+            "val_src": _read(files[f"raw.valid.{src}"]), "val_tok": _read(files[f"tok.valid.{tgt}"]),
+            "test_src": _read(files[f"raw.test.{src}"]), "test_tok": _read(files[f"tok.test.{tgt}"]),
+            "test_raw": _read(files[f"raw.test.{tgt}"])}
+
+
 def peak_rss_mb(pid: int | None = None) -> float | None:
     """Peak resident set size of this process (ru_maxrss is in KiB on Linux), or of process ``pid``
     (VmHWM in /proc; None where that cannot be read)."""

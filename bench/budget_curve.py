@@ -47,23 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alphas", default="0.6,1.0,1.4")
     ap.add_argument("--data-root", default="")
     args = ap.parse_args(argv)
-    import torch
-
-    from aiayn.allocator import reuse_freed_memory
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.demo import _multi30k_files, _read, default_data_root, tune_alpha
+    from aiayn.demo import tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.train.checkpoint import atomic_save, average_checkpoints
 
-    reuse_freed_memory()
-    torch.set_num_threads(2)
-    src, tgt = args.src_lang, "de" if args.src_lang == "en" else "en"
-    files = _multi30k_files(Path(args.data_root or default_data_root()), src, tgt)
-    val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
-    test_src, test_tok = _read(files[f"raw.test.{src}"]), _read(files[f"tok.test.{tgt}"])
-    test_raw = _read(files[f"raw.test.{tgt}"])
+    ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
+    src, tgt = ev["src"], ev["tgt"]
     ckpts = checkpoint_minutes(Path(args.demo_dir) / "run")
     rows, out = [], {"demo_dir": args.demo_dir, "direction": f"{src}-{tgt}", "budgets": []}
     for budget in [float(b) for b in args.budgets.split(",")]:
@@ -74,14 +66,15 @@ def main(argv: list[str] | None = None) -> int:
             avg = Path(tmp) / "avg.pt"
             atomic_save(average_checkpoints(within), avg)
             tr = Translator.from_checkpoint(avg)
-        val = {a: r["valid_multi30k_bleu"] for a, r in tune_alpha(tr, val_src, val_tok, tgt, args.alphas, 4)[0].items()}
+        tuning = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)[0]
+        val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
         alpha = max(val, key=val.get)
         tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)
-        hyps = tr.translate(test_src)
+        hyps = tr.translate(ev["test_src"])
         rec = {"budget_min": budget, "checkpoints": [p.name for p in within], "alpha": alpha,
                "valid_multi30k_bleu": val[alpha],
-               "test_multi30k_bleu": round(multi30k_bleu(hyps, test_tok, tgt).score, 2),
-               "test_sacrebleu": round(sacre_bleu(hyps, test_raw).score, 2)}
+               "test_multi30k_bleu": round(multi30k_bleu(hyps, ev["test_tok"], tgt).score, 2),
+               "test_sacrebleu": round(sacre_bleu(hyps, ev["test_raw"]).score, 2)}
         out["budgets"].append(rec)
         rows.append([f"{budget:g}", f"{within[0].name}..{within[-1].name}", f"{alpha}",
                      f"{rec['valid_multi30k_bleu']:.2f}", f"{rec['test_multi30k_bleu']:.2f}", f"{rec['test_sacrebleu']:.2f}"])

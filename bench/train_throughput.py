@@ -57,9 +57,12 @@ def _adam(model: torch.nn.Module, fused: bool = False) -> torch.optim.Optimizer:
 def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     """One aiayn training step as the training loop does it (src/aiayn/train/loop.py)."""
     import aiayn
+    from aiayn.train.config import TrainConfig
+    from aiayn.train.loop import loss_kernels
     from aiayn.train.objective import label_smoothed_loss
 
     cfg = bl.model_config(size)
+    kernels = loss_kernels(TrainConfig(), torch.device("cpu"))  # the loss in C, as train.c_kernels has it
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).train()
     opt = _adam(model, fused=True)
@@ -69,7 +72,7 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         with ctx:
             logits = model(src, tgt_in)  # (B,T,V)
-        sums = label_smoothed_loss(logits, tgt_out, EPS_LS, cfg.pad_id)
+        sums = label_smoothed_loss(logits, tgt_out, EPS_LS, cfg.pad_id, kernels)
         (sums.loss / sums.n_tokens).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
