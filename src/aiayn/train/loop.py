@@ -27,7 +27,7 @@ from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, run_config_from_dict
+from aiayn.train.config import RunConfig, TrainConfig, run_config_from_dict
 from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer, rdrop_kl
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
     return replace(cfg, model=model)
 
 
-def loss_kernels(t, device: torch.device):
+def loss_kernels(t: TrainConfig, device: torch.device):
     """The C kernels for the loss (``train.c_kernels``, CPU only), or None for PyTorch's operations."""
     if not t.c_kernels or device.type != "cpu":
         return None
