@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.model.transformer import Transformer
-    from aiayn.train.checkpoint import atomic_save, average_checkpoints, load_checkpoint, step_checkpoints
+    from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     from aiayn.train.config import run_config_from_dict
     from aiayn.train.loop import validate
 
@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         out["runs"][demo_dir] = recs = []
         for k in [int(c) for c in args.counts.split(",")]:
             last = ckpts[-k:]
+            ckpt = average_checkpoints(last)
             with tempfile.TemporaryDirectory() as tmp:
                 avg = Path(tmp) / "avg.pt"
-                atomic_save(average_checkpoints(last), avg)
-                ckpt = load_checkpoint(avg)
+                atomic_save(ckpt, avg)
                 tr = Translator.from_checkpoint(avg)
             cfg = run_config_from_dict(ckpt["run_config"])
             model = Transformer(cfg.model)

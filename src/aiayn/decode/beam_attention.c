@@ -41,16 +41,12 @@ typedef struct {
     int status;
 } job_t;
 
-static inline float f32_of_f32(float x) { return x; }
-static inline float f32_to_f32(float x) { return x; }
-
 
 /* The two inner products of the loop below: d = q . k over K, and acc += p v over Dv. With AVX-512
  * and lengths that are multiples of 16 (d_k = d_v = 64 in every preset) they are written with
  * intrinsics; compiled loops over such short lengths spent most of their time in set-up code. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
-static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 #define VEC(n) (((n) & 15) == 0)
 #else
 #define VEC(n) 0

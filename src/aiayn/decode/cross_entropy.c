@@ -34,27 +34,10 @@ typedef struct {
     int bf16, backward;
 } ce_t;
 
-static inline float ce_f32_of_f32(float x) { return x; }
-
 /* g's value at v (the scalar form of the vector loop, for the tail and the pad and gold columns) */
 static inline float grad_at(float x, float lz, float a, float c) { return exp_nonpositive(x - lz) * a - c; }
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-static inline __m512 ce_load16_f32(const float *p) { return _mm512_loadu_ps(p); }
-
-/* 16 float32 -> bfloat16, rounded to nearest even, NaN kept a NaN (bf16.h's f32_to_bf16, 16 at a time) */
-static inline void store16_bf16(uint16_t *p, __m512 x) {
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
-}
-static inline void store16_f32(float *p, __m512 x) { _mm512_storeu_ps(p, x); }
-
 #define DEFINE_CE(NAME, T, LOAD, LOAD16, STORE, STORE16)                                            \
     static void NAME##_forward(const T *z, int64_t V, float *log_z, float *sum_z) {                 \
         __m512 vm = _mm512_set1_ps(-INFINITY), vs = _mm512_setzero_ps();                            \
@@ -90,7 +73,7 @@ static inline void store16_f32(float *p, __m512 x) { _mm512_storeu_ps(p, x); }
         }                                                                                           \
         for (; v < V; v++) g[v] = STORE(grad_at(LOAD(z[v]), lz, a, c));                             \
     }
-DEFINE_CE(ce_f32, float, ce_f32_of_f32, ce_load16_f32, ce_f32_of_f32, store16_f32)
+DEFINE_CE(ce_f32, float, f32_of_f32, load16_f32, f32_to_f32, store16_f32)
 DEFINE_CE(ce_bf16, uint16_t, f32_of_bf16, load16_bf16, f32_to_bf16, store16_bf16)
 #else
 #define DEFINE_CE(NAME, T, LOAD, STORE)                                                             \
@@ -109,7 +92,7 @@ DEFINE_CE(ce_bf16, uint16_t, f32_of_bf16, load16_bf16, f32_to_bf16, store16_bf16
     static void NAME##_backward(const T *z, int64_t V, float lz, float a, float c, T *g) {          \
         for (int64_t v = 0; v < V; v++) g[v] = STORE(grad_at(LOAD(z[v]), lz, a, c));                \
     }
-DEFINE_CE(ce_f32, float, ce_f32_of_f32, ce_f32_of_f32)
+DEFINE_CE(ce_f32, float, f32_of_f32, f32_to_f32)
 DEFINE_CE(ce_bf16, uint16_t, f32_of_bf16, f32_to_bf16)
 #endif
 
@@ -122,32 +105,30 @@ DEFINE_CE(ce_bf16, uint16_t, f32_of_bf16, f32_to_bf16)
         const float before = gold == pad ? at_pad : grad_at(LOAD(z[gold]), lz, a, c);               \
         g[gold] = STORE(before + (-e));                                                             \
     }
-DEFINE_FIX(fix_f32, float, ce_f32_of_f32, ce_f32_of_f32)
+DEFINE_FIX(fix_f32, float, f32_of_f32, f32_to_f32)
 DEFINE_FIX(fix_bf16, uint16_t, f32_of_bf16, f32_to_bf16)
+
+/* The rows [begin, end) of one task, forward or backward, for one element type. */
+#define DEFINE_ROWS(NAME, T, CE, FIX)                                                               \
+    static void NAME(const ce_t *w) {                                                               \
+        for (int64_t r = w->begin; r < w->end; r++) {                                              \
+            const T *z = (const T *)w->z + r * w->zs;                                               \
+            if (!w->backward) {                                                                     \
+                CE##_forward(z, w->V, w->log_z + r, w->sum_z + r);                                  \
+                continue;                                                                           \
+            }                                                                                       \
+            T *g = (T *)w->g + r * w->V;                                                            \
+            CE##_backward(z, w->V, w->log_z_in[r], w->a[r], w->c[r], g);                            \
+            FIX(z, w->pad, w->gold[r], w->log_z_in[r], w->a[r], w->c[r], w->e[r], g);               \
+        }                                                                                           \
+    }
+DEFINE_ROWS(rows_f32, float, ce_f32, fix_f32)
+DEFINE_ROWS(rows_bf16, uint16_t, ce_bf16, fix_bf16)
 
 static void *ce_work(void *arg) {
     const ce_t *w = (const ce_t *)arg;
-    for (int64_t r = w->begin; r < w->end; r++) {
-        if (w->bf16) {
-            const uint16_t *z = (const uint16_t *)w->z + r * w->zs;
-            if (!w->backward) {
-                ce_bf16_forward(z, w->V, w->log_z + r, w->sum_z + r);
-                continue;
-            }
-            uint16_t *g = (uint16_t *)w->g + r * w->V;
-            ce_bf16_backward(z, w->V, w->log_z_in[r], w->a[r], w->c[r], g);
-            fix_bf16(z, w->pad, w->gold[r], w->log_z_in[r], w->a[r], w->c[r], w->e[r], g);
-        } else {
-            const float *z = (const float *)w->z + r * w->zs;
-            if (!w->backward) {
-                ce_f32_forward(z, w->V, w->log_z + r, w->sum_z + r);
-                continue;
-            }
-            float *g = (float *)w->g + r * w->V;
-            ce_f32_backward(z, w->V, w->log_z_in[r], w->a[r], w->c[r], g);
-            fix_f32(z, w->pad, w->gold[r], w->log_z_in[r], w->a[r], w->c[r], w->e[r], g);
-        }
-    }
+    if (w->bf16) rows_bf16(w);
+    else rows_f32(w);
     return NULL;
 }
 

@@ -28,8 +28,6 @@ typedef struct {
     int bf16;
 } rows_t;
 
-static inline float f32_of_f32(float x) { return x; }
-
 static inline int is_banned(int64_t v, const int64_t *banned, int64_t nb) {
     for (int64_t b = 0; b < nb; b++)
         if (banned[b] == v) return 1;
@@ -58,10 +56,6 @@ static inline void offer(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float 
 /* One row: the k best of z over the tokens not banned, best first, raw (tv, ti; returns how many, at
  * most k) and the maximum m. Blocks of 16 are compared with the k-th best so far as a whole (with
  * AVX-512 one compare per block; a block above it is scanned token by token). */
-#if defined(__AVX512F__)
-static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
-#endif
-
 #define BLOCK 16
 #if defined(__AVX512F__)
 #define DEFINE_ROW(NAME, T, LOAD, LOAD16)                                                         \

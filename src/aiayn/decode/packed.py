@@ -133,7 +133,6 @@ class PackedLinear(nn.Module):
                 f"library={self.library}" + (", relu=True" if self.relu else ""))
 
 
-
 class PackedFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2) of a decoding copy: ``FeedForward``'s parameters (same
     names), the max fused into the first product. No dropout: a decoding copy does not train."""
