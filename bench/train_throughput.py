@@ -58,13 +58,14 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     """One aiayn training step as the training loop does it (src/aiayn/train/loop.py)."""
     import aiayn
     from aiayn.train.config import TrainConfig
-    from aiayn.train.loop import loss_kernels
+    from aiayn.train.loop import train_kernels
     from aiayn.train.objective import label_smoothed_loss
 
     cfg = bl.model_config(size)
-    kernels = loss_kernels(TrainConfig(), torch.device("cpu"))  # the loss in C, as train.c_kernels has it
+    kernels = train_kernels(TrainConfig(), torch.device("cpu"))  # loss and attention in C, as train.c_kernels has them
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).train()
+    model.use_attention_kernels(kernels)
     opt = _adam(model, fused=True)
     src, tgt_in, tgt_out = _batch(B, S, T, 4, cfg.vocab_size, cfg.eos_id, cfg.bos_id)
 

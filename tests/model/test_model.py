@@ -190,3 +190,87 @@ def test_public_api_unknown_override_is_an_error():
         aiayn.get_preset("base", d_modle=3)
     with pytest.raises(ValueError, match="unknown preset"):
         aiayn.get_preset("huge")
+
+
+class _Counting:
+    """A Kernels stand-in that counts the attention calls it passes on to the real library."""
+
+    def __init__(self, lib):
+        self.lib, self.forward, self.backward = lib, 0, 0
+
+    def seq_attention_fast(self, d_k, d_v):
+        return self.lib.seq_attention_fast(d_k, d_v)
+
+    def supports_heads(self, *a):
+        return self.lib.supports_heads(*a)
+
+    def seq_attention_forward(self, *a):
+        self.forward += 1
+        return self.lib.seq_attention_forward(*a)
+
+    def seq_attention_backward(self, *a):
+        self.backward += 1
+        return self.lib.seq_attention_backward(*a)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_attention_kernels_are_pytorchs_attention(precision):
+    """train.c_kernels' attention (seq_attention.c through Transformer.use_attention_kernels) is a fast
+    path: every attention of the model's forward goes through it (encoder, masked decoder, encoder-decoder),
+    and the loss and every parameter's gradient are PyTorch's, up to rounding, in float32 and under bf16
+    autocast (whose attention is computed in float32 either way)."""
+    from aiayn.decode.kernel import load
+    from aiayn.train import runtime as rt
+
+    lib = load()
+    if lib is None or not lib.seq_attention_fast(32, 32):
+        pytest.skip("no C compiler or no AVX-512: training uses PyTorch's attention")
+    torch.manual_seed(0)
+    model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=2, d_model=64, d_ff=96, n_heads=2, d_k=32, d_v=32,
+                                    p_drop=0.0))
+    src, tgt = torch.randint(4, 60, (4, 9)), torch.randint(4, 60, (4, 7))
+    src[1, 6:] = 0  # source padding: masked keys
+    tgt[2, 4:] = 0
+    counting = _Counting(lib)
+    results = []
+    for k in (counting, None):
+        model.use_attention_kernels(k)
+        model.zero_grad()
+        with rt.autocast(torch.device("cpu"), precision):
+            logits = model(src, tgt)
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 60), tgt.view(-1), ignore_index=0)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert counting.forward == 3 * 2 and counting.backward == 3 * 2  # 2 layers: encoder self, decoder self and cross
+    (l1, g1), (l2, g2) = results
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    assert l1 == pytest.approx(l2, rel=tol)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], atol=tol * g2[name].abs().max().item() + 1e-7, rtol=tol)
+
+
+def test_attention_kernels_step_aside():
+    """Where the kernels do not apply, PyTorch's attention: weights asked for, attention dropout in
+    training, heads the AVX-512 path lacks, and a module with no kernels."""
+    from aiayn.decode.kernel import load
+
+    lib = load()
+    if lib is None:
+        pytest.skip("no C compiler")
+    model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=1, d_model=64, d_ff=96, n_heads=2, d_k=32, d_v=32,
+                                    p_drop=0.0, p_drop_attn=0.1))
+    counting = _Counting(lib)
+    model.use_attention_kernels(counting)
+    src, tgt = torch.randint(4, 60, (2, 5)), torch.randint(4, 60, (2, 4))
+    model.train()
+    model(src, tgt)  # attention dropout in training
+    assert counting.forward == 0
+    model.eval()
+    model.encode(src, need_weights=True)
+    assert counting.forward == 0
+    model(src, tgt)  # evaluation: no dropout, so the kernels (where this build has them)
+    assert counting.forward == (3 if lib.seq_attention_fast(32, 32) else 0)
+    odd = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=1, d_model=64, d_ff=96, n_heads=2, d_k=16, d_v=16))
+    odd.use_attention_kernels(counting)
+    odd.eval()(src, tgt)
+    assert counting.forward == (3 if lib.seq_attention_fast(32, 32) else 0)  # d_k 16: not taken

@@ -149,7 +149,7 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
     from aiayn.model import ModelConfig
     from aiayn.train import runtime as rt
     from aiayn.train.config import run_config_from_dict
-    from aiayn.train.loop import loss_kernels
+    from aiayn.train.loop import train_kernels
     from aiayn.train.objective import make_optimizer
     cfg = run_config_from_dict(ckpt["run_config"])
     m, t = ModelConfig(**ckpt["model_config"]), cfg.train
@@ -171,7 +171,9 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
                 yield collate([train[i] for i in idx], m.pad_id, m.bos_id, m.eos_id)
 
     streams = [rank_batches(r) for r in range(ranks)]
-    kernels = loss_kernels(t, torch.device("cpu"))  # the loss as the run computed it (train.c_kernels)
+    kernels = train_kernels(t, torch.device("cpu"))  # loss and attention as the run computed them (train.c_kernels)
+    for model in models:
+        model.use_attention_kernels(kernels)
     for step in range(1, steps + 1):
         lr = learning_rate(step, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
         for model, opt, stream in zip(models, opts, streams):

@@ -59,7 +59,8 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("beam_attention.c", "int8_rows.c", "logits_topk.c", "cross_entropy.c"))
+                for name in ("beam_attention.c", "int8_rows.c", "logits_topk.c", "cross_entropy.c",
+                             "seq_attention.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "split.h", "vexp.h"))  # included; in the cache key too
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
 _FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -141,6 +142,17 @@ class Kernels:
         self._ce_backward = lib.aiayn_ce_backward
         self._ce_backward.argtypes = [p, i64, i64, i64, ctypes.c_int, p, p, p, p, p, i64, p, ctypes.c_int]
         self._ce_backward.restype = None
+        self._sa_forward = lib.aiayn_seq_attention_forward
+        self._sa_forward.argtypes = [p, p, p, p, i64p, i64p, ctypes.c_int, ctypes.c_float, ctypes.c_int, p, p,
+                                     ctypes.c_int]
+        self._sa_forward.restype = ctypes.c_int
+        self._sa_backward = lib.aiayn_seq_attention_backward
+        self._sa_backward.argtypes = [p, p, p, p, i64p, i64p, ctypes.c_int, ctypes.c_float, ctypes.c_int, p, p, p,
+                                      p, p, ctypes.c_int]
+        self._sa_backward.restype = ctypes.c_int
+        self._sa_fast = lib.aiayn_seq_attention_fast
+        self._sa_fast.argtypes = [i64, i64]
+        self._sa_fast.restype = ctypes.c_int
 
     def __reduce__(self):
         return load, ()
@@ -227,6 +239,81 @@ class Kernels:
         self._ce_backward(z.data_ptr(), N, V, z.stride(0), _DTYPES[z.dtype], log_z.data_ptr(), a.data_ptr(),
                           c.data_ptr(), e.data_ptr(), gold.data_ptr(), pad_id, g.data_ptr(), torch.get_num_threads())
         return g
+
+    # -- the attention of training: whole sequences, forward and backward (seq_attention.c) --------------
+
+    @staticmethod
+    def supports_heads(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+        """seq_attention's cases: q (B,H,T,K), k (B,H,S,K), v (B,H,S,Dv) CPU float32 or bfloat16 views of
+        (B, L, H*d)-shaped rows (heads adjacent, the last dimension contiguous: a projection's output split
+        into heads, or a slice of a fused one), and mask None or bool (B|1, 1, 1, S)."""
+        if not Kernels.supports(q, k, v) or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            return False
+        B, H, _, K = q.shape
+        if k.shape[:2] != (B, H) or v.shape[:3] != k.shape[:3] or k.size(-1) != K:
+            return False
+        if any(t.size(1) > 1 and t.stride(1) != t.size(-1) for t in (q, k, v)):
+            return False
+        return mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1:3] == (1, 1)
+                                and mask.size(0) in (1, B) and mask.size(-1) == k.size(2))
+
+    @functools.lru_cache(maxsize=None)
+    def seq_attention_fast(self, d_k: int, d_v: int) -> bool:
+        """Whether seq_attention.c has its AVX-512 path for these head sizes (d_k = d_v = 32 or 64) on this
+        build; its plain loops compute the same but are slower than PyTorch's attention."""
+        return bool(self._sa_fast(d_k, d_v))
+
+    def _seq_args(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
+        B, H, T, K = q.shape
+        S, Dv = k.size(2), v.size(-1)
+        if mask is not None:
+            mask = mask.reshape(mask.size(0), S).expand(B, S).to(torch.uint8).contiguous()  # (B,S)
+        dims = (ctypes.c_int64 * 6)(B, H, T, S, K, Dv)
+        strides = (ctypes.c_int64 * 7)(q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
+                                       S)
+        return mask, dims, strides
+
+    def seq_attention_forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+                              ) -> tuple[Tensor, Tensor]:
+        """Eq. 1 over whole sequences (``supports_heads``' cases): (out (B,T,H*Dv) in q's dtype, the heads
+        concatenated; lse (B,H,T) float32, each query's log-normalizer, for the backward). ``mask`` True =
+        may attend; ``causal``: query i sees keys j <= i + S - T."""
+        if not self.supports_heads(q, k, v, mask):
+            raise ValueError(f"seq_attention: unsupported q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)}")
+        B, H, T, K = q.shape
+        m, dims, strides = self._seq_args(q, k, v, mask)
+        out = torch.empty(B, T, H * v.size(-1), dtype=q.dtype)
+        lse = torch.empty(B, H, T, dtype=torch.float32)
+        status = self._sa_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), m.data_ptr() if m is not None else None,
+                                  dims, strides, int(causal), 1.0 / math.sqrt(K), _DTYPES[q.dtype], out.data_ptr(),
+                                  lse.data_ptr(), torch.get_num_threads())
+        if status:
+            raise MemoryError("seq_attention forward: out of memory")
+        return out, lse
+
+    def seq_attention_backward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, lse: Tensor,
+                               dout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The gradients of ``seq_attention_forward``'s out for dout (B,T,H*Dv): dq, dk, dv shaped and
+        strided as views (B,H,L,d) of (B,L,H*d) tensors, in q's dtype."""
+        B, H, T, K = q.shape
+        S, Dv = k.size(2), v.size(-1)
+        if (not self.supports_heads(q, k, v, mask) or lse.shape != (B, H, T) or lse.dtype != torch.float32
+                or dout.shape != (B, T, H * Dv)):
+            raise ValueError(f"seq_attention backward: bad shapes q {tuple(q.shape)} k {tuple(k.shape)} "
+                             f"v {tuple(v.shape)} lse {tuple(lse.shape)} dout {tuple(dout.shape)}")
+        m, dims, strides = self._seq_args(q, k, v, mask)
+        dout = dout.to(q.dtype).contiguous()
+        lse = lse.contiguous()
+        dq = torch.empty(B, T, H, K, dtype=q.dtype)
+        dk = torch.empty(B, S, H, K, dtype=q.dtype)
+        dv = torch.empty(B, S, H, Dv, dtype=q.dtype)
+        status = self._sa_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), m.data_ptr() if m is not None else None,
+                                   dims, strides, int(causal), 1.0 / math.sqrt(K), _DTYPES[q.dtype], lse.data_ptr(),
+                                   dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                   torch.get_num_threads())
+        if status:
+            raise MemoryError("seq_attention backward: out of memory")
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
     # -- the attention of a beam-search step ----------------------------------------------------------
 

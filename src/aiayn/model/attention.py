@@ -2,10 +2,14 @@
 
 Shapes: B batch, H heads, T query length, S key length, K d_k, Dv d_v, D d_model.
 
-Two paths compute Eq. 1:
+Three paths compute Eq. 1:
 - the fast path, ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels);
-- the explicit path, which also returns the attention weights (plots, tests).
-``tests/model/test_attention.py`` checks they agree.
+- the explicit path, which also returns the attention weights (plots, tests);
+- on the CPU, when a module is given the C kernels (``MultiHeadAttention.kernels``; training sets
+  them with ``train.c_kernels``), ``_KernelAttention``: forward and backward in
+  ``aiayn/decode/seq_attention.c``, float32 arithmetic on float32 or bfloat16 heads, as the fast path
+  does under autocast with ``attn_fp32``; not with attention dropout or weights asked for.
+``tests/model/test_model.py`` checks they agree.
 
 Masks are boolean with True = may attend, broadcastable to (B, H, T, S).
 """
@@ -42,6 +46,25 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_caus
     )
 
 
+class _KernelAttention(torch.autograd.Function):
+    """Eq. 1 through the C kernels (``Kernels.seq_attention_forward`` / ``_backward``): q (B,H,T,K),
+    k (B,H,S,K), v (B,H,S,Dv) -> (B,T,H*Dv), the heads concatenated, in q's dtype. The backward
+    recomputes the weights from the saved log-normalizers (B,H,T) instead of keeping them."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, kernels) -> Tensor:
+        out, lse = kernels.seq_attention_forward(q, k, v, mask, causal)
+        ctx.save_for_backward(q, k, v, lse)
+        ctx.mask, ctx.causal, ctx.kernels = mask, causal, kernels
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        q, k, v, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.kernels.seq_attention_backward(q, k, v, ctx.mask, ctx.causal, lse, g)
+        return dq, dk, dv, None, None, None
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (§3.2.2).
 
@@ -64,6 +87,7 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(d_model, n_heads * d_k)
             self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
         self.out_proj = nn.Linear(n_heads * d_v, d_model)  # W^O
+        self.kernels = None  # aiayn.decode.kernel.Kernels: attend through seq_attention.c where it can
 
     def _split(self, x: Tensor, d: int) -> Tensor:
         B, L, _ = x.shape
@@ -86,6 +110,8 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, is_causal: bool = False,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Eq. 1 on projected heads, then concat and W^O. Returns ((B,T,D), weights (B,H,T,S) or None)."""
+        if self._use_kernels(q, k, v, mask, need_weights):
+            return self.out_proj(_KernelAttention.apply(q, k, v, mask, is_causal, self.kernels)), None
         out_dtype = q.dtype
         if self.attn_fp32 and torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float32:
             # Same math in float32: on CPU the bf16 attention backward is several times slower,
@@ -95,6 +121,18 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
         return self.out_proj(out.to(out_dtype)), weights
+
+    def _use_kernels(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool) -> bool:
+        """The C kernels' cases: given kernels with a fast path for these heads, no weights asked for, no
+        attention dropout in play, float32 arithmetic wanted (it is theirs), and tensors they handle
+        (``Kernels.supports_heads``)."""
+        if self.kernels is None or need_weights or (self.training and self.p_drop_attn > 0):
+            return False
+        if not self.kernels.seq_attention_fast(self.d_k, self.d_v):
+            return False
+        if not self.attn_fp32 and (q.dtype != torch.float32 or torch.is_autocast_enabled(q.device.type)):
+            return False
+        return self.kernels.supports_heads(q, k, v, mask)
 
     def _attend(self, q, k, v, mask, is_causal, need_weights):
         """Eq. 1 per head, heads concatenated: (B,T,H*Dv), weights."""

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.cache import DecoderCache, LayerCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.dropout import dropout
@@ -68,6 +69,14 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
         if self.out_proj is not None:
             nn.init.normal_(self.out_proj.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+
+    def use_attention_kernels(self, kernels) -> None:
+        """Attend through the C kernels (``aiayn.decode.kernel.Kernels``, seq_attention.c) where they apply
+        (``MultiHeadAttention._use_kernels``), or through PyTorch's attention with None. Training sets them
+        with ``train.c_kernels``; decoding with a cache has kernels of its own (``DecoderCache.kernels``)."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.kernels = kernels
 
     # -- embeddings ---------------------------------------------------------------------
     def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:

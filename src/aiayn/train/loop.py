@@ -63,8 +63,9 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
     return replace(cfg, model=model)
 
 
-def loss_kernels(t: TrainConfig, device: torch.device):
-    """The C kernels for the loss (``train.c_kernels``, CPU only), or None for PyTorch's operations."""
+def train_kernels(t: TrainConfig, device: torch.device):
+    """The C kernels for the loss and the attention (``train.c_kernels``, CPU only), or None for
+    PyTorch's operations."""
     if not t.c_kernels or device.type != "cpu":
         return None
     from aiayn.decode.kernel import load
@@ -80,7 +81,7 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
                                 shuffle=False)
     loss = nll = n = 0.0
     m = cfg.model
-    kernels = loss_kernels(t, device)
+    kernels = train_kernels(t, device)
     for idx in sampler:
         b = collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id).to(device)
         with rt.autocast(device, precision):
@@ -249,6 +250,9 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     net = DistributedDataParallel(model) if dist.enabled and not local_sgd else model
     if t.compile:
         net = torch.compile(net)
+    kernels = train_kernels(t, device)
+    # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
+    model.use_attention_kernels(None if t.compile else kernels)
     n_params = count_parameters(model)
     log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{n_params:,}", device,
              precision, dist.world_size)
@@ -277,7 +281,6 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                     writer.add_scalar(k, v, state.step)
 
     copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
-    kernels = loss_kernels(t, device)
     sampler.set_epoch(state.epoch)
     it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
     t_start = time.monotonic() - state.train_seconds
