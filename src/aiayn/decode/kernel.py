@@ -24,9 +24,15 @@ the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-
 In training, the label-smoothed loss reads the (N, V) logits forward and writes their gradient backward;
 PyTorch's operations passed over each block six or seven times, a fifth of the main job's step on this
 CPU; ``cross_entropy.c`` reads each row once forward and once backward and writes the gradient once
-(``train.c_kernels``; BENCHMARKS.md §2, session 29).
+(``train.c_kernels``; BENCHMARKS.md §2, session 29). Training's attention over whole sequences
+(``seq_attention.c``, forward and backward; ``Transformer.use_attention_kernels``, also ``train.c_kernels``): each
+(batch row, head) of the main job is a few dozen queries against a few dozen keys of 32 values, where PyTorch's
+fused attention spent 1.2-1.3 ms forward and 1.7-1.9 ms backward per call in float32 (plus the copies to float32
+and back under bf16 autocast) on 26 MFLOP; the AVX-512 path takes 0.6 ms and 1.0-1.2 ms (BENCHMARKS.md §2,
+session 30). Its plain loops (other builds and head sizes) are slower than PyTorch's, so the model takes the
+kernel only where the AVX-512 path is (``Kernels.seq_attention_fast``).
 
-How it is built: the first ``load()`` of a process compiles the four C files with the system's C compiler
+How it is built: the first ``load()`` of a process compiles the five C files with the system's C compiler
 (``$CC``, else ``cc``) for this CPU (``-march=native``) into the cache directory
 (``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
 hashes the sources, the flags and the CPU, written atomically; later loads reuse the file. Without a
@@ -36,8 +42,9 @@ for int8 (``tests/decode/test_kernel.py`` checks both kinds of attention step ag
 ``attention_explicit`` in float32 and bfloat16, the top-k log-probabilities against PyTorch's
 log_softmax and topk, the int8 passes against PyTorch's, all of them also built without
 -march=native (the portable loops), and beam search with and without the kernels; the loss against the
-PyTorch path of train/objective.py, and a model's gradients with and without it). ``DecodeConfig.c_kernels``
-turns the decoding kernels off, ``TrainConfig.c_kernels`` the loss's.
+PyTorch path of train/objective.py, and a model's gradients with and without it; training's attention against
+``attention_explicit``'s autograd, forward and backward, and a model's gradients with and without it).
+``DecodeConfig.c_kernels`` turns the decoding kernels off, ``TrainConfig.c_kernels`` training's.
 """
 from __future__ import annotations
 
