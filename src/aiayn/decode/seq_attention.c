@@ -3,10 +3,13 @@
  *
  * Compiled and loaded with the decoding kernels by aiayn/decode/kernel.py, which says why it exists and how
  * it is tested; used by aiayn/model/attention.py (_KernelAttention). Each (batch row, head) is a product of
- * a few dozen queries with a few dozen keys of d_k = 32 or 64 values: PyTorch's fused attention spent 1.6 ms
- * forward and 2.1 ms backward on each of the main job's calls (2,048 tokens, 4 heads), where the arithmetic
- * is 26 MFLOP. Here each (b, h) is read once into float32 scratch (keys and values also transposed, so that
- * the loops over key positions are 16 wide) and computed there.
+ * a few dozen queries with a few dozen keys of d_k = 32 or 64 values: PyTorch's fused attention spent 1.2-1.3 ms
+ * forward and 1.7 ms backward on each of the main job's calls (2,048 tokens, 4 heads), where the arithmetic
+ * is 26 MFLOP. Here each (b, h) is read once into float32 scratch (the keys, and backward the values, also
+ * transposed, so that the loops over key positions are 16 wide) and computed there: with AVX-512 and
+ * d_k = d_v = 32 or 64, four queries at a time (fast_forward, fast_backward; 0.6 ms and 1.0-1.2 ms); elsewhere
+ * one query at a time in plain loops (item_forward, item_backward), which are slower than PyTorch's: the model
+ * takes the kernel only where aiayn_seq_attention_fast says the fast path is.
  *
  * Shapes (elements; the last dimension of every tensor is contiguous):
  *   B batch rows, H heads, T query positions, S key positions, K d_k, Dv d_v;
