@@ -72,16 +72,21 @@ static inline int64_t key_limit(const sa_t *w, int64_t i) {
     return lim < 0 ? 0 : (lim > w->S ? w->S : lim);
 }
 
+/* out[j] = a . b_j for j < lim, from bt (n, Sp): the rows b_j transposed. */
+static inline void row_product(const float *a, const float *bt, int64_t n, int64_t Sp, int64_t lim, float *out) {
+    for (int64_t j = 0; j < lim; j++) out[j] = 0.0f;
+    for (int64_t d = 0; d < n; d++) {
+        const float ad = a[d];
+        const float *bd = bt + d * Sp;
+#pragma omp simd
+        for (int64_t j = 0; j < lim; j++) out[j] = fmaf(ad, bd[j], out[j]);
+    }
+}
+
 /* s[j] = (q * scale) . k_j for j < lim, from kt (K, Sp) transposed keys; masked keys -inf. Returns max. */
 static inline float scores(const float *qs, const float *kt, int64_t K, int64_t Sp, int64_t lim, const uint8_t *mask,
                            float *s) {
-    for (int64_t j = 0; j < lim; j++) s[j] = 0.0f;
-    for (int64_t d = 0; d < K; d++) {
-        const float qd = qs[d];
-        const float *kd = kt + d * Sp;
-#pragma omp simd
-        for (int64_t j = 0; j < lim; j++) s[j] = fmaf(qd, kd[j], s[j]);
-    }
+    row_product(qs, kt, K, Sp, lim, s);
     if (mask)
         for (int64_t j = 0; j < lim; j++)
             if (!mask[j]) s[j] = -INFINITY;
@@ -157,13 +162,7 @@ static void item_backward(const sa_t *w, int64_t b, int64_t h, float *buf) {
             for (int64_t e = 0; e < Dv; e++) g[e] = load_at(w->dout, (b * T + i) * H * Dv + h * Dv + e, w->bf16);
             scores(qs, kt, K, Sp, lim, mask, s);
             weights(s, lse, lim, mask, p);
-            for (int64_t j = 0; j < lim; j++) dp[j] = 0.0f;
-            for (int64_t e = 0; e < Dv; e++) {
-                const float ge = g[e];
-                const float *ve = vt + e * Sp;
-#pragma omp simd
-                for (int64_t j = 0; j < lim; j++) dp[j] = fmaf(ge, ve[j], dp[j]);
-            }
+            row_product(g, vt, Dv, Sp, lim, dp); /* dp_j = dout_i . v_j */
             float D = 0.0f;
             for (int64_t j = 0; j < lim; j++) D = fmaf(p[j], dp[j], D);
             for (int64_t j = 0; j < lim; j++) {
