@@ -60,10 +60,10 @@ def test_multi30k_tiny_is_wu_et_al_transformer_tiny():
     # the main job's: 2,048-token batches per process, 2 DDP processes, so 4,096-token steps, half the
     # baseline's batch: peak 0.005 * sqrt(4096 / 8192) = 0.00354, rounded to 0.0035
     # (scale 2.5 * 128^-0.5 * 4000^-0.5 = 0.00349), ramp to 0 over steps 7,250-14,500; dropout 0.25
-    # (session 18), the baseline's 0.3 otherwise; decoupled weight decay 0.15 (0.05 in session 22, 0.1 in 23-26,
-    # 0.15 since 27), none otherwise; d_ff 1024 (512 in sessions 23-26, 1024 since 27):
-    # 2,349,056 + 4 x 2 x (128 x 768 + 768 x 128 + 768) parameters
-    ("multi30k.json", 2048, 14500, 4000, 2.5, 0.0035, 2e-3, 10875, 0, 0.25, 0.15, 1024, 3_928_064),
+    # (session 18), the baseline's 0.3 otherwise; decoupled weight decay 0.2 (0.05 in session 22, 0.1 in 23-26,
+    # 0.15 in 27-30, 0.2 since 31), none otherwise; d_ff 1536 (512 in sessions 23-26, 1024 in 27-30, 1536 since 31):
+    # 2,349,056 + 4 x 2 x (128 x 1280 + 1280 x 128 + 1280) parameters
+    ("multi30k.json", 2048, 14500, 4000, 2.5, 0.0035, 2e-3, 10875, 0, 0.25, 0.2, 1536, 4_980_736),
     # sessions 15-16's: the same batches with local SGD, each process its own 2,048-token steps:
     # peak 0.005 * sqrt(2048 / 8192) = 0.0025 (scale 1.77 * 128^-0.5 * 4000^-0.5 = 0.00247)
     ("multi30k-lsgd.json", 2048, 14500, 4000, 1.77, 0.0025, 0.02, 10875, 8, 0.3, 0.0, 256, 2_349_056),
