@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--counts", default="3,5,8,10", help="numbers of last checkpoints to average")
     ap.add_argument("--src-lang", default="en")
     ap.add_argument("--alphas", default="0.6,1.0,1.4,1.8")
+    ap.add_argument("--p-level", type=float, default=0.05, help="aiayn demo --alpha-significance")
     ap.add_argument("--data-root", default="")
     args = ap.parse_args(argv)
     import torch
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.data.dataset import DataDir
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.demo import tune_alpha
+    from aiayn.demo import choose_alpha, tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.model.transformer import Transformer
@@ -59,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             model = Transformer(cfg.model)
             model.load_state_dict(ckpt["model"])
             loss = validate(model, valid, cfg, torch.device("cpu"), "fp32")
-            tuning = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)[0]
+            tuning, val_hyps = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)
             val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
-            alpha = max(val, key=val.get)
+            alpha = choose_alpha(val_hyps, ev["val_tok"], tgt, args.p_level)[0]
             tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)
             hyps = tr.translate(ev["test_src"])
             rec = {"k": k, "checkpoints": [p.name for p in last], "valid_loss": round(loss["valid_loss"], 4),

@@ -43,6 +43,11 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
     # length ratios (hypothesis / reference tokens) beside every BLEU, for α's effect on length
     assert all(0.0 < r["length_ratio"] < 5.0 for r in results["alpha_tuning"].values())
     assert 0.0 < results["valid"]["length_ratio"] < 5.0
+    # α: §6.1's 0.6 unless 1.0 beats it on validation with paired-bootstrap p < 0.05
+    tuned = results["alpha_tuning"]
+    assert "p_vs_first" not in tuned["0.6"] and 0.0 <= tuned["1.0"]["p_vs_first"] <= 1.0
+    won = tuned["1.0"]["p_vs_first"] < 0.05 and tuned["1.0"]["valid_multi30k_bleu"] > tuned["0.6"]["valid_multi30k_bleu"]
+    assert results["alpha"] == (1.0 if won else 0.6)
     assert "length_ratio" in results["test"]["Multi30k tokenized BLEU (lc.norm.tok, fairseq-score style)"]
     # every character of the training text is in the vocabulary (digits and capitals included)
     from aiayn.data.dataset import DataDir

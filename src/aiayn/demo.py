@@ -80,7 +80,8 @@ class DemoConfig:
     lowercase: bool = param(False, "train on lowercased text (the form the published Multi30k baselines train on): the tokenizer lowercases every input, translations come out lowercase, and sacreBLEU -lc is reported beside cased sacreBLEU")
     average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
     beam_size: int = param(4, "beam size (§6.1: 4)")
-    alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set (§6.1 uses 0.6); the best is used on test")
+    alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set; the first is the reference (§6.1's 0.6), kept unless validation prefers another (see --alpha-significance)")
+    alpha_significance: float = param(0.05, "keep the first of --alphas (the paper's) unless another α scores higher on validation at this p-level of Koehn (2004)'s paired bootstrap, 1,000 resamples; of those that do, the highest-scoring is used on test. 0 = the highest-scoring α however small its lead (the main job's rule up to session 30)")
     train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
 
@@ -124,6 +125,26 @@ def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, 
                          "seconds": round(time.monotonic() - t0, 1)}
         report(alpha, tuning[alpha])
     return tuning, translations
+
+
+def choose_alpha(translations: dict[float, list[str]], tok_refs: list[str], tgt: str, p_level: float,
+                 n_samples: int = 1000) -> tuple[float, dict[float, float]]:
+    """The length penalty to use on test, from validation translations at each α (insertion order; the first is
+    the reference, §6.1's 0.6). "Keep the paper's decoding settings unless the validation set says otherwise":
+    an α other than the reference is eligible only if its Multi30k BLEU beats the reference's with paired
+    bootstrap p < ``p_level`` (Koehn 2004); of the eligible ones (and the reference) the highest-scoring one is
+    chosen. ``p_level`` 0 chooses the highest-scoring α outright. Returns the α and, per α, its p-value
+    against the reference (the others; none when ``p_level`` is 0)."""
+    from aiayn.evaluate.multi30k import lc_norm_tok
+    from aiayn.evaluate.significance import paired_bootstrap
+    alphas = list(translations)
+    ref_alpha = alphas[0]
+    bs = paired_bootstrap({a: lc_norm_tok(h, tgt) for a, h in translations.items()}, tok_refs, n_samples=n_samples)
+    if p_level <= 0:
+        return max(alphas, key=lambda a: bs.full[a]), {}
+    p = {a: bs.p_value(a, ref_alpha) for a in alphas[1:]}
+    eligible = [ref_alpha] + [a for a in alphas[1:] if p[a] < p_level and bs.full[a] > bs.full[ref_alpha]]
+    return max(eligible, key=lambda a: bs.full[a]), p
 
 
 def _score_entry(score) -> dict:
@@ -335,7 +356,12 @@ def run_demo(cfg: DemoConfig) -> dict:
                                           report=lambda a, r: print(
                                               f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
                                               f" (length ratio {r['length_ratio']:.3f})", flush=True))
-    best_alpha = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
+    best_alpha, p_values = choose_alpha(val_translations, val_tok, tgt, cfg.alpha_significance)
+    for a, p in p_values.items():
+        tuning[a]["p_vs_first"] = round(p, 3)
+    why = (f"p against α {next(iter(tuning))}, paired bootstrap: " + ", ".join(f"{a} {p:.3f}" for a, p in p_values.items())
+           + f"; significant below {cfg.alpha_significance}") if p_values else "the highest-scoring"
+    print(f"[4/7] α {best_alpha} for test ({why})", flush=True)
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha
     translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)

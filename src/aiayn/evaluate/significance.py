@@ -1,0 +1,82 @@
+"""Paired bootstrap resampling for corpus BLEU (Koehn, EMNLP 2004), as sacreBLEU's ``--paired-bs``.
+
+Two systems translate the same test set; is A's BLEU higher than B's by more than the choice of
+sentences explains? Draw ``n_samples`` test sets of the same size from the sentences with
+replacement, the same draws for every system, and compute each system's corpus BLEU on each. The
+p-value of "A is better than B" is the share of draws on which A does not beat B.
+
+BLEU is computed from per-sentence sufficient statistics (clipped n-gram matches and hypothesis
+n-gram counts for n = 1..4, hypothesis and reference lengths) over whitespace tokens, with no
+smoothing: ``tokenized_bleu`` (multi-bleu / fairseq-score), the Multi30k metric, on the full set.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Sequence
+
+import numpy as np
+
+from aiayn.errors import UserError
+
+MAX_ORDER = 4
+
+
+def sentence_stats(hyp: str, ref: str) -> np.ndarray:
+    """[m_1..m_4, t_1..t_4, |hyp|, |ref|]: clipped matches and hypothesis n-grams of each order (§ BLEU, Papineni
+    et al. 2002), then the lengths, over whitespace tokens."""
+    h, r = hyp.split(), ref.split()
+    out = np.zeros(2 * MAX_ORDER + 2)
+    for n in range(1, MAX_ORDER + 1):
+        hn = Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
+        rn = Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+        out[n - 1] = sum(min(c, rn[g]) for g, c in hn.items())
+        out[MAX_ORDER + n - 1] = max(len(h) - n + 1, 0)
+    out[-2], out[-1] = len(h), len(r)
+    return out
+
+
+def corpus_stats(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """(N, 10) sentence statistics; one reference per hypothesis."""
+    if len(hyps) != len(refs):
+        raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    return np.stack([sentence_stats(h, r) for h, r in zip(hyps, refs)]) if hyps else np.zeros((0, 2 * MAX_ORDER + 2))
+
+
+def bleu_from_stats(stats: np.ndarray) -> np.ndarray:
+    """Corpus BLEU (0-100) from summed statistics (..., 10): brevity penalty exp(min(0, 1 - r/c)) times the
+    geometric mean of the 4 precisions; 0 where any order has no match (no smoothing)."""
+    m, t = stats[..., :MAX_ORDER], stats[..., MAX_ORDER:2 * MAX_ORDER]
+    c, r = stats[..., -2], stats[..., -1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p = np.where(m > 0, np.log(np.where(m > 0, m, 1.0) / np.where(t > 0, t, 1.0)), -np.inf).mean(axis=-1)
+        log_bp = np.where(c > 0, np.minimum(0.0, 1.0 - r / np.where(c > 0, c, 1.0)), -np.inf)
+    return 100.0 * np.exp(log_bp + log_p)
+
+
+@dataclass(frozen=True)
+class PairedBootstrap:
+    """Each system's BLEU on the full set and on every resampled set (same draws for all)."""
+
+    full: dict[Hashable, float]
+    samples: dict[Hashable, np.ndarray]  # (n_samples,) per system
+
+    def p_value(self, a: Hashable, b: Hashable) -> float:
+        """Share of resampled sets on which ``a`` does not score above ``b`` (one-sided: small = a is better)."""
+        return float(np.mean(self.samples[a] <= self.samples[b]))
+
+
+def paired_bootstrap(hyps: Mapping[Hashable, Sequence[str]], refs: Sequence[str], n_samples: int = 1000,
+                     seed: int = 12345) -> PairedBootstrap:
+    """Koehn (2004)'s paired bootstrap over tokenized hypotheses of several systems against one tokenized
+    reference. The draws depend only on ``seed`` and the set's size, so a result is reproducible."""
+    if not hyps:
+        raise UserError("paired bootstrap needs at least one system")
+    stats = {k: corpus_stats(list(h), list(refs)) for k, h in hyps.items()}
+    n = len(refs)
+    # counts[s, i] = how often sentence i is in resampled set s: (n_samples, N) @ (N, 10) sums each set's statistics
+    draws = np.random.default_rng(seed).integers(0, n, size=(n_samples, n))
+    counts = np.zeros((n_samples, n))
+    np.add.at(counts, (np.arange(n_samples)[:, None], draws), 1.0)
+    return PairedBootstrap(full={k: float(bleu_from_stats(s.sum(axis=0))) for k, s in stats.items()},
+                           samples={k: bleu_from_stats(counts @ s) for k, s in stats.items()})

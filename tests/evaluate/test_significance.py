@@ -1,0 +1,91 @@
+"""Paired bootstrap resampling (Koehn 2004) and the main job's choice of α on validation."""
+from __future__ import annotations
+
+import gzip
+import math
+
+import numpy as np
+import pytest
+
+from aiayn.errors import UserError
+from aiayn.evaluate.bleu import tokenized_bleu
+from aiayn.evaluate.significance import bleu_from_stats, corpus_stats, paired_bootstrap, sentence_stats
+
+
+def _read(path, n=0):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:n] if n else lines
+
+
+def test_sentence_stats_by_hand():
+    # hyp a a b c / ref a b c d: unigrams a (2, clipped to 1) + b + c = 3 of 4; bigrams "a b", "b c" = 2 of 3
+    # ("a a" unmatched); trigram "a b c" = 1 of 2; the 4-gram "a a b c" = 0 of 1; lengths 4 and 4
+    assert sentence_stats("a a b c", "a b c d").tolist() == [3, 2, 1, 0, 4, 3, 2, 1, 4, 4]
+    assert sentence_stats("", "a b").tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 0, 2]
+
+
+def test_bleu_from_stats_by_hand():
+    # matches 3/4, 2/3, 1/2, 1/1: geometric mean (1/4)^(1/4) = 0.707107; c 4 < r 5: BP exp(1 - 5/4) = 0.778801
+    assert bleu_from_stats(np.array([3, 2, 1, 1, 4, 3, 2, 1, 4, 5.0])) == pytest.approx(100 * 0.25 ** 0.25 * math.exp(-0.25))
+    assert bleu_from_stats(np.array([3, 2, 1, 1, 4, 3, 2, 1, 6, 5.0])) == pytest.approx(100 * 0.25 ** 0.25)  # longer: BP 1
+    assert bleu_from_stats(np.array([3, 2, 1, 0, 4, 3, 2, 1, 4, 4.0])) == 0.0  # no 4-gram match, no smoothing
+    assert bleu_from_stats(np.zeros(10)) == 0.0
+
+
+def test_full_set_bleu_is_tokenized_bleu_on_real_data(shared_data):
+    """The statistics reproduce sacreBLEU's tokenized BLEU (the Multi30k metric) on 300 validation lines."""
+    refs = _read(shared_data / "multi30k/tok/val.lc.norm.tok.de.gz", 300)
+    hyps = [" ".join(r.split()[:-2]) if i % 3 else r.replace(" der ", " die ") for i, r in enumerate(refs)]
+    ours = float(bleu_from_stats(corpus_stats(hyps, refs).sum(axis=0)))
+    assert ours == pytest.approx(tokenized_bleu(hyps, refs).score, abs=1e-9)
+    assert 30 < ours < 90
+
+
+def test_paired_bootstrap(shared_data):
+    refs = _read(shared_data / "multi30k/tok/val.lc.norm.tok.de.gz", 400)
+    worse = [" ".join(r.split()[:-1]) for r in refs]  # every line loses its last token
+    almost = list(worse)
+    almost[0] = refs[0]  # one line better than `worse`
+    bs = paired_bootstrap({"ref": refs, "worse": worse, "almost": almost}, refs, n_samples=200)
+    assert bs.full["ref"] == pytest.approx(100.0)
+    assert bs.full["worse"] == pytest.approx(tokenized_bleu(worse, refs).score)
+    assert bs.samples["worse"].shape == (200,)
+    assert bs.p_value("ref", "worse") == 0.0 and bs.p_value("worse", "ref") == 1.0
+    assert bs.p_value("worse", "worse") == 1.0  # a system never beats itself
+    # one line in 400 is not a significant lead, though it raises the full-set score
+    assert bs.full["almost"] > bs.full["worse"] and bs.p_value("almost", "worse") > 0.05
+    # the samples scatter around the full-set score; the draws depend only on the seed
+    assert abs(float(np.mean(bs.samples["worse"])) - bs.full["worse"]) < 1.0 and np.std(bs.samples["worse"]) > 0.1
+    again = paired_bootstrap({"worse": worse}, refs, n_samples=200)
+    assert np.array_equal(again.samples["worse"], bs.samples["worse"])
+    other = paired_bootstrap({"worse": worse}, refs, n_samples=200, seed=7)
+    assert not np.array_equal(other.samples["worse"], bs.samples["worse"])
+
+
+def test_paired_bootstrap_bad_input():
+    with pytest.raises(UserError, match="2 hypotheses but 1 references"):
+        paired_bootstrap({"a": ["x", "y"]}, ["x"])
+    with pytest.raises(UserError, match="at least one system"):
+        paired_bootstrap({}, ["x"])
+
+
+def test_choose_alpha_keeps_the_first_unless_validation_says_otherwise(shared_data):
+    """The main job's rule: §6.1's α (the first) unless another beats it significantly on validation."""
+    from aiayn.demo import choose_alpha
+    m = shared_data / "multi30k"
+    raw, tok = _read(m / "raw/val.de.gz", 400), _read(m / "tok/val.lc.norm.tok.de.gz", 400)
+    worse = [" ".join(r.split()[:-2]) for r in raw]  # the first α's output: each line two words short
+    almost = list(worse)
+    almost[5] = raw[5]
+    # a clear lead: chosen, with p 0 against the first
+    alpha, p = choose_alpha({0.6: worse, 1.0: almost, 1.4: raw}, tok, "de", 0.05, n_samples=200)
+    assert alpha == 1.4 and set(p) == {1.0, 1.4} and p[1.4] == 0.0 and p[1.0] > 0.05
+    # a lead of one line in 400: the highest score, but not significant, so the first stays
+    alpha, p = choose_alpha({0.6: worse, 1.0: almost}, tok, "de", 0.05, n_samples=200)
+    assert alpha == 0.6 and p[1.0] > 0.05
+    # p-level 0: the highest-scoring α, as the main job chose up to session 30
+    assert choose_alpha({0.6: worse, 1.0: almost}, tok, "de", 0.0, n_samples=200) == (1.0, {})
+    # a lower score is never chosen, whatever its p
+    alpha, _ = choose_alpha({0.6: raw, 1.0: worse}, tok, "de", 1.0, n_samples=200)
+    assert alpha == 0.6
