@@ -89,3 +89,41 @@ def test_choose_alpha_keeps_the_first_unless_validation_says_otherwise(shared_da
     # a lower score is never chosen, whatever its p
     alpha, _ = choose_alpha({0.6: raw, 1.0: worse}, tok, "de", 1.0, n_samples=200)
     assert alpha == 0.6
+
+
+def test_cli_score_compare(tmp_path, capsys, shared_data):
+    """aiayn score --compare: paired bootstrap of --hyp against other systems, on 300 test_2016 references."""
+    import json
+
+    from aiayn.cli import main
+    from aiayn.evaluate.bleu import sacre_bleu
+    refs = _read(shared_data / "multi30k/raw/test_2016_flickr.de.gz", 300)
+    better = [" ".join(r.split()[:-1]) if i % 4 == 0 else r for i, r in enumerate(refs)]
+    worse = [" ".join(r.split()[:-1]) for r in refs]
+    for name, lines in (("ref", refs), ("better", better), ("worse", worse)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = ["score", "--ref", str(tmp_path / "ref"), "--hyp", str(tmp_path / "better"), "--samples", "200"]
+    assert main(args + ["--compare", str(tmp_path / "worse"), str(tmp_path / "better"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scores"][0]["label"] == "sacreBLEU"
+    vs_worse, vs_self = out["paired_bootstrap"]
+    # detokenized text: sacreBLEU's 13a tokens, so the full-set scores are sacreBLEU's (no order without a match)
+    assert vs_worse["hyp_bleu"] == pytest.approx(sacre_bleu(better, refs).score, abs=0.01)
+    assert vs_worse["bleu"] == pytest.approx(sacre_bleu(worse, refs).score, abs=0.01)
+    assert vs_worse["difference"] > 5 and vs_worse["p_value"] == 0.0
+    lo, hi = vs_worse["hyp_interval_95"]
+    assert lo < vs_worse["hyp_bleu"] < hi
+    assert vs_self["difference"] == 0.0 and vs_self["p_value"] == 1.0
+    # the text form; the tokenized form scores the given tokens
+    assert main(args + ["--compare", str(tmp_path / "worse")]) == 0
+    assert "p = 0.000" in capsys.readouterr().out.splitlines()[-1]
+    assert main(args + ["--tokenized", "--compare", str(tmp_path / "worse"), "--json"]) == 0
+    tok = json.loads(capsys.readouterr().out)["paired_bootstrap"][0]
+    assert tok["hyp_bleu"] == pytest.approx(tokenized_bleu(better, refs).score, abs=0.01)
+    # bad input names the file
+    (tmp_path / "short").write_text("a b\n")
+    assert main(args + ["--compare", str(tmp_path / "short")]) == 2
+    assert "short: 1 lines but" in capsys.readouterr().err
+    assert main(["score", "--ref", str(tmp_path / "ref"), str(tmp_path / "ref"), "--hyp", str(tmp_path / "better"),
+                 "--compare", str(tmp_path / "worse")]) == 2
+    assert "one reference file, not 2" in capsys.readouterr().err
