@@ -139,7 +139,8 @@ def choose_alpha(translations: dict[float, list[str]], tok_refs: list[str], tgt:
     from aiayn.evaluate.significance import paired_bootstrap
     alphas = list(translations)
     ref_alpha = alphas[0]
-    bs = paired_bootstrap({a: lc_norm_tok(h, tgt) for a, h in translations.items()}, tok_refs, n_samples=n_samples)
+    bs = paired_bootstrap({a: lc_norm_tok(h, tgt) for a, h in translations.items()}, tok_refs,
+                          n_samples=n_samples if p_level > 0 else 0)  # p-level 0 needs only the full-set scores
     if p_level <= 0:
         return max(alphas, key=lambda a: bs.full[a]), {}
     p = {a: bs.p_value(a, ref_alpha) for a in alphas[1:]}
