@@ -92,10 +92,12 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         if total is None:
             total = {k: v.detach().to(torch.float32).clone() if v.is_floating_point() else v.clone()
                      for k, v in state.items()}
-            ref_cfg = ckpt.get("model_config")
+            ref_cfg, ref_toks = ckpt.get("model_config"), _tokenizer_hashes(ckpt)
         else:
             if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
                 raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
+            if _tokenizer_hashes(ckpt) != ref_toks:
+                raise UserError(f"{p}: trained with other tokenizers than {paths[0]}; cannot average")
             for k, v in state.items():
                 if v.is_floating_point():
                     total[k] += v.to(torch.float32)
@@ -106,6 +108,12 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     out["model"] = model
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def _tokenizer_hashes(ckpt: dict) -> tuple:
+    """The source and target tokenizer models' SHA-256 (None for a checkpoint without them)."""
+    toks = ckpt.get("tokenizers") or {}
+    return toks.get("src_sha256"), toks.get("tgt_sha256")
 
 
 def checkpoint_members(paths: list[str | Path], map_location: str | torch.device = "cpu") -> list[tuple[str, dict]]:

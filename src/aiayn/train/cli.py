@@ -32,12 +32,15 @@ def run_train(args) -> int:
 def run_average(args) -> int:
     from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     inputs = [Path(p) for p in args.inputs]
+    if args.last is not None and args.last < 1:
+        raise UserError(f"--last must be at least 1, got {args.last}")
     if len(inputs) == 1 and inputs[0].is_dir():
         found = step_checkpoints(inputs[0])
         if not found:
             raise UserError(f"{inputs[0]}: no step checkpoints (ckpt_step*.pt) to average")
-        paths = found[-args.last:]
-        if len(paths) < args.last:
+        last = args.last or 5
+        paths = found[-last:]
+        if len(paths) < last:
             print(f"note: only {len(paths)} checkpoint(s) in {inputs[0]}, averaging all of them")
     else:
         if args.last is not None and len(inputs) > 1:
@@ -75,7 +78,8 @@ def register(sub) -> None:
 
     a = sub.add_parser("average", help="average checkpoints in float32 (§6.1: last 5 for base, last 20 for big)")
     a.add_argument("inputs", nargs="+", help="a run directory (with --last N) or checkpoint files")
-    a.add_argument("--last", type=int, default=5, help="with a run directory: average its last N step checkpoints")
+    a.add_argument("--last", type=int, default=None,
+                   help="with a run directory: average its last N step checkpoints (default 5)")
     a.add_argument("--out", required=True, help="output checkpoint file")
     a.set_defaults(func=run_average)
 
