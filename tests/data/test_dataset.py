@@ -150,6 +150,11 @@ def test_bpe_dropout_data_follows_its_segmentation(prepared, tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"not npz")
     with pytest.raises(UserError, match="bad.npz: unreadable BPE-dropout segmentation"):
         Segmentation.load(tmp_path / "bad.npz")
+    whole = (tmp_path / "e" / "epoch00000.npz").read_bytes()
+    for name, damaged in (("empty.npz", b""), ("cut.npz", whole[: len(whole) // 2])):  # outside damage
+        (tmp_path / name).write_bytes(damaged)
+        with pytest.raises(UserError, match=f"{name}: unreadable BPE-dropout segmentation"):
+            Segmentation.load(tmp_path / name)
     with pytest.raises(UserError, match="a segmentation of 2 pairs for a split of 2000"):
         data.use(Segmentation({s: (np.arange(3), np.array([0, 1, 3])) for s in ("src", "tgt")}))
 

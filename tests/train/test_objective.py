@@ -52,6 +52,16 @@ def test_weight_decay_is_checked():
         TrainConfig(weight_decay=-0.01)
 
 
+@pytest.mark.parametrize("field, value", [("warmup_steps", 0), ("max_src_tokens", 0), ("max_tgt_tokens", -1)])
+def test_schedule_and_batch_sizes_are_checked(field, value):
+    """A value Eq. 3 or the batch sampler cannot use is a ConfigError naming the field, not a
+    ZeroDivisionError or a sampler's ValueError at the first step."""
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    with pytest.raises(ConfigError, match=field):
+        TrainConfig(**{field: value})
+
+
 def test_label_smoothed_loss_hand_computed():
     # V = 4 (pad = 0), eps = 0.1: gold gets 0.9, the two other non-pad classes 0.05 each.
     # logits [0,1,2,3]: log Z = log(1 + e + e^2 + e^3) = 3.440189698561196

@@ -26,6 +26,7 @@ so opening a 4.5M-pair corpus costs only the offsets.
 from __future__ import annotations
 
 import json
+import zipfile
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -278,5 +279,5 @@ class Segmentation:
         try:
             with np.load(path) as z:
                 return cls({side: (z[f"{side}_tokens"].astype(np.int64), z[f"{side}_offsets"]) for side in ("src", "tgt")})
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise UserError(f"{path}: unreadable BPE-dropout segmentation ({exc}); delete it to sample the epoch again") from exc

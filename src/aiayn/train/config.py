@@ -67,6 +67,10 @@ class TrainConfig:
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.accum_steps < 1:
             raise ConfigError("accum_steps must be >= 1")
+        if self.warmup_steps < 1:
+            raise ConfigError("warmup_steps must be >= 1 (Eq. 3 divides by warmup_steps^1.5)")
+        if self.max_src_tokens < 1 or self.max_tgt_tokens < 1:
+            raise ConfigError("max_src_tokens and max_tgt_tokens must be >= 1")
         if self.local_sgd_period < 0:
             raise ConfigError("local_sgd_period must be >= 0 (0 = synchronous data parallelism)")
         if not 0.0 <= self.eps_ls < 1.0:
