@@ -21,3 +21,23 @@ def configure_process() -> None:
     configure_onednn_cache()
     configure_denormals()
     configure_allocator()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child process (a decoding worker, or a training command before exec; Linux): the
+    kernel sends it SIGTERM when its parent ends, however it ends, so no orphan keeps running.
+    ``parent_pid`` is the parent's id, taken before the child started: if the child's parent is
+    already another process, the parent ended before the request took effect, and the child exits.
+    (Comparing with the parent's id, not with 1, keeps a child of an init process, such as a
+    container's entry point, alive.)"""
+    import os
+    import signal
+    import sys
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)

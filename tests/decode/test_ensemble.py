@@ -11,7 +11,7 @@ import aiayn.model as M
 from aiayn.cli import main
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder, RecomputeDecoder
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import SpecialIds, search
+from aiayn.decode.search import search
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from aiayn.train.checkpoint import ENSEMBLE_FORMAT, average_checkpoints, ensemble_checkpoint, load_checkpoint

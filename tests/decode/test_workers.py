@@ -21,6 +21,8 @@ def test_spread_halves_the_largest_batch_until_every_worker_has_one():
     # then [0, 1] (20) is the largest again: halved
     assert spread([[0, 1, 2, 3], [4, 5]], lengths, 4) == [[0], [1], [2, 3], [4, 5]]
     assert spread([[0], [1]], lengths, 4) == [[0], [1]]  # one sentence per batch: nothing left to split
+    # the largest batch is one long sentence: the next largest that can be halved is
+    assert spread([[0], [1, 2]], [100, 10, 10], 3) == [[0], [1], [2]]
     assert spread([[0, 1, 2]], lengths, 2) == [[0, 1], [2]]  # the odd one goes to the first half
     assert spread([[0, 1, 2]], lengths, 1) == [[0, 1, 2]]
 
@@ -69,6 +71,21 @@ def test_translate_command_with_workers(tiny_checkpoint, tmp_path, capsys):
                  "--max-len-b", "6", "--batch-tokens", "40", "--workers", "2"]) == 0
     two = capsys.readouterr().out
     assert two == one and len(two.splitlines()) == len(LINES)
+
+
+def test_workers_refuse_a_packed_copy(tiny_checkpoint):
+    """A packed decoding copy's state is not a float model's (the tied output projection becomes a
+    module of its own): workers refuse it with the same clear error as an int8 copy."""
+    from aiayn.decode.packed import packed_copy, resolve_library
+    from aiayn.errors import UserError
+
+    library = resolve_library("auto")
+    if library is None:
+        pytest.skip("no packing library in this PyTorch")
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    with Translator(packed_copy(model, library), src_tok, tgt_tok, DecodeConfig(workers=2)) as tr:
+        with pytest.raises(UserError, match="float model"):
+            tr.translate(LINES)
 
 
 def test_workers_refuse_an_int8_copy(tiny_checkpoint):

@@ -97,11 +97,6 @@ class CachedState:
             if 2 * moved.numel() <= n:
                 self._move_rows_in_place(moved, idx.index_select(0, moved))
                 return CachedState(c, sentence, self.spare)
-        spare = self.spare
-        if spare is None or spare[0][0].size(0) < n or spare[0][0].size(2) != c.capacity:
-            spare = [(torch.empty((n,) + lc.self_k.shape[1:], dtype=lc.self_k.dtype, device=lc.self_k.device),
-                      torch.empty((n,) + lc.self_v.shape[1:], dtype=lc.self_v.dtype, device=lc.self_v.device))
-                     for lc in c.layers]
         group, enc_rows = c.group, None
         if not same_rows:
             group, enc_rows = _encoder_rows(idx // c.group)
@@ -110,6 +105,11 @@ class CachedState:
                                   lc.cross_v.index_select(0, enc_rows)) for lc in c.layers]
                 cache = share_slots(enc, c.src_pad.index_select(0, enc_rows), group, c.capacity, c.kernels)
                 return CachedState(cache, sentence, None, self.share_slots)
+        spare = self.spare  # (allocated only here: the shared-slot cache above needs none)
+        if spare is None or spare[0][0].size(0) < n or spare[0][0].size(2) != c.capacity:
+            spare = [(torch.empty((n,) + lc.self_k.shape[1:], dtype=lc.self_k.dtype, device=lc.self_k.device),
+                      torch.empty((n,) + lc.self_v.shape[1:], dtype=lc.self_v.dtype, device=lc.self_v.device))
+                     for lc in c.layers]
         layers = []
         for lc, (k, v) in zip(c.layers, spare):
             k, v = k[:n], v[:n]

@@ -21,12 +21,9 @@ CPU only: on a GPU, one process with large batches is the fast way.
 """
 from __future__ import annotations
 
-import ctypes
 import io
 import multiprocessing as mp
 import os
-import signal
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from typing import Sequence
@@ -37,23 +34,13 @@ from aiayn.decode.search import Hypothesis
 _WORKER = None  # the worker process's Translator
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel ends this worker when the process that started it ends, however it ends."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() == 1:  # the parent ended before prctl took effect
-        os._exit(1)
-
-
-def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig, threads: int) -> None:
+def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig, threads: int,
+                 parent_pid: int) -> None:
     """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)."""
     global _WORKER
-    _die_with_parent()
-    from aiayn.process import configure_process
+    from aiayn.process import configure_process, die_with_parent
+
+    die_with_parent(parent_pid)
 
     configure_process()  # before the first tensor and PyTorch's thread pool
     import torch
@@ -82,9 +69,10 @@ def spread(batches: list[list[int]], lengths: Sequence[int], workers: int) -> li
     out = [list(b) for b in batches]
     while len(out) < workers:
         size = [len(b) * lengths[b[0]] for b in out]  # B * S of each batch (its first sentence is its longest)
-        k = max(range(len(out)), key=size.__getitem__)
-        if len(out[k]) < 2:
+        splittable = [i for i, b in enumerate(out) if len(b) > 1]
+        if not splittable:
             break
+        k = max(splittable, key=size.__getitem__)
         half = (len(out[k]) + 1) // 2
         out[k: k + 1] = [out[k][:half], out[k][half:]]
     return out
@@ -100,11 +88,12 @@ class DecodePool:
         import torch
 
         from aiayn.decode.int8 import Int8Linear
+        from aiayn.decode.packed import PackedLinear
         from aiayn.errors import UserError
 
-        if any(isinstance(m, Int8Linear) for model in models for m in model.modules()):
-            raise UserError("decoding workers load the float model and make their own int8 copy: give the Translator "
-                            "the float model with precision int8 / int8-bf16, not an int8 copy")
+        if any(isinstance(m, (Int8Linear, PackedLinear)) for model in models for m in model.modules()):
+            raise UserError("decoding workers load the float model and make their own decoding copy (int8 or "
+                            "packed): give the Translator the float model with its precision, not such a copy")
         payload = []
         for model in models:
             buf = io.BytesIO()
@@ -114,7 +103,7 @@ class DecodePool:
         self.threads = max(1, threads // cfg.workers)
         self._pool = ProcessPoolExecutor(
             max_workers=cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-            initargs=(payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads))
+            initargs=(payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads, os.getpid()))
 
     def map(self, batches: list[list[list[int]]], cfg: DecodeConfig) -> list[list[list[Hypothesis]]]:
         """Each batch (rows of source ids + EOS) -> its rows' hypotheses under ``cfg``, in the order given."""
