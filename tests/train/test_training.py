@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import aiayn
 from aiayn.cli import main
+from aiayn.errors import UserError
 from aiayn.train.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from aiayn.train.objective import label_smoothed_loss, learning_rate, noam_lr
 
@@ -139,10 +141,10 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
     assert not torch.allclose(init["encoder_layers.0.ffn.w1.weight"], a["model"]["encoder_layers.0.ffn.w1.weight"])
 
 
-def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int = 2) -> dict:
+def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int = 2, accum: int = 1) -> dict:
     """Local SGD written out in one process: `ranks` copies of the model from the same seeded
     initialization, each with its own Adam (the loop's `make_optimizer`) and its share of the batches (rank r: batches r,
-    r + ranks, ... of each epoch's shuffled order), its loss divided by its own tokens; every
+    r + ranks, ... of each epoch's shuffled order), `accum` batches a step, its loss divided by its own tokens; every
     `period` steps (and at the end) every copy is replaced by the copies' mean."""
     from aiayn.data.batching import TokenBatchSampler, collate
     from aiayn.data.dataset import DataDir
@@ -177,9 +179,11 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
     for step in range(1, steps + 1):
         lr = learning_rate(step, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
         for model, opt, stream in zip(models, opts, streams):
-            b = next(stream)
-            sums = label_smoothed_loss(model(b.src, b.tgt_in), b.tgt_out, t.eps_ls, m.pad_id, kernels)
-            (sums.loss / b.n_tgt_tokens).backward()
+            batches = [next(stream) for _ in range(accum)]
+            n_tokens = sum(b.n_tgt_tokens for b in batches)
+            for b in batches:
+                sums = label_smoothed_loss(model(b.src, b.tgt_in), b.tgt_out, t.eps_ls, m.pad_id, kernels)
+                (sums.loss / n_tokens).backward()
             for group in opt.param_groups:
                 group["lr"] = lr
             opt.step()
@@ -229,6 +233,61 @@ def test_two_process_local_sgd_matches_its_reference(small_data_dir, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"resuming from {run / 'last.pt'} at step {steps}" in res.stdout
     assert load_checkpoint(run / "last.pt")["step"] == 8
+
+
+@pytest.mark.slow
+def test_two_process_local_sgd_accumulates_batches(small_data_dir, tmp_path):
+    """train.local_sgd_period with train.accum_steps=2: each copy accumulates two batches a step
+    (its model is not wrapped in DDP, so there is no all-reduce to hold back), as its reference."""
+    steps, period, accum = 3, 2, 2
+    sets = ["model.p_drop=0.0", "train.max_time_min=1000", f"train.local_sgd_period={period}",
+            f"train.accum_steps={accum}"]
+    run = tmp_path / "lsgd-accum"
+    res = subprocess.run(_torchrun_cmd(small_data_dir, run, steps, [a for kv in sets for a in ("--set", kv)]),
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = load_checkpoint(run / "last.pt")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = _local_sgd_reference(small_data_dir, last, steps, period, accum=accum)
+    finally:
+        torch.set_num_threads(threads)
+    for k in want:
+        assert torch.allclose(last["model"][k], want[k], atol=2e-5, rtol=1e-4), k
+
+
+def test_max_epochs_stops_at_the_boundary_and_a_rerun_stays_stopped(small_data_dir, tmp_path):
+    """train.max_epochs=1 trains every batch of epoch 0 once and stops before drawing from epoch 1;
+    the same command again trains nothing more; a higher limit then trains epoch 1 whole."""
+    from aiayn.data.batching import TokenBatchSampler
+    from aiayn.data.dataset import DataDir
+    big = ("train.max_src_tokens=4000", "train.max_tgt_tokens=4000")
+    train = DataDir(small_data_dir).split("train")
+    per_epoch = len(TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, 4000, 4000, shuffle=True))
+    run = tmp_path / "run"
+    first = _train_in_process(small_data_dir, run, 10_000, *big, "train.max_epochs=1")
+    assert first["stop_reason"] == "max_epochs" and first["steps"] == per_epoch and first["epochs"] == 1
+    assert first["target_tokens"] == int(train.tgt_lens.sum() + len(train))  # every pair once (+ EOS)
+    again = _train_in_process(small_data_dir, run, 10_000, *big, "train.max_epochs=1")
+    assert again["steps"] == per_epoch and again["stop_reason"] == "max_epochs"
+    more = _train_in_process(small_data_dir, run, 10_000, *big, "train.max_epochs=2")
+    assert more["steps"] == 2 * per_epoch and more["target_tokens"] == 2 * first["target_tokens"]
+
+
+def test_learned_positions_too_short_for_the_data_is_a_clear_error(small_data_dir, tmp_path, capsys):
+    """Table 3 row E's learned positions have a hard limit: a pair beyond it is named before
+    training starts (not a ValueError from the embedding at its first batch)."""
+    from aiayn.data.dataset import DataDir
+    train = DataDir(small_data_dir).split("train")
+    i = int(np.argmax(np.maximum(train.src_lens, train.tgt_lens)))
+    need = int(max(train.src_lens[i], train.tgt_lens[i])) + 1
+    argv = ["train", "--data", str(small_data_dir), "--out", str(tmp_path / "r"), "--preset", "tiny", *FAST,
+            "--max-steps", "1", "--set", "model.learned_positions=true"]
+    assert main([*argv, "--set", f"model.max_positions={need - 1}"]) == 2
+    assert f"train: pair {i + 1} needs {need} positions, more than model.max_positions={need - 1}" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "last.pt").exists()
+    assert main([*argv, "--set", f"model.max_positions={need + 200}"]) == 0  # enough (valid's pairs fit too)
 
 
 def test_synchronization_points_golden():
@@ -324,6 +383,28 @@ def test_average_two_handmade_checkpoints(tmp_path):
     k = "decoder_layers.1.ffn.w2.weight"
     assert torch.allclose(avg["model"][k], (states[0][k] + states[1][k]) / 2)
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
+    # the CLI takes the same list of files (--last is for a run directory)
+    out = tmp_path / "cli.pt"
+    assert main(["average", *map(str, paths), "--out", str(out)]) == 0
+    assert torch.equal(load_checkpoint(out)["model"][k], avg["model"][k])
+    assert main(["average", *map(str, paths), "--last", "2", "--out", str(out)]) == 2
+    assert main(["average", str(tmp_path), "--last", "0", "--out", str(out)]) == 2
+
+
+def test_averaging_checkpoints_of_other_tokenizers_is_an_error(tmp_path):
+    """Same model shape, other SentencePiece models: the mean would pair ids that mean different
+    pieces, so averaging refuses, naming the file."""
+    cfg = aiayn.get_preset("tiny", vocab_size=10)
+    from aiayn.config import to_dict
+    paths = []
+    for i, sha in enumerate(["aa", "bb"]):
+        p = tmp_path / f"c{i}.pt"
+        atomic_save({"format": "aiayn-checkpoint-1", "model": aiayn.Transformer(cfg).state_dict(),
+                     "model_config": to_dict(cfg), "step": i,
+                     "tokenizers": {"src_sha256": sha, "tgt_sha256": sha}}, p)
+        paths.append(p)
+    with pytest.raises(UserError, match="c1.pt: trained with other tokenizers"):
+        average_checkpoints(paths)
 
 
 def test_unknown_set_key_is_a_clear_error(small_data_dir, tmp_path, capsys):

@@ -8,6 +8,7 @@ is resumed exactly (model, optimizer, schedule, RNG, data position).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -61,6 +63,23 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
                         tie_src_tgt_embeddings=False)
     return replace(cfg, model=model)
+
+
+def check_positions(m, splits: dict) -> None:
+    """With learned positions (Table 3 row E) a sequence may not be longer than ``max_positions``:
+    the source with its EOS, the target with its BOS (or EOS). A longer pair is an error naming its
+    split and its number there, before training starts, not a failure at its first batch."""
+    if not m.learned_positions:
+        return
+    for name, data in splits.items():
+        if data is None or len(data) == 0:
+            continue
+        longest = np.maximum(data.src_lens, data.tgt_lens) + 1  # (N,)
+        i = int(np.argmax(longest))
+        if longest[i] > m.max_positions:
+            raise UserError(f"{name}: pair {i + 1} needs {int(longest[i])} positions, more than "
+                            f"model.max_positions={m.max_positions} of learned positional embeddings; "
+                            f"raise model.max_positions or drop long pairs (aiayn prepare --max-len)")
 
 
 def train_kernels(t: TrainConfig, device: torch.device):
@@ -139,7 +158,7 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     if saved.model != cfg.model:
         raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
                         f"use a new --out or the same settings")
-    if ckpt["tokenizers"]["src_sha256"] != tokenizers["src_sha256"]:
+    if any(ckpt["tokenizers"][k] != tokenizers[k] for k in ("src_sha256", "tgt_sha256")):
         raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
@@ -160,8 +179,10 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
 
 
 def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
-                  segment_epoch=lambda epoch: False) -> list:
-    """Up to n collated batches; an epoch that ends mid-step closes the step early."""
+                  segment_epoch=lambda epoch: False, max_epochs: int = 0) -> list:
+    """Up to n collated batches; an epoch that ends mid-step closes the step early. At the start
+    of epoch ``max_epochs`` (0 = no limit) none: the sampler stands at its first batch, so a run
+    resumed with a higher limit trains that epoch whole."""
     out = []
     while len(out) < n:
         try:
@@ -170,39 +191,34 @@ def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
             if out:
                 break
             it_state["epoch"] += 1
+            it_state["new_epoch"] = True
             sampler.set_epoch(it_state["epoch"])
+            if max_epochs and it_state["epoch"] >= max_epochs:
+                break
             segment_epoch(it_state["epoch"])
             it_state["it"] = iter(sampler)
-            it_state["new_epoch"] = True
             continue
         out.append(collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id))
     return out
 
 
-def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True) -> TrainState:
-    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state."""
-    t = cfg.train
+def _runtime(t: TrainConfig) -> tuple:
+    """The process's place in the run (distributed or not), its device and its precision;
+    ``t.threads`` applied."""
     device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
     dist = rt.init_distributed(device_type)
     device = rt.resolve_device(t.device, dist)
     precision = rt.resolve_precision(t.precision, device)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
-    data = DataDir(data_dir)
-    cfg = fit_to_data(cfg, data)
-    m = cfg.model
-    train_data = data.split("train")
-    bpe = None
-    if t.bpe_dropout > 0:
-        bpe = train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
-                                          num_threads=torch.get_num_threads(),
-                                          sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
-    valid_data = data.split("valid") if "valid" in data.splits else None
-    run_dir = Path(run_dir)
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+    return dist, device, precision
 
+
+def _build(cfg: RunConfig, train_data, dist, device, precision: str) -> tuple:
+    """What a checkpoint restores, freshly made: the seeded model, Adam (§5.3; AdamW with
+    ``weight_decay``), fp16's gradient scaler (None otherwise) and the token-bounded batch sampler
+    (§5.1) of this rank's share of the training data."""
+    t, m = cfg.train, cfg.model
     rt.seed_everything(t.seed)
     model = Transformer(m).to(device)
     opt = make_optimizer(model.parameters(),
@@ -213,6 +229,30 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     sampler = TokenBatchSampler(train_data.src_lens + 1, train_data.tgt_lens + 1, t.max_src_tokens,
                                 t.max_tgt_tokens, seed=t.seed, shuffle=True,
                                 num_replicas=dist.world_size, rank=dist.rank)
+    return model, opt, scaler, sampler
+
+
+def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True) -> TrainState:
+    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state."""
+    t = cfg.train
+    dist, device, precision = _runtime(t)
+    data = DataDir(data_dir)
+    cfg = fit_to_data(cfg, data)
+    m = cfg.model
+    train_data = data.split("train")
+    bpe = None
+    if t.bpe_dropout > 0:
+        bpe = train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
+                                          num_threads=torch.get_num_threads(),
+                                          sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
+    valid_data = data.split("valid") if "valid" in data.splits else None
+    check_positions(m, {"train": train_data, "valid": valid_data})
+    run_dir = Path(run_dir)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+
+    model, opt, scaler, sampler = _build(cfg, train_data, dist, device, precision)
     if len(sampler) == 0:
         raise UserError(f"{data_dir}: too few training batches for {dist.world_size} device(s)")
     tokenizers = tokenizer_payload(data)
@@ -230,6 +270,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         if dist.enabled:
             torch.distributed.barrier()
         bpe.use(Segmentation.load(path))
+        check_positions(m, {f"train (BPE-dropout segmentation {path})": bpe})
         sampler.set_lengths(bpe.src_lens + 1, bpe.tgt_lens + 1)
         return True
 
@@ -247,7 +288,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     period = t.local_sgd_period if local_sgd else 1
     if local_sgd:
         rt.broadcast_parameters(list(model.parameters()), dist)
-    net = DistributedDataParallel(model) if dist.enabled and not local_sgd else model
+    ddp = dist.enabled and not local_sgd
+    net = DistributedDataParallel(model) if ddp else model
     if t.compile:
         net = torch.compile(net)
     kernels = train_kernels(t, device)
@@ -256,31 +298,9 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     n_params = count_parameters(model)
     log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{n_params:,}", device,
              precision, dist.world_size)
-
-    writer, bar, jsonl = None, None, None
-    if dist.is_main:
-        jsonl = open(run_dir / "train_log.jsonl", "a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(str(run_dir / "tensorboard"))
-        except ImportError:  # tensorboard is a dependency, but keep training without it
-            writer = None
-        if progress:
-            from tqdm import tqdm
-            total = t.max_steps if t.max_steps < 1_000_000 else None  # a time-bounded run has no step total
-            bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True, mininterval=2.0)
-
-    def log_scalars(values: dict) -> None:
-        if not dist.is_main:
-            return
-        jsonl.write(json.dumps({"step": state.step, **values}) + "\n")
-        jsonl.flush()
-        if writer is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)):
-                    writer.add_scalar(k, v, state.step)
-
+    monitor = _Monitor(run_dir, state, dist.is_main, progress, t.max_steps)
     copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
+
     sampler.set_epoch(state.epoch)
     it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
     t_start = time.monotonic() - state.train_seconds
@@ -302,57 +322,40 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         if not local_sgd:
             elapsed = mean_clock()
         # (local SGD: `elapsed` is the mean clock of the last averaging, so the ranks stop together)
-        if t.max_time_min and elapsed >= 60 * t.max_time_min:
-            stop_reason = "max_time"
+        stop = _stop_reason(t, state, elapsed)
+        if stop:
+            stop_reason = stop
             break
-        micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m, segment_epoch)
+        micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m, segment_epoch, t.max_epochs)
         if it_state["new_epoch"]:
             it_state["new_epoch"] = False
             state.epoch = it_state["epoch"]
-            if t.max_epochs and state.epoch >= t.max_epochs:
-                stop_reason = "max_epochs"
-                break
+        if not micro:
+            continue  # the epoch limit reached: nothing was drawn from an epoch that will not train
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         # The loss is a sum over the step's tokens divided by their count: over all ranks with
         # DDP, which averages gradients; over this rank's with local SGD, whose copies are averaged.
         total_tokens, = [float(local_tokens)] if local_sgd else rt.all_reduce_sum([float(local_tokens)], dist, device)
-        grad_ranks = 1 if local_sgd else dist.world_size
         by_time = t.lr_decay_by_time or t.lr_schedule_by_time
         time_frac = (clock() if local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
         lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
                            time_frac, t.lr_schedule_by_time)
         for group in opt.param_groups:
             group["lr"] = lr
-        step_loss = step_nll = step_kl = 0.0
-        for j, b in enumerate(micro):
-            b = b.to(device)
-            sync = j == len(micro) - 1 or not dist.enabled
-            ctx = net.no_sync() if (dist.enabled and not sync) else _null()
-            with ctx:
-                src, tgt_in, tgt_out = b.src, b.tgt_in, b.tgt_out
-                if copies == 2:
-                    src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
-                with rt.autocast(device, precision):
-                    logits = net(src, tgt_in)  # (copies*B, T, V)
-                sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id, kernels)
-                objective = sums.loss
-                if copies == 2:  # R-Drop: both copies' losses plus alpha x their symmetric KL
-                    kl = rdrop_kl(logits, b.tgt_out, m.pad_id)
-                    objective = objective + t.rdrop_alpha * kl
-                    step_kl += kl.item()
-                # DDP averages gradients over ranks: scale so the result is sum / total tokens
-                # (per copy, as R-Drop's criterion divides by the doubled batch's tokens); local
-                # SGD's rank divides its own sum by its own tokens.
-                scaled = objective * (grad_ranks / (copies * total_tokens))
-                (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            step_loss += sums.loss.item() / copies
-            step_nll += sums.nll.item() / copies
-            bs, S = src.shape
-            state.flops += train_flops(m, bs, S, b.tgt_in.size(1)) * dist.world_size
+        # DDP averages gradients over ranks: scale so the result is sum / total tokens (per copy,
+        # as R-Drop's criterion divides by the doubled batch's tokens); local SGD's rank divides
+        # its own sum by its own tokens.
+        grad_scale = (1 if local_sgd else dist.world_size) / (copies * total_tokens)
+        step_loss, step_nll, step_kl, flops = _forward_backward(
+            net, micro, t, m, copies, grad_scale, device, precision, kernels, scaler, synced=ddp)
+        state.flops += flops * dist.world_size
         if not local_sgd:  # (local SGD: this rank's loss, logged as such)
             step_loss, step_nll, step_kl = rt.all_reduce_sum([step_loss, step_nll, step_kl], dist, device)
         finite = math.isfinite(step_loss + step_kl)  # R-Drop's KL term reaches the gradients too
-        if not finite:
+        if finite:
+            bad_in_row = 0
+            _update(model, opt, scaler, t.clip_norm)
+        else:
             bad_in_row += 1
             opt.zero_grad(set_to_none=True)
             log.warning("step %d: non-finite loss (%s); skipping the update (%d in a row)",
@@ -364,25 +367,12 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             if not local_sgd:
                 continue
             # local SGD: the skipped update still counts as a step, so the ranks average together
-        else:
-            bad_in_row = 0
-            if scaler is not None:
-                scaler.unscale_(opt)
-            if t.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
         state.step += 1
         pending_tokens += int(total_tokens) if finite else 0
         state.train_seconds = clock()
         loss_tok = step_loss / total_tokens
         state.history.append((state.step, loss_tok))
-        if bar is not None:
-            bar.update(1)
+        monitor.advance()
         if state.step % period:
             continue  # local SGD between two averagings: no logging, checkpoint or validation
         if local_sgd:
@@ -394,19 +384,18 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             window_s = time.monotonic() - window_t0
             tps = window_tokens / max(window_s, 1e-9)
             window_tokens, window_t0 = 0, time.monotonic()
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+            monitor.postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
             rss = rt.resident_mb()
-            log_scalars({"train_loss": loss_tok, "train_nll": step_nll / total_tokens, "lr": lr,
-                         **({"train_kl": step_kl / total_tokens} if copies == 2 else {}),
-                         "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
-                         **({"rss_mb": rss} if rss is not None else {})})
+            monitor.scalars({"train_loss": loss_tok, "train_nll": step_nll / total_tokens, "lr": lr,
+                             **({"train_kl": step_kl / total_tokens} if copies == 2 else {}),
+                             "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
+                             **({"rss_mb": rss} if rss is not None else {})})
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step = state.step
         if due_valid or ((due_steps or due_time) and t.validate_at_save):
-            valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
+            valid = _validate_and_track(model, valid_data, cfg, device, precision, state, monitor.scalars, toks)
         else:
             valid = None
         if due_steps or due_time:
@@ -416,13 +405,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                 if bpe is not None:
                     Segmentation.prune(run_dir, sampler.epoch)
             last_save = elapsed
-        if t.patience and state.bad_validations >= t.patience:
-            stop_reason = "patience"
-            break
     if local_sgd and state.step != last_sync_step:  # stopped between two averagings
         state.tokens += _average_copies(model, pending_tokens, clock(), dist, device)[0]
     # the end: validate, write the final checkpoint
-    valid = _validate_and_track(model, valid_data, cfg, device, precision, state, log_scalars, toks)
+    valid = _validate_and_track(model, valid_data, cfg, device, precision, state, monitor.scalars, toks)
     is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
     if dist.is_main:
         _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
@@ -430,15 +416,120 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             Segmentation.prune(run_dir, sampler.epoch)
         summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
         write_json_atomic(run_dir / "summary.json", summary)  # the demo reads its presence as "trained"
-        if bar is not None:
-            bar.close()
+        monitor.close()
         print(_summary_text(summary), flush=True)
-        jsonl.close()
-        if writer is not None:
-            writer.close()
     if dist.enabled:
         torch.distributed.barrier()
     return state
+
+
+def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_scale: float, device,
+                      precision: str, kernels, scaler, synced: bool) -> tuple[float, float, float, float]:
+    """One optimizer step's forward and backward passes over its batches, gradients accumulating.
+
+    Each batch's objective (§5.4's label-smoothed loss, summed over its tokens; with R-Drop the
+    two copies' losses plus ``rdrop_alpha`` times their symmetric KL) is multiplied by
+    ``grad_scale`` before ``backward``. A DDP ``net`` (``synced``) all-reduces only on the last
+    batch. Returns this rank's summed loss, NLL and KL (per copy) and the step's counted FLOPs.
+    """
+    loss = nll = kl_sum = flops = 0.0
+    for j, b in enumerate(micro):
+        b = b.to(device)
+        last = j == len(micro) - 1
+        with (net.no_sync() if synced and not last else contextlib.nullcontext()):
+            src, tgt_in, tgt_out = b.src, b.tgt_in, b.tgt_out
+            if copies == 2:
+                src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
+            with rt.autocast(device, precision):
+                logits = net(src, tgt_in)  # (copies*B, T, V)
+            sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id, kernels)
+            objective = sums.loss
+            if copies == 2:
+                kl = rdrop_kl(logits, b.tgt_out, m.pad_id)
+                objective = objective + t.rdrop_alpha * kl
+                kl_sum += kl.item()
+            scaled = objective * grad_scale
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss += sums.loss.item() / copies
+        nll += sums.nll.item() / copies
+        bs, S = src.shape
+        flops += train_flops(m, bs, S, b.tgt_in.size(1))
+    return loss, nll, kl_sum, flops
+
+
+def _update(model, opt, scaler, clip_norm: float) -> None:
+    """The optimizer step on the accumulated gradients (unscaled first under fp16's loss
+    scaling, clipped to ``clip_norm`` if > 0), then the gradients cleared."""
+    if scaler is not None:
+        scaler.unscale_(opt)
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+class _Monitor:
+    """The main rank's outputs while training: ``train_log.jsonl``, TensorBoard curves and the
+    tqdm bar. On the other ranks every method does nothing (the one place rank decides them)."""
+
+    def __init__(self, run_dir: Path, state: TrainState, is_main: bool, progress: bool, max_steps: int):
+        self.state, self.is_main = state, is_main
+        self.jsonl = self.writer = self.bar = None
+        if not is_main:
+            return
+        self.jsonl = open(run_dir / "train_log.jsonl", "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency, but keep training without it
+            self.writer = None
+        if progress:
+            from tqdm import tqdm
+            total = max_steps if max_steps < 1_000_000 else None  # a time-bounded run has no step total
+            self.bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True, mininterval=2.0)
+
+    def scalars(self, values: dict) -> None:
+        """One line of ``train_log.jsonl`` at the current step; the numbers also to TensorBoard."""
+        if not self.is_main:
+            return
+        self.jsonl.write(json.dumps({"step": self.state.step, **values}) + "\n")
+        self.jsonl.flush()
+        if self.writer is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, self.state.step)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def postfix(self, **values) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(**values)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _stop_reason(t: TrainConfig, state: TrainState, elapsed: float) -> str | None:
+    """Why training stops before its next step ("max_time", "max_epochs", "patience"), or None.
+    Checked before every step, so a finished run that is started again stops at once."""
+    if t.max_time_min and elapsed >= 60 * t.max_time_min:
+        return "max_time"
+    if t.max_epochs and state.epoch >= t.max_epochs:
+        return "max_epochs"
+    if t.patience and state.bad_validations >= t.patience:
+        return "patience"
+    return None
 
 
 def _crossed(every: int, since: int, step: int) -> bool:
@@ -458,11 +549,6 @@ def _average_copies(model, tokens: int, seconds: float, dist, device) -> tuple[i
 def _twice(x: torch.Tensor) -> torch.Tensor:
     """A batch stacked on itself along B (R-Drop's two passes in one forward): (B,...) -> (2B,...)."""
     return torch.cat([x, x])
-
-
-def _null():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars,
