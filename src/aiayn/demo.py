@@ -18,12 +18,12 @@ The last three lines printed are ``model: PATH``, ``translations: PATH`` and ``p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -172,24 +172,17 @@ def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pa
     return out
 
 
-def _die_with_parent() -> None:
-    """In a member's process, before exec (Linux): get SIGTERM when the demo's process dies, even
-    by SIGKILL, so no orphan keeps training into a directory that a re-run resumes."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _run_training(cmd: list[str], log_path: Path | None, env: dict | None = None) -> subprocess.Popen:
-    """Start one ``aiayn train`` command (killed with the demo); output to the terminal or a log."""
+    """Start one ``aiayn train`` command (killed with the demo: ``die_with_parent``); output to the
+    terminal or a log."""
+    from aiayn.process import die_with_parent
+    before_exec = functools.partial(die_with_parent, os.getpid())
     if log_path is None:
-        return subprocess.Popen(cmd, preexec_fn=_die_with_parent, env=env)
+        return subprocess.Popen(cmd, preexec_fn=before_exec, env=env)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as f:
         return subprocess.Popen(cmd + ["--no-progress"], stdout=f, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent, env=env)
+                                preexec_fn=before_exec, env=env)
 
 
 def _train_cmd(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], processes: int = 1) -> list[str]:
@@ -259,18 +252,52 @@ def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: 
 
 
 def run_demo(cfg: DemoConfig) -> dict:
+    """The main job, seven stages: prepare, train, average, choose α on validation, translate
+    test_2016, score it, translate examples and plot their attention. Every stage that finished
+    is skipped on a re-run (training resumes); ``out/results.json`` holds what each measured."""
     src, tgt = cfg.src_lang, ("de" if cfg.src_lang == "en" else "en")
     if cfg.src_lang not in LANGS:
         raise UserError(f"--src-lang must be en or de, got {cfg.src_lang!r}")
+    if cfg.members < 1 or cfg.processes < 0:
+        raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
     root = Path(cfg.data_root or default_data_root())
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     files = _subset(_multi30k_files(root, src, tgt), out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
+    data_dir = _stage_prepare(cfg, files, out / "data", src, tgt, results)
+    run_dir = out / "run"
+    member_dirs = _stage_train(cfg, data_dir, run_dir, results)
+    model_path = _stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
 
-    # 1. prepare
-    data_dir = out / "data"
+    from aiayn.decode.translator import Translator
+    translator = Translator.from_checkpoint(model_path)
+    _stage_alpha(cfg, translator, files, src, tgt, results)
+    hyp_path = _stage_test(cfg, translator, files, out / "test_2016.hyp", src, tgt, results)
+
+    # 7. examples and an attention plot
+    examples = EXAMPLES[src]
+    results["examples"] = dict(zip(examples, translator.translate(examples)))
+    for s, t in results["examples"].items():
+        print(f"[7/7] {s}  ->  {t}", flush=True)
+    plots_dir = out / "plots"
+    if plots_dir.exists():
+        shutil.rmtree(plots_dir)
+    from aiayn.viz.attention import plot_attention
+    plot_attention(translator, examples[0], plots_dir)
+    results["seconds_total"] = round(time.monotonic() - t_all, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    print(f"results: {out / 'results.json'}")
+    print(f"model: {model_path}")
+    print(f"translations: {hyp_path}")
+    print(f"plots: {plots_dir}")
+    return results
+
+
+def _stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
+    """1. The shared BPE and the binarized splits in ``data_dir``, unless a run prepared them
+    already (with the same options: other ones are an error, not a silent reuse)."""
     from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
     prep_cfg = PrepareConfig(vocab_size=cfg.vocab_size, lowercase=cfg.lowercase,
                              character_coverage=cfg.character_coverage)
@@ -287,13 +314,16 @@ def run_demo(cfg: DemoConfig) -> dict:
                             f"{', '.join(f'{k}={had.get(k, False)}' for k in differ)}, but this run asks for "
                             f"{', '.join(f'{k}={getattr(prep_cfg, k)}' for k in differ)}; use another --out")
     print(f"[1/7] data: {data_dir}", flush=True)
+    return data_dir
 
-    # 2. train (resumes if interrupted)
+
+def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -> list[Path]:
+    """2. The recipe trained into ``run_dir`` (``--members`` > 1: one sub-directory a member), or
+    resumed there; returns the members' run directories."""
     from aiayn.config import apply_sets
     from aiayn.train.config import load_recipe
     from aiayn.train.loop import train
     recipe = Path(cfg.recipe) if cfg.recipe else RECIPES / ("multi30k-quick.json" if cfg.quick else "multi30k.json")
-    run_cfg = load_recipe(recipe)
     sets = [x for x in cfg.sets.split(",") if x.strip()]
     if cfg.minutes:
         sets.append(f"train.max_time_min={cfg.minutes}")
@@ -301,10 +331,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         sets.append(f"train.max_steps={cfg.max_steps}")
     if cfg.threads:
         sets.append(f"train.threads={cfg.threads}")
-    run_cfg = apply_sets(run_cfg, sets)
-    run_dir = out / "run"
-    if cfg.members < 1 or cfg.processes < 0:
-        raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
+    run_cfg = apply_sets(load_recipe(recipe), sets)
     if cfg.members == 1:
         member_dirs = [run_dir]
         if not (run_dir / "summary.json").exists():
@@ -327,10 +354,13 @@ def run_demo(cfg: DemoConfig) -> dict:
         results["train_members"] = summaries
     print(f"[2/7] trained: {', '.join(str(t['steps']) for t in summaries)} steps, "
           f"{results['train']['train_seconds']:.0f} s", flush=True)
+    return member_dirs
 
-    # 3. average: each member's last checkpoints (one member: straight into model.pt)
+
+def _stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:
+    """3. Each member's last ``average_last`` checkpoints averaged (§6.1); one member straight
+    into ``model_path``, several into an ensemble file there."""
     from aiayn.train.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
-    model_path = out / "model.pt"
     averages, averaged = [], []
     for d in member_dirs:
         ckpts = step_checkpoints(d)[-cfg.average_last:]
@@ -345,13 +375,15 @@ def run_demo(cfg: DemoConfig) -> dict:
         atomic_save(ensemble_checkpoint(averages), model_path)
         print(f"[3/7] averaged the last {cfg.average_last} checkpoints of each member; their ensemble -> {model_path}",
               flush=True)
+    return model_path
 
-    # 4. choose α on the validation set
+
+def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, tgt: str, results: dict) -> None:
+    """4. The length penalty α chosen on the validation set (``choose_alpha``), set on
+    ``translator``; validation scored at that α."""
     from aiayn.decode.config import DecodeConfig
-    from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import sacre_bleu, score_all
+    from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
-    translator = Translator.from_checkpoint(model_path)
     val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
     tuning, val_translations = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
                                           report=lambda a, r: print(
@@ -374,16 +406,19 @@ def run_demo(cfg: DemoConfig) -> dict:
     if cfg.lowercase:
         results["valid"]["sacrebleu_lc"] = sacre_bleu(hyps_val, val_raw, lowercase=True).score
 
-    # 5. translate test_2016
+
+def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: Path, src: str, tgt: str,
+                results: dict) -> Path:
+    """5-6. test_2016 translated into ``hyp_path`` (one line per source line) and scored: the
+    published baselines' tokenized BLEU, sacreBLEU and chrF, the paper's compound-split BLEU."""
+    from aiayn.evaluate.bleu import score_all
+    from aiayn.evaluate.multi30k import multi30k_bleu
     test_src = _read(files[f"raw.test.{src}"])
     t0 = time.monotonic()
     hyps = translator.translate(test_src)
     results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
-    hyp_path = out / "test_2016.hyp"
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(f"[5/7] translated {len(hyps)} test_2016 sentences in {results['test_translate_seconds']} s", flush=True)
-
-    # 6. score
     ref_raw, ref_tok = _read(files[f"raw.test.{tgt}"]), _read(files[f"tok.test.{tgt}"])
     scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
     results["test"] = {s.label: _score_entry(s) for s in scores}
@@ -391,24 +426,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         ratio = results["test"][s.label].get("length_ratio")
         shown = f" (length ratio {ratio:.3f})" if ratio is not None else ""
         print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
-
-    # 7. examples and an attention plot
-    examples = EXAMPLES[src]
-    results["examples"] = dict(zip(examples, translator.translate(examples)))
-    for s, t in results["examples"].items():
-        print(f"[7/7] {s}  ->  {t}", flush=True)
-    plots_dir = out / "plots"
-    if plots_dir.exists():
-        shutil.rmtree(plots_dir)
-    from aiayn.viz.attention import plot_attention
-    plot_attention(translator, examples[0], plots_dir)
-    results["seconds_total"] = round(time.monotonic() - t_all, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
-    print(f"results: {out / 'results.json'}")
-    print(f"model: {model_path}")
-    print(f"translations: {hyp_path}")
-    print(f"plots: {plots_dir}")
-    return results
+    return hyp_path
 
 
 def run(args) -> int:
