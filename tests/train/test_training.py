@@ -227,12 +227,32 @@ def test_two_process_local_sgd_matches_its_reference(small_data_dir, tmp_path):
     assert not torch.allclose(other["encoder_layers.0.ffn.w1.weight"], want["encoder_layers.0.ffn.w1.weight"], atol=1e-4)
     # the target tokens counted are both ranks'
     assert last["tokens"] == load_checkpoint(ddp / "last.pt")["tokens"]
+    # every rank's own Adam state is kept, so that each resumes with its own moments
+    assert len(last["rank_optimizers"]) == 2
+    m0, m1 = (o["state"][0]["exp_avg"] for o in last["rank_optimizers"])
+    assert not torch.allclose(m0, m1)
     # resume: the checkpoint's step (5) was an averaging point; the run goes on to step 8
     res = subprocess.run(_torchrun_cmd(small_data_dir, run, 8, lsgd), env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"resuming from {run / 'last.pt'} at step {steps}" in res.stdout
     assert load_checkpoint(run / "last.pt")["step"] == 8
+    # exact: 8 steps without a stop, against the same run's step-4 checkpoint resumed to step 8
+    straight = tmp_path / "straight"
+    assert subprocess.run(_torchrun_cmd(small_data_dir, straight, 8, lsgd), env=env, capture_output=True).returncode == 0
+    want = load_checkpoint(straight / "last.pt")["model"]
+    at4 = load_checkpoint(straight / "ckpt_step00000004.pt")
+    for name, ckpt in (("resumed", at4), ("shared-adam", {**at4, "rank_optimizers": None})):
+        (tmp_path / name).mkdir()
+        atomic_save(ckpt, tmp_path / name / "last.pt")
+        assert subprocess.run(_torchrun_cmd(small_data_dir, tmp_path / name, 8, lsgd), env=env,
+                              capture_output=True).returncode == 0
+    got = load_checkpoint(tmp_path / "resumed" / "last.pt")["model"]
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-6, rtol=1e-5), k
+    # the test can tell: both ranks resumed with rank 0's moments train other weights
+    shared = load_checkpoint(tmp_path / "shared-adam" / "last.pt")["model"]
+    assert not all(torch.allclose(shared[k], want[k], atol=1e-6, rtol=1e-5) for k in want)
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from aiayn.errors import UserError
 log = logging.getLogger(__name__)
 FORMAT = "aiayn-checkpoint-1"
 ENSEMBLE_FORMAT = "aiayn-ensemble-1"
-TRAINING_STATE = ("optimizer", "scaler", "rng", "sampler")
+TRAINING_STATE = ("optimizer", "rank_optimizers", "scaler", "rng", "sampler")
 STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
 
 

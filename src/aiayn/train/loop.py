@@ -133,10 +133,12 @@ def valid_bleu(model, data, tokenizers: tuple, max_lines: int) -> float:
 
 
 def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: TrainState, cfg: RunConfig,
-          tokenizers: dict, keep_last: int, valid: dict | None, best: bool) -> None:
+          tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None) -> None:
+    """Checkpoint the run (main rank). ``rank_optimizers``: local SGD's every rank's own Adam state,
+    in rank order, so that each rank resumes with its own moments (None: the ranks share one)."""
     ckpt = {
         "format": ck.FORMAT, "run_config": to_dict(cfg), "model_config": to_dict(cfg.model),
-        "model": model.state_dict(), "optimizer": opt.state_dict(),
+        "model": model.state_dict(), "optimizer": opt.state_dict(), "rank_optimizers": rank_optimizers,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "sampler": sampler.state_dict(), "rng": rt.rng_state(), "tokenizers": tokenizers,
         "step": state.step, "epoch": state.epoch, "tokens": state.tokens, "flops": state.flops,
@@ -152,7 +154,7 @@ def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: Tra
 
 
 def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
-             segment_epoch=lambda epoch: False) -> TrainState:
+             segment_epoch=lambda epoch: False, rank: int = 0, world_size: int = 1) -> TrainState:
     ckpt = ck.load_checkpoint(run_dir / "last.pt")
     saved = run_config_from_dict(ckpt["run_config"])
     if saved.model != cfg.model:
@@ -161,7 +163,8 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     if any(ckpt["tokenizers"][k] != tokenizers[k] for k in ("src_sha256", "tgt_sha256")):
         raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
     model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
+    ranks = ckpt.get("rank_optimizers")
+    opt.load_state_dict(ranks[rank] if ranks and len(ranks) == world_size else ckpt["optimizer"])
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     sampler_state = ckpt["sampler"]
@@ -276,7 +279,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
 
     state = TrainState()
     if (run_dir / "last.pt").exists():
-        state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers, segment_epoch)
+        state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers, segment_epoch, dist.rank,
+                         dist.world_size)
         log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
         if dist.is_main:
             print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
@@ -400,8 +404,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             valid = None
         if due_steps or due_time:
             is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+            rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
             if dist.is_main:
-                _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
+                _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best,
+                      rank_opts)
                 if bpe is not None:
                     Segmentation.prune(run_dir, sampler.epoch)
             last_save = elapsed
@@ -410,8 +416,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     # the end: validate, write the final checkpoint
     valid = _validate_and_track(model, valid_data, cfg, device, precision, state, monitor.scalars, toks)
     is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+    rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
     if dist.is_main:
-        _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best)
+        _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best,
+              rank_opts)
         if bpe is not None:
             Segmentation.prune(run_dir, sampler.epoch)
         summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)

@@ -110,6 +110,16 @@ def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> lis
     return t.tolist()
 
 
+def gather_to_main(obj, dist: Dist) -> list | None:
+    """Every rank's ``obj`` (picklable) on the main rank, in rank order; None on the others.
+    A collective: every rank calls it."""
+    if not dist.enabled:
+        return [obj]
+    out = [None] * dist.world_size if dist.is_main else None
+    tdist.gather_object(obj, out, dst=0)
+    return out
+
+
 def average_parameters(params: list[torch.Tensor], dist: Dist) -> None:
     """Set every rank's parameters to their mean over the ranks, in one all-reduce of a flat
     float32 copy: local SGD's averaging step (``train.local_sgd_period``)."""
