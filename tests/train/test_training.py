@@ -411,6 +411,20 @@ def test_average_two_handmade_checkpoints(tmp_path):
     assert main(["average", str(tmp_path), "--last", "0", "--out", str(out)]) == 2
 
 
+def test_resume_with_another_target_tokenizer_is_an_error(small_data_dir, tmp_path, monkeypatch, capsys):
+    """A run resumes only on the data it was trained on: a target tokenizer that changed (same size,
+    other pieces) is refused as a source one is."""
+    from aiayn.train import loop
+    run = tmp_path / "run"
+    _train_in_process(small_data_dir, run, 2)
+    payload = loop.tokenizer_payload
+    monkeypatch.setattr(loop, "tokenizer_payload", lambda data: {**payload(data), "tgt_sha256": "0" * 64})
+    argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
+            "--max-steps", "4"]
+    assert main(argv) == 2
+    assert "trained with a different tokenizer" in capsys.readouterr().err
+
+
 def test_averaging_checkpoints_of_other_tokenizers_is_an_error(tmp_path):
     """Same model shape, other SentencePiece models: the mean would pair ids that mean different
     pieces, so averaging refuses, naming the file."""

@@ -92,11 +92,11 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         if total is None:
             total = {k: v.detach().to(torch.float32).clone() if v.is_floating_point() else v.clone()
                      for k, v in state.items()}
-            ref_cfg, ref_toks = ckpt.get("model_config"), _tokenizer_hashes(ckpt)
+            ref_cfg, ref_toks = ckpt.get("model_config"), tokenizer_hashes(ckpt.get("tokenizers"))
         else:
             if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
                 raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
-            if _tokenizer_hashes(ckpt) != ref_toks:
+            if tokenizer_hashes(ckpt.get("tokenizers")) != ref_toks:
                 raise UserError(f"{p}: trained with other tokenizers than {paths[0]}; cannot average")
             for k, v in state.items():
                 if v.is_floating_point():
@@ -110,16 +110,18 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     return out
 
 
-def _tokenizer_hashes(ckpt: dict) -> tuple:
-    """The source and target tokenizer models' SHA-256 (None for a checkpoint without them)."""
-    toks = ckpt.get("tokenizers") or {}
+def tokenizer_hashes(tokenizers: dict | None) -> tuple:
+    """The source and target tokenizer models' SHA-256 of a checkpoint's ``tokenizers`` entry
+    (None where it has none): what says two checkpoints (or a checkpoint and a data directory,
+    ``aiayn.train.loop.tokenizer_payload``) share their vocabularies."""
+    toks = tokenizers or {}
     return toks.get("src_sha256"), toks.get("tgt_sha256")
 
 
 def checkpoint_members(paths: list[str | Path], map_location: str | torch.device = "cpu") -> list[tuple[str, dict]]:
     """(label, checkpoint dict) of every model in ``paths`` (checkpoints or ensemble files), in
     order; the members of an ensemble file are labelled "PATH (member N)". Their tokenizers must
-    be the same bytes: the models of an ensemble predict over one vocabulary.
+    be the same (``tokenizer_hashes``): the models of an ensemble predict over one vocabulary.
     """
     out: list[tuple[str, dict]] = []
     for p in paths:
@@ -129,8 +131,7 @@ def checkpoint_members(paths: list[str | Path], map_location: str | torch.device
             label = f"{p} (member {n})" if is_ensemble else str(p)
             if out:
                 first_label, first = out[0]
-                toks, ref = m.get("tokenizers", {}), first.get("tokenizers", {})
-                if any(toks.get(k) != ref.get(k) for k in ("src", "tgt")):
+                if tokenizer_hashes(m.get("tokenizers")) != tokenizer_hashes(first.get("tokenizers")):
                     raise UserError(f"{label}: its tokenizers differ from those of {first_label}; "
                                     f"the models of an ensemble must share one vocabulary")
             out.append((label, m))

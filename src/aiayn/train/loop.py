@@ -160,7 +160,7 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     if saved.model != cfg.model:
         raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
                         f"use a new --out or the same settings")
-    if any(ckpt["tokenizers"][k] != tokenizers[k] for k in ("src_sha256", "tgt_sha256")):
+    if ck.tokenizer_hashes(ckpt["tokenizers"]) != ck.tokenizer_hashes(tokenizers):
         raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
     model.load_state_dict(ckpt["model"])
     ranks = ckpt.get("rank_optimizers")
