@@ -132,22 +132,23 @@ def valid_bleu(model, data, tokenizers: tuple, max_lines: int) -> float:
     return sacre_bleu(out, refs).score
 
 
-def _save(run_dir: Path, tag_step: bool, model, opt, scaler, sampler, state: TrainState, cfg: RunConfig,
+def _save(run_dir: Path, model, opt, scaler, sampler, state: TrainState, cfg: RunConfig,
           tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None) -> None:
-    """Checkpoint the run (main rank). ``rank_optimizers``: local SGD's every rank's own Adam state,
-    in rank order, so that each rank resumes with its own moments (None: the ranks share one)."""
+    """Checkpoint the run (main rank): the step's checkpoint, ``best.pt`` if ``best``, ``last.pt``.
+    ``rank_optimizers``: local SGD's every rank's own Adam state, in rank order, so that each rank
+    resumes with its own moments (None: the ranks share one); its first is the main rank's, written once."""
     ckpt = {
         "format": ck.FORMAT, "run_config": to_dict(cfg), "model_config": to_dict(cfg.model),
-        "model": model.state_dict(), "optimizer": opt.state_dict(), "rank_optimizers": rank_optimizers,
+        "model": model.state_dict(), "optimizer": rank_optimizers[0] if rank_optimizers else opt.state_dict(),
+        "rank_optimizers": rank_optimizers,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "sampler": sampler.state_dict(), "rng": rt.rng_state(), "tokenizers": tokenizers,
         "step": state.step, "epoch": state.epoch, "tokens": state.tokens, "flops": state.flops,
         "train_seconds": state.train_seconds, "best_valid_loss": state.best_valid_loss,
         "bad_validations": state.bad_validations, "valid": valid,
     }
-    if tag_step:
-        ck.atomic_save(ckpt, run_dir / f"ckpt_step{state.step:08d}.pt")
-        ck.prune(run_dir, keep_last)
+    ck.atomic_save(ckpt, run_dir / f"ckpt_step{state.step:08d}.pt")
+    ck.prune(run_dir, keep_last)
     if best:
         ck.atomic_save(ckpt, run_dir / "best.pt")
     ck.atomic_save(ckpt, run_dir / "last.pt")  # last, so a resume always finds a complete state
@@ -303,6 +304,16 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{n_params:,}", device,
              precision, dist.world_size)
     monitor = _Monitor(run_dir, state, dist.is_main, progress, t.max_steps)
+
+    def checkpoint(valid: dict | None) -> None:
+        """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
+        each rank's own Adam state first); old BPE-dropout segmentations pruned."""
+        is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+        rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
+        if dist.is_main:
+            _save(run_dir, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best, rank_opts)
+            if bpe is not None:
+                Segmentation.prune(run_dir, sampler.epoch)
     copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
 
     sampler.set_epoch(state.epoch)
@@ -403,25 +414,14 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         else:
             valid = None
         if due_steps or due_time:
-            is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
-            rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
-            if dist.is_main:
-                _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best,
-                      rank_opts)
-                if bpe is not None:
-                    Segmentation.prune(run_dir, sampler.epoch)
+            checkpoint(valid)
             last_save = elapsed
     if local_sgd and state.step != last_sync_step:  # stopped between two averagings
         state.tokens += _average_copies(model, pending_tokens, clock(), dist, device)[0]
     # the end: validate, write the final checkpoint
     valid = _validate_and_track(model, valid_data, cfg, device, precision, state, monitor.scalars, toks)
-    is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
-    rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
+    checkpoint(valid)
     if dist.is_main:
-        _save(run_dir, True, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best,
-              rank_opts)
-        if bpe is not None:
-            Segmentation.prune(run_dir, sampler.epoch)
         summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
         write_json_atomic(run_dir / "summary.json", summary)  # the demo reads its presence as "trained"
         monitor.close()
