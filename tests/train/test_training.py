@@ -145,7 +145,16 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
     """Local SGD written out in one process: `ranks` copies of the model from the same seeded
     initialization, each with its own Adam (the loop's `make_optimizer`) and its share of the batches (rank r: batches r,
     r + ranks, ... of each epoch's shuffled order), `accum` batches a step, its loss divided by its own tokens; every
-    `period` steps (and at the end) every copy is replaced by the copies' mean."""
+    `period` steps (and at the end) every copy is replaced by the copies' mean. On one thread, as the ranks ran."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _local_sgd_written_out(data_dir, ckpt, steps, period, ranks, accum)
+    finally:
+        torch.set_num_threads(threads)  # the test process's other tests keep theirs
+
+
+def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int, accum: int) -> dict:
     from aiayn.data.batching import TokenBatchSampler, collate
     from aiayn.data.dataset import DataDir
     from aiayn.model import ModelConfig
@@ -212,12 +221,7 @@ def test_two_process_local_sgd_matches_its_reference(small_data_dir, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     last = load_checkpoint(run / "last.pt")
     assert last["step"] == steps and last["run_config"]["train"]["local_sgd_period"] == period
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks ran
-    try:
-        want = _local_sgd_reference(small_data_dir, last, steps, period)
-    finally:
-        torch.set_num_threads(threads)  # the test process's other tests keep theirs
+    want = _local_sgd_reference(small_data_dir, last, steps, period)
     for k in want:
         assert torch.allclose(last["model"][k], want[k], atol=2e-5, rtol=1e-4), k
     # not the synchronous path: DDP from the same start trains other weights
@@ -267,12 +271,7 @@ def test_two_process_local_sgd_accumulates_batches(small_data_dir, tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     last = load_checkpoint(run / "last.pt")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        want = _local_sgd_reference(small_data_dir, last, steps, period, accum=accum)
-    finally:
-        torch.set_num_threads(threads)
+    want = _local_sgd_reference(small_data_dir, last, steps, period, accum=accum)
     for k in want:
         assert torch.allclose(last["model"][k], want[k], atol=2e-5, rtol=1e-4), k
 
