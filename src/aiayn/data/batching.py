@@ -168,6 +168,13 @@ class Batch:
         return dataclasses.replace(self, src=move(self.src), tgt_in=move(self.tgt_in),
                                    tgt_out=move(self.tgt_out), indices=move(self.indices))
 
+    def pin_memory(self) -> "Batch":
+        """The batch in page-locked host memory, so ``to(cuda, non_blocking=True)`` copies it while
+        the device works."""
+        pin = lambda x: None if x is None else x.pin_memory()  # noqa: E731
+        return dataclasses.replace(self, src=pin(self.src), tgt_in=pin(self.tgt_in),
+                                   tgt_out=pin(self.tgt_out), indices=pin(self.indices))
+
     def __len__(self) -> int:
         return self.src.shape[0]
 

@@ -98,15 +98,17 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     t = cfg.train
     sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, t.max_src_tokens, t.max_tgt_tokens,
                                 shuffle=False)
-    loss = nll = n = 0.0
     m = cfg.model
     kernels = train_kernels(t, device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for idx in sampler:
-        b = collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id).to(device)
+        b = collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id)
+        b = b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
         with rt.autocast(device, precision):
             logits = model(b.src, b.tgt_in)
         sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id, kernels)
-        loss, nll, n = loss + sums.loss.item(), nll + sums.nll.item(), n + sums.n_tokens.item()
+        totals += torch.stack([sums.loss.double(), sums.nll.double(), sums.n_tokens.double()])
+    loss, nll, n = totals.tolist()
     n = max(n, 1)
     out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
     if t.valid_bleu and tokenizers is not None:
@@ -132,7 +134,7 @@ def valid_bleu(model, data, tokenizers: tuple, max_lines: int) -> float:
     return sacre_bleu(out, refs).score
 
 
-def _save(run_dir: Path, model, opt, scaler, sampler, state: TrainState, cfg: RunConfig,
+def _save(run_dir: Path, model, opt, scaler, sampler_state: dict, state: TrainState, cfg: RunConfig,
           tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None) -> None:
     """Checkpoint the run (main rank): the step's checkpoint, ``best.pt`` if ``best``, ``last.pt``.
     ``rank_optimizers``: local SGD's every rank's own Adam state, in rank order, so that each rank
@@ -142,7 +144,7 @@ def _save(run_dir: Path, model, opt, scaler, sampler, state: TrainState, cfg: Ru
         "model": model.state_dict(), "optimizer": rank_optimizers[0] if rank_optimizers else opt.state_dict(),
         "rank_optimizers": rank_optimizers,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "sampler": sampler.state_dict(), "rng": rt.rng_state(), "tokenizers": tokenizers,
+        "sampler": sampler_state, "rng": rt.rng_state(), "tokenizers": tokenizers,
         "step": state.step, "epoch": state.epoch, "tokens": state.tokens, "flops": state.flops,
         "train_seconds": state.train_seconds, "best_valid_loss": state.best_valid_loss,
         "bad_validations": state.bad_validations, "valid": valid,
@@ -309,11 +311,13 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
         each rank's own Adam state first); old BPE-dropout segmentations pruned."""
         is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+        _check_finite_weights(model, state.step, run_dir)
         rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
         if dist.is_main:
-            _save(run_dir, model, opt, scaler, sampler, state, cfg, tokenizers, t.keep_last, valid, is_best, rank_opts)
+            _save(run_dir, model, opt, scaler, sampler_state, state, cfg, tokenizers, t.keep_last, valid, is_best,
+                  rank_opts)
             if bpe is not None:
-                Segmentation.prune(run_dir, sampler.epoch)
+                Segmentation.prune(run_dir, sampler_state["epoch"])
     copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
 
     sampler.set_epoch(state.epoch)
@@ -333,24 +337,38 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     bad_in_row, window_tokens, window_t0 = 0, 0, time.monotonic()
     stop_reason = "max_steps"
     model.train()
+
+    def draw() -> _Draw:
+        return _draw(it_state, sampler, train_data, t, m, segment_epoch, device)
+
+    # Batches are drawn one step ahead (``_Draw``): the next step's are collated and on their way to
+    # the device while the device computes this one. ``sampler_state`` is where the data stands after
+    # the batches trained on so far: what a checkpoint saves, so a resumed run draws the prefetched
+    # batches again.
+    sampler_state = sampler.state_dict()
+    pending = draw()
     while state.step < t.max_steps:
-        if not local_sgd:
-            elapsed = mean_clock()
-        # (local SGD: `elapsed` is the mean clock of the last averaging, so the ranks stop together)
+        if not dist.enabled:
+            elapsed = clock()
+        # (data parallel: `elapsed` is the ranks' mean clock, all-reduced with the last step's sums;
+        # local SGD: the mean clock of the last averaging, so the ranks stop together)
         stop = _stop_reason(t, state, elapsed)
         if stop:
             stop_reason = stop
             break
-        micro = _next_batches(it_state, sampler, train_data, t.accum_steps, m, segment_epoch, t.max_epochs)
-        if it_state["new_epoch"]:
-            it_state["new_epoch"] = False
-            state.epoch = it_state["epoch"]
-        if not micro:
-            continue  # the epoch limit reached: nothing was drawn from an epoch that will not train
+        drawn, pending = pending, None
+        sampler_state = drawn.sampler_state
+        if drawn.new_epoch:
+            state.epoch = drawn.epoch
+        if not drawn.batches:
+            continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
+        micro = drawn.batches
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         # The loss is a sum over the step's tokens divided by their count: over all ranks with
         # DDP, which averages gradients; over this rank's with local SGD, whose copies are averaged.
-        total_tokens, = [float(local_tokens)] if local_sgd else rt.all_reduce_sum([float(local_tokens)], dist, device)
+        # DDP's count is all-reduced on the device and scales the loss there (no wait for it).
+        tokens_dev = rt.all_reduce_tensor(torch.tensor([float(local_tokens)], dtype=torch.float64, device=device),
+                                          dist) if ddp else None
         by_time = t.lr_decay_by_time or t.lr_schedule_by_time
         time_frac = (clock() if local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
         lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
@@ -360,25 +378,33 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         # DDP averages gradients over ranks: scale so the result is sum / total tokens (per copy,
         # as R-Drop's criterion divides by the doubled batch's tokens); local SGD's rank divides
         # its own sum by its own tokens.
-        grad_scale = (1 if local_sgd else dist.world_size) / (copies * total_tokens)
-        step_loss, step_nll, step_kl, flops = _forward_backward(
-            net, micro, t, m, copies, grad_scale, device, precision, kernels, scaler, synced=ddp)
+        if ddp:
+            grad_scale = (dist.world_size / (copies * tokens_dev)).float().reshape(())  # on the device
+        else:
+            grad_scale = 1 / (copies * float(local_tokens))
+        sums, flops = _forward_backward(net, micro, t, m, copies, grad_scale, device, precision, kernels, scaler,
+                                        synced=ddp)
         state.flops += flops * dist.world_size
-        if not local_sgd:  # (local SGD: this rank's loss, logged as such)
-            step_loss, step_nll, step_kl = rt.all_reduce_sum([step_loss, step_nll, step_kl], dist, device)
-        finite = math.isfinite(step_loss + step_kl)  # R-Drop's KL term reaches the gradients too
+        norm = _grad_norm(model, scaler)
+        pending = draw()  # the next step's batches, prepared while the device works
+        step_loss, step_nll, step_kl, total_tokens, mean_clock_s, norm_value = _read_step(
+            sums, norm, tokens_dev, float(local_tokens), clock(), dist, device, reduce=not local_sgd)
+        if ddp:
+            elapsed = mean_clock_s
+        # R-Drop's KL term reaches the gradients too; a finite loss can still give NaN gradients
+        finite = math.isfinite(step_loss + step_kl) and math.isfinite(norm_value)
         if finite:
             bad_in_row = 0
-            _update(model, opt, scaler, t.clip_norm)
+            _update(model, opt, scaler, t.clip_norm, norm)
         else:
             bad_in_row += 1
             opt.zero_grad(set_to_none=True)
-            log.warning("step %d: non-finite loss (%s); skipping the update (%d in a row)",
-                        state.step + 1, step_loss, bad_in_row)
+            log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
+                        "(%d in a row)", state.step + 1, step_loss, norm_value, bad_in_row)
             if bad_in_row >= t.max_bad_steps:
-                raise UserError(f"{bad_in_row} non-finite losses in a row at step {state.step + 1}; stopping. "
-                                f"The last good checkpoint is {run_dir / 'last.pt'}; try a lower lr_scale or "
-                                f"precision=fp32")
+                raise UserError(f"{bad_in_row} non-finite losses or gradients in a row at step {state.step + 1}; "
+                                f"stopping. The last good checkpoint is {run_dir / 'last.pt'}; try a lower "
+                                f"lr_scale or precision=fp32")
             if not local_sgd:
                 continue
             # local SGD: the skipped update still counts as a step, so the ranks average together
@@ -431,16 +457,19 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     return state
 
 
-def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_scale: float, device,
-                      precision: str, kernels, scaler, synced: bool) -> tuple[float, float, float, float]:
+def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_scale, device,
+                      precision: str, kernels, scaler, synced: bool) -> tuple[torch.Tensor, float]:
     """One optimizer step's forward and backward passes over its batches, gradients accumulating.
 
     Each batch's objective (§5.4's label-smoothed loss, summed over its tokens; with R-Drop the
     two copies' losses plus ``rdrop_alpha`` times their symmetric KL) is multiplied by
-    ``grad_scale`` before ``backward``. A DDP ``net`` (``synced``) all-reduces only on the last
-    batch. Returns this rank's summed loss, NLL and KL (per copy) and the step's counted FLOPs.
+    ``grad_scale`` (a float, or a device tensor) before ``backward``. A DDP ``net`` (``synced``)
+    all-reduces only on the last batch. Returns this rank's summed loss, NLL and KL (per copy) as
+    one (3,) float64 tensor on the device, never read here (no wait for the device), and the step's
+    counted FLOPs.
     """
-    loss = nll = kl_sum = flops = 0.0
+    sums3 = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, kl
+    flops = 0.0
     for j, b in enumerate(micro):
         b = b.to(device)
         last = j == len(micro) - 1
@@ -455,29 +484,84 @@ def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_sca
             if copies == 2:
                 kl = rdrop_kl(logits, b.tgt_out, m.pad_id)
                 objective = objective + t.rdrop_alpha * kl
-                kl_sum += kl.item()
+                sums3[2] += kl.detach().double()
             scaled = objective * grad_scale
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        loss += sums.loss.item() / copies
-        nll += sums.nll.item() / copies
+        sums3[0] += sums.loss.detach().double() / copies
+        sums3[1] += sums.nll.detach().double() / copies
         bs, S = src.shape
         flops += train_flops(m, bs, S, b.tgt_in.size(1))
-    return loss, nll, kl_sum, flops
+    return sums3, flops
 
 
-def _update(model, opt, scaler, clip_norm: float) -> None:
+def _grad_norm(model, scaler) -> torch.Tensor | None:
+    """The accumulated gradients' total 2-norm as a device scalar (not read here), or None under
+    fp16's loss scaling, whose scaler finds non-finite gradients itself and skips their step."""
+    if scaler is not None:
+        return None
+    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+
+
+def _update(model, opt, scaler, clip_norm: float, norm: torch.Tensor | None = None) -> None:
     """The optimizer step on the accumulated gradients (unscaled first under fp16's loss
-    scaling, clipped to ``clip_norm`` if > 0), then the gradients cleared."""
+    scaling, clipped to ``clip_norm`` if > 0, with ``norm`` from ``_grad_norm`` where given),
+    then the gradients cleared."""
     if scaler is not None:
         scaler.unscale_(opt)
     if clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        if norm is None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        else:
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), clip_norm, norm)
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
     else:
         opt.step()
     opt.zero_grad(set_to_none=True)
+
+
+@dataclass
+class _Draw:
+    """One optimizer step's batches, drawn ahead of their step (``_draw``)."""
+    batches: list  # collated batches, already on (or on their way to) the device
+    epoch: int  # the sampler's epoch once they were drawn
+    new_epoch: bool  # whether drawing them began that epoch
+    sampler_state: dict  # the sampler's position just after them
+
+
+def _draw(it_state: dict, sampler, data, t: TrainConfig, m, segment_epoch, device: torch.device) -> _Draw:
+    """The next step's ``accum_steps`` batches (``_next_batches``), sent to the device: on CUDA from
+    page-locked memory without waiting (``non_blocking``), so the copy overlaps the device's work."""
+    micro = _next_batches(it_state, sampler, data, t.accum_steps, m, segment_epoch, t.max_epochs)
+    new_epoch, it_state["new_epoch"] = it_state["new_epoch"], False
+    if device.type == "cuda":
+        micro = [b.pin_memory().to(device, non_blocking=True) for b in micro]
+    return _Draw(micro, it_state["epoch"], new_epoch, sampler.state_dict())
+
+
+def _read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
+               local_tokens: float, clock_s: float, dist, device, reduce: bool) -> tuple[float, ...]:
+    """The step's numbers on the host, in the step's one wait for the device: the loss, NLL and KL sums
+    (summed over the ranks with ``reduce`` and data parallelism, with the ranks' clocks in the same
+    all-reduce), the step's target tokens over the ranks, the ranks' mean clock and the gradient norm
+    (0 where none was taken). Returns (loss, nll, kl, tokens, mean clock, norm)."""
+    packed = torch.cat([sums, torch.tensor([clock_s], dtype=torch.float64, device=device)])  # (4,)
+    if reduce and dist.enabled:
+        packed = rt.all_reduce_tensor(packed, dist)
+    tail = [tokens_dev if tokens_dev is not None else packed.new_tensor([local_tokens]),
+            norm.detach().double().view(1) if norm is not None else packed.new_zeros(1)]
+    loss, nll, kl, clock_sum, tokens, norm_value = torch.cat([packed] + tail).tolist()
+    mean_clock = clock_sum / dist.world_size if reduce and dist.enabled else clock_s
+    return loss, nll, kl, tokens, mean_clock, norm_value
+
+
+def _check_finite_weights(model, step: int, run_dir: Path) -> None:
+    """Refuse to checkpoint non-finite weights: the files already written stay the last good ones."""
+    finite = torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()
+    if not bool(finite):
+        raise UserError(f"step {step}: the model holds non-finite weights; not checkpointing them. "
+                        f"The last good checkpoint is {run_dir / 'last.pt'}")
 
 
 class _Monitor:

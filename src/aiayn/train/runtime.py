@@ -110,6 +110,14 @@ def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> lis
     return t.tolist()
 
 
+def all_reduce_tensor(t: torch.Tensor, dist: Dist) -> torch.Tensor:
+    """``t`` summed over the ranks (in place), without reading it on the host: on CUDA the
+    all-reduce is queued behind the device's work and nothing waits for it here."""
+    if dist.enabled:
+        tdist.all_reduce(t)
+    return t
+
+
 def gather_to_main(obj, dist: Dist) -> list | None:
     """Every rank's ``obj`` (picklable) on the main rank, in rank order; None on the others.
     A collective: every rank calls it."""
