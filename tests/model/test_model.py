@@ -274,3 +274,30 @@ def test_attention_kernels_step_aside():
     odd.use_attention_kernels(counting)
     odd.eval()(src, tgt)
     assert counting.forward == (3 if lib.seq_attention_fast(32, 32) else 0)  # d_k 16: not taken
+
+
+def test_attn_fp32_upcasts_on_the_cpu_only():
+    """``attn_fp32``: under CPU bf16 autocast the attention core is float32 (the same numbers as
+    attending the same bf16 heads in float32 by hand); on CUDA it is not upcast, since the fused
+    kernels keep the softmax in float32 themselves (a stand-in for a CUDA tensor: only its device
+    type and dtype are read)."""
+    from types import SimpleNamespace
+
+    from aiayn.model.attention import MultiHeadAttention
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8, p_drop_attn=0.0, self_attention=True).eval()
+    x = torch.randn(2, 5, 16)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = mha.project_qkv(x)
+        assert q.dtype == torch.bfloat16 and mha._upcast(q)
+        out, _ = mha.attend(q, k, v, mask)
+        want = attention_explicit(q.float(), k.float(), v.float(), mask)[0]
+        want = mha.out_proj(want.transpose(1, 2).reshape(2, 5, 16).to(torch.bfloat16))
+    assert torch.allclose(out.float(), want.float(), atol=1e-2)  # (one bf16 rounding of the output apart)
+    cuda_heads = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16)
+    cuda_heads.device = SimpleNamespace(type="cuda")
+    assert not mha._upcast(cuda_heads)
+    mha.attn_fp32 = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not mha._upcast(mha.project_qkv(x)[0])

@@ -304,3 +304,31 @@ def test_training_gradients_with_the_loss_kernel(precision):
     tol = 1e-5 if precision == "fp32" else 2e-2  # bf16: the logits' gradient is rounded to bf16 either way
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], atol=tol * g2[name].abs().max().item() + 1e-7, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_block_size_does_not_change_the_sums(dtype, monkeypatch):
+    """The GPU's few large blocks (``_BLOCK_ELEMENTS_CUDA``) against the CPU's cache-sized ones,
+    here both on the CPU: the same sums and gradients bit for bit (the arithmetic is per row)."""
+    V = 37
+    torch.manual_seed(3)
+    target = torch.randint(1, V, (6, 9))
+    target[2, 5:] = 0
+    base = (torch.randn(6, 9, V) * 3).to(dtype)
+    out = []
+    for elements in (2 * V, 2 ** 28):  # 2 rows per block; one block
+        monkeypatch.setattr(objective, "_BLOCK_ELEMENTS", elements)
+        logits = base.clone().requires_grad_(True)
+        sums = label_smoothed_loss(logits, target, 0.1, 0)
+        (sums.loss * 0.7 + sums.nll * 0.2).backward()
+        out.append((sums.loss, sums.nll, logits.grad))
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
+def test_block_rows_by_device():
+    z = torch.empty(5, 1000)
+    assert objective._block_rows(z) == 2 ** 20 // 1000
+    assert objective._block_rows(torch.empty(5, 2 ** 21)) == 1  # a row longer than a block: one row
+    z_cuda = torch.empty(5, 1000, device="meta")
+    assert objective._block_rows(z_cuda) == 2 ** 20 // 1000  # only CUDA takes the large blocks

@@ -113,7 +113,7 @@ class MultiHeadAttention(nn.Module):
         if self._use_kernels(q, k, v, mask, need_weights):
             return self.out_proj(_KernelAttention.apply(q, k, v, mask, is_causal, self.kernels)), None
         out_dtype = q.dtype
-        if self.attn_fp32 and torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float32:
+        if self._upcast(q):
             # Same math in float32: on CPU the bf16 attention backward is several times slower,
             # and the softmax is safer. The projections around it stay in reduced precision.
             with torch.autocast(q.device.type, enabled=False):
@@ -121,6 +121,13 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
         return self.out_proj(out.to(out_dtype)), weights
+
+    def _upcast(self, q: Tensor) -> bool:
+        """Whether Eq. 1 runs in float32 under autocast (``attn_fp32``). Not on CUDA: there the fused
+        flash and memory-efficient kernels keep the softmax's running max and sum in float32 while
+        reading bf16/fp16 heads, so the upcast would only trade them for the slower float32 kernel."""
+        return (self.attn_fp32 and q.device.type != "cuda" and torch.is_autocast_enabled(q.device.type)
+                and q.dtype != torch.float32)
 
     def _use_kernels(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool) -> bool:
         """The C kernels' cases: given kernels with a fast path for these heads, no weights asked for, no
