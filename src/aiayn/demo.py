@@ -73,6 +73,7 @@ class DemoConfig:
     members: int = param(1, "train this many models at once, each on threads/members CPU threads with its own seed (train.seed + i); each is averaged, and they translate as an ensemble (the mean of their next-token probabilities); 1 = one model on all the threads")
     processes: int = param(0, "train the one model with this many data-parallel processes (as torchrun launches them: NCCL on GPUs, gloo on a CPU), each on threads/processes CPU threads; the recipe's train.local_sgd_period says whether they average their weights every few steps (local SGD, recipes/multi30k-lsgd.json) or their gradients every step (synchronous DDP, the main job's recipe); 0 = one per GPU, or 2 on a CPU with 2 or more cores (a process of this small model uses a second thread poorly); 1 = one process on all the threads; with --members above 1 each member is one process")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
+    device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json (quick: recipes/multi30k-quick.json)")
     sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
@@ -272,7 +273,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     model_path = _stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
 
     from aiayn.decode.translator import Translator
-    translator = Translator.from_checkpoint(model_path)
+    translator = Translator.from_checkpoint(model_path, device=cfg.device)
     _stage_alpha(cfg, translator, files, src, tgt, results)
     hyp_path = _stage_test(cfg, translator, files, out / "test_2016.hyp", src, tgt, results)
 

@@ -307,3 +307,32 @@ def test_topk_rows_hand_example():
     x[0, 25], x[0, 3], x[0, 5], x[0, 40] = 9.0, 7.0, 8.0, 8.5
     values, idx = topk_rows(x, 3, blocks=2)  # n = 20 >= 4k: the block path; col 40 is the tail
     assert values.tolist() == [[9.0, 8.5, 8.0]] and idx.tolist() == [[25, 40, 5]]
+
+
+def test_decoding_on_cuda_leaves_out_cudnn_attention():
+    """cuDNN's attention plans a kernel per shape and a decoding step's shapes change every step:
+    decoding on CUDA selects flash / memory-efficient / math only; elsewhere the flags are untouched.
+    (The flags are process settings, so this runs without a GPU.)"""
+    from aiayn.decode.search import attention_backends
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_pool_merge_without_endings_changes_nothing():
+    """Beam search on CUDA merges every step without asking whether a hypothesis ended (a host
+    round trip): a merge where nothing ends must leave the pool exactly as it was."""
+    from aiayn.decode.search import _Pool
+    pool = _Pool(2, 2, 4, torch.device("cpu"), torch.float32)
+    toks = torch.arange(2 * 3 * 4).view(2, 3, 4)
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -4.0, -9.0]])
+    ends = torch.tensor([[True, False, False], [False, False, True]])
+    pool.merge(toks, lp, ends, ends, 2, 0.6)
+    before = {k: getattr(pool, k).clone() for k in ("tokens", "score", "log_prob", "length", "eos")}
+    pool.merge(toks + 100, lp - 0.1, torch.zeros_like(ends), torch.zeros_like(ends), 3, 0.6)
+    for k, v in before.items():
+        assert torch.equal(getattr(pool, k), v), k

@@ -136,3 +136,21 @@ def test_cli_translate(ckpt, tmp_path, capsys, monkeypatch):
     assert main(["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "nope.txt")]) == 2
     assert "nope.txt: no such file" in capsys.readouterr().err
     assert main(args + ["--nbest", "9"]) == 2
+
+
+def test_inference_device_auto_and_clear_errors(monkeypatch):
+    """``--device auto`` (translate, evaluate, serve, parse, the demo) is CUDA when present, else the
+    CPU; asking for CUDA where there is none, or for no device at all, is a clear error."""
+    import torch
+
+    from aiayn.decode.translator import inference_device
+    from aiayn.errors import UserError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert inference_device("auto") == torch.device("cpu")
+    assert inference_device("cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match="CUDA is not available"):
+        inference_device("cuda:0")
+    with pytest.raises(UserError, match="not a device"):
+        inference_device("gpu-please")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert inference_device("auto") == torch.device("cuda")

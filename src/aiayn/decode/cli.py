@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--input", metavar="FILE", help="source sentences, one per line, plain or gzip (default: stdin)")
     p.add_argument("--attention-out", metavar="FILE",
                    help="write attention weights of each best translation to FILE.json or FILE.npz")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                     "(default: auto)")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)
 

@@ -30,6 +30,7 @@ Definitions (documented choices):
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -294,7 +295,8 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         seqs[:, :, t - 1] = tok
         is_eos = tok == ids.eos
         ends = is_eos | (max_len <= t)[:, None]  # (N, K); -inf candidates stay -inf in the pool
-        if bool(ends.any()):
+        # (a merge without endings changes nothing: on a GPU it is cheaper than asking whether any ended)
+        if dev.type == "cuda" or bool(ends.any()):
             pool.merge(seqs, top_lp, ends, is_eos & ends, t, cfg.alpha)
         live = top_lp.masked_fill(ends, NEG_INF)
         bound = live.max(dim=1).values / lp_max  # (N,) best reachable normalized score
@@ -318,6 +320,18 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
 # Entry point
 
 
+def attention_backends(device: torch.device):
+    """The fused attention kernels decoding may use: on CUDA flash, memory-efficient or PyTorch's
+    math, not cuDNN's. cuDNN builds an execution plan for every new shape, and a decoding step's
+    shapes are new at nearly every step (one more key, fewer live rows), so in bf16/fp16 on Hopper,
+    where PyTorch prefers it, decoding spent its time building plans. Elsewhere nothing changes."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+
 @torch.inference_mode()
 def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
            max_len_cap: int | None = None, generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
@@ -326,6 +340,12 @@ def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds
     Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
     (then nbest independent samples per sentence, sorted by score).
     """
+    with attention_backends(src.device):
+        return _search(decoder, src, cfg, ids, max_len_cap, generator)
+
+
+def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, max_len_cap: int | None,
+            generator: torch.Generator | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
 

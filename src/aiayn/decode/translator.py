@@ -94,10 +94,29 @@ def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu
     return _model_from_checkpoint(load_checkpoint(path, map_location=device), path, device)
 
 
+def inference_device(spec: str | torch.device) -> torch.device:
+    """The device to translate on: ``auto`` is the current CUDA device when CUDA is present, else the
+    CPU; anything else as torch reads it (cpu, cuda, cuda:N), refused clearly when CUDA is absent."""
+    if isinstance(spec, torch.device):
+        return spec
+    if spec == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise UserError(f"--device {spec!r}: not a device (auto, cpu, cuda or cuda:N)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {spec}: CUDA is not available here; use --device cpu or auto")
+    return device
+
+
 def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu"
                               ) -> tuple[list[Transformer], Tokenizer, Tokenizer]:
-    """The models of one or more checkpoints or ensemble files (in order) and their shared tokenizers."""
+    """The models of one or more checkpoints or ensemble files (in order) and their shared tokenizers,
+    on ``device`` (``inference_device``: "auto" is CUDA when present)."""
     from aiayn.train.checkpoint import checkpoint_members
+
+    device = inference_device(device)
 
     models: list[Transformer] = []
     toks: tuple[Tokenizer, Tokenizer] | None = None

@@ -61,7 +61,8 @@ def register(sub) -> None:
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
     p.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default de)")
     p.add_argument("--out", help="also write the translations here")
-    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                     "(default: auto)")
     p.add_argument("--json", action="store_true", help="JSON output")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)

@@ -149,7 +149,8 @@ def _register_decode(sub) -> None:
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one per line (e.g. OUT/test.gold)")
     p.add_argument("--out", type=Path, required=True, help="file for the predicted trees, one per line")
     p.add_argument("--param", type=Path, default=None, help="EVALB parameter file (default: COLLINS.prm settings)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                     "(default: auto)")
     add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
     p.set_defaults(func=run_decode)
 

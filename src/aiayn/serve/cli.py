@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "see translations and attention maps. Concurrent requests share model calls. The decode "
                     "options below are the defaults of requests that do not set them.")
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                     "(default: auto)")
     add_arguments(p, ServeConfig)
     add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
     p.set_defaults(func=run)
