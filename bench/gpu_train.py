@@ -318,6 +318,7 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true", help="also aiayn under torch.compile")
     ap.add_argument("--profile", action="store_true", help="print a profile of aiayn's step (first size/precision)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out-name", default="", help="result file name (default gpu_train.json, gpu_train_real.json with --data)")
     args = ap.parse_args()
     device = torch.device(args.device)
     name, peak = device_peak(device)
@@ -338,7 +339,8 @@ def main() -> int:
                     m = measured.get(precision)
                     r["fraction_of_measured_matmul"] = round(r["tflops"] / m, 3) if m == m else None
                 cases.append(case)
-    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "gpu_train.json"
+    out_name = args.out_name or ("gpu_train_real.json" if args.data else "gpu_train.json")
+    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / out_name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": name, "stated_peak_tflops": peak, "measured_matmul_tflops": measured,
                                "torch": torch.__version__, "args": vars(args), "cases": cases}, indent=1))

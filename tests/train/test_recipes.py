@@ -105,3 +105,21 @@ def test_recipe_errors_name_the_file_and_line(tmp_path):
     bad.write_text(bad.read_text().replace('    "d_model": 7,\n', ""))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:6: train.fused_adam: expected a boolean"):
         load_recipe(bad)
+
+
+def test_gpu_recipe_is_the_cpu_recipe_in_one_process():
+    """recipes/multi30k-gpu.json: multi30k.json's model, regularization and schedule, its 4,096-token
+    steps taken by one process (2 x 2,048 on the CPU), on an 8-minute clock; the demo takes it where
+    CUDA is present and no recipe is named."""
+    import dataclasses
+
+    from aiayn.demo import default_recipe
+    cpu, gpu = load_recipe(RECIPES / "multi30k.json"), load_recipe(RECIPES / "multi30k-gpu.json")
+    assert gpu.model == cpu.model
+    same = ("max_src_tokens", "max_tgt_tokens", "max_time_min", "save_every_min", "log_every_steps", "threads")
+    assert dataclasses.replace(gpu.train, **{k: getattr(cpu.train, k) for k in same}) == cpu.train
+    assert (gpu.train.max_src_tokens, gpu.train.max_tgt_tokens) == (2 * cpu.train.max_src_tokens, 4096)
+    assert (gpu.train.max_time_min, gpu.train.threads) == (8, 0)
+    assert default_recipe(False, cuda=True).name == "multi30k-gpu.json"
+    assert default_recipe(False, cuda=False).name == "multi30k.json"
+    assert default_recipe(True, cuda=True).name == "multi30k-quick.json"

@@ -1,0 +1,133 @@
+"""Beam search on a GPU: aiayn against Hugging Face ``MarianMTModel.generate`` on the same model shapes.
+
+Random weights; ``--batch`` sentences of ``--src-len`` tokens, beam 4; every system generates
+exactly ``--out-len`` tokens per sentence (EOS suppressed until then), so all run the same number
+of decoder steps on the same rows (as bench/translate_throughput.py does on the CPU):
+  aiayn   DecodeConfig(beam_size=4, min_len=L, max_len_a=0, max_len_b=L) through ``aiayn.decode.search``
+          with the cached decoder, as ``Translator`` decodes; fp32, and bf16 (``precision=bf16``:
+          the weights cast to bfloat16, log-probabilities in float32)
+  HF      MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L), fp32 and bf16 weights
+Interleaved rounds, median round; target tokens/s = batch * L / time.
+
+    python bench/gpu_translate.py --sizes base,big
+    python bench/gpu_translate.py --sizes tiny --batch 4 --out-len 8 --vocab 300   # CPU smoke
+
+Results: ``$BENCH_RESULTS/gpu_translate.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import aiayn  # noqa: E402
+from aiayn.decode.adapter import CachedDecoder  # noqa: E402
+from aiayn.decode.config import DecodeConfig  # noqa: E402
+from aiayn.decode.search import SpecialIds, search  # noqa: E402
+from aiayn.decode.translator import model_for_precision  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def aiayn_system(cfg, precision: str, src: torch.Tensor, L: int, K: int, device):
+    torch.manual_seed(0)
+    model = model_for_precision(aiayn.Transformer(cfg).to(device).eval(), precision)
+    decoder = CachedDecoder(model)
+    dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, precision=precision)
+    ids = SpecialIds(cfg.pad_id, cfg.bos_id, cfg.eos_id)
+
+    def run():
+        hyps = search(decoder, src, dcfg, ids)
+        return sum(len(h[0].tokens) + int(h[0].eos) for h in hyps)
+    return run
+
+
+def hf_system(cfg, dtype: torch.dtype, src_aiayn: torch.Tensor, L: int, K: int, device):
+    from marian import build_marian, marian_pad
+    model = build_marian(cfg).to(device=device, dtype=dtype).eval()
+    model.config._attn_implementation = "sdpa"
+    pad = marian_pad(cfg)
+    src = torch.where(src_aiayn == cfg.pad_id, torch.full_like(src_aiayn, pad), src_aiayn)
+    mask = torch.ones_like(src)
+
+    @torch.inference_mode()
+    def run():
+        out = model.generate(input_ids=src, attention_mask=mask, num_beams=K, do_sample=False, min_new_tokens=L,
+                             max_new_tokens=L, early_stopping=True, use_cache=True, suppress_tokens=[pad])
+        return out.size(0) * (out.size(1) - 1)
+    return run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="base,big")
+    ap.add_argument("--vocab", type=int, default=37000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--src-len", type=int, default=20)
+    ap.add_argument("--out-len", type=int, default=69, help="tokens generated per sentence (input + 50 for 19 words)")
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--systems", default="aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    cases = []
+    for size in args.sizes.split(","):
+        cfg = aiayn.get_preset(size, vocab_size=args.vocab)
+        g = torch.Generator().manual_seed(1)
+        src = torch.randint(4, cfg.vocab_size, (args.batch, args.src_len), generator=g)
+        src[:, -1] = cfg.eos_id
+        src = src.to(device)
+        builders = {"aiayn-fp32": lambda: aiayn_system(cfg, "fp32", src, args.out_len, args.beam, device),
+                    "aiayn-bf16": lambda: aiayn_system(cfg, "bf16", src, args.out_len, args.beam, device),
+                    "hf-fp32": lambda: hf_system(cfg, torch.float32, src, args.out_len, args.beam, device),
+                    "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device)}
+        runs, tokens = {}, {}
+        for sys_name in args.systems.split(","):
+            try:
+                runs[sys_name] = builders[sys_name]()
+                tokens[sys_name] = runs[sys_name]()  # warm-up; the tokens it produced
+                sync(device)
+            except Exception as exc:
+                print(f"{size} {sys_name}: failed: {type(exc).__name__}: {exc}"[:400], flush=True)
+        times = {k: [] for k in runs}
+        for _ in range(args.rounds):
+            for k, run in runs.items():
+                sync(device)
+                t0 = time.perf_counter()
+                run()
+                sync(device)
+                times[k].append(time.perf_counter() - t0)
+        res = {}
+        for k, ts in times.items():
+            t = statistics.median(ts)
+            res[k] = {"tgt_tok_s": round(args.batch * args.out_len / t), "seconds": round(t, 4),
+                      "tokens_generated": tokens[k], "rounds_s": [round(x, 4) for x in ts]}
+            print(f"{size:5s} {k:11s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
+        for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32")):
+            if a in res and b in res:
+                print(f"{size:5s} {a} / {b}: {res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
+        cases.append({"size": size, "systems": res})
+    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "gpu_translate.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": name, "torch": torch.__version__, "args": vars(args), "cases": cases},
+                              indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
