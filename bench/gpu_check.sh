@@ -12,36 +12,37 @@
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+PY=${PY:-python3}
 STAGES=${1:-all}
 OUT=${OUT:-$ROOT/bench/results/gpu-check}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$ROOT/src:$ROOT:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 if [ -z "${AIAYN_SHARED_DATA:-}" ]; then
   if [ -d .gpu/data/multi30k ]; then export AIAYN_SHARED_DATA=$ROOT/.gpu/data; else export AIAYN_SHARED_DATA=$ROOT/../shared/data; fi
 fi
-A="python3 -m aiayn.cli"
+A="$PY -m aiayn.cli"
 W=${WORK:-/tmp/aiayn-gpu}; mkdir -p "$W"
 export BENCH_RESULTS=$OUT
 step() { echo; echo "=== $1 $(date +%T)"; }
 
 step env
 nvidia-smi -L 2>/dev/null
-python3 -c "import torch, sentencepiece, sacrebleu; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', 'sacrebleu', sacrebleu.__version__)"
+$PY -c "import torch, sentencepiece, sacrebleu; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', 'sacrebleu', sacrebleu.__version__)"
 
 if [ "$STAGES" = quick ] || [ "$STAGES" = all ]; then
   step cuda-tests
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/train/test_objective.py tests/decode/test_search.py 2>&1 | tail -5
+  timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/train/test_objective.py tests/decode/test_search.py 2>&1 | tail -5
   step train-throughput-synthetic
-  timeout 200 python3 bench/gpu_train.py --sizes base,big --precisions bf16,fp16 --steps 5 --rounds 3 --profile \
+  timeout 200 $PY bench/gpu_train.py --sizes base,big --precisions bf16,fp16 --steps 5 --rounds 3 --profile \
     > "$OUT/gpu_train.log" 2>&1; echo "rc=$?"
   grep -E "device|tok/s|x$|failed" "$OUT/gpu_train.log" | cut -c1-200
   grep -B2 -A28 "Name " "$OUT/gpu_train.log" | head -34 | cut -c1-200
   step translate-throughput
-  timeout 120 python3 bench/gpu_translate.py --sizes base,big --rounds 3 > "$OUT/gpu_translate.log" 2>&1; echo "rc=$?"
+  timeout 120 $PY bench/gpu_translate.py --sizes base,big --rounds 3 > "$OUT/gpu_translate.log" 2>&1; echo "rc=$?"
   grep -E "tok/s|x$|failed" "$OUT/gpu_translate.log" | cut -c1-200
 fi
 
@@ -59,10 +60,10 @@ if [ "$STAGES" = demo ] || [ "$STAGES" = all ]; then
       SECONDS=0
       zcat "$D/test_2016_flickr.en.gz" | timeout 60 $A translate --checkpoint "$M" --precision $p > "$W/t.$p" 2> "$W/t.$p.err"
       echo "translate (device auto) $p rc=$? ${SECONDS}s lines $(wc -l < "$W/t.$p")"
-      python3 -c "import sacrebleu,gzip,sys;h=open(sys.argv[1]).read().splitlines();r=gzip.open(sys.argv[2],'rt').read().splitlines();print('  sacreBLEU',round(sacrebleu.corpus_bleu(h,[r]).score,2))" "$W/t.$p" "$D/test_2016_flickr.de.gz"
+      $PY -c "import sacrebleu,gzip,sys;h=open(sys.argv[1]).read().splitlines();r=gzip.open(sys.argv[2],'rt').read().splitlines();print('  sacreBLEU',round(sacrebleu.corpus_bleu(h,[r]).score,2))" "$W/t.$p" "$D/test_2016_flickr.de.gz"
     done
     step train-throughput-real
-    timeout 120 python3 bench/gpu_train.py --sizes base --precisions bf16 --data "$W/demo/data" --steps 10 --rounds 3 \
+    timeout 120 $PY bench/gpu_train.py --sizes base --precisions bf16 --data "$W/demo/data" --steps 10 --rounds 3 \
       > "$OUT/gpu_train_real.log" 2>&1; echo "rc=$?"
     grep -E "tok/s|x$|failed" "$OUT/gpu_train_real.log" | cut -c1-200
   fi
