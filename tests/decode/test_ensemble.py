@@ -14,7 +14,8 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import search
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
-from aiayn.train.checkpoint import ENSEMBLE_FORMAT, average_checkpoints, ensemble_checkpoint, load_checkpoint
+from aiayn.train.checkpoint import (ENSEMBLE_FORMAT, atomic_save, average_checkpoints, ensemble_checkpoint,
+                                    load_checkpoint)
 
 from tests.decode.stub import EOS, TableDecoder
 from tests.decode.test_adapter import sources
@@ -105,10 +106,10 @@ def two_ckpts(tmp_path, spm_bytes):  # noqa: F811
     a = make_checkpoint(tmp_path / "a.pt", spm_bytes)
     torch.manual_seed(5)  # a second model: other weights, same tokenizer
     b = make_checkpoint(tmp_path / "b.pt", spm_bytes)
-    ckpt = torch.load(b, weights_only=False)
+    ckpt = load_checkpoint(b)
     ckpt["model"] = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in ckpt["model"].items()}
     ckpt["optimizer"] = {"state": "dropped from ensembles"}
-    torch.save(ckpt, b)
+    atomic_save(ckpt, b)
     return a, b
 
 
@@ -117,7 +118,7 @@ def test_ensemble_file_translates_as_the_checkpoints_together(two_ckpts, tmp_pat
     cfg = DecodeConfig(max_len_b=3, beam_size=3)
     together = Translator.from_checkpoint([a, b], cfg)
     assert len(together.models) == 2 and isinstance(together.decoder, EnsembleDecoder)
-    torch.save(ensemble_checkpoint([a, b]), tmp_path / "ens.pt")
+    atomic_save(ensemble_checkpoint([a, b]), tmp_path / "ens.pt")
     ens = load_checkpoint(tmp_path / "ens.pt", ensemble_ok=True)
     assert ens["format"] == ENSEMBLE_FORMAT and len(ens["members"]) == 2
     assert "optimizer" not in ens["members"][1]
@@ -130,7 +131,7 @@ def test_ensemble_file_translates_as_the_checkpoints_together(two_ckpts, tmp_pat
 
 def test_ensemble_files_are_for_translation_only(two_ckpts, tmp_path, spm_bytes):  # noqa: F811
     a, b = two_ckpts
-    torch.save(ensemble_checkpoint([a, b]), tmp_path / "ens.pt")
+    atomic_save(ensemble_checkpoint([a, b]), tmp_path / "ens.pt")
     with pytest.raises(UserError, match="an ensemble of 2 models"):
         load_checkpoint(tmp_path / "ens.pt")
     with pytest.raises(UserError, match="an ensemble of 2 models"):

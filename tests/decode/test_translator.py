@@ -17,7 +17,7 @@ from aiayn.data.vocab import Tokenizer, train_sentencepiece
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator, load_model_for_inference
 from aiayn.errors import InputError, UserError
-from aiayn.train.checkpoint import FORMAT
+from aiayn.train.checkpoint import FORMAT, atomic_save, load_checkpoint
 
 LINES = ["the house is small", "", "a cat sat on the mat today", "small", "the cat is in the small house"]
 
@@ -38,7 +38,7 @@ def make_checkpoint(path, spm: bytes, **model_overrides) -> str:
     sha = hashlib.sha256(spm).hexdigest()
     ckpt = {"format": FORMAT, "model_config": to_dict(cfg), "model": M.Transformer(cfg).state_dict(),
             "tokenizers": {"src": spm, "tgt": spm, "src_sha256": sha, "tgt_sha256": sha, "shared": True}}
-    torch.save(ckpt, path)
+    atomic_save(ckpt, path)
     return str(path)
 
 
@@ -87,19 +87,19 @@ def test_too_long_line_is_an_error_naming_the_line(ckpt, tmp_path, spm_bytes):
 def test_checkpoint_errors(tmp_path, spm_bytes, ckpt):
     with pytest.raises(UserError, match="not found"):
         load_model_for_inference(tmp_path / "missing.pt")
-    bad = torch.load(ckpt, weights_only=False)
+    bad = load_checkpoint(ckpt)
     bad["tokenizers"]["tgt_sha256"] = "0" * 64
-    torch.save(bad, tmp_path / "bad_hash.pt")
+    atomic_save(bad, tmp_path / "bad_hash.pt")
     with pytest.raises(UserError, match="does not match its sha256"):
         load_model_for_inference(tmp_path / "bad_hash.pt")
-    bad = torch.load(ckpt, weights_only=False)
+    bad = load_checkpoint(ckpt)
     bad["model_config"]["vocab_size"] += 1
-    torch.save(bad, tmp_path / "bad_vocab.pt")
+    atomic_save(bad, tmp_path / "bad_vocab.pt")
     with pytest.raises(UserError, match="do not match the model"):
         load_model_for_inference(tmp_path / "bad_vocab.pt")
-    bad = torch.load(ckpt, weights_only=False)
+    bad = load_checkpoint(ckpt)
     del bad["tokenizers"]
-    torch.save(bad, tmp_path / "no_tok.pt")
+    atomic_save(bad, tmp_path / "no_tok.pt")
     with pytest.raises(UserError, match="no 'tokenizers' entry"):
         load_model_for_inference(tmp_path / "no_tok.pt")
 

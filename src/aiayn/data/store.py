@@ -78,14 +78,31 @@ class NpyAppender:
         self._f.close()
 
 
+def current_umask() -> int:
+    """The process's umask: from /proc/self/status on Linux (no window in which another thread
+    would create files under a changed one), else by setting it and setting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a temporary file in the same directory, fsync, then rename over ``path``.
 
-    A kill at any moment leaves either the old file or the new one, never a torn file.
+    A kill at any moment leaves either the old file or the new one, never a torn file. The file
+    gets the permissions ``open`` would give it (0666 less the umask), not the temporary's 0600.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -137,9 +154,7 @@ class AtomicDir:
         self.check_destination()
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the temp name only
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 is for the temp name only
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> bool:

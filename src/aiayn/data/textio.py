@@ -36,16 +36,28 @@ def read_lines(path: Path) -> Iterator[str]:
     try:
         with _open_binary(path) as f:
             for n, raw in enumerate(f, 1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise InputError(path, n, f"invalid UTF-8 (byte {exc.start + 1} of the line: "
-                                              f"{raw[exc.start:exc.start + 4]!r})") from None
-                if n == 1 and text.startswith("\ufeff"):
-                    text = text[1:]
-                yield text.strip()
+                yield decode_line(raw, path, n)
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(path, n + 1, f"cannot read ({exc})") from exc
+
+
+def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
+    """``read_lines`` of an open binary stream (stdin) called ``name`` in errors."""
+    for n, raw in enumerate(stream, 1):
+        yield decode_line(raw, name, n)
+
+
+def decode_line(raw: bytes, path, n: int) -> str:
+    """Line ``n`` of ``path`` as UTF-8 text (a BOM on line 1 dropped), stripped; invalid UTF-8 is
+    an ``InputError`` naming the file, the line and the byte."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(path, n, f"invalid UTF-8 (byte {exc.start + 1} of the line: "
+                                  f"{raw[exc.start:exc.start + 4]!r})") from None
+    if n == 1 and text.startswith("\ufeff"):
+        text = text[1:]
+    return text.strip()
 
 
 def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[int, str, str]]:

@@ -43,10 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _input_chunks(path: str | None) -> Iterator[tuple[int, list[str]]]:
     """(first line number, lines) chunks of the input."""
+    from aiayn.data.textio import check_readable, decode_lines, read_lines
     if path is None:
-        lines = (line.strip() for line in sys.stdin)
+        raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
+        lines = decode_lines(raw, "<stdin>") if raw is not None else (line.strip() for line in sys.stdin)
     else:
-        from aiayn.data.textio import check_readable, read_lines
         check_readable(Path(path), "translation input")
         lines = read_lines(Path(path))
     chunk, first = [], 1

@@ -35,7 +35,10 @@ kernel only where the AVX-512 path is (``Kernels.seq_attention_fast``).
 How it is built: the first ``load()`` of a process compiles the five C files with the system's C compiler
 (``$CC``, else ``cc``) for this CPU (``-march=native``) into the cache directory
 (``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
-hashes the sources, the flags and the CPU, written atomically; later loads reuse the file. Without a
+hashes the sources, the flags and the CPU, written atomically with the SHA-256 of its bytes beside it;
+later loads reuse the file only if it is this user's, writable by no one else, and its bytes match
+(``load``; else it is built again; a cache directory shared between users gets a private folder per
+user). Without a
 compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding and training use
 PyTorch's operations: the same numbers up to rounding for attention and log-probabilities, identical
 for int8 (``tests/decode/test_kernel.py`` checks both kinds of attention step against
@@ -114,6 +117,7 @@ def _compile(cc: str, out: Path, archs: tuple[list[str], ...] = (["-march=native
         except (OSError, subprocess.TimeoutExpired) as e:
             done, err = None, str(e)
         if done is not None and done.returncode == 0:
+            os.chmod(tmp, 0o755)  # whatever the umask: writable by its owner only (``load`` checks)
             os.replace(tmp, out)
             return None
         os.unlink(tmp)
@@ -385,7 +389,12 @@ class Kernels:
 
 @functools.lru_cache(maxsize=None)
 def load() -> Kernels | None:
-    """The kernels, compiled on first use (module docstring); None, logged once, if they cannot be had."""
+    """The kernels, compiled on first use (module docstring); None, logged once, if they cannot be had.
+
+    A cached library is loaded only if it is this user's, writable by no one else, in a directory
+    that is too (``_own_cache_dir``), and its bytes hash to the SHA-256 recorded beside it when it was
+    built; anything else (a damaged file, a build cut short, a file another user could have written)
+    is built again."""
     cc = _compiler()
     if cc is None:
         log.info("no C compiler (%s): decoding and the training loss use PyTorch's operations",
@@ -393,18 +402,87 @@ def load() -> Kernels | None:
         return None
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
-    path = cache_dir() / f"aiayn-kernels-{key.hexdigest()[:16]}.so"
-    if not path.exists():
-        try:
-            reason = _compile(cc, path)
-        except OSError as e:  # e.g. the cache directory cannot be written
-            reason = str(e)
-        if reason is not None:
-            log.warning("could not compile %s (%s): decoding and the training loss use PyTorch's operations",
-                        " ".join(src.name for src in SOURCES), reason)
-            return None
     try:
-        return Kernels(ctypes.CDLL(str(path)), path)
-    except (OSError, AttributeError) as e:
+        path = _own_cache_dir() / f"aiayn-kernels-{key.hexdigest()[:16]}.so"
+        lib, why = _load_verified(path)
+        if lib is None:
+            if path.exists():
+                log.warning("%s: %s; building it again", path, why)
+            reason = _compile(cc, path)
+            if reason is None:
+                _record_sha256(path)
+                lib, reason = _load_verified(path)
+    except OSError as e:  # e.g. the cache directory cannot be written
+        lib, reason = None, str(e)
+    if lib is None:
+        log.warning("could not build or load %s (%s): decoding and the training loss use PyTorch's operations",
+                    " ".join(src.name for src in SOURCES), reason)
+        return None
+    try:
+        return Kernels(lib, path)
+    except AttributeError as e:
         log.warning("could not load %s (%s): decoding and the training loss use PyTorch's operations", path, e)
         return None
+
+
+def _private(st: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _own_cache_dir() -> Path:
+    """``cache_dir()`` if it is this user's alone; else (a directory shared between users) this user's
+    0700 folder inside it."""
+    base = cache_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    if _private(base.stat()):
+        return base
+    mine = base / f"user-{os.getuid()}"
+    mine.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(mine)
+    if not (_private(st) and os.path.isdir(mine) and not os.path.islink(mine)):
+        raise OSError(f"{mine} is not this user's private directory")
+    return mine
+
+
+def _record_sha256(path: Path) -> None:
+    """Write the SHA-256 of the library ``path`` beside it (``PATH.sha256``), atomically."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    fd, tmp = tempfile.mkstemp(suffix=".sha256", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(digest + "\n")
+    os.replace(tmp, str(path) + ".sha256")
+
+
+def _load_verified(path: Path) -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") if ``path`` and its recorded SHA-256 are this user's alone and the bytes
+    match; else (None, why). The checks and the load read one open file (no swap in between)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None, "not built"
+    except OSError as e:
+        return None, str(e)
+    try:
+        if not _private(os.fstat(fd)):
+            return None, "owned by another user or writable by others"
+        try:
+            with open(str(path) + ".sha256", "rb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW)) as f:
+                if not _private(os.fstat(f.fileno())):
+                    return None, "its recorded checksum is owned by another user or writable by others"
+                want = f.read().decode("ascii", "replace").strip()
+        except OSError:
+            return None, "no recorded checksum (a build cut short?)"
+        h = hashlib.sha256()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        if h.hexdigest() != want:
+            return None, "damaged (its bytes do not match the checksum recorded when it was built)"
+        proc = f"/proc/self/fd/{fd}"
+        try:
+            return ctypes.CDLL(proc if os.path.exists(proc) else str(path)), ""
+        except OSError as e:
+            return None, str(e)
+    finally:
+        os.close(fd)

@@ -1,13 +1,16 @@
 """Checkpoints that describe themselves (STYLE.md habit 7), written atomically, and averaging.
 
-A checkpoint is a torch file holding a dict:
+A checkpoint is a torch file holding a dict of tensors and plain values only (it loads with
+``weights_only``: no code runs; docs/checkpoints.md):
   format: "aiayn-checkpoint-1"
   run_config: RunConfig as a dict (model + train sections); model_config: the model section
   model: state dict of the unwrapped module (float32 for averages)
-  step, epoch, optimizer, scaler, sampler (data position), rng (torch/cuda/numpy/python)
+  step, epoch, optimizer, scaler, sampler (data position), rng (torch/cuda/numpy/python, as
+  tensors: ``runtime.rng_state``), rank_rng (every rank's rng in rank order, data-parallel runs)
   tokenizers: {"src": bytes, "tgt": bytes, "src_sha256": str, "tgt_sha256": str, "shared": bool}
   best_valid_loss, valid (last validation metrics)
-Files in a run directory: ckpt_step00001234.pt (kept: the last K), last.pt, best.pt.
+  sha256: the checksum of everything else (``content_sha256``), verified by every load
+Files in a run directory: ckpt_step00001234.pt (kept: the last K; 0 keeps all), last.pt, best.pt.
 
 An ensemble file (``ensemble_checkpoint``) holds several models for translation only:
   format: "aiayn-ensemble-1"; members: a list of checkpoints as above, without training state
@@ -15,8 +18,12 @@ An ensemble file (``ensemble_checkpoint``) holds several models for translation 
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
+import pickle
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +35,105 @@ from aiayn.errors import UserError
 log = logging.getLogger(__name__)
 FORMAT = "aiayn-checkpoint-1"
 ENSEMBLE_FORMAT = "aiayn-ensemble-1"
-TRAINING_STATE = ("optimizer", "rank_optimizers", "scaler", "rng", "sampler")
+TRAINING_STATE = ("optimizer", "rank_optimizers", "scaler", "rng", "rank_rng", "sampler")
+CHECKSUM = "sha256"  # the key of the content checksum (``content_sha256``) in every file's dict
 STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
+UPGRADE_HINT = ("convert it once with `aiayn upgrade-checkpoint FILE` (it reads tensors, plain values and "
+                "numpy arrays only, never code)")
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` through ``atomic_write``: a kill at any moment leaves either the old file or
-    the new one, never a torn file."""
-    atomic_write(path, lambda f: torch.save(obj, f))
+def content_sha256(obj: Any) -> str:
+    """SHA-256 of a checkpoint's contents, the file format aside: every tensor's dtype, shape and
+    bytes, every plain value (None, bool, int, float, str, bytes) and the structure of the dicts,
+    lists and tuples around them, in order. What ``torch.load`` gives back hashes as what was
+    saved, so the check needs no second copy of the file; a type ``weights_only`` loading would
+    refuse is a TypeError here, at save time."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _feed(h, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)  # (N,)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
+    elif isinstance(obj, dict):
+        h.update(b"D%d" % len(obj))
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"L%d" % len(obj) if isinstance(obj, list) else b"U%d" % len(obj))
+        for v in obj:
+            _feed(h, v)
+    elif obj is None or isinstance(obj, bool):
+        h.update(repr(obj).encode())
+    elif isinstance(obj, int):
+        h.update(b"I%d;" % obj)
+    elif isinstance(obj, float):
+        h.update(b"F" + float.hex(obj).encode() + b";")
+    elif isinstance(obj, str):
+        b = obj.encode("utf-8", "surrogatepass")
+        h.update(b"S%d:" % len(b) + b)
+    elif isinstance(obj, bytes):
+        h.update(b"B%d:" % len(obj) + obj)
+    else:
+        raise TypeError(f"a checkpoint holds only tensors and plain values, not {type(obj).__name__}")
+
+
+def sealed(obj: dict) -> dict:
+    """``obj`` with its content checksum under ``CHECKSUM`` (any older one replaced)."""
+    body = {k: v for k, v in obj.items() if k != CHECKSUM}
+    return {**body, CHECKSUM: content_sha256(body)}
+
+
+def atomic_save(obj: dict, path: str | Path) -> None:
+    """``torch.save`` of ``sealed(obj)`` through ``atomic_write``: a kill at any moment leaves either
+    the old file or the new one, never a torn file; a full disk is a UserError naming the file."""
+    obj = sealed(obj)
+
+    def write(f) -> None:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as exc:  # torch's writer wraps the OSError of a failed write
+            cause = exc.__context__
+            raise (cause if isinstance(cause, OSError) else exc)
+    _write_or_explain(path, write)
+
+
+def atomic_copy(src: str | Path, dst: str | Path) -> None:
+    """Copy the file ``src`` to ``dst`` through ``atomic_write`` (a checkpoint written once, kept
+    under a second name without serializing and hashing it again)."""
+    def write(f) -> None:
+        with open(src, "rb") as g:
+            shutil.copyfileobj(g, f, 1 << 20)
+    _write_or_explain(dst, write)
+
+
+def _write_or_explain(path: str | Path, write) -> None:
+    try:
+        atomic_write(path, write)
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise UserError(f"{path}: cannot write ({exc.strerror or exc}){'; free some space' if full else ''}; "
+                        f"the files already there are intact (a run resumes from its last.pt)") from exc
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
                     ensemble_ok: bool = False) -> dict:
-    """The checkpoint dict of ``path``; an ensemble file only with ``ensemble_ok`` (translation)."""
+    """The checkpoint dict of ``path``; an ensemble file only with ``ensemble_ok`` (translation).
+
+    Read with ``weights_only``: a file that names anything but tensors and plain values (code a
+    pickle would run) is refused before any of it runs. Its content checksum is verified: a
+    damaged file is a UserError naming it."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: checkpoint not found")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UserError(_refusal(path, str(exc))) from None
     except Exception as exc:  # a truncated or foreign file
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
     if isinstance(ckpt, dict) and ckpt.get("format") == ENSEMBLE_FORMAT:
@@ -55,10 +143,34 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
                             f"single checkpoints")
         if not ckpt.get("members"):
             raise UserError(f"{path}: an ensemble file without members")
-        return ckpt
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+    elif not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
+    verify(ckpt, path)
     return ckpt
+
+
+def verify(ckpt: dict, path: str | Path) -> None:
+    """Check ``ckpt``'s content checksum (what ``atomic_save`` stored) against its contents."""
+    want = ckpt.get(CHECKSUM)
+    if want is None:
+        raise UserError(f"{path}: the checkpoint carries no checksum (written by an older aiayn); {UPGRADE_HINT}")
+    try:
+        got = content_sha256({k: v for k, v in ckpt.items() if k != CHECKSUM})
+    except TypeError as exc:
+        raise UserError(f"{path}: not an aiayn checkpoint ({exc})") from None
+    if got != want:
+        raise UserError(f"{path}: damaged: its contents do not match the checksum written with them "
+                        f"(sha256 {got[:16]}... != {str(want)[:16]}...); use another copy or an earlier checkpoint")
+
+
+def _refusal(path: Path, message: str) -> str:
+    """The error for a file ``weights_only`` loading refused, naming what it would have run."""
+    found = re.search(r"GLOBAL ([\w.]+)", message)
+    name = found.group(1) if found else "an object"
+    if name.startswith("numpy"):
+        return f"{path}: a checkpoint in the older format (its RNG state holds numpy objects); {UPGRADE_HINT}"
+    return (f"{path}: refused: it is not plain data but names {name}, which loading would call "
+            f"(checkpoints hold only tensors and plain values)")
 
 
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -72,6 +184,9 @@ def step_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` step checkpoints; 0 keeps them all."""
+    if keep_last <= 0:
+        return
     ckpts = step_checkpoints(run_dir)
     for p in ckpts[: max(0, len(ckpts) - keep_last)]:
         p.unlink(missing_ok=True)
@@ -104,7 +219,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         last = ckpt
     n = len(paths)
     model = {k: (v / n if v.is_floating_point() else v) for k, v in total.items()}
-    out = {k: v for k, v in last.items() if k not in TRAINING_STATE}
+    out = {k: v for k, v in last.items() if k not in (*TRAINING_STATE, CHECKSUM)}
     out["model"] = model
     out["averaged_from"] = [str(p) for p in paths]
     return out
@@ -146,6 +261,37 @@ def ensemble_checkpoint(paths: list[str | Path]) -> dict:
     if not paths:
         raise UserError("no checkpoints to put in an ensemble")
     members = checkpoint_members(paths)
-    return {"format": ENSEMBLE_FORMAT, "members": [{k: v for k, v in m.items() if k not in TRAINING_STATE}
+    return {"format": ENSEMBLE_FORMAT, "members": [{k: v for k, v in m.items() if k not in (*TRAINING_STATE, CHECKSUM)}
                                                    for _, m in members],
             "ensembled_from": [label for label, _ in members]}
+
+
+def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
+    """A checkpoint or ensemble file of an older aiayn, rewritten in today's format into ``out``:
+    numpy RNG states become tensors (``runtime.rng_state_from_legacy``) and the checksum is added.
+    It is read with ``weights_only`` plus numpy's array reconstruction only: still no code runs."""
+    import numpy as np
+
+    from aiayn.train.runtime import rng_state_from_legacy
+    path = Path(path)
+    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _numpy_reconstruct()]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UserError(_refusal(path, str(exc)).replace(UPGRADE_HINT, "it cannot be converted")) from None
+    except Exception as exc:
+        raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
+        raise UserError(f"{path}: not an aiayn checkpoint")
+    for c in ckpt.get("members") or [ckpt]:
+        if isinstance(c.get("rng"), dict) and isinstance(c["rng"].get("numpy"), tuple):
+            c["rng"] = rng_state_from_legacy(c["rng"])
+    atomic_save(ckpt, out)
+    return load_checkpoint(out, ensemble_ok=True)
+
+
+def _numpy_reconstruct():
+    import numpy as np
+    core = getattr(np, "_core", None) or np.core
+    return core.multiarray._reconstruct

@@ -1,4 +1,4 @@
-"""``aiayn train`` and ``aiayn average``."""
+"""``aiayn train``, ``aiayn average``, ``aiayn ensemble`` and ``aiayn upgrade-checkpoint``."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,14 @@ def run_ensemble(args) -> int:
     return 0
 
 
+def run_upgrade(args) -> int:
+    from aiayn.train.checkpoint import upgrade_checkpoint
+    out = args.out or args.checkpoint
+    upgrade_checkpoint(args.checkpoint, out)
+    print(f"{args.checkpoint}: written in today's format to {out}")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "train", help="train a Transformer on a prepared data directory (resumes if --out has a run)",
@@ -90,3 +98,12 @@ def register(sub) -> None:
     e.add_argument("inputs", nargs="+", help="checkpoint files (or ensemble files)")
     e.add_argument("--out", required=True, help="output ensemble file")
     e.set_defaults(func=run_ensemble)
+
+    u = sub.add_parser("upgrade-checkpoint", help="rewrite a checkpoint of an older aiayn in today's format",
+                       description="Checkpoints hold only tensors and plain values, with a checksum "
+                                   "(docs/checkpoints.md). This rewrites one written before that (RNG states "
+                                   "as numpy objects, no checksum); it reads tensors, plain values and numpy "
+                                   "arrays only, never code.")
+    u.add_argument("checkpoint", help="checkpoint or ensemble file")
+    u.add_argument("--out", help="output file (default: replace the input, atomically)")
+    u.set_defaults(func=run_upgrade)

@@ -46,7 +46,7 @@ class TrainConfig:
     # checkpoints (§6.1: written at 10-minute intervals)
     save_every_steps: int = param(0, "write a checkpoint every N optimizer steps; 0 = off")
     save_every_min: float = param(10.0, "write a checkpoint every M minutes of wall time; 0 = off")
-    keep_last: int = param(20, "keep the last K step checkpoints (plus last.pt and best.pt)")
+    keep_last: int = param(20, "keep the last K step checkpoints (plus last.pt and best.pt); 0 keeps them all")
     # validation
     validate_every_steps: int = param(1000, "validate every N optimizer steps (and at the end); 0 = only at the end")
     validate_at_save: bool = param(True, "also validate whenever a checkpoint is written (so best.pt is tracked)")

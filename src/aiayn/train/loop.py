@@ -31,6 +31,7 @@ from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig, run_config_from_dict
 from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer, rdrop_kl
+from aiayn.train.rundir import RunLock, remove_stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +92,39 @@ def train_kernels(t: TrainConfig, device: torch.device):
     return load()
 
 
+def valid_caps(t: TrainConfig) -> tuple[int, int]:
+    """The most source and target ids of a validation pair that ``validate`` reads: a pair fills at
+    most one batch of the token bounds (with its EOS or BOS), so a line however long costs no more
+    memory than a training batch. Longer pairs are cut (``warn_long_pairs`` says so, once)."""
+    return max(t.max_src_tokens - 1, 1), max(t.max_tgt_tokens - 1, 1)
+
+
+def warn_long_pairs(name: str, data, t: TrainConfig) -> None:
+    """One warning naming the pairs of ``data`` that ``validate`` cuts to ``valid_caps``."""
+    if data is None or len(data) == 0:
+        return
+    src_cap, tgt_cap = valid_caps(t)
+    long = np.flatnonzero((data.src_lens > src_cap) | (data.tgt_lens > tgt_cap))  # (n_long,)
+    if len(long):
+        shown = ", ".join(str(i + 1) for i in long[:5]) + (", ..." if len(long) > 5 else "")
+        log.warning("%s: %d pair(s) longer than one batch (train.max_src_tokens=%d, train.max_tgt_tokens=%d) "
+                    "are cut to %d source and %d target tokens for validation: pair(s) %s", name, len(long),
+                    t.max_src_tokens, t.max_tgt_tokens, src_cap, tgt_cap, shown)
+
+
 @torch.no_grad()
 def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None) -> dict:
     """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout)."""
     model.eval()
     t = cfg.train
-    sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, t.max_src_tokens, t.max_tgt_tokens,
-                                shuffle=False)
+    src_cap, tgt_cap = valid_caps(t)
+    sampler = TokenBatchSampler(np.minimum(data.src_lens, src_cap) + 1, np.minimum(data.tgt_lens, tgt_cap) + 1,
+                                t.max_src_tokens, t.max_tgt_tokens, shuffle=False)
     m = cfg.model
     kernels = train_kernels(t, device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for idx in sampler:
-        b = collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id)
+        b = collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id, m.eos_id)
         b = b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
         with rt.autocast(device, precision):
             logits = model(b.src, b.tgt_in)
@@ -112,22 +134,23 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     n = max(n, 1)
     out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
     if t.valid_bleu and tokenizers is not None:
-        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines)
+        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines, src_cap)
     model.train()
     return out
 
 
 @torch.no_grad()
-def valid_bleu(model, data, tokenizers: tuple, max_lines: int) -> float:
+def valid_bleu(model, data, tokenizers: tuple, max_lines: int, src_cap: int | None = None) -> float:
     """sacreBLEU of greedy translations of the first ``max_lines`` validation pairs (§6.1 decoder,
-    beam 1), against the detokenized reference ids (what the tokenizer gives back)."""
+    beam 1), against the detokenized reference ids (what the tokenizer gives back); sources cut
+    to ``src_cap`` ids (``valid_caps``)."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import sacre_bleu
     src_tok, tgt_tok = tokenizers
     n = min(len(data), max_lines)
     translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=1))
-    ids = [list(map(int, data.src(i))) + [model.cfg.eos_id] if len(data.src(i)) else [] for i in range(n)]
+    ids = [list(map(int, data.src(i)[:src_cap])) + [model.cfg.eos_id] if len(data.src(i)) else [] for i in range(n)]
     hyps = translator.translate_ids(ids)
     out = [tgt_tok.decode(h[0].tokens) if h else "" for h in hyps]
     refs = [tgt_tok.decode(list(map(int, data.tgt(i)))) for i in range(n)]
@@ -135,30 +158,52 @@ def valid_bleu(model, data, tokenizers: tuple, max_lines: int) -> float:
 
 
 def _save(run_dir: Path, model, opt, scaler, sampler_state: dict, state: TrainState, cfg: RunConfig,
-          tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None) -> None:
+          tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None,
+          rank_rng: list | None = None) -> None:
     """Checkpoint the run (main rank): the step's checkpoint, ``best.pt`` if ``best``, ``last.pt``.
     ``rank_optimizers``: local SGD's every rank's own Adam state, in rank order, so that each rank
-    resumes with its own moments (None: the ranks share one); its first is the main rank's, written once."""
+    resumes with its own moments (None: the ranks share one); its first is the main rank's, written once.
+    ``rank_rng``: every rank's generator states in rank order (data-parallel runs; each rank's
+    dropout masks are its own), so that each rank resumes with its own."""
     ckpt = {
         "format": ck.FORMAT, "run_config": to_dict(cfg), "model_config": to_dict(cfg.model),
         "model": model.state_dict(), "optimizer": rank_optimizers[0] if rank_optimizers else opt.state_dict(),
         "rank_optimizers": rank_optimizers,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "sampler": sampler_state, "rng": rt.rng_state(), "tokenizers": tokenizers,
+        "sampler": sampler_state, "rng": rank_rng[0] if rank_rng else rt.rng_state(),
+        "rank_rng": rank_rng, "tokenizers": tokenizers,
         "step": state.step, "epoch": state.epoch, "tokens": state.tokens, "flops": state.flops,
         "train_seconds": state.train_seconds, "best_valid_loss": state.best_valid_loss,
         "bad_validations": state.bad_validations, "valid": valid,
     }
-    ck.atomic_save(ckpt, run_dir / f"ckpt_step{state.step:08d}.pt")
-    ck.prune(run_dir, keep_last)
+    step_path = run_dir / f"ckpt_step{state.step:08d}.pt"
+    ck.atomic_save(ckpt, step_path)  # serialized and checksummed once; the others are copies
     if best:
-        ck.atomic_save(ckpt, run_dir / "best.pt")
-    ck.atomic_save(ckpt, run_dir / "last.pt")  # last, so a resume always finds a complete state
+        ck.atomic_copy(step_path, run_dir / "best.pt")
+    ck.atomic_copy(step_path, run_dir / "last.pt")  # last, so a resume always finds a complete state
+    ck.prune(run_dir, keep_last)
+
+
+def _resume_checkpoint(run_dir: Path) -> dict:
+    """``last.pt``, or if it is damaged (or unreadable) the newest intact step checkpoint, with a
+    warning; the error of ``last.pt`` if none is intact."""
+    try:
+        return ck.load_checkpoint(run_dir / "last.pt")
+    except UserError as exc:
+        for path in reversed(ck.step_checkpoints(run_dir)):
+            try:
+                ckpt = ck.load_checkpoint(path)
+            except UserError as other:
+                log.warning("%s", other)
+                continue
+            log.warning("%s; resuming from %s (step %d) instead", exc, path, ckpt["step"])
+            return ckpt
+        raise
 
 
 def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
              segment_epoch=lambda epoch: False, rank: int = 0, world_size: int = 1) -> TrainState:
-    ckpt = ck.load_checkpoint(run_dir / "last.pt")
+    ckpt = _resume_checkpoint(run_dir)
     saved = run_config_from_dict(ckpt["run_config"])
     if saved.model != cfg.model:
         raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
@@ -178,7 +223,8 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
                     "that epoch starts over", run_dir, sampler_state["epoch"])
         sampler_state = {**sampler_state, "n_batches": len(sampler), "position": 0}
     sampler.load_state_dict(sampler_state)
-    rt.set_rng_state(ckpt["rng"])
+    rngs = ckpt.get("rank_rng")
+    rt.set_rng_state(rngs[rank] if rngs and len(rngs) == world_size else ckpt["rng"])
     return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
                       best_valid_loss=ckpt["best_valid_loss"], bad_validations=ckpt["bad_validations"],
                       train_seconds=ckpt["train_seconds"])
@@ -239,7 +285,22 @@ def _build(cfg: RunConfig, train_data, dist, device, precision: str) -> tuple:
 
 
 def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True) -> TrainState:
-    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state."""
+    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state. The main
+    rank holds the run directory's lock (``rundir.RunLock``) until it returns."""
+    with contextlib.ExitStack() as held:
+        return _train(data_dir, run_dir, cfg, progress, held)
+
+
+def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
+    """The main rank's claim on ``run_dir``: created, locked for this process, and cleared of the
+    temporaries an earlier killed run left."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    held.enter_context(RunLock(run_dir))
+    remove_stale_temps(run_dir)
+
+
+def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool,
+           held: contextlib.ExitStack) -> TrainState:
     t = cfg.train
     dist, device, precision = _runtime(t)
     data = DataDir(data_dir)
@@ -253,10 +314,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
                                           sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
     valid_data = data.split("valid") if "valid" in data.splits else None
     check_positions(m, {"train": train_data, "valid": valid_data})
+    warn_long_pairs("valid", valid_data, t)
     run_dir = Path(run_dir)
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+        _start_run_dir(run_dir, held)
 
     model, opt, scaler, sampler = _build(cfg, train_data, dist, device, precision)
     if len(sampler) == 0:
@@ -289,6 +350,8 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
             print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
     else:
         segment_epoch(state.epoch)
+    if dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
+        write_json_atomic(run_dir / "config.json", to_dict(cfg))
     # Local SGD: every process trains its own copy (no DDP), and the copies are averaged every
     # `period` steps; elsewhere every step is a synchronization point.
     local_sgd = dist.enabled and t.local_sgd_period > 0
@@ -313,9 +376,10 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
         _check_finite_weights(model, state.step, run_dir)
         rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
+        rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
         if dist.is_main:
             _save(run_dir, model, opt, scaler, sampler_state, state, cfg, tokenizers, t.keep_last, valid, is_best,
-                  rank_opts)
+                  rank_opts, rank_rng)
             if bpe is not None:
                 Segmentation.prune(run_dir, sampler_state["epoch"])
     copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice

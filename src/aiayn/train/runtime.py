@@ -88,18 +88,48 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    """This process's generator states as tensors and plain values, which a checkpoint loads
+    without running code (``weights_only``): torch's CPU generator, numpy's and Python's
+    ``random`` (their Mersenne Twister words as int64 tensors), and the current CUDA device's
+    generator where CUDA is in use. ``set_rng_state`` puts them back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, words, py_gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+             "python": {"version": int(version), "words": torch.tensor(words, dtype=torch.int64),
+                        "gauss": py_gauss}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's: each rank uses one
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore ``rng_state()``'s generators (CUDA's only where CUDA is available)."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    npy = state["numpy"]
+    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["words"].tolist()), py["gauss"]))
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def rng_state_from_legacy(state: dict) -> dict:
+    """``rng_state()``'s layout from that of checkpoints written before it (numpy's state as
+    numpy's tuple, Python's as its tuple, CUDA's as a list over devices): what
+    ``aiayn upgrade-checkpoint`` converts."""
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    version, words, py_gauss = state["python"]
+    out = {"torch": state["torch"],
+           "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+                     "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+           "python": {"version": int(version), "words": torch.tensor(words, dtype=torch.int64), "gauss": py_gauss}}
+    cuda = state.get("cuda")
+    if cuda is not None:
+        out["cuda"] = cuda[0] if isinstance(cuda, (list, tuple)) else cuda
+    return out
 
 
 def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> list[float]:
