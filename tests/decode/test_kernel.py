@@ -3,6 +3,7 @@ a tiny case, in float32 and bfloat16, with 1 and 2 threads; the top-k log-probab
 log_softmax and topk; the int8 passes against PyTorch's; the same library built without -march=native
 (the portable loops); and what happens without a compiler."""
 import copy
+import os
 import math
 
 import pytest
@@ -622,3 +623,57 @@ def test_seq_attention_rejects_bad_input(kernels):
     out, lse = kernels.seq_attention_forward(q, k, v, mask, False)
     with pytest.raises(ValueError):
         kernels.seq_attention_backward(q, k, v, mask, False, lse[:, :1], torch.zeros_like(out))
+
+
+def _counting_build(monkeypatch, good: bytes) -> list:
+    """``_compile`` replaced by a copy of an already built library (no compiler run); the paths
+    it was asked to build, in order."""
+    built = []
+
+    def compile_(cc, out, archs=None):  # as _compile does: a new file renamed into place
+        built.append(out)
+        tmp = out.with_name(out.name + ".new")
+        tmp.write_bytes(good)
+        tmp.chmod(0o755)
+        os.replace(tmp, out)
+    monkeypatch.setattr(kernel_mod, "_compile", compile_)
+    return built
+
+
+def test_a_damaged_cached_library_is_built_again(kernels, monkeypatch, tmp_path):
+    good = kernels.path.read_bytes()
+    built = _counting_build(monkeypatch, good)
+    try:
+        monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "a"))
+        kernel_mod.load.cache_clear()
+        assert kernel_mod.load() is not None and len(built) == 1
+        kernel_mod.load.cache_clear()
+        assert kernel_mod.load() is not None and len(built) == 1  # intact: reused
+        # another cache holding that library cut short (a full disk, a damaged file), with its checksum
+        damaged = tmp_path / "b" / built[0].name
+        damaged.parent.mkdir(mode=0o700)
+        damaged.write_bytes(good[:4096])
+        for p in tmp_path.glob("a/*.sha256"):
+            (damaged.parent / p.name).write_bytes(p.read_bytes())
+        monkeypatch.setenv("AIAYN_CACHE_DIR", str(damaged.parent))
+        kernel_mod.load.cache_clear()
+        assert kernel_mod.load() is not None and built[1:] == [damaged] and damaged.read_bytes() == good
+    finally:
+        kernel_mod.load.cache_clear()
+
+
+def test_a_cached_library_others_could_write_is_not_loaded(kernels, monkeypatch, tmp_path):
+    built = _counting_build(monkeypatch, kernels.path.read_bytes())
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    try:
+        kernel_mod.load.cache_clear()
+        assert kernel_mod.load() is not None
+        built[0].chmod(0o666)  # anyone could have replaced it since
+        kernel_mod.load.cache_clear()
+        assert kernel_mod.load() is not None and len(built) == 2 and built[1].stat().st_mode & 0o022 == 0
+        tmp_path.chmod(0o777)  # a cache directory shared between users: each gets a private folder in it
+        kernel_mod.load.cache_clear()
+        assert kernel_mod.load() is not None and len(built) == 3
+        assert built[2].parent == tmp_path / f"user-{os.getuid()}" and built[2].parent.stat().st_mode & 0o777 == 0o700
+    finally:
+        kernel_mod.load.cache_clear()

@@ -154,3 +154,9 @@ def test_inference_device_auto_and_clear_errors(monkeypatch):
         inference_device("gpu-please")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert inference_device("auto") == torch.device("cuda")
+
+
+def test_invalid_utf8_on_stdin_is_an_error_naming_the_line(ckpt, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"small\n\xff\xfe big\n"), encoding="utf-8"))
+    assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3"]) == 2
+    assert "<stdin>:2: invalid UTF-8 (byte 1 of the line" in capsys.readouterr().err

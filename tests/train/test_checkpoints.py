@@ -1,0 +1,288 @@
+"""Checkpoints as untrusted input and as the record of a run (docs/checkpoints.md): they load with
+``weights_only`` (a file naming code is refused before any of it runs), carry a content checksum
+(a flipped bit is an error naming the file; resume falls back to the newest intact step
+checkpoint), keep every rank's RNG state, survive a full disk with a clear error, and the run
+directory is guarded (one training at a time, stale temporaries removed, config.json kept
+through a refused resume, keep_last 0 keeping everything)."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import logging
+import os
+import random
+import subprocess
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import aiayn
+from aiayn.cli import main
+from aiayn.config import to_dict
+from aiayn.data.store import atomic_write, write_json_atomic
+from aiayn.errors import UserError
+from aiayn.train import checkpoint as ck
+from aiayn.train import runtime as rt
+from tests.train.test_training import FAST, _torchrun_cmd, _train_in_process
+
+
+def _handmade(step: int = 0) -> dict:
+    cfg = aiayn.get_preset("tiny", vocab_size=10)
+    return {"format": ck.FORMAT, "model": aiayn.Transformer(cfg).state_dict(), "model_config": to_dict(cfg),
+            "step": step, "rng": rt.rng_state(), "valid": {"valid_loss": 1.5}, "tokenizers": {"src": b"\x00\xff"}}
+
+
+class _RunsCode:
+    """Unpickling this runs a shell command (what a shared ``model.pt`` could hold)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_that_runs_code_is_refused_before_it_runs(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    evil = tmp_path / "model.pt"
+    torch.save({"format": ck.FORMAT, "model": {}, "payload": _RunsCode(marker)}, evil)
+    with pytest.raises(UserError, match=f"{evil}: refused: .*system"):
+        ck.load_checkpoint(evil)
+    assert not marker.exists()
+    # every command reads checkpoints through load_checkpoint: translate too
+    (tmp_path / "in.txt").write_text("a\n")
+    assert main(["translate", "--checkpoint", str(evil), "--input", str(tmp_path / "in.txt")]) == 2
+    assert f"{evil}: refused" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_the_checksum_golden():
+    """The bytes hashed, written out by hand for a small dict."""
+    obj = {"a": 1, "b": [None, 0.5, b"x"], "t": torch.tensor([1, 2], dtype=torch.uint8)}
+    by_hand = (b"D3" + b"S1:a" + b"I1;" + b"S1:b" + b"L3" + b"None" + b"F0x1.0000000000000p-1;" + b"B1:x"
+               + b"S1:t" + b"Ttorch.uint8(2,)" + b"\x01\x02")
+    assert ck.content_sha256(obj) == hashlib.sha256(by_hand).hexdigest()
+    assert ck.content_sha256({**obj, "a": 2}) != ck.content_sha256(obj)
+    assert ck.content_sha256({**obj, "b": (None, 0.5, b"x")}) != ck.content_sha256(obj)  # tuple != list
+    with pytest.raises(TypeError, match="ndarray"):  # what weights_only would refuse, caught at save
+        ck.content_sha256({"a": np.zeros(2)})
+
+
+def _flip_a_tensor_bit(path: Path) -> None:
+    """Flip the lowest bit of a byte in the middle of the largest tensor's data in the zip file."""
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = (int.from_bytes(raw[info.header_offset + o:info.header_offset + o + 2], "little")
+                           for o in (26, 28))
+    raw[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+def test_a_flipped_bit_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "c.pt"
+    ck.atomic_save(_handmade(), path)
+    ck.load_checkpoint(path)
+    _flip_a_tensor_bit(path)
+    with pytest.raises(UserError, match=f"{path}: damaged"):
+        ck.load_checkpoint(path)
+
+
+def test_an_older_checkpoint_is_refused_with_the_way_to_convert_it(tmp_path, capsys):
+    """The previous layout: numpy's RNG state as numpy objects and no checksum. The loader refuses
+    it (naming the converter, not falling back to unsafe loading); the converter reads it without
+    running code and the result resumes the same generators."""
+    old = tmp_path / "old.pt"
+    state = _handmade()
+    state["rng"] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    torch.save(state, old)
+    with pytest.raises(UserError, match="older format.*aiayn upgrade-checkpoint"):
+        ck.load_checkpoint(old)
+    assert main(["upgrade-checkpoint", str(old), "--out", str(tmp_path / "new.pt")]) == 0
+    new = ck.load_checkpoint(tmp_path / "new.pt")
+    rt.set_rng_state(new["rng"])
+    a = np.random.rand(3), random.random()
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    assert np.array_equal(a[0], np.random.rand(3)) and a[1] == random.random()
+    # a file without a checksum (older averaged models) converts as well
+    torch.save({k: v for k, v in _handmade().items() if k != "rng"}, old)
+    with pytest.raises(UserError, match="no checksum"):
+        ck.load_checkpoint(old)
+    assert main(["upgrade-checkpoint", str(old)]) == 0
+    ck.load_checkpoint(old)
+
+
+def test_rng_state_round_trips_every_generator():
+    state = rt.rng_state()
+    want = torch.rand(3), np.random.rand(3), random.random()
+    torch.manual_seed(7)
+    np.random.seed(7)
+    random.seed(7)
+    rt.set_rng_state(state)
+    got = torch.rand(3), np.random.rand(3), random.random()
+    assert torch.equal(want[0], got[0]) and np.array_equal(want[1], got[1]) and want[2] == got[2]
+
+
+def test_resume_falls_back_to_the_newest_intact_step_checkpoint(tmp_path, caplog):
+    from aiayn.train.loop import _resume_checkpoint
+    for step in (2, 4):
+        ck.atomic_save(_handmade(step), tmp_path / f"ckpt_step{step:08d}.pt")
+    ck.atomic_copy(tmp_path / "ckpt_step00000004.pt", tmp_path / "last.pt")
+    assert _resume_checkpoint(tmp_path)["step"] == 4
+    _flip_a_tensor_bit(tmp_path / "last.pt")
+    _flip_a_tensor_bit(tmp_path / "ckpt_step00000004.pt")
+    with caplog.at_level(logging.WARNING):
+        assert _resume_checkpoint(tmp_path)["step"] == 2
+    assert "last.pt: damaged" in caplog.text and "resuming from" in caplog.text
+    assert "ckpt_step00000002.pt (step 2) instead" in caplog.text
+    _flip_a_tensor_bit(tmp_path / "ckpt_step00000002.pt")
+    with pytest.raises(UserError, match="last.pt: damaged"):  # nothing intact: last.pt's error
+        _resume_checkpoint(tmp_path)
+
+
+class _FullDisk(io.RawIOBase):
+    """A file that takes 1,000 bytes and then fails as a full disk does."""
+
+    def __init__(self):
+        self.n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.n += len(b)
+        if self.n > 1000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(b)
+
+    def fileno(self) -> int:
+        raise OSError("no descriptor")
+
+
+def test_a_full_disk_is_a_clear_error_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    ck.atomic_save(_handmade(1), path)
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        os.close(fd)
+        return io.BufferedWriter(_FullDisk())
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(UserError, match=f"{path}: cannot write \\(No space left on device\\); free some space"):
+        ck.atomic_save(_handmade(2), path)
+    monkeypatch.setattr(os, "fdopen", real_fdopen)
+    assert ck.load_checkpoint(path)["step"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_atomic_writes_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        ck.atomic_save(_handmade(), tmp_path / "c.pt")
+        write_json_atomic(tmp_path / "manifest.json", {"a": 1})
+        assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o644
+        assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == 0o644
+        os.umask(0o077)
+        atomic_write(tmp_path / "private", lambda f: f.write(b"x"))
+        assert (tmp_path / "private").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_keep_last_zero_keeps_every_step_checkpoint(tmp_path):
+    for step in (1, 2, 3):
+        (tmp_path / f"ckpt_step{step:08d}.pt").write_bytes(b"")
+    ck.prune(tmp_path, 0)
+    assert len(ck.step_checkpoints(tmp_path)) == 3
+    ck.prune(tmp_path, 2)
+    assert [p.name for p in ck.step_checkpoints(tmp_path)] == ["ckpt_step00000002.pt", "ckpt_step00000003.pt"]
+
+
+def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
+    """One 3,000-token line in the validation split: validation reads it cut to one batch's
+    bound (no batch longer than the training batches), with one warning at the start."""
+    from aiayn.config import replace
+    from aiayn.train.config import run_config_from_preset
+    from aiayn.train.loop import validate
+
+    class Split:
+        src_lens = np.array([5, 3000, 7])
+        tgt_lens = np.array([6, 2900, 4])
+
+        def __len__(self):
+            return 3
+
+        def src(self, i):
+            return np.full(self.src_lens[i], 5, dtype=np.int64)
+
+        def tgt(self, i):
+            return np.full(self.tgt_lens[i], 6, dtype=np.int64)
+
+        def __getitem__(self, i):
+            return self.src(i), self.tgt(i)
+
+    cfg = run_config_from_preset("tiny")
+    cfg = replace(cfg, model=aiayn.get_preset("tiny", vocab_size=10),
+                  train=replace(cfg.train, max_src_tokens=64, max_tgt_tokens=48, c_kernels=False))
+    model = aiayn.Transformer(cfg.model)
+    shapes = []
+    forward = model.forward
+    model.forward = lambda src, tgt_in, *a, **k: (shapes.append((src.shape, tgt_in.shape)), forward(src, tgt_in, *a, **k))[1]
+    out = validate(model, Split(), cfg, torch.device("cpu"), "fp32")
+    assert max(s.numel() for s, _ in shapes) <= 64 and max(t.numel() for _, t in shapes) <= 48
+    assert max(s[1] for s, _ in shapes) == 64 and max(t[1] for _, t in shapes) == 48  # the cut pair: 63 + EOS, BOS + 47
+    assert np.isfinite(out["valid_loss"])
+    from aiayn.train.loop import warn_long_pairs
+    with caplog.at_level(logging.WARNING):
+        warn_long_pairs("valid", Split(), cfg.train)
+    assert caplog.text.count("cut to 63 source and 47 target tokens") == 1 and "pair(s) 2" in caplog.text
+
+
+def test_run_directory_guards(small_data_dir, tmp_path, capsys):
+    """Stale temporaries of a killed run are removed at the next start; a refused resume leaves
+    config.json as it was; a second training of a locked run directory is an error naming the
+    holder's pid."""
+    import fcntl
+    run = tmp_path / "run"
+    _train_in_process(small_data_dir, run, 1)
+    config = (run / "config.json").read_text()
+    (run / ".last.pt.abc123.tmp").write_bytes(b"half")
+    argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
+            "--max-steps", "2"]
+    assert main(argv + ["--set", "model.d_ff=64"]) == 2
+    assert "different model configuration" in capsys.readouterr().err
+    assert (run / "config.json").read_text() == config
+    assert not (run / ".last.pt.abc123.tmp").exists()
+    with open(run / "train.lock", "w") as lock:  # held as a training holds it (rundir.RunLock)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert main(argv) == 2
+        assert f"another training (pid {os.getpid()}) is writing this run directory" in capsys.readouterr().err
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 1  # the refused one wrote nothing
+
+
+@pytest.mark.slow
+def test_two_process_resume_with_dropout_is_exact(small_data_dir, tmp_path):
+    """2 data-parallel ranks with dropout 0.1: stopped at step 5 and resumed to 10, the weights are
+    those of 10 uninterrupted steps, bit for bit (each rank resumes its own dropout generator)."""
+    extra = ["--set", "model.p_drop=0.1", "--set", "train.max_time_min=1000"]  # (no lr_decay_frac: Eq. 3 alone)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(out: Path, steps: int) -> None:
+        res = subprocess.run(_torchrun_cmd(small_data_dir, out, steps, extra), env=env, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    run(tmp_path / "whole", 10)
+    run(tmp_path / "resumed", 5)
+    run(tmp_path / "resumed", 10)
+    a, b = (ck.load_checkpoint(tmp_path / d / "last.pt") for d in ("whole", "resumed"))
+    assert a["step"] == b["step"] == 10
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert not torch.equal(b["rank_rng"][0]["torch"], b["rank_rng"][1]["torch"])  # the ranks' generators differ
