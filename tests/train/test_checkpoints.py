@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import random
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -27,7 +28,7 @@ from aiayn.data.store import atomic_write, write_json_atomic
 from aiayn.errors import UserError
 from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
-from tests.train.test_training import FAST, _torchrun_cmd, _train_in_process
+from tests.train.test_training import FAST, _torchrun_cmd
 
 
 def _handmade(step: int = 0) -> dict:
@@ -70,6 +71,8 @@ def test_the_checksum_golden():
     assert ck.content_sha256({**obj, "b": (None, 0.5, b"x")}) != ck.content_sha256(obj)  # tuple != list
     with pytest.raises(TypeError, match="ndarray"):  # what weights_only would refuse, caught at save
         ck.content_sha256({"a": np.zeros(2)})
+    with pytest.raises(TypeError, match="float64"):
+        ck.content_sha256({"a": np.float64(0.5)})
 
 
 def _flip_a_tensor_bit(path: Path) -> None:
@@ -201,6 +204,10 @@ def test_keep_last_zero_keeps_every_step_checkpoint(tmp_path):
     assert len(ck.step_checkpoints(tmp_path)) == 3
     ck.prune(tmp_path, 2)
     assert [p.name for p in ck.step_checkpoints(tmp_path)] == ["ckpt_step00000002.pt", "ckpt_step00000003.pt"]
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    with pytest.raises(ConfigError, match="keep_last must be >= 0"):
+        TrainConfig(keep_last=-1)
 
 
 def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
@@ -243,13 +250,13 @@ def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
     assert caplog.text.count("cut to 63 source and 47 target tokens") == 1 and "pair(s) 2" in caplog.text
 
 
-def test_run_directory_guards(small_data_dir, tmp_path, capsys):
+def test_run_directory_guards(small_data_dir, tiny_checkpoint, tmp_path, capsys):
     """Stale temporaries of a killed run are removed at the next start; a refused resume leaves
     config.json as it was; a second training of a locked run directory is an error naming the
     holder's pid."""
     import fcntl
     run = tmp_path / "run"
-    _train_in_process(small_data_dir, run, 1)
+    shutil.copytree(tiny_checkpoint.parent, run)  # a run of 3 steps
     config = (run / "config.json").read_text()
     (run / ".last.pt.abc123.tmp").write_bytes(b"half")
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
@@ -264,7 +271,7 @@ def test_run_directory_guards(small_data_dir, tmp_path, capsys):
         fcntl.flock(lock, fcntl.LOCK_EX)
         assert main(argv) == 2
         assert f"another training (pid {os.getpid()}) is writing this run directory" in capsys.readouterr().err
-    assert ck.load_checkpoint(run / "last.pt")["step"] == 1  # the refused one wrote nothing
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 3  # the refused one wrote nothing
 
 
 @pytest.mark.slow

@@ -67,16 +67,16 @@ def _feed(h, obj: Any) -> None:
         h.update(b"L%d" % len(obj) if isinstance(obj, list) else b"U%d" % len(obj))
         for v in obj:
             _feed(h, v)
-    elif obj is None or isinstance(obj, bool):
+    elif obj is None or type(obj) is bool:
         h.update(repr(obj).encode())
-    elif isinstance(obj, int):
+    elif type(obj) is int:  # exact types: numpy's scalars subclass float but do not load
         h.update(b"I%d;" % obj)
-    elif isinstance(obj, float):
+    elif type(obj) is float:
         h.update(b"F" + float.hex(obj).encode() + b";")
-    elif isinstance(obj, str):
+    elif type(obj) is str:
         b = obj.encode("utf-8", "surrogatepass")
         h.update(b"S%d:" % len(b) + b)
-    elif isinstance(obj, bytes):
+    elif type(obj) is bytes:
         h.update(b"B%d:" % len(obj) + obj)
     else:
         raise TypeError(f"a checkpoint holds only tensors and plain values, not {type(obj).__name__}")
@@ -274,7 +274,9 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
 
     from aiayn.train.runtime import rng_state_from_legacy
     path = Path(path)
-    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _numpy_reconstruct()]
+    rebuild = _numpy_reconstruct()
+    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), rebuild,
+               (rebuild, "numpy.core.multiarray._reconstruct")]  # the name numpy 1 wrote
     try:
         with torch.serialization.safe_globals(allowed):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)

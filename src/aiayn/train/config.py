@@ -81,6 +81,8 @@ class TrainConfig:
             raise ConfigError("weight_decay must be >= 0 (0 = the paper's Adam)")
         if self.rdrop_alpha < 0:
             raise ConfigError("rdrop_alpha must be >= 0")
+        if self.keep_last < 0:
+            raise ConfigError("keep_last must be >= 0 (0 keeps every step checkpoint)")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):
