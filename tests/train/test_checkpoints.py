@@ -13,7 +13,9 @@ import logging
 import os
 import random
 import shutil
+import socket
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from aiayn.data.store import atomic_write, write_json_atomic
 from aiayn.errors import UserError
 from aiayn.train import checkpoint as ck
 from aiayn.train import runtime as rt
-from tests.train.test_training import FAST, _torchrun_cmd
+from tests.train.test_training import FAST, _train_cmd
 
 
 def _handmade(step: int = 0) -> dict:
@@ -135,6 +137,7 @@ def test_resume_falls_back_to_the_newest_intact_step_checkpoint(tmp_path, caplog
     from aiayn.train.loop import _resume_checkpoint
     for step in (2, 4):
         ck.atomic_save(_handmade(step), tmp_path / f"ckpt_step{step:08d}.pt")
+    assert _resume_checkpoint(tmp_path)["step"] == 4  # last.pt lost (killed before its copy)
     ck.atomic_copy(tmp_path / "ckpt_step00000004.pt", tmp_path / "last.pt")
     assert _resume_checkpoint(tmp_path)["step"] == 4
     _flip_a_tensor_bit(tmp_path / "last.pt")
@@ -282,8 +285,26 @@ def test_two_process_resume_with_dropout_is_exact(small_data_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def run(out: Path, steps: int) -> None:
-        res = subprocess.run(_torchrun_cmd(small_data_dir, out, steps, extra), env=env, capture_output=True, text=True)
-        assert res.returncode == 0, res.stderr[-3000:]
+        """The two ranks started directly, as torchrun would (its launcher is a third Python)."""
+        argv = _train_cmd(small_data_dir, out, steps, extra)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        logs = [open(tmp_path / f"rank{r}.log", "a") for r in range(2)]
+        ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                                  stdout=subprocess.DEVNULL, stderr=logs[r]) for r in range(2)]
+        deadline = time.monotonic() + 600
+        while any(p.poll() is None for p in ranks) and time.monotonic() < deadline:
+            if any(p.returncode for p in ranks):  # one failed: the other would wait for it forever
+                break
+            time.sleep(0.1)
+        for p, f in zip(ranks, logs):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            f.close()
+        assert [p.returncode for p in ranks] == [0, 0], (tmp_path / "rank0.log").read_text()[-3000:]
 
     run(tmp_path / "whole", 10)
     run(tmp_path / "resumed", 5)

@@ -342,7 +342,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         return True
 
     state = TrainState()
-    if (run_dir / "last.pt").exists():
+    if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
         state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers, segment_epoch, dist.rank,
                          dist.world_size)
         log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
