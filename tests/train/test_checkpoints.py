@@ -186,6 +186,17 @@ def test_a_full_disk_is_a_clear_error_and_keeps_the_old_file(tmp_path, monkeypat
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_full_disk_anywhere_in_training_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """Beyond the checkpoints (which name their file): the train log, a segmentation, ..."""
+    from aiayn.train import loop
+
+    def train(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "train_log.jsonl"))
+    monkeypatch.setattr(loop, "train", train)
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path), "--preset", "tiny"]) == 2
+    assert "train_log.jsonl: cannot write (No space left on device); free some space" in capsys.readouterr().err
+
+
 def test_atomic_writes_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 from pathlib import Path
 
 from aiayn.config import ConfigError, apply_sets, sets_help
@@ -25,7 +26,13 @@ def resolve_run_config(args):
 def run_train(args) -> int:
     from aiayn.train.loop import train
     cfg = resolve_run_config(args)
-    train(args.data, args.out, cfg, progress=not args.no_progress)
+    try:
+        train(args.data, args.out, cfg, progress=not args.no_progress)
+    except OSError as exc:  # the logs, a segmentation... (checkpoints name their file themselves)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(f"{exc.filename or args.out}: cannot write ({exc.strerror}); free some space and run the "
+                        f"same command again: it resumes from the last checkpoint, which is intact") from exc
     return 0
 
 
