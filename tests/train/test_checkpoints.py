@@ -273,12 +273,13 @@ def test_run_directory_guards(small_data_dir, tiny_checkpoint, tmp_path, capsys)
     shutil.copytree(tiny_checkpoint.parent, run)  # a run of 3 steps
     config = (run / "config.json").read_text()
     (run / ".last.pt.abc123.tmp").write_bytes(b"half")
+    (run / ".avg.pt.abc123.tmp").write_bytes(b"another command's, writing now")
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
             "--max-steps", "2"]
     assert main(argv + ["--set", "model.d_ff=64"]) == 2
     assert "different model configuration" in capsys.readouterr().err
     assert (run / "config.json").read_text() == config
-    assert not (run / ".last.pt.abc123.tmp").exists()
+    assert not (run / ".last.pt.abc123.tmp").exists() and (run / ".avg.pt.abc123.tmp").exists()
     with open(run / "train.lock", "w") as lock:  # held as a training holds it (rundir.RunLock)
         lock.write(f"{os.getpid()}\n")
         lock.flush()

@@ -3,14 +3,15 @@ one left half-written is removed when the next starts (``remove_stale_temps``).
 
 Every file of a run directory is written through ``aiayn.data.store.atomic_write``: a temporary
 ``.NAME.XXXXXXXX.tmp`` beside the destination, renamed over it when complete. A SIGKILL between
-the two leaves the temporary behind; nothing else writes such names, so the holder of the lock
-may delete them.
+the two leaves the temporary behind; the holder of the lock deletes those of the files a
+training writes.
 """
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
+import re
 from pathlib import Path
 
 from aiayn.errors import UserError
@@ -49,11 +50,17 @@ class RunLock:
             self._fd = None
 
 
+# the temporaries of what a training writes (``atomic_write``'s ".NAME.XXXXXXXX.tmp"); another
+# command writing into the directory at the same time (``aiayn average RUN --out RUN/avg.pt``) keeps its own
+_TRAINING_TEMP = re.compile(r"^\.(last\.pt|best\.pt|ckpt_step\d+\.pt|config\.json|summary\.json|epoch\d+\.npz)\.\w+\.tmp$")
+
+
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
     """Delete the temporaries of atomic writes that a killed training left in ``run_dir`` (call it
     holding the ``RunLock``), and in its BPE-dropout segmentations' folder; returns them."""
     run_dir = Path(run_dir)
-    stale = [p for d in (run_dir, run_dir / "bpe_dropout") for p in d.glob(".*.tmp") if p.is_file()]
+    stale = [p for d in (run_dir, run_dir / "bpe_dropout") for p in d.glob(".*.tmp")
+             if p.is_file() and _TRAINING_TEMP.match(p.name)]
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:
