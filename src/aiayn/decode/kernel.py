@@ -402,6 +402,7 @@ def load() -> Kernels | None:
         return None
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
+    what = "compile"
     try:
         path = _own_cache_dir() / f"aiayn-kernels-{key.hexdigest()[:16]}.so"
         lib, why = _load_verified(path)
@@ -411,12 +412,13 @@ def load() -> Kernels | None:
             reason = _compile(cc, path)
             if reason is None:
                 _record_sha256(path)
+                what = "load"
                 lib, reason = _load_verified(path)
     except OSError as e:  # e.g. the cache directory cannot be written
         lib, reason = None, str(e)
     if lib is None:
-        log.warning("could not build or load %s (%s): decoding and the training loss use PyTorch's operations",
-                    " ".join(src.name for src in SOURCES), reason)
+        log.warning("could not %s %s (%s): decoding and the training loss use PyTorch's operations",
+                    what, " ".join(src.name for src in SOURCES), reason)
         return None
     try:
         return Kernels(lib, path)
