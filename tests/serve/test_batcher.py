@@ -18,7 +18,7 @@ def test_requests_waiting_together_share_one_call_per_settings(translator):
     greedy, beam = DecodeConfig(max_len_b=8, beam_size=1), DecodeConfig(max_len_b=8, beam_size=3, nbest=2)
     b = make(translator, wait_ms=50)
     ids = translator.encode(SENTS)
-    futures = [(cfg, k, b.submit(cfg, [ids[k]], attention=(k == 0))) for k in range(4) for cfg in (greedy, beam)]
+    futures = [(cfg, k, b.submit(cfg, [ids[k]], attention=(k == 0)).future) for k in range(4) for cfg in (greedy, beam)]
     assert b.queued == 8
     b.start()  # everything is already queued: one collection, two settings groups
     try:
@@ -37,7 +37,7 @@ def test_token_limit_splits_collections(translator):
     cfg = DecodeConfig(max_len_b=2, beam_size=1)
     ids = translator.encode(SENTS[:2])
     b = make(translator, wait_ms=50, batch_tokens=max(map(len, ids)) + 1)  # room for one sentence per call
-    futures = [b.submit(cfg, [x]) for x in ids]
+    futures = [b.submit(cfg, [x]).future for x in ids]
     b.start()
     try:
         [f.result(timeout=60) for f in futures]
@@ -57,10 +57,10 @@ def test_a_failing_call_answers_its_clients_and_the_worker_goes_on(translator):
     cfg = DecodeConfig(max_len_b=2, beam_size=1)
     b = make(translator, wait_ms=0).start()
     try:
-        bad = b.submit(cfg, [[10**6, 3]])  # no such token id: the embedding lookup fails
+        bad = b.submit(cfg, [[10**6, 3]]).future  # no such token id: the embedding lookup fails
         with pytest.raises(IndexError):
             bad.result(timeout=60)
-        good = b.submit(cfg, translator.encode(["A girl."]))
+        good = b.submit(cfg, translator.encode(["A girl."])).future
         single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate(["A girl."])
         assert good.result(timeout=60).nbest[0][0].text == single[0]
         assert b.queued == 0

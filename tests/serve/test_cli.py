@@ -7,13 +7,13 @@ from aiayn.cli import main
 
 
 def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypatch):
-    import uvicorn
+    from aiayn.serve.server import Server
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(Server, "run", lambda self: seen.update(app=self.config.app, config=self.config, server=self))
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", "8123", "--max-sentences", "3",
                  "--beam-size", "2", "--alpha", "0.3", "--max-len-b", "4", "--threads", "1"]) == 0
-    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
-    with TestClient(seen["app"]) as client:
+    assert seen["config"].host == "127.0.0.1" and seen["config"].port == 8123
+    with TestClient(seen["app"], base_url="http://localhost") as client:
         health = client.get("/health").json()
         assert health["defaults"] == {"beam": 2, "alpha": 0.3} and health["limits"]["max_sentences"] == 3
         r = client.post("/translate", json={"sentences": ["A dog."]})
