@@ -47,9 +47,9 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """A request the client must change: answered with ``status`` and ``{"error": message}``."""
 
-    def __init__(self, status: int, message: str, close: bool = False):
+    def __init__(self, status: int, message: str):
         super().__init__(message)
-        self.status, self.message, self.close = status, message, close
+        self.status, self.message = status, message
 
 
 class TranslateRequest(BaseModel):
@@ -83,16 +83,16 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     a body that takes longer than ``timeout_s``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body has {int(declared)} bytes; the limit is {limit}", close=True)
+        raise ApiError(413, f"the request body has {int(declared)} bytes; the limit is {limit}")
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
                 body += chunk
                 if len(body) > limit:
-                    raise ApiError(413, f"the request body exceeds the limit of {limit} bytes", close=True)
+                    raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", close=True) from None
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s") from None
     return bytes(body)
 
 
@@ -189,10 +189,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = {"connection": "close"} if exc.close else None
-        if exc.status == 401:
-            headers = {"www-authenticate": "Bearer"}
-        return JSONResponse({"error": plain(exc.message)}, status_code=exc.status, headers=headers)
+        return JSONResponse({"error": plain(exc.message)}, status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -251,7 +248,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
         t0, arrived = time.perf_counter(), time.monotonic()
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":
-            raise ApiError(415, "send the body as Content-Type: application/json", close=True)
+            raise ApiError(415, "send the body as Content-Type: application/json")
         try:
             body = await _read_body(request, cfg.max_request_bytes, cfg.body_timeout_s)
         except ClientDisconnect:

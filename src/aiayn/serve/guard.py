@@ -96,7 +96,8 @@ class Guard:
             refused = self.refusal(scope)
             if refused is not None:
                 self.metrics.events[refused[2]] += 1
-                await answer(counted, refused[0], refused[1])
+                auth = [(b"www-authenticate", b"Bearer")] if refused[0] == 401 else []
+                await answer(counted, refused[0], refused[1], auth)
             elif cors and scope["method"] == "OPTIONS":  # a preflight of an allowed origin
                 await counted({"type": "http.response.start", "status": 204, "headers": [
                     (b"access-control-allow-methods", b"GET, POST"), (b"access-control-max-age", b"600"),

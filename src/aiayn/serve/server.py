@@ -39,12 +39,12 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._timer: asyncio.TimerHandle | None = None
-            self._phase = None
+            self._phase, self._lingering = None, False
             metrics.connections += 1
             if len(self.connections) > cfg.max_connections:
                 metrics.events["connection_refused"] += 1
                 transport.write(raw_response(503, "Service Unavailable", "too many connections; retry later"))
-                transport.close()
+                self._linger()
                 return
             self._follow()
 
@@ -54,19 +54,29 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:  # answered and closing: the rest of the request is read and dropped
+                return
             super().data_received(data)
             self._follow()
 
         def on_response_complete(self) -> None:
             if self.conn.their_state is h11.SEND_BODY:  # answered before the body was read: nobody reads it
-                self.transport.close()
+                self._linger()
             super().on_response_complete()
             self._follow()
+
+        def _linger(self) -> None:
+            """Close after the answer, reading (and dropping) what the client still sends for up to
+            1 s: closing with unread data would reset the connection and lose the answer."""
+            self._lingering = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self._arm(1.0, "")
 
         def _follow(self) -> None:
             """Re-arm the timer when the client's side moves: waiting for headers, then for a body."""
             state = self.conn.their_state
-            if state is self._phase or self.transport.is_closing():
+            if state is self._phase or self._lingering or self.transport.is_closing():
                 return
             self._phase = state
             if state is h11.IDLE:
@@ -85,7 +95,8 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             self._timer = None
             if self.transport.is_closing():
                 return
-            metrics.events[event] += 1
+            if event:
+                metrics.events[event] += 1
             if event == "header_timeout" and (self.cycle is None or self.cycle.response_complete):
                 self.transport.write(raw_response(408, "Request Timeout", "the request headers came too slowly"))
             self.transport.close()
