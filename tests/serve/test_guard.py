@@ -41,6 +41,12 @@ def test_only_json_bodies_are_read(client, headers):
     assert ok.status_code == 200
 
 
+def test_large_headers_get_431(client):
+    r = client.get("/health", headers={"x-pad": "p" * 20_000})
+    assert r.status_code == 431 and "16384 bytes" in r.json()["error"]
+    assert client.get("/health", headers={"x-pad": "p" * 10_000}).status_code == 200
+
+
 @pytest.mark.parametrize("host, status", [("localhost", 200), ("127.0.0.1:8000", 200), ("[::1]:8000", 200),
                                           ("LOCALHOST:1", 200), ("evil.example", 403), ("evil.example:8000", 403),
                                           ("127.0.0.1.evil.example", 403)])

@@ -34,6 +34,7 @@ class ServeConfig:
         250_000, "most attention weights (layers x heads x target x source, summed over sentences) in one "
                  "answer; sentences past it get null attention; 0 = attention is never returned")
     max_queue_sentences: int = param(2048, "sentences waiting for the model at most; a request beyond this gets 503")
+    max_header_bytes: int = param(16384, "largest request head (request line and headers) in bytes (more: 431 or 400)")
     max_connections: int = param(64, "open client connections at most; more are answered 503 and closed")
     header_timeout_s: float = param(10.0, "seconds a client has to send a request's headers (then 408 and closed)")
     body_timeout_s: float = param(10.0, "seconds a client has to send a request's body after its headers (then 408)")
@@ -58,7 +59,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam",
-                     "max_queue_sentences", "batch_tokens", "max_connections"):
+                     "max_queue_sentences", "batch_tokens", "max_connections", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s", "shutdown_timeout_s"):

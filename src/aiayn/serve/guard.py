@@ -1,5 +1,5 @@
-"""Access rules of the service as an ASGI layer in front of the app: Host and Origin checks, the
-optional API key, CORS for allowed origins, and the request counters of /metrics.
+"""Access rules of the service as an ASGI layer in front of the app: the size of the headers, Host
+and Origin checks, the optional API key, CORS for allowed origins, and the request counters of /metrics.
 
 A browser page on another site can POST to a service on 127.0.0.1 (a ``text/plain`` form needs
 no preflight), and DNS rebinding can give it the service's own origin under a foreign name.
@@ -45,7 +45,7 @@ async def answer(send: Send, status: int, message: str, headers: list[tuple[byte
 
 
 class Guard:
-    """ASGI middleware: refuse foreign hosts and origins (403) and missing keys (401), answer CORS
+    """ASGI middleware: refuse large headers (431), foreign hosts and origins (403) and missing keys (401), answer CORS
     preflights of allowed origins, and count every request in ``metrics``."""
 
     def __init__(self, app, cfg: ServeConfig, metrics: Metrics):
@@ -56,6 +56,8 @@ class Guard:
 
     def refusal(self, scope: dict) -> tuple[int, str, str] | None:
         """(status, message, event) of a request these rules refuse, or None."""
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.cfg.max_header_bytes:
+            return 431, f"the request headers exceed {self.cfg.max_header_bytes} bytes", "headers_too_large"
         host = _header(scope, b"host")
         if "*" not in self.hosts and (host is None or split_host(host) not in self.hosts):
             return 403, "this Host is not allowed (see --allow-host)", "bad_host"

@@ -121,5 +121,6 @@ def make_server(app, cfg: ServeConfig, **uvicorn_kw) -> Server:
     """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``."""
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, http=guarded_protocol(cfg, app.state.metrics),
                             timeout_keep_alive=cfg.keep_alive_s, lifespan="on",
+                            h11_max_incomplete_event_size=cfg.max_header_bytes,
                             timeout_graceful_shutdown=cfg.shutdown_timeout_s + 5, **uvicorn_kw)
     return Server(config, app.state.batcher, cfg.shutdown_timeout_s)
