@@ -416,10 +416,12 @@ def main() -> int:
               f"tiny preset (2 layers, d_model 64) trained {args.train_steps} steps on 2,000 Multi30k pairs",
               "server_options": SERVER_OPTS, "clients": CLIENTS, **summarize(soak, before, metrics),
               "server_peak_rss_mb": peak, "server_rss_mb_every_5s": rss, "sigterm": shutdown,
-              "server_log_tail": server_log[-8:], "server_log_tracebacks": sum("Traceback" in x for x in server_log)}
+              "server_log_tail": server_log[-8:], "server_log_tracebacks": sum("Traceback" in x for x in server_log),
+              "server_log_first_traceback": first_traceback(server_log)}
     result["ok"] = (result["lost_well_formed"] == 0 and result["health_failures"] == 0
                     and shutdown["exit_code"] in (0, -signal.SIGTERM) and shutdown["clean_shutdown_logged"]
-                    and shutdown["accepted_but_unanswered"] == 0 and shutdown["exit_seconds"] <= shutdown["bound_seconds"])
+                    and shutdown["accepted_but_unanswered"] == 0 and shutdown["exit_seconds"] <= shutdown["bound_seconds"]
+                    and result["server_log_tracebacks"] == 0)
     out = args.out or REPO / "bench" / "results" / result_folder(result["machine"]) / "serve_soak.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -428,6 +430,13 @@ def main() -> int:
              result["normal_latency"].get("p95_ms"), result["normal_latency"].get("p99_ms"),
              result["health_latency"].get("max_ms"), peak or 0, result["ok"])
     return 0 if result["ok"] else 1
+
+
+def first_traceback(lines: list[str]) -> list[str]:
+    for i, line in enumerate(lines):
+        if "Traceback" in line:
+            return lines[max(0, i - 2):i + 120]
+    return []
 
 
 def result_folder(machine: dict) -> str:

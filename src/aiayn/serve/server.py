@@ -69,8 +69,12 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             """Close after the answer, reading (and dropping) what the client still sends for up to
             1 s: closing with unread data would reset the connection and lose the answer."""
             self._lingering = True
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
+            try:
+                if self.transport.can_write_eof():
+                    self.transport.write_eof()
+            except OSError:  # the client is gone already
+                self.transport.close()
+                return
             self._arm(1.0, "")
 
         def _follow(self) -> None:
