@@ -66,3 +66,44 @@ def test_a_failing_call_answers_its_clients_and_the_worker_goes_on(translator):
         assert b.queued == 0
     finally:
         b.stop()
+
+
+def test_abandoned_and_expired_jobs_are_not_decoded(translator):
+    import time
+    from concurrent.futures import CancelledError
+
+    from aiayn.serve.batcher import Expired
+    cfg = DecodeConfig(max_len_b=2, beam_size=1)
+    b = make(translator, wait_ms=20)
+    ids = translator.encode(SENTS[:3])
+    gone = b.submit(cfg, [ids[0]])
+    late = b.submit(cfg, [ids[1]], deadline=time.monotonic() - 1)
+    kept = b.submit(cfg, [ids[2]], deadline=time.monotonic() + 60)
+    gone.abandon()
+    b.start()
+    try:
+        assert len(kept.future.result(timeout=60).nbest) == 1
+        with pytest.raises(Expired):
+            late.future.result(timeout=60)
+        with pytest.raises(CancelledError):
+            gone.future.result(timeout=60)
+    finally:
+        b.stop()
+    assert b.calls == 1 and b.skipped == 2 and b.queued == 0
+
+
+def test_shutdown_refuses_new_jobs_and_drops_queued_ones_after_the_drain(translator):
+    from aiayn.serve.batcher import ShuttingDown
+    cfg = DecodeConfig(max_len_b=2, beam_size=1)
+    b = make(translator, wait_ms=0)
+    queued = b.submit(cfg, translator.encode(["A girl."]))
+    b.begin_shutdown(drain_s=0.0)
+    with pytest.raises(ShuttingDown, match="shutting down"):
+        b.submit(cfg, translator.encode(["A dog."]))
+    b.start()
+    try:
+        with pytest.raises(ShuttingDown, match="shut down before the model reached"):
+            queued.future.result(timeout=60)
+    finally:
+        b.stop()
+    assert b.calls == 0 and b.queued == 0
