@@ -10,6 +10,7 @@ Clients (threads of this process, each kind a fixed number):
                 deep nesting, NaN, a 20 kB header, text/plain, a foreign Host
   disconnect    sends a request and hangs up before the answer (the server must not decode it)
   health        GET /health every 0.25 s
+A slow client still connected when the time is up is counted as "still_open_at_end".
 Nothing may be lost: every well-formed request (normal, slow_ok) must get an HTTP answer, and
 /health must answer throughout. At the end the server gets SIGTERM while normal clients still
 send; it must exit 0 within its drain bound.
@@ -362,7 +363,8 @@ def sigterm_under_load(soak: Soak, proc: subprocess.Popen) -> dict:
     return {"exit_code": rc, "exit_seconds": round(exit_s, 2), "bound_seconds": float(SERVER_OPTS["--shutdown-timeout-s"]) + 5}
 
 
-def summarize(soak: Soak, before: dict[str, Counter], metrics: dict[str, float]) -> dict:
+def summarize(latency: dict[str, list[float]], cut_after: dict[str, list[float]], before: dict[str, Counter],
+              metrics: dict[str, float]) -> dict:
     served = {k: dict(c) for k, c in before.items()}
     lost = sum(n for k in ("normal", "slow_ok") for o, n in before[k].items() if not o.isdigit())
     health_failed = sum(n for o, n in before["health"].items() if o != "200")
@@ -371,11 +373,11 @@ def summarize(soak: Soak, before: dict[str, Counter], metrics: dict[str, float])
         "requests_total": sum(sum(c.values()) for c in before.values()),
         "outcomes_by_client_kind": served,
         "lost_well_formed": lost,
-        "normal_latency": percentiles(soak.latency["normal"]),
-        "slow_ok_latency": percentiles(soak.latency["slow_ok"]),
-        "health_latency": percentiles(soak.latency["health"]),
+        "normal_latency": percentiles(latency["normal"]),
+        "slow_ok_latency": percentiles(latency["slow_ok"]),
+        "health_latency": percentiles(latency["health"]),
         "health_failures": health_failed,
-        "slow_client_cut_after_s": {k: percentiles(v) | {"unit": "ms"} for k, v in soak.cut_after.items()},
+        "slow_client_cut_after": {k: percentiles(v) for k, v in cut_after.items()},
         "server_metrics": {k: v for k, v in metrics.items() if k.startswith(("aiayn_events", "aiayn_requests_total",
                                                                             "aiayn_skipped", "aiayn_model_calls"))},
     }
@@ -396,12 +398,14 @@ def main() -> int:
         proc = start_server(checkpoint, port, work / "server.log")
         log.info("server pid %d on port %d; clients for %.1f min: %s", proc.pid, port, args.minutes, CLIENTS)
         soak = Soak(port, time.monotonic() + 60 * args.minutes, sentences())
+        load_start = os.getloadavg()
         try:
             rss = run_clients(soak, proc)
             metrics = scrape_metrics(port)
             peak = peak_rss_mb(proc.pid)
             before = {k: Counter(c) for k, c in soak.outcomes.items()}
             soak.outcomes.clear()
+            during, soak.latency = soak.latency, defaultdict(list)  # the SIGTERM phase's latencies are apart
             shutdown = sigterm_under_load(soak, proc)
             shutdown["client_outcomes"] = {k: dict(c) for k, c in soak.outcomes.items()}
             shutdown["accepted_but_unanswered"] = sum(n for o, n in soak.outcomes["normal"].items() if o.startswith("lost:"))
@@ -412,9 +416,10 @@ def main() -> int:
     shutdown["clean_shutdown_logged"] = any("Application shutdown complete" in x for x in server_log)
     result = {"benchmark": "serve_soak", "minutes": args.minutes, "machine": machine_info(1),
               "nice": os.nice(0), "note": "the machine was shared with other work during the run",
+              "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
               "checkpoint": str(args.checkpoint) if args.checkpoint else
               f"tiny preset (2 layers, d_model 64) trained {args.train_steps} steps on 2,000 Multi30k pairs",
-              "server_options": SERVER_OPTS, "clients": CLIENTS, **summarize(soak, before, metrics),
+              "server_options": SERVER_OPTS, "clients": CLIENTS, **summarize(during, soak.cut_after, before, metrics),
               "server_peak_rss_mb": peak, "server_rss_mb_every_5s": rss, "sigterm": shutdown,
               "server_log_tail": server_log[-8:], "server_log_tracebacks": sum("Traceback" in x for x in server_log),
               "server_log_first_traceback": first_traceback(server_log)}

@@ -96,6 +96,7 @@ def test_slow_bodies_get_408_and_are_closed(fast_server):
     answer = read_until_closed(connect(fast_server, raw))  # 200 bytes announced, fewer sent
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.4 s" in answer
     assert time.monotonic() - t0 < 3
+    assert 'aiayn_events_total{event="body_timeout"} 1' in metrics_text(fast_server)
     # a body nobody reads (404) cannot hold the connection either
     sock = connect(fast_server, b"POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\nab")
     assert read_until_closed(sock).startswith(b"HTTP/1.1 404")

@@ -254,6 +254,9 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
         except ClientDisconnect:
             metrics.events["client_gone"] += 1
             raise ApiError(499, "the client closed the connection") from None
+        except ApiError as exc:
+            metrics.events["body_timeout"] += exc.status == 408
+            raise
         req = _parse(body)
         settings = _settings(req, base, cfg)
         try:
