@@ -145,6 +145,29 @@ def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> De
         raise ApiError(422, plain(str(exc))) from None
 
 
+async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, checker: Translator,
+                        metrics: Metrics) -> tuple[TranslateRequest, DecodeConfig, list[list[int]]]:
+    """The checked body of POST /translate: the request, its decode settings and its source ids."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, "send the body as Content-Type: application/json")
+    try:
+        body = await _read_body(request, cfg.max_request_bytes, cfg.body_timeout_s)
+    except ClientDisconnect:
+        metrics.events["client_gone"] += 1
+        raise ApiError(499, "the client closed the connection") from None
+    except ApiError as exc:
+        metrics.events["body_timeout"] += exc.status == 408
+        raise
+    req = _parse(body)
+    settings = _settings(req, base, cfg)
+    try:
+        ids = checker.encode(req.sentences, source="sentences", first_line=0)
+    except InputError as exc:
+        raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
+    return req, settings, ids
+
+
 def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0: float) -> bytes:
     """The JSON answer (run in a worker thread when it carries attention maps)."""
     out: dict = {"translations": [ts[0].text if ts else "" for ts in result.nbest]}
@@ -246,23 +269,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.post("/translate")
     async def translate(request: Request) -> Response:
         t0, arrived = time.perf_counter(), time.monotonic()
-        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media != "application/json":
-            raise ApiError(415, "send the body as Content-Type: application/json")
-        try:
-            body = await _read_body(request, cfg.max_request_bytes, cfg.body_timeout_s)
-        except ClientDisconnect:
-            metrics.events["client_gone"] += 1
-            raise ApiError(499, "the client closed the connection") from None
-        except ApiError as exc:
-            metrics.events["body_timeout"] += exc.status == 408
-            raise
-        req = _parse(body)
-        settings = _settings(req, base, cfg)
-        try:
-            ids = checker.encode(req.sentences, source="sentences", first_line=0)
-        except InputError as exc:
-            raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
+        req, settings, ids = await _read_request(request, cfg, base, checker, metrics)
         deadline = arrived + cfg.request_timeout_s
         try:
             job = batcher.submit(settings, ids, req.attention, attention_values=cfg.max_attention_values,
