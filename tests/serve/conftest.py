@@ -13,6 +13,7 @@ from aiayn.decode.translator import Translator
 from aiayn.serve.app import create_app
 from aiayn.serve.config import ServeConfig
 
+LOCAL = "http://localhost"  # TestClient's base URL: a Host the service accepts on loopback
 SERVE = ServeConfig(max_sentences=4, max_sentence_tokens=40, max_request_bytes=4000, max_beam=6,
                     batch_wait_ms=5.0, threads=1)
 
@@ -24,15 +25,16 @@ def translator(tiny_checkpoint) -> Translator:
 
 
 class LiveServer:
-    """uvicorn serving ``app`` in a thread on 127.0.0.1 (a free port); ``url`` is its address."""
+    """The service's uvicorn server (``make_server``) in a thread on 127.0.0.1 (a free port); ``url`` is its address."""
 
-    def __init__(self, app):
-        import uvicorn
+    def __init__(self, app, cfg: ServeConfig = SERVE):
+        from aiayn.serve.server import make_server
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = make_server(app, cfg, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "LiveServer":

@@ -18,7 +18,7 @@ def test_requests_waiting_together_share_one_call_per_settings(translator):
     greedy, beam = DecodeConfig(max_len_b=8, beam_size=1), DecodeConfig(max_len_b=8, beam_size=3, nbest=2)
     b = make(translator, wait_ms=50)
     ids = translator.encode(SENTS)
-    futures = [(cfg, k, b.submit(cfg, [ids[k]], attention=(k == 0))) for k in range(4) for cfg in (greedy, beam)]
+    futures = [(cfg, k, b.submit(cfg, [ids[k]], attention=(k == 0)).future) for k in range(4) for cfg in (greedy, beam)]
     assert b.queued == 8
     b.start()  # everything is already queued: one collection, two settings groups
     try:
@@ -37,7 +37,7 @@ def test_token_limit_splits_collections(translator):
     cfg = DecodeConfig(max_len_b=2, beam_size=1)
     ids = translator.encode(SENTS[:2])
     b = make(translator, wait_ms=50, batch_tokens=max(map(len, ids)) + 1)  # room for one sentence per call
-    futures = [b.submit(cfg, [x]) for x in ids]
+    futures = [b.submit(cfg, [x]).future for x in ids]
     b.start()
     try:
         [f.result(timeout=60) for f in futures]
@@ -57,12 +57,53 @@ def test_a_failing_call_answers_its_clients_and_the_worker_goes_on(translator):
     cfg = DecodeConfig(max_len_b=2, beam_size=1)
     b = make(translator, wait_ms=0).start()
     try:
-        bad = b.submit(cfg, [[10**6, 3]])  # no such token id: the embedding lookup fails
+        bad = b.submit(cfg, [[10**6, 3]]).future  # no such token id: the embedding lookup fails
         with pytest.raises(IndexError):
             bad.result(timeout=60)
-        good = b.submit(cfg, translator.encode(["A girl."]))
+        good = b.submit(cfg, translator.encode(["A girl."])).future
         single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate(["A girl."])
         assert good.result(timeout=60).nbest[0][0].text == single[0]
         assert b.queued == 0
     finally:
         b.stop()
+
+
+def test_abandoned_and_expired_jobs_are_not_decoded(translator):
+    import time
+    from concurrent.futures import CancelledError
+
+    from aiayn.serve.batcher import Expired
+    cfg = DecodeConfig(max_len_b=2, beam_size=1)
+    b = make(translator, wait_ms=20)
+    ids = translator.encode(SENTS[:3])
+    gone = b.submit(cfg, [ids[0]])
+    late = b.submit(cfg, [ids[1]], deadline=time.monotonic() - 1)
+    kept = b.submit(cfg, [ids[2]], deadline=time.monotonic() + 60)
+    gone.abandon()
+    b.start()
+    try:
+        assert len(kept.future.result(timeout=60).nbest) == 1
+        with pytest.raises(Expired):
+            late.future.result(timeout=60)
+        with pytest.raises(CancelledError):
+            gone.future.result(timeout=60)
+    finally:
+        b.stop()
+    assert b.calls == 1 and b.skipped == 2 and b.queued == 0
+
+
+def test_shutdown_refuses_new_jobs_and_drops_queued_ones_after_the_drain(translator):
+    from aiayn.serve.batcher import ShuttingDown
+    cfg = DecodeConfig(max_len_b=2, beam_size=1)
+    b = make(translator, wait_ms=0)
+    queued = b.submit(cfg, translator.encode(["A girl."]))
+    b.begin_shutdown(drain_s=0.0)
+    with pytest.raises(ShuttingDown, match="shutting down"):
+        b.submit(cfg, translator.encode(["A dog."]))
+    b.start()
+    try:
+        with pytest.raises(ShuttingDown, match="shut down before the model reached"):
+            queued.future.result(timeout=60)
+    finally:
+        b.stop()
+    assert b.calls == 0 and b.queued == 0

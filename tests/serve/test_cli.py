@@ -7,13 +7,13 @@ from aiayn.cli import main
 
 
 def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypatch):
-    import uvicorn
+    from aiayn.serve.server import Server
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(Server, "run", lambda self: seen.update(app=self.config.app, config=self.config, server=self))
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", "8123", "--max-sentences", "3",
                  "--beam-size", "2", "--alpha", "0.3", "--max-len-b", "4", "--threads", "1"]) == 0
-    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
-    with TestClient(seen["app"]) as client:
+    assert seen["config"].host == "127.0.0.1" and seen["config"].port == 8123
+    with TestClient(seen["app"], base_url="http://localhost") as client:
         health = client.get("/health").json()
         assert health["defaults"] == {"beam": 2, "alpha": 0.3} and health["limits"]["max_sentences"] == 3
         r = client.post("/translate", json={"sentences": ["A dog."]})
@@ -23,3 +23,20 @@ def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypa
 def test_serve_bad_option_exits_2(tiny_checkpoint, capsys):
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--batch-tokens", "0"]) == 2
     assert "batch_tokens must be >= 1" in capsys.readouterr().err
+
+
+def test_serve_options_reach_the_server_and_the_key_comes_from_the_environment(tiny_checkpoint, monkeypatch):
+    from aiayn.serve.server import Server
+    seen = {}
+    monkeypatch.setattr(Server, "run", lambda self: seen.update(server=self))
+    monkeypatch.setenv("AIAYN_API_KEY", "from-env")
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--header-timeout-s", "2.5", "--keep-alive-s", "1",
+                 "--shutdown-timeout-s", "3", "--allow-host", "a.example,b.example", "--threads", "1"]) == 0
+    server = seen["server"]
+    assert server.config.timeout_keep_alive == 1 and server.drain_s == 3
+    assert server.config.http.__name__ == "GuardedH11Protocol"
+    with TestClient(server.config.app, base_url="http://b.example") as client:
+        assert client.post("/translate", json={"sentences": ["A dog."]}).status_code == 401
+        r = client.post("/translate", json={"sentences": ["A dog."]}, headers={"authorization": "Bearer from-env"})
+        assert r.status_code == 200
+        assert client.get("/health", headers={"host": "localhost"}).status_code == 403

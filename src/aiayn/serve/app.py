@@ -2,14 +2,18 @@
 
     POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false}
                   -> {"translations": ["..."], "nbest": [[{"text", "score", "log_prob", "eos"}]] (nbest > 1),
-                      "attention": [{"src_tokens", "tgt_tokens", "cross": (L,H,T,S)}] (attention: true),
+                      "attention": [{"src_tokens", "tgt_tokens", "cross": (L,H,T,S)} or null] (attention: true),
                       "beam": 4, "alpha": 0.6, "time_ms": 12.3}
     GET  /health     {"status": "ok", "queued": 0, "model_calls": 7, "model": {...}, "limits": {...}}
+    GET  /metrics    counters in Prometheus' text format (metrics.py)
     GET  /           a page: type sentences, see translations, click to see the cross-attention map
 
-Every error is ``{"error": MESSAGE}``: 400 body not JSON, 413 body or sentence count too large,
-422 invalid fields or a sentence too long, 503 queue full, 500 anything else (logged; the
-service keeps running). Translation runs in the ``Batcher``'s thread, shared by all requests.
+Every error is ``{"error": MESSAGE}`` with a plain message (exceptions are logged, never echoed):
+400 body not JSON, 401 API key missing or wrong, 403 Host or Origin not allowed, 408 body too slow,
+413 body or sentence count too large, 415 not ``application/json``, 422 invalid fields or a
+sentence too long, 503 queue full, deadline passed or shutting down, 500 anything else (logged;
+the service keeps running). Translation runs in the ``Batcher``'s thread, shared by all
+requests; a request whose client hangs up before the model reaches it is not decoded.
 """
 from __future__ import annotations
 
@@ -17,20 +21,24 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from aiayn.config import ConfigError, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import InputError
-from aiayn.serve.batcher import Batcher, Busy, Result
+from aiayn.serve.batcher import Batcher, Busy, Expired, Job, Result
 from aiayn.serve.config import ServeConfig
+from aiayn.serve.guard import Guard
+from aiayn.serve.metrics import Metrics
 from aiayn.serve.page import index_html
 
 log = logging.getLogger(__name__)
@@ -45,9 +53,10 @@ class ApiError(Exception):
 
 
 class TranslateRequest(BaseModel):
-    """The body of POST /translate; omitted decode settings take the server's defaults (§6.1)."""
+    """The body of POST /translate; omitted decode settings take the server's defaults (§6.1).
+    Strict: no strings for numbers or numbers for booleans; no NaN or infinity."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     sentences: list[str]
     beam: int | None = Field(None, ge=1, description="beam size (greedy = 1)")
     alpha: float | None = Field(None, ge=0, description="length penalty α")
@@ -55,38 +64,67 @@ class TranslateRequest(BaseModel):
     attention: bool = Field(False, description="return the encoder-decoder attention of each best output")
 
 
+def plain(text: str, limit: int = 300) -> str:
+    """``text`` safe to send back: valid UTF-8 (lone surrogates replaced) and at most ``limit`` characters."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _validation_message(exc: ValidationError) -> str:
     parts = []
-    for err in exc.errors():
-        where = ".".join(str(x) for x in err["loc"]) or "body"
+    for err in exc.errors(include_url=False, include_input=False):
+        where = ".".join(plain(str(x), 40) for x in err["loc"]) or "body"
         parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+    return "; ".join(parts[:5])
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) more than ``limit`` bytes before reading them all."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request body, refusing (413) more than ``limit`` bytes before reading them all and (408)
+    a body that takes longer than ``timeout_s``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body has {declared} bytes; the limit is {limit}")
+        raise ApiError(413, f"the request body has {int(declared)} bytes; the limit is {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s") from None
     return bytes(body)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _parse(body: bytes) -> TranslateRequest:
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}") from None
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise ApiError(400, "the body is not JSON (it is not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not JSON (line {exc.lineno}, column {exc.colno})") from None
+    except ValueError:
+        raise ApiError(400, "the body is not JSON (NaN and Infinity are not JSON numbers)") from None
+    except RecursionError:
+        raise ApiError(400, "the body is not JSON this service reads: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(422, 'the body must be a JSON object like {"sentences": ["..."]}')
     try:
-        return TranslateRequest.model_validate(data)
+        req = TranslateRequest.model_validate(data)
     except ValidationError as exc:
         raise ApiError(422, _validation_message(exc)) from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply") from None
+    for i, s in enumerate(req.sentences):
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(422, f"sentences[{i}]: not valid Unicode text (a lone surrogate)") from None
+    return req
 
 
 def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> DecodeConfig:
@@ -98,13 +136,40 @@ def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> De
     beam = base.beam_size if req.beam is None else req.beam
     if beam > cfg.max_beam:
         raise ApiError(422, f"beam: {beam} exceeds the limit of {cfg.max_beam}")
+    alpha = base.alpha if req.alpha is None else req.alpha
+    if not (math.isfinite(alpha) and alpha <= cfg.max_alpha):
+        raise ApiError(422, f"alpha: must be in [0, {cfg.max_alpha:g}]")
     try:
-        return replace(base, beam_size=beam, alpha=base.alpha if req.alpha is None else req.alpha, nbest=req.nbest)
+        return replace(base, beam_size=beam, alpha=alpha, nbest=req.nbest)
     except ConfigError as exc:
-        raise ApiError(422, str(exc)) from None
+        raise ApiError(422, plain(str(exc))) from None
 
 
-def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0: float) -> dict:
+async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, checker: Translator,
+                        metrics: Metrics) -> tuple[TranslateRequest, DecodeConfig, list[list[int]]]:
+    """The checked body of POST /translate: the request, its decode settings and its source ids."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, "send the body as Content-Type: application/json")
+    try:
+        body = await _read_body(request, cfg.max_request_bytes, cfg.body_timeout_s)
+    except ClientDisconnect:
+        metrics.events["client_gone"] += 1
+        raise ApiError(499, "the client closed the connection") from None
+    except ApiError as exc:
+        metrics.events["body_timeout"] += exc.status == 408
+        raise
+    req = _parse(body)
+    settings = _settings(req, base, cfg)
+    try:
+        ids = checker.encode(req.sentences, source="sentences", first_line=0)
+    except InputError as exc:
+        raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
+    return req, settings, ids
+
+
+def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0: float) -> bytes:
+    """The JSON answer (run in a worker thread when it carries attention maps)."""
     out: dict = {"translations": [ts[0].text if ts else "" for ts in result.nbest]}
     if req.nbest > 1:
         out["nbest"] = [[{"text": t.text, "score": t.score, "log_prob": t.log_prob, "eos": t.eos} for t in ts]
@@ -115,7 +180,31 @@ def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0:
             "cross": np.round(a["cross"], 4).tolist()}  # (L,H,T,S)
             for a in result.attention]
     out.update(beam=settings.beam_size, alpha=settings.alpha, time_ms=round(1000 * (time.perf_counter() - t0), 2))
-    return out
+    return json.dumps(out, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+async def _await_answer(request: Request, job: Job, timeout_s: float, metrics: Metrics) -> Result:
+    """The job's result; if the client hangs up or the deadline passes first, the job is abandoned
+    (not decoded if the model has not reached it) and an ApiError answers."""
+    answer = asyncio.wrap_future(job.future)
+
+    async def client_gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(client_gone())
+    try:
+        done, _ = await asyncio.wait({answer, gone}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if answer in done:
+        return answer.result()
+    job.abandon()
+    if gone in done:
+        metrics.events["client_gone"] += 1
+        raise ApiError(499, "the client closed the connection")
+    metrics.events["deadline"] += 1
+    raise ApiError(503, "the request was not translated within its deadline; retry later")
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -123,16 +212,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return JSONResponse({"error": plain(exc.message)}, status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        return JSONResponse({"error": plain(str(exc.detail))}, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s", request.url.path)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        return JSONResponse({"error": "internal error (logged by the service)"}, status_code=500)
 
 
 def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> FastAPI:
@@ -142,45 +231,58 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     checker = Translator(translator.models, translator.src_tok, translator.tgt_tok, base)  # encodes + length check
     batcher = Batcher(translator.models, translator.src_tok, translator.tgt_tok, wait_ms=cfg.batch_wait_ms,
                       batch_tokens=cfg.batch_tokens, max_queue_sentences=cfg.max_queue_sentences)
+    metrics = Metrics()
     m = translator.model.cfg
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         batcher.start()
         yield
-        await asyncio.to_thread(batcher.stop)
+        await asyncio.to_thread(batcher.stop, 5.0)
 
-    app = FastAPI(title="aiayn translation service", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.batcher = batcher
+    app = FastAPI(title="aiayn translation service", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.batcher, app.state.metrics = batcher, metrics
+    app.add_middleware(Guard, cfg=cfg, metrics=metrics)
     _add_error_handlers(app)
+    health_body = {"model": {"n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
+                             "ensemble": len(translator.models)},
+                   "defaults": {"beam": base.beam_size, "alpha": base.alpha},
+                   "limits": {k: getattr(cfg, k) for k in ("max_sentences", "max_sentence_tokens", "max_request_bytes",
+                                                           "max_beam", "max_attention_values", "request_timeout_s")}}
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "queued": batcher.queued, "model_calls": batcher.calls,
-                "model": {"n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
-                          "ensemble": len(translator.models)},
-                "defaults": {"beam": base.beam_size, "alpha": base.alpha},
-                "limits": {k: getattr(cfg, k) for k in ("max_sentences", "max_sentence_tokens",
-                                                        "max_request_bytes", "max_beam")}}
+        status = "shutting down" if batcher.shutting_down else "ok"
+        return {"status": status, "queued": batcher.queued, "model_calls": batcher.calls, **health_body}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        text = metrics.render(batcher.queued, batcher.calls, batcher.skipped)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> str:
-        return index_html(beam=base.beam_size, alpha=base.alpha, max_sentences=cfg.max_sentences)
+        return index_html(beam=base.beam_size, alpha=base.alpha, max_sentences=cfg.max_sentences,
+                          key_input=bool(cfg.api_key))
 
     @app.post("/translate")
-    async def translate(request: Request) -> dict:
-        t0 = time.perf_counter()
-        req = _parse(await _read_body(request, cfg.max_request_bytes))
-        settings = _settings(req, base, cfg)
+    async def translate(request: Request) -> Response:
+        t0, arrived = time.perf_counter(), time.monotonic()
+        req, settings, ids = await _read_request(request, cfg, base, checker, metrics)
+        deadline = arrived + cfg.request_timeout_s
         try:
-            ids = checker.encode(req.sentences, source="sentences", first_line=0)
-        except InputError as exc:
-            raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
-        try:
-            future = batcher.submit(settings, ids, req.attention)
+            job = batcher.submit(settings, ids, req.attention, attention_values=cfg.max_attention_values,
+                                 deadline=deadline)
         except Busy as exc:
             raise ApiError(503, str(exc)) from None
-        result = await asyncio.wrap_future(future)
-        return _response(req, result, settings, t0)
+        try:
+            result = await _await_answer(request, job, deadline - time.monotonic(), metrics)
+        except (Busy, Expired) as exc:
+            raise ApiError(503, str(exc)) from None
+        if result.attention is None:
+            return Response(_response(req, result, settings, t0), media_type="application/json")
+        body = await asyncio.to_thread(_response, req, result, settings, t0)  # maps can be large
+        return Response(body, media_type="application/json")
 
     return app

@@ -7,6 +7,10 @@ one configuration at a time), translates each group with one ``Translator.transl
 call (which sorts by length and pads, §5.1 style batching), and answers each request through
 its ``Future``. A failure answers the requests of its group with the exception; the worker
 itself keeps running.
+
+A request is never decoded when, at collection time, its client has gone (``abandon``), its
+deadline has passed (``Expired``) or the service is shutting down and its drain time is over
+(``ShuttingDown``). Attention maps are computed only within a request's budget of weights.
 """
 from __future__ import annotations
 
@@ -30,18 +34,36 @@ class Busy(Exception):
     """The queue is full; the client should retry later (HTTP 503)."""
 
 
+class ShuttingDown(Busy):
+    """The service is stopping: the request is refused, or was queued and not reached in time (HTTP 503)."""
+
+
+class Expired(Exception):
+    """The request's deadline passed before the model reached it; it was not decoded (HTTP 503)."""
+
+
 @dataclass
 class Result:
     nbest: list[list[Translation]]  # per sentence, best first ([] for an empty sentence)
     attention: list[dict | None] | None  # per sentence: Translator.attention of the best output
 
 
-@dataclass
-class _Job:
+@dataclass(eq=False)
+class Job:
+    """One request waiting for the model; its ``future`` gives a ``Result``."""
+
     cfg: DecodeConfig
     ids: list[list[int]]  # source ids + EOS per sentence ([] when empty)
     attention: bool
+    attention_values: int | None = None  # most attention weights to return (None: no limit)
+    deadline: float | None = None  # time.monotonic() after which the job is not decoded
+    abandoned: bool = False  # the client left: not decoded, no attention computed
     future: Future = field(default_factory=Future)
+
+    def abandon(self) -> None:
+        """The client will not read the answer: drop the job if it has not started."""
+        self.abandoned = True
+        self.future.cancel()
 
     @property
     def n_tokens(self) -> int:
@@ -55,11 +77,13 @@ class Batcher:
                  batch_tokens: int = 4096, max_queue_sentences: int = 2048):
         self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
         self.wait_s, self.batch_tokens, self.max_queue = wait_ms / 1000.0, batch_tokens, max_queue_sentences
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._carry: _Job | None = None  # collected but over the token limit: first in the next call
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._carry: Job | None = None  # collected but over the token limit: first in the next call
         self._lock = threading.Lock()
         self.queued = 0  # sentences submitted and not yet answered
         self.calls = 0  # model calls (one per settings group)
+        self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
+        self._drain_until: float | None = None  # set by begin_shutdown
         self._thread = threading.Thread(target=self._run, name="aiayn-batcher", daemon=True)
 
     def start(self) -> "Batcher":
@@ -70,17 +94,48 @@ class Batcher:
         self._queue.put(None)
         self._thread.join(timeout)
 
-    def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False) -> Future:
-        """Queue one request; its Future gives a ``Result``. Raises ``Busy`` when the queue is full."""
+    def begin_shutdown(self, drain_s: float) -> None:
+        """Refuse new requests (``ShuttingDown``); queued ones are decoded for ``drain_s`` seconds more,
+        the rest are answered with ``ShuttingDown``."""
         with self._lock:
+            if self._drain_until is None:
+                self._drain_until = time.monotonic() + drain_s
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._drain_until is not None
+
+    def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False, *,
+               attention_values: int | None = None, deadline: float | None = None) -> Job:
+        """Queue one request; its ``future`` gives a ``Result``. Raises ``Busy`` when the queue is
+        full and ``ShuttingDown`` after ``begin_shutdown``."""
+        with self._lock:
+            if self._drain_until is not None:
+                raise ShuttingDown("the service is shutting down; retry on another instance")
             if self.queued + len(ids) > self.max_queue:
                 raise Busy(f"{self.queued} sentences are waiting for the model (limit {self.max_queue}); retry later")
             self.queued += len(ids)
-        job = _Job(cfg, ids, attention)
+        job = Job(cfg, ids, attention, attention_values, deadline)
         self._queue.put(job)
-        return job.future
+        return job
 
-    def _collect(self) -> list[_Job] | None:
+    def _live(self, job: Job) -> bool:
+        """Whether to decode ``job``; a dropped job is answered (or was cancelled) here."""
+        now = time.monotonic()
+        if job.abandoned or job.future.cancelled():
+            error = None
+        elif job.deadline is not None and now > job.deadline:
+            error = Expired("the request's deadline passed before the model reached it")
+        elif self._drain_until is not None and now > self._drain_until:
+            error = ShuttingDown("the service shut down before the model reached this request")
+        else:
+            return True
+        if error is not None and job.future.set_running_or_notify_cancel():
+            job.future.set_exception(error)
+        self.skipped += 1
+        return False
+
+    def _collect(self) -> list[Job] | None:
         """The jobs of the next model call(s); None when stopped."""
         first = self._carry if self._carry is not None else self._queue.get()
         self._carry = None
@@ -105,9 +160,15 @@ class Batcher:
 
     def _run(self) -> None:
         while (jobs := self._collect()) is not None:
-            groups: dict[DecodeConfig, list[_Job]] = {}
+            groups: dict[DecodeConfig, list[Job]] = {}
+            dropped = 0
             for job in jobs:
-                groups.setdefault(job.cfg, []).append(job)
+                if self._live(job):
+                    groups.setdefault(job.cfg, []).append(job)
+                else:
+                    dropped += len(job.ids)
+            with self._lock:
+                self.queued -= dropped
             for cfg, group in groups.items():
                 try:
                     self._answer(cfg, group)
@@ -119,7 +180,7 @@ class Batcher:
                 with self._lock:
                     self.queued -= sum(len(job.ids) for job in group)
 
-    def _answer(self, cfg: DecodeConfig, jobs: list[_Job]) -> None:
+    def _answer(self, cfg: DecodeConfig, jobs: list[Job]) -> None:
         """One ``translate_ids`` call for all sentences of ``jobs`` (same settings), then each answer."""
         jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]  # drop cancelled ones
         if not jobs:
@@ -136,9 +197,23 @@ class Batcher:
             mine = hyps[start:start + len(job.ids)]
             nbest = [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
                      for hs in mine]
-            att = None
-            if job.attention:
-                att = [translator.attention(x, hs[0].tokens, hs[0].eos) if hs else None
-                       for x, hs in zip(job.ids, mine)]
+            att = self._attention(translator, job, mine) if job.attention and not job.abandoned else None
             job.future.set_result(Result(nbest, att))
             start += len(job.ids)
+
+    @staticmethod
+    def _attention(translator: Translator, job: Job, hyps: list) -> list[dict | None]:
+        """``Translator.attention`` of each best output, in order, while the cross-attention weights
+        (L * H * T * S each) fit the job's budget; None for the others and for empty sentences."""
+        m = translator.model.cfg
+        left = job.attention_values
+        out: list[dict | None] = []
+        for x, hs in zip(job.ids, hyps):
+            size = m.n_layers * m.n_heads * (len(hs[0].tokens) + hs[0].eos) * len(x) if hs else 0
+            if not hs or (left is not None and size > left):
+                out.append(None)
+                continue
+            if left is not None:
+                left -= size
+            out.append(translator.attention(x, hs[0].tokens, hs[0].eos))
+        return out

@@ -1,14 +1,27 @@
-"""ServeConfig: limits and batching of the translation service (``aiayn serve``)."""
+"""ServeConfig: limits, time bounds, access rules and batching of the translation service (``aiayn serve``)."""
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 from dataclasses import dataclass
 
 from aiayn.config import ConfigError, param
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")  # Host header names of this machine
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the listening address ``host`` is only reachable from this machine."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """HTTP address, request limits (answered with 4xx errors) and the batching worker's settings."""
+    """HTTP address, request limits (answered with 4xx errors), time bounds, access rules and the
+    batching worker's settings."""
 
     host: str = param("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = param(8000, "TCP port to listen on")
@@ -16,15 +29,50 @@ class ServeConfig:
     max_sentence_tokens: int = param(200, "most subword tokens in one source sentence, EOS included (more: 422)")
     max_request_bytes: int = param(65536, "largest request body in bytes (more: 413)")
     max_beam: int = param(16, "largest beam size a request may ask for (more: 422)")
+    max_alpha: float = param(10.0, "largest length penalty alpha a request may ask for (more: 422)")
+    max_attention_values: int = param(
+        250_000, "most attention weights (layers x heads x target x source, summed over sentences) in one "
+                 "answer; sentences past it get null attention; 0 = attention is never returned")
     max_queue_sentences: int = param(2048, "sentences waiting for the model at most; a request beyond this gets 503")
+    max_header_bytes: int = param(16384, "largest request head (request line and headers) in bytes (more: 431 or 400)")
+    max_connections: int = param(64, "open client connections at most; more are answered 503 and closed")
+    header_timeout_s: float = param(10.0, "seconds a client has to send a request's headers (then 408 and closed)")
+    body_timeout_s: float = param(10.0, "seconds a client has to send a request's body after its headers (then 408)")
+    keep_alive_s: float = param(5.0, "seconds an idle keep-alive connection stays open")
+    request_timeout_s: float = param(
+        30.0, "deadline of a request from its arrival: a request not translated by then gets 503 and is not "
+              "decoded (or its result is dropped)")
+    shutdown_timeout_s: float = param(
+        10.0, "on SIGTERM: new requests get 503, queued work is finished for this many seconds, the rest gets 503")
+    allow_host: tuple[str, ...] = param(
+        (), "Host header names accepted (comma separated; '*' = any); default: localhost names for a loopback "
+            "address, any for other addresses")
+    allow_origin: tuple[str, ...] = param(
+        (), "browser origins (scheme://host:port, comma separated) allowed to call the API besides the "
+            "service's own page; they get CORS headers")
+    api_key: str = dataclasses.field(default="", repr=False, metadata={"help": (
+        "a token clients must send (Authorization: Bearer KEY or X-API-Key: KEY) for /translate and /metrics; "
+        "empty = no token; better set through the AIAYN_API_KEY environment variable (not visible in ps)")})
     batch_wait_ms: float = param(5.0, "the batching worker waits this long after a request for more to join its model call")
     batch_tokens: int = param(4096, "source tokens (padding included) per model call; requests are collected up to this")
     threads: int = param(0, "torch intra-op threads (0 = torch's default)")
 
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam",
-                     "max_queue_sentences", "batch_tokens"):
+                     "max_queue_sentences", "batch_tokens", "max_connections", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s", "shutdown_timeout_s"):
+            if not 0 < getattr(self, name) < 1e6:
+                raise ConfigError(f"{name} must be > 0 (seconds), got {getattr(self, name)}")
+        if not 0 <= self.max_alpha < 1e6 or self.max_attention_values < 0:
+            raise ConfigError("max_alpha and max_attention_values must be >= 0")
         if self.batch_wait_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
             raise ConfigError("batch_wait_ms and threads must be >= 0 and port in [0, 65535]")
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        """The Host names accepted: ``allow_host``, or localhost names for a loopback bind, or any ('*')."""
+        if self.allow_host:
+            return self.allow_host
+        return (*LOOPBACK_HOSTS, self.host) if is_loopback(self.host) else ("*",)

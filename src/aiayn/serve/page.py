@@ -42,7 +42,7 @@ _PAGE = r"""<!doctype html>
 <div class="controls">
   <label>beam <input id="beam" type="number" min="1" value="__BEAM__"></label>
   <label>&alpha; <input id="alpha" type="number" min="0" step="0.1" value="__ALPHA__"></label>
-  <button id="translate">Translate</button>
+__KEY_INPUT__  <button id="translate">Translate</button>
   <span id="status"></span>
 </div>
 <div id="error"></div>
@@ -129,8 +129,10 @@ async function translate() {
   $("status").textContent = "translating...";
   $("translate").disabled = true;
   try {
+    const headers = {"Content-Type": "application/json"};
+    if ($("api-key") && $("api-key").value) headers.Authorization = `Bearer ${$("api-key").value}`;
     const resp = await fetch("/translate", {
-      method: "POST", headers: {"Content-Type": "application/json"},
+      method: "POST", headers,
       body: JSON.stringify({sentences, beam: Number($("beam").value), alpha: Number($("alpha").value), attention: true}),
     });
     const data = await resp.json();
@@ -142,7 +144,7 @@ async function translate() {
       li.appendChild(cell("span", text)).className = "text";
       const btn = cell("button", "attention");
       btn.className = "show-attention";
-      btn.disabled = !data.attention[i];
+      btn.disabled = !(data.attention && data.attention[i]);
       btn.addEventListener("click", () => showAttention(data.attention[i], sentences[i]));
       li.appendChild(btn);
       list.appendChild(li);
@@ -167,7 +169,11 @@ $("head").addEventListener("change", drawMap);
 """
 
 
-def index_html(beam: int, alpha: float, max_sentences: int) -> str:
-    """The page, with the server's default beam and α filled into the form."""
+_KEY_INPUT = '  <label>key <input id="api-key" type="password" autocomplete="off"></label>\n'
+
+
+def index_html(beam: int, alpha: float, max_sentences: int, key_input: bool = False) -> str:
+    """The page, with the server's default beam and α filled into the form (and a field for the
+    API key when the service asks for one)."""
     return (_PAGE.replace("__BEAM__", html.escape(str(beam))).replace("__ALPHA__", html.escape(str(alpha)))
-            .replace("__MAX_SENTENCES__", str(max_sentences)))
+            .replace("__MAX_SENTENCES__", str(max_sentences)).replace("__KEY_INPUT__", _KEY_INPUT if key_input else ""))

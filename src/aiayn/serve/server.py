@@ -1,0 +1,130 @@
+"""uvicorn, bounded: header and body read deadlines, a connection limit, and a SIGTERM that drains.
+
+``GuardedH11Protocol`` is uvicorn's h11 protocol with a timer per connection: a client has
+``header_timeout_s`` to send a request's headers (else 408 and the connection is closed) and
+``body_timeout_s`` (+1 s; the app answers 408 first when it reads the body) to send its body;
+a connection beyond ``max_connections`` is answered 503 and closed, and a response sent before
+the client finished its body closes the connection (nobody reads the rest). ``Server`` starts
+the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from aiayn.serve.batcher import Batcher
+from aiayn.serve.config import ServeConfig
+from aiayn.serve.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def raw_response(status: int, reason: str, message: str) -> bytes:
+    """A complete HTTP/1.1 ``{"error": message}`` response that closes the connection."""
+    body = json.dumps({"error": message}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the read deadlines and connection limit of ``cfg``."""
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._timer: asyncio.TimerHandle | None = None
+            self._phase, self._lingering = None, False
+            metrics.connections += 1
+            if len(self.connections) > cfg.max_connections:
+                metrics.events["connection_refused"] += 1
+                transport.write(raw_response(503, "Service Unavailable", "too many connections; retry later"))
+                self._linger()
+                return
+            self._follow()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            metrics.connections -= 1
+            self._arm(None)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._lingering:  # answered and closing: the rest of the request is read and dropped
+                return
+            super().data_received(data)
+            self._follow()
+
+        def on_response_complete(self) -> None:
+            if self.conn.their_state is h11.SEND_BODY:  # answered before the body was read: nobody reads it
+                self._linger()
+            super().on_response_complete()
+            self._follow()
+
+        def _linger(self) -> None:
+            """Close after the answer, reading (and dropping) what the client still sends for up to
+            1 s: closing with unread data would reset the connection and lose the answer."""
+            self._lingering = True
+            try:
+                if self.transport.can_write_eof():
+                    self.transport.write_eof()
+            except OSError:  # the client is gone already
+                self.transport.close()
+                return
+            self._arm(1.0, "")
+
+        def _follow(self) -> None:
+            """Re-arm the timer when the client's side moves: waiting for headers, then for a body."""
+            state = self.conn.their_state
+            if state is self._phase or self._lingering or self.transport.is_closing():
+                return
+            self._phase = state
+            if state is h11.IDLE:
+                self._arm(cfg.header_timeout_s, "header_timeout")
+            elif state is h11.SEND_BODY:
+                self._arm(cfg.body_timeout_s + 1.0, "body_timeout")
+            else:
+                self._arm(None)
+
+        def _arm(self, seconds: float | None, event: str = "") -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = None if seconds is None else self.loop.call_later(seconds, self._expire, event)
+
+        def _expire(self, event: str) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if event:
+                metrics.events[event] += 1
+            if event == "header_timeout" and (self.cycle is None or self.cycle.response_complete):
+                self.transport.write(raw_response(408, "Request Timeout", "the request headers came too slowly"))
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server whose exit signal first tells the batcher to drain (``shutdown_timeout_s``)."""
+
+    def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float):
+        super().__init__(config)
+        self.batcher, self.drain_s = batcher, drain_s
+
+    def handle_exit(self, sig, frame) -> None:
+        log.info("signal %s: new requests get 503; queued work is finished for %.1f s", sig, self.drain_s)
+        self.batcher.begin_shutdown(self.drain_s)
+        super().handle_exit(sig, frame)
+
+
+def make_server(app, cfg: ServeConfig, **uvicorn_kw) -> Server:
+    """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``."""
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, http=guarded_protocol(cfg, app.state.metrics),
+                            timeout_keep_alive=cfg.keep_alive_s, lifespan="on",
+                            h11_max_incomplete_event_size=cfg.max_header_bytes,
+                            timeout_graceful_shutdown=cfg.shutdown_timeout_s + 5, **uvicorn_kw)
+    return Server(config, app.state.batcher, cfg.shutdown_timeout_s)

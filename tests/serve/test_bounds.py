@@ -1,0 +1,202 @@
+"""Time and connection bounds on a live server (real sockets): slow headers and bodies, too many
+connections, clients that hang up, deadlines, /health while the model is busy, and the drain
+on SIGTERM."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from aiayn.config import replace
+from aiayn.serve.app import create_app
+
+from .conftest import SERVE, LiveServer
+from .test_load import get, post
+
+FAST = replace(SERVE, header_timeout_s=0.4, body_timeout_s=0.4, keep_alive_s=0.3)
+
+
+def connect(server: LiveServer, data: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    if data:
+        sock.sendall(data)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    sock.close()
+    return out
+
+
+def request_bytes(body: dict, length: int | None = None) -> bytes:
+    raw = json.dumps(body).encode()
+    head = (f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(raw) if length is None else length}\r\n\r\n")
+    return head.encode() + raw
+
+
+class Gate:
+    """Holds the batching worker inside its model call until ``open()``; records what it decoded."""
+
+    def __init__(self, batcher):
+        self.event, self.entered, self.decoded = threading.Event(), threading.Event(), []
+        real = batcher._answer
+
+        def gated(cfg, jobs):
+            self.entered.set()
+            self.event.wait(30)
+            self.decoded += [x for job in jobs for x in job.ids]
+            return real(cfg, jobs)
+
+        batcher._answer = gated
+
+    def open(self) -> None:
+        self.event.set()
+
+
+@pytest.fixture
+def fast_server(translator):
+    with LiveServer(create_app(translator, FAST), FAST) as server:
+        yield server
+
+
+def test_slow_headers_get_408_and_are_closed(fast_server):
+    t0 = time.monotonic()
+    sock = connect(fast_server, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and nothing more
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 3
+    t0 = time.monotonic()
+    assert read_until_closed(connect(fast_server)) .startswith(b"HTTP/1.1 408")  # a silent connection too
+    assert time.monotonic() - t0 < 3
+    assert get(fast_server.url + "/health")["status"] == "ok"
+
+
+def test_a_trickled_header_does_not_reset_the_timer(fast_server):
+    sock = connect(fast_server)
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        for _ in range(40):
+            sock.sendall(b"X")  # one byte every 0.1 s: the headers never end
+            time.sleep(0.1)
+    assert time.monotonic() - t0 < 3
+    sock.close()
+
+
+def test_slow_bodies_get_408_and_are_closed(fast_server):
+    raw = request_bytes({"sentences": ["A dog."]}, length=200)
+    t0 = time.monotonic()
+    answer = read_until_closed(connect(fast_server, raw))  # 200 bytes announced, fewer sent
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.4 s" in answer
+    assert time.monotonic() - t0 < 3
+    assert 'aiayn_events_total{event="body_timeout"} 1' in metrics_text(fast_server)
+    # a body nobody reads (404) cannot hold the connection either
+    sock = connect(fast_server, b"POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\nab")
+    assert read_until_closed(sock).startswith(b"HTTP/1.1 404")
+
+
+def test_keep_alive_then_slow_second_request(fast_server):
+    sock = connect(fast_server, request_bytes({"sentences": ["A dog."]}))
+    first = sock.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200")
+    sock.sendall(b"POST /translate HTTP/1.1\r\n")  # the next request's headers never end
+    t0 = time.monotonic()
+    read_until_closed(sock)
+    assert time.monotonic() - t0 < 3
+
+
+def test_connections_beyond_the_limit_get_503(translator):
+    cfg = replace(SERVE, max_connections=3)
+    with LiveServer(create_app(translator, cfg), cfg) as server:
+        held = [connect(server) for _ in range(3)]
+        time.sleep(0.2)
+        extra = read_until_closed(connect(server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+        assert extra.startswith(b"HTTP/1.1 503") and b"too many connections" in extra
+        for sock in held:
+            sock.close()
+        time.sleep(0.2)
+        assert get(server.url + "/health")["status"] == "ok"
+        assert 'aiayn_events_total{event="connection_refused"} 1' in metrics_text(server)
+
+
+def metrics_text(server: LiveServer) -> str:
+    import urllib.request
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def test_a_request_whose_client_left_is_not_decoded(translator):
+    with LiveServer(create_app(translator, SERVE)) as server:
+        gate = Gate(server.app.state.batcher)
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(post, server.url, {"sentences": ["A man is riding a bicycle."]})
+            assert gate.entered.wait(10)  # the worker is busy with the first request
+            leaver = connect(server, request_bytes({"sentences": ["Two dogs play in the snow."]}))
+            deadline = time.monotonic() + 10
+            while server.app.state.batcher.queued < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            leaver.close()  # the client hangs up while its request is queued
+            while 'event="client_gone"' not in metrics_text(server) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            health_t0 = time.monotonic()
+            assert get(server.url + "/health")["queued"] >= 1  # /health answers while the model is busy
+            assert time.monotonic() - health_t0 < 1
+            gate.open()
+            assert first.result(30)[0] == 200
+        assert post(server.url, {"sentences": ["A cat."]})[0] == 200
+        decoded = {tuple(x) for x in gate.decoded}
+        assert tuple(translator.encode(["Two dogs play in the snow."])[0]) not in decoded
+        assert tuple(translator.encode(["A cat."])[0]) in decoded
+        assert server.app.state.batcher.skipped == 1 and server.app.state.batcher.queued == 0
+
+
+def test_a_request_past_its_deadline_gets_503_and_is_not_decoded(translator):
+    cfg = replace(SERVE, request_timeout_s=0.5)
+    with LiveServer(create_app(translator, cfg), cfg) as server:
+        gate = Gate(server.app.state.batcher)
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, server.url, {"sentences": ["A man is riding a bicycle."]})
+            assert gate.entered.wait(10)
+            t0 = time.monotonic()
+            status, data = post(server.url, {"sentences": ["Two dogs play in the snow."]})
+            assert status == 503 and "deadline" in data["error"] and time.monotonic() - t0 < 3
+            gate.open()
+            first.result(30)  # itself past its deadline by now: 503 or 200, it was being decoded
+        assert post(server.url, {"sentences": ["A cat."]})[0] == 200
+        assert tuple(translator.encode(["Two dogs play in the snow."])[0]) not in {tuple(x) for x in gate.decoded}
+
+
+def test_sigterm_finishes_or_refuses_queued_work_within_the_bound(translator):
+    cfg = replace(SERVE, shutdown_timeout_s=0.5)
+    server = LiveServer(create_app(translator, cfg), cfg).__enter__()
+    try:
+        gate = Gate(server.app.state.batcher)
+        with ThreadPoolExecutor(4) as pool:
+            first = pool.submit(post, server.url, {"sentences": ["A man is riding a bicycle."]})
+            assert gate.entered.wait(10)
+            queued = [pool.submit(post, server.url, {"sentences": [s], "beam": 2})
+                      for s in ("A cat.", "A dog.", "A girl.")]
+            deadline = time.monotonic() + 10
+            while server.app.state.batcher.queued < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            server.server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
+            assert get(server.url + "/health")["status"] == "shutting down"
+            status, data = post(server.url, {"sentences": ["Too late."]})
+            assert status == 503 and "shutting down" in data["error"]
+            time.sleep(0.7)  # past the drain time: the queued requests are refused, not decoded
+            gate.open()
+            assert first.result(30)[0] == 200  # the model call in progress is finished
+            answers = [f.result(30) for f in queued]
+        assert all(s == 503 and "shut down" in d["error"] for s, d in answers), answers
+        server.thread.join(10)
+        assert not server.thread.is_alive() and time.monotonic() - t0 < 5
+    finally:
+        server.__exit__(None, None, None)
