@@ -238,8 +238,11 @@ def _build(cfg: RunConfig, train_data, dist, device, precision: str) -> tuple:
     return model, opt, scaler, sampler
 
 
-def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True) -> TrainState:
-    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state."""
+def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
+          init_from: str | Path | None = None, resume_optimizer: bool = False) -> TrainState:
+    """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state.
+    ``init_from``: a new run starts from that checkpoint's weights (and with ``resume_optimizer``
+    its Adam state; ``aiayn.train.finetune``)."""
     t = cfg.train
     dist, device, precision = _runtime(t)
     data = DataDir(data_dir)
@@ -288,6 +291,9 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
         if dist.is_main:
             print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
     else:
+        if init_from is not None:
+            from aiayn.train.finetune import init_from as load_init
+            load_init(init_from, model, opt, cfg, tokenizers, resume_optimizer)
         segment_epoch(state.epoch)
     # Local SGD: every process trains its own copy (no DDP), and the copies are averaged every
     # `period` steps; elsewhere every step is a synchronization point.
