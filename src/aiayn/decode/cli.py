@@ -37,14 +37,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="write attention weights of each best translation to FILE.json or FILE.npz")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
                                                      "(default: auto)")
+    p.add_argument("--interactive", action="store_true",
+                   help="translate each line as soon as it is read and flush its output, as fairseq-interactive does "
+                        "(the default when stdin is a terminal and no --input is given)")
+    p.add_argument("--buffer", type=int, default=None, metavar="N",
+                   help=f"lines read before they are translated and written (default {CHUNK_LINES:,}; 1 with "
+                        f"--interactive); a small N gives a pipe its translations as lines arrive")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)
 
 
-def _input_chunks(path: str | None) -> Iterator[tuple[int, list[str]]]:
-    """(first line number, lines) chunks of the input."""
+def _input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, lines) chunks of at most ``size`` lines of the input; stdin is read a line
+    at a time, so a chunk is given as soon as its last line has arrived."""
     if path is None:
-        lines = (line.strip() for line in sys.stdin)
+        lines = (line.strip() for line in iter(sys.stdin.readline, ""))
     else:
         from aiayn.data.textio import check_readable, read_lines
         check_readable(Path(path), "translation input")
@@ -52,7 +59,7 @@ def _input_chunks(path: str | None) -> Iterator[tuple[int, list[str]]]:
     chunk, first = [], 1
     for line in lines:
         chunk.append(line)
-        if len(chunk) == CHUNK_LINES:
+        if len(chunk) == size:
             yield first, chunk
             first, chunk = first + len(chunk), []
     if chunk:
@@ -74,6 +81,18 @@ def _write_attention(path: Path, records: list[dict]) -> None:
     np.savez_compressed(path, **arrays)
 
 
+def _buffer_lines(args: argparse.Namespace) -> int:
+    """Lines per chunk: --buffer, else 1 when interactive (--interactive, or stdin a terminal), else CHUNK_LINES.
+    Translations do not depend on it (a sentence's output does not depend on its batch)."""
+    if args.buffer is not None:
+        if args.buffer < 1:
+            raise UserError(f"--buffer must be at least 1, got {args.buffer}")
+        return args.buffer
+    if args.interactive or (args.input is None and sys.stdin.isatty()):
+        return 1
+    return CHUNK_LINES
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = from_args(DecodeConfig, args)
@@ -82,10 +101,11 @@ def run(args: argparse.Namespace) -> int:
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
+    buffer = _buffer_lines(args)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
         source = args.input or "<stdin>"
         records, n_lines, t0 = [], 0, time.perf_counter()
-        for first, lines in _input_chunks(args.input):
+        for first, lines in _input_chunks(args.input, buffer):
             ids = translator.encode(lines, source, first)
             hyps = translator.translate_ids(ids)
             for k, hs in enumerate(hyps):
