@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--buffer", type=int, default=None, metavar="N",
                    help=f"lines read before they are translated and written (default {CHUNK_LINES:,}; 1 with "
                         f"--interactive); a small N gives a pipe its translations as lines arrive")
+    p.add_argument("--prefix", metavar="FILE",
+                   help="target prefixes, one per input line (an empty line: none): each translation begins with its "
+                        "line's prefix, which the search continues (forced decoding, for interactive and post-editing tools)")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)
 
@@ -93,6 +96,23 @@ def _buffer_lines(args: argparse.Namespace) -> int:
     return CHUNK_LINES
 
 
+def _read_prefixes(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    from aiayn.data.textio import check_readable, read_lines
+    check_readable(Path(path), "--prefix")
+    return [line.strip() for line in read_lines(Path(path))]
+
+
+def _chunk_prefixes(prefixes: list[str] | None, path: str | None, first: int, n: int) -> list[str] | None:
+    """The prefixes of input lines first..first+n-1; an error when the file has fewer lines."""
+    if prefixes is None:
+        return None
+    if len(prefixes) < first - 1 + n:
+        raise UserError(f"--prefix {path}: {len(prefixes)} lines, fewer than the input's (one prefix per input line)")
+    return prefixes[first - 1:first - 1 + n]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = from_args(DecodeConfig, args)
@@ -102,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
     buffer = _buffer_lines(args)
+    prefixes = _read_prefixes(args.prefix)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
         source = args.input or "<stdin>"
         records, n_lines, t0 = [], 0, time.perf_counter()
         for first, lines in _input_chunks(args.input, buffer):
             ids = translator.encode(lines, source, first)
-            hyps = translator.translate_ids(ids)
+            forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)))
+            hyps = translator.translate_ids(ids, forced)
             for k, hs in enumerate(hyps):
                 texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
                 if cfg.nbest == 1:
@@ -119,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
                     records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
             sys.stdout.flush()
             n_lines += len(lines)
+    if prefixes is not None and len(prefixes) != n_lines:
+        raise UserError(f"--prefix {args.prefix}: {len(prefixes)} lines for {n_lines} input lines (one prefix per input line)")
     if att_path is not None:
         _write_attention(att_path, records)
     log.info("translated %d lines in %.1fs", n_lines, time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 """The HTTP JSON API and web page of ``aiayn serve`` (FastAPI).
 
-    POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false}
+    POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false, "prefix": ["..."]?}
                   -> {"translations": ["..."], "nbest": [[{"text", "score", "log_prob", "eos"}]] (nbest > 1),
                       "attention": [{"src_tokens", "tgt_tokens", "cross": (L,H,T,S)}] (attention: true),
                       "beam": 4, "alpha": 0.6, "time_ms": 12.3}
@@ -53,6 +53,8 @@ class TranslateRequest(BaseModel):
     alpha: float | None = Field(None, ge=0, description="length penalty α")
     nbest: int = Field(1, ge=1, description="hypotheses per sentence, best first")
     attention: bool = Field(False, description="return the encoder-decoder attention of each best output")
+    prefix: list[str] | None = Field(None, description="one target prefix per sentence that its translations "
+                                                       "begin with and the search continues (\"\" for none)")
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -176,8 +178,10 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
             ids = checker.encode(req.sentences, source="sentences", first_line=0)
         except InputError as exc:
             raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
+        if req.prefix is not None and len(req.prefix) != len(req.sentences):
+            raise ApiError(422, f"prefix: {len(req.prefix)} prefixes for {len(req.sentences)} sentences")
         try:
-            future = batcher.submit(settings, ids, req.attention)
+            future = batcher.submit(settings, ids, req.attention, checker.encode_prefixes(req.prefix))
         except Busy as exc:
             raise ApiError(503, str(exc)) from None
         result = await asyncio.wrap_future(future)

@@ -41,6 +41,7 @@ class _Job:
     cfg: DecodeConfig
     ids: list[list[int]]  # source ids + EOS per sentence ([] when empty)
     attention: bool
+    prefixes: list[list[int]] | None = None  # forced target ids per sentence ([] for none)
     future: Future = field(default_factory=Future)
 
     @property
@@ -70,13 +71,14 @@ class Batcher:
         self._queue.put(None)
         self._thread.join(timeout)
 
-    def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False) -> Future:
+    def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False,
+               prefixes: list[list[int]] | None = None) -> Future:
         """Queue one request; its Future gives a ``Result``. Raises ``Busy`` when the queue is full."""
         with self._lock:
             if self.queued + len(ids) > self.max_queue:
                 raise Busy(f"{self.queued} sentences are waiting for the model (limit {self.max_queue}); retry later")
             self.queued += len(ids)
-        job = _Job(cfg, ids, attention)
+        job = _Job(cfg, ids, attention, prefixes)
         self._queue.put(job)
         return job.future
 
@@ -127,7 +129,8 @@ class Batcher:
         translator = Translator(self.model, self.src_tok, self.tgt_tok, cfg)
         ids = [x for job in jobs for x in job.ids]
         t0 = time.perf_counter()
-        hyps = translator.translate_ids(ids)
+        prefixes = [x for job in jobs for x in (job.prefixes or [[]] * len(job.ids))]
+        hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None)
         self.calls += 1
         log.debug("%d requests, %d sentences in one call: %.1f ms", len(jobs), len(ids),
                   1000 * (time.perf_counter() - t0))
