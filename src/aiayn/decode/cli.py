@@ -46,6 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix", metavar="FILE",
                    help="target prefixes, one per input line (an empty line: none): each translation begins with its "
                         "line's prefix, which the search continues (forced decoding, for interactive and post-editing tools)")
+    p.add_argument("--alignments", action="store_true",
+                   help="append to each output line ' ||| ' and its word alignment in the Pharaoh format ('i-j': "
+                        "source token i, target token j, subword pieces from 0), each target token aligned to the source "
+                        "token the chosen layer's encoder-decoder attention weights most (aiayn/decode/align.py)")
+    p.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
+                   help="decoder layer whose attention (averaged over heads) gives --alignments: 0 is the first, "
+                        "-1 (default) the last")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)
 
@@ -96,6 +103,13 @@ def _buffer_lines(args: argparse.Namespace) -> int:
     return CHUNK_LINES
 
 
+def _alignment(translator: Translator, src_ids: list[int], hyp, layer: int) -> str:
+    """The Pharaoh alignment of one hypothesis (aiayn/decode/align.py), from its teacher-forced attention."""
+    from aiayn.decode.align import hard_alignment, pharaoh
+    cross = translator.attention(src_ids, hyp.tokens, hyp.eos)["cross"]  # (L, H, T, S)
+    return pharaoh(hard_alignment(cross, layer, len(src_ids) - 1, len(hyp.tokens)))
+
+
 def _read_prefixes(path: str | None) -> list[str] | None:
     if path is None:
         return None
@@ -124,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     buffer = _buffer_lines(args)
     prefixes = _read_prefixes(args.prefix)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
+        if args.alignments:
+            from aiayn.decode.align import check_layer
+            check_layer(args.alignment_layer, translator.model.cfg.decoder_layers)
         source = args.input or "<stdin>"
         records, n_lines, t0 = [], 0, time.perf_counter()
         for first, lines in _input_chunks(args.input, buffer):
@@ -132,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
             hyps = translator.translate_ids(ids, forced)
             for k, hs in enumerate(hyps):
                 texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
+                if args.alignments:
+                    texts = [f"{t} ||| {_alignment(translator, ids[k], h, args.alignment_layer)}" for t, h in zip(texts, hs)]
                 if cfg.nbest == 1:
-                    sys.stdout.write((texts[0] if texts else "") + "\n")
+                    sys.stdout.write((texts[0] if texts else (" ||| " if args.alignments else "")) + "\n")
                 else:
                     for text, h in zip(texts, hs):
                         sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}\n")
