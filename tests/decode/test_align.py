@@ -58,3 +58,13 @@ def test_alignment_layer_out_of_range(copy_checkpoint, tmp_path, capsys):
     assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src), "--alignments",
                  "--alignment-layer", "2"]) == 2
     assert "the model has 2 decoder layers" in capsys.readouterr().err
+
+
+def test_nbest_lines_end_with_their_alignment(copy_checkpoint, tmp_path, capsys):
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\n")
+    assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src), "--alignments",
+                 "--beam-size", "2", "--nbest", "2"]) == 0
+    rows = [r.split(" ||| ") for r in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and all(len(r) == 4 and r[0] == "0" for r in rows)
+    assert rows[0][1] == "a b c" and rows[0][3] == "0-0 1-1 2-2"

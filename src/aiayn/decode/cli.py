@@ -149,13 +149,14 @@ def run(args: argparse.Namespace) -> int:
             hyps = translator.translate_ids(ids, forced)
             for k, hs in enumerate(hyps):
                 texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
-                if args.alignments:
-                    texts = [f"{t} ||| {_alignment(translator, ids[k], h, args.alignment_layer)}" for t, h in zip(texts, hs)]
+                # --alignments: " ||| i-j ..." after each entry (after its score in an n-best list)
+                aligns = [f" ||| {_alignment(translator, ids[k], h, args.alignment_layer)}" if args.alignments else ""
+                          for h in hs]
                 if cfg.nbest == 1:
-                    sys.stdout.write((texts[0] if texts else (" ||| " if args.alignments else "")) + "\n")
+                    sys.stdout.write((texts[0] + aligns[0] if texts else (" ||| " if args.alignments else "")) + "\n")
                 else:
-                    for text, h in zip(texts, hs):
-                        sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}\n")
+                    for text, h, align in zip(texts, hs, aligns):
+                        sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}{align}\n")
                 if att_path is not None and hs:
                     records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
             sys.stdout.flush()

@@ -23,6 +23,7 @@ import torch
 
 from aiayn.config import to_dict
 from aiayn.errors import UserError
+from aiayn.model.config import ModelConfig
 from aiayn.train import checkpoint as ck
 from aiayn.train.config import RunConfig, run_config_from_dict
 
@@ -54,7 +55,7 @@ def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
 def check_model(ckpt: dict, path: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
     """The run's model configuration and parameter shapes must be the checkpoint's (up to
     ``REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
-    saved = ckpt.get("model_config") or {}
+    saved = {**to_dict(ModelConfig()), **(ckpt.get("model_config") or {})}  # fields it predates: their defaults
     here = to_dict(cfg.model)
     fields = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in here.items()
               if k not in REGULARIZATION_FIELDS and saved.get(k) != v]
