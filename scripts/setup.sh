@@ -11,5 +11,5 @@ PY=${PYTHON:-python3}
 if [ "${AIAYN_TORCH:-cpu}" = "cpu" ]; then
   "$VENV/bin/python" -m pip install -q -c constraints/cpu.txt torch
 fi
-"$VENV/bin/python" -m pip install -q -c constraints/cpu.txt -e ".[test,serve,ct2]"
+"$VENV/bin/python" -m pip install -q -c constraints/cpu.txt -e ".[test,serve,ct2,hf]"
 echo "aiayn installed in $VENV" >&2

@@ -85,3 +85,45 @@ def tiny_checkpoint(tmp_path_factory, small_data_dir) -> Path:
     path = out / "last.pt"
     assert path.is_file()
     return path
+
+
+COPY_WORDS = "a b c d e f g h i j k l".split()  # one SentencePiece piece each ("▁a"): alignment i-i is known
+
+
+def copy_lines(n: int, seed: int) -> list[str]:
+    """n random sentences of 3-8 one-letter words (the copy task's source and target)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(COPY_WORDS) for _ in range(rng.randint(3, 8))) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def copy_data_dir(tmp_path_factory) -> Path:
+    """A prepared copy task (target = source): 3,000 train and 100 valid pairs, shared BPE of 29
+    pieces (the 4 special ids, 13 characters, and the 12 words with their word boundary)."""
+    from aiayn.cli import main
+    d = tmp_path_factory.mktemp("copy_corpus")
+    argv = ["prepare", "--vocab-size", "29", "--out", str(d / "data"), "--num-workers", "1"]
+    for split, n, seed in (("train", 3000, 1), ("valid", 100, 2)):
+        text = "\n".join(copy_lines(n, seed)) + "\n"
+        for side in ("src", "tgt"):
+            (d / f"{split}.{side}").write_text(text, encoding="utf-8")
+            argv += [f"--{split}-{side}", str(d / f"{split}.{side}")]
+    assert main(argv) == 0
+    return d / "data"
+
+
+COPY_TRAIN = ["--preset", "tiny", "--no-progress", "--set", "train.save_every_min=0",
+              "--set", "train.validate_every_steps=0", "--set", "train.precision=fp32", "--set", "train.threads=1",
+              "--set", "train.max_src_tokens=400", "--set", "train.max_tgt_tokens=400",
+              "--set", "train.warmup_steps=30", "--set", "model.p_drop=0", "--set", "train.lr_scale=0.2",
+              "--set", "train.eps_ls=0"]
+
+
+@pytest.fixture(scope="session")
+def copy_checkpoint(tmp_path_factory, copy_data_dir) -> Path:
+    """The tiny preset (post-norm, d_k = d_model / h) trained 200 steps on the copy task (about 4 s):
+    it copies unseen sentences (valid loss about 0.14)."""
+    from aiayn.cli import main
+    out = tmp_path_factory.mktemp("copy_run")
+    assert main(["train", "--data", str(copy_data_dir), "--out", str(out), "--max-steps", "200", *COPY_TRAIN]) == 0
+    return out / "last.pt"

@@ -132,6 +132,12 @@ def run(args) -> int:
     from aiayn.decode.translator import load_model_for_inference
 
     model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)  # a bad file is named first
+    if args.format == "hf":
+        from aiayn.hf import export_hf
+        if args.quantization:
+            raise UserError("--quantization applies to --format ct2")
+        print(f"hugging face marian model: {export_hf(model, src_tok, tgt_tok, args.out)}")
+        return 0
     _require_ct2()
     out = export_ct2(model, pieces(src_tok), pieces(tgt_tok), args.out, args.quantization or None)
     # the tokenizers travel with the model, so the directory is all a user needs
@@ -144,9 +150,13 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint as a CTranslate2 model directory (needs ctranslate2)")
+    p = sub.add_parser("export", help="write a checkpoint as a CTranslate2 model directory (needs ctranslate2) "
+                                      "or, with --format hf, a Hugging Face MarianMTModel directory (needs transformers)")
     p.add_argument("--checkpoint", required=True, help="aiayn checkpoint (.pt), e.g. the demo's model.pt")
     p.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    p.add_argument("--format", default="ct2", choices=("ct2", "hf"),
+                   help="ct2: a CTranslate2 model (default); hf: a Hugging Face MarianMTModel with its MarianTokenizer "
+                        "(aiayn/hf.py; post-norm models with d_k = d_v = d_model / h and sinusoidal positions)")
     p.add_argument("--quantization", default="",
                    help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default: float32)")
     p.set_defaults(func=run)

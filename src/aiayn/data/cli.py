@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from aiayn.config import ConfigError, add_arguments, from_args, replace
-from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
+from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare, tokenizers_from_checkpoint
 from aiayn.errors import UserError
 
 
@@ -22,6 +22,9 @@ def register(subparsers) -> None:
             p.add_argument(f"--{split}-{side}", type=Path, required=required, default=None,
                            help=f"{split} {lang} text file" + ("" if required else f" (give --{split}-src and --{split}-tgt together)"))
     p.add_argument("--out", type=Path, required=True, help="data directory to create")
+    p.add_argument("--tokenizer-from", type=Path, default=None, metavar="MODEL.pt",
+                   help="encode with the SentencePiece model(s) stored in this checkpoint instead of training new "
+                        "ones (fine-tuning: `aiayn train --init-from MODEL.pt` then accepts the data directory)")
     p.add_argument("--force", action="store_true",
                    help="replace --out if it is an existing data directory (or empty)")
     add_arguments(p, PrepareConfig, defaults=replace(PrepareConfig(), num_workers=os.cpu_count() or 1))
@@ -40,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
         cfg = from_args(PrepareConfig, args)
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
-    manifest = prepare(splits, args.out, cfg, force=args.force)
+    tokenizers = None
+    if args.tokenizer_from is not None:
+        from aiayn.train.checkpoint import load_checkpoint
+        tokenizers = tokenizers_from_checkpoint(load_checkpoint(args.tokenizer_from), args.tokenizer_from, cfg)
+    manifest = prepare(splits, args.out, cfg, force=args.force, tokenizers=tokenizers)
     for name, entry in manifest["splits"].items():
         print(f"{name}: {entry['pairs']} pairs, {entry['src']['tokens']} source / "
               f"{entry['tgt']['tokens']} target tokens")

@@ -16,6 +16,11 @@ Steps (§5.1: sentences encoded with byte-pair encoding into a shared source-tar
    ``bad_ratio`` (longer side / shorter side over ``max_len_ratio``);
 6. write the manifest (format in ``aiayn.data.dataset``) last and rename the temp dir into place.
 
+Fine-tuning (``aiayn prepare --tokenizer-from MODEL.pt``): steps 2-3 are replaced by the
+checkpoint's own SentencePiece model(s) (its ``tokenizers`` entry, ``aiayn.train.loop.
+tokenizer_payload``), written unchanged, so the new text is encoded into the vocabulary the model
+was trained on and ``aiayn train --init-from MODEL.pt`` accepts the directory (same sha256).
+
 Memory: the SentencePiece sample (the default 1M pairs of WMT-length sentences is roughly
 0.5 GB of Python strings) and SentencePiece's trainer; encoding holds one chunk at a time.
 Measured: all of Multi30k (29k pairs, vocab 8000) about 1 s; 290k pairs about 11 s on 2 cores.
@@ -146,6 +151,39 @@ def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConf
     return names
 
 
+TOKENIZER_FIELDS = ("vocab_size", "model_type", "shared_vocab", "character_coverage", "spm_sample_pairs",
+                    "user_symbols", "lowercase")  # PrepareConfig fields that only shape a new tokenizer
+
+
+def tokenizers_from_checkpoint(ckpt: dict, path: Path, cfg: PrepareConfig) -> dict:
+    """The ``tokenizers`` entry of a checkpoint dict, its model bytes checked against their sha256;
+    a ``cfg`` that sets an option of SentencePiece training (which the stored models make moot)
+    is an error naming it."""
+    toks = ckpt.get("tokenizers")
+    if not isinstance(toks, dict) or not all(isinstance(toks.get(s), (bytes, bytearray)) for s in SIDES):
+        raise UserError(f"{path}: the checkpoint holds no SentencePiece models (tokenizers.src/.tgt)")
+    for side in SIDES:
+        digest = Tokenizer(bytes(toks[side])).sha256
+        if toks.get(f"{side}_sha256") not in (None, digest):
+            raise UserError(f"{path}: the stored {side} tokenizer does not match its sha256; the checkpoint is corrupt")
+    default = PrepareConfig()
+    changed = [f for f in TOKENIZER_FIELDS if getattr(cfg, f) != getattr(default, f)]
+    if changed:
+        raise UserError(f"--tokenizer-from {path} uses the checkpoint's SentencePiece model(s); "
+                        f"{', '.join('--' + f.replace('_', '-') for f in changed)} would train a new one")
+    return toks
+
+
+def _write_tokenizers(toks: dict, tmp: Path) -> dict[str, str]:
+    """A checkpoint's SentencePiece model(s) into ``tmp``, byte for byte; the file name per side."""
+    if toks.get("shared", toks["src"] == toks["tgt"]):
+        (tmp / "spm.model").write_bytes(bytes(toks["src"]))
+        return {"src": "spm.model", "tgt": "spm.model"}
+    for side in SIDES:
+        (tmp / f"spm.{side}.model").write_bytes(bytes(toks[side]))
+    return {side: f"spm.{side}.model" for side in SIDES}
+
+
 def _chunks(files: SplitFiles, size: int) -> Iterator[list[tuple[int, str, str]]]:
     pairs = read_pairs(files.src, files.tgt)
     while chunk := list(islice(pairs, size)):
@@ -215,8 +253,11 @@ def _encode_split(split: str, files: SplitFiles, toks: dict[str, Tokenizer], tmp
     return entry
 
 
-def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force: bool = False) -> dict[str, Any]:
-    """Build the data directory ``out`` from ``splits`` ("train" required); returns the manifest."""
+def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force: bool = False,
+            tokenizers: dict | None = None) -> dict[str, Any]:
+    """Build the data directory ``out`` from ``splits`` ("train" required); returns the manifest.
+    ``tokenizers``: a checkpoint's ``tokenizers`` entry (``tokenizers_from_checkpoint``), used
+    instead of training SentencePiece (fine-tuning)."""
     if "train" not in splits:
         raise UserError("prepare needs a train split")
     for split, files in splits.items():
@@ -228,24 +269,27 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
     t0 = time.perf_counter()
     lines = {}
     for split, files in splits.items():
-        lines[split], s = _scan(files, cfg.spm_sample_pairs if split == "train" else 0, cfg.seed)
+        wanted = cfg.spm_sample_pairs if split == "train" and tokenizers is None else 0
+        lines[split], s = _scan(files, wanted, cfg.seed)
         log.info("%s: %d aligned lines (%s, %s)", split, lines[split], files.src, files.tgt)
         if split == "train":
             sample = s
-    if not sample:
+    if not sample and tokenizers is None:
         raise UserError(f"{splits['train'].src}: empty corpus (no train pair has both sides non-empty)")
     n_sample = len(sample)
     with atomic as tmp:
         t1 = time.perf_counter()
-        names = _train_tokenizers(sample, tmp, cfg)
+        names = _train_tokenizers(sample, tmp, cfg) if tokenizers is None else _write_tokenizers(tokenizers, tmp)
         del sample
         toks = {side: Tokenizer.load(tmp / names[side]) for side in SIDES}
-        log.info("trained SentencePiece %s (%s, vocab %d) on %d sampled pairs in %.1fs",
-                 "shared" if cfg.shared_vocab else "separate", cfg.model_type, toks["src"].vocab_size,
-                 n_sample, time.perf_counter() - t1)
+        shared = names["src"] == names["tgt"]
+        if tokenizers is None:
+            log.info("trained SentencePiece %s (%s, vocab %d) on %d sampled pairs in %.1fs",
+                     "shared" if shared else "separate", cfg.model_type, toks["src"].vocab_size,
+                     n_sample, time.perf_counter() - t1)
         manifest = {
             "format": FORMAT, "version": VERSION, "complete": True, "special_ids": SPECIAL_IDS,
-            "vocab": {"shared": cfg.shared_vocab, "model_type": cfg.model_type,
+            "vocab": {"shared": shared, "model_type": toks["src"].model_type,
                       **{side: {"model": names[side], "sha256": toks[side].sha256,
                                 "vocab_size": toks[side].vocab_size} for side in SIDES}},
             "splits": {split: _encode_split(split, files, toks, tmp, cfg, clean=(split == "train"))

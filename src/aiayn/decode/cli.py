@@ -37,23 +37,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="write attention weights of each best translation to FILE.json or FILE.npz")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
                                                      "(default: auto)")
+    p.add_argument("--interactive", action="store_true",
+                   help="translate each line as soon as it is read and flush its output, as fairseq-interactive does "
+                        "(the default when stdin is a terminal and no --input is given)")
+    p.add_argument("--buffer", type=int, default=None, metavar="N",
+                   help=f"lines read before they are translated and written (default {CHUNK_LINES:,}; 1 with "
+                        f"--interactive); a small N gives a pipe its translations as lines arrive")
+    p.add_argument("--prefix", metavar="FILE",
+                   help="target prefixes, one per input line (an empty line: none): each translation begins with its "
+                        "line's prefix, which the search continues (forced decoding, for interactive and post-editing tools)")
+    p.add_argument("--alignments", action="store_true",
+                   help="append to each output line ' ||| ' and its word alignment in the Pharaoh format ('i-j': "
+                        "source token i, target token j, subword pieces from 0), each target token aligned to the source "
+                        "token the chosen layer's encoder-decoder attention weights most (aiayn/decode/align.py)")
+    p.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
+                   help="decoder layer whose attention (averaged over heads) gives --alignments: 0 is the first, "
+                        "-1 (default) the last")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)
 
 
-def _input_chunks(path: str | None) -> Iterator[tuple[int, list[str]]]:
-    """(first line number, lines) chunks of the input."""
+def _input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, lines) chunks of at most ``size`` lines of the input; stdin is read a line
+    at a time, so a chunk is given as soon as its last line has arrived."""
     from aiayn.data.textio import check_readable, decode_lines, read_lines
     if path is None:
         raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
-        lines = decode_lines(raw, "<stdin>") if raw is not None else (line.strip() for line in sys.stdin)
+        lines = (decode_lines(iter(raw.readline, b""), "<stdin>") if raw is not None
+                 else (line.strip() for line in iter(sys.stdin.readline, "")))
     else:
         check_readable(Path(path), "translation input")
         lines = read_lines(Path(path))
     chunk, first = [], 1
     for line in lines:
         chunk.append(line)
-        if len(chunk) == CHUNK_LINES:
+        if len(chunk) == size:
             yield first, chunk
             first, chunk = first + len(chunk), []
     if chunk:
@@ -75,6 +93,42 @@ def _write_attention(path: Path, records: list[dict]) -> None:
     np.savez_compressed(path, **arrays)
 
 
+def _buffer_lines(args: argparse.Namespace) -> int:
+    """Lines per chunk: --buffer, else 1 when interactive (--interactive, or stdin a terminal), else CHUNK_LINES.
+    Translations do not depend on it (a sentence's output does not depend on its batch)."""
+    if args.buffer is not None:
+        if args.buffer < 1:
+            raise UserError(f"--buffer must be at least 1, got {args.buffer}")
+        return args.buffer
+    if args.interactive or (args.input is None and sys.stdin.isatty()):
+        return 1
+    return CHUNK_LINES
+
+
+def _alignment(translator: Translator, src_ids: list[int], hyp, layer: int) -> str:
+    """The Pharaoh alignment of one hypothesis (aiayn/decode/align.py), from its teacher-forced attention."""
+    from aiayn.decode.align import hard_alignment, pharaoh
+    cross = translator.attention(src_ids, hyp.tokens, hyp.eos)["cross"]  # (L, H, T, S)
+    return pharaoh(hard_alignment(cross, layer, len(src_ids) - 1, len(hyp.tokens)))
+
+
+def _read_prefixes(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    from aiayn.data.textio import check_readable, read_lines
+    check_readable(Path(path), "--prefix")
+    return [line.strip() for line in read_lines(Path(path))]
+
+
+def _chunk_prefixes(prefixes: list[str] | None, path: str | None, first: int, n: int) -> list[str] | None:
+    """The prefixes of input lines first..first+n-1; an error when the file has fewer lines."""
+    if prefixes is None:
+        return None
+    if len(prefixes) < first - 1 + n:
+        raise UserError(f"--prefix {path}: {len(prefixes)} lines, fewer than the input's (one prefix per input line)")
+    return prefixes[first - 1:first - 1 + n]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = from_args(DecodeConfig, args)
@@ -83,23 +137,34 @@ def run(args: argparse.Namespace) -> int:
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
+    buffer = _buffer_lines(args)
+    prefixes = _read_prefixes(args.prefix)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
+        if args.alignments:
+            from aiayn.decode.align import check_layer
+            check_layer(args.alignment_layer, translator.model.cfg.decoder_layers)
         source = args.input or "<stdin>"
         records, n_lines, t0 = [], 0, time.perf_counter()
-        for first, lines in _input_chunks(args.input):
+        for first, lines in _input_chunks(args.input, buffer):
             ids = translator.encode(lines, source, first)
-            hyps = translator.translate_ids(ids)
+            forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)))
+            hyps = translator.translate_ids(ids, forced)
             for k, hs in enumerate(hyps):
                 texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
+                # --alignments: " ||| i-j ..." after each entry (after its score in an n-best list)
+                aligns = [f" ||| {_alignment(translator, ids[k], h, args.alignment_layer)}" if args.alignments else ""
+                          for h in hs]
                 if cfg.nbest == 1:
-                    sys.stdout.write((texts[0] if texts else "") + "\n")
+                    sys.stdout.write((texts[0] + aligns[0] if texts else (" ||| " if args.alignments else "")) + "\n")
                 else:
-                    for text, h in zip(texts, hs):
-                        sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}\n")
+                    for text, h, align in zip(texts, hs, aligns):
+                        sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}{align}\n")
                 if att_path is not None and hs:
                     records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
             sys.stdout.flush()
             n_lines += len(lines)
+    if prefixes is not None and len(prefixes) != n_lines:
+        raise UserError(f"--prefix {args.prefix}: {len(prefixes)} lines for {n_lines} input lines (one prefix per input line)")
     if att_path is not None:
         _write_attention(att_path, records)
     log.info("translated %d lines in %.1fs", n_lines, time.perf_counter() - t0)

@@ -23,6 +23,11 @@ Definitions (documented choices):
   Those ending in EOS (or reaching max_len) move to the finished pool and leave the beam; the
   next step refills all K slots from the remaining live ones. So beam size 1 is greedy search.
   (tensor2tensor instead finishes EOS candidates from the top 2K; ours is OpenNMT's choice.)
+- A forced target prefix (``search(prefix=...)``; interactive and post-editing tools) makes every
+  hypothesis of a sentence begin with the given tokens: at step t <= its length, every other
+  token's log-probability is -inf, and the forced token's own counts in the score. Its maximum
+  output length is at least the prefix's length + 1. (While a prefix is forced, beam search takes
+  the decoder's full ``step``, not ``step_topk``: the forced token need not be among the best.)
 - Exact early stop: with α >= 0 and log-probs <= 0, a live hypothesis with log-prob s can at
   best reach s / lp(max_len) (s only falls and lp only grows). A sentence is done when no live
   hypothesis's bound beats the nbest-th best finished score (nbest = 1: the best), or when no
@@ -99,6 +104,30 @@ def _banned(t: int, cfg: DecodeConfig, ids: SpecialIds, device: torch.device) ->
 def _mask_special(log_probs: Tensor, t: int, cfg: DecodeConfig, ids: SpecialIds) -> Tensor:
     """log_probs (N, V) with the ``_banned`` tokens of step t set to -inf (in place)."""
     return log_probs.index_fill_(1, _banned(t, cfg, ids, log_probs.device), NEG_INF)
+
+
+def _forced_at(prefix: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
+    """The forced token at step t of each live row (N,) (-1: none), or None when no row has one.
+    ``prefix`` (B, P) holds each sentence's forced tokens, -1 after its prefix; ``rows`` (N,) the
+    original sentence of each live row."""
+    if prefix is None or t > prefix.size(1):
+        return None
+    forced = prefix[rows, t - 1]
+    return forced if bool((forced >= 0).any()) else None
+
+
+def _force(log_probs: Tensor, forced: Tensor) -> Tensor:
+    """log_probs (N, V) with every token but ``forced`` (N,) set to -inf in the rows that have one (in place)."""
+    others = torch.arange(log_probs.size(1), device=log_probs.device)[None, :] != forced[:, None]  # (N, V)
+    return log_probs.masked_fill_(others & (forced >= 0)[:, None], NEG_INF)
+
+
+def _prefix_lengths(max_len: Tensor, prefix: Tensor | None, cap: int | None) -> Tensor:
+    """max_len (B,) raised to each sentence's prefix length + 1 (still at most ``cap``)."""
+    if prefix is None:
+        return max_len
+    out = torch.maximum(max_len, (prefix >= 0).sum(dim=1).to(max_len.device) + 1)
+    return out.clamp_(max=cap) if cap is not None else out
 
 
 def select_topk(log_probs: Tensor, k: int, banned: Tensor) -> tuple[Tensor, Tensor]:
@@ -179,10 +208,10 @@ class _Results:
 
 
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 choose: Callable[[Tensor], Tensor], cap: int | None) -> _Results:
+                 choose: Callable[[Tensor], Tensor], cap: int | None, prefix: Tensor | None = None) -> _Results:
     """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length."""
     B = src.size(0)
-    max_len = max_output_lengths(src, cfg, ids.pad, cap).to(src.device)  # (B,)
+    max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(src.device)  # (B,)
     T = int(max_len.max())
     res = _Results(B, 1, T)
     state = decoder.start(src, T)
@@ -193,6 +222,9 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     for t in range(1, T + 1):
         log_probs, state = decoder.step(last, state)
         log_probs = _mask_special(log_probs, t, cfg, ids)  # (N, V)
+        forced = _forced_at(prefix, rows, t)
+        if forced is not None:
+            log_probs = _force(log_probs, forced)
         tok = choose(log_probs)  # (N,)
         total += log_probs.gather(1, tok[:, None]).squeeze(1).double()
         seqs[:, t - 1] = tok
@@ -264,10 +296,10 @@ class _Pool:
 
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 cap: int | None) -> _Results:
+                 cap: int | None, prefix: Tensor | None = None) -> _Results:
     """Beam search with exact early stopping (module docstring); K = beam size, F = nbest."""
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
-    max_len = max_output_lengths(src, cfg, ids.pad, cap).to(dev)  # (N,)
+    max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (N,)
     T = int(max_len.max())
     res = _Results(B, F, T)
     lp_max = length_penalty(max_len.double(), cfg.alpha)  # (N,) for the early-stop bound
@@ -283,7 +315,13 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         # The K best of a sentence's K*V extensions are among each beam's k = min(K, V) best
         # tokens: take those first (per row, where adding the beam's score cannot change the
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
-        row_lp, row_tok, state = _step_topk(decoder, last, state, K, early if t <= cfg.min_len else late)
+        banned = early if t <= cfg.min_len else late
+        forced = _forced_at(prefix, rows, t)
+        if forced is None:
+            row_lp, row_tok, state = _step_topk(decoder, last, state, K, banned)
+        else:  # a prefix: every beam of the sentence continues with its forced token
+            log_probs, state = decoder.step(last, state)
+            row_lp, row_tok = select_topk(_force(log_probs, forced.repeat_interleave(K)), K, banned)
         if pool is None:
             live = live.to(row_lp.dtype)
             pool = _Pool(B, F, T, dev, row_lp.dtype)
@@ -334,18 +372,22 @@ def attention_backends(device: torch.device):
 
 @torch.inference_mode()
 def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
-           max_len_cap: int | None = None, generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+           max_len_cap: int | None = None, generator: torch.Generator | None = None,
+           prefix: Tensor | None = None) -> list[list[Hypothesis]]:
     """Decode a batch src (B, S): per sentence, up to ``cfg.nbest`` hypotheses, best first.
 
     Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
-    (then nbest independent samples per sentence, sorted by score).
+    (then nbest independent samples per sentence, sorted by score). ``prefix`` (B, P): target
+    tokens each sentence's hypotheses must begin with, -1 after a sentence's prefix (module docstring).
     """
+    if prefix is not None:
+        prefix = prefix.to(src.device)
     with attention_backends(src.device):
-        return _search(decoder, src, cfg, ids, max_len_cap, generator)
+        return _search(decoder, src, cfg, ids, max_len_cap, generator, prefix)
 
 
 def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, max_len_cap: int | None,
-            generator: torch.Generator | None) -> list[list[Hypothesis]]:
+            generator: torch.Generator | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
 
@@ -353,12 +395,13 @@ def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialId
             probs = filter_logits(log_probs, cfg).softmax(dim=-1)
             return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
-        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap)
+        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap,
+                           None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0))
         flat = res.hypotheses()
         return [sorted((h for hs in flat[b * cfg.nbest:(b + 1) * cfg.nbest] for h in hs),
                        key=lambda h: -h.score) for b in range(src.size(0))]
     if cfg.beam_size == 1:
-        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap)
+        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, prefix)
     else:
-        res = _beam_search(decoder, src, cfg, ids, max_len_cap)
+        res = _beam_search(decoder, src, cfg, ids, max_len_cap, prefix)
     return res.hypotheses()

@@ -255,21 +255,37 @@ class Translator:
             src[b, : len(r)] = torch.tensor(r)
         return src.to(self.device)
 
-    def translate_ids(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+    def _prefix(self, prefixes: Sequence[Sequence[int]] | None, batch: list[int]) -> torch.Tensor | None:
+        """The forced target prefixes of a batch's lines (B, P), -1 after each; None when it has none."""
+        rows = [list(prefixes[i]) for i in batch] if prefixes is not None else []
+        if not any(rows):
+            return None
+        out = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
+        for b, r in enumerate(rows):
+            out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return out
+
+    def translate_ids(self, ids: list[list[int]], prefixes: Sequence[Sequence[int]] | None = None
+                      ) -> list[list[Hypothesis]]:
         """Hypotheses (n-best, best first) per line of source ids; [] for an empty line. With
-        ``cfg.mbr`` the search keeps beam_size hypotheses and "best" is the MBR order (decode/mbr.py)."""
+        ``cfg.mbr`` the search keeps beam_size hypotheses and "best" is the MBR order (decode/mbr.py).
+        ``prefixes``: target ids each line's translations must begin with ([] for none; the search's
+        ``prefix``); lines with prefixes are decoded in this process, not by the workers."""
         out: list[list[Hypothesis]] = [[] for _ in ids]
         t0, n_out = time.perf_counter(), 0
         mbr = self.cfg.mbr  # the search (here or in the workers) keeps the beam; the choice is made here
         cfg = dataclasses.replace(self.cfg, nbest=self.cfg.beam_size, mbr=False) if mbr else self.cfg
         batches = self.batches(ids)
-        if cfg.workers > 1 and batches:
+        if prefixes is not None and len(prefixes) != len(ids):
+            raise UserError(f"{len(prefixes)} prefixes for {len(ids)} lines")
+        if cfg.workers > 1 and batches and not (prefixes is not None and any(prefixes)):
             batches = spread(batches, [len(x) for x in ids], cfg.workers)
             results = self._workers().map([[ids[i] for i in batch] for batch in batches], cfg)
         else:
             gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.sampling else None
             results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
-                              max_len_cap=self.output_cap, generator=gen) for batch in batches)
+                              max_len_cap=self.output_cap, generator=gen, prefix=self._prefix(prefixes, batch))
+                       for batch in batches)
         for batch, hyps in zip(batches, results):
             for i, hs in zip(batch, hyps):
                 out[i] = self._mbr(hs) if mbr and hs else hs
@@ -310,15 +326,21 @@ class Translator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1
-                        ) -> list[list[Translation]]:
-        hyps = self.translate_ids(self.encode(lines, source, first_line))
+    def encode_prefixes(self, prefixes: Sequence[str] | None) -> list[list[int]] | None:
+        """Target ids of forced prefixes (target text, "" for none), for ``translate_ids``."""
+        return None if prefixes is None else self.tgt_tok.encode_batch([p.strip() for p in prefixes])
+
+    def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
+                        prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
+        """``prefixes``: one target text per line that its translations must begin with ("" for none)."""
+        hyps = self.translate_ids(self.encode(lines, source, first_line), self.encode_prefixes(prefixes))
         return [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
                 for hs in hyps]
 
-    def translate(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[str]:
+    def translate(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
+                  prefixes: Sequence[str] | None = None) -> list[str]:
         """Best translation of each line, detokenized, in input order ("" for an empty line)."""
-        return [ts[0].text if ts else "" for ts in self.translate_nbest(lines, source, first_line)]
+        return [ts[0].text if ts else "" for ts in self.translate_nbest(lines, source, first_line, prefixes)]
 
     @torch.inference_mode()
     def attention(self, src_ids: list[int], tokens: Sequence[int], eos: bool) -> dict[str, object]:

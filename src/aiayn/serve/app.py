@@ -1,6 +1,6 @@
 """The HTTP JSON API and web page of ``aiayn serve`` (FastAPI).
 
-    POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false}
+    POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false, "prefix": ["..."]?}
                   -> {"translations": ["..."], "nbest": [[{"text", "score", "log_prob", "eos"}]] (nbest > 1),
                       "attention": [{"src_tokens", "tgt_tokens", "cross": (L,H,T,S)} or null] (attention: true),
                       "beam": 4, "alpha": 0.6, "time_ms": 12.3}
@@ -62,6 +62,8 @@ class TranslateRequest(BaseModel):
     alpha: float | None = Field(None, ge=0, description="length penalty α")
     nbest: int = Field(1, ge=1, description="hypotheses per sentence, best first")
     attention: bool = Field(False, description="return the encoder-decoder attention of each best output")
+    prefix: list[str] | None = Field(None, description="one target prefix per sentence that its translations "
+                                                       "begin with and the search continues (\"\" for none)")
 
 
 def plain(text: str, limit: int = 300) -> str:
@@ -165,6 +167,8 @@ async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, 
         ids = checker.encode(req.sentences, source="sentences", first_line=0)
     except InputError as exc:
         raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
+    if req.prefix is not None and len(req.prefix) != len(req.sentences):
+        raise ApiError(422, f"prefix: {len(req.prefix)} prefixes for {len(req.sentences)} sentences")
     return req, settings, ids
 
 
@@ -273,7 +277,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
         deadline = arrived + cfg.request_timeout_s
         try:
             job = batcher.submit(settings, ids, req.attention, attention_values=cfg.max_attention_values,
-                                 deadline=deadline)
+                                 deadline=deadline, prefixes=checker.encode_prefixes(req.prefix))
         except Busy as exc:
             raise ApiError(503, str(exc)) from None
         try:

@@ -58,6 +58,7 @@ class Job:
     attention_values: int | None = None  # most attention weights to return (None: no limit)
     deadline: float | None = None  # time.monotonic() after which the job is not decoded
     abandoned: bool = False  # the client left: not decoded, no attention computed
+    prefixes: list[list[int]] | None = None  # forced target ids per sentence ([] for none)
     future: Future = field(default_factory=Future)
 
     def abandon(self) -> None:
@@ -80,7 +81,7 @@ class Batcher:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._carry: Job | None = None  # collected but over the token limit: first in the next call
         self._lock = threading.Lock()
-        self.queued = 0  # sentences submitted and not yet answered
+        self.queued = 0  # sentences submitted and not yet taken by the model
         self.calls = 0  # model calls (one per settings group)
         self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
         self._drain_until: float | None = None  # set by begin_shutdown
@@ -106,7 +107,8 @@ class Batcher:
         return self._drain_until is not None
 
     def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False, *,
-               attention_values: int | None = None, deadline: float | None = None) -> Job:
+               attention_values: int | None = None, deadline: float | None = None,
+               prefixes: list[list[int]] | None = None) -> Job:
         """Queue one request; its ``future`` gives a ``Result``. Raises ``Busy`` when the queue is
         full and ``ShuttingDown`` after ``begin_shutdown``."""
         with self._lock:
@@ -115,7 +117,7 @@ class Batcher:
             if self.queued + len(ids) > self.max_queue:
                 raise Busy(f"{self.queued} sentences are waiting for the model (limit {self.max_queue}); retry later")
             self.queued += len(ids)
-        job = Job(cfg, ids, attention, attention_values, deadline)
+        job = Job(cfg, ids, attention, attention_values, deadline, prefixes=prefixes)
         self._queue.put(job)
         return job
 
@@ -170,6 +172,8 @@ class Batcher:
             with self._lock:
                 self.queued -= dropped
             for cfg, group in groups.items():
+                with self._lock:  # (before any answer: a client that has its answer sees itself counted out)
+                    self.queued -= sum(len(job.ids) for job in group)
                 try:
                     self._answer(cfg, group)
                 except Exception as exc:  # noqa: BLE001 -- answer the clients, keep serving
@@ -177,8 +181,6 @@ class Batcher:
                     for job in group:
                         if not job.future.done():
                             job.future.set_exception(exc)
-                with self._lock:
-                    self.queued -= sum(len(job.ids) for job in group)
 
     def _answer(self, cfg: DecodeConfig, jobs: list[Job]) -> None:
         """One ``translate_ids`` call for all sentences of ``jobs`` (same settings), then each answer."""
@@ -188,7 +190,8 @@ class Batcher:
         translator = Translator(self.model, self.src_tok, self.tgt_tok, cfg)
         ids = [x for job in jobs for x in job.ids]
         t0 = time.perf_counter()
-        hyps = translator.translate_ids(ids)
+        prefixes = [x for job in jobs for x in (job.prefixes or [[]] * len(job.ids))]
+        hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None)
         self.calls += 1
         log.debug("%d requests, %d sentences in one call: %.1f ms", len(jobs), len(ids),
                   1000 * (time.perf_counter() - t0))

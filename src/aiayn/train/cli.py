@@ -14,7 +14,13 @@ from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
 def resolve_run_config(args):
     """Preset (or recipe file) + ``--set`` overrides + the shortcut flags -> RunConfig."""
     try:
-        cfg = load_recipe(args.recipe) if args.recipe else run_config_from_preset(args.preset)
+        if args.recipe:
+            cfg = load_recipe(args.recipe)
+        elif args.preset is None and getattr(args, "init_from", None):
+            from aiayn.train.finetune import run_config_of
+            cfg = run_config_of(args.init_from)  # fine-tuning: the checkpoint's own recipe
+        else:
+            cfg = run_config_from_preset(args.preset or "base")
         sets = list(args.set or [])
         if args.max_steps is not None:
             sets.append(f"train.max_steps={args.max_steps}")
@@ -26,8 +32,11 @@ def resolve_run_config(args):
 def run_train(args) -> int:
     from aiayn.train.loop import train
     cfg = resolve_run_config(args)
+    if args.resume_optimizer and not args.init_from:
+        raise UserError("--resume-optimizer needs --init-from")
     try:
-        train(args.data, args.out, cfg, progress=not args.no_progress)
+        train(args.data, args.out, cfg, progress=not args.no_progress, init_from=args.init_from,
+              resume_optimizer=args.resume_optimizer)
     except OSError as exc:  # the logs, a segmentation... (checkpoints name their file themselves)
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -84,11 +93,19 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, help="data directory written by `aiayn prepare`")
     p.add_argument("--out", required=True, help="run directory (checkpoints, logs); resumed if it holds last.pt")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--preset", default="base", choices=list(PRESETS), help="named configuration (default base)")
+    g.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="named configuration (default base; with --init-from, the checkpoint's configuration)")
     g.add_argument("--recipe", help="JSON recipe file {preset, model: {...}, train: {...}} instead of --preset")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a field (repeatable)")
     p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--init-from", metavar="MODEL.pt", default=None,
+                   help="fine-tune: start a new run from this checkpoint's weights, with a fresh optimizer and "
+                        "schedule; its tokenizer(s) and parameter shapes must match (prepare the data with "
+                        "`aiayn prepare --tokenizer-from MODEL.pt`); without --preset/--recipe the run takes "
+                        "the checkpoint's configuration, --set overriding it")
+    p.add_argument("--resume-optimizer", action="store_true",
+                   help="with --init-from: also load the checkpoint's Adam moments (the schedule still starts at step 1)")
     p.set_defaults(func=run_train)
 
     a = sub.add_parser("average", help="average checkpoints in float32 (§6.1: last 5 for base, last 20 for big)")

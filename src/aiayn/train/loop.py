@@ -284,11 +284,14 @@ def _build(cfg: RunConfig, train_data, dist, device, precision: str) -> tuple:
     return model, opt, scaler, sampler
 
 
-def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True) -> TrainState:
+def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
+          init_from: str | Path | None = None, resume_optimizer: bool = False) -> TrainState:
     """Train (or resume) a model on ``data_dir`` into ``run_dir``; returns the final state. The main
-    rank holds the run directory's lock (``rundir.RunLock``) until it returns."""
+    rank holds the run directory's lock (``rundir.RunLock``) until it returns. ``init_from``: a new
+    run starts from that checkpoint's weights (and with ``resume_optimizer`` its Adam state;
+    ``aiayn.train.finetune``)."""
     with contextlib.ExitStack() as held:
-        return _train(data_dir, run_dir, cfg, progress, held)
+        return _train(data_dir, run_dir, cfg, progress, held, init_from, resume_optimizer)
 
 
 def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
@@ -300,7 +303,8 @@ def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
 
 
 def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool,
-           held: contextlib.ExitStack) -> TrainState:
+           held: contextlib.ExitStack, init_from: str | Path | None = None,
+           resume_optimizer: bool = False) -> TrainState:
     t = cfg.train
     dist, device, precision = _runtime(t)
     data = DataDir(data_dir)
@@ -349,6 +353,9 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         if dist.is_main:
             print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
     else:
+        if init_from is not None:
+            from aiayn.train.finetune import init_from as load_init
+            load_init(init_from, model, opt, cfg, tokenizers, resume_optimizer)
         segment_epoch(state.epoch)
     if dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
         write_json_atomic(run_dir / "config.json", to_dict(cfg))

@@ -1,0 +1,96 @@
+"""Fine-tuning: a new run that starts from a trained model's weights (``aiayn train --init-from``).
+
+The data directory must be encoded with the model's own tokenizer(s) (``aiayn prepare
+--tokenizer-from MODEL.pt``): the same SentencePiece model(s), by sha256, so every id means what
+it meant in training. The model configuration must be the checkpoint's, up to the fields that do
+not change its parameters or its function at inference (``REGULARIZATION_FIELDS``: dropout and
+speed switches), so a fine-tuning run may change dropout. What is loaded:
+
+- the weights, always;
+- with ``resume_optimizer``, Adam's moments and step counts too (the new run's Adam settings --
+  betas, epsilon, weight decay -- are kept); the learning-rate schedule (Eq. 3) starts at step 1
+  of the new run either way, as does the step count, the data order and the RNG.
+
+A run directory that already holds ``last.pt`` resumes that run instead (the checkpoint named by
+``--init-from`` is then not read).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from aiayn.config import to_dict
+from aiayn.errors import UserError
+from aiayn.model.config import ModelConfig
+from aiayn.train import checkpoint as ck
+from aiayn.train.config import RunConfig, run_config_from_dict
+
+log = logging.getLogger(__name__)
+
+# ModelConfig fields a fine-tuning run may set differently from the checkpoint it starts from.
+REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn", "fast_dropout", "attn_fp32")
+
+
+def run_config_of(path: str | Path) -> RunConfig:
+    """The run configuration a checkpoint was trained with (the default of a fine-tuning run)."""
+    ckpt = ck.load_checkpoint(path)
+    if "run_config" not in ckpt:
+        raise UserError(f"{path}: the checkpoint has no run_config; give --preset or --recipe")
+    return run_config_from_dict(ckpt["run_config"])
+
+
+def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
+    """The data directory's tokenizers (``tokenizer_payload``) must be the checkpoint's; the error
+    names the side(s) that differ and how to prepare the data."""
+    saved, here = ck.tokenizer_hashes(ckpt.get("tokenizers")), ck.tokenizer_hashes(tokenizers)
+    bad = [f"{side} tokenizer (sha256 {str(a)[:12]} in the checkpoint, {str(b)[:12]} in the data directory)"
+           for side, a, b in zip(("source", "target"), saved, here) if a != b]
+    if bad:
+        raise UserError(f"{path}: the {' and the '.join(bad)} differ; encode the new text with the model's own "
+                        f"tokenizer: aiayn prepare --tokenizer-from {path} ...")
+
+
+def check_model(ckpt: dict, path: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
+    """The run's model configuration and parameter shapes must be the checkpoint's (up to
+    ``REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
+    saved = {**to_dict(ModelConfig()), **(ckpt.get("model_config") or {})}  # fields it predates: their defaults
+    here = to_dict(cfg.model)
+    fields = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in here.items()
+              if k not in REGULARIZATION_FIELDS and saved.get(k) != v]
+    if fields:
+        raise UserError(f"{path}: a different model: " + "; ".join(fields)
+                        + " (without --preset/--recipe, the run takes the checkpoint's configuration)")
+    state = ckpt["model"]
+    own = model.state_dict()
+    shapes = [f"{k} {tuple(state[k].shape) if k in state else 'missing'} in the checkpoint, {tuple(v.shape)} here"
+              for k, v in own.items() if k not in state or state[k].shape != v.shape]
+    shapes += [f"{k} only in the checkpoint" for k in state if k not in own]
+    if shapes:
+        raise UserError(f"{path}: parameter shapes differ: " + "; ".join(shapes[:5])
+                        + (f" (and {len(shapes) - 5} more)" if len(shapes) > 5 else ""))
+
+
+def init_from(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: RunConfig,
+              tokenizers: dict, resume_optimizer: bool = False) -> None:
+    """Load the weights of checkpoint ``path`` into ``model`` (and, with ``resume_optimizer``, its
+    Adam state into ``opt``) after checking tokenizers and shapes (module docstring)."""
+    path = Path(path)
+    ckpt = ck.load_checkpoint(path)
+    check_tokenizers(ckpt, path, tokenizers)
+    check_model(ckpt, path, cfg, model)
+    model.load_state_dict(ckpt["model"])
+    if resume_optimizer:
+        if not ckpt.get("optimizer"):
+            raise UserError(f"{path}: the checkpoint holds no optimizer state (an average or an export?); "
+                            f"drop --resume-optimizer")
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        try:
+            opt.load_state_dict(ckpt["optimizer"])
+        except ValueError as exc:
+            raise UserError(f"{path}: its optimizer state does not fit this model: {exc}") from exc
+        for group, own in zip(opt.param_groups, settings):
+            group.update(own)  # this run's betas, epsilon and weight decay
+    log.info("initialized from %s (step %s)%s", path, ckpt.get("step"),
+             ", with its optimizer state" if resume_optimizer else "")

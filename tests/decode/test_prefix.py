@@ -1,0 +1,71 @@
+"""Forced target prefixes: search(prefix=...), Translator, translate --prefix (aiayn/decode/search.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import search
+from aiayn.decode.translator import Translator
+
+from .stub import TableDecoder
+
+LINES = ["a b c d e", "l k j i", "a a b b c c d", "g h"]
+
+
+@pytest.fixture(scope="module")
+def greedy(copy_checkpoint):
+    with Translator.from_checkpoint(copy_checkpoint, DecodeConfig(beam_size=1)) as tr:
+        yield tr
+
+
+def test_greedy_with_its_own_first_k_tokens_as_prefix_is_unchanged(greedy):
+    ids = greedy.encode(LINES)
+    free = [hs[0] for hs in greedy.translate_ids(ids)]
+    for k in range(0, 4):
+        prefixes = [list(h.tokens[:k]) for h in free]
+        forced = [hs[0] for hs in greedy.translate_ids(ids, prefixes)]
+        assert [h.tokens for h in forced] == [h.tokens for h in free], k
+        assert [h.score for h in forced] == pytest.approx([h.score for h in free], abs=1e-5), k
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_output_starts_with_the_prefix_and_continues_it(copy_checkpoint, beam):
+    with Translator.from_checkpoint(copy_checkpoint, DecodeConfig(beam_size=beam, nbest=min(beam, 2))) as tr:
+        prefixes = ["l k", "", "f", "h g f e d c b a"]
+        out = tr.translate_nbest(LINES, prefixes=prefixes)
+        free = tr.translate(LINES)
+    for ts, p, line, f in zip(out, prefixes, LINES, free):
+        assert all(t.text.startswith(p) for t in ts), (p, [t.text for t in ts])
+        assert ts[0].eos  # it went on to an end of sentence
+        if not p:
+            assert ts[0].text == f == line  # no prefix: the free translation (a copy)
+
+
+def test_prefix_in_the_search_forces_tokens_of_the_stub():
+    """A hand-written table whose best path is 5 5 EOS; prefix 6 gives 6 then that table's best."""
+    tables = {4: {(): {5: 0.6, 6: 0.4}, (5,): {5: 0.9, 3: 0.1}, (5, 5): {3: 1.0},
+                  (6,): {7: 0.7, 3: 0.3}, (6, 7): {3: 1.0}}}
+    src = torch.tensor([[4, 3], [4, 3]])
+    for beam in (1, 3):
+        cfg = DecodeConfig(beam_size=beam, alpha=0.0)
+        hyps = search(TableDecoder(tables), src, cfg, prefix=torch.tensor([[6], [-1]]))
+        assert hyps[0][0].tokens == (6, 7) and hyps[0][0].log_prob == pytest.approx(torch.tensor(0.4 * 0.7).log().item())
+        assert hyps[1][0].tokens == (5, 5)
+    # a prefix longer than the maximum output length still fits (max length raised to |prefix| + 1)
+    cfg = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=1)
+    hyps = search(TableDecoder(tables), src[:1], cfg, prefix=torch.tensor([[6, 7]]))
+    assert hyps[0][0].tokens == (6, 7) and hyps[0][0].eos
+
+
+def test_translate_prefix_file(copy_checkpoint, tmp_path, capsys):
+    src, pre = tmp_path / "src.txt", tmp_path / "prefix.txt"
+    src.write_text("a b c\nl k j i\n")
+    pre.write_text("c\n\n")
+    assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src), "--prefix", str(pre)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("c") and out[1] == "l k j i"
+    pre.write_text("c\n")
+    assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src), "--prefix", str(pre)]) == 2
+    assert "fewer than the input's" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""aiayn export --format hf: a Hugging Face MarianMTModel that computes and translates as aiayn (aiayn/hf.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.cli import main
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+
+from aiayn.hf import marian_model, model_permutation  # noqa: E402
+
+SENTENCES = ["a b c d e f g h", "l k j i", "a a b b c c", "h", "",
+             "l k j i h g f e d c b a l k",  # longer than any training sentence: the model errs
+             "g g g g g g g g g g g"]
+
+
+def test_permutation_turns_interleaved_sinusoids_into_marians():
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+    from aiayn.model.positional import sinusoidal_table
+    for D in (8, 64):
+        marian = MarianSinusoidalPositionalEmbedding(50, D).create_weight()
+        ours = sinusoidal_table(50, D)[:, model_permutation(D)]
+        assert torch.allclose(ours, marian.float(), atol=1e-6)
+    assert model_permutation(6).tolist() == [0, 2, 4, 1, 3, 5]
+
+
+@pytest.mark.parametrize("over", [{}, {"tie_src_tgt_embeddings": False, "tgt_vocab_size": 37},
+                                  {"scale_embeddings": False, "n_dec_layers": 1}])
+def test_marian_logits_equal_aiayns(over):
+    """Same function up to LayerNorm's epsilon (Marian 1e-5, the model 1e-6)."""
+    torch.manual_seed(0)
+    m = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=40, **over)).eval()
+    hf = marian_model(m)
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 11, 3, 0]])
+    tgt = torch.tensor([[2, 5, 6, 7], [2, 9, 10, 11]])
+    with torch.no_grad():
+        want = m(src, tgt)
+        got = hf(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt).logits
+    assert (want - got).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({"pre_norm": True}, "pre-norm"), ({"d_k": 8}, "d_k = d_v = d_model / h"),
+    ({"learned_positions": True}, "sinusoidal positions only"), ({"tie_embeddings": False}, "tie_embeddings")])
+def test_configurations_marian_cannot_express_are_refused(over, reason):
+    m = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=40, **over))
+    with pytest.raises(UserError, match=reason):
+        marian_model(m)
+
+
+@pytest.mark.slow
+def test_exported_model_translates_as_aiayn(copy_checkpoint, tmp_path):
+    from transformers import MarianMTModel, MarianTokenizer
+    out = tmp_path / "hf"
+    assert main(["export", "--format", "hf", "--checkpoint", str(copy_checkpoint), "--out", str(out)]) == 0
+    hf = MarianMTModel.from_pretrained(out).eval()
+    tok = MarianTokenizer.from_pretrained(out)
+    lines = [s for s in SENTENCES if s]
+    batch = tok(lines, return_tensors="pt", padding=True)
+    for beam in (1, 4):
+        with Translator.from_checkpoint(copy_checkpoint, DecodeConfig(beam_size=beam, alpha=0.0)) as tr:
+            want = tr.translate(SENTENCES)
+            want_ids = [list(t[0].tokens) for t in tr.translate_nbest(lines)]
+        with torch.no_grad():
+            gen = hf.generate(**batch, num_beams=beam, length_penalty=0.0, do_sample=False,
+                              max_new_tokens=int(batch["attention_mask"].sum(1).max()) + 50)
+        got = tok.batch_decode(gen, skip_special_tokens=True)
+        assert got == [w for w in want if w], beam
+        got_ids = [[t for t in row.tolist() if t not in (0, 2, 3)] for row in gen]
+        assert got_ids == want_ids, beam
+    assert sum(w == s for w, s in zip(want, SENTENCES[:4])) >= 2  # it copies short lines; others it errs on, alike
