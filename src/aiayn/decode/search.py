@@ -41,6 +41,17 @@ from aiayn.decode.config import DecodeConfig
 
 NEG_INF = float("-inf")
 
+# allowed(rows, prefix) -> (N, V) bool: the tokens each row may generate next. rows (N,): the batch
+# sentence (row of src) of each hypothesis; prefix (N, t - 1): the tokens it has generated so far.
+Allowed = Callable[[Tensor, Tensor], Tensor]
+
+
+def _apply_allowed(log_probs: Tensor, allowed: Allowed | None, rows: Tensor, prefix: Tensor) -> Tensor:
+    """log_probs (N, V) with the tokens ``allowed`` forbids set to -inf (in place)."""
+    if allowed is not None:
+        log_probs.masked_fill_(~allowed(rows, prefix), NEG_INF)
+    return log_probs
+
 
 class DecoderState(Protocol):
     def reorder(self, idx: Tensor) -> "DecoderState":
@@ -179,7 +190,7 @@ class _Results:
 
 
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 choose: Callable[[Tensor], Tensor], cap: int | None) -> _Results:
+                 choose: Callable[[Tensor], Tensor], cap: int | None, allowed: Allowed | None = None) -> _Results:
     """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length."""
     B = src.size(0)
     max_len = max_output_lengths(src, cfg, ids.pad, cap).to(src.device)  # (B,)
@@ -192,7 +203,7 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     last = torch.full((B,), ids.bos, dtype=torch.long, device=src.device)
     for t in range(1, T + 1):
         log_probs, state = decoder.step(last, state)
-        log_probs = _mask_special(log_probs, t, cfg, ids)  # (N, V)
+        log_probs = _apply_allowed(_mask_special(log_probs, t, cfg, ids), allowed, rows, seqs[:, : t - 1])  # (N, V)
         tok = choose(log_probs)  # (N,)
         total += log_probs.gather(1, tok[:, None]).squeeze(1).double()
         seqs[:, t - 1] = tok
@@ -264,7 +275,7 @@ class _Pool:
 
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 cap: int | None) -> _Results:
+                 cap: int | None, allowed: Allowed | None = None) -> _Results:
     """Beam search with exact early stopping (module docstring); K = beam size, F = nbest."""
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
     max_len = max_output_lengths(src, cfg, ids.pad, cap).to(dev)  # (N,)
@@ -283,7 +294,14 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         # The K best of a sentence's K*V extensions are among each beam's k = min(K, V) best
         # tokens: take those first (per row, where adding the beam's score cannot change the
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
-        row_lp, row_tok, state = _step_topk(decoder, last, state, K, early if t <= cfg.min_len else late)
+        banned = early if t <= cfg.min_len else late
+        if allowed is None:
+            row_lp, row_tok, state = _step_topk(decoder, last, state, K, banned)
+        else:  # the constraint needs the (N*K, V) log-probabilities
+            log_probs, state = decoder.step(last, state)
+            prefix = seqs[:, :, : t - 1].reshape(seqs.size(0) * K, t - 1)  # (N*K, t-1)
+            row_lp, row_tok = select_topk(_apply_allowed(log_probs, allowed, rows.repeat_interleave(K), prefix),
+                                          K, banned)
         if pool is None:
             live = live.to(row_lp.dtype)
             pool = _Pool(B, F, T, dev, row_lp.dtype)
@@ -334,18 +352,20 @@ def attention_backends(device: torch.device):
 
 @torch.inference_mode()
 def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
-           max_len_cap: int | None = None, generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+           max_len_cap: int | None = None, generator: torch.Generator | None = None,
+           allowed: Allowed | None = None) -> list[list[Hypothesis]]:
     """Decode a batch src (B, S): per sentence, up to ``cfg.nbest`` hypotheses, best first.
 
     Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
-    (then nbest independent samples per sentence, sorted by score).
+    (then nbest independent samples per sentence, sorted by score). ``allowed`` (module
+    docstring) restricts every step's choice; with sampling its rows index the repeated batch.
     """
     with attention_backends(src.device):
-        return _search(decoder, src, cfg, ids, max_len_cap, generator)
+        return _search(decoder, src, cfg, ids, max_len_cap, generator, allowed)
 
 
 def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, max_len_cap: int | None,
-            generator: torch.Generator | None) -> list[list[Hypothesis]]:
+            generator: torch.Generator | None, allowed: Allowed | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
 
@@ -353,12 +373,12 @@ def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialId
             probs = filter_logits(log_probs, cfg).softmax(dim=-1)
             return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
-        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap)
+        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap, allowed)
         flat = res.hypotheses()
         return [sorted((h for hs in flat[b * cfg.nbest:(b + 1) * cfg.nbest] for h in hs),
                        key=lambda h: -h.score) for b in range(src.size(0))]
     if cfg.beam_size == 1:
-        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap)
+        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, allowed)
     else:
-        res = _beam_search(decoder, src, cfg, ids, max_len_cap)
+        res = _beam_search(decoder, src, cfg, ids, max_len_cap, allowed)
     return res.hypotheses()
