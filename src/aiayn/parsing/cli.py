@@ -1,8 +1,13 @@
-"""``aiayn parse``: English constituency parsing (§6.3) -- ``prepare``, ``train``, ``decode``,
-``score``, ``baseline``."""
+"""``aiayn parse``: English constituency parsing (§6.3).
+
+``aiayn parse --checkpoint F`` (or ``aiayn parse text --checkpoint F``) parses tokenized text, one
+sentence a line, into one bracketed tree a line; the subcommands ``prepare``, ``train``,
+``decode``, ``score`` and ``baseline`` make and measure a parser.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -12,19 +17,24 @@ from aiayn.errors import InputError, UserError
 from aiayn.decode.config import DecodeConfig
 from aiayn.model.config import PRESETS
 from aiayn.parsing.baseline import right_branching
-from aiayn.parsing.decode import PARSE_DECODE, parse_trees
+from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS, read_params
 from aiayn.parsing.evalb_report import format_report, format_summary
 from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLITS, prepare_parsing
 from aiayn.parsing.trees import BracketError, parse_tree
 
+log = logging.getLogger(__name__)
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("parse", help="constituency parsing (§6.3): prepare, train, decode, score, baseline",
-                              description="English constituency parsing as translation (§6.3).")
+    p = subparsers.add_parser(
+        "parse", help="constituency parsing (§6.3): parse text; prepare, train, decode, score, baseline",
+        description="English constituency parsing as translation (§6.3). Without a subcommand, parse "
+                    "tokenized text (as `aiayn parse text`): `echo 'The cat sat .' | aiayn parse --checkpoint F`.")
+    _add_text_arguments(p, required=False)
+    p.set_defaults(func=run_text)
     sub = p.add_subparsers(dest="parse_command", metavar="PARSE_COMMAND")
-    sub.required = True
+    _register_text(sub)
     _register_prepare(sub)
     _register_train(sub)
     _register_decode(sub)
@@ -152,6 +162,7 @@ def _register_decode(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
                                                      "(default: auto)")
     add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
+    add_arguments(p, ParseOptions)
     p.set_defaults(func=run_decode)
 
 
@@ -174,10 +185,68 @@ def run_decode(args: argparse.Namespace) -> int:
     params = read_params(args.param) if args.param else COLLINS
     gold_lines, gold = _read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
-    trees, stats = parse_trees(translator, gold)
+    trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args))
     test_lines = [t.to_bracketed() for t in trees]
     args.out.write_text("".join(line + "\n" for line in test_lines), encoding="utf-8")
     result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold))
     print(format_summary(result), end="")
     print(f"\n{stats.summary()}")
+    return 0
+
+
+def _add_text_arguments(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--checkpoint", type=Path, required=required, nargs="+",
+                   help="checkpoint written by `aiayn parse train` (or `aiayn average`)")
+    p.add_argument("--input", type=Path, default=None, help="tokenized sentences, one per line (default: stdin)")
+    p.add_argument("--output", type=Path, default=None, help="file for the trees, one per line (default: stdout)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                     "(default: auto)")
+    add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
+    add_arguments(p, ParseOptions)
+
+
+def _register_text(sub) -> None:
+    p = sub.add_parser(
+        "text", help="parse tokenized sentences (one per line) into bracketed trees (one per line)",
+        description="Parse tokenized text (PTB tokens, one sentence per line, from --input or stdin) and write "
+                    "one bracketed tree per line (to --output or stdout), in input order. The leaves are the "
+                    "input tokens, with ( and ) written -LRB- and -RRB- as in the treebank; preterminals are "
+                    "labeled XX (the model predicts brackets, not POS tags). An empty line gives an empty line. "
+                    "Decoding is §6.3's (beam 21, alpha 0.3, max length = input + 300), constrained to "
+                    "well-formed trees unless --constrained false.")
+    _add_text_arguments(p, required=True)
+    p.set_defaults(func=run_text)
+
+
+PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
+
+
+def run_text(args: argparse.Namespace) -> int:
+    import sys
+
+    from aiayn.decode.cli import _input_chunks
+    from aiayn.decode.translator import Translator
+    from aiayn.parsing.linearize import RepairStats
+    if args.checkpoint is None:
+        raise UserError("give --checkpoint to parse text (aiayn parse --checkpoint F < sentences), "
+                        "or a subcommand (aiayn parse --help)")
+    try:
+        cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    source, stats = str(args.input or "<stdin>"), RepairStats()
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
+            for first, lines in _input_chunks(str(args.input) if args.input else None):
+                sentences = [[PTB_ESCAPES.get(w, w) for w in line.split()] for line in lines]
+                for result in parse_words(translator, sentences, options=options, source=source, first_line=first):
+                    if result is not None:
+                        stats.add(result)
+                    out.write((result.tree.to_bracketed() if result is not None else "") + "\n")
+                out.flush()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    log.info("parsed %d sentences; %s", stats.sentences, stats.summary())
     return 0
