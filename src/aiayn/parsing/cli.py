@@ -21,7 +21,7 @@ from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS, read_params
 from aiayn.parsing.evalb_report import format_report, format_summary
-from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLITS, prepare_parsing
+from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLIT_SCHEMES, SplitConfig, prepare_parsing
 from aiayn.parsing.trees import BracketError, parse_tree
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,19 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def _register_prepare(sub) -> None:
-    splits = ", ".join(f"{n} wsj_{a:04d}-{b:04d}" for n, a, b in SPLITS)
+    schemes = "; ".join(f"{k}: train {v.train_files}, dev {v.dev_files}, test {v.test_files}"
+                        for k, v in SPLIT_SCHEMES.items())
     p = sub.add_parser(
         "prepare", help="treebank -> split words/linearized/gold files and a data directory",
-        description=f"Read a Penn Treebank sample (zip of wsj_NNNN.mrg, or a directory of them), split "
-                    f"it by file ({splits}), write OUT/{{split}}.words, .linear, .gold, and build the "
-                    f"data directory OUT/data from the words -> linearized pairs (dev as its valid split).")
+        description=f"Read a Penn Treebank in bracket format (a zip of wsj_NNNN.mrg files such as NLTK's sample, "
+                    f"or a directory holding them at any depth, such as the LDC's parsed/mrg/wsj), strip empty "
+                    f"elements, traces and function tags, split it by WSJ file number ({schemes}), write "
+                    f"OUT/{{split}}.words, .linear, .gold, and build the data directory OUT/data from the "
+                    f"words -> linearized pairs (dev as its valid split).")
     p.add_argument("--treebank", type=Path, required=True, help="treebank.zip or a directory of .mrg files")
+    p.add_argument("--splits", choices=list(SPLIT_SCHEMES), default="sample",
+                   help="named split of WSJ files (default: sample); --train-files etc. override its ranges")
+    add_arguments(p, SplitConfig, defaults=_Unset())
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--no-data", action="store_true", help="write the text files only, no data directory")
     p.add_argument("--force", action="store_true", help="replace an existing OUT/data")
@@ -87,12 +93,27 @@ def run_prepare(args: argparse.Namespace) -> int:
         cfg = None if args.no_data else from_args(PrepareConfig, args)
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
-    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force)
+    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force, splits=_splits(args))
     for split, n in done.counts.items():
         print(f"{split}: {n} trees -> {', '.join(str(p) for p in done.files[split].values())}")
     if done.data_dir is not None:
         print(f"wrote {done.data_dir}")
     return 0
+
+
+class _Unset:
+    """Defaults for the --*-files options: None, so the --splits scheme fills what is not given."""
+
+    def __getattr__(self, name):
+        return None
+
+
+def _splits(args: argparse.Namespace) -> SplitConfig:
+    given = {f: getattr(args, f) for f in ("train_files", "dev_files", "test_files") if getattr(args, f) is not None}
+    try:
+        return replace(SPLIT_SCHEMES[args.splits], **given)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def _register_baseline(sub) -> None:
