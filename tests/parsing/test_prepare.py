@@ -75,3 +75,18 @@ def test_prepare_full_wsj_layout_by_sections(treebank_zip, tmp_path, capsys):
     assert main(["parse", "prepare", "--treebank", str(tmp_path / "parsed"), "--out", str(out), "--no-data",
                  "--splits", "wsj"]) == 2
     assert "wsj_2301.mrg:3:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, vocab", [([], 4000), (["--splits", "wsj"], 16000),
+                                         (["--splits", "wsj", "--vocab-size", "8000"], 8000)])
+def test_wsj_scheme_takes_the_papers_vocabulary(argv, vocab, tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_prepare(treebank, out, cfg, force, splits):
+        seen.update(vocab=cfg.vocab_size, splits=splits)
+        raise UserError("stop here")
+
+    monkeypatch.setattr("aiayn.parsing.cli.prepare_parsing", fake_prepare)
+    assert main(["parse", "prepare", "--treebank", str(tmp_path), "--out", str(tmp_path / "o"), *argv]) == 2
+    assert seen["vocab"] == vocab
+    assert seen["splits"] == SPLIT_SCHEMES["wsj" if argv else "sample"]

@@ -67,6 +67,9 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
+SCHEME_VOCAB = {"wsj": 16000}  # §6.3: a 16K vocabulary for the WSJ-only setting
+
+
 def _register_prepare(sub) -> None:
     schemes = "; ".join(f"{k}: train {v.train_files}, dev {v.dev_files}, test {v.test_files}"
                         for k, v in SPLIT_SCHEMES.items())
@@ -79,16 +82,19 @@ def _register_prepare(sub) -> None:
                     f"words -> linearized pairs (dev as its valid split).")
     p.add_argument("--treebank", type=Path, required=True, help="treebank.zip or a directory of .mrg files")
     p.add_argument("--splits", choices=list(SPLIT_SCHEMES), default="sample",
-                   help="named split of WSJ files (default: sample); --train-files etc. override its ranges")
+                   help="named split of WSJ files (default: sample); --train-files etc. override its ranges; "
+                        "wsj also sets the paper's 16K vocabulary (§6.3) unless --vocab-size is given")
     add_arguments(p, SplitConfig, defaults=_Unset())
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--no-data", action="store_true", help="write the text files only, no data directory")
     p.add_argument("--force", action="store_true", help="replace an existing OUT/data")
     add_arguments(p, PrepareConfig, defaults=replace(PARSE_DATA_DEFAULTS, num_workers=os.cpu_count() or 1))
-    p.set_defaults(func=run_prepare)
+    p.set_defaults(func=run_prepare, vocab_size=None)
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    if args.vocab_size is None:
+        args.vocab_size = SCHEME_VOCAB.get(args.splits, PARSE_DATA_DEFAULTS.vocab_size)
     try:
         cfg = None if args.no_data else from_args(PrepareConfig, args)
     except ConfigError as exc:
