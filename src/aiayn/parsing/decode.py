@@ -32,8 +32,9 @@ class ParseOptions:
     """How model outputs become trees (§6.3)."""
 
     constrained: bool = param(True, "constrained beam search: only well-formed trees over exactly the input words "
-                                    "(balanced, matching brackets; one XX slot per word; no empty phrase); false = "
-                                    "the plain search, with ill-formed outputs repaired and counted")
+                                    "(balanced, matching brackets; one XX slot per word; no empty phrase), decoded in this "
+                                    "process (workers and mbr do not apply); false = the plain search, with ill-formed "
+                                    "outputs repaired and counted")
 
 
 def _constrained_linear(translator, ids: list[list[int]], n_words: list[int]) -> list[str]:
