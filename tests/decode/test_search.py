@@ -356,3 +356,12 @@ def test_allowed_masks_tokens_before_the_choice(beam):
     assert [h.tokens for h in hyps] == [(B, C)]
     assert hyps[0].log_prob == pytest.approx(math.log(0.27), rel=1e-6)
     assert seen[0] == ([0] * beam, 0) and seen[1] == ([0] * beam, 1)
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2), DecodeConfig(beam_size=1)])
+def test_allowing_everything_changes_nothing(cfg):
+    src = torch.tensor([[11, 7, 7, 7], [12, 7, 0, 0], [13, 7, 7, 0]])
+    plain = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS)
+    everything = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS,
+                        allowed=lambda rows, prefix: torch.ones(rows.size(0), 9, dtype=torch.bool))
+    assert everything == plain
