@@ -52,8 +52,8 @@ def _constrained_linear(translator, ids: list[list[int]], n_words: list[int]) ->
         allowed = TreeConstraint(vocab, torch.tensor([n_words[i] for i in batch], device=dev), budget)
         hyps = search(translator.decoder, src, translator.cfg, translator.ids, max_len_cap=translator.output_cap,
                       allowed=allowed)
-        for i, hs in zip(batch, hyps):
-            out[i] = translator.tgt_tok.decode(hs[0].tokens)
+        for i, hs in zip(batch, hyps):  # (none only if the model gave every allowed piece probability 0)
+            out[i] = translator.tgt_tok.decode(hs[0].tokens) if hs else ""
     return out
 
 
