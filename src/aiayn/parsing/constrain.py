@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import UserError
-from aiayn.parsing.linearize import WORD, _is_bracket
+from aiayn.parsing.linearize import WORD, is_bracket
 
 SPACE = "\u2581"  # SentencePiece's word-start mark: the tree tokens are the pieces "▁XX", "▁(NP", "▁)NP"
 
@@ -51,9 +51,9 @@ class TreeVocab:
         """From the target pieces by id; labels need both brackets as single pieces."""
         opens, closes = {}, {}
         for i, p in enumerate(pieces):
-            if p.startswith(SPACE) and _is_bracket(p[1:], "("):
+            if p.startswith(SPACE) and is_bracket(p[1:], "("):
                 opens[p[2:]] = i
-            elif p.startswith(SPACE) and _is_bracket(p[1:], ")"):
+            elif p.startswith(SPACE) and is_bracket(p[1:], ")"):
                 closes[p[2:]] = i
         labels = tuple(sorted(set(opens) & set(closes)))
         if SPACE + WORD not in pieces or not labels:
