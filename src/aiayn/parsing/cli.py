@@ -177,11 +177,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _register_decode(sub) -> None:
     p = sub.add_parser(
-        "decode", help="parse the sentences of a gold file with a checkpoint, repair, and score",
+        "decode", help="parse the sentences of a gold file with a checkpoint and score",
         description="Parse the words of each gold tree with beam search (defaults are §6.3's: beam 21, "
-                    "alpha 0.3, max length = input + 300), rebuild a tree over the words from each "
-                    "output (gold POS tags on the leaves; ill-formed outputs repaired and counted), "
-                    "write the trees to --out and print EVALB's summary and the repair counts.")
+                    "alpha 0.3, max length = input + 300), constrained to well-formed trees over the words "
+                    "unless --constrained false, rebuild each tree over the words (gold POS tags on the "
+                    "leaves; ill-formed outputs repaired and counted), write the trees to --out and print "
+                    "EVALB's summary and the repair counts.")
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint written by `aiayn parse train`")
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one per line (e.g. OUT/test.gold)")
     p.add_argument("--out", type=Path, required=True, help="file for the predicted trees, one per line")
