@@ -336,3 +336,32 @@ def test_pool_merge_without_endings_changes_nothing():
     pool.merge(toks + 100, lp - 0.1, torch.zeros_like(ends), torch.zeros_like(ends), 3, 0.6)
     for k, v in before.items():
         assert torch.equal(getattr(pool, k), v), k
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_allowed_masks_tokens_before_the_choice(beam):
+    # LP_TABLE without A at the first step: [B C EOS] (ln .27) wins in greedy and beam search alike;
+    # the constraint sees each hypothesis's sentence (row 0) and its prefix.
+    seen = []
+
+    def allowed(rows, prefix):
+        seen.append((rows.tolist(), prefix.shape[1]))
+        mask = torch.ones(rows.size(0), 8, dtype=torch.bool)
+        if prefix.shape[1] == 0:
+            mask[:, A] = False
+        return mask
+
+    hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=beam, alpha=0.6), IDS,
+                  allowed=allowed)[0]
+    assert [h.tokens for h in hyps] == [(B, C)]
+    assert hyps[0].log_prob == pytest.approx(math.log(0.27), rel=1e-6)
+    assert seen[0] == ([0] * beam, 0) and seen[1] == ([0] * beam, 1)
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2), DecodeConfig(beam_size=1)])
+def test_allowing_everything_changes_nothing(cfg):
+    src = torch.tensor([[11, 7, 7, 7], [12, 7, 0, 0], [13, 7, 7, 0]])
+    plain = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS)
+    everything = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS,
+                        allowed=lambda rows, prefix: torch.ones(rows.size(0), 9, dtype=torch.bool))
+    assert everything == plain

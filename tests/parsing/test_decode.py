@@ -1,10 +1,13 @@
 """Parsing with a model: the delinearize-and-count step with a stub, then train -> decode end to end."""
+import io
 import json
 import re
 import zipfile
 
+import pytest
+
 from aiayn.cli import main
-from aiayn.parsing.decode import PARSE_DECODE, parse_trees
+from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS
 from aiayn.parsing.linearize import linearize
@@ -16,7 +19,7 @@ class StubTranslator:
         self.outputs = outputs
         self.seen = None
 
-    def translate(self, lines):
+    def translate(self, lines, source="<input>", first_line=1):
         self.seen = list(lines)
         return self.outputs
 
@@ -25,7 +28,7 @@ def test_parse_trees_repairs_and_counts():
     gold = [parse_tree("(S (NP (DT the) (NN dog)) (VP (VBZ barks)) (. .))"),
             parse_tree("(S (NP (PRP it)) (VP (VBZ rains)))")]
     stub = StubTranslator([" ".join(linearize(gold[0])), "(S (NP XX )NP (VP"])
-    trees, stats = parse_trees(stub, gold)
+    trees, stats = parse_trees(stub, gold, ParseOptions(constrained=False))
     assert stub.seen == ["the dog barks .", "it rains"]
     assert trees[0] == gold[0]
     assert trees[1].to_bracketed() == "(S (NP (PRP it)) (VBZ rains))"   # empty VP dropped, word appended
@@ -42,7 +45,10 @@ FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=
         "--set", "train.warmup_steps=10"]
 
 
-def test_prepare_train_decode_end_to_end(treebank_zip, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_parser(treebank_zip, tmp_path_factory):
+    """A parser trained for 4 steps on four WSJ files (so all but untrained): (prepared dir, run dir)."""
+    tmp_path = tmp_path_factory.mktemp("parser")
     mrg = tmp_path / "mrg"
     mrg.mkdir()
     with zipfile.ZipFile(treebank_zip) as zf:
@@ -54,23 +60,52 @@ def test_prepare_train_decode_end_to_end(treebank_zip, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["parse", "train", "--data", str(out / "data"), "--out", str(run), "--preset", "tiny",
                  "--max-steps", "4", "--no-progress", *FAST]) == 0
+    return out, run
+
+
+def test_prepare_train_decode_end_to_end(tiny_parser, tmp_path, capsys):
+    out, run = tiny_parser
     cfg = json.loads((run / "config.json").read_text())
     assert (cfg["model"]["n_layers"], cfg["model"]["vocab_size"]) == (2, 150)       # tiny, sized to the data
     assert (cfg["train"]["warmup_steps"], cfg["train"]["max_steps"]) == (10, 4)    # ours after parse defaults
-    capsys.readouterr()
-    pred = tmp_path / "test.pred"
-    assert main(["parse", "decode", "--checkpoint", str(run / "last.pt"), "--gold", str(out / "test.gold"),
-                 "--out", str(pred), "--beam-size", "2", "--max-len-b", "8"]) == 0
-    printed = capsys.readouterr().out
     gold_lines = read_lines(out / "test.gold")
-    pred_lines = read_lines(pred)
-    assert len(pred_lines) == len(gold_lines) == 8       # wsj_0180 holds 8 trees
-    for g, p in zip(gold_lines, pred_lines):
-        assert parse_tree(p).words() == parse_tree(g).words()
-    result = evalb(gold_lines, pred_lines, COLLINS)
-    assert result.errors == [] and result.all.valid == 8
-    assert "Bracketing FMeasure" in printed
-    assert re.search(r"^repaired \d/8 trees", printed, re.M)
+    for constrained in ("true", "false"):
+        capsys.readouterr()
+        pred = tmp_path / f"test.{constrained}"
+        assert main(["parse", "decode", "--checkpoint", str(run / "last.pt"), "--gold", str(out / "test.gold"),
+                     "--out", str(pred), "--beam-size", "2", "--max-len-b", "8", "--constrained", constrained]) == 0
+        printed = capsys.readouterr().out
+        pred_lines = read_lines(pred)
+        assert len(pred_lines) == len(gold_lines) == 8       # wsj_0180 holds 8 trees
+        for g, p in zip(gold_lines, pred_lines):
+            assert parse_tree(p).words() == parse_tree(g).words()
+        result = evalb(gold_lines, pred_lines, COLLINS)
+        assert result.errors == [] and result.all.valid == 8
+        assert "Bracketing FMeasure" in printed
+        assert re.search(r"^repaired \d/8 trees", printed, re.M)
+        if constrained == "true":                           # an untrained model, and still no repair
+            assert re.search(r"^repaired 0/8 trees$", printed, re.M)
+
+
+def test_parse_text_stdin_and_files(tiny_parser, tmp_path, capsys, monkeypatch):
+    _, run = tiny_parser
+    monkeypatch.setattr("sys.stdin", io.StringIO("The cat sat on the mat .\n\n( a ) b\n"))
+    assert main(["parse", "--checkpoint", str(run / "last.pt"), "--beam-size", "3"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert parse_tree(lines[0]).words() == "The cat sat on the mat .".split()
+    assert parse_tree(lines[2]).words() == ["-LRB-", "a", "-RRB-", "b"]
+    assert set(parse_tree(lines[0]).tags()) == {"XX"}
+    src, dst = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("The cat sat on the mat .\n\n( a ) b\n")
+    assert main(["parse", "text", "--checkpoint", str(run / "last.pt"), "--beam-size", "3", "--input", str(src),
+                 "--output", str(dst), "--device", "auto"]) == 0
+    assert dst.read_text().split("\n") == lines
+
+
+def test_parse_without_checkpoint_or_subcommand_is_an_error(capsys):
+    assert main(["parse"]) == 2
+    assert "give --checkpoint" in capsys.readouterr().err
 
 
 def test_train_rejects_unknown_field(tmp_path, capsys):

@@ -46,6 +46,17 @@ from aiayn.decode.config import DecodeConfig
 
 NEG_INF = float("-inf")
 
+# allowed(rows, prefix) -> (N, V) bool: the tokens each row may generate next. rows (N,): the batch
+# sentence (row of src) of each hypothesis; prefix (N, t - 1): the tokens it has generated so far.
+Allowed = Callable[[Tensor, Tensor], Tensor]
+
+
+def _apply_allowed(log_probs: Tensor, allowed: Allowed | None, rows: Tensor, prefix: Tensor) -> Tensor:
+    """log_probs (N, V) with the tokens ``allowed`` forbids set to -inf (in place)."""
+    if allowed is not None:
+        log_probs.masked_fill_(~allowed(rows, prefix), NEG_INF)
+    return log_probs
+
 
 class DecoderState(Protocol):
     def reorder(self, idx: Tensor) -> "DecoderState":
@@ -208,7 +219,8 @@ class _Results:
 
 
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 choose: Callable[[Tensor], Tensor], cap: int | None, prefix: Tensor | None = None) -> _Results:
+                 choose: Callable[[Tensor], Tensor], cap: int | None, prefix: Tensor | None = None,
+                 allowed: Allowed | None = None) -> _Results:
     """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length."""
     B = src.size(0)
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(src.device)  # (B,)
@@ -221,7 +233,7 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     last = torch.full((B,), ids.bos, dtype=torch.long, device=src.device)
     for t in range(1, T + 1):
         log_probs, state = decoder.step(last, state)
-        log_probs = _mask_special(log_probs, t, cfg, ids)  # (N, V)
+        log_probs = _apply_allowed(_mask_special(log_probs, t, cfg, ids), allowed, rows, seqs[:, : t - 1])  # (N, V)
         forced = _forced_at(prefix, rows, t)
         if forced is not None:
             log_probs = _force(log_probs, forced)
@@ -296,7 +308,7 @@ class _Pool:
 
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 cap: int | None, prefix: Tensor | None = None) -> _Results:
+                 cap: int | None, prefix: Tensor | None = None, allowed: Allowed | None = None) -> _Results:
     """Beam search with exact early stopping (module docstring); K = beam size, F = nbest."""
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (N,)
@@ -317,11 +329,16 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
         banned = early if t <= cfg.min_len else late
         forced = _forced_at(prefix, rows, t)
-        if forced is None:
+        if forced is None and allowed is None:
             row_lp, row_tok, state = _step_topk(decoder, last, state, K, banned)
-        else:  # a prefix: every beam of the sentence continues with its forced token
+        else:  # a prefix or a constraint needs the (N*K, V) log-probabilities
             log_probs, state = decoder.step(last, state)
-            row_lp, row_tok = select_topk(_force(log_probs, forced.repeat_interleave(K)), K, banned)
+            if allowed is not None:
+                prior = seqs[:, :, : t - 1].reshape(seqs.size(0) * K, t - 1)  # (N*K, t-1)
+                log_probs = _apply_allowed(log_probs, allowed, rows.repeat_interleave(K), prior)
+            if forced is not None:  # every beam of the sentence continues with its forced token
+                log_probs = _force(log_probs, forced.repeat_interleave(K))
+            row_lp, row_tok = select_topk(log_probs, K, banned)
         if pool is None:
             live = live.to(row_lp.dtype)
             pool = _Pool(B, F, T, dev, row_lp.dtype)
@@ -373,21 +390,24 @@ def attention_backends(device: torch.device):
 @torch.inference_mode()
 def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
            max_len_cap: int | None = None, generator: torch.Generator | None = None,
-           prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+           prefix: Tensor | None = None, allowed: Allowed | None = None) -> list[list[Hypothesis]]:
     """Decode a batch src (B, S): per sentence, up to ``cfg.nbest`` hypotheses, best first.
 
     Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
     (then nbest independent samples per sentence, sorted by score). ``prefix`` (B, P): target
     tokens each sentence's hypotheses must begin with, -1 after a sentence's prefix (module docstring).
+    ``allowed`` (module docstring) restricts every step's choice; with sampling its rows index the
+    repeated batch.
     """
     if prefix is not None:
         prefix = prefix.to(src.device)
     with attention_backends(src.device):
-        return _search(decoder, src, cfg, ids, max_len_cap, generator, prefix)
+        return _search(decoder, src, cfg, ids, max_len_cap, generator, prefix, allowed)
 
 
 def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, max_len_cap: int | None,
-            generator: torch.Generator | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
+            generator: torch.Generator | None, prefix: Tensor | None,
+            allowed: Allowed | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
 
@@ -396,12 +416,12 @@ def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialId
             return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
         res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap,
-                           None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0))
+                           None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0), allowed)
         flat = res.hypotheses()
         return [sorted((h for hs in flat[b * cfg.nbest:(b + 1) * cfg.nbest] for h in hs),
                        key=lambda h: -h.score) for b in range(src.size(0))]
     if cfg.beam_size == 1:
-        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, prefix)
+        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, prefix, allowed)
     else:
-        res = _beam_search(decoder, src, cfg, ids, max_len_cap, prefix)
+        res = _beam_search(decoder, src, cfg, ids, max_len_cap, prefix, allowed)
     return res.hypotheses()

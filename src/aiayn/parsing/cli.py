@@ -1,8 +1,13 @@
-"""``aiayn parse``: English constituency parsing (§6.3) -- ``prepare``, ``train``, ``decode``,
-``score``, ``baseline``."""
+"""``aiayn parse``: English constituency parsing (§6.3).
+
+``aiayn parse --checkpoint F`` (or ``aiayn parse text --checkpoint F``) parses tokenized text, one
+sentence a line, into one bracketed tree a line; the subcommands ``prepare``, ``train``,
+``decode``, ``score`` and ``baseline`` make and measure a parser.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -12,19 +17,24 @@ from aiayn.errors import InputError, UserError
 from aiayn.decode.config import DecodeConfig
 from aiayn.model.config import PRESETS
 from aiayn.parsing.baseline import right_branching
-from aiayn.parsing.decode import PARSE_DECODE, parse_trees
+from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS, read_params
 from aiayn.parsing.evalb_report import format_report, format_summary
-from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLITS, prepare_parsing
+from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLIT_SCHEMES, SplitConfig, prepare_parsing
 from aiayn.parsing.trees import BracketError, parse_tree
 
+log = logging.getLogger(__name__)
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("parse", help="constituency parsing (§6.3): prepare, train, decode, score, baseline",
-                              description="English constituency parsing as translation (§6.3).")
+    p = subparsers.add_parser(
+        "parse", help="constituency parsing (§6.3): parse text; prepare, train, decode, score, baseline",
+        description="English constituency parsing as translation (§6.3). Without a subcommand, parse "
+                    "tokenized text (as `aiayn parse text`): `echo 'The cat sat .' | aiayn parse --checkpoint F`.")
+    _add_text_arguments(p, required=False)
+    p.set_defaults(func=run_text)
     sub = p.add_subparsers(dest="parse_command", metavar="PARSE_COMMAND")
-    sub.required = True
+    _register_text(sub)
     _register_prepare(sub)
     _register_train(sub)
     _register_decode(sub)
@@ -57,32 +67,59 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
+SCHEME_VOCAB = {"wsj": 16000}  # §6.3: a 16K vocabulary for the WSJ-only setting
+
+
 def _register_prepare(sub) -> None:
-    splits = ", ".join(f"{n} wsj_{a:04d}-{b:04d}" for n, a, b in SPLITS)
+    schemes = "; ".join(f"{k}: train {v.train_files}, dev {v.dev_files}, test {v.test_files}"
+                        for k, v in SPLIT_SCHEMES.items())
     p = sub.add_parser(
         "prepare", help="treebank -> split words/linearized/gold files and a data directory",
-        description=f"Read a Penn Treebank sample (zip of wsj_NNNN.mrg, or a directory of them), split "
-                    f"it by file ({splits}), write OUT/{{split}}.words, .linear, .gold, and build the "
-                    f"data directory OUT/data from the words -> linearized pairs (dev as its valid split).")
+        description=f"Read a Penn Treebank in bracket format (a zip of wsj_NNNN.mrg files such as NLTK's sample, "
+                    f"or a directory holding them at any depth, such as the LDC's parsed/mrg/wsj), strip empty "
+                    f"elements, traces and function tags, split it by WSJ file number ({schemes}), write "
+                    f"OUT/{{split}}.words, .linear, .gold, and build the data directory OUT/data from the "
+                    f"words -> linearized pairs (dev as its valid split).")
     p.add_argument("--treebank", type=Path, required=True, help="treebank.zip or a directory of .mrg files")
+    p.add_argument("--splits", choices=list(SPLIT_SCHEMES), default="sample",
+                   help="named split of WSJ files (default: sample); --train-files etc. override its ranges; "
+                        "wsj also sets the paper's 16K vocabulary (§6.3) unless --vocab-size is given")
+    add_arguments(p, SplitConfig, defaults=_Unset())
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--no-data", action="store_true", help="write the text files only, no data directory")
     p.add_argument("--force", action="store_true", help="replace an existing OUT/data")
     add_arguments(p, PrepareConfig, defaults=replace(PARSE_DATA_DEFAULTS, num_workers=os.cpu_count() or 1))
-    p.set_defaults(func=run_prepare)
+    p.set_defaults(func=run_prepare, vocab_size=None)
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    if args.vocab_size is None:
+        args.vocab_size = SCHEME_VOCAB.get(args.splits, PARSE_DATA_DEFAULTS.vocab_size)
     try:
         cfg = None if args.no_data else from_args(PrepareConfig, args)
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
-    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force)
+    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force, splits=_splits(args))
     for split, n in done.counts.items():
         print(f"{split}: {n} trees -> {', '.join(str(p) for p in done.files[split].values())}")
     if done.data_dir is not None:
         print(f"wrote {done.data_dir}")
     return 0
+
+
+class _Unset:
+    """Defaults for the --*-files options: None, so the --splits scheme fills what is not given."""
+
+    def __getattr__(self, name):
+        return None
+
+
+def _splits(args: argparse.Namespace) -> SplitConfig:
+    given = {f: getattr(args, f) for f in ("train_files", "dev_files", "test_files") if getattr(args, f) is not None}
+    try:
+        return replace(SPLIT_SCHEMES[args.splits], **given)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def _register_baseline(sub) -> None:
@@ -140,11 +177,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _register_decode(sub) -> None:
     p = sub.add_parser(
-        "decode", help="parse the sentences of a gold file with a checkpoint, repair, and score",
+        "decode", help="parse the sentences of a gold file with a checkpoint and score",
         description="Parse the words of each gold tree with beam search (defaults are §6.3's: beam 21, "
-                    "alpha 0.3, max length = input + 300), rebuild a tree over the words from each "
-                    "output (gold POS tags on the leaves; ill-formed outputs repaired and counted), "
-                    "write the trees to --out and print EVALB's summary and the repair counts.")
+                    "alpha 0.3, max length = input + 300), constrained to well-formed trees over the words "
+                    "unless --constrained false, rebuild each tree over the words (gold POS tags on the "
+                    "leaves; ill-formed outputs repaired and counted), write the trees to --out and print "
+                    "EVALB's summary and the repair counts.")
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint written by `aiayn parse train`")
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one per line (e.g. OUT/test.gold)")
     p.add_argument("--out", type=Path, required=True, help="file for the predicted trees, one per line")
@@ -152,6 +190,7 @@ def _register_decode(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
                                                      "(default: auto)")
     add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
+    add_arguments(p, ParseOptions)
     p.set_defaults(func=run_decode)
 
 
@@ -174,10 +213,68 @@ def run_decode(args: argparse.Namespace) -> int:
     params = read_params(args.param) if args.param else COLLINS
     gold_lines, gold = _read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
-    trees, stats = parse_trees(translator, gold)
+    trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args))
     test_lines = [t.to_bracketed() for t in trees]
     args.out.write_text("".join(line + "\n" for line in test_lines), encoding="utf-8")
     result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold))
     print(format_summary(result), end="")
     print(f"\n{stats.summary()}")
+    return 0
+
+
+def _add_text_arguments(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--checkpoint", type=Path, required=required, nargs="+",
+                   help="checkpoint written by `aiayn parse train` (or `aiayn average`)")
+    p.add_argument("--input", type=Path, default=None, help="tokenized sentences, one per line (default: stdin)")
+    p.add_argument("--output", type=Path, default=None, help="file for the trees, one per line (default: stdout)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                     "(default: auto)")
+    add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
+    add_arguments(p, ParseOptions)
+
+
+def _register_text(sub) -> None:
+    p = sub.add_parser(
+        "text", help="parse tokenized sentences (one per line) into bracketed trees (one per line)",
+        description="Parse tokenized text (PTB tokens, one sentence per line, from --input or stdin) and write "
+                    "one bracketed tree per line (to --output or stdout), in input order. The leaves are the "
+                    "input tokens, with ( and ) written -LRB- and -RRB- as in the treebank; preterminals are "
+                    "labeled XX (the model predicts brackets, not POS tags). An empty line gives an empty line. "
+                    "Decoding is §6.3's (beam 21, alpha 0.3, max length = input + 300), constrained to "
+                    "well-formed trees unless --constrained false.")
+    _add_text_arguments(p, required=True)
+    p.set_defaults(func=run_text)
+
+
+PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
+
+
+def run_text(args: argparse.Namespace) -> int:
+    import sys
+
+    from aiayn.decode.cli import _input_chunks
+    from aiayn.decode.translator import Translator
+    from aiayn.parsing.linearize import RepairStats
+    if args.checkpoint is None:
+        raise UserError("give --checkpoint to parse text (aiayn parse --checkpoint F < sentences), "
+                        "or a subcommand (aiayn parse --help)")
+    try:
+        cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    source, stats = str(args.input or "<stdin>"), RepairStats()
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
+            for first, lines in _input_chunks(str(args.input) if args.input else None):
+                sentences = [[PTB_ESCAPES.get(w, w) for w in line.split()] for line in lines]
+                for result in parse_words(translator, sentences, options=options, source=source, first_line=first):
+                    if result is not None:
+                        stats.add(result)
+                    out.write((result.tree.to_bracketed() if result is not None else "") + "\n")
+                out.flush()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    log.info("parsed %d sentences; %s", stats.sentences, stats.summary())
     return 0

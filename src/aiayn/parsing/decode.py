@@ -1,18 +1,25 @@
-"""Parsing with a trained model (§6.3): words -> beam search -> linearized tree -> repaired tree.
+"""Parsing with a trained model (§6.3): words -> beam search -> linearized tree -> tree.
 
 The paper's decoding settings for parsing: beam size 21, α = 0.3, maximum output length =
 input length + 300 (``PARSE_DECODE``; input length in source subword tokens, EOS included, as
-``aiayn.decode`` measures it). Each output is delinearized over the sentence's own words with
-the gold POS tags (``aiayn.parsing.linearize`` explains why), repaired if ill-formed, and counted.
+``aiayn.decode`` measures it). By default the search is constrained (``aiayn.parsing.constrain``)
+so every output is a well-formed tree over exactly the input words; unconstrained outputs are
+repaired where needed (``aiayn.parsing.linearize.delinearize``) and the repairs counted. The words
+go back into the ``XX`` slots with the POS tags given (the gold ones when scoring), or ``XX``.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
-from aiayn.config import replace
+import torch
+
+from aiayn.config import param, replace
 from aiayn.decode.config import DecodeConfig
-from aiayn.parsing.linearize import RepairStats, delinearize
+from aiayn.decode.search import max_output_lengths, search
+from aiayn.parsing.constrain import TreeConstraint, TreeVocab
+from aiayn.parsing.linearize import Delinearized, RepairStats, delinearize
 from aiayn.parsing.trees import Tree
 
 log = logging.getLogger(__name__)
@@ -20,17 +27,64 @@ log = logging.getLogger(__name__)
 PARSE_DECODE = replace(DecodeConfig(), beam_size=21, alpha=0.3, max_len_a=1.0, max_len_b=300)
 
 
-def parse_trees(translator, gold: Sequence[Tree]) -> tuple[list[Tree], RepairStats]:
-    """Predicted trees over the words of ``gold`` (one per gold tree, in order) and repair counts.
+@dataclass(frozen=True)
+class ParseOptions:
+    """How model outputs become trees (§6.3)."""
 
-    ``translator`` is an ``aiayn.decode.translator.Translator`` (anything with ``translate(lines)``).
+    constrained: bool = param(True, "constrained beam search: only well-formed trees over exactly the input words "
+                                    "(balanced, matching brackets; one XX slot per word; no empty phrase), decoded in this "
+                                    "process (workers and mbr do not apply); false = the plain search, with ill-formed "
+                                    "outputs repaired and counted")
+
+
+def _constrained_linear(translator, ids: list[list[int]], n_words: list[int]) -> list[str]:
+    """The best constrained output per line of source ids (``translator.encode``), detokenized."""
+    vocab = TreeVocab.from_pieces([translator.tgt_tok.piece(i) for i in range(translator.tgt_tok.vocab_size)],
+                                  translator.ids.eos)
+    out = [""] * len(ids)
+    dev = translator.device
+    for batch in translator.batches(ids):
+        src = torch.full((len(batch), max(len(ids[i]) for i in batch)), translator.ids.pad, dtype=torch.long)
+        for b, i in enumerate(batch):
+            src[b, : len(ids[i])] = torch.tensor(ids[i])
+        src = src.to(dev)  # (B, S)
+        budget = max_output_lengths(src, translator.cfg, translator.ids.pad, translator.output_cap) - 1  # (B,)
+        allowed = TreeConstraint(vocab, torch.tensor([n_words[i] for i in batch], device=dev), budget)
+        hyps = search(translator.decoder, src, translator.cfg, translator.ids, max_len_cap=translator.output_cap,
+                      allowed=allowed)
+        for i, hs in zip(batch, hyps):  # (none only if the model gave every allowed piece probability 0)
+            out[i] = translator.tgt_tok.decode(hs[0].tokens) if hs else ""
+    return out
+
+
+def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[str]] | None = None,
+                options: ParseOptions = ParseOptions(), source: str = "<input>",
+                first_line: int = 1) -> list[Delinearized | None]:
+    """A tree per sentence (a list of words; None for an empty one), in order.
+
+    ``translator`` is an ``aiayn.decode.translator.Translator``; ``tags`` (one per word) label the
+    preterminals (default ``XX``). Too long sentences are ``InputError``s naming ``source`` and
+    the line (``first_line`` + index).
     """
-    outputs = translator.translate([" ".join(t.words()) for t in gold])
+    lines = [" ".join(words) for words in sentences]
+    if options.constrained:
+        ids = translator.encode(lines, source, first_line)
+        linear = _constrained_linear(translator, ids, [len(words) for words in sentences])
+    else:
+        linear = translator.translate(lines, source, first_line)
+    out: list[Delinearized | None] = []
+    for k, (words, text) in enumerate(zip(sentences, linear)):
+        out.append(delinearize(text.split(), words, tags[k] if tags is not None else None) if words else None)
+    return out
+
+
+def parse_trees(translator, gold: Sequence[Tree], options: ParseOptions = ParseOptions()
+                ) -> tuple[list[Tree], RepairStats]:
+    """Predicted trees over the words of ``gold`` (one per gold tree, in order, with its POS tags)
+    and the repair counts."""
+    results = parse_words(translator, [g.words() for g in gold], [g.tags() for g in gold], options)
     stats = RepairStats()
-    trees = []
-    for g, text in zip(gold, outputs):
-        result = delinearize(text.split(), g.words(), g.tags())
+    for result in results:
         stats.add(result)
-        trees.append(result.tree)
     log.info("%s", stats.summary())
-    return trees, stats
+    return [r.tree for r in results], stats

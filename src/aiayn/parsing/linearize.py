@@ -53,7 +53,7 @@ class Delinearized:
         return bool(self.repairs)
 
 
-def _is_bracket(tok: str, side: str) -> bool:
+def is_bracket(tok: str, side: str) -> bool:
     """``(LABEL`` or ``)LABEL`` with a label EVALB can read (no brackets, no spaces)."""
     return len(tok) > 1 and tok[0] == side and not any(c in "()" or c.isspace() for c in tok[1:])
 
@@ -75,9 +75,9 @@ class _Builder:
             i = self.next_word
             self.stack[-1][1].append(Tree(self.tags[i], word=self.words[i]))
             self.next_word += 1
-        elif _is_bracket(tok, "("):
+        elif is_bracket(tok, "("):
             self.stack.append((tok[1:], []))
-        elif _is_bracket(tok, ")"):
+        elif is_bracket(tok, ")"):
             if len(self.stack) == 1:
                 self.repairs.append("unopened bracket dropped")
                 return

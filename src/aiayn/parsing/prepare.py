@@ -1,10 +1,14 @@
 """``aiayn parse prepare``: treebank -> split text files and a training data directory (§6.3).
 
-Splits are by WSJ file, so no document is shared between them. The full WSJ setting of the
-paper (train 02-21, dev 22, test 23) needs the LDC treebank; the NLTK sample holds sections 00
-and 01 only (wsj_0001-wsj_0199), which we split as:
+Splits are by WSJ file number (``wsj_SSNN.mrg``: section SS, file NN), so no document is shared
+between them (``SplitConfig``; ranges are options). Two schemes are named (``SPLIT_SCHEMES``):
 
-    train  wsj_0001-wsj_0159      dev  wsj_0160-wsj_0179      test  wsj_0180-wsj_0199
+    sample  train wsj_0001-0159        dev wsj_0160-0179   test wsj_0180-0199   (the NLTK sample,
+            which holds sections 00 and 01 only)
+    wsj     train wsj_0200-2199 (02-21) dev wsj_2200-2299 (22) test wsj_2300-2399 (23)  (the
+            standard split of the full LDC treebank, the paper's WSJ-only setting)
+
+Files outside every range are left out.
 
 Written to ``OUT`` for each split (one sentence per line, aligned):
 
@@ -34,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from aiayn.config import ConfigError, replace
+from aiayn.config import ConfigError, param, replace
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
 from aiayn.errors import UserError
 from aiayn.parsing.linearize import linearize
@@ -42,8 +46,7 @@ from aiayn.parsing.ptb import TreebankTree, read_treebank
 
 log = logging.getLogger(__name__)
 
-# (split, first file number, last file number), inclusive
-SPLITS: tuple[tuple[str, int, int], ...] = (("train", 1, 159), ("dev", 160, 179), ("test", 180, 199))
+SPLIT_NAMES = ("train", "dev", "test")
 DATA_SPLIT_NAMES = {"train": "train", "dev": "valid", "test": "test"}
 EXTENSIONS = ("words", "linear", "gold")
 PARSE_DATA_DEFAULTS = replace(PrepareConfig(), vocab_size=4000, character_coverage=1.0,
@@ -51,28 +54,67 @@ PARSE_DATA_DEFAULTS = replace(PrepareConfig(), vocab_size=4000, character_covera
 _FILE_ID = re.compile(r"^wsj_(\d{4})$")
 
 
-def split_of(file_id: str) -> str | None:
-    """The split a WSJ file belongs to (``SPLITS``), or None if outside all of them."""
+def parse_ranges(spec: str) -> tuple[tuple[int, int], ...]:
+    """``"0200-2199,2400"`` -> ((200, 2199), (2400, 2400)): inclusive WSJ file-number ranges."""
+    out = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d{1,4})\s*(?:-\s*(\d{1,4})\s*)?", part)
+        if not m or int(m.group(2) or m.group(1)) < int(m.group(1)):
+            raise ConfigError(f"bad file range {part.strip()!r} in {spec!r}: want NNNN or NNNN-NNNN (first <= last), "
+                              "comma-separated")
+        out.append((int(m.group(1)), int(m.group(2) or m.group(1))))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitConfig:
+    """Which WSJ files (by number NNNN of wsj_NNNN.mrg) make each split; the sample's by default."""
+
+    train_files: str = param("0001-0159", "train split: WSJ file numbers, ranges NNNN-NNNN, comma-separated "
+                                          "(sections 02-21 of the full treebank: 0200-2199)")
+    dev_files: str = param("0160-0179", "dev split, as train_files (section 22: 2200-2299)")
+    test_files: str = param("0180-0199", "test split, as train_files (section 23: 2300-2399)")
+
+    def __post_init__(self) -> None:
+        ranges = [(r, name) for name in SPLIT_NAMES for r in parse_ranges(self.files(name))]
+        for i, ((a, b), x) in enumerate(ranges):
+            for (c, d), y in ranges[i + 1:]:
+                if a <= d and c <= b:
+                    raise ConfigError(f"{x} and {y} share WSJ files ({a:04d}-{b:04d} and {c:04d}-{d:04d})")
+
+    def files(self, split: str) -> str:
+        return getattr(self, f"{split}_files")
+
+    def split_of(self, number: int) -> str | None:
+        for name in SPLIT_NAMES:
+            if any(a <= number <= b for a, b in parse_ranges(self.files(name))):
+                return name
+        return None
+
+
+SPLIT_SCHEMES = {"sample": SplitConfig(), "wsj": SplitConfig("0200-2199", "2200-2299", "2300-2399")}
+
+
+def split_of(file_id: str, splits: SplitConfig = SplitConfig()) -> str | None:
+    """The split a WSJ file belongs to, or None if outside all of them."""
     m = _FILE_ID.match(file_id)
     if not m:
         raise UserError(f"tree from {file_id!r}: splits need wsj_NNNN file names; pass the treebank zip "
                         "or a directory of .mrg files, not a concatenated file")
-    number = int(m.group(1))
-    for name, first, last in SPLITS:
-        if first <= number <= last:
-            return name
-    return None
+    return splits.split_of(int(m.group(1)))
 
 
-def assign_splits(trees: Sequence[TreebankTree]) -> dict[str, list[TreebankTree]]:
-    out: dict[str, list[TreebankTree]] = {name: [] for name, _, _ in SPLITS}
+def assign_splits(trees: Sequence[TreebankTree], splits: SplitConfig = SplitConfig()
+                  ) -> dict[str, list[TreebankTree]]:
+    out: dict[str, list[TreebankTree]] = {name: [] for name in SPLIT_NAMES}
     for t in trees:
-        split = split_of(t.file_id)
+        split = split_of(t.file_id, splits)
         if split is not None:
             out[split].append(t)
     for name, trees_in in out.items():
         if not trees_in:
-            raise UserError(f"split {name!r} is empty: the treebank has none of its files")
+            raise UserError(f"split {name!r} is empty: the treebank has none of its files "
+                            f"(wsj_{splits.files(name)}; see --splits and --{name}-files)")
     return out
 
 
@@ -112,10 +154,10 @@ class PreparedParsing:
 
 
 def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = PARSE_DATA_DEFAULTS,
-                    force: bool = False) -> PreparedParsing:
+                    force: bool = False, splits: SplitConfig = SplitConfig()) -> PreparedParsing:
     """Read ``treebank``, write the split files to ``out``, then (unless ``data_cfg`` is None)
     the data directory ``out/data``."""
-    by_split = assign_splits(read_treebank(treebank))
+    by_split = assign_splits(read_treebank(treebank), splits)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files, counts = {}, {}
@@ -124,8 +166,7 @@ def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = 
         counts[split] = len(trees)
         log.info("%s: %d trees from %s..%s", split, len(trees), trees[0].file_id, trees[-1].file_id)
     summary = {"treebank": str(Path(treebank).resolve()), "splits": [
-        {"name": name, "files": f"wsj_{first:04d}-wsj_{last:04d}", "trees": counts[name]}
-        for name, first, last in SPLITS]}
+        {"name": name, "files": splits.files(name), "trees": counts[name]} for name in SPLIT_NAMES]}
     (out / "splits.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     data_dir = None
     if data_cfg is not None:

@@ -1,0 +1,120 @@
+"""Constrained decoding for parsing (§6.3): beam search that can only write well-formed trees.
+
+The target of a parsing model is a linearized tree (``aiayn.parsing.linearize``): ``(LABEL``
+opens a phrase, ``)LABEL`` closes it, ``XX`` is a word's slot. Left alone, beam search may drop
+or add words, leave brackets open or close the wrong one, and the output needs repair.
+``TreeConstraint`` is a ``aiayn.decode.search.Allowed``: at every step it allows, per hypothesis,
+only the target pieces that keep the prefix on the way to a tree over exactly the sentence's n
+words. With d the open phrases, w the words placed and u the tokens generated so far:
+
+* ``XX`` while w < n, inside a phrase (d >= 1);
+* ``(LABEL`` (any label with both pieces in the vocabulary) while w < n, inside a phrase or as the
+  first token (one root), and only if the rest still fits: u + 1 + (n - w) + (d + 1) <= budget;
+* ``)LABEL`` of the innermost open phrase only, only once that phrase holds something (the last
+  token is not an opening bracket), and for the root (d = 1) only once all n words are placed;
+* EOS once the root is closed (d = 0 after at least one token), which implies w = n.
+
+Every other piece (subwords, ``<unk>``) is forbidden. From any prefix it allows, some token is
+allowed, and u + (n - w) + d <= budget holds throughout, so every hypothesis ends with EOS within
+``budget + 1`` tokens and delinearizes with no repair, whatever the model's probabilities. The
+state is recomputed from the prefix at each step (vectorized over hypotheses; O(N * t) per step),
+so the search needs no extra state to reorder.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from aiayn.errors import UserError
+from aiayn.parsing.linearize import WORD, is_bracket
+
+SPACE = "\u2581"  # SentencePiece's word-start mark: the tree tokens are the pieces "▁XX", "▁(NP", "▁)NP"
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeVocab:
+    """The tree tokens of a target vocabulary of V pieces, with L labels."""
+
+    word: int            # id of the ``XX`` piece
+    eos: int
+    open_ids: Tensor     # (L,) id of ``(LABEL`` per label
+    close_ids: Tensor    # (L,) id of ``)LABEL`` per label
+    open_label: Tensor   # (V,) label index of an opening piece, else -1
+    close_label: Tensor  # (V,) label index of a closing piece, else -1
+    is_word: Tensor      # (V,) bool
+    labels: tuple[str, ...]
+
+    @classmethod
+    def from_pieces(cls, pieces: list[str], eos: int) -> "TreeVocab":
+        """From the target pieces by id; labels need both brackets as single pieces."""
+        opens, closes = {}, {}
+        for i, p in enumerate(pieces):
+            if p.startswith(SPACE) and is_bracket(p[1:], "("):
+                opens[p[2:]] = i
+            elif p.startswith(SPACE) and is_bracket(p[1:], ")"):
+                closes[p[2:]] = i
+        labels = tuple(sorted(set(opens) & set(closes)))
+        if SPACE + WORD not in pieces or not labels:
+            raise UserError(f"the target vocabulary has no {WORD!r} piece or no bracket pieces: "
+                            "not a parsing model (train one on `aiayn parse prepare` data)")
+        V = len(pieces)
+        open_label = torch.full((V,), -1, dtype=torch.long)
+        close_label = torch.full((V,), -1, dtype=torch.long)
+        for j, label in enumerate(labels):
+            open_label[opens[label]], close_label[closes[label]] = j, j
+        word = pieces.index(SPACE + WORD)
+        is_word = torch.zeros(V, dtype=torch.bool)
+        is_word[word] = True
+        return cls(word, eos, torch.tensor([opens[x] for x in labels]), torch.tensor([closes[x] for x in labels]),
+                   open_label, close_label, is_word, labels)
+
+    def to(self, device: torch.device) -> "TreeVocab":
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
+                                            ("open_ids", "close_ids", "open_label", "close_label", "is_word")})
+
+
+class TreeConstraint:
+    """``allowed(rows, prefix)`` for ``aiayn.decode.search`` (module docstring).
+
+    ``n_words`` (B,): words of each batch sentence (>= 1); ``budget`` (B,): tokens it may generate
+    before EOS (the search's maximum output length - 1; at least n + 2).
+    """
+
+    def __init__(self, vocab: TreeVocab, n_words: Tensor, budget: Tensor):
+        if bool((budget < n_words + 2).any()):
+            raise ValueError("the maximum output length leaves no room for a tree over every word")
+        self.vocab, self.n_words, self.budget = vocab.to(n_words.device), n_words, budget
+
+    def state(self, prefix: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Per row of prefix (N, u): words placed w, open phrases d, the innermost open phrase's
+        label (-1 if none) and whether the last token opened a phrase; all (N,)."""
+        v, (N, u) = self.vocab, prefix.shape
+        if u == 0:
+            zero = torch.zeros(N, dtype=torch.long, device=prefix.device)
+            return zero, zero, zero - 1, zero.bool()
+        opened, closed = v.open_label[prefix], v.close_label[prefix]  # (N, u) label or -1
+        is_open = opened >= 0
+        depth = (is_open.long() - (closed >= 0).long()).cumsum(1)  # (N, u) open phrases after each token
+        d = depth[:, -1]
+        # The innermost open phrase is the last opening token whose depth is still the current one.
+        pos = torch.arange(1, u + 1, device=prefix.device).expand(N, u)
+        last = torch.where(is_open & (depth == d[:, None]), pos, 0).amax(1)  # (N,) 1-based, 0 = none
+        top = torch.where(last > 0, opened.gather(1, (last - 1).clamp(min=0)[:, None]).squeeze(1), -1)
+        return v.is_word[prefix].sum(1), d, top, is_open[:, -1]
+
+    def __call__(self, rows: Tensor, prefix: Tensor) -> Tensor:
+        """(N, V) bool: the pieces each hypothesis may generate next."""
+        v, (N, u) = self.vocab, prefix.shape
+        n, budget = self.n_words[rows], self.budget[rows]  # (N,)
+        w, d, top, last_open = self.state(prefix)
+        mask = torch.zeros(N, v.is_word.numel(), dtype=torch.bool, device=prefix.device)
+        mask[:, v.word] = (d >= 1) & (w < n)
+        can_open = (w < n) & ((d >= 1) | (u == 0)) & (u + 1 + (n - w) + (d + 1) <= budget)
+        mask[:, v.open_ids] = can_open[:, None]
+        can_close = (d >= 1) & ~last_open & ((d > 1) | (w == n)) & (top >= 0)
+        r = can_close.nonzero().squeeze(1)
+        mask[r, v.close_ids[top[r]]] = True
+        mask[:, v.eos] = (d == 0) & (u > 0) & (w == n)
+        return mask
