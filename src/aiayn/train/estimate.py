@@ -140,15 +140,16 @@ class Estimate:
 
 
 def estimate(cfg: RunConfig, devices: int, thr: Throughput, tokens_per_step: int | None = None,
-             length: int = DEFAULT_LENGTH) -> Estimate:
+             length: int = DEFAULT_LENGTH, max_device_tokens: int | None = None) -> Estimate:
     """Time and cost of ``cfg``'s ``max_steps`` on ``devices`` devices of throughput ``thr``.
-    Tokens per step: ``tokens_per_step`` reached with ``paper_batch`` (at most the recipe's
-    per-device tokens in one batch), else the recipe's per-device tokens x devices x accum_steps."""
+    Tokens per step: ``tokens_per_step`` reached with ``paper_batch`` (at most ``max_device_tokens``,
+    default the recipe's per-device tokens, in one batch), else the recipe's per-device tokens x
+    devices x accum_steps."""
     t = cfg.train
     if length < 1:
         raise UserError(f"length must be >= 1, got {length}")
     if tokens_per_step:
-        per_device, accum = paper_batch(devices, t.max_tgt_tokens, tokens_per_step)
+        per_device, accum = paper_batch(devices, max_device_tokens or t.max_tgt_tokens, tokens_per_step)
     else:
         per_device, accum = t.max_tgt_tokens, t.accum_steps
     tokens = per_device * devices * accum
@@ -194,14 +195,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     if args.devices < 1:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
-    if args.print_batch:
-        per_device, accum = paper_batch(args.devices, cfg.train.max_tgt_tokens, args.tokens_per_step or
-                                        cfg.train.max_tgt_tokens * cfg.train.accum_steps * 8)
-        print(per_device, accum)
-        return 0
     thr = measured_throughput(Path(args.measured)) if args.measured else device_throughput(args.device, args.utilization)
     length = data_length(Path(args.data)) if args.data else args.length
-    e = estimate(cfg, args.devices, thr, args.tokens_per_step, length)
+    e = estimate(cfg, args.devices, thr, args.tokens_per_step, length, args.max_device_tokens)
     if args.json:
         print(json.dumps({k: v for k, v in vars(e).items() if k != "throughput"} | {"throughput": vars(thr)}, indent=2))
     else:
@@ -226,12 +222,12 @@ def register(sub) -> None:
     p.add_argument("--tokens-per-step", type=int, default=None,
                    help="reach this many target tokens per step by accumulation, whatever the device count "
                         "(25000: the paper's batch, as scripts/wmt14.sh trains); default: the recipe as written")
+    p.add_argument("--max-device-tokens", type=int, default=None,
+                   help="with --tokens-per-step: at most this many tokens in one batch on one device (default: "
+                        "the recipe's max_tgt_tokens, 3125 in the WMT14 recipes)")
     p.add_argument("--length", type=int, default=DEFAULT_LENGTH,
                    help=f"subword tokens per sentence, EOS included (default {DEFAULT_LENGTH}, assumed)")
     p.add_argument("--data", help="a prepared data directory: --length from its train split's mean length")
     p.add_argument("--price", type=float, default=None, help="price of one device-hour, to print the cost")
-    p.add_argument("--print-batch", action="store_true",
-                   help="print only 'TOKENS_PER_DEVICE ACCUM_STEPS' for --gpus devices and --tokens-per-step "
-                        "(default: the recipe's tokens x 8 devices) and exit")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.set_defaults(func=run)
