@@ -89,3 +89,12 @@ def test_cli_prints_the_estimate(capsys):
     out = capsys.readouterr().out
     assert "the paper's Table 2, big model: 2.3e+19" in out and "base model" not in out
     assert "device-hours = $" in out and "assumed: 28% of 10.6" in out
+
+
+def test_length_from_a_prepared_data_directory(small_data_dir, capsys):
+    """--data: sentences as long as the train split's longer side on average, plus EOS."""
+    manifest = json.loads((small_data_dir / "manifest.json").read_text())
+    mean = max(manifest["splits"]["train"][s]["length"]["mean"] for s in ("src", "tgt"))
+    assert main(["estimate", "--recipe", str(RECIPES / "wmt14-ende-base.json"), "--data", str(small_data_dir),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["length"] == round(mean) + 1
