@@ -210,8 +210,8 @@ def measure(n: int, args, work: Path) -> dict:
 
 def summary_rows(results: list[dict]) -> list[str]:
     rows = ["| pairs | prepare wall s | SentencePiece s | prepare peak RSS MiB | disk MiB | loader: open + sampler s | "
-            "+ first batch s | RssAnon at first batch MiB | RssAnon / RssFile after batches MiB | train 1 step wall s | "
-            "train peak RSS MiB |", "|" + "---|" * 11]
+            "+ first batch s | RssAnon at first batch MiB | RssAnon / RssFile after batches MiB | train: first step s | "
+            "train RSS at step 1 / peak MiB |", "|" + "---|" * 11]
     for r in results:
         p, ld, t = r["prepare"], r.get("loader", {}), r.get("train_1_step", {})
         pts = ld.get("points", {})
