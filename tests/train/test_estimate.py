@@ -98,3 +98,17 @@ def test_length_from_a_prepared_data_directory(small_data_dir, capsys):
     assert main(["estimate", "--recipe", str(RECIPES / "wmt14-ende-base.json"), "--data", str(small_data_dir),
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["length"] == round(mean) + 1
+
+
+def test_aiayn_own_gpu_figure_is_used_for_base_and_big():
+    """H200: aiayn measured at 48.5 (base) and 115.3 (big) model TFLOP/s; the H100 borrows them
+    (not measured there); other models, or --utilization, fall back to peak x utilization."""
+    h200 = device_throughput("h200", model="base")
+    assert (h200.tflops, h200.measured) == (48.5, True) and "measured: BENCHMARKS.md" in h200.source
+    h100 = device_throughput("h100", model="big")
+    assert (h100.tflops, h100.measured) == (115.3, False) and h100.source.startswith("assumed")
+    assert device_throughput("h100").tflops == pytest.approx(0.16 * 989)
+    assert device_throughput("h200", 0.5, model="base").tflops == pytest.approx(494.5)
+    # 100K base steps on 8 H200: 9.5333376e12 / (8 * 48.5e12) = 0.024570 s per step, 2,457 s
+    e = estimate(load_recipe(RECIPES / "wmt14-ende-base.json"), 8, h200, tokens_per_step=25_000)
+    assert e.seconds == pytest.approx(2_457.04, rel=1e-5)

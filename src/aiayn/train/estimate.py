@@ -10,8 +10,10 @@ Throughput per device, in model FLOP/s, is taken from the first of:
 1. a measurement: ``--device NAME`` where ``bench/results/NAME/train_base.json`` exists (the
    base model trained by ``bench/train_throughput.py`` on that machine; its aiayn-bf16 figure,
    else aiayn-fp32), or ``--measured FILE`` for such a file elsewhere;
-2. ``aiayn.train.devices``: the device's dense peak x a utilization from published runs of these
-   models on it (``--utilization`` replaces it; an assumption, printed as one).
+2. ``aiayn.train.devices``: aiayn's own figure for the base or big model on that device where
+   one was measured (H200; the H100 takes it as its own, an assumption);
+3. the device's dense peak x a utilization from published runs of these models by other code
+   (``--utilization`` replaces it and 2; an assumption, printed as one).
 
 Time = steps x step FLOPs / (devices x throughput). Table 2's own estimate of the training cost
 is training time x number of devices x the device's sustained TFLOPS figure (the paper's 9.5 for
@@ -83,9 +85,11 @@ def measured_throughput(path: Path) -> Throughput:
     raise UserError(f"{path}: no aiayn-bf16 or aiayn-fp32 figure")
 
 
-def device_throughput(name: str, utilization: float | None = None, results: Path = BENCH_RESULTS) -> Throughput:
-    """A measured figure for ``name`` (a bench/results folder) if there is one, else peak x
-    utilization (the device's default from ``aiayn.train.devices`` when None)."""
+def device_throughput(name: str, utilization: float | None = None, results: Path = BENCH_RESULTS,
+                      model: str | None = None) -> Throughput:
+    """A measured figure for ``name`` (a bench/results folder) if there is one; else aiayn's own
+    figure for ``model`` ("base", "big") on that device (``aiayn.train.devices``); else peak x
+    utilization (the device's default when None)."""
     measured = results / name / "train_base.json"
     if measured.is_file():
         return measured_throughput(measured)
@@ -93,6 +97,11 @@ def device_throughput(name: str, utilization: float | None = None, results: Path
         folders = sorted(p.parent.name for p in results.glob("*/train_base.json"))
         raise UserError(f"unknown device {name!r}; known: {', '.join(DEVICES)}; measured: {', '.join(folders)}")
     d = DEVICES[name]
+    own = dict(d.aiayn_tflops)
+    if utilization is None and model in own:
+        return Throughput(own[model], d.table2_tflops, d.name,
+                          f"{d.aiayn_source}: aiayn's {model} model at {own[model]:g} TFLOP/s, "
+                          f"{own[model] / d.peak_tflops:.1%} of the {d.peak_tflops:g} {d.precision} peak", d.aiayn_measured)
     utilization = d.utilization if utilization is None else utilization
     if not 0 < utilization <= 1:
         raise UserError(f"utilization must be in (0, 1], got {utilization}")
@@ -195,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     if args.devices < 1:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
-    thr = measured_throughput(Path(args.measured)) if args.measured else device_throughput(args.device, args.utilization)
+    thr = measured_throughput(Path(args.measured)) if args.measured else \
+        device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
     length = data_length(Path(args.data)) if args.data else args.length
     e = estimate(cfg, args.devices, thr, args.tokens_per_step, length, args.max_device_tokens)
     if args.json:
