@@ -24,6 +24,7 @@ def _command_modules():
 COMMAND_MODULES: list[str] = [
     "aiayn.demo",
     "aiayn.train.cli",
+    "aiayn.train.estimate",
     "aiayn.data.cli",
     "aiayn.evaluate.cli",
     "aiayn.evaluate.evaluate_cli",

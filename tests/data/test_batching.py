@@ -196,3 +196,19 @@ def test_set_lengths_cuts_as_a_new_sampler_would():
     assert run.state_dict() == fresh.state_dict()
     with pytest.raises(ValueError, match="499/499 lengths for 500 examples"):
         run.set_lengths(src2[:-1], tgt2[:-1])
+
+
+def test_cut_in_chunks_equals_one_pass(monkeypatch):
+    """TokenBatchSampler walks the sorted lengths in chunks; the batches are those of one pass,
+    oversize pairs included (kept alone or dropped)."""
+    import aiayn.data.batching as batching
+    rng = np.random.default_rng(3)
+    src, tgt = rng.integers(1, 40, 1000), rng.integers(1, 40, 1000)
+    src[[5, 500]] = 90  # over the bound
+    for drop in (False, True):
+        whole = TokenBatchSampler(src, tgt, 80, 70, drop_oversize=drop)
+        monkeypatch.setattr(batching, "_CUT_CHUNK", 7)
+        chunked = TokenBatchSampler(src, tgt, 80, 70, drop_oversize=drop)
+        monkeypatch.undo()
+        assert chunked._slices == whole._slices and chunked.n_oversize == whole.n_oversize == 2
+        assert [b.tolist() for b in chunked.epoch_batches(2)] == [b.tolist() for b in whole.epoch_batches(2)]

@@ -18,13 +18,19 @@ def test_recipe_resolves_and_builds(path):
     assert count_preset_parameters(cfg.model) > 0
 
 
-@pytest.mark.parametrize("name,params,steps,p_drop,tokens", [
-    ("wmt14-ende-base.json", 63_082_496, 100_000, 0.1, 3125),
-    ("wmt14-ende-big.json", 214_245_376, 300_000, 0.3, 3125),
+@pytest.mark.parametrize("name,preset,vocab,params,steps,p_drop", [
+    ("wmt14-ende-base.json", "base", 37_000, 63_082_496, 100_000, 0.1),
+    ("wmt14-ende-big.json", "big", 37_000, 214_245_376, 300_000, 0.3),
+    # §6.1: En-Fr big with P_drop 0.1 and a 32,000 word-piece vocabulary: 5,000 x 1,024 fewer embedding weights
+    ("wmt14-enfr-big.json", "big", 32_000, 214_245_376 - 5_000 * 1024, 300_000, 0.1),
 ])
-def test_wmt14_recipes_follow_the_paper(name, params, steps, p_drop, tokens):
+def test_wmt14_recipes_follow_the_paper(name, preset, vocab, params, steps, p_drop):
+    import dataclasses
+
+    from aiayn.model.config import get_preset
     cfg = load_recipe(RECIPES / name)
     t = cfg.train
+    assert dataclasses.replace(cfg.model, p_drop=get_preset(preset).p_drop) == get_preset(preset, vocab_size=vocab)
     assert count_preset_parameters(cfg.model) == params  # 65M / 213M in Table 3 (see test_params.py)
     assert t.max_steps == steps and cfg.model.p_drop == p_drop
     assert (t.adam_beta1, t.adam_beta2, t.adam_eps, t.warmup_steps, t.eps_ls) == (0.9, 0.98, 1e-9, 4000, 0.1)

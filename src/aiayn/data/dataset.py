@@ -41,8 +41,8 @@ from aiayn.errors import UserError
 class ParallelData:
     """One split: aligned source/target id sequences (no bos/eos), read by memory map.
 
-    ``src_lens``/``tgt_lens`` are int64 token counts per pair; ``data[i]`` is ``(src, tgt)``
-    as int64 numpy arrays. Pickles as paths (DataLoader workers reopen the maps).
+    ``src_lens``/``tgt_lens`` are int32 token counts per pair (the only per-pair memory besides the
+    maps: 8 bytes a pair); ``data[i]`` is ``(src, tgt)`` as int64 numpy arrays. Pickles as paths (DataLoader workers reopen the maps).
     """
 
     def __init__(self, paths: dict[str, tuple[Path, Path]], name: str = ""):
@@ -56,8 +56,8 @@ class ParallelData:
         for side, (tok_path, off_path) in self._paths.items():
             self._tokens[side] = np.load(tok_path, mmap_mode="r")
             self._offsets[side] = np.load(off_path, mmap_mode="r")
-        self.src_lens = np.diff(self._offsets["src"]).astype(np.int64)
-        self.tgt_lens = np.diff(self._offsets["tgt"]).astype(np.int64)
+        self.src_lens = np.diff(self._offsets["src"]).astype(np.int32)
+        self.tgt_lens = np.diff(self._offsets["tgt"]).astype(np.int32)
 
     def __getstate__(self) -> dict:
         return {"paths": self._paths, "name": self.name}
