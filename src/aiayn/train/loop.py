@@ -1,4 +1,5 @@
-"""The training loop (§5): one readable function, ``train``, plus its small helpers.
+"""The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and its parts:
+``_Run`` (what a run holds between steps, and each step's parts) and small helpers.
 
 Per optimizer step: ``accum_steps`` token-bounded batches per device; the loss is the sum of
 label-smoothed cross-entropy over every target token of the step on every device, divided by
@@ -305,122 +306,18 @@ def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
 def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool,
            held: contextlib.ExitStack, init_from: str | Path | None = None,
            resume_optimizer: bool = False) -> TrainState:
-    t = cfg.train
-    dist, device, precision = _runtime(t)
-    data = DataDir(data_dir)
-    cfg = fit_to_data(cfg, data)
-    m = cfg.model
-    train_data = data.split("train")
-    bpe = None
-    if t.bpe_dropout > 0:
-        bpe = train_data = BpeDropoutData(train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
-                                          num_threads=torch.get_num_threads(),
-                                          sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
-    valid_data = data.split("valid") if "valid" in data.splits else None
-    check_positions(m, {"train": train_data, "valid": valid_data})
-    warn_long_pairs("valid", valid_data, t)
-    run_dir = Path(run_dir)
-    if dist.is_main:
-        _start_run_dir(run_dir, held)
-
-    model, opt, scaler, sampler = _build(cfg, train_data, dist, device, precision)
-    if len(sampler) == 0:
-        raise UserError(f"{data_dir}: too few training batches for {dist.world_size} device(s)")
-    tokenizers = tokenizer_payload(data)
-    toks = (data.src_tokenizer, data.tgt_tokenizer)
-
-    def segment_epoch(epoch: int) -> bool:
-        """BPE-dropout: the epoch's segmentation, sampled by the main rank and saved in the run
-        directory before any rank uses it (so ranks and resumed runs agree); batches re-cut.
-        Returns whether BPE-dropout is on."""
-        if bpe is None:
-            return False
-        path = Segmentation.path(run_dir, epoch)
-        if dist.is_main and not path.exists():
-            bpe.sample().save(path)
-        if dist.enabled:
-            torch.distributed.barrier()
-        bpe.use(Segmentation.load(path))
-        check_positions(m, {f"train (BPE-dropout segmentation {path})": bpe})
-        sampler.set_lengths(bpe.src_lens + 1, bpe.tgt_lens + 1)
-        return True
-
-    state = TrainState()
-    if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
-        state = _restore(run_dir, model, opt, scaler, sampler, cfg, tokenizers, segment_epoch, dist.rank,
-                         dist.world_size)
-        log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
-        if dist.is_main:
-            print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
-    else:
-        if init_from is not None:
-            from aiayn.train.finetune import init_from as load_init
-            load_init(init_from, model, opt, cfg, tokenizers, resume_optimizer)
-        segment_epoch(state.epoch)
-    if dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
-        write_json_atomic(run_dir / "config.json", to_dict(cfg))
-    # Local SGD: every process trains its own copy (no DDP), and the copies are averaged every
-    # `period` steps; elsewhere every step is a synchronization point.
-    local_sgd = dist.enabled and t.local_sgd_period > 0
-    period = t.local_sgd_period if local_sgd else 1
-    if local_sgd:
-        rt.broadcast_parameters(list(model.parameters()), dist)
-    ddp = dist.enabled and not local_sgd
-    net = DistributedDataParallel(model) if ddp else model
-    if t.compile:
-        net = torch.compile(net)
-    kernels = train_kernels(t, device)
-    # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
-    model.use_attention_kernels(None if t.compile else kernels)
-    n_params = count_parameters(model)
-    log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{n_params:,}", device,
-             precision, dist.world_size)
-    monitor = _Monitor(run_dir, state, dist.is_main, progress, t.max_steps)
-
-    def checkpoint(valid: dict | None) -> None:
-        """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
-        each rank's own Adam state first); old BPE-dropout segmentations pruned."""
-        is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
-        _check_finite_weights(model, state.step, run_dir)
-        rank_opts = rt.gather_to_main(opt.state_dict(), dist) if local_sgd else None
-        rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
-        if dist.is_main:
-            _save(run_dir, model, opt, scaler, sampler_state, state, cfg, tokenizers, t.keep_last, valid, is_best,
-                  rank_opts, rank_rng)
-            if bpe is not None:
-                Segmentation.prune(run_dir, sampler_state["epoch"])
-    copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
-
-    sampler.set_epoch(state.epoch)
-    it_state = {"it": iter(sampler), "epoch": state.epoch, "new_epoch": False}
-    t_start = time.monotonic() - state.train_seconds
-
-    def clock() -> float:
-        return time.monotonic() - t_start
-
-    def mean_clock() -> float:
-        """The ranks' mean training time: every rank takes the same stop, save and learning-rate
-        decisions from it (a rank that stopped alone would leave the others waiting in all_reduce)."""
-        return rt.all_reduce_sum([clock()], dist, device)[0] / dist.world_size
-
-    elapsed = last_save = mean_clock()
-    last_sync_step, pending_tokens = state.step, 0
-    bad_in_row, window_tokens, window_t0 = 0, 0, time.monotonic()
-    stop_reason = "max_steps"
-    model.train()
-
-    def draw() -> _Draw:
-        return _draw(it_state, sampler, train_data, t, m, segment_epoch, device)
-
+    """§5's loop: draw a step's batches, take the step, log, validate and checkpoint when due."""
+    run = _Run(data_dir, Path(run_dir), cfg, progress, held, init_from, resume_optimizer)
+    t, state = run.cfg.train, run.state
+    elapsed = last_save = run.mean_clock()
+    last_sync_step, stop_reason = state.step, "max_steps"
+    run.model.train()
     # Batches are drawn one step ahead (``_Draw``): the next step's are collated and on their way to
-    # the device while the device computes this one. ``sampler_state`` is where the data stands after
-    # the batches trained on so far: what a checkpoint saves, so a resumed run draws the prefetched
-    # batches again.
-    sampler_state = sampler.state_dict()
-    pending = draw()
+    # the device while the device computes this one.
+    pending = run.draw()
     while state.step < t.max_steps:
-        if not dist.enabled:
-            elapsed = clock()
+        if not run.dist.enabled:
+            elapsed = run.clock()
         # (data parallel: `elapsed` is the ranks' mean clock, all-reduced with the last step's sums;
         # local SGD: the mean clock of the last averaging, so the ranks stop together)
         stop = _stop_reason(t, state, elapsed)
@@ -428,104 +325,274 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
             stop_reason = stop
             break
         drawn, pending = pending, None
-        sampler_state = drawn.sampler_state
+        run.sampler_state = drawn.sampler_state
         if drawn.new_epoch:
             state.epoch = drawn.epoch
         if not drawn.batches:
             continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
-        micro = drawn.batches
-        local_tokens = sum(b.n_tgt_tokens for b in micro)
-        # The loss is a sum over the step's tokens divided by their count: over all ranks with
-        # DDP, which averages gradients; over this rank's with local SGD, whose copies are averaged.
-        # DDP's count is all-reduced on the device and scales the loss there (no wait for it).
-        tokens_dev = rt.all_reduce_tensor(torch.tensor([float(local_tokens)], dtype=torch.float64, device=device),
-                                          dist) if ddp else None
-        by_time = t.lr_decay_by_time or t.lr_schedule_by_time
-        time_frac = (clock() if local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
-        lr = learning_rate(state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
-                           time_frac, t.lr_schedule_by_time)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        # DDP averages gradients over ranks: scale so the result is sum / total tokens (per copy,
-        # as R-Drop's criterion divides by the doubled batch's tokens); local SGD's rank divides
-        # its own sum by its own tokens.
-        if ddp:
-            grad_scale = (dist.world_size / (copies * tokens_dev)).float().reshape(())  # on the device
-        else:
-            grad_scale = 1 / (copies * float(local_tokens))
-        sums, flops = _forward_backward(net, micro, t, m, copies, grad_scale, device, precision, kernels, scaler,
-                                        synced=ddp)
-        state.flops += flops * dist.world_size
-        norm = _grad_norm(model, scaler)
-        pending = draw()  # the next step's batches, prepared while the device works
-        step_loss, step_nll, step_kl, total_tokens, mean_clock_s, norm_value = _read_step(
-            sums, norm, tokens_dev, float(local_tokens), clock(), dist, device, reduce=not local_sgd)
-        if ddp:
-            elapsed = mean_clock_s
-        # R-Drop's KL term reaches the gradients too; a finite loss can still give NaN gradients
-        finite = math.isfinite(step_loss + step_kl) and math.isfinite(norm_value)
-        if finite:
-            bad_in_row = 0
-            _update(model, opt, scaler, t.clip_norm, norm)
-        else:
-            bad_in_row += 1
-            opt.zero_grad(set_to_none=True)
-            log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
-                        "(%d in a row)", state.step + 1, step_loss, norm_value, bad_in_row)
-            if bad_in_row >= t.max_bad_steps:
-                raise UserError(f"{bad_in_row} non-finite losses or gradients in a row at step {state.step + 1}; "
-                                f"stopping. The last good checkpoint is {run_dir / 'last.pt'}; try a lower "
-                                f"lr_scale or precision=fp32")
-            if not local_sgd:
-                continue
-            # local SGD: the skipped update still counts as a step, so the ranks average together
-        state.step += 1
-        pending_tokens += int(total_tokens) if finite else 0
-        state.train_seconds = clock()
-        loss_tok = step_loss / total_tokens
-        state.history.append((state.step, loss_tok))
-        monitor.advance()
-        if state.step % period:
+        step = run.step(drawn.batches, elapsed)
+        pending = run.draw()  # the next step's batches, prepared while the device works
+        step = run.read(step)
+        if step.mean_clock is not None:
+            elapsed = step.mean_clock
+        if not run.apply(step):
+            continue  # a non-finite step, skipped (local SGD counts it, so the ranks average together)
+        if state.step % run.period:
             continue  # local SGD between two averagings: no logging, checkpoint or validation
-        if local_sgd:
-            pending_tokens, elapsed = _average_copies(model, pending_tokens, clock(), dist, device)
-        state.tokens += pending_tokens
-        window_tokens += pending_tokens
-        pending_tokens = 0
-        if _crossed(t.log_every_steps, last_sync_step, state.step):
-            window_s = time.monotonic() - window_t0
-            tps = window_tokens / max(window_s, 1e-9)
-            window_tokens, window_t0 = 0, time.monotonic()
-            monitor.postfix(loss=f"{loss_tok:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
-            rss = rt.resident_mb()
-            monitor.scalars({"train_loss": loss_tok, "train_nll": step_nll / total_tokens, "lr": lr,
-                             **({"train_kl": step_kl / total_tokens} if copies == 2 else {}),
-                             "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
-                             **({"rss_mb": rss} if rss is not None else {})})
+        if run.local_sgd:
+            run.pending_tokens, elapsed = _average_copies(run.model, run.pending_tokens, run.clock(), run.dist,
+                                                          run.device)
+        run.log_step(step, last_sync_step)
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step = state.step
-        if due_valid or ((due_steps or due_time) and t.validate_at_save):
-            valid = _validate_and_track(model, valid_data, cfg, device, precision, state, monitor.scalars, toks)
-        else:
-            valid = None
+        valid = run.validate() if due_valid or ((due_steps or due_time) and t.validate_at_save) else None
         if due_steps or due_time:
-            checkpoint(valid)
+            run.checkpoint(valid)
             last_save = elapsed
-    if local_sgd and state.step != last_sync_step:  # stopped between two averagings
-        state.tokens += _average_copies(model, pending_tokens, clock(), dist, device)[0]
-    # the end: validate, write the final checkpoint
-    valid = _validate_and_track(model, valid_data, cfg, device, precision, state, monitor.scalars, toks)
-    checkpoint(valid)
-    if dist.is_main:
-        summary = _summary(state, cfg, n_params, dist, device, precision, stop_reason, valid)
-        write_json_atomic(run_dir / "summary.json", summary)  # the demo reads its presence as "trained"
-        monitor.close()
-        print(_summary_text(summary), flush=True)
-    if dist.enabled:
-        torch.distributed.barrier()
+    if run.local_sgd and state.step != last_sync_step:  # stopped between two averagings
+        state.tokens += _average_copies(run.model, run.pending_tokens, run.clock(), run.dist, run.device)[0]
+    run.finish(stop_reason)
     return state
+
+
+@dataclass
+class _Step:
+    """One optimizer step in flight (``_Run.step``), then its numbers on the host (``_Run.read``)."""
+    sums: torch.Tensor  # (3,) loss, NLL, KL on the device
+    norm: torch.Tensor | None  # the gradient norm on the device (None under fp16)
+    tokens_dev: torch.Tensor | None  # DDP: the ranks' target tokens, all-reduced on the device
+    local_tokens: int
+    lr: float
+    loss: float = 0.0
+    nll: float = 0.0
+    kl: float = 0.0
+    tokens: float = 0.0  # the step's target tokens over the ranks (this rank's with local SGD)
+    norm_value: float = 0.0
+    mean_clock: float | None = None  # DDP: the ranks' mean clock
+
+
+class _Run:
+    """What one training run holds between its steps: the data, the model and its optimizer (restored
+    from the run directory, or fresh), how the ranks train together (one process, DDP, or local SGD's
+    copies averaged every ``period`` steps), the clock, the counters of logging and the outputs."""
+
+    def __init__(self, data_dir, run_dir: Path, cfg: RunConfig, progress: bool, held: contextlib.ExitStack,
+                 init_from, resume_optimizer: bool):
+        t = cfg.train
+        self.dist, self.device, self.precision = _runtime(t)
+        data = DataDir(data_dir)
+        self.cfg = cfg = fit_to_data(cfg, data)
+        self.run_dir = run_dir
+        self._load_data(data, t)
+        if self.dist.is_main:
+            _start_run_dir(run_dir, held)
+        self.model, self.opt, self.scaler, self.sampler = _build(cfg, self.train_data, self.dist, self.device,
+                                                                 self.precision)
+        if len(self.sampler) == 0:
+            raise UserError(f"{data_dir}: too few training batches for {self.dist.world_size} device(s)")
+        self.tokenizers = tokenizer_payload(data)
+        self.toks = (data.src_tokenizer, data.tgt_tokenizer)
+        self.state = self._resume_or_start(init_from, resume_optimizer)
+        if self.dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
+            write_json_atomic(run_dir / "config.json", to_dict(cfg))
+        self._parallel(t)
+        self.kernels = train_kernels(t, self.device)
+        # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
+        self.model.use_attention_kernels(None if t.compile else self.kernels)
+        self.n_params = count_parameters(self.model)
+        log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
+                 self.device, self.precision, self.dist.world_size)
+        self.monitor = _Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
+        self.copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
+        self.sampler.set_epoch(self.state.epoch)
+        self.it_state = {"it": iter(self.sampler), "epoch": self.state.epoch, "new_epoch": False}
+        # where the data stands after the batches trained on so far: what a checkpoint saves, so a
+        # resumed run draws the prefetched batches again
+        self.sampler_state = self.sampler.state_dict()
+        self.t_start = time.monotonic() - self.state.train_seconds
+        self.bad_in_row = self.pending_tokens = self.window_tokens = 0
+        self.window_t0 = time.monotonic()
+
+    def _load_data(self, data: DataDir, t: TrainConfig) -> None:
+        """The training split (through BPE-dropout if asked) and the validation split, checked."""
+        self.train_data = data.split("train")
+        self.bpe = None
+        if t.bpe_dropout > 0:
+            self.bpe = self.train_data = BpeDropoutData(
+                self.train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
+                num_threads=torch.get_num_threads(), sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
+        self.valid_data = data.split("valid") if "valid" in data.splits else None
+        check_positions(self.cfg.model, {"train": self.train_data, "valid": self.valid_data})
+        warn_long_pairs("valid", self.valid_data, t)
+
+    def _resume_or_start(self, init_from, resume_optimizer: bool) -> TrainState:
+        """The run directory's state (resumed exactly), or a new run's (from ``init_from``'s weights)."""
+        run_dir, dist = self.run_dir, self.dist
+        if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
+            state = _restore(run_dir, self.model, self.opt, self.scaler, self.sampler, self.cfg, self.tokenizers,
+                             self.segment_epoch, dist.rank, dist.world_size)
+            log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
+            if dist.is_main:
+                print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
+            return state
+        if init_from is not None:
+            from aiayn.train.finetune import init_from as load_init
+            load_init(init_from, self.model, self.opt, self.cfg, self.tokenizers, resume_optimizer)
+        self.segment_epoch(0)
+        return TrainState()
+
+    def _parallel(self, t: TrainConfig) -> None:
+        """How the ranks train together. Local SGD: every process trains its own copy (no DDP), and the
+        copies are averaged every ``period`` steps; elsewhere every step is a synchronization point."""
+        self.local_sgd = self.dist.enabled and t.local_sgd_period > 0
+        self.period = t.local_sgd_period if self.local_sgd else 1
+        if self.local_sgd:
+            rt.broadcast_parameters(list(self.model.parameters()), self.dist)
+        self.ddp = self.dist.enabled and not self.local_sgd
+        self.net = DistributedDataParallel(self.model) if self.ddp else self.model
+        if t.compile:
+            self.net = torch.compile(self.net)
+
+    def segment_epoch(self, epoch: int) -> bool:
+        """BPE-dropout: the epoch's segmentation, sampled by the main rank and saved in the run
+        directory before any rank uses it (so ranks and resumed runs agree); batches re-cut.
+        Returns whether BPE-dropout is on."""
+        if self.bpe is None:
+            return False
+        path = Segmentation.path(self.run_dir, epoch)
+        if self.dist.is_main and not path.exists():
+            self.bpe.sample().save(path)
+        if self.dist.enabled:
+            torch.distributed.barrier()
+        self.bpe.use(Segmentation.load(path))
+        check_positions(self.cfg.model, {f"train (BPE-dropout segmentation {path})": self.bpe})
+        self.sampler.set_lengths(self.bpe.src_lens + 1, self.bpe.tgt_lens + 1)
+        return True
+
+    def clock(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def mean_clock(self) -> float:
+        """The ranks' mean training time: every rank takes the same stop, save and learning-rate
+        decisions from it (a rank that stopped alone would leave the others waiting in all_reduce)."""
+        return rt.all_reduce_sum([self.clock()], self.dist, self.device)[0] / self.dist.world_size
+
+    def draw(self) -> _Draw:
+        return _draw(self.it_state, self.sampler, self.train_data, self.cfg.train, self.cfg.model,
+                     self.segment_epoch, self.device)
+
+    def step(self, micro: list, elapsed: float) -> _Step:
+        """Eq. 3's rate, then the step's forward and backward passes, queued on the device (nothing
+        read back). The loss is a sum over the step's tokens divided by their count: over all ranks
+        with DDP, which averages gradients (per copy, as R-Drop's criterion divides by the doubled
+        batch's tokens); over this rank's with local SGD, whose copies are averaged. DDP's count is
+        all-reduced on the device and scales the loss there."""
+        t, m, dist, device = self.cfg.train, self.cfg.model, self.dist, self.device
+        local_tokens = sum(b.n_tgt_tokens for b in micro)
+        tokens_dev = rt.all_reduce_tensor(torch.tensor([float(local_tokens)], dtype=torch.float64, device=device),
+                                          dist) if self.ddp else None
+        by_time = t.lr_decay_by_time or t.lr_schedule_by_time
+        time_frac = (self.clock() if self.local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
+        lr = learning_rate(self.state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
+                           time_frac, t.lr_schedule_by_time)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        if self.ddp:
+            grad_scale = (dist.world_size / (self.copies * tokens_dev)).float().reshape(())  # on the device
+        else:
+            grad_scale = 1 / (self.copies * float(local_tokens))
+        sums, flops = _forward_backward(self.net, micro, t, m, self.copies, grad_scale, device, self.precision,
+                                        self.kernels, self.scaler, synced=self.ddp)
+        self.state.flops += flops * dist.world_size
+        return _Step(sums, _grad_norm(self.model, self.scaler), tokens_dev, local_tokens, lr)
+
+    def read(self, s: _Step) -> _Step:
+        """The step's numbers on the host: its one wait for the device (``_read_step``)."""
+        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = _read_step(
+            s.sums, s.norm, s.tokens_dev, float(s.local_tokens), self.clock(), self.dist, self.device,
+            reduce=not self.local_sgd)
+        s.mean_clock = mean_clock if self.ddp else None
+        return s
+
+    def apply(self, s: _Step) -> bool:
+        """The update if the step's loss (R-Drop's KL term included: it reaches the gradients too) and
+        gradient norm are finite; else the step is skipped, and too many in a row stop the run. Returns
+        whether the step counts (a skipped one does under local SGD, so the ranks average together)."""
+        t, state = self.cfg.train, self.state
+        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)
+        if finite:
+            self.bad_in_row = 0
+            _update(self.model, self.opt, self.scaler, t.clip_norm, s.norm)
+        else:
+            self.bad_in_row += 1
+            self.opt.zero_grad(set_to_none=True)
+            log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
+                        "(%d in a row)", state.step + 1, s.loss, s.norm_value, self.bad_in_row)
+            if self.bad_in_row >= t.max_bad_steps:
+                raise UserError(f"{self.bad_in_row} non-finite losses or gradients in a row at step "
+                                f"{state.step + 1}; stopping. The last good checkpoint is {self.run_dir / 'last.pt'}; "
+                                f"try a lower lr_scale or precision=fp32")
+            if not self.local_sgd:
+                return False
+        state.step += 1
+        self.pending_tokens += int(s.tokens) if finite else 0
+        state.train_seconds = self.clock()
+        state.history.append((state.step, s.loss / s.tokens))
+        self.monitor.advance()
+        return True
+
+    def log_step(self, s: _Step, last_sync_step: int) -> None:
+        """Count the tokens since the last synchronization point; every ``log_every_steps`` steps a
+        line of the train log and the progress bar's numbers."""
+        state = self.state
+        state.tokens += self.pending_tokens
+        self.window_tokens += self.pending_tokens
+        self.pending_tokens = 0
+        if not _crossed(self.cfg.train.log_every_steps, last_sync_step, state.step):
+            return
+        tps = self.window_tokens / max(time.monotonic() - self.window_t0, 1e-9)
+        self.window_tokens, self.window_t0 = 0, time.monotonic()
+        loss_tok = s.loss / s.tokens
+        self.monitor.postfix(loss=f"{loss_tok:.3f}", lr=f"{s.lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+        rss = rt.resident_mb()
+        self.monitor.scalars({"train_loss": loss_tok, "train_nll": s.nll / s.tokens, "lr": s.lr,
+                              **({"train_kl": s.kl / s.tokens} if self.copies == 2 else {}),
+                              "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
+                              **({"rss_mb": rss} if rss is not None else {})})
+
+    def validate(self) -> dict | None:
+        return _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision, self.state,
+                                   self.monitor.scalars, self.toks)
+
+    def checkpoint(self, valid: dict | None) -> None:
+        """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
+        each rank's own Adam state first, and every rank's RNG state is gathered); old BPE-dropout
+        segmentations pruned."""
+        state, dist = self.state, self.dist
+        is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+        _check_finite_weights(self.model, state.step, self.run_dir)
+        rank_opts = rt.gather_to_main(self.opt.state_dict(), dist) if self.local_sgd else None
+        rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
+        if dist.is_main:
+            _save(self.run_dir, self.model, self.opt, self.scaler, self.sampler_state, state, self.cfg,
+                  self.tokenizers, self.cfg.train.keep_last, valid, is_best, rank_opts, rank_rng)
+            if self.bpe is not None:
+                Segmentation.prune(self.run_dir, self.sampler_state["epoch"])
+
+    def finish(self, stop_reason: str) -> None:
+        """The end: validate, write the final checkpoint and the summary."""
+        valid = self.validate()
+        self.checkpoint(valid)
+        if self.dist.is_main:
+            summary = _summary(self.state, self.cfg, self.n_params, self.dist, self.device, self.precision,
+                               stop_reason, valid)
+            write_json_atomic(self.run_dir / "summary.json", summary)  # the demo reads its presence as "trained"
+            self.monitor.close()
+            print(_summary_text(summary), flush=True)
+        if self.dist.enabled:
+            torch.distributed.barrier()
 
 
 def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_scale, device,
