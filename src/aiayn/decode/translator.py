@@ -311,7 +311,8 @@ class Translator:
     def _workers(self) -> DecodePool:
         if self._pool is None:
             self._check_workers_device()
-            self._pool = DecodePool(self._given, self.src_tok, self.tgt_tok, self.cfg, torch.get_num_threads())
+            self._pool = DecodePool(Translator, self._given, self.src_tok, self.tgt_tok, self.cfg,
+                                    torch.get_num_threads())
         return self._pool
 
     def close(self) -> None:

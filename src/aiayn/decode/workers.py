@@ -34,9 +34,10 @@ from aiayn.decode.search import Hypothesis
 _WORKER = None  # the worker process's Translator
 
 
-def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig, threads: int,
-                 parent_pid: int) -> None:
-    """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)."""
+def _init_worker(translator_class: type, models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig,
+                 threads: int, parent_pid: int) -> None:
+    """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)
+    in a ``translator_class`` (``Translator``, given by its caller: this module does not import it)."""
     global _WORKER
     from aiayn.process import configure_process, die_with_parent
 
@@ -46,7 +47,6 @@ def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: Decod
     import torch
 
     from aiayn.config import from_dict
-    from aiayn.decode.translator import Translator
     from aiayn.model import ModelConfig, Transformer
 
     torch.set_num_threads(threads)
@@ -55,7 +55,7 @@ def _init_worker(models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: Decod
         model = Transformer(from_dict(ModelConfig, model_cfg))
         model.load_state_dict(torch.load(io.BytesIO(state), map_location="cpu", weights_only=True))
         built.append(model.eval())
-    _WORKER = Translator(built, *tokenizers, cfg=cfg)
+    _WORKER = translator_class(built, *tokenizers, cfg=cfg)
 
 
 def _translate(rows: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
@@ -82,9 +82,9 @@ class DecodePool:
     """``workers`` processes, each with a Translator of the given (float) models on ``threads // workers``
     threads; ``map`` translates batches of source ids in them and returns their hypotheses in order."""
 
-    def __init__(self, models: Sequence, src_tok, tgt_tok, cfg: DecodeConfig, threads: int):
-        """``cfg.precision`` is fixed here (each worker makes its decoding copy once); the other settings
-        come with each ``map`` call."""
+    def __init__(self, translator_class: type, models: Sequence, src_tok, tgt_tok, cfg: DecodeConfig, threads: int):
+        """Each worker builds a ``translator_class`` (``Translator``) of the models. ``cfg.precision`` is
+        fixed here (each worker makes its decoding copy once); the other settings come with each ``map`` call."""
         import torch
 
         from aiayn.decode.int8 import Int8Linear
@@ -103,7 +103,8 @@ class DecodePool:
         self.threads = max(1, threads // cfg.workers)
         self._pool = ProcessPoolExecutor(
             max_workers=cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-            initargs=(payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads, os.getpid()))
+            initargs=(translator_class, payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads,
+                      os.getpid()))
 
     def map(self, batches: list[list[list[int]]], cfg: DecodeConfig) -> list[list[list[Hypothesis]]]:
         """Each batch (rows of source ids + EOS) -> its rows' hypotheses under ``cfg``, in the order given."""
