@@ -88,7 +88,7 @@ for part in "${PARTS[@]}"; do
 done
 (cd "$BENCH" && "$PY" summarize.py) >"$BENCH_RESULTS/logs/summarize.log" 2>&1 || FAILED+=(summarize)
 say "total $((SECONDS - T0))s; summary: $BENCH_RESULTS/summary.md"
-grep -A 14 '^### Issue 7 targets' "$BENCH_RESULTS/summary.md" 2>/dev/null
+grep -A 14 '^### Targets' "$BENCH_RESULTS/summary.md" 2>/dev/null
 if [ ${#FAILED[@]} -gt 0 ]; then
   say "failed: ${FAILED[*]}"
   exit 1

@@ -134,7 +134,7 @@ def targets_section(parts: dict) -> list[str]:
         if float(shown) == r["target"] and r["ratio"] != r["target"]:  # 1.996 would show as 2.00 and FAIL
             shown = f"{r['ratio']:.3f}"
         rows.append([what, key, f"{shown}x (target >= {r['target']}x)", verdict])
-    return ["", "### Issue 7 targets", ""] + md_table(["target", "ratio of tokens/s", "measured", "verdict"], rows)
+    return ["", "### Targets", ""] + md_table(["target", "ratio of tokens/s", "measured", "verdict"], rows)
 
 
 def attention_section(part: dict | None) -> list[str]:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = ["matmul_peak", "train_base", "train_small", "translate_base", "translate_small", "attention_sweep"]
     parts = {n: bl.read_result(n) for n in names}
-    lines = ["## Speed (issue 7)", ""] + machine_section(parts) + throughput_section(parts) + \
+    lines = ["## Speed", ""] + machine_section(parts) + throughput_section(parts) + \
         targets_section(parts) + attention_section(parts["attention_sweep"])
     out = Path(args.out) if args.out else bl.results_dir() / "summary.md"
     out.write_text("\n".join(lines) + "\n")
