@@ -1,5 +1,5 @@
-"""``aiayn demo``: the main job. Multi30k (Elliott et al. 2016) from raw text to scored
-translations and an attention plot, on whatever machine it runs on.
+"""``aiayn demo``: Multi30k (Elliott et al. 2016) from raw text to scored translations and an
+attention plot, on whatever machine it runs on (docs/recipe.md).
 
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
@@ -62,7 +62,7 @@ def default_data_root() -> str:
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Options of the main job; defaults are the full run (45 minutes of training)."""
+    """Options of ``aiayn demo``; defaults are the full run (45 minutes of training)."""
 
     src_lang: str = param("en", "source language: en or de (the other is the target)")
     data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA or ../shared/data beside the checkout")
@@ -71,18 +71,18 @@ class DemoConfig:
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
     members: int = param(1, "train this many models at once, each on threads/members CPU threads with its own seed (train.seed + i); each is averaged, and they translate as an ensemble (the mean of their next-token probabilities); 1 = one model on all the threads")
-    processes: int = param(0, "train the one model with this many data-parallel processes (as torchrun launches them: NCCL on GPUs, gloo on a CPU), each on threads/processes CPU threads; the recipe's train.local_sgd_period says whether they average their weights every few steps (local SGD, recipes/multi30k-lsgd.json) or their gradients every step (synchronous DDP, the main job's recipe); 0 = one per GPU, or 2 on a CPU with 2 or more cores (a process of this small model uses a second thread poorly); 1 = one process on all the threads; with --members above 1 each member is one process")
+    processes: int = param(0, "train the one model with this many data-parallel processes (as torchrun launches them: NCCL on GPUs, gloo on a CPU), each on threads/processes CPU threads; the recipe's train.local_sgd_period says whether they all-reduce their gradients every step (synchronous DDP, recipes/multi30k.json) or average their weights every few steps (local SGD, recipes/multi30k-lsgd.json); 0 = one per GPU, or 2 on a CPU with 2 or more cores; 1 = one process on all the threads; with --members above 1 each member is one process")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json on a CPU, recipes/multi30k-gpu.json where CUDA is present, recipes/multi30k-quick.json with --quick")
     sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
-    character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover: 1.0 keeps every one (Multi30k has about 100; at 0.9999 the digits 6-9, Ö and ( ) ! ? became <unk>, on 14 test_2016 lines and 1 validation line)")
+    character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover; 1.0 keeps every one (below it, rare characters such as some digits become <unk>)")
     lowercase: bool = param(False, "train on lowercased text (the form the published Multi30k baselines train on): the tokenizer lowercases every input, translations come out lowercase, and sacreBLEU -lc is reported beside cased sacreBLEU")
     average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
     beam_size: int = param(4, "beam size (§6.1: 4)")
     alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set; the first is the reference (§6.1's 0.6), kept unless validation prefers another (see --alpha-significance)")
-    alpha_significance: float = param(0.05, "keep the first of --alphas (the paper's) unless another α scores higher on validation at this p-level of Koehn (2004)'s paired bootstrap, 1,000 resamples; of those that do, the highest-scoring is used on test. 0 = the highest-scoring α however small its lead (the main job's rule up to session 30)")
+    alpha_significance: float = param(0.05, "keep the first of --alphas (§6.1's 0.6) unless another α scores higher on validation at this p-level of Koehn (2004)'s paired bootstrap (1,000 resamples); of those that do, the highest-scoring is used on test; 0 = the highest-scoring α however small its lead")
     train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
 
@@ -264,7 +264,7 @@ def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: 
 
 
 def run_demo(cfg: DemoConfig) -> dict:
-    """The main job, seven stages: prepare, train, average, choose α on validation, translate
+    """``aiayn demo`` in seven stages: prepare, train, average, choose α on validation, translate
     test_2016, score it, translate examples and plot their attention. Every stage that finished
     is skipped on a re-run (training resumes); ``out/results.json`` holds what each measured."""
     src, tgt = cfg.src_lang, ("de" if cfg.src_lang == "en" else "en")
@@ -450,7 +450,7 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="the main job: Multi30k prepare, train, average, translate, score, plot",
+    p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     add_arguments(p, DemoConfig, only=tuple(f.name for f in dataclasses.fields(DemoConfig) if f.name != "sets"))
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",

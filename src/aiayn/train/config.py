@@ -28,7 +28,7 @@ class TrainConfig:
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
-    c_kernels: bool = param(True, "the label-smoothed loss's passes over the (N, V) logits and the attention (Eq. 1, forward and backward, with AVX-512 and d_k = d_v = 32 or 64) in C on the CPU (decode/kernel.py's cross_entropy.c and seq_attention.c, compiled with the system's C compiler on first use): the same sums up to rounding; the loss made the main job's training step 1.12-1.15x faster (session 29), the attention 1.16x more (session 30; BENCHMARKS.md §2); false, no C compiler, or a GPU = PyTorch's operations (with train.compile, the attention is PyTorch's)")
+    c_kernels: bool = param(True, "the label-smoothed loss's passes over the (N, V) logits and the attention (Eq. 1, forward and backward, with AVX-512 and d_k = d_v = 32 or 64) in C on the CPU, compiled with the system's C compiler on first use (cross_entropy.c and seq_attention.c, docs/kernels.md): the same sums up to rounding, in less time; false, no C compiler, or a GPU = PyTorch's operations (with train.compile, the attention is PyTorch's)")
     # regularization (§5.4)
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
     bpe_dropout: float = param(0.0, "BPE-dropout (Provilkov et al., 2020): re-segment the training pairs at every epoch, skipping each BPE merge with this probability; 0 = off (the paper segments once, §5.1); needs a BPE vocabulary")
@@ -38,7 +38,7 @@ class TrainConfig:
     max_src_tokens: int = param(4096, "source tokens per batch per device, padding included")
     max_tgt_tokens: int = param(4096, "target tokens per batch per device, padding included")
     accum_steps: int = param(1, "batches accumulated per optimizer step (tokens per step = per-device tokens x devices x accum_steps)")
-    local_sgd_period: int = param(0, "data parallel (torchrun) only: each process trains its own copy of the model on its share of the batches, with its own Adam, and the copies' weights are averaged every N optimizer steps (local SGD: Stich, 2019; Lin et al., 2020) instead of their gradients at every step (0 = off: synchronous data parallelism, the paper's); the processes then wait for each other only every N steps. On a CPU, where one process uses a second thread poorly for a small model, N processes of one thread each train more tokens per second")
+    local_sgd_period: int = param(0, "data parallel (torchrun) only: each process trains its own copy of the model on its share of the batches, with its own Adam, and the copies' weights are averaged every N optimizer steps (local SGD: Stich, 2019; Lin et al., 2020) instead of their gradients at every step (0 = off: synchronous data parallelism, the paper's); the processes then wait for each other only every N steps (docs/training.md)")
     # length of the run
     max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K)")
     max_epochs: int = param(0, "stop after this many epochs; 0 = no limit")
