@@ -1,10 +1,10 @@
-"""How the main job chooses the length penalty α, on finished ``aiayn demo`` runs: for each run's averaged
+"""How ``aiayn demo`` chooses the length penalty α, on finished ``aiayn demo`` runs: for each run's averaged
 model (``model.pt``), validation BLEU at each α, the α each rule chooses, and test_2016 at every α.
 
     python bench/alpha_choice.py runs/a runs/b [--src-lang en] [--p-level 0.05]
 
-The two rules (aiayn.demo.choose_alpha): "best", the highest validation score however small its lead (the
-main job's up to session 30); "paired", the first α (§6.1's 0.6) unless another beats it on validation at
+The two rules (aiayn.demo.choose_alpha): "best", the highest validation score however small its lead
+(``--alpha-significance 0``); "paired", the first α (§6.1's 0.6) unless another beats it on validation at
 p < --p-level in Koehn (2004)'s paired bootstrap. Translation only: about 50 s per run on 2 threads. Writes
 results/alpha_choice_<src>-<tgt>.json. Test is reported at every α so that nothing is hidden; it chooses nothing.
 """

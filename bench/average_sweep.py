@@ -1,6 +1,6 @@
 """How many checkpoints to average (§6.1), from finished ``aiayn demo`` runs: for each run and
 each k, average the run's last k checkpoints, measure the validation loss of the average,
-choose α on val and score test_2016 at that α, as the main job would have done with
+choose α on val and score test_2016 at that α, as ``aiayn demo`` would have done with
 ``--average-last k``.
 
     python bench/average_sweep.py runs/a runs/b --counts 3,5,8,10 [--src-lang en]

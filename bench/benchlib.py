@@ -1,4 +1,4 @@
-"""Shared pieces of the speed benchmarks (issue 7): machine description, timing statistics,
+"""Shared pieces of the speed benchmarks: machine description, timing statistics,
 peak memory, result files, and interleaved measurement of several systems.
 
 Every system under test (aiayn fp32, aiayn bf16, Hugging Face Marian, CTranslate2, ...) runs
@@ -72,15 +72,14 @@ def fill_defaults(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
             setattr(args, key, value)
 
 
-# The model sizes raced (the rivals' "base" and "small" in /work/shared/rivals use the same
-# shapes): base = Table 3's base model; small = the main job's "multi30k" preset (d_model 256,
+# The model sizes raced (the shapes of the reference rival measurements' "base" and "small"): base = Table 3's base model; small = the "multi30k" preset (d_model 256,
 # 3+3 layers, d_ff 1024, 4 heads of d_k = d_v = 64). Vocabulary 8000 for both, as the rivals.
 # "tiny" is for seconds-long smoke runs of the harness only.
 SIZES = {
     "base": ("base", {"vocab_size": 8000}),
     "small": ("multi30k", {}),
     "tiny": ("tiny", {"vocab_size": 1000}),
-    # a recipe file's model: the main job's, Wu et al.'s transformer-tiny
+    # a recipe file's model: aiayn demo's, Wu et al.'s transformer-tiny
     "main": BENCH_DIR.parent / "recipes" / "multi30k.json",
 }
 
@@ -136,8 +135,8 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> dict[str, Any]:
-    """For the scripts that re-score finished main-job runs: the ``aiayn`` command's process settings
-    and ``threads`` threads, then the Multi30k evaluation text the main job reads (aiayn.demo's files;
+    """For the scripts that re-score finished ``aiayn demo`` runs: the ``aiayn`` command's process settings
+    and ``threads`` threads, then the Multi30k evaluation text ``aiayn demo`` reads (aiayn.demo's files;
     ``data_root`` empty = its default): the target language, validation source and tokenized
     references, test_2016 source, tokenized and raw references."""
     import torch
@@ -211,7 +210,7 @@ def peak_gflops(dtype: str = "fp32") -> float | None:
 # The process settings the ``aiayn`` command makes at start-up (aiayn/cli.py), for aiayn's systems.
 AIAYN_PROCESS = {"malloc": "reuse", "denormals": "flush", "hugepages": "on"}
 
-# Composite systems of the translation benchmark: each is the faster of its members (issue 7's
+# Composite systems of the translation benchmark: each is the faster of its members (the
 # reduced-precision aiayn, and CTranslate2 float32 in its better use of the same threads).
 # Both toolkits are judged on their better use of the threads: one process on all of them, or
 # processes of one thread each (aiayn's DecodeConfig.workers, CTranslate2's inter_threads).
@@ -379,7 +378,7 @@ NO_BF16 = "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16); b
 def cpu_has_bf16() -> bool:
     """Whether this CPU has bf16 instructions, by the test ``precision auto`` uses
     (``aiayn.train.runtime.cpu_supports_bf16``, oneDNN's). Without it PyTorch emulates bf16 matmuls, 30-500x
-    slower than float32 (an AVX2-only AMD EPYC, session 13), and timing a bf16 system only costs
+    slower than float32 (measured on an AVX2-only AMD EPYC), and timing a bf16 system only costs
     minutes. BENCH_BF16=1 times them anyway."""
     from aiayn.train.runtime import cpu_supports_bf16
 

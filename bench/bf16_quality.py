@@ -1,10 +1,10 @@
-"""Does bf16 mixed-precision training cost BLEU? The main job's recipe trained twice for the
+"""Does bf16 mixed-precision training cost BLEU? A Multi30k recipe trained twice for the
 same number of steps, once with bf16 autocast and once in float32, then averaged, α-tuned on
-val and scored on test_2016 exactly as ``aiayn demo`` does (issue 7: within 0.5 BLEU).
+val and scored on test_2016 exactly as ``aiayn demo`` does (the bound: within 0.5 BLEU).
 
     python bench/bf16_quality.py --steps 1000 [--runs /tmp/aiayn-bf16-quality]
 
-Both runs use the same seed, data, batches and recipe (recipes/multi30k-wide.json, the main job's until session 5); only
+Both runs use the same seed, data, batches and recipe (recipes/multi30k-wide.json); only
 train.precision differs, and checkpoints are written every steps/10 steps (not every 2.5
 minutes) so that both average the same last 5 steps' checkpoints. Runs one after the other, each with the recipe's 2 threads: run it
 on an otherwise idle machine (it also reports tokens/s of each). Writes

@@ -1,6 +1,6 @@
 """BLEU against the training budget, from one finished ``aiayn demo`` run: for each budget b,
 average the last 5 checkpoints written within b minutes of training, choose α on val and
-score test_2016, as the main job would have done had it been given b minutes.
+score test_2016, as ``aiayn demo`` would have done had it been given b minutes.
 
     python bench/budget_curve.py runs/demo --budgets 20,25,30,35,40,45 [--src-lang en]
 

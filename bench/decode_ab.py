@@ -1,14 +1,14 @@
-"""In-loop A/Bs of decoding (BENCHMARKS.md §2, session 12): the attention kernel, and the thread
+"""In-loop A/Bs of decoding: the attention kernel, and the thread
 and batch split of ``bench/decode_split_ab.sh``.
 
     python bench/decode_ab.py SIZE MODE VARIANT N [THREADS BATCH]   # e.g. small fp32 explicit 5
 
-SIZE small | base, MODE fp32 | bf16w | int8 | int8bf16, VARIANT kernel (aiayn's since session 19: the C
-kernels of aiayn/decode/kernel.py, beam-step attention, the int8 passes and since session 20 the
+SIZE small | base, MODE fp32 | bf16w | int8 | int8bf16, VARIANT kernel (aiayn's: the C
+kernels of aiayn/decode/kernel.py, beam-step attention, the int8 passes and the
 log-softmax top-k) | kernel_unpacked (float32 through PyTorch's linear, not oneDNN's packed weights) | kernel_notopk (the same without the fused log-softmax top-k: the search's
 log_softmax, mask and topk_rows) | sdpa (PyTorch's operations, aiayn's before) | explicit | explicit_f32 | math |
 int8dyn (every nn.Linear replaced by PyTorch's dynamic int8 one, fbgemm; the shared output
-projection stays fp32; session 13);
+projection stays fp32);
 THREADS 2 and BATCH 64 by default. One process: the translation benchmark's beam search (BATCH
 sentences x 20 tokens, beam 4, output forced to 69 tokens) with aiayn's process settings, one
 warm-up call, then N timed calls (seconds printed, with their minimum and median). Run the

@@ -3,7 +3,7 @@
     python bench/hugepages_ab.py --data runs/demo/data [--steps 2000 --pairs 2 --recipe R]
 
 The effect shows over minutes, not in a few steps: a run slows as it goes, more without huge
-pages than with them (measured, the main job's first 2,000 steps: 12.1k -> 10.5k target tokens/s
+pages than with them (measured, ``aiayn demo``'s first 2,000 steps: 12.1k -> 10.5k target tokens/s
 without, 12.9k -> 11.6k with), which a short interleaved benchmark would not see. So this
 runs ``aiayn train`` from scratch ``--pairs`` times in each setting, alternating on / off so that
 machine drift hits both, each for ``--steps`` steps of the recipe on the same prepared data

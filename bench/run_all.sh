@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every speed benchmark of issue 7 at full settings, then bench/results/summary.md.
+# Every speed benchmark at full settings, then bench/results/summary.md.
 #
 #   bash bench/run_all.sh                 # all parts; about 12-15 minutes on 2 quiet cores
 #   bash bench/run_all.sh train_base      # only the named part(s)

@@ -1,5 +1,5 @@
 """Collect bench/results/*.json into results/summary.md: tables ready for BENCHMARKS.md and the
-targets of issue 7, each marked PASS, FAIL or MISSING.
+speed targets of BENCHMARKS.md, each marked PASS, FAIL or MISSING.
 
     python bench/summarize.py
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import benchlib as bl
 
-# Issue 7's targets: (part, ratio key in that part's JSON, what it means).
+# The speed targets: (part, ratio key in that part's JSON, what it means).
 TARGETS = [
     ("train_base", "aiayn-fp32/hf-fp32", "training fp32 vs HF Marian, base"),
     ("train_small", "aiayn-fp32/hf-fp32", "training fp32 vs HF Marian, small"),
@@ -26,7 +26,7 @@ TARGETS = [
     ("translate_base", "aiayn-best-reduced/ct2-best-fp32", "translation reduced precision vs CTranslate2 fp32, base"),
     ("translate_small", "aiayn-best-reduced/ct2-best-fp32", "translation reduced precision vs CTranslate2 fp32, small"),
 ]
-# Results written before aiayn's workers (session 17) compare aiayn-fp32 alone, and those written
+# Results written before aiayn's decoding workers existed compare aiayn-fp32 alone, and those written
 # before ct2-fp32-inter existed compare with intra-op CTranslate2 only: the keys tried in order.
 OLDER_KEY = {"aiayn-best-fp32/ct2-best-fp32": ("aiayn-fp32/ct2-best-fp32", "aiayn-fp32/ct2-fp32"),
              "aiayn-best-fp32/hf-fp32": ("aiayn-fp32/hf-fp32",),

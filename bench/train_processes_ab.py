@@ -1,4 +1,4 @@
-"""How the main job's training uses the cores: one process on all the threads, or one process
+"""How ``aiayn demo``'s training uses the cores: one process on all the threads, or one process
 per core, synchronous (DDP: gradients all-reduced every step) or local SGD (weights averaged
 every `train.local_sgd_period` steps).
 

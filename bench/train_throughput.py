@@ -1,7 +1,7 @@
 """Training throughput: target tokens/s of forward + backward + Adam step (§5), aiayn vs Marian.
 
     python bench/train_throughput.py --size base     # Table 3 base, vocabulary 8000
-    python bench/train_throughput.py --size small    # the main job's "multi30k" preset
+    python bench/train_throughput.py --size small    # the "multi30k" preset (d_model 256, 3+3 layers)
 
 Systems, each in its own process, run interleaved (A B C A B C ...), 2 threads each:
   aiayn-fp32   aiayn.Transformer, float32
@@ -12,7 +12,7 @@ Every step: one synthetic batch of --batch sentences, --src-len source and --tgt
 tokens each (default 128 x 32 = 4,096 target tokens, no padding), label-smoothed loss
 (eps_ls = 0.1; aiayn's ``label_smoothed_loss``, HF with F.cross_entropy(label_smoothing)),
 Adam(0.9, 0.98, 1e-9) (aiayn: fused, as its training loop; HF: PyTorch's per-tensor loop, as
-../shared/rivals measured it), zero_grad(set_to_none).
+the reference rival measurements did), zero_grad(set_to_none).
 
 Model FLOPs per step: ``aiayn.model.flops.train_flops`` = 3 x forward matmul FLOPs (formula
 in src/aiayn/model/flops.py), the same for every system since the shapes are the same;
@@ -83,7 +83,7 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
 
 
 def build_hf(size: str, B: int, S: int, T: int):
-    """One MarianMTModel training step, as /work/shared/rivals measured it."""
+    """One MarianMTModel training step, as the reference rival measurements did."""
     from marian import MARIAN_EOS, build_marian, marian_pad
 
     cfg = bl.model_config(size)
@@ -119,7 +119,7 @@ def systems(args: argparse.Namespace) -> list[bl.System]:
 
 
 DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "hf-fp32": "fp32", "hf-fp32-reuse": "fp32"}
-# (numerator, denominator, target or None): the ratios issue 7 asks about, and two more
+# (numerator, denominator, target or None): the training targets of BENCHMARKS.md §2, and two more
 # (bf16 vs HF; fp32 vs HF given aiayn's process settings).
 RATIOS = [("aiayn-fp32", "hf-fp32", 1.1), ("aiayn-bf16", "aiayn-fp32", 1.8), ("aiayn-bf16", "hf-fp32", None),
           ("aiayn-fp32", "hf-fp32-reuse", None)]

@@ -11,7 +11,7 @@ then), so all do the same number of decoder steps on the same number of rows:
   HF           MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L)
   CTranslate2  translate_batch(beam_size=4, min_decoding_length=L, max_decoding_length=L) on the
                same Marian model converted by ctranslate2.converters.TransformersConverter
-The default L = 69 is the rivals' setting (/work/shared/rivals: max length = input + 50).
+The default L = 69 is the rivals' setting (the reference rival measurements: max length = input + 50).
 
 Systems (each in its own process, interleaved, 2 threads each): aiayn-fp32; aiayn-bf16
 (search under torch.autocast bfloat16; attention core in float32 by ModelConfig.attn_fp32);
@@ -22,11 +22,11 @@ maps, bfloat16 between them: precision "int8-bf16"); hf-fp32; ct2-fp32; ct2-int8
 worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads);
 aiayn-fp32-inter, aiayn-bf16w-inter, aiayn-int8bf16-inter (aiayn's DecodeConfig.workers = 2 through a
 Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inter). aiayn's systems use
-its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py, since session 19); aiayn-fp32-torch,
+its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py); aiayn-fp32-torch,
 aiayn-int8bf16-torch and aiayn-int8bf16-inter-torch are the same with PyTorch's operations, for A/B runs
 (only when named in --systems). aiayn's float32 systems multiply from oneDNN's packed weights
-(DecodeConfig.packed_weights, aiayn/decode/packed.py, since session 20; MKL's packed sgemm instead on
-Intel CPUs since session 28, DecodeConfig.packed_library "auto"); aiayn-fp32-unpacked and
+(DecodeConfig.packed_weights, aiayn/decode/packed.py; MKL's packed sgemm instead on Intel CPUs,
+DecodeConfig.packed_library "auto"); aiayn-fp32-unpacked and
 aiayn-fp32-inter-unpacked use PyTorch's linear, aiayn-fp32-onednn and aiayn-fp32-inter-onednn oneDNN's
 packed weights whatever the CPU (A/B only, also only when named in --systems).
 Tokens/s = batch * L / median wall time of one call (one output per sentence counted).
@@ -230,7 +230,7 @@ def systems(args: argparse.Namespace, ct2_dir: str | None) -> list[bl.System]:
 
 
 # Systems for A/B runs only: measured when named in --systems, never by default (every system is a live
-# process for the whole run, and on the base model the full list outgrew 24 GiB, BENCHMARKS.md §2, session 24).
+# process for the whole run, and on the base model the full list outgrew 24 GiB on a 2-core AMD EPYC).
 AB_ONLY_SUFFIXES = ("-torch", "-unpacked", "-onednn")
 
 
@@ -248,7 +248,7 @@ DTYPE = {"aiayn-fp32": "fp32", "aiayn-bf16": "bf16", "aiayn-bf16w": "bf16", "aia
          "aiayn-fp32-onednn": "fp32", "aiayn-fp32-inter-onednn": "fp32",
          "hf-fp32": "fp32",
          "ct2-fp32": "fp32", "ct2-int8": "fp32", "ct2-fp32-inter": "fp32"}
-# (numerator, denominator, target): issue 7's translation targets; "aiayn-best-reduced" and
+# (numerator, denominator, target): the translation targets of BENCHMARKS.md §3; "aiayn-best-reduced" and
 # "ct2-best-fp32" are the composites of benchlib.BEST_OF (both toolkits are judged on their better
 # use of the same threads).
 RATIOS = [("aiayn-best-fp32", "ct2-best-fp32", 1.2), ("aiayn-best-fp32", "hf-fp32", 3.0),

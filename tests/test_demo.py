@@ -1,4 +1,4 @@
-"""The main job end to end on real Multi30k lines: prepare, a short training, average,
+"""``aiayn demo`` end to end on real Multi30k lines: prepare, a short training, average,
 translate, score, plot. Asserts only what must hold."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
         n_src = len([next(f) for _ in range(120)])
     assert len(hyps) == n_src and all(h.strip() for h in hyps)
     results = json.loads((out / "results.json").read_text())
-    # as the main job trains: 2 processes of one thread each, their weights averaged every 8 steps
+    # 2 processes of one thread each (as the demo trains on 2 cores), their weights averaged every 8 steps
     assert results["train"]["devices"] == 2 and results["train"]["steps"] == 200
     assert json.loads((out / "run" / "config.json").read_text())["train"]["threads"] == 1
     scores = {k: v["score"] for k, v in results["test"].items()}

@@ -4,7 +4,7 @@ A training step allocates and frees the same large buffers every time (the (N,V)
 their gradient are over 100 MB at 4,096 tokens and V = 8,000). glibc serves blocks above its
 mmap threshold with a fresh ``mmap`` and gives them back with ``munmap`` on free, so each
 step pays the kernel to zero and map those pages again: measured on this 2-core CPU, a third
-of the main job's step time was system time (page faults), and the step ran 1.28x faster
+of ``aiayn demo``'s step time was system time (page faults), and the step ran 1.28x faster
 (bf16; 1.13x in fp32) with it gone. ``reuse_freed_memory`` turns that off with two
 ``mallopt`` calls: no mmap for large blocks, and no trimming of the heap top. The cost is
 that the process keeps its peak heap size until it exits, which is the norm for a training

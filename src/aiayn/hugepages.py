@@ -1,16 +1,16 @@
 """Back PyTorch's large CPU tensors with transparent huge pages (2 MB instead of 4 kB pages).
 
-A training step of the main job touches a few hundred MB of activations, logits and gradients
+A training step of ``aiayn demo`` touches a few hundred MB of activations, logits and gradients
 spread over tens of thousands of 4 kB pages; every page needs its own TLB entry, and the TLB
 holds a few thousand. PyTorch's CPU allocator can page-align blocks of 2 MB and more and
 ``madvise(MADV_HUGEPAGE)`` them, so the kernel maps them with huge pages, when the
 environment variable ``THP_MEM_ALLOC_ENABLE=1`` is set. It reads the variable once, at the
 first CPU allocation of the process, so it must be set before any tensor exists.
 
-Measured on this 2-core CPU (the main job's recipe, bf16, 2,000 steps from scratch, the same
+Measured on this 2-core CPU (``aiayn demo``'s recipe, bf16, 2,000 steps from scratch, the same
 batches): 11,957 target tokens/s with huge pages against 11,335 without (+5.5%), and +8-10% in
 the last 600 steps: both runs slow as they go, the one without huge pages from 12.1k to 10.5k
-tok/s, the one with them from 12.9k to 11.6k. Over a whole 45-minute main job the gain is
+tok/s, the one with them from 12.9k to 11.6k. Over a whole 45-minute ``aiayn demo`` the gain is
 smaller: 10,344 tok/s against 10,258 for the same recipe without them (+0.8%, one run each, the
 first with a few minutes of other load; both settle near 10k tok/s after 2,000 steps).
 ``bench/hugepages_ab.py`` re-measures it. The numbers computed are unchanged (same validation loss, to the digit):

@@ -3,19 +3,19 @@
 On the CPU, PyTorch's bfloat16 matmuls (autocast) run on oneDNN, which generates machine code for
 each product shape (a "primitive": brgemm kernels for AVX-512 or AMX) and keeps the last 1,024 in a
 cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``). A token-batched training step multiplies M = B x T rows
-by each weight, and M changes from batch to batch: the main job's batches have about 80 distinct
+by each weight, and M changes from batch to batch: ``aiayn demo``'s batches have about 80 distinct
 values of M over its epochs, each with a dozen or more products forward and backward (the linear
 maps, their input and weight gradients, the output layer). That is more than 1,024 kernels, so an
-LRU cache cycling through them keeps missing: measured on this 2-core Intel Xeon with AMX (the main
-job's recipe, one thread), 30 steps made 486 cache misses of 2.2 ms each, and the same batches ran
+LRU cache cycling through them keeps missing: measured on this 2-core Intel Xeon with AMX (``aiayn
+demo``'s recipe, one thread), 30 steps made 486 cache misses of 2.2 ms each, and the same batches ran
 at 258 ms a step once all their shapes were cached against 317 ms. With room for all of them (16,384
-entries) the main job trained 12,134 target tokens/s against 11,325 over steps 400-800 (2 processes,
+entries) ``aiayn demo`` trained 12,134 target tokens/s against 11,325 over steps 400-800 (2 processes,
 the same validation loss to the digit: where code lives, not what is computed), and its resident
 memory did not grow (2,351 MB against 2,444 MB at step 800).
 
 It is a process setting, like ``aiayn.hugepages``: oneDNN reads the variable when it creates its
 first primitive, so it must be set before the first bfloat16 matmul, and processes started later
-(the main job's training processes) inherit it.
+(``aiayn demo``'s training processes) inherit it.
 - the ``aiayn`` command calls ``configure_from_env()`` at start-up; ``AIAYN_ONEDNN_CACHE=N`` sets
   the capacity to N entries (0 leaves oneDNN's default), and a ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
   the user set is left as it is;

@@ -1,4 +1,4 @@
-"""End to end on all of Multi30k: En->De, shared BPE of 8000 (the setting the main job uses)."""
+"""End to end on all of Multi30k: En->De, shared BPE of 8000 (the setting aiayn demo uses)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Paired bootstrap resampling (Koehn 2004) and the main job's choice of α on validation."""
+"""Paired bootstrap resampling (Koehn 2004) and ``aiayn demo``'s choice of α on validation."""
 from __future__ import annotations
 
 import gzip
@@ -71,7 +71,7 @@ def test_paired_bootstrap_bad_input():
 
 
 def test_choose_alpha_keeps_the_first_unless_validation_says_otherwise(shared_data):
-    """The main job's rule: §6.1's α (the first) unless another beats it significantly on validation."""
+    """``aiayn demo``'s rule: §6.1's α (the first) unless another beats it significantly on validation."""
     from aiayn.demo import choose_alpha
     m = shared_data / "multi30k"
     raw, tok = _read(m / "raw/val.de.gz", 400), _read(m / "tok/val.lc.norm.tok.de.gz", 400)
@@ -84,7 +84,7 @@ def test_choose_alpha_keeps_the_first_unless_validation_says_otherwise(shared_da
     # a lead of one line in 400: the highest score, but not significant, so the first stays
     alpha, p = choose_alpha({0.6: worse, 1.0: almost}, tok, "de", 0.05, n_samples=200)
     assert alpha == 0.6 and p[1.0] > 0.05
-    # p-level 0: the highest-scoring α, as the main job chose up to session 30
+    # p-level 0: the highest-scoring α, however small its lead
     assert choose_alpha({0.6: worse, 1.0: almost}, tok, "de", 0.0, n_samples=200) == (1.0, {})
     # a lower score is never chosen, whatever its p
     alpha, _ = choose_alpha({0.6: raw, 1.0: worse}, tok, "de", 1.0, n_samples=200)

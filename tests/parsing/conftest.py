@@ -1,4 +1,4 @@
-"""Fixtures for the parsing tests: the NLTK WSJ sample, read once per session."""
+"""Fixtures for the parsing tests: the NLTK WSJ sample, read once per test run."""
 from __future__ import annotations
 
 import pytest

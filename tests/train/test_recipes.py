@@ -63,26 +63,25 @@ def test_multi30k_tiny_is_wu_et_al_transformer_tiny():
 
 
 @pytest.mark.parametrize("name,tokens,steps,warmup,scale,peak,peak_rel,probe,lsgd,p_drop,weight_decay,d_ff,params", [
-    # the main job's: 2,048-token batches per process, 2 DDP processes, so 4,096-token steps, half the
+    # aiayn demo's: 2,048-token batches per process, 2 DDP processes, so 4,096-token steps, half the
     # baseline's batch: peak 0.005 * sqrt(4096 / 8192) = 0.00354, rounded to 0.0035
     # (scale 2.5 * 128^-0.5 * 4000^-0.5 = 0.00349), ramp to 0 over steps 7,250-14,500; dropout 0.25
-    # (session 18), the baseline's 0.3 otherwise; decoupled weight decay 0.2 (0.05 in session 22, 0.1 in 23-26,
-    # 0.15 in 27-30, 0.2 since 31), none otherwise; d_ff 1536 (512 in sessions 23-26, 1024 in 27-30, 1536 since 31):
+    # here, the baseline's 0.3 otherwise; decoupled weight decay 0.2 here, none otherwise; d_ff 1536 here:
     # 2,349,056 + 4 x 2 x (128 x 1280 + 1280 x 128 + 1280) parameters
     ("multi30k.json", 2048, 14500, 4000, 2.5, 0.0035, 2e-3, 10875, 0, 0.25, 0.2, 1536, 4_980_736),
-    # sessions 15-16's: the same batches with local SGD, each process its own 2,048-token steps:
+    # local SGD: the same batches, the d_ff 256 model, each process its own 2,048-token steps:
     # peak 0.005 * sqrt(2048 / 8192) = 0.0025 (scale 1.77 * 128^-0.5 * 4000^-0.5 = 0.00247)
     ("multi30k-lsgd.json", 2048, 14500, 4000, 1.77, 0.0025, 0.02, 10875, 8, 0.3, 0.0, 256, 2_349_056),
-    # session 5's: 4,096-token steps in one process, peak 0.0035 (scale 1.77 * 128^-0.5 * 2000^-0.5),
+    # 4,096-token steps in one process, peak 0.0035 (scale 1.77 * 128^-0.5 * 2000^-0.5),
     # ramp to 0 over steps 4,000-8,000
     ("multi30k-4k.json", 4096, 8000, 2000, 1.77, 0.0035, 2e-3, 6000, 0, 0.3, 0.0, 256, 2_349_056),
 ])
-def test_main_job_recipes_are_the_tiny_model_with_a_smaller_batch(name, tokens, steps, warmup, scale, peak, peak_rel,
+def test_demo_recipes_are_the_tiny_model_with_a_smaller_batch(name, tokens, steps, warmup, scale, peak, peak_rel,
                                                                    probe, lsgd, p_drop, weight_decay, d_ff, params):
-    """recipes/multi30k.json (the main job's), multi30k-lsgd.json (its in sessions 15-16) and
-    multi30k-4k.json (its in session 5) are multi30k-tiny.json with fewer tokens per step, more
-    steps, the peak rate scaled by about the square root of the batch ratio, then a linear ramp to
-    0 over the second half; the main job's also with less dropout, weight decay and a wider feed-forward layer."""
+    """recipes/multi30k.json (aiayn demo's), multi30k-lsgd.json and multi30k-4k.json are
+    multi30k-tiny.json with fewer tokens per step, more steps, the peak rate scaled by about the square
+    root of the batch ratio, then a linear ramp to 0 over the second half; multi30k.json also with less
+    dropout, weight decay and a wider feed-forward layer."""
     import dataclasses
 
     from aiayn.train.objective import learning_rate

@@ -616,8 +616,8 @@ def test_rdrop_with_dropout_pulls_the_two_passes_together(small_data_dir, tmp_pa
 
 @pytest.mark.slow
 def test_compiled_training_is_plain_training(small_data_dir, tmp_path):
-    """train.compile wraps the model in torch.compile (for GPUs; slower on this CPU, BENCHMARKS.md §2,
-    session 7): the same losses as the plain model up to the compiled kernels' rounding, and checkpoints of
+    """train.compile wraps the model in torch.compile (for GPUs; slower on the CPUs measured,
+    docs/history.md): the same losses as the plain model up to the compiled kernels' rounding, and checkpoints of
     the plain model's parameters (no compile wrapper in the names), which translate and resume load."""
     steps = 2
     plain = _train_in_process(small_data_dir, tmp_path / "plain", steps, "model.p_drop=0.0")

@@ -13,11 +13,11 @@ int8 GEMM; VNNI on CPUs that have it). Each row of x is quantized on its own, so
 translation does not depend on which other sentences share its batch (batched = single, tested);
 PyTorch's dynamic quantization scales the whole batch with one number and would not give that.
 Embeddings, LayerNorm, the softmax of Eq. 1 and the log-probabilities stay in float32. CPU only:
-on a GPU use ``precision bf16``. The BLEU this costs is measured in BENCHMARKS.md §2.
+on a GPU use ``precision bf16``. The BLEU this costs is measured in BENCHMARKS.md §4.
 
 ``precision = "int8-bf16"`` keeps the same int8 linear maps but runs everything between them in
 bfloat16: the residual stream, LayerNorm and the attention core of Eq. 1 (QKᵀ, softmax, ·V), which
-is the other half of decoding time once the linear maps are int8 (BENCHMARKS.md §2). Each
+is the other half of decoding time once the linear maps are int8 (BENCHMARKS.md §3). Each
 ``Int8Linear`` then returns bfloat16, except the pre-softmax projection, whose logits stay float32
 for the log-probabilities. Worth it on CPUs with bf16 instructions (AVX512-BF16, AMX).
 """

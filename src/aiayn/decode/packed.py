@@ -5,11 +5,11 @@ fixed weight. PyTorch's float32 ``linear`` on the CPU calls MKL's sgemm, which l
 its kernels at every call. Two libraries in PyTorch can lay it out once and multiply from that:
 - oneDNN (``torch.ops.mkldnn``: ``_reorder_linear_weight``, ``_linear_pointwise``), in its blocked
   format. For the small model's 8,000-word output projection at 128 rows that measured 1.3-1.6x faster
-  than ``linear`` on the AVX-512 EPYC of BENCHMARKS.md (§2, session 20), and 1.1-1.2x for the 256- and
+  than ``linear`` on the AVX-512 AMD EPYC (Zen 4) of BENCHMARKS.md, and 1.1-1.2x for the 256- and
   1,024-wide maps.
 - MKL's packed sgemm (``torch.ops.mkl``: ``_mkl_reorder_linear_weight``, ``_mkl_linear``, what
   PyTorch's own compiler uses for frozen float32 linear maps), the same kernels as ``linear`` without
-  the per-call layout. On the Intel Xeon of BENCHMARKS.md (§2, session 28) it was 5-9% faster than
+  the per-call layout. On the Intel Xeon of BENCHMARKS.md it was 5-9% faster than
   oneDNN's on the small model's maps at 128 rows and cost 4 µs a call where oneDNN's cost 15; a whole
   beam-search call of the small model took 0.90 s against 1.00 s.
 ``packed_library`` "auto" takes MKL's on Intel CPUs (MKL's home) and oneDNN's elsewhere. The products
@@ -26,8 +26,8 @@ packed tensor cannot be copied or pickled, so a copy (``deepcopy``, a decoding w
 Inputs it does not take (not float32, not on the CPU, under autocast) go through ``F.linear``.
 The copy's feed-forward layers (Eq. 2) become ``PackedFeedForward``: the max(0, .) runs inside the first
 product with oneDNN (its relu post-op) instead of as a separate pass over the (N, d_ff) activations,
-which a profile of the small model's fp32 beam step measured at 1.3% of the step (BENCHMARKS.md §2,
-session 27); with MKL, in place on the product.
+which a profile of the small model's fp32 beam step measured at 1.3% of the step (BENCHMARKS.md §3);
+with MKL, in place on the product.
 """
 from __future__ import annotations
 

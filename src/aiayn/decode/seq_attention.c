@@ -4,7 +4,7 @@
  * Compiled and loaded with the decoding kernels by aiayn/decode/kernel.py, which says why it exists and how
  * it is tested; used by aiayn/model/attention.py (_KernelAttention). Each (batch row, head) is a product of
  * a few dozen queries with a few dozen keys of d_k = 32 or 64 values: PyTorch's fused attention spent 1.2-1.3 ms
- * forward and 1.7 ms backward on each of the main job's calls (2,048 tokens, 4 heads), where the arithmetic
+ * forward and 1.7 ms backward on each of ``aiayn demo``'s calls (2,048 tokens, 4 heads), where the arithmetic
  * is 26 MFLOP. Here each (b, h) is read once into float32 scratch (the keys, and backward the values, also
  * transposed, so that the loops over key positions are 16 wide) and computed there: with AVX-512 and
  * d_k = d_v = 32 or 64, four queries at a time (fast_forward, fast_backward; 0.6 ms and 1.0-1.2 ms); elsewhere

@@ -1,4 +1,4 @@
-"""The decoder's incremental state: an explicit object, passed in and returned (STYLE.md habit 3).
+"""The decoder's incremental state: an explicit object, passed in and returned (never hidden in module attributes).
 
 Shapes: N rows (sentences x beams), H heads, S source length, K d_k, Dv d_v, Tmax capacity.
 

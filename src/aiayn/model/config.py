@@ -59,7 +59,7 @@ class ModelConfig:
 # Table 3 of the paper: each row changes base in the columns it fills. "big" is the last row;
 # "parsing" is §6.3 (4 layers, d_model 1024; the other settings as the base model, with d_ff and
 # heads scaled as for big). "tiny" is ours, for smoke runs and tests. "multi30k" is ours: the
-# small, heavily regularized model the main job trains on Multi30k on a CPU (see BENCHMARKS.md).
+# small, heavily regularized model ``aiayn demo`` trains on Multi30k on a CPU (docs/recipe.md).
 PRESETS: dict[str, dict] = {
     "base": {},
     "A1": {"n_heads": 1, "d_k": 512, "d_v": 512},

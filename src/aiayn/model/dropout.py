@@ -1,7 +1,7 @@
 """Dropout (§5.4: "we apply dropout to the output of each sub-layer ... and to the sums of the
 embeddings and the positional encodings"), with a faster mask on CPU.
 
-``F.dropout`` on CPU draws its mask with ``bernoulli_``, which a profile of the main job's
+``F.dropout`` on CPU draws its mask with ``bernoulli_``, which a profile of ``aiayn demo``'s
 training step measured at a quarter of the whole step (8.8 ms per 4,096 x 256 activation,
 17 calls per step). ``dropout(..., fast=True)`` draws the same law from the same generator
 another way: one ``random_()`` integer per element, uniform on [0, 2^31), kept when it is

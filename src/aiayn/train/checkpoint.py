@@ -1,4 +1,4 @@
-"""Checkpoints that describe themselves (STYLE.md habit 7), written atomically, and averaging.
+"""Checkpoints that describe themselves (config, step, optimizer, RNG states, tokenizers), written atomically, and averaging.
 
 A checkpoint is a torch file holding a dict of tensors and plain values only (it loads with
 ``weights_only``: no code runs; docs/checkpoints.md):
