@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Constituency parsing (§6.3) on the NLTK WSJ sample: prepare, train, decode dev (constrained and
 # not) and test (constrained), §6.3's beam 21 / alpha 0.3 / +300, right-branching baselines.
-# Results in BENCHMARKS.md (end) and bench/results/*/parse_sample.json.
+# Results in BENCHMARKS.md §6 and bench/results/*/parse_sample.json.
 #   bench/parse_sample.sh OUT [MINUTES] [extra `aiayn parse train` options...]
 set -euo pipefail
 OUT=${1:?usage: bench/parse_sample.sh OUT [MINUTES] [train options]}
