@@ -3,7 +3,7 @@ attention plot, on whatever machine it runs on (docs/recipe.md).
 
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
-  2. train     the recipe (recipes/multi30k.json), bounded by --minutes OUT/run
+  2. train     the recipe (recipes/multi30k.json; multi30k-gpu.json where CUDA is present), bounded by --minutes OUT/run
                (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
                --members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
