@@ -13,8 +13,8 @@ REV="${1:-HEAD~1}"
 ROUNDS="${ROUNDS:-15}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-DEC="$REPO/src/aiayn/decode"
-git -C "$REPO" show "$REV:src/aiayn/decode/beam_attention.c" > "$WORK/old.c"
+DEC="$REPO/src/aiayn/kernels"
+git -C "$REPO" show "$REV:src/aiayn/kernels/beam_attention.c" > "$WORK/old.c"
 cp "$DEC/beam_attention.c" "$WORK/new.c"
 # kernel.py's compiler flags (read from its _FLAGS, without those that make a shared library)
 read -r -a FLAGS <<< "$(python3 -c "

@@ -4,7 +4,7 @@ and batch split of ``bench/decode_split_ab.sh``.
     python bench/decode_ab.py SIZE MODE VARIANT N [THREADS BATCH]   # e.g. small fp32 explicit 5
 
 SIZE small | base, MODE fp32 | bf16w | int8 | int8bf16, VARIANT kernel (aiayn's: the C
-kernels of aiayn/decode/kernel.py, beam-step attention, the int8 passes and the
+kernels of aiayn/kernels/loader.py, beam-step attention, the int8 passes and the
 log-softmax top-k) | kernel_unpacked (float32 through PyTorch's linear, not oneDNN's packed weights) | kernel_notopk (the same without the fused log-softmax top-k: the search's
 log_softmax, mask and topk_rows) | sdpa (PyTorch's operations, aiayn's before) | explicit | explicit_f32 | math |
 int8dyn (every nn.Linear replaced by PyTorch's dynamic int8 one, fbgemm; the shared output

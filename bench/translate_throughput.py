@@ -22,7 +22,7 @@ maps, bfloat16 between them: precision "int8-bf16"); hf-fp32; ct2-fp32; ct2-int8
 worse over intra-op threads than aiayn does, so this is its other way to use the 2 threads);
 aiayn-fp32-inter, aiayn-bf16w-inter, aiayn-int8bf16-inter (aiayn's DecodeConfig.workers = 2 through a
 Translator: 2 processes of 1 thread, each given half the batch, as ct2-fp32-inter). aiayn's systems use
-its C kernels (DecodeConfig.c_kernels, aiayn/decode/kernel.py); aiayn-fp32-torch,
+its C kernels (DecodeConfig.c_kernels, aiayn/kernels/loader.py); aiayn-fp32-torch,
 aiayn-int8bf16-torch and aiayn-int8bf16-inter-torch are the same with PyTorch's operations, for A/B runs
 (only when named in --systems). aiayn's float32 systems multiply from oneDNN's packed weights
 (DecodeConfig.packed_weights, aiayn/decode/packed.py; MKL's packed sgemm instead on Intel CPUs,

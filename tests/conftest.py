@@ -22,7 +22,7 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _kernel_cache(tmp_path_factory):
-    """Compiled kernels (aiayn/decode/kernel.py) go to a directory of this run, not ~/.cache/aiayn."""
+    """Compiled kernels (aiayn/kernels/loader.py) go to a directory of this run, not ~/.cache/aiayn."""
     mp = pytest.MonkeyPatch()
     mp.setenv("AIAYN_CACHE_DIR", str(tmp_path_factory.mktemp("aiayn-cache")))
     yield

@@ -1,4 +1,4 @@
-/* Times aiayn_beam_attention (src/aiayn/decode/beam_attention.c) alone, on one decoding worker's share
+/* Times aiayn_beam_attention (src/aiayn/kernels/beam_attention.c) alone, on one decoding worker's share
  * of the translation benchmark (32 sentences x beam 4, 4 heads of d_k = d_v = 64, 1 thread): random
  * queries, keys and values, random ancestors. Built and run by bench/beam_attention_ab.sh.
  *   driver N REPS [cross]   -> "self|cross n=N: T us per call, t ns per (row,head,key)"

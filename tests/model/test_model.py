@@ -219,7 +219,7 @@ def test_attention_kernels_are_pytorchs_attention(precision):
     path: every attention of the model's forward goes through it (encoder, masked decoder, encoder-decoder),
     and the loss and every parameter's gradient are PyTorch's, up to rounding, in float32 and under bf16
     autocast (whose attention is computed in float32 either way)."""
-    from aiayn.decode.kernel import load
+    from aiayn.kernels.loader import load
     from aiayn.train import runtime as rt
 
     lib = load()
@@ -252,7 +252,7 @@ def test_attention_kernels_are_pytorchs_attention(precision):
 def test_attention_kernels_step_aside():
     """Where the kernels do not apply, PyTorch's attention: weights asked for, attention dropout in
     training, heads the AVX-512 path lacks, and a module with no kernels."""
-    from aiayn.decode.kernel import load
+    from aiayn.kernels.loader import load
 
     lib = load()
     if lib is None:

@@ -278,8 +278,8 @@ def test_rdrop_kl_bf16_logits_close_to_reference(monkeypatch):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_gradients_with_the_loss_kernel(precision):
     """train.c_kernels (the default on CPU) is a fast path: a model's gradients through the C loss
-    (decode/kernel.py, cross_entropy.c) are PyTorch's path's, up to rounding."""
-    from aiayn.decode.kernel import load
+    (kernels/loader.py, cross_entropy.c) are PyTorch's path's, up to rounding."""
+    from aiayn.kernels.loader import load
     from aiayn.model import ModelConfig, Transformer
     from aiayn.train import runtime as rt
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aiayn.decode.kernel import Kernels
+from aiayn.kernels.loader import Kernels
 from aiayn.decode.search import select_topk
 from aiayn.model import DecoderCache, EncoderOutput, Transformer
 from aiayn.model.cache import LayerCache, share_slots
@@ -171,7 +171,7 @@ class CachedDecoder:
     def __init__(self, model: Transformer, share_slots: bool = True, kernels: Kernels | None = None):
         self.model = model
         self.share_slots = share_slots  # shared beam slots (``DecoderCache``); False = copy on reorder
-        self.kernels = kernels  # C kernels for the attention of shared-slot steps (decode/kernel.py), or None
+        self.kernels = kernels  # C kernels for the attention of shared-slot steps (kernels/loader.py), or None
 
     def start(self, src: Tensor, max_len: int) -> CachedState:
         """src (B, S) -> a cache of B rows with room for max_len decoder positions."""

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from aiayn.errors import UserError
 
 if TYPE_CHECKING:
-    from aiayn.decode.kernel import Kernels
+    from aiayn.kernels.loader import Kernels
 
 _TINY = 1e-12  # scale floor, so an all-zero row or output channel quantizes to zeros, not NaNs
 
@@ -47,7 +47,7 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 class Int8Linear(nn.Module):
     """A linear map y = x Wᵀ + b with int8 weights and int8 row-quantized inputs (module docstring).
-    With ``kernels`` (decode/kernel.py) the quantization and the rescaling are one C loop each, with
+    With ``kernels`` (kernels/loader.py) the quantization and the rescaling are one C loop each, with
     the same results."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype = torch.float32,

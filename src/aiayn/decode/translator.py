@@ -34,7 +34,7 @@ from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
-from aiayn.decode.kernel import Kernels, load as load_kernels
+from aiayn.kernels.loader import Kernels, load as load_kernels
 from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
 from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
@@ -155,7 +155,7 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
 
 
 def decoding_kernels(cfg: DecodeConfig, model: Transformer) -> Kernels | None:
-    """The C kernels (decode/kernel.py: beam-step attention, the int8 passes) when ``cfg.c_kernels`` asks
+    """The C kernels (kernels/loader.py: beam-step attention, the int8 passes) when ``cfg.c_kernels`` asks
     for them and the model is on the CPU; None (PyTorch's operations) otherwise or without a C compiler."""
     if not cfg.c_kernels or next(model.parameters()).device.type != "cpu":
         return None

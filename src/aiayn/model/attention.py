@@ -87,7 +87,7 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(d_model, n_heads * d_k)
             self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
         self.out_proj = nn.Linear(n_heads * d_v, d_model)  # W^O
-        self.kernels = None  # aiayn.decode.kernel.Kernels: attend through seq_attention.c where it can
+        self.kernels = None  # aiayn.kernels.loader.Kernels: attend through seq_attention.c where it can
 
     def _split(self, x: Tensor, d: int) -> Tensor:
         B, L, _ = x.shape

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from aiayn.decode.kernel import Kernels
+    from aiayn.kernels.loader import Kernels
 
 
 @dataclass
@@ -49,7 +49,7 @@ class DecoderCache:
     # attends to all g*length keys of its sentence through ``self_mask``, which keeps exactly
     # its own prefix's keys (one per position). Same Eq. 1, no key/value copies.
     ancestors: Tensor | None = None
-    # With shared slots, the C kernels that compute the step's attention (decode/kernel.py), or None
+    # With shared slots, the C kernels that compute the step's attention (kernels/loader.py), or None
     # for PyTorch's; caches made from this one keep them.
     kernels: "Kernels | None" = None
     _mask: Tensor | None = field(default=None, repr=False)  # self_mask() of length _mask_length

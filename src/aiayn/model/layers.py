@@ -124,7 +124,7 @@ class DecoderLayer(nn.Module):
         q, k, v = self.self_attn.project_qkv(self.conn_self.pre(x))
         g = cache.group if cache is not None else 1
         kernels = _kernels_for(cache, q, need_weights)
-        if kernels is not None:  # beam search's shared slots, through the C kernel (decode/kernel.py)
+        if kernels is not None:  # beam search's shared slots, through the C kernel (kernels/loader.py)
             slot_k, slot_v = cache.slots(index)  # (N/g,H,(L+1)g,K); the kernel appends k, v as it attends
             a = self.self_attn.out_proj(kernels.self_attention(q, slot_k, slot_v, cache.ancestors, g, k, v))[:, None]
             w_self = None

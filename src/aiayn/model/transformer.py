@@ -71,7 +71,7 @@ class Transformer(nn.Module):
             nn.init.normal_(self.out_proj.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
 
     def use_attention_kernels(self, kernels) -> None:
-        """Attend through the C kernels (``aiayn.decode.kernel.Kernels``, seq_attention.c) where they apply
+        """Attend through the C kernels (``aiayn.kernels.loader.Kernels``, seq_attention.c) where they apply
         (``MultiHeadAttention._use_kernels``), or through PyTorch's attention with None. Training sets them
         with ``train.c_kernels``; decoding with a cache has kernels of its own (``DecoderCache.kernels``)."""
         for module in self.modules():

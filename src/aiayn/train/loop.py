@@ -89,7 +89,7 @@ def train_kernels(t: TrainConfig, device: torch.device):
     PyTorch's operations."""
     if not t.c_kernels or device.type != "cpu":
         return None
-    from aiayn.decode.kernel import load
+    from aiayn.kernels.loader import load
     return load()
 
 

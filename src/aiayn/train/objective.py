@@ -91,7 +91,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: i
     GPU), in the logits' dtype. No (N,V) float32
     log-probabilities are kept, which is most of the saving over autograd's log_softmax.
 
-    ``kernels`` (``aiayn.decode.kernel.load()``, or None) does the (N,V) passes of both directions
+    ``kernels`` (``aiayn.kernels.loader.load()``, or None) does the (N,V) passes of both directions
     in C on the CPU, one read of each row forward and one read and one write backward
     (``cross_entropy.c``; the same sums up to rounding, tested against this module's PyTorch
     path). Other devices and dtypes, or None, take the PyTorch path.

@@ -1,6 +1,6 @@
 /* The end of a beam-search step: log-softmax over the vocabulary, then each row's k best tokens.
  *
- * Compiled and loaded with beam_attention.c by aiayn/decode/kernel.py, which says why and how it is
+ * Compiled and loaded with beam_attention.c by aiayn/kernels/loader.py, which says why and how it is
  * tested. For each row z of the logits (R, V), float32 or bfloat16, row stride zs:
  *   m = max_v z_v,  s = sum_v exp(z_v - m),  log p_v = (z_v - m) - log s
  * (log_softmax, in the order PyTorch's CPU kernel computes it), and the k largest log p_v over the

@@ -1,6 +1,6 @@
 /* Eq. 1, softmax(q K^T / sqrt(d_k)) V, for one step of beam search, on the CPU.
  *
- * Compiled and loaded by aiayn/decode/kernel.py, which says why it exists and how it is tested. The
+ * Compiled and loaded by aiayn/kernels/loader.py, which says why it exists and how it is tested. The
  * library is built without FMA contraction (for int8_rows.c), so the products below ask for fmaf.
  * Shapes (elements; the last dimension of every tensor is contiguous):
  *   Bs sentences, g beams (decoder rows) per sentence, H heads, n key positions, K d_k, Dv d_v;

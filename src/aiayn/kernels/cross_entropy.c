@@ -1,7 +1,7 @@
 /* The label-smoothed cross-entropy of training (§5.4; aiayn/train/objective.py, _SmoothedCrossEntropy),
  * one row of the logits at a time.
  *
- * Compiled and loaded with the decoding kernels by aiayn/decode/kernel.py. The logits z (N, V), float32 or
+ * Compiled and loaded with the decoding kernels by aiayn/kernels/loader.py. The logits z (N, V), float32 or
  * bfloat16 with row stride zs, are the largest tensor of a small model's training step (``aiayn demo``:
  * about 2,000 rows of 8,000 per process and step). PyTorch's operations read and write each (N, V) block
  * six or seven times (widen, subtract, exp, scale, shift, narrow), and the block does not stay in the

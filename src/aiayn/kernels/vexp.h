@@ -1,6 +1,6 @@
 /* exp(x) for x <= 0, written so that compiled loops around it vectorize (libm's expf is a call per
  * element): for the softmax of beam_attention.c and the log-softmax of logits_topk.c, both after the
- * maximum is subtracted. Used by the C kernels of aiayn/decode/kernel.py. */
+ * maximum is subtracted. Used by the C kernels of aiayn/kernels/loader.py. */
 #ifndef AIAYN_VEXP_H
 #define AIAYN_VEXP_H
 #include <math.h>

@@ -1,7 +1,7 @@
 /* The passes around an int8 product (aiayn/decode/int8.py, Int8Linear), one loop each instead of
  * PyTorch's six or so: per-row quantization of the input and rescaling of the int32 product.
  *
- * Compiled and loaded with beam_attention.c by aiayn/decode/kernel.py (without FMA contraction, so
+ * Compiled and loaded with beam_attention.c by aiayn/kernels/loader.py (without FMA contraction, so
  * each value is rounded as PyTorch's separate operations round it: the results are bit-identical,
  * tested). Rows are contiguous; x and y are float32 or bfloat16 (round to nearest even).
  */

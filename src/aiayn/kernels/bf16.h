@@ -1,4 +1,4 @@
-/* bfloat16 <-> float32 for the C kernels of aiayn/decode/kernel.py: widening is exact; narrowing rounds
+/* bfloat16 <-> float32 for the C kernels of aiayn/kernels/loader.py: widening is exact; narrowing rounds
  * to nearest even, as PyTorch's conversion does, and keeps NaN a NaN. */
 #ifndef AIAYN_BF16_H
 #define AIAYN_BF16_H

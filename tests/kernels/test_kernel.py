@@ -1,4 +1,4 @@
-"""decode/kernel.py: the C beam-step attention against Eq. 1 written out (attention_explicit), by hand on
+"""kernels/loader.py: the C beam-step attention against Eq. 1 written out (attention_explicit), by hand on
 a tiny case, in float32 and bfloat16, with 1 and 2 threads; the top-k log-probabilities against PyTorch's
 log_softmax and topk; the int8 passes against PyTorch's; the same library built without -march=native
 (the portable loops); and what happens without a compiler."""
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from aiayn.decode import kernel as kernel_mod
+from aiayn.kernels import loader as kernel_mod
 from aiayn.model.attention import attention_explicit
 from tests.decode.test_adapter import V, sources
 
@@ -184,7 +184,7 @@ def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "kernels"))
     kernel_mod.load.cache_clear()
     try:
-        with caplog.at_level("INFO", logger="aiayn.decode.kernel"):
+        with caplog.at_level("INFO", logger="aiayn.kernels.loader"):
             assert kernel_mod.load() is None
     finally:
         kernel_mod.load.cache_clear()
@@ -200,7 +200,7 @@ def test_a_compile_error_is_logged_and_returns_none(monkeypatch, tmp_path, caplo
     try:
         if kernel_mod._compiler() is None:
             pytest.skip("no C compiler")
-        with caplog.at_level("WARNING", logger="aiayn.decode.kernel"):
+        with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
             assert kernel_mod.load() is None
     finally:
         kernel_mod.load.cache_clear()

@@ -1,7 +1,7 @@
 /* Eq. 1, softmax(Q K^T / sqrt(d_k)) V, over whole sequences, forward and backward, on the CPU: the
  * attention of training (encoder self-attention, masked decoder self-attention, encoder-decoder attention).
  *
- * Compiled and loaded with the decoding kernels by aiayn/decode/kernel.py, which says why it exists and how
+ * Compiled and loaded with the decoding kernels by aiayn/kernels/loader.py, which says why it exists and how
  * it is tested; used by aiayn/model/attention.py (_KernelAttention). Each (batch row, head) is a product of
  * a few dozen queries with a few dozen keys of d_k = 32 or 64 values: PyTorch's fused attention spent 1.2-1.3 ms
  * forward and 1.7 ms backward on each of ``aiayn demo``'s calls (2,048 tokens, 4 heads), where the arithmetic

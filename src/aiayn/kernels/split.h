@@ -1,4 +1,4 @@
-/* Work split among threads for the C kernels of aiayn/decode/kernel.py: the caller fills one task per
+/* Work split among threads for the C kernels of aiayn/kernels/loader.py: the caller fills one task per
  * thread, and run_split runs work on each, the first on the calling thread. A thread that cannot be
  * started has its share done on the calling thread. */
 #ifndef AIAYN_SPLIT_H
