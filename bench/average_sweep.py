@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.model.transformer import Transformer
-    from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    from aiayn.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     from aiayn.train.config import run_config_from_dict
     from aiayn.train.loop import validate
 

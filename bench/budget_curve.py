@@ -22,7 +22,7 @@ import benchlib as bl
 
 def checkpoint_minutes(run_dir: Path) -> list[tuple[float, Path]]:
     """(training minutes, path) of each step checkpoint, from the steps' logged elapsed times."""
-    from aiayn.train.checkpoint import STEP_RE, step_checkpoints
+    from aiayn.checkpoint import STEP_RE, step_checkpoints
 
     steps, elapsed = [], []
     for line in (run_dir / "train_log.jsonl").read_text().splitlines():
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.demo import tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
-    from aiayn.train.checkpoint import atomic_save, average_checkpoints
+    from aiayn.checkpoint import atomic_save, average_checkpoints
 
     ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
     src, tgt = ev["src"], ev["tgt"]

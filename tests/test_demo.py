@@ -126,7 +126,7 @@ def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tm
     assert [s["steps"] for s in results["train_members"]] == [30, 30]
     assert results["averaged"] == [[f"member{i}/ckpt_step{s:08d}.pt" for s in (20, 30)] for i in (1, 2)]
     from aiayn.decode.translator import Translator
-    from aiayn.train.checkpoint import ENSEMBLE_FORMAT, load_checkpoint
+    from aiayn.checkpoint import ENSEMBLE_FORMAT, load_checkpoint
     assert load_checkpoint(out / "model.pt", ensemble_ok=True)["format"] == ENSEMBLE_FORMAT
     tr = Translator.from_checkpoint(out / "model.pt")
     assert len(tr.models) == 2 and len((out / "test_2016.hyp").read_text().splitlines()) == 20

@@ -372,7 +372,7 @@ def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) 
 def _stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:
     """3. Each member's last ``average_last`` checkpoints averaged (§6.1); one member straight
     into ``model_path``, several into an ensemble file there."""
-    from aiayn.train.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
+    from aiayn.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
     averages, averaged = [], []
     for d in member_dirs:
         ckpts = step_checkpoints(d)[-cfg.average_last:]

@@ -14,7 +14,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import search
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
-from aiayn.train.checkpoint import (ENSEMBLE_FORMAT, atomic_save, average_checkpoints, ensemble_checkpoint,
+from aiayn.checkpoint import (ENSEMBLE_FORMAT, atomic_save, average_checkpoints, ensemble_checkpoint,
                                     load_checkpoint)
 
 from tests.decode.stub import EOS, TableDecoder

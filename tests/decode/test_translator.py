@@ -17,7 +17,7 @@ from aiayn.data.vocab import Tokenizer, train_sentencepiece
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator, load_model_for_inference
 from aiayn.errors import InputError, UserError
-from aiayn.train.checkpoint import FORMAT, atomic_save, load_checkpoint
+from aiayn.checkpoint import FORMAT, atomic_save, load_checkpoint
 
 LINES = ["the house is small", "", "a cat sat on the mat today", "small", "the cat is in the small house"]
 

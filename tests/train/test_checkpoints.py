@@ -28,7 +28,7 @@ from aiayn.cli import main
 from aiayn.config import to_dict
 from aiayn.data.store import atomic_write, write_json_atomic
 from aiayn.errors import UserError
-from aiayn.train import checkpoint as ck
+from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
 from tests.train.test_training import FAST, _train_cmd
 

@@ -8,7 +8,7 @@ import pytest
 
 from aiayn.cli import main
 from aiayn.data.dataset import DataDir
-from aiayn.train.checkpoint import load_checkpoint, tokenizer_hashes
+from aiayn.checkpoint import load_checkpoint, tokenizer_hashes
 from tests.conftest import COPY_TRAIN, copy_lines
 
 

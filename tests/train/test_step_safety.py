@@ -11,7 +11,7 @@ import torch
 import aiayn
 from aiayn.errors import UserError
 from aiayn.train import loop
-from aiayn.train.checkpoint import load_checkpoint
+from aiayn.checkpoint import load_checkpoint
 from aiayn.train.runtime import Dist
 from tests.train.test_training import _train_in_process
 

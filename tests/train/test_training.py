@@ -16,7 +16,7 @@ import torch
 import aiayn
 from aiayn.cli import main
 from aiayn.errors import UserError
-from aiayn.train.checkpoint import atomic_save, average_checkpoints, load_checkpoint
+from aiayn.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from aiayn.train.objective import label_smoothed_loss, learning_rate, noam_lr
 
 FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=0",

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     tokenizers = None
     if args.tokenizer_from is not None:
-        from aiayn.train.checkpoint import load_checkpoint
+        from aiayn.checkpoint import load_checkpoint
         tokenizers = tokenizers_from_checkpoint(load_checkpoint(args.tokenizer_from), args.tokenizer_from, cfg)
     manifest = prepare(splits, args.out, cfg, force=args.force, tokenizers=tokenizers)
     for name, entry in manifest["splits"].items():

@@ -2,7 +2,7 @@
 
     Translator.from_checkpoint("best.pt").translate(["Ein Haus.", ""])  # -> ["A house.", ""]
 
-A checkpoint (``aiayn.train.checkpoint``) is self-contained: ``model_config``, ``model`` (state
+A checkpoint (``aiayn.checkpoint``) is self-contained: ``model_config``, ``model`` (state
 dict) and ``tokenizers`` (the SentencePiece model bytes and their sha256). Loading checks that
 the stored bytes match their hashes and that the vocabulary sizes match the model.
 
@@ -88,7 +88,7 @@ def _model_from_checkpoint(ckpt: dict, path: Path, device) -> tuple[Transformer,
 def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"
                              ) -> tuple[Transformer, Tokenizer, Tokenizer]:
     """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks."""
-    from aiayn.train.checkpoint import load_checkpoint
+    from aiayn.checkpoint import load_checkpoint
 
     path = Path(path)
     return _model_from_checkpoint(load_checkpoint(path, map_location=device), path, device)
@@ -114,7 +114,7 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
                               ) -> tuple[list[Transformer], Tokenizer, Tokenizer]:
     """The models of one or more checkpoints or ensemble files (in order) and their shared tokenizers,
     on ``device`` (``inference_device``: "auto" is CUDA when present)."""
-    from aiayn.train.checkpoint import checkpoint_members
+    from aiayn.checkpoint import checkpoint_members
 
     device = inference_device(device)
 

@@ -46,7 +46,7 @@ def run_train(args) -> int:
 
 
 def run_average(args) -> int:
-    from aiayn.train.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    from aiayn.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     inputs = [Path(p) for p in args.inputs]
     if args.last is not None and args.last < 1:
         raise UserError(f"--last must be at least 1, got {args.last}")
@@ -69,7 +69,7 @@ def run_average(args) -> int:
 
 
 def run_ensemble(args) -> int:
-    from aiayn.train.checkpoint import atomic_save, ensemble_checkpoint
+    from aiayn.checkpoint import atomic_save, ensemble_checkpoint
     ens = ensemble_checkpoint([Path(p) for p in args.inputs])
     atomic_save(ens, args.out)
     print(f"an ensemble of {len(ens['members'])} model(s) in {args.out}")
@@ -77,7 +77,7 @@ def run_ensemble(args) -> int:
 
 
 def run_upgrade(args) -> int:
-    from aiayn.train.checkpoint import upgrade_checkpoint
+    from aiayn.checkpoint import upgrade_checkpoint
     out = args.out or args.checkpoint
     upgrade_checkpoint(args.checkpoint, out)
     print(f"{args.checkpoint}: written in today's format to {out}")

@@ -24,7 +24,7 @@ import torch
 from aiayn.config import to_dict
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig
-from aiayn.train import checkpoint as ck
+from aiayn import checkpoint as ck
 from aiayn.train.config import RunConfig, run_config_from_dict
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from aiayn.data.store import write_json_atomic
 from aiayn.errors import UserError
 from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
-from aiayn.train import checkpoint as ck
+from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig, run_config_from_dict
 from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer, rdrop_kl

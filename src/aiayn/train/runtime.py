@@ -116,22 +116,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def rng_state_from_legacy(state: dict) -> dict:
-    """``rng_state()``'s layout from that of checkpoints written before it (numpy's state as
-    numpy's tuple, Python's as its tuple, CUDA's as a list over devices): what
-    ``aiayn upgrade-checkpoint`` converts."""
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    version, words, py_gauss = state["python"]
-    out = {"torch": state["torch"],
-           "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
-                     "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
-           "python": {"version": int(version), "words": torch.tensor(words, dtype=torch.int64), "gauss": py_gauss}}
-    cuda = state.get("cuda")
-    if cuda is not None:
-        out["cuda"] = cuda[0] if isinstance(cuda, (list, tuple)) else cuda
-    return out
-
-
 def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> list[float]:
     if not dist.enabled:
         return values

@@ -268,11 +268,10 @@ def ensemble_checkpoint(paths: list[str | Path]) -> dict:
 
 def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     """A checkpoint or ensemble file of an older aiayn, rewritten in today's format into ``out``:
-    numpy RNG states become tensors (``runtime.rng_state_from_legacy``) and the checksum is added.
+    numpy RNG states become tensors (``rng_state_from_legacy``) and the checksum is added.
     It is read with ``weights_only`` plus numpy's array reconstruction only: still no code runs."""
     import numpy as np
 
-    from aiayn.train.runtime import rng_state_from_legacy
     path = Path(path)
     rebuild = _numpy_reconstruct()
     allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), rebuild,
@@ -291,6 +290,24 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
             c["rng"] = rng_state_from_legacy(c["rng"])
     atomic_save(ckpt, out)
     return load_checkpoint(out, ensemble_ok=True)
+
+
+def rng_state_from_legacy(state: dict) -> dict:
+    """``rng_state()``'s layout from that of checkpoints written before it (numpy's state as
+    numpy's tuple, Python's as its tuple, CUDA's as a list over devices): what
+    ``aiayn upgrade-checkpoint`` converts."""
+    import numpy as np
+
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    version, words, py_gauss = state["python"]
+    out = {"torch": state["torch"],
+           "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+                     "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+           "python": {"version": int(version), "words": torch.tensor(words, dtype=torch.int64), "gauss": py_gauss}}
+    cuda = state.get("cuda")
+    if cuda is not None:
+        out["cuda"] = cuda[0] if isinstance(cuda, (list, tuple)) else cuda
+    return out
 
 
 def _numpy_reconstruct():
