@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from aiayn.data.store import atomic_write
+from aiayn.files import atomic_write
 from aiayn.errors import UserError
 
 log = logging.getLogger(__name__)
