@@ -11,7 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.config import add_arguments, from_args
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
@@ -130,10 +130,7 @@ def _chunk_prefixes(prefixes: list[str] | None, path: str | None, first: int, n:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = from_args(DecodeConfig, args)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg = from_args(DecodeConfig, args)
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")

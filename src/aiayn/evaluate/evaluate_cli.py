@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.config import add_arguments, from_args
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import UserError
 
@@ -28,10 +28,7 @@ def run(args) -> int:
     src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
     if len(src) != len(ref):
         raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    try:
-        decode_cfg = from_args(DecodeConfig, args)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    decode_cfg = from_args(DecodeConfig, args)
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
         hyps = translator.translate(src, source=args.src)

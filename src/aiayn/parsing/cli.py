@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from aiayn.config import ConfigError, add_arguments, from_args, replace
+from aiayn.config import add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
 from aiayn.errors import InputError, UserError
 from aiayn.decode.config import DecodeConfig
@@ -95,10 +95,7 @@ def _register_prepare(sub) -> None:
 def run_prepare(args: argparse.Namespace) -> int:
     if args.vocab_size is None:
         args.vocab_size = SCHEME_VOCAB.get(args.splits, PARSE_DATA_DEFAULTS.vocab_size)
-    try:
-        cfg = None if args.no_data else from_args(PrepareConfig, args)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg = None if args.no_data else from_args(PrepareConfig, args)
     done = prepare_parsing(args.treebank, args.out, cfg, force=args.force, splits=_splits(args))
     for split, n in done.counts.items():
         print(f"{split}: {n} trees -> {', '.join(str(p) for p in done.files[split].values())}")
@@ -116,10 +113,7 @@ class _Unset:
 
 def _splits(args: argparse.Namespace) -> SplitConfig:
     given = {f: getattr(args, f) for f in ("train_files", "dev_files", "test_files") if getattr(args, f) is not None}
-    try:
-        return replace(SPLIT_SCHEMES[args.splits], **given)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    return replace(SPLIT_SCHEMES[args.splits], **given)
 
 
 def _register_baseline(sub) -> None:
@@ -206,10 +200,7 @@ def _read_gold_trees(path: Path) -> tuple[list[str], list]:
 
 def run_decode(args: argparse.Namespace) -> int:
     from aiayn.decode.translator import Translator
-    try:
-        cfg = from_args(DecodeConfig, args)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg = from_args(DecodeConfig, args)
     params = read_params(args.param) if args.param else COLLINS
     gold_lines, gold = _read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
@@ -258,10 +249,7 @@ def run_text(args: argparse.Namespace) -> int:
     if args.checkpoint is None:
         raise UserError("give --checkpoint to parse text (aiayn parse --checkpoint F < sentences), "
                         "or a subcommand (aiayn parse --help)")
-    try:
-        cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
     source, stats = str(args.input or "<stdin>"), RepairStats()
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:

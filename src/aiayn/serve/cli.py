@@ -5,7 +5,7 @@ import argparse
 import logging
 import os
 
-from aiayn.config import ConfigError, add_arguments, from_args, replace
+from aiayn.config import add_arguments, from_args, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.errors import UserError
 from aiayn.serve.config import ServeConfig
@@ -40,10 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.decode.translator import Translator
-    try:
-        cfg, decode = from_args(ServeConfig, args), from_args(DecodeConfig, args)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg, decode = from_args(ServeConfig, args), from_args(DecodeConfig, args)
     if not cfg.api_key and os.environ.get(API_KEY_ENV):
         cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
     if cfg.threads:

@@ -5,7 +5,7 @@ import argparse
 import errno
 from pathlib import Path
 
-from aiayn.config import ConfigError, apply_sets, sets_help
+from aiayn.config import apply_sets, sets_help
 from aiayn.errors import UserError
 from aiayn.model.config import PRESETS, ModelConfig
 from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
@@ -13,20 +13,17 @@ from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
 
 def resolve_run_config(args):
     """Preset (or recipe file) + ``--set`` overrides + the shortcut flags -> RunConfig."""
-    try:
-        if args.recipe:
-            cfg = load_recipe(args.recipe)
-        elif args.preset is None and getattr(args, "init_from", None):
-            from aiayn.train.finetune import run_config_of
-            cfg = run_config_of(args.init_from)  # fine-tuning: the checkpoint's own recipe
-        else:
-            cfg = run_config_from_preset(args.preset or "base")
-        sets = list(args.set or [])
-        if args.max_steps is not None:
-            sets.append(f"train.max_steps={args.max_steps}")
-        return apply_sets(cfg, sets)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    if args.recipe:
+        cfg = load_recipe(args.recipe)
+    elif args.preset is None and getattr(args, "init_from", None):
+        from aiayn.train.finetune import run_config_of
+        cfg = run_config_of(args.init_from)  # fine-tuning: the checkpoint's own recipe
+    else:
+        cfg = run_config_from_preset(args.preset or "base")
+    sets = list(args.set or [])
+    if args.max_steps is not None:
+        sets.append(f"train.max_steps={args.max_steps}")
+    return apply_sets(cfg, sets)
 
 
 def run_train(args) -> int:

@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import ConfigError
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig, get_preset
 from aiayn.model.flops import forward_flops, train_flops
@@ -198,10 +197,7 @@ def format_estimate(e: Estimate, m: ModelConfig, price: float | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_recipe(args.recipe)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg = load_recipe(args.recipe)
     if args.devices < 1:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
     thr = measured_throughput(Path(args.measured)) if args.measured else \
