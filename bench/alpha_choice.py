@@ -3,7 +3,7 @@ model (``model.pt``), validation BLEU at each α, the α each rule chooses, and 
 
     python bench/alpha_choice.py runs/a runs/b [--src-lang en] [--p-level 0.05]
 
-The two rules (aiayn.demo.choose_alpha): "best", the highest validation score however small its lead
+The two rules (aiayn.evaluate.alpha.choose_alpha): "best", the highest validation score however small its lead
 (``--alpha-significance 0``); "paired", the first α (§6.1's 0.6) unless another beats it on validation at
 p < --p-level in Koehn (2004)'s paired bootstrap. Translation only: about 50 s per run on 2 threads. Writes
 results/alpha_choice_<src>-<tgt>.json. Test is reported at every α so that nothing is hidden; it chooses nothing.
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.demo import choose_alpha, tune_alpha
+    from aiayn.evaluate.alpha import choose_alpha, tune_alpha
     from aiayn.evaluate.multi30k import multi30k_bleu
 
     ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.data.dataset import DataDir
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.demo import choose_alpha, tune_alpha
+    from aiayn.evaluate.alpha import choose_alpha, tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.model.transformer import Transformer

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, param
 from aiayn.errors import UserError
+from aiayn.evaluate.alpha import choose_alpha, tune_alpha
 
 log = logging.getLogger(__name__)
 
@@ -106,47 +107,6 @@ def _read(path: Path, limit: int = 0) -> list[str]:
     with opener(path, "rt", encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]
     return lines[:limit] if limit else lines
-
-
-def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, alphas: str, beam_size: int,
-               report=lambda alpha, result: None) -> tuple[dict[float, dict], dict[float, list[str]]]:
-    """Translate ``src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."). Returns,
-    per α, the Multi30k tokenized BLEU against ``tok_refs``, the length ratio (hypothesis /
-    reference tokens, the brevity penalty's input) and the seconds taken; and, per α, the
-    translations. Leaves ``translator.cfg`` at the last α."""
-    from aiayn.decode.config import DecodeConfig
-    from aiayn.evaluate.multi30k import multi30k_bleu
-    tuning, translations = {}, {}
-    for alpha in [float(a) for a in alphas.split(",")]:
-        translator.cfg = DecodeConfig(beam_size=beam_size, alpha=alpha)
-        t0 = time.monotonic()
-        translations[alpha] = hyps = translator.translate(src_lines)
-        bleu = multi30k_bleu(hyps, tok_refs, tgt)
-        tuning[alpha] = {"valid_multi30k_bleu": round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3),
-                         "seconds": round(time.monotonic() - t0, 1)}
-        report(alpha, tuning[alpha])
-    return tuning, translations
-
-
-def choose_alpha(translations: dict[float, list[str]], tok_refs: list[str], tgt: str, p_level: float,
-                 n_samples: int = 1000) -> tuple[float, dict[float, float]]:
-    """The length penalty to use on test, from validation translations at each α (insertion order; the first is
-    the reference, §6.1's 0.6). "Keep the paper's decoding settings unless the validation set says otherwise":
-    an α other than the reference is eligible only if its Multi30k BLEU beats the reference's with paired
-    bootstrap p < ``p_level`` (Koehn 2004); of the eligible ones (and the reference) the highest-scoring one is
-    chosen. ``p_level`` 0 chooses the highest-scoring α outright. Returns the α and, per α, its p-value
-    against the reference (the others; none when ``p_level`` is 0)."""
-    from aiayn.evaluate.multi30k import lc_norm_tok
-    from aiayn.evaluate.significance import paired_bootstrap
-    alphas = list(translations)
-    ref_alpha = alphas[0]
-    bs = paired_bootstrap({a: lc_norm_tok(h, tgt) for a, h in translations.items()}, tok_refs,
-                          n_samples=n_samples if p_level > 0 else 0)  # p-level 0 needs only the full-set scores
-    if p_level <= 0:
-        return max(alphas, key=lambda a: bs.full[a]), {}
-    p = {a: bs.p_value(a, ref_alpha) for a in alphas[1:]}
-    eligible = [ref_alpha] + [a for a in alphas[1:] if p[a] < p_level and bs.full[a] > bs.full[ref_alpha]]
-    return max(eligible, key=lambda a: bs.full[a]), p
 
 
 def _score_entry(score) -> dict:

@@ -72,7 +72,7 @@ def test_paired_bootstrap_bad_input():
 
 def test_choose_alpha_keeps_the_first_unless_validation_says_otherwise(shared_data):
     """``aiayn demo``'s rule: §6.1's α (the first) unless another beats it significantly on validation."""
-    from aiayn.demo import choose_alpha
+    from aiayn.evaluate.alpha import choose_alpha
     m = shared_data / "multi30k"
     raw, tok = _read(m / "raw/val.de.gz", 400), _read(m / "tok/val.lc.norm.tok.de.gz", 400)
     worse = [" ".join(r.split()[:-2]) for r in raw]  # the first α's output: each line two words short
