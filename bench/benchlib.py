@@ -141,7 +141,7 @@ def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> 
     references, test_2016 source, tokenized and raw references."""
     import torch
 
-    from aiayn.demo import _multi30k_files, _read, default_data_root
+    from aiayn.data.multi30k import default_data_root, multi30k_files as _multi30k_files, read_text as _read
     from aiayn.process import configure_process
 
     configure_process()

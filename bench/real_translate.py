@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     alpha = args.alpha
     if alpha is None:
         alpha = float(json.loads((ckpt.parent / "results.json").read_text())["alpha"])
-    from aiayn.demo import default_data_root
+    from aiayn.data.multi30k import default_data_root
 
     root = Path(args.data_root or default_data_root()) / "multi30k"
     n = args.lines or None

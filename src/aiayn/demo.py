@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, param
+from aiayn.data.multi30k import default_data_root, multi30k_files, read_text
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import choose_alpha, tune_alpha
 
@@ -47,18 +47,6 @@ EXAMPLES = {
            "Zwei Hunde spielen im Schnee.",
            "Ein kleines Mädchen in einem rosa Kleid isst ein Eis."],
 }
-
-
-def default_data_root() -> str:
-    """$AIAYN_SHARED_DATA, else ../shared/data beside the checkout (this repository's layout)."""
-    env = os.environ.get("AIAYN_SHARED_DATA")
-    if env:
-        return env
-    for base in (CHECKOUT, Path.cwd()):
-        cand = base.parent / "shared" / "data"
-        if cand.is_dir():
-            return str(cand)
-    return str(CHECKOUT.parent / "shared" / "data")
 
 
 @dataclass(frozen=True)
@@ -88,25 +76,7 @@ class DemoConfig:
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
 
 
-def _multi30k_files(root: Path, src: str, tgt: str) -> dict[str, Path]:
-    m = root / "multi30k"
-    files = {}
-    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
-        for lang in (src, tgt):
-            files[f"raw.{split}.{lang}"] = m / "raw" / f"{name}.{lang}.gz"
-            files[f"tok.{split}.{lang}"] = m / "tok" / f"{name}.lc.norm.tok.{lang}.gz"
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        raise UserError(f"Multi30k files not found under {m}: {', '.join(missing[:3])}"
-                        f"{' ...' if len(missing) > 3 else ''}; pass --data-root (the folder holding multi30k/)")
-    return files
 
-
-def _read(path: Path, limit: int = 0) -> list[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
-    return lines[:limit] if limit else lines
 
 
 def _score_entry(score) -> dict:
@@ -128,7 +98,7 @@ def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pa
         limit = cfg.train_lines if ".train." in key else cfg.eval_lines
         dst = work / key
         if not dst.exists():
-            dst.write_text("".join(line + "\n" for line in _read(path, limit)), encoding="utf-8")
+            dst.write_text("".join(line + "\n" for line in read_text(path, limit)), encoding="utf-8")
         out[key] = dst
     return out
 
@@ -235,7 +205,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     root = Path(cfg.data_root or default_data_root())
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    files = _subset(_multi30k_files(root, src, tgt), out / "subset", cfg)
+    files = _subset(multi30k_files(root, src, tgt), out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
     data_dir = _stage_prepare(cfg, files, out / "data", src, tgt, results)
@@ -356,7 +326,7 @@ def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, 
     from aiayn.decode.config import DecodeConfig
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
-    val_src, val_tok = _read(files[f"raw.valid.{src}"]), _read(files[f"tok.valid.{tgt}"])
+    val_src, val_tok = read_text(files[f"raw.valid.{src}"]), read_text(files[f"tok.valid.{tgt}"])
     tuning, val_translations = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
                                           report=lambda a, r: print(
                                               f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
@@ -371,7 +341,7 @@ def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, 
     results["alpha"] = best_alpha
     translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)
     hyps_val = val_translations[best_alpha]  # translated while tuning; the same cfg gives the same lines
-    val_raw = _read(files[f"raw.valid.{tgt}"])
+    val_raw = read_text(files[f"raw.valid.{tgt}"])
     val_bleu = multi30k_bleu(hyps_val, val_tok, tgt)
     results["valid"] = {"multi30k_bleu": val_bleu.score, "length_ratio": round(val_bleu.length_ratio, 3),
                         "sacrebleu": sacre_bleu(hyps_val, val_raw).score}
@@ -385,13 +355,13 @@ def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: P
     published baselines' tokenized BLEU, sacreBLEU and chrF, the paper's compound-split BLEU."""
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
-    test_src = _read(files[f"raw.test.{src}"])
+    test_src = read_text(files[f"raw.test.{src}"])
     t0 = time.monotonic()
     hyps = translator.translate(test_src)
     results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(f"[5/7] translated {len(hyps)} test_2016 sentences in {results['test_translate_seconds']} s", flush=True)
-    ref_raw, ref_tok = _read(files[f"raw.test.{tgt}"]), _read(files[f"tok.test.{tgt}"])
+    ref_raw, ref_tok = read_text(files[f"raw.test.{tgt}"]), read_text(files[f"tok.test.{tgt}"])
     scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
     results["test"] = {s.label: _score_entry(s) for s in scores}
     for s in scores:
