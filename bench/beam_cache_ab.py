@@ -1,6 +1,6 @@
 """A/B of two beam-search speed choices on the translation benchmark's shape (aiayn only):
 shared beam slots vs the copying cache (``CachedDecoder(share_slots=...)``), and denormals
-flushed vs kept (``aiayn.denormals``).
+flushed vs kept (``aiayn.host.denormals``).
 
     python bench/beam_cache_ab.py [--size base] [--mode fp32] [--reps 3]
 

@@ -142,7 +142,7 @@ def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> 
     import torch
 
     from aiayn.data.multi30k import default_data_root, multi30k_files as _multi30k_files, read_text as _read
-    from aiayn.process import configure_process
+    from aiayn.host.process import configure_process
 
     configure_process()
     torch.set_num_threads(threads)
@@ -228,13 +228,13 @@ class System:
     name: str
     build: Callable[..., Callable[[], dict]]
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # "reuse": the worker calls aiayn.allocator.reuse_freed_memory() first, as the aiayn
+    # "reuse": the worker calls aiayn.host.allocator.reuse_freed_memory() first, as the aiayn
     # command does at start-up; "system": glibc's defaults (what a rival's user gets).
     malloc: str = "system"
-    # "flush": the worker calls aiayn.denormals.flush_denormals() before anything else, as the
+    # "flush": the worker calls aiayn.host.denormals.flush_denormals() before anything else, as the
     # aiayn command does at start-up; "keep": IEEE denormals (what a rival's user gets).
     denormals: str = "keep"
-    # "on": the worker calls aiayn.hugepages.use_huge_pages() before its first tensor, as the
+    # "on": the worker calls aiayn.host.hugepages.use_huge_pages() before its first tensor, as the
     # aiayn command does at start-up; "off": 4 kB pages (what a rival's user gets).
     hugepages: str = "off"
 
@@ -243,18 +243,18 @@ def _worker(conn, system: System, threads: int) -> None:
     """Build the system, then time one call per "run" message; report peak RSS on "stop"."""
     try:
         if system.hugepages == "on":  # before the first tensor: PyTorch reads the setting once
-            from aiayn.hugepages import use_huge_pages
+            from aiayn.host.hugepages import use_huge_pages
 
             use_huge_pages()
         import torch
 
         if system.denormals == "flush":  # before the thread pool exists, so that every thread has it
-            from aiayn.denormals import flush_denormals
+            from aiayn.host.denormals import flush_denormals
 
             flush_denormals()
         torch.set_num_threads(threads)
         if system.malloc == "reuse":
-            from aiayn.allocator import reuse_freed_memory
+            from aiayn.host.allocator import reuse_freed_memory
 
             reuse_freed_memory()
         rss0 = peak_rss_mb()

@@ -17,15 +17,15 @@ variants in alternating processes on an idle machine.
 import sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiayn.hugepages import use_huge_pages
+from aiayn.host.hugepages import use_huge_pages
 use_huge_pages()
 import torch
-from aiayn.denormals import flush_denormals
+from aiayn.host.denormals import flush_denormals
 flush_denormals()
 size, mode, variant, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 threads, batch = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 5 else (2, 64)
 torch.set_num_threads(threads)
-from aiayn.allocator import reuse_freed_memory
+from aiayn.host.allocator import reuse_freed_memory
 reuse_freed_memory()
 import aiayn.model.attention as A
 

@@ -1,4 +1,4 @@
-"""Training with and without transparent huge pages (``aiayn.hugepages``), in whole runs.
+"""Training with and without transparent huge pages (``aiayn.host.hugepages``), in whole runs.
 
     python bench/hugepages_ab.py --data runs/demo/data [--steps 2000 --pairs 2 --recipe R]
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import benchlib as bl
 
-from aiayn import hugepages
+from aiayn.host import hugepages
 from aiayn.demo import RECIPES
 
 

@@ -6,7 +6,7 @@ Python side, on one small call (seconds).
 Same setting as translate_throughput.py (random weights, forced output length, beam 4), one
 warm-up call, then one profiled call per profiler. Prints the top operators by self CPU time
 and the top Python functions by own time; nothing is written. The process first takes the
-``aiayn`` command's settings (huge pages, denormals, allocator: aiayn/process.py), as the
+``aiayn`` command's settings (huge pages, denormals, allocator: aiayn/host/process.py), as the
 decoding workers do (``--plain-process`` leaves them out).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pstats
 import sys
 import time
 
-if "--plain-process" not in sys.argv:  # before the first tensor, as aiayn/process.py asks
-    from aiayn.process import configure_process
+if "--plain-process" not in sys.argv:  # before the first tensor, as aiayn/host/process.py asks
+    from aiayn.host.process import configure_process
 
     configure_process()
 

@@ -51,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from aiayn.errors import UserError
-    from aiayn.process import configure_process
+    from aiayn.host.process import configure_process
     try:
-        configure_process()  # huge pages, denormals, allocator: before the first tensor (aiayn/process.py)
+        configure_process()  # huge pages, denormals, allocator: before the first tensor (aiayn/host/process.py)
     except UserError as exc:
         print(f"aiayn: error: {exc}", file=sys.stderr)
         return 2

@@ -106,7 +106,7 @@ def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pa
 def _run_training(cmd: list[str], log_path: Path | None, env: dict | None = None) -> subprocess.Popen:
     """Start one ``aiayn train`` command (killed with the demo: ``die_with_parent``); output to the
     terminal or a log."""
-    from aiayn.process import die_with_parent
+    from aiayn.host.process import die_with_parent
     before_exec = functools.partial(die_with_parent, os.getpid())
     if log_path is None:
         return subprocess.Popen(cmd, preexec_fn=before_exec, env=env)

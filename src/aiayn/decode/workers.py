@@ -38,7 +38,7 @@ def _init_worker(translator_class: type, models: list[tuple[dict, bytes]], token
     """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)
     in a ``translator_class`` (``Translator``, given by its caller: this module does not import it)."""
     global _WORKER
-    from aiayn.process import configure_process, die_with_parent
+    from aiayn.host.process import configure_process, die_with_parent
 
     die_with_parent(parent_pid)
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from aiayn import hugepages
+from aiayn.host import hugepages
 from aiayn.errors import UserError
 
 # Turn the setting on (or not), touch a 64 MB tensor, print the setting and how much of the
@@ -15,7 +15,8 @@ from aiayn.errors import UserError
 # command's start-up (cli.main), which must do it before the first tensor; "off": neither.
 _PROBE = """
 import contextlib, io, os, sys
-from aiayn import cli, hugepages
+from aiayn import cli
+from aiayn.host import hugepages
 if sys.argv[1] == "on":
     assert hugepages.use_huge_pages()
 elif sys.argv[1] == "command":

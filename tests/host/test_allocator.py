@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from aiayn import allocator
+from aiayn.host import allocator
 from aiayn.errors import UserError
-from aiayn.hugepages import TORCH_ENV as TORCH_HUGEPAGES_ENV
+from aiayn.host.hugepages import TORCH_ENV as TORCH_HUGEPAGES_ENV
 
 # Allocate and free a 64 MB tensor 20 times, touching it, and print the minor page faults.
 _PROBE = """
 import resource, sys, torch
-from aiayn.allocator import reuse_freed_memory
+from aiayn.host.allocator import reuse_freed_memory
 if sys.argv[1] == "reuse":
     assert reuse_freed_memory()
 torch.ones(1 << 24).sum()  # warm-up: the first touch faults in either mode
@@ -26,7 +26,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
 
 
 def _faults(mode: str) -> int:
-    # 4 kB pages, whatever an in-process `aiayn` command of another test set (aiayn/hugepages.py):
+    # 4 kB pages, whatever an in-process `aiayn` command of another test set (aiayn/host/hugepages.py):
     # a huge page faults in 2 MB at once, which would hide the faults counted here
     env = {k: v for k, v in os.environ.items() if k != TORCH_HUGEPAGES_ENV}
     out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, env=env)

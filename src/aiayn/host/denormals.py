@@ -11,7 +11,7 @@ What flushing changes. Results that would be denormal become 0, and denormal inp
 as 0. Where the value is a term of a sum of at least one normal number (softmax, log_softmax,
 attention), it is below that number's float32 rounding, so the result is unchanged; the tests
 check this bit for bit for log_softmax and beam search. It is a process setting, like the
-allocator's (``aiayn.allocator``):
+allocator's (``aiayn.host.allocator``):
 - the ``aiayn`` command calls ``configure_from_env()`` at start-up; ``AIAYN_DENORMALS=keep``
   turns it off (IEEE gradual underflow everywhere);
 - ``torch.set_flush_denormal`` sets the CPU's MXCSR register of the calling thread only.

@@ -1,4 +1,4 @@
-"""aiayn/onednn_cache.py: oneDNN keeps the generated code of every product shape when the setting is on."""
+"""aiayn/host/onednn_cache.py: oneDNN keeps the generated code of every product shape when the setting is on."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from aiayn import onednn_cache
+from aiayn.host import onednn_cache
 from aiayn.errors import UserError
 
 # bfloat16 products of 24 row counts, twice over, with oneDNN reporting each primitive it creates;
@@ -15,7 +15,7 @@ from aiayn.errors import UserError
 _PROBE = """
 import os, sys
 os.environ["AIAYN_ONEDNN_CACHE"] = sys.argv[1]
-from aiayn.process import configure_process
+from aiayn.host.process import configure_process
 configure_process()
 import torch
 torch.set_num_threads(1)

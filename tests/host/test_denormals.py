@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from aiayn import denormals
+from aiayn.host import denormals
 from aiayn.errors import UserError
 
 # Mimics the CLI's start-up order (aiayn.cli.main): the setting, then the command modules are
@@ -15,7 +15,8 @@ from aiayn.errors import UserError
 # are made from their bits: a Python float converted on a flushing thread would already be 0.
 _THREADS = """
 import sys, torch
-from aiayn import cli, denormals
+from aiayn import cli
+from aiayn.host import denormals
 import os
 os.environ[denormals.ENV] = sys.argv[1]
 print(int(denormals.configure_from_env()), end=" ")
@@ -60,7 +61,7 @@ print(int(ok), int((y != 0).sum()))
 # printed exactly, with and without flushing.
 _SAME = """
 import json, os, sys, torch
-from aiayn import denormals
+from aiayn.host import denormals
 os.environ[denormals.ENV] = sys.argv[1]
 denormals.configure_from_env()
 torch.set_num_threads(2)

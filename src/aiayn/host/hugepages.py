@@ -17,8 +17,8 @@ first with a few minutes of other load; both settle near 10k tok/s after 2,000 s
 this is where memory lives, not what is computed. The alternatives were slower: glibc's own
 huge-page tunable (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``) about 3x, jemalloc 0.94x.
 
-It is a process setting, like the allocator's (``aiayn.allocator``) and the denormals'
-(``aiayn.denormals``):
+It is a process setting, like the allocator's (``aiayn.host.allocator``) and the denormals'
+(``aiayn.host.denormals``):
 - the ``aiayn`` command calls ``configure_from_env()`` first thing; ``AIAYN_HUGEPAGES=off``
   turns it off, and a ``THP_MEM_ALLOC_ENABLE`` the user set is left as it is;
 - Python users call ``use_huge_pages()`` before creating their first tensor. Called later (for

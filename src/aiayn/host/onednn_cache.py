@@ -13,7 +13,7 @@ entries) ``aiayn demo`` trained 12,134 target tokens/s against 11,325 over steps
 the same validation loss to the digit: where code lives, not what is computed), and its resident
 memory did not grow (2,351 MB against 2,444 MB at step 800).
 
-It is a process setting, like ``aiayn.hugepages``: oneDNN reads the variable when it creates its
+It is a process setting, like ``aiayn.host.hugepages``: oneDNN reads the variable when it creates its
 first primitive, so it must be set before the first bfloat16 matmul, and processes started later
 (``aiayn demo``'s training processes) inherit it.
 - the ``aiayn`` command calls ``configure_from_env()`` at start-up; ``AIAYN_ONEDNN_CACHE=N`` sets

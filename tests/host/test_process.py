@@ -1,12 +1,12 @@
-"""aiayn/process.py: the aiayn command's process settings, applied in their order, errors named."""
+"""aiayn/host/process.py: the aiayn command's process settings, applied in their order, errors named."""
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from aiayn import allocator, denormals, hugepages, onednn_cache
-from aiayn.process import configure_process
+from aiayn.host import allocator, denormals, hugepages, onednn_cache
+from aiayn.host.process import configure_process
 
 
 def test_order(monkeypatch):
@@ -35,7 +35,7 @@ def test_die_with_parent_keeps_the_child_of_an_init_process(monkeypatch):
     whose parent is no longer the one that started it exits."""
     import os
 
-    from aiayn.process import die_with_parent
+    from aiayn.host.process import die_with_parent
     exits = []
     monkeypatch.setattr(os, "_exit", exits.append)
     monkeypatch.setattr(os, "getppid", lambda: 1)
@@ -56,7 +56,7 @@ def test_a_real_child_ends_with_its_parent(tmp_path):
     (tmp_path / "child.py").write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
                                        "time.sleep(60)\n")
     parent = ("import functools, os, subprocess, sys, time\n"
-              "from aiayn.process import die_with_parent\n"
+              "from aiayn.host.process import die_with_parent\n"
               f"subprocess.Popen([sys.executable, {str(tmp_path / 'child.py')!r}],\n"
               "                 preexec_fn=functools.partial(die_with_parent, os.getpid()))\n"
               "time.sleep(60)\n")
