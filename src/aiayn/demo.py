@@ -36,8 +36,7 @@ from aiayn.evaluate.alpha import choose_alpha, tune_alpha
 
 log = logging.getLogger(__name__)
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-RECIPES = CHECKOUT / "recipes"
+RECIPES = Path(__file__).resolve().parent / "recipes"  # package data (recipes/ in the checkout links here)
 LANGS = ("en", "de")
 EXAMPLES = {
     "en": ["A man in a blue shirt is riding a bicycle down the street.",

@@ -128,3 +128,13 @@ def test_gpu_recipe_is_the_cpu_recipe_in_one_process():
     assert default_recipe(False, cuda=True).name == "multi30k-gpu.json"
     assert default_recipe(False, cuda=False).name == "multi30k.json"
     assert default_recipe(True, cuda=True).name == "multi30k-quick.json"
+
+
+def test_recipes_ship_inside_the_package():
+    """The recipes are package data (an installed aiayn runs `aiayn demo` without a checkout);
+    recipes/ in the checkout is the same folder."""
+    import aiayn
+    from aiayn.demo import RECIPES
+    assert RECIPES == Path(aiayn.__file__).resolve().parent / "recipes"
+    assert {p.name for p in RECIPES.glob("*.json")} == {p.name for p in (RECIPES.parents[2] / "recipes").glob("*.json")}
+    assert (RECIPES / "multi30k.json").is_file() and (RECIPES / "multi30k-gpu.json").is_file()
