@@ -7,7 +7,7 @@ Three paths compute Eq. 1:
 - the explicit path, which also returns the attention weights (plots, tests);
 - on the CPU, when a module is given the C kernels (``MultiHeadAttention.kernels``; training sets
   them with ``train.c_kernels``), ``_KernelAttention``: forward and backward in
-  ``aiayn/decode/seq_attention.c``, float32 arithmetic on float32 or bfloat16 heads, as the fast path
+  ``aiayn/kernels/seq_attention.c``, float32 arithmetic on float32 or bfloat16 heads, as the fast path
   does under autocast with ``attn_fp32``; not with attention dropout or weights asked for.
 ``tests/model/test_model.py`` checks they agree.
 
