@@ -227,21 +227,28 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def timed_rounds(fns: dict, rounds: int, device, calls: int = 1) -> dict[str, list[float]]:
+    """Interleaved rounds: each function called ``calls`` times a round, the functions in turn (so a
+    drift of the machine hits all alike); per function the seconds of each round."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def measure(steps: dict, batches: Batches, cfg, device, n_steps: int, rounds: int) -> dict:
     """Interleaved rounds; per system the median round's target tok/s and model TFLOP/s."""
-    times = {k: [] for k in steps}
     per_round = [batches.shapes[i % len(batches.shapes)] for i in range(n_steps)]
     real = sum(batches.real_tokens[i % len(batches.real_tokens)] for i in range(n_steps))
     padded = sum(B * T for B, S, T in per_round)
     flops = sum(train_flops(cfg, B, S, T) for B, S, T in per_round)
-    for _ in range(rounds):
-        for name, step in steps.items():
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(n_steps):
-                step()
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
+    times = timed_rounds(steps, rounds, device, n_steps)
     out = {}
     for name, ts in times.items():
         t = statistics.median(ts)

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,11 +33,7 @@ from aiayn.decode.adapter import CachedDecoder  # noqa: E402
 from aiayn.decode.config import DecodeConfig  # noqa: E402
 from aiayn.decode.search import SpecialIds, search  # noqa: E402
 from aiayn.decode.translator import model_for_precision  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+from gpu_train import sync, timed_rounds  # noqa: E402
 
 
 def aiayn_system(cfg, precision: str, src: torch.Tensor, L: int, K: int, device):
@@ -103,14 +98,7 @@ def main() -> int:
                 sync(device)
             except Exception as exc:
                 print(f"{size} {sys_name}: failed: {type(exc).__name__}: {exc}"[:400], flush=True)
-        times = {k: [] for k in runs}
-        for _ in range(args.rounds):
-            for k, run in runs.items():
-                sync(device)
-                t0 = time.perf_counter()
-                run()
-                sync(device)
-                times[k].append(time.perf_counter() - t0)
+        times = timed_rounds(runs, args.rounds, device)
         res = {}
         for k, ts in times.items():
             t = statistics.median(ts)

@@ -121,23 +121,23 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             linear(f"{name}.{proj}_proj", w, b, d_in=True, d_out=False)
         linear(f"{name}.out_proj", o.weight, o.bias, d_in=False, d_out=True)
 
+    def self_attention(name: str, mha) -> None:
+        w, b = mha.qkv_proj.weight, mha.qkv_proj.bias  # q, k, v stacked (self-attention's fused projection)
+        attention(name, (w[:hk], b[:hk]), (w[hk:2 * hk], b[hk:2 * hk]), (w[2 * hk:], b[2 * hk:]), mha.out_proj)
+
     def ffn(name: str, layer) -> None:
         linear(f"{name}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias, d_in=True, d_out=False)
         linear(f"{name}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias, d_in=False, d_out=True)
 
     for i, layer in enumerate(model.encoder_layers):
         name = f"model.encoder.layers.{i}"
-        w, b = layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias
-        attention(f"{name}.self_attn", (w[:hk], b[:hk]), (w[hk:2 * hk], b[hk:2 * hk]), (w[2 * hk:], b[2 * hk:]),
-                  layer.self_attn.out_proj)
+        self_attention(f"{name}.self_attn", layer.self_attn)
         norm(f"{name}.self_attn_layer_norm", layer.conn_attn.norm)
         ffn(name, layer)
         norm(f"{name}.final_layer_norm", layer.conn_ffn.norm)
     for i, layer in enumerate(model.decoder_layers):
         name = f"model.decoder.layers.{i}"
-        w, b = layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias
-        attention(f"{name}.self_attn", (w[:hk], b[:hk]), (w[hk:2 * hk], b[hk:2 * hk]), (w[2 * hk:], b[2 * hk:]),
-                  layer.self_attn.out_proj)
+        self_attention(f"{name}.self_attn", layer.self_attn)
         norm(f"{name}.self_attn_layer_norm", layer.conn_self.norm)
         ca = layer.cross_attn
         kw, kb = ca.kv_proj.weight, ca.kv_proj.bias

@@ -37,7 +37,7 @@ def _batch(cfg, n=6, seed=0):
 def _step_grads(cfg, batch, device, precision):
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
-    b = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch
+    b = loop._to_device(batch, device)
     sums, _ = loop._forward_backward(model, [b], TrainConfig(), cfg, 1, 1 / batch.n_tgt_tokens, device, precision,
                                      None, None, synced=False)
     norm = loop._grad_norm(model, None)

@@ -125,8 +125,8 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     kernels = train_kernels(t, device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for idx in sampler:
-        b = collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id, m.eos_id)
-        b = b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
+        b = _to_device(collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id,
+                               m.eos_id), device)
         with rt.autocast(device, precision):
             logits = model(b.src, b.tgt_in)
         sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id, kernels)
@@ -668,14 +668,17 @@ class _Draw:
     sampler_state: dict  # the sampler's position just after them
 
 
+def _to_device(b, device: torch.device):
+    """A collated batch on ``device``: on CUDA from page-locked memory without waiting
+    (``non_blocking``), so the copy overlaps the device's work; on the CPU as it is."""
+    return b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
+
+
 def _draw(it_state: dict, sampler, data, t: TrainConfig, m, segment_epoch, device: torch.device) -> _Draw:
-    """The next step's ``accum_steps`` batches (``_next_batches``), sent to the device: on CUDA from
-    page-locked memory without waiting (``non_blocking``), so the copy overlaps the device's work."""
+    """The next step's ``accum_steps`` batches (``_next_batches``), sent to the device (``_to_device``)."""
     micro = _next_batches(it_state, sampler, data, t.accum_steps, m, segment_epoch, t.max_epochs)
     new_epoch, it_state["new_epoch"] = it_state["new_epoch"], False
-    if device.type == "cuda":
-        micro = [b.pin_memory().to(device, non_blocking=True) for b in micro]
-    return _Draw(micro, it_state["epoch"], new_epoch, sampler.state_dict())
+    return _Draw([_to_device(b, device) for b in micro], it_state["epoch"], new_epoch, sampler.state_dict())
 
 
 def _read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
