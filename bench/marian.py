@@ -29,22 +29,15 @@ def marian_pad(cfg: ModelConfig) -> int:
 
 
 def marian_config(cfg: ModelConfig):
-    """A MarianConfig with the shapes of ``cfg`` (d_k = d_model / heads must hold for Marian)."""
-    from transformers import MarianConfig
+    """A MarianConfig with the shapes of ``cfg`` (d_k = d_model / heads must hold for Marian): the
+    exporter's (``aiayn.hf.marian_config``) with Marian's own special ids."""
+    from aiayn.hf import marian_config as exported
 
     if cfg.n_heads * cfg.d_k != cfg.d_model or cfg.d_k != cfg.d_v:
         raise ValueError(f"Marian needs d_k = d_v = d_model / n_heads; got d_k={cfg.d_k}, d_v={cfg.d_v}")
     pad = marian_pad(cfg)
-    return MarianConfig(
-        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers, decoder_layers=cfg.decoder_layers,
-        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
-        dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn, activation_dropout=cfg.p_drop_ffn,
-        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=pad, eos_token_id=MARIAN_EOS, decoder_start_token_id=pad, forced_eos_token_id=MARIAN_EOS,
-    )
+    return exported(cfg, pad_token_id=pad, bos_token_id=None, eos_token_id=MARIAN_EOS, decoder_start_token_id=pad,
+                    forced_eos_token_id=MARIAN_EOS)
 
 
 def build_marian(cfg: ModelConfig, seed: int = 0):

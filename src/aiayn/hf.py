@@ -81,11 +81,15 @@ def model_permutation(d_model: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def marian_config(cfg: ModelConfig):
-    """The ``MarianConfig`` of ``cfg`` (``marian_refusals`` must be empty)."""
+def marian_config(cfg: ModelConfig, **special_ids):
+    """The ``MarianConfig`` of ``cfg`` (``marian_refusals`` must be empty); ``special_ids`` replace the
+    pad / BOS / EOS / decoder-start / forced-EOS ids taken from ``cfg`` (bench/marian.py passes Marian's own)."""
     from transformers import MarianConfig
 
     shared = cfg.tie_src_tgt_embeddings
+    ids = dict(pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
+               decoder_start_token_id=cfg.bos_id, forced_eos_token_id=None)
+    ids.update(special_ids)
     return MarianConfig(
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.n_layers, decoder_layers=cfg.decoder_layers,
@@ -93,9 +97,7 @@ def marian_config(cfg: ModelConfig):
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
         dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn, activation_dropout=cfg.p_drop_ffn,
         max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
-        share_encoder_decoder_embeddings=shared, tie_word_embeddings=True,
-        pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
-        decoder_start_token_id=cfg.bos_id, forced_eos_token_id=None)
+        share_encoder_decoder_embeddings=shared, tie_word_embeddings=True, **ids)
 
 
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
