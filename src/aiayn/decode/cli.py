@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from aiayn.config import add_arguments, from_args
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 
@@ -35,8 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--input", metavar="FILE", help="source sentences, one per line, plain or gzip (default: stdin)")
     p.add_argument("--attention-out", metavar="FILE",
                    help="write attention weights of each best translation to FILE.json or FILE.npz")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
-                                                     "(default: auto)")
+    add_device_argument(p)
     p.add_argument("--interactive", action="store_true",
                    help="translate each line as soon as it is read and flush its output, as fairseq-interactive does "
                         "(the default when stdin is a terminal and no --input is given)")

@@ -62,3 +62,10 @@ class DecodeConfig:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.batch_tokens < 1 or self.max_input_tokens < 1:
             raise ConfigError("batch_tokens and max_input_tokens must be >= 1")
+
+
+def add_device_argument(p) -> None:
+    """``--device`` of the commands that translate (translate, evaluate, serve, parse): resolved by
+    ``translator.inference_device``."""
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
+                                                    "(default: auto)")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from aiayn.config import add_arguments, from_args
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 
 
@@ -58,8 +58,7 @@ def register(sub) -> None:
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
     p.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default de)")
     p.add_argument("--out", help="also write the translations here")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
-                                                     "(default: auto)")
+    add_device_argument(p)
     p.add_argument("--json", action="store_true", help="JSON output")
     add_arguments(p, DecodeConfig)
     p.set_defaults(func=run)

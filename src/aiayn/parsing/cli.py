@@ -14,7 +14,7 @@ from pathlib import Path
 from aiayn.config import add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
 from aiayn.errors import InputError, UserError
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.model.config import PRESETS
 from aiayn.parsing.baseline import right_branching
 from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words
@@ -181,8 +181,7 @@ def _register_decode(sub) -> None:
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one per line (e.g. OUT/test.gold)")
     p.add_argument("--out", type=Path, required=True, help="file for the predicted trees, one per line")
     p.add_argument("--param", type=Path, default=None, help="EVALB parameter file (default: COLLINS.prm settings)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
-                                                     "(default: auto)")
+    add_device_argument(p)
     add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
     add_arguments(p, ParseOptions)
     p.set_defaults(func=run_decode)
@@ -218,8 +217,7 @@ def _add_text_arguments(p: argparse.ArgumentParser, required: bool) -> None:
                    help="checkpoint written by `aiayn parse train` (or `aiayn average`)")
     p.add_argument("--input", type=Path, default=None, help="tokenized sentences, one per line (default: stdin)")
     p.add_argument("--output", type=Path, default=None, help="file for the trees, one per line (default: stdout)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
-                                                     "(default: auto)")
+    add_device_argument(p)
     add_arguments(p, DecodeConfig, defaults=PARSE_DECODE)
     add_arguments(p, ParseOptions)
 

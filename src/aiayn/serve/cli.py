@@ -6,7 +6,7 @@ import logging
 import os
 
 from aiayn.config import add_arguments, from_args, replace
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.serve.config import ServeConfig
 
@@ -24,8 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"defaults of requests that do not set them. The API key may come from ${API_KEY_ENV} "
                     "instead of --api-key (which ps would show). See docs/serve.md.")
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
-                                                     "(default: auto)")
+    add_device_argument(p)
     add_arguments(p, ServeConfig)
     add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
     p.set_defaults(func=run)
