@@ -112,7 +112,7 @@ def run_child(argv: list[str], log_path: Path, first_step_log: Path | None = Non
             time.sleep(0.1)
         proc.returncode = os.waitstatus_to_exitcode(status)
     out = {"wall_s": round(time.perf_counter() - t0, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-           "exit": proc.returncode, "log": str(log_path.relative_to(REPO))}
+           "exit": proc.returncode, "log": os.path.relpath(log_path, REPO)}
     return out | ({"first_step_s": first} if first_step_log is not None else {})
 
 
