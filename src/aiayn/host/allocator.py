@@ -7,8 +7,14 @@ step pays the kernel to zero and map those pages again: measured on this 2-core 
 of ``aiayn demo``'s step time was system time (page faults), and the step ran 1.28x faster
 (bf16; 1.13x in fp32) with it gone. ``reuse_freed_memory`` turns that off with two
 ``mallopt`` calls: no mmap for large blocks, and no trimming of the heap top. The cost is
-that the process keeps its peak heap size until it exits, which is the norm for a training
-or serving process (PyTorch's CUDA caching allocator does the same on GPU).
+that the heap only grows: blocks of new sizes are cut from its top, and the holes freed blocks
+leave are kept. Batches of many shapes (a large corpus has a row count for nearly every sentence
+length) leave holes of many sizes, so the heap grew with the corpus: 16 MB a step after 60 steps
+of the tiny preset on 250,000 WMT-like pairs, 2.2 GB after 120 steps against 0.7 GB under
+glibc's defaults. ``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the
+kernel; training calls it every ``TRIM_EVERY_STEPS`` steps and after each validation, which keeps
+the resident memory flat (0.58 GB after 120 steps) for about 2% of the steps' time, where glibc's
+defaults cost 16%.
 
 The ``aiayn`` command calls it at start-up unless ``AIAYN_MALLOC=system`` is set; Python
 users may call it themselves. It does nothing where glibc is not the C library.
@@ -26,6 +32,7 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD = -1  # <malloc.h>
 _M_MMAP_MAX = -4
 ENV = "AIAYN_MALLOC"
+TRIM_EVERY_STEPS = 10  # training's steps between two release_free_memory calls
 
 
 def reuse_freed_memory() -> bool:
@@ -49,3 +56,16 @@ def configure_from_env() -> bool:
         from aiayn.errors import UserError
         raise UserError(f"{ENV} must be 'reuse' or 'system', got {choice!r}")
     return choice == "reuse" and reuse_freed_memory()
+
+
+def release_free_memory() -> bool:
+    """Return the free pages inside glibc's heap to the kernel (``malloc_trim(0)``); the blocks stay
+    the process's, so only their pages fault in again when reused. True where glibc did it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.model.linear import Linear
+
 
 def attention_explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                        p_drop: float = 0.0, training: bool = False) -> tuple[Tensor, Tensor]:
@@ -82,11 +84,11 @@ class MultiHeadAttention(nn.Module):
         self.self_attention = self_attention
         self.attn_fp32 = attn_fp32
         if self_attention:
-            self.qkv_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v))
+            self.qkv_proj = Linear(d_model, n_heads * (2 * d_k + d_v))
         else:
-            self.q_proj = nn.Linear(d_model, n_heads * d_k)
-            self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
-        self.out_proj = nn.Linear(n_heads * d_v, d_model)  # W^O
+            self.q_proj = Linear(d_model, n_heads * d_k)
+            self.kv_proj = Linear(d_model, n_heads * (d_k + d_v))
+        self.out_proj = Linear(n_heads * d_v, d_model)  # W^O
         self.kernels = None  # aiayn.kernels.loader.Kernels: attend through seq_attention.c where it can
 
     def _split(self, x: Tensor, d: int) -> Tensor:

@@ -13,6 +13,7 @@ from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.cache import DecoderCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.dropout import dropout
+from aiayn.model.linear import Linear
 
 
 class FeedForward(nn.Module):
@@ -20,8 +21,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, p_drop_ffn: float, fast_dropout: bool = True):
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = Linear(d_model, d_ff)
+        self.w2 = Linear(d_ff, d_model)
         self.p_drop_ffn = p_drop_ffn
         self.fast_dropout = fast_dropout
 

@@ -16,6 +16,7 @@ from aiayn.model.cache import DecoderCache, LayerCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.dropout import dropout
 from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.linear import Linear, row_padded_linear
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 
 
@@ -57,7 +58,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.out_proj = None  # pre-softmax projection = target embedding matrix (§3.4)
         else:
-            self.out_proj = nn.Linear(D, cfg.target_vocab_size, bias=False)
+            self.out_proj = Linear(D, cfg.target_vocab_size, bias=False)
+        self.row_multiple = 0  # pad_linear_rows
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -78,6 +80,15 @@ class Transformer(nn.Module):
             if isinstance(module, MultiHeadAttention):
                 module.kernels = kernels
 
+    def pad_linear_rows(self, multiple: int) -> None:
+        """Round the rows of every linear map (the output layer's too) up to a multiple of ``multiple``
+        on the CPU in reduced precision, 0 for never (``aiayn.model.linear``: the same outputs, oneDNN
+        kernels for few shapes). Training sets it with ``train.cpu_row_multiple``."""
+        self.row_multiple = int(multiple)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.row_multiple = self.row_multiple
+
     # -- embeddings ---------------------------------------------------------------------
     def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:
         """Embedding * sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4)."""
@@ -87,7 +98,7 @@ class Transformer(nn.Module):
     def output_logits(self, h: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4): (B,T,D) -> (B,T,V)."""
         if self.out_proj is None:
-            return nn.functional.linear(h, self.tgt_embed.weight)
+            return row_padded_linear(h, self.tgt_embed.weight, None, self.row_multiple)
         return self.out_proj(h)
 
     # -- encoder ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from aiayn.data.batching import TokenBatchSampler, collate
 from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.data.store import write_json_atomic
 from aiayn.errors import UserError
+from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn import checkpoint as ck
@@ -337,6 +338,8 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
             elapsed = step.mean_clock
         if not run.apply(step):
             continue  # a non-finite step, skipped (local SGD counts it, so the ranks average together)
+        if run.device.type == "cpu" and state.step % TRIM_EVERY_STEPS == 0:
+            release_free_memory()  # the heap's holes back to the kernel (aiayn/host/allocator.py)
         if state.step % run.period:
             continue  # local SGD between two averagings: no logging, checkpoint or validation
         if run.local_sgd:
@@ -401,6 +404,7 @@ class _Run:
         self.kernels = train_kernels(t, self.device)
         # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
         self.model.use_attention_kernels(None if t.compile else self.kernels)
+        self.model.pad_linear_rows(t.cpu_row_multiple if self.device.type == "cpu" else 0)
         self.n_params = count_parameters(self.model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, self.precision, self.dist.world_size)
@@ -563,8 +567,11 @@ class _Run:
                               **({"rss_mb": rss} if rss is not None else {})})
 
     def validate(self) -> dict | None:
-        return _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision, self.state,
-                                   self.monitor.scalars, self.toks)
+        valid = _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision, self.state,
+                                    self.monitor.scalars, self.toks)
+        if self.device.type == "cpu":
+            release_free_memory()  # validation's batches leave holes of their own sizes
+        return valid
 
     def checkpoint(self, valid: dict | None) -> None:
         """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
