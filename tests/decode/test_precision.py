@@ -62,3 +62,17 @@ def test_a_decoding_copy_is_not_copied_again(tiny_checkpoint, precision):
     assert first.models[0] is not model  # the caller's model was copied once
     lines = ["A dog runs.", "Two men are sitting on a bench in the park."]
     assert again.translate(lines) == first.translate(lines)
+
+
+def test_bf16_padded_rows_translate_the_same(tiny_checkpoint):
+    """The bf16 copy pads its linear maps' rows (``cpu_row_bits``, aiayn/model/linear.py); with the
+    padding off the same batches give the same hypotheses and the same scores."""
+    from aiayn.model.linear import Linear
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    lines = [f"A dog number {i} runs in the park with {i % 7} men." for i in range(40)] + ["Two men sit."]
+    results = {}
+    for bits in (6, 0):
+        tr = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=3, nbest=2, precision="bf16", cpu_row_bits=bits))
+        assert {m.row_bits for m in tr.model.modules() if isinstance(m, Linear)} == {bits}
+        results[bits] = tr.translate_nbest(lines)
+    assert results[6] == results[0]

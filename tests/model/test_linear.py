@@ -24,25 +24,42 @@ def seen_rows(monkeypatch):
     return rows
 
 
-@pytest.mark.parametrize("M, multiple, autocast, expected", [
-    (37, 64, True, 64),     # rounded up: 37 + 27 zero rows
-    (64, 64, True, 64),     # already a multiple: untouched
-    (65, 64, True, 128),
-    (130, 8, True, 136),
-    (37, 0, True, 37),      # 0 = off
-    (37, 64, False, 37),    # float32 on the CPU: never padded
+@pytest.mark.parametrize("M, bits, expected", [
+    (63, 6, 63),        # under 2^6 rows: never padded
+    (64, 6, 64),        # 7 bits, step 2: already even
+    (65, 6, 66),
+    (127, 6, 128),
+    (130, 6, 132),      # 8 bits, step 4
+    (2999, 6, 3008),    # 12 bits, step 64
+    (3072, 6, 3072),
+    (4097, 6, 4224),    # 13 bits, step 128
+    (2999, 4, 3072),    # step 256
+    (2999, 0, 2999),    # 0 = off
 ])
-def test_row_count_golden(seen_rows, M, multiple, autocast, expected):
+def test_padded_rows_golden(M, bits, expected):
+    assert lin.padded_rows(M, bits) == expected
+    if bits:
+        assert (expected - M) * 2 ** (bits - 1) < M  # fewer than 1/2^(bits-1) more rows
+
+
+@pytest.mark.parametrize("M, bits, autocast, expected", [
+    (37, 4, True, 40),      # 6 bits, step 4
+    (37, 6, True, 37),      # under 2^6: untouched
+    (130, 6, True, 132),
+    (130, 0, True, 130),    # 0 = off
+    (130, 6, False, 130),   # float32 on the CPU: never padded
+])
+def test_rows_reaching_the_product(seen_rows, M, bits, autocast, expected):
     x, w = torch.randn(M, 8), torch.randn(5, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        y = row_padded_linear(x, w, None, multiple)
+        y = row_padded_linear(x, w, None, bits)
     assert seen_rows == [expected]
     assert y.shape == (M, 5)
 
 
 def test_bf16_input_without_autocast_is_padded(seen_rows):
-    y = row_padded_linear(torch.randn(3, 7, 8, dtype=torch.bfloat16), torch.randn(5, 8, dtype=torch.bfloat16), None, 16)
-    assert seen_rows == [32] and y.shape == (3, 7, 5)
+    y = row_padded_linear(torch.randn(3, 7, 8, dtype=torch.bfloat16), torch.randn(5, 8, dtype=torch.bfloat16), None, 3)
+    assert seen_rows == [24] and y.shape == (3, 7, 5)  # 21 rows, 5 bits, step 4
 
 
 def test_linear_keeps_nn_linear_state_dict():
@@ -60,15 +77,15 @@ def _model(tied: bool):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_padded_model_equals_unpadded_under_bf16(tied):
-    """Forward and backward of a batch with odd row counts (B x S = 5 x 11, B x T = 5 x 9) under bf16
-    autocast: the logits are the same numbers, and the gradients agree to bfloat16's rounding (the
+    """Forward and backward of a batch with odd row counts (B x S = 5 x 11, B x T = 5 x 9, padded to 56
+    and 48 with 3 bits) under bf16 autocast: the logits are the same numbers, and the gradients agree to bfloat16's rounding (the
     products' kernels block the rows differently)."""
     torch.manual_seed(1)
     src, tgt = torch.randint(4, 50, (5, 11)), torch.randint(4, 50, (5, 9))
     results = []
-    for multiple in (0, 64):
+    for bits in (0, 3):
         model = _model(tied)
-        model.pad_linear_rows(multiple)
+        model.pad_linear_rows(bits)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(src, tgt)
         logits.float().pow(2).mean().backward()
@@ -80,24 +97,23 @@ def test_padded_model_equals_unpadded_under_bf16(tied):
 
 
 def test_pad_linear_rows_reaches_every_product(seen_rows):
-    """Every linear map of the model, the tied output layer included, sees a multiple of 64 rows."""
+    """Every linear map of the model, the tied output layer included, sees a padded row count."""
     model = _model(tied=True)
-    model.pad_linear_rows(64)
+    model.pad_linear_rows(2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 5)))
-    assert seen_rows and all(r == 64 for r in seen_rows)
+        model(torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 5)))  # 21 -> 24 rows, 15 -> 16
+    assert seen_rows and set(seen_rows) == {24, 16}
     n_linear = sum(isinstance(m, Linear) for m in model.modules())
     assert len(seen_rows) == n_linear + 1  # each map once, and the output layer through the tied embedding
 
 
 def test_row_counts_bounded_over_many_lengths(seen_rows):
-    """Token-bounded batches (B = 512 // L for every length L of 1..120) give one row count per length
-    unpadded (53 of them), and at most 512 / 64 + 1 row counts padded to 64."""
-    x_of = lambda L: torch.randn(512 // L, L, 8)  # noqa: E731
+    """Token-bounded batches (B = 3125 // L for every length L of 1..250) give 97 row counts unpadded,
+    (2,892 to 3,125 rows) and 4 with 6 bits (multiples of 64: 2,944 to 3,136)."""
     w = torch.randn(4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        for L in range(1, 121):
-            row_padded_linear(x_of(L), w, None, 64)
-    assert len(set(seen_rows)) <= 512 // 64 + 1
-    unpadded = {(512 // L) * L for L in range(1, 121)}
-    assert len(unpadded) == 53
+        for L in range(1, 251):
+            row_padded_linear(torch.randn(3125 // L, L, 8), w, None, 6)
+    unpadded = {(3125 // L) * L for L in range(1, 251)}
+    assert len(unpadded) == 97
+    assert sorted(set(seen_rows)) == [2944, 3008, 3072, 3136]

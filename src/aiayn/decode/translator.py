@@ -130,18 +130,21 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
 
 
 def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None,
-                        packed: bool = False, library: str = "auto") -> Transformer:
+                        packed: bool = False, library: str = "auto", row_bits: int = 6) -> Transformer:
     """The model to decode with: itself (fp32), a copy whose linear maps use packed weights (fp32 with
     ``packed``, a float32 model on a CPU whose PyTorch has ``library``'s packed linear maps, "auto" as
     ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or made
     int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
-    around the int8 products), so the caller's model is left as it was."""
+    around the int8 products), so the caller's model is left as it was. The bfloat16 copy pads the rows of
+    its linear maps to keep ``row_bits`` leading bits (``aiayn.model.linear``)."""
     if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
         return model  # already a decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
         if next(model.parameters()).dtype == torch.bfloat16:
             return model  # already a bfloat16 decoding copy (as above; casting a copy again changes nothing)
-        return copy.deepcopy(model).to(torch.bfloat16)
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        bf16.pad_linear_rows(row_bits)  # a bounded set of oneDNN kernels (aiayn/model/linear.py)
+        return bf16
     if precision == "int8":
         return int8_copy(model, kernels=kernels)
     if precision == "int8-bf16":
@@ -206,7 +209,7 @@ class Translator:
         """The decoding copies (``model_for_precision``), made when first needed: with workers they
         are only needed for attention plots, so a Translator that only translates does not hold them."""
         return [model_for_precision(m, self.cfg.precision, self.kernels, self.cfg.packed_weights,
-                                    self.cfg.packed_library).eval()
+                                    self.cfg.packed_library, self.cfg.cpu_row_bits).eval()
                 for m in self._given]
 
     @property

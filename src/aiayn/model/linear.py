@@ -10,12 +10,15 @@ map forward and backward, measured on this project's 2-core Intel Xeon with AMX.
 the caches, and the process, grew with the corpus (16 MB a step after 60 steps of the tiny preset
 on 250,000 pairs, without end in sight).
 
-``row_multiple`` = q pads the M rows with zero rows up to the next multiple of q, multiplies, and
-drops the extra output rows: every row's result is the same product of the same numbers, and the
-zero rows add nothing to the weight's gradient, so the outputs and gradients equal the unpadded
-map's (tested). With q = 64 the same corpora give 19 and 30 row counts (at most one per 64 rows of
-the token bound, whatever the corpus) for 0.9% more rows multiplied. Float32 on the CPU (MKL's
-GEMM, no per-shape cache) and other devices are never padded.
+``row_bits`` = b keeps the b leading bits of M: M rows are padded with zero rows up to the next
+multiple of 2^(bit_length(M) - b) (M < 2^b stays as it is), the product taken, and the extra
+output rows dropped. Every row's result is the same product of the same numbers, and the zero rows
+add nothing to the weight's gradient, so the outputs equal the unpadded map's bit for bit and the
+gradients to bfloat16 rounding (tested). With b = 6 a map multiplies at most 1/32 more rows and
+sees at most 32 row counts per doubling of M, whatever the corpus: the corpora above give 19 and
+30 row counts for 0.9% more rows (training's M lies just under the token bound, padded to a
+multiple of 64), and decoding's small beam-step products (fewer than 64 rows) are never padded.
+Float32 on the CPU (MKL's GEMM, no per-shape cache; measured flat) and other devices never pad.
 """
 from __future__ import annotations
 
@@ -24,23 +27,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def pads_rows(x: Tensor, multiple: int) -> bool:
-    """Whether ``row_padded_linear`` pads ``x``: a positive multiple, on the CPU, in reduced precision
-    (bfloat16 or float16 autocast, or a bfloat16/float16 input)."""
-    if multiple <= 0 or x.device.type != "cpu" or x.dim() < 2:
+def padded_rows(M: int, bits: int) -> int:
+    """M rounded up to a multiple of 2^(bit_length(M) - bits); M itself when bits <= 0 or M < 2^bits."""
+    if bits <= 0 or M < 1 << bits:
+        return M
+    step = 1 << (M.bit_length() - bits)
+    return -(-M // step) * step
+
+
+def pads_rows(x: Tensor, bits: int) -> bool:
+    """Whether ``row_padded_linear`` may pad ``x``: on the CPU, in reduced precision (bfloat16 or
+    float16 autocast, or a bfloat16/float16 input), with bits > 0."""
+    if bits <= 0 or x.device.type != "cpu" or x.dim() < 2:
         return False
     return torch.is_autocast_enabled("cpu") or x.dtype in (torch.bfloat16, torch.float16)
 
 
-def row_padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, multiple: int) -> Tensor:
+def row_padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, bits: int) -> Tensor:
     """``F.linear(x, weight, bias)`` for x (..., D_in) -> (..., D_out), its M = x.numel() / D_in rows
-    rounded up to a multiple of ``multiple`` with zero rows where ``pads_rows`` says so."""
-    if not pads_rows(x, multiple):
+    padded to ``padded_rows(M, bits)`` with zero rows where ``pads_rows`` says so."""
+    if not pads_rows(x, bits):
         return F.linear(x, weight, bias)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.size(-1))  # (M, D_in)
     M = rows.size(0)
-    extra = -M % multiple
+    extra = padded_rows(M, bits) - M
     if extra == 0:
         return F.linear(x, weight, bias)
     y = F.linear(F.pad(rows, (0, 0, 0, extra)), weight, bias)[:M]  # (M + extra, D_out) -> (M, D_out)
@@ -49,9 +60,9 @@ def row_padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, multiple: 
 
 class Linear(nn.Linear):
     """``nn.Linear`` (the same parameters and state-dict keys) through ``row_padded_linear``;
-    ``row_multiple`` is 0 (off) until ``Transformer.pad_linear_rows`` sets it."""
+    ``row_bits`` is 0 (off) until ``Transformer.pad_linear_rows`` sets it."""
 
-    row_multiple: int = 0
+    row_bits: int = 0
 
     def forward(self, x: Tensor) -> Tensor:
-        return row_padded_linear(x, self.weight, self.bias, self.row_multiple)
+        return row_padded_linear(x, self.weight, self.bias, self.row_bits)

@@ -59,7 +59,7 @@ class Transformer(nn.Module):
             self.out_proj = None  # pre-softmax projection = target embedding matrix (§3.4)
         else:
             self.out_proj = Linear(D, cfg.target_vocab_size, bias=False)
-        self.row_multiple = 0  # pad_linear_rows
+        self.row_bits = 0  # pad_linear_rows
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -80,14 +80,14 @@ class Transformer(nn.Module):
             if isinstance(module, MultiHeadAttention):
                 module.kernels = kernels
 
-    def pad_linear_rows(self, multiple: int) -> None:
-        """Round the rows of every linear map (the output layer's too) up to a multiple of ``multiple``
-        on the CPU in reduced precision, 0 for never (``aiayn.model.linear``: the same outputs, oneDNN
-        kernels for few shapes). Training sets it with ``train.cpu_row_multiple``."""
-        self.row_multiple = int(multiple)
+    def pad_linear_rows(self, bits: int) -> None:
+        """Pad the rows of every linear map (the output layer's too) to keep ``bits`` leading bits of
+        their count on the CPU in reduced precision, 0 for never (``aiayn.model.linear``: the same
+        outputs, oneDNN kernels for few shapes). Set by ``train.cpu_row_bits`` and ``DecodeConfig.cpu_row_bits``."""
+        self.row_bits = int(bits)
         for module in self.modules():
             if isinstance(module, Linear):
-                module.row_multiple = self.row_multiple
+                module.row_bits = self.row_bits
 
     # -- embeddings ---------------------------------------------------------------------
     def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:
@@ -98,7 +98,7 @@ class Transformer(nn.Module):
     def output_logits(self, h: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4): (B,T,D) -> (B,T,V)."""
         if self.out_proj is None:
-            return row_padded_linear(h, self.tgt_embed.weight, None, self.row_multiple)
+            return row_padded_linear(h, self.tgt_embed.weight, None, self.row_bits)
         return self.out_proj(h)
 
     # -- encoder ------------------------------------------------------------------------

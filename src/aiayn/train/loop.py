@@ -404,7 +404,7 @@ class _Run:
         self.kernels = train_kernels(t, self.device)
         # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
         self.model.use_attention_kernels(None if t.compile else self.kernels)
-        self.model.pad_linear_rows(t.cpu_row_multiple if self.device.type == "cpu" else 0)
+        self.model.pad_linear_rows(t.cpu_row_bits if self.device.type == "cpu" else 0)
         self.n_params = count_parameters(self.model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, self.precision, self.dist.world_size)
