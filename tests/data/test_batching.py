@@ -212,3 +212,23 @@ def test_cut_in_chunks_equals_one_pass(monkeypatch):
         monkeypatch.undo()
         assert chunked._slices == whole._slices and chunked.n_oversize == whole.n_oversize == 2
         assert [b.tolist() for b in chunked.epoch_batches(2)] == [b.tolist() for b in whole.epoch_batches(2)]
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_compact_lengths_give_the_int64_order(big):
+    """The sampler keeps lengths as int16 (int32 past 32,767) and an epoch's order as int32: 8 bytes
+    a pair instead of 20. The batches are those of the same rules on int64 keys, written out here."""
+    src, tgt = random_lens(3000, seed=4)
+    if big:
+        src = src.copy()
+        src[7] = 40000  # past int16: int32 lengths, an oversize pair on its own
+    s = TokenBatchSampler(src, tgt, 50000 if big else 400, 400, seed=9, shuffle=True)
+    assert s.src_lens.dtype == (np.int32 if big else np.int16) and s.tgt_lens.dtype == np.int16
+    batches_ = s.epoch_batches(1)
+    assert all(b.dtype == np.int32 for b in batches_)
+    s64, t64 = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+    rng = np.random.default_rng([9, 1])
+    order = np.lexsort((rng.random(len(s64)), s64, t64, np.maximum(s64, t64)))
+    expected = [order[a:b].tolist() for a, b in s._slices]
+    expected = [expected[j] for j in rng.permutation(len(expected))]
+    assert [b.tolist() for b in batches_] == expected

@@ -48,7 +48,7 @@ class TokenBatchSampler:
     def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_src_tokens: int,
                  max_tgt_tokens: int, seed: int = 1, shuffle: bool = True, num_replicas: int = 1,
                  rank: int = 0, drop_oversize: bool = False):
-        src_lens, tgt_lens = np.asarray(src_lens, dtype=np.int32), np.asarray(tgt_lens, dtype=np.int32)
+        src_lens, tgt_lens = _compact(src_lens), _compact(tgt_lens)
         if src_lens.shape != tgt_lens.shape:
             raise ValueError(f"src_lens has {len(src_lens)} entries, tgt_lens {len(tgt_lens)}")
         if max_src_tokens <= 0 or max_tgt_tokens <= 0:
@@ -66,21 +66,22 @@ class TokenBatchSampler:
 
     def _set_lengths(self, src_lens: np.ndarray, tgt_lens: np.ndarray) -> None:
         self.src_lens, self.tgt_lens = src_lens, tgt_lens
-        self._longer = np.maximum(src_lens, tgt_lens)
         self._slices, self.n_oversize = self._cut()
 
     def _sorted_order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator | None]:
+        """The epoch's order (int32 below 2^31 pairs: what an epoch's batches hold, 4 bytes a pair)."""
         n = len(self.src_lens)
+        longer = np.maximum(self.src_lens, self.tgt_lens)
         if not self.shuffle:
-            return np.lexsort((np.arange(n), self.src_lens, self.tgt_lens, self._longer)), None
+            return _index(np.lexsort((np.arange(n), self.src_lens, self.tgt_lens, longer))), None
         rng = np.random.default_rng([self.seed, epoch])
-        return np.lexsort((rng.random(n), self.src_lens, self.tgt_lens, self._longer)), rng
+        return _index(np.lexsort((rng.random(n), self.src_lens, self.tgt_lens, longer))), rng
 
     def _cut(self) -> tuple[list[tuple[int, int]], int]:
         """(start, end) slices of the sorted order; oversize pairs alone or skipped. The lengths are
         walked in chunks of ``_CUT_CHUNK`` (Python lists of a whole WMT-sized corpus would hold
         ~70 MB more for nothing)."""
-        order = np.lexsort((self.src_lens, self.tgt_lens, self._longer))
+        order = np.lexsort((self.src_lens, self.tgt_lens, np.maximum(self.src_lens, self.tgt_lens)))
         max_s, max_t = self.max_src_tokens, self.max_tgt_tokens
         slices: list[tuple[int, int]] = []
         start, ms, mt, oversize = 0, 0, 0, 0
@@ -115,7 +116,7 @@ class TokenBatchSampler:
     def set_lengths(self, src_lens: Sequence[int], tgt_lens: Sequence[int]) -> None:
         """New lengths for the same examples (an epoch's BPE-dropout segmentation): the batches
         are cut again by the rules above, so their number may change; epoch and position stay."""
-        src_lens, tgt_lens = np.asarray(src_lens, dtype=np.int32), np.asarray(tgt_lens, dtype=np.int32)
+        src_lens, tgt_lens = _compact(src_lens), _compact(tgt_lens)
         if src_lens.shape != self.src_lens.shape or tgt_lens.shape != self.tgt_lens.shape:
             raise ValueError(f"set_lengths: {len(src_lens)}/{len(tgt_lens)} lengths for {len(self.src_lens)} examples")
         self._set_lengths(src_lens, tgt_lens)
@@ -156,6 +157,20 @@ class TokenBatchSampler:
                 raise UserError(f"cannot resume the batch order: saved {key}={state[key]}, now {mine}")
         self.epoch = int(state["epoch"])
         self._position = self._skip = int(state["position"])
+
+
+def _compact(lens: Sequence[int]) -> np.ndarray:
+    """Lengths as int16 where they fit (2 bytes a pair; a WMT-sized corpus's sampler holds two such
+    arrays), else int32."""
+    lens = np.asarray(lens)
+    small = np.iinfo(np.int16)
+    fits = lens.size == 0 or (int(lens.min()) >= small.min and int(lens.max()) <= small.max)
+    return lens.astype(np.int16 if fits else np.int32)
+
+
+def _index(order: np.ndarray) -> np.ndarray:
+    """Positions as int32 below 2^31 entries (4 bytes a pair instead of 8)."""
+    return order.astype(np.int32) if len(order) < 2 ** 31 else order
 
 
 @dataclasses.dataclass(frozen=True)
