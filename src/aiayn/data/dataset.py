@@ -41,8 +41,9 @@ from aiayn.errors import UserError
 class ParallelData:
     """One split: aligned source/target id sequences (no bos/eos), read by memory map.
 
-    ``src_lens``/``tgt_lens`` are int32 token counts per pair (the only per-pair memory besides the
-    maps: 8 bytes a pair); ``data[i]`` is ``(src, tgt)`` as int64 numpy arrays. Pickles as paths (DataLoader workers reopen the maps).
+    ``src_lens``/``tgt_lens`` are int32 token counts per pair, computed from the mapped offsets at each
+    call and held by nobody here, so an open split holds no per-pair memory beyond the maps;
+    ``data[i]`` is ``(src, tgt)`` as int64 numpy arrays. Pickles as paths (DataLoader workers reopen the maps).
     """
 
     def __init__(self, paths: dict[str, tuple[Path, Path]], name: str = ""):
@@ -56,8 +57,14 @@ class ParallelData:
         for side, (tok_path, off_path) in self._paths.items():
             self._tokens[side] = np.load(tok_path, mmap_mode="r")
             self._offsets[side] = np.load(off_path, mmap_mode="r")
-        self.src_lens = np.diff(self._offsets["src"]).astype(np.int32)
-        self.tgt_lens = np.diff(self._offsets["tgt"]).astype(np.int32)
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return np.diff(self._offsets["src"]).astype(np.int32)  # (N,)
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        return np.diff(self._offsets["tgt"]).astype(np.int32)  # (N,)
 
     def __getstate__(self) -> dict:
         return {"paths": self._paths, "name": self.name}
@@ -68,7 +75,7 @@ class ParallelData:
         self._open()
 
     def __len__(self) -> int:
-        return len(self.src_lens)
+        return len(self._offsets["src"]) - 1
 
     def _get(self, side: str, i: int) -> np.ndarray:
         off = self._offsets[side]
