@@ -16,16 +16,20 @@ For each size, three child processes, each with its own peak RSS (``wait4``'s ru
    the first batch, then --loader-batches more; the seconds to each point, and the process's
    anonymous memory (RssAnon, /proc/self/status: what the process holds beyond file pages,
    which the kernel can drop) against the file-backed pages of the memory maps (RssFile);
-3. ``aiayn train`` of the tiny preset for 1 step on the data directory: the seconds from the
-   command's start to its first logged step (train_log.jsonl, polled every 0.1 s), its resident
-   memory at that step (the log's rss_mb), its peak RSS and the wall time of the whole command
-   (the peak and the wall time add validation on newstest2013, whose 37,000-wide logits dominate
-   the peak, and a save).
+3. ``aiayn train`` of the tiny preset for --train-steps steps (200) on the data directory,
+   validating on newstest2013 every 100 steps and at the end: the seconds from the command's
+   start to its first logged step (train_log.jsonl, polled every 0.1 s), its resident memory at
+   steps 1, 10, N/2 and N (the log's rss_mb), its peak RSS and its median tokens/s. Batches of a
+   larger corpus come in more shapes (a row count for nearly every sentence length), which is what
+   made a training process grow with its corpus (aiayn/model/linear.py, aiayn/host/allocator.py);
+   --train-src runs another revision's src/ on the same data for comparison, --reuse-data skips
+   preparing again.
 
 Corpora and data directories go under runs/prepare_scale/ (git-ignored; --keep keeps them).
 Results: bench/results/<machine-date>/prepare_scale.json (--name), and a table on stdout.
 
     nice -n 10 python bench/prepare_scale.py --pairs 500000,1000000,2000000
+    git worktree add /tmp/before <rev> && python bench/prepare_scale.py --reuse-data --keep --train-src /tmp/before/src
 """
 from __future__ import annotations
 
@@ -94,14 +98,14 @@ def build_corpus(out: Path, n: int, root: Path) -> dict:
     return info
 
 
-def run_child(argv: list[str], log_path: Path, first_step_log: Path | None = None) -> dict:
-    """Run argv; wall seconds, peak RSS (MiB, of the child alone) and exit status; with
-    ``first_step_log`` (a run's train_log.jsonl) also the seconds until its first train_loss line."""
+def run_child(argv: list[str], log_path: Path, first_step_log: Path | None = None, src: Path = REPO / "src") -> dict:
+    """Run argv with aiayn from ``src``; wall seconds, peak RSS (MiB, of the child alone) and exit status;
+    with ``first_step_log`` (a run's train_log.jsonl) also the seconds until its first train_loss line."""
     t0 = time.perf_counter()
-    first = None
+    first, memory, peak_anon = None, {}, 0
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+                                env={**os.environ, "PYTHONPATH": str(src)})
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -109,10 +113,18 @@ def run_child(argv: list[str], log_path: Path, first_step_log: Path | None = Non
             if first_step_log is not None and first is None and first_step_log.is_file() \
                     and "train_loss" in first_step_log.read_text():
                 first = round(time.perf_counter() - t0, 1)
+            now = process_memory_kb(proc.pid)
+            if "RssAnon" in now:  # (an exited child, not yet reaped, has no memory lines)
+                memory = now
+                peak_anon = max(peak_anon, now["RssAnon"])
             time.sleep(0.1)
         proc.returncode = os.waitstatus_to_exitcode(status)
     out = {"wall_s": round(time.perf_counter() - t0, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-           "exit": proc.returncode, "log": os.path.relpath(log_path, REPO)}
+           "exit": proc.returncode, "log": os.path.relpath(log_path, REPO),
+           # anonymous memory (what the process holds beyond file pages the kernel can drop), polled
+           # every 0.1 s: its peak, and the last sample with the mapped file pages beside it
+           "peak_anon_mb": round(peak_anon / 1024, 1), "last_anon_mb": round(memory.get("RssAnon", 0) / 1024, 1),
+           "last_file_mb": round(memory.get("RssFile", 0) / 1024, 1)}
     return out | ({"first_step_s": first} if first_step_log is not None else {})
 
 
@@ -129,8 +141,17 @@ def _stage_seconds(log_text: str) -> dict:
 
 def memory_kb() -> dict:
     """RssAnon and RssFile of this process (kB), from /proc/self/status."""
+    return process_memory_kb("self")
+
+
+def process_memory_kb(pid) -> dict:
+    """RssAnon and RssFile (kB) of process ``pid`` ("self": this one), from /proc; {} once it is gone."""
     out = {}
-    with open("/proc/self/status") as f:
+    try:
+        f = open(f"/proc/{pid}/status")
+    except OSError:
+        return out
+    with f:
         for line in f:
             key, _, value = line.partition(":")
             if key in ("RssAnon", "RssFile", "VmHWM"):
@@ -168,60 +189,82 @@ def measure(n: int, args, work: Path) -> dict:
     corpus = work / f"corpus-{n}"
     info = build_corpus(corpus, n, Path(args.data_root))
     data = work / f"data-{n}"
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    result = {"pairs": n, "corpus": info}
+    if not (args.reuse_data and (data / "manifest.json").is_file()):
+        result |= prepare_and_load(n, args, corpus, data, logs)
+        if result["prepare"]["exit"] != 0:
+            return result
+    result["train"] = train_steps(n, args, work, data, logs)
+    result["loadavg_end"] = os.getloadavg()
+    if not args.keep:
+        shutil.rmtree(data, ignore_errors=True)
+    return result
+
+
+def prepare_and_load(n: int, args, corpus: Path, data: Path, logs: Path) -> dict:
+    """``aiayn prepare`` of the corpus into ``data``, then the loader child on it."""
     shutil.rmtree(data, ignore_errors=True)
     py = sys.executable
     argv = [py, "-m", "aiayn.cli", "prepare", "--out", str(data), "--vocab-size", str(args.vocab_size),
             "--num-workers", str(args.threads)]
     for split in ("train", "valid", "test"):
         argv += [f"--{split}-src", str(corpus / f"{split}.en"), f"--{split}-tgt", str(corpus / f"{split}.de")]
-    logs = work / "logs"
-    logs.mkdir(exist_ok=True)
     prep = run_child(argv, logs / f"prepare-{n}.log")
     prep.update(_stage_seconds((logs / f"prepare-{n}.log").read_text()))
     if prep["exit"] != 0:
-        return {"pairs": n, "corpus": info, "prepare": prep}
+        return {"prepare": prep}
     manifest = json.loads((data / "manifest.json").read_text())
     prep["disk_bytes"] = sum(f.stat().st_size for f in data.iterdir())
     prep["train_pairs_kept"] = manifest["splits"]["train"]["pairs"]
     prep["train_tokens"] = {s: manifest["splits"]["train"][s]["tokens"] for s in ("src", "tgt")}
-    load = run_child([py, str(Path(__file__).resolve()), "--loader", str(data), "--loader-batches",
+    load = run_child([sys.executable, str(Path(__file__).resolve()), "--loader", str(data), "--loader-batches",
                       str(args.loader_batches), "--out-json", str(logs / f"loader-{n}.json")], logs / f"loader-{n}.log")
     if load["exit"] == 0:
         load.update(json.loads((logs / f"loader-{n}.json").read_text()))
+    return {"prepare": prep, "loader": load}
+
+
+def train_steps(n: int, args, work: Path, data: Path, logs: Path) -> dict:
+    """``aiayn train`` of the tiny preset for --train-steps steps (validation on newstest2013 every
+    100 steps and at the end, a checkpoint at the end), aiayn taken from --train-src; its resident
+    memory at each step (train_log.jsonl's rss_mb), its peak and its median tokens/s after step 10."""
     run = work / f"run-{n}"
     shutil.rmtree(run, ignore_errors=True)
-    train = run_child([py, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(run), "--preset", "tiny",
-                       "--max-steps", "1", "--no-progress", "--set", "train.validate_every_steps=0",
-                       "--set", "train.save_every_min=0", "--set", f"train.threads={args.threads}",
-                       "--set", "train.max_src_tokens=3125", "--set", "train.max_tgt_tokens=3125",
-                       "--set", "train.log_every_steps=1"],
-                      logs / f"train-{n}.log", first_step_log=run / "train_log.jsonl")
+    argv = [sys.executable, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(run), "--preset", "tiny",
+            "--max-steps", str(args.train_steps), "--no-progress", "--set", "train.validate_every_steps=100",
+            "--set", "train.save_every_min=0", "--set", f"train.threads={args.threads}",
+            "--set", "train.max_src_tokens=3125", "--set", "train.max_tgt_tokens=3125",
+            "--set", "train.log_every_steps=1"] + [x for kv in args.train_set for x in ("--set", kv)]
+    train = run_child(argv, logs / f"train-{n}.log", first_step_log=run / "train_log.jsonl", src=Path(args.train_src))
     log_file = run / "train_log.jsonl"
-    first = next((json.loads(x) for x in log_file.read_text().splitlines() if "train_loss" in x), {}) \
-        if log_file.is_file() else {}
-    train["first_step_rss_mb"] = first.get("rss_mb")  # resident (anonymous + mapped file pages) at step 1
-    result = {"pairs": n, "corpus": info, "prepare": prep, "loader": load, "train_1_step": train,
-              "loadavg_end": os.getloadavg()}
+    rows = [json.loads(x) for x in log_file.read_text().splitlines() if "train_loss" in x] if log_file.is_file() else []
+    rss = {r["step"]: r.get("rss_mb") for r in rows}
+    tps = sorted(r["tokens_per_s"] for r in rows if r["step"] > 10)
+    train |= {"steps": len(rows), "rss_mb_at": {k: rss.get(k) for k in (1, 10, len(rows) // 2, len(rows)) if k in rss},
+              "tokens_per_s_median": round(tps[len(tps) // 2]) if tps else None,
+              "src": str(args.train_src), "sets": args.train_set}
     if not args.keep:
         shutil.rmtree(run, ignore_errors=True)
-        shutil.rmtree(data, ignore_errors=True)
-    return result
+    return train
 
 
 def summary_rows(results: list[dict]) -> list[str]:
     rows = ["| pairs | prepare wall s | SentencePiece s | prepare peak RSS MiB | disk MiB | loader: open + sampler s | "
             "+ first batch s | RssAnon at first batch MiB | RssAnon / RssFile after batches MiB | train: first step s | "
-            "train RSS at step 1 / peak MiB |", "|" + "---|" * 11]
+            "train RSS at steps 1 / 10 / N/2 / N MiB | train peak MiB (anonymous) | tok/s |", "|" + "---|" * 13]
     for r in results:
-        p, ld, t = r["prepare"], r.get("loader", {}), r.get("train_1_step", {})
+        p, ld, t = r.get("prepare", {}), r.get("loader", {}), r.get("train", {})
         pts = ld.get("points", {})
         last = next((v for k, v in pts.items() if k.startswith("after_")), {})
         since = lambda k: f"{pts[k]['s'] - pts['imports']['s']:.2f}" if k in pts else "-"  # noqa: E731
         mib = lambda kb: f"{kb / 1024:.0f}" if kb is not None else "-"  # noqa: E731
-        rows.append(f"| {r['pairs']:,} | {p['wall_s']:.0f} | {p.get('spm_train_s', '-')} | {p['peak_rss_mb']:.0f} | "
+        at = " / ".join(f"{v:.0f}" for v in t.get("rss_mb_at", {}).values() if v is not None)
+        rows.append(f"| {r['pairs']:,} | {p.get('wall_s', 0):.0f} | {p.get('spm_train_s', '-')} | {p.get('peak_rss_mb', 0):.0f} | "
                     f"{p.get('disk_bytes', 0) / 2**20:.0f} | {since('sampler')} | {since('first_batch')} | {mib(pts.get('first_batch', {}).get('RssAnon'))} | "
                     f"{mib(last.get('RssAnon'))} / {mib(last.get('RssFile'))} | {t.get('first_step_s', '-')} | "
-                    f"{t.get('first_step_rss_mb', '-')} / {t.get('peak_rss_mb', '-')} |")
+                    f"{at} | {t.get('peak_rss_mb', '-')} ({t.get('peak_anon_mb', '-')}) | {t.get('tokens_per_s_median', '-')} |")
     return rows
 
 
@@ -235,6 +278,13 @@ def main() -> int:
     ap.add_argument("--work", default=str(REPO / "runs" / "prepare_scale"))
     ap.add_argument("--name", default=None, help="results folder under bench/results (default: machine-date)")
     ap.add_argument("--keep", action="store_true", help="keep the data directories and runs")
+    ap.add_argument("--train-steps", type=int, default=200, help="steps of the training phase")
+    ap.add_argument("--train-src", default=str(REPO / "src"),
+                    help="the aiayn source tree the training phase runs (another revision's src/ to compare)")
+    ap.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a --set for the training phase (repeatable)")
+    ap.add_argument("--reuse-data", action="store_true",
+                    help="train on data directories under --work that have a manifest, without preparing again")
     ap.add_argument("--loader", help=argparse.SUPPRESS)
     ap.add_argument("--out-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
