@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -35,14 +36,22 @@ ENV = "AIAYN_MALLOC"
 TRIM_EVERY_STEPS = 10  # training's steps between two release_free_memory calls
 
 
+@functools.cache
+def _glibc(name: str):
+    """glibc's function ``name``, or None where the C library is another (musl and others have no
+    mallopt or malloc_trim). Looked up once: finding the library runs ldconfig (about 3 ms)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def reuse_freed_memory() -> bool:
     """Ask glibc never to mmap large blocks nor trim the heap; True when it took effect."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1
     log.debug("malloc: reuse freed memory %s", "on" if ok else "not available")
@@ -61,11 +70,8 @@ def configure_from_env() -> bool:
 def release_free_memory() -> bool:
     """Return the free pages inside glibc's heap to the kernel (``malloc_trim(0)``); the blocks stay
     the process's, so only their pages fault in again when reused. True where glibc did it."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+    trim = _glibc("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True
