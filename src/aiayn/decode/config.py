@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiayn.config import ConfigError, param
+from aiayn.model.linear import ROW_BITS
 
 
 PACKED_LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library besides "auto" (decode/packed.py)
@@ -31,7 +32,7 @@ class DecodeConfig:
     seed: int = param(0, "sampling: random seed (sampled outputs depend on it and on batch composition)")
     batch_tokens: int = param(4096, "source tokens per batch, counting padding (sentences are sorted by length into batches; output keeps input order)")
     precision: str = param("fp32", "weights and activations while decoding: fp32 (exact), bf16 (the model cast to bfloat16: faster on CPUs with bf16 instructions and on GPUs; log-probabilities still in float32), int8 (CPU: every linear map, the output projection included, with int8 weights per output channel and int8 inputs per row, int32 products; decode/int8.py) or int8-bf16 (CPU: the same int8 linear maps, everything between them, the attention core included, in bfloat16; for CPUs with bf16 instructions)")
-    cpu_row_bits: int = param(6, "precision bf16 on the CPU: pad the rows of every linear map with zero rows (dropped again: the same outputs) to a count that keeps this many leading bits, so that oneDNN keeps kernels for a bounded set of row counts and a long-running translator or service does not grow with every new batch shape (aiayn/model/linear.py); products of fewer than 2^bits rows are never padded; 0 = off")
+    cpu_row_bits: int = param(ROW_BITS, "precision bf16 on the CPU: pad the rows of every linear map with zero rows (dropped again: the same outputs) to a count that keeps this many leading bits, so that oneDNN keeps kernels for a bounded set of row counts and a long-running translator or service does not grow with every new batch shape (aiayn/model/linear.py); products of fewer than 2^bits rows are never padded; 0 = off")
     workers: int = param(1, "decoding processes (CPU): the length-sorted batches are shared among this many worker processes, each with its own copy of the model and threads/workers of the CPU threads (as CTranslate2's inter_threads; decode/workers.py); 1 = decode in this process")
     c_kernels: bool = param(True, "hand-written C kernels on the CPU (kernels/loader.py; compiled with the system's C compiler on first use): beam search's attention (each beam reads only its own keys, one pass, float32 softmax: the same Eq. 1 up to rounding) and, for precision int8 / int8-bf16, the row quantization and rescaling around each int8 product (bit-identical); false, or no C compiler, = PyTorch's operations (scaled_dot_product_attention)")
     packed_weights: bool = param(True, "precision fp32 on the CPU: the linear maps multiply from weights laid out once for the library's kernels (decode/packed.py) instead of PyTorch's default sgemm, which lays them out at every call; the same products up to the order of float32 additions; false = PyTorch's linear")

@@ -40,6 +40,7 @@ from aiayn.decode.search import Hypothesis, SpecialIds, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
 from aiayn.model import ModelConfig, Transformer
+from aiayn.model.linear import ROW_BITS
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: 
 
 
 def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None,
-                        packed: bool = False, library: str = "auto", row_bits: int = 6) -> Transformer:
+                        packed: bool = False, library: str = "auto", row_bits: int = ROW_BITS) -> Transformer:
     """The model to decode with: itself (fp32), a copy whose linear maps use packed weights (fp32 with
     ``packed``, a float32 model on a CPU whose PyTorch has ``library``'s packed linear maps, "auto" as
     ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or made

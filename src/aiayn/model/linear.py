@@ -27,6 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+ROW_BITS = 6  # the default of train.cpu_row_bits and DecodeConfig.cpu_row_bits
+
+
 def padded_rows(M: int, bits: int) -> int:
     """M rounded up to a multiple of 2^(bit_length(M) - bits); M itself when bits <= 0 or M < 2^bits."""
     if bits <= 0 or M < 1 << bits:

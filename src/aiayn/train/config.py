@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace, to_dict
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
+from aiayn.model.linear import ROW_BITS
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class TrainConfig:
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
     c_kernels: bool = param(True, "the label-smoothed loss's passes over the (N, V) logits and the attention (Eq. 1, forward and backward, with AVX-512 and d_k = d_v = 32 or 64) in C on the CPU, compiled with the system's C compiler on first use (cross_entropy.c and seq_attention.c, docs/kernels.md): the same sums up to rounding, in less time; false, no C compiler, or a GPU = PyTorch's operations (with train.compile, the attention is PyTorch's)")
-    cpu_row_bits: int = param(6, "CPU, bfloat16/float16: pad the rows (batch x length) of every linear map with zero rows, dropped again (the same outputs and gradients), to a count that keeps this many leading bits (fewer than 1/2^(bits-1) more rows); oneDNN then builds and keeps kernels, megabytes each, for a few row counts instead of one per sentence length in the corpus, so memory stays flat on large corpora (aiayn/model/linear.py); 0 = off")
+    cpu_row_bits: int = param(ROW_BITS, "CPU, bfloat16/float16: pad the rows (batch x length) of every linear map with zero rows, dropped again (the same outputs and gradients), to a count that keeps this many leading bits (fewer than 1/2^(bits-1) more rows); oneDNN then builds and keeps kernels, megabytes each, for a few row counts instead of one per sentence length in the corpus, so memory stays flat on large corpora (aiayn/model/linear.py); 0 = off")
     # regularization (§5.4)
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
     bpe_dropout: float = param(0.0, "BPE-dropout (Provilkov et al., 2020): re-segment the training pairs at every epoch, skipping each BPE merge with this probability; 0 = off (the paper segments once, §5.1); needs a BPE vocabulary")

@@ -338,8 +338,8 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
             elapsed = step.mean_clock
         if not run.apply(step):
             continue  # a non-finite step, skipped (local SGD counts it, so the ranks average together)
-        if run.device.type == "cpu" and state.step % TRIM_EVERY_STEPS == 0:
-            release_free_memory()  # the heap's holes back to the kernel (aiayn/host/allocator.py)
+        if state.step % TRIM_EVERY_STEPS == 0:
+            run.release_host_memory()
         if state.step % run.period:
             continue  # local SGD between two averagings: no logging, checkpoint or validation
         if run.local_sgd:
@@ -569,9 +569,13 @@ class _Run:
     def validate(self) -> dict | None:
         valid = _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision, self.state,
                                     self.monitor.scalars, self.toks)
-        if self.device.type == "cpu":
-            release_free_memory()  # validation's batches leave holes of their own sizes
+        self.release_host_memory()  # validation's batches leave holes of their own sizes
         return valid
+
+    def release_host_memory(self) -> None:
+        """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
+        if self.device.type == "cpu":
+            release_free_memory()
 
     def checkpoint(self, valid: dict | None) -> None:
         """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
