@@ -155,18 +155,29 @@ def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> 
             "test_raw": _read(files[f"raw.test.{tgt}"])}
 
 
+def proc_status_kb(pid: int | str = "self") -> dict[str, int]:
+    """The kB fields of /proc/<pid>/status (VmRSS, VmHWM, RssAnon, RssFile, ...); {} where it cannot
+    be read (no /proc, the process gone; an exited child not yet reaped has no memory fields)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0])
+    return out
+
+
 def peak_rss_mb(pid: int | None = None) -> float | None:
     """Peak resident set size of this process (ru_maxrss is in KiB on Linux), or of process ``pid``
     (VmHWM in /proc; None where that cannot be read)."""
     if pid is None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
+    kb = proc_status_kb(pid).get("VmHWM")
+    return kb / 1024.0 if kb is not None else None
 
 
 def time_stats(times: list[float]) -> dict[str, Any]:

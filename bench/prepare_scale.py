@@ -48,6 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "src"))
 
+import benchlib  # noqa: E402  (bench/: standard library only)
+
 SUFFIXES = ("en", "er", "ung", "heit", "lich", "s", "ed", "ing", "ly", "ness", "keit", "chen", "ist", "ion")
 
 
@@ -113,7 +115,7 @@ def run_child(argv: list[str], log_path: Path, first_step_log: Path | None = Non
             if first_step_log is not None and first is None and first_step_log.is_file() \
                     and "train_loss" in first_step_log.read_text():
                 first = round(time.perf_counter() - t0, 1)
-            now = process_memory_kb(proc.pid)
+            now = memory_kb(proc.pid)
             if "RssAnon" in now:  # (an exited child, not yet reaped, has no memory lines)
                 memory = now
                 peak_anon = max(peak_anon, now["RssAnon"])
@@ -139,24 +141,10 @@ def _stage_seconds(log_text: str) -> dict:
     return found
 
 
-def memory_kb() -> dict:
-    """RssAnon and RssFile of this process (kB), from /proc/self/status."""
-    return process_memory_kb("self")
-
-
-def process_memory_kb(pid) -> dict:
-    """RssAnon and RssFile (kB) of process ``pid`` ("self": this one), from /proc; {} once it is gone."""
-    out = {}
-    try:
-        f = open(f"/proc/{pid}/status")
-    except OSError:
-        return out
-    with f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("RssAnon", "RssFile", "VmHWM"):
-                out[key] = int(value.split()[0])
-    return out
+def memory_kb(pid="self") -> dict:
+    """RssAnon, RssFile and VmHWM of process ``pid`` (this one by default), kB; {} once it is gone."""
+    status = benchlib.proc_status_kb(pid)
+    return {k: status[k] for k in ("RssAnon", "RssFile", "VmHWM") if k in status}
 
 
 def loader(data_dir: Path, n_batches: int, tokens: int) -> dict:
@@ -291,7 +279,6 @@ def main() -> int:
     if args.loader:
         Path(args.out_json).write_text(json.dumps(loader(Path(args.loader), args.loader_batches, 3125)))
         return 0
-    import benchlib
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     machine = benchlib.machine_info(args.threads)

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_info, peak_rss_mb, setup_logging  # noqa: E402
+from benchlib import machine_info, peak_rss_mb, proc_status_kb, setup_logging  # noqa: E402
 
 log = logging.getLogger("bench")
 REPO = Path(__file__).resolve().parents[1]
@@ -309,13 +309,8 @@ def free_port() -> int:
 
 
 def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
+    kb = proc_status_kb(pid).get("VmRSS")
+    return kb / 1024.0 if kb is not None else None
 
 
 def run_clients(soak: Soak, proc: subprocess.Popen) -> list[tuple[float, float | None]]:
