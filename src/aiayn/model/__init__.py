@@ -2,8 +2,8 @@
 H heads, K d_k, Dv d_v, V vocabulary, N decoding rows (sentences x beams)."""
 from aiayn.model.cache import DecoderCache
 from aiayn.model.config import PRESETS, ModelConfig, get_preset
-from aiayn.model.transformer import (DecoderOutput, EncoderOutput, Transformer, count_parameters,
+from aiayn.model.transformer import (DecoderOutput, EncoderOutput, PreSoftmax, Transformer, count_parameters,
                                      count_preset_parameters)
 
-__all__ = ["DecoderCache", "DecoderOutput", "EncoderOutput", "ModelConfig", "PRESETS", "Transformer",
+__all__ = ["DecoderCache", "DecoderOutput", "EncoderOutput", "ModelConfig", "PRESETS", "PreSoftmax", "Transformer",
            "count_parameters", "count_preset_parameters", "get_preset"]

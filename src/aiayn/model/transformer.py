@@ -33,6 +33,12 @@ class DecoderOutput(NamedTuple):
     cross_weights: list[Tensor] | None = None  # per layer (B,H,T,S)
 
 
+class PreSoftmax(NamedTuple):
+    """The inputs of the pre-softmax linear transformation (§3.4): logits = h W^T, not yet taken."""
+    h: Tensor  # (B,T,D)
+    weight: Tensor  # (V,D)
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer of "Attention Is All You Need" (Figure 1)."""
 
@@ -101,6 +107,15 @@ class Transformer(nn.Module):
             return row_padded_linear(h, self.tgt_embed.weight, None, self.row_bits)
         return self.out_proj(h)
 
+    def pre_softmax(self, h: Tensor) -> PreSoftmax:
+        """``output_logits``'s inputs instead of its product, for a loss that takes the logits a
+        chunk of rows at a time (``aiayn.train.fused_loss``): h (B,T,D) and W (V,D) cast to the
+        dtype the product would use (autocast's, where it is on). The projection has no bias."""
+        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
+        kind = h.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
+        return PreSoftmax(h.to(dtype), weight.to(dtype))
+
     # -- encoder ------------------------------------------------------------------------
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S))."""
@@ -138,6 +153,13 @@ class Transformer(nn.Module):
         position ``cache.length`` and returns logits (N,t,V) and the advanced cache. The cache
         holds the encoder-side keys/values, so ``enc`` is not needed.
         """
+        x, w_self, w_cross = self._decoder_stack(tgt_in, enc, cache, need_weights)
+        return DecoderOutput(self.output_logits(x), cache, w_self, w_cross)
+
+    def _decoder_stack(self, tgt_in: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None,
+                       need_weights: bool) -> tuple[Tensor, list | None, list | None]:
+        """``decode`` up to the pre-softmax projection: the normalized states (B,T,D) and the
+        attention weights when asked for; advances ``cache`` where given."""
         if cache is None:
             if enc is None:
                 raise ValueError("decode needs the encoder output or a cache")
@@ -157,12 +179,15 @@ class Transformer(nn.Module):
                 w_cross.append(wc)
         if cache is not None:
             cache.length += tgt_in.size(1)
-        logits = self.output_logits(self.decoder_norm(x))
-        return DecoderOutput(logits, cache, w_self, w_cross)
+        return self.decoder_norm(x), w_self, w_cross
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits: src (B,S), tgt_in (B,T) -> (B,T,V)."""
-        return self.decode(tgt_in, self.encode(src)).logits
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor | PreSoftmax:
+        """Teacher-forced logits: src (B,S), tgt_in (B,T) -> (B,T,V); with ``project=False`` the
+        projection's inputs instead (``PreSoftmax``), for ``train.fused_loss``."""
+        enc = self.encode(src)
+        if project:
+            return self.decode(tgt_in, enc).logits
+        return self.pre_softmax(self._decoder_stack(tgt_in, enc, None, False)[0])
 
 
 def count_parameters(model: nn.Module) -> int:
