@@ -30,6 +30,7 @@ class TrainConfig:
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
     c_kernels: bool = param(True, "the label-smoothed loss's passes over the (N, V) logits and the attention (Eq. 1, forward and backward, with AVX-512 and d_k = d_v = 32 or 64) in C on the CPU, compiled with the system's C compiler on first use (cross_entropy.c and seq_attention.c, docs/kernels.md): the same sums up to rounding, in less time; false, no C compiler, or a GPU = PyTorch's operations (with train.compile, the attention is PyTorch's)")
+    fused_loss: str = param("auto", "auto | on | off: the pre-softmax projection (§3.4) and the label-smoothed loss (§5.4) in one pass over chunks of target positions that never holds the (tokens x vocabulary) logits or their gradient whole (train/fused_loss.py): per chunk one matmul, then the loss and its gradient in one Triton kernel on CUDA (pip install 'aiayn[gpu]'), a PyTorch loop elsewhere; the same sums and gradients as off up to rounding; auto = on for CUDA where triton imports, off elsewhere; off (and always with rdrop_alpha > 0, which needs the logits) = the logits whole, then the loss")
     cpu_row_bits: int = param(ROW_BITS, "CPU, bfloat16/float16: pad the rows (batch x length) of every linear map with zero rows, dropped again (the same outputs and gradients), to a count that keeps this many leading bits (fewer than 1/2^(bits-1) more rows); oneDNN then builds and keeps kernels, megabytes each, for a few row counts instead of one per sentence length in the corpus, so memory stays flat on large corpora (aiayn/model/linear.py); 0 = off")
     # regularization (§5.4)
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
@@ -67,6 +68,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        if self.fused_loss not in ("auto", "on", "off"):
+            raise ConfigError(f"fused_loss must be auto, on or off, got {self.fused_loss!r}")
         if self.accum_steps < 1:
             raise ConfigError("accum_steps must be >= 1")
         if self.warmup_steps < 1:

@@ -32,6 +32,7 @@ from aiayn.model.transformer import Transformer, count_parameters
 from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig, run_config_from_dict
+from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer, rdrop_kl
 from aiayn.train.rundir import RunLock, remove_stale_temps
 
@@ -626,8 +627,9 @@ def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_sca
             src, tgt_in, tgt_out = b.src, b.tgt_in, b.tgt_out
             if copies == 2:
                 src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
+            fused = copies == 1 and fused_loss_on(t.fused_loss, device)  # R-Drop needs the logits
             with rt.autocast(device, precision):
-                logits = net(src, tgt_in)  # (copies*B, T, V)
+                logits = net(src, tgt_in, project=not fused)  # (copies*B, T, V), or their PreSoftmax inputs
             sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id, kernels)
             objective = sums.loss
             if copies == 2:

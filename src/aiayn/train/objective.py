@@ -9,6 +9,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from aiayn.model.transformer import PreSoftmax
+
 
 def noam_lr(step: float, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """Eq. 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), times ``scale``.
@@ -81,10 +83,13 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int
     return q
 
 
-def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int, kernels=None) -> LossSums:
+def label_smoothed_loss(logits: Tensor | PreSoftmax, target: Tensor, eps_ls: float, pad_id: int,
+                        kernels=None) -> LossSums:
     """Cross-entropy against ``smoothed_targets`` (§5.4), summed over non-pad positions.
 
-    logits (B,T,V), target (B,T). The same sums as ``label_smoothed_loss_reference`` with a
+    logits (B,T,V), or the projection's inputs (``PreSoftmax``: the model's output with
+    ``project=False``, ``train.fused_loss``), whose logits are then taken a chunk of rows at a
+    time, never whole (``aiayn.train.fused_loss``; ``kernels`` unused). target (B,T). The same sums as ``label_smoothed_loss_reference`` with a
     hand-written backward (``_SmoothedCrossEntropy``): per row only log Z, z_gold, z_pad and
     sum_v z_v are needed forward, and d loss / d z = p - q is written in one pass backward,
     in blocks of rows (``_block_rows``: small enough to stay in cache on the CPU, few and large on a
@@ -96,6 +101,9 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: i
     (``cross_entropy.c``; the same sums up to rounding, tested against this module's PyTorch
     path). Other devices and dtypes, or None, take the PyTorch path.
     """
+    if isinstance(logits, PreSoftmax):
+        from aiayn.train.fused_loss import fused_label_smoothed_loss
+        return fused_label_smoothed_loss(logits, target, eps_ls, pad_id)
     V = logits.size(-1)
     z = logits.reshape(-1, V)  # (N,V)
     tgt = target.reshape(-1)
@@ -124,6 +132,15 @@ def _acc_dtype(z: Tensor) -> torch.dtype:
     return torch.float64 if z.dtype == torch.float64 else torch.float32
 
 
+def smoothed_row_losses(log_z: Tensor, sum_z: Tensor, z_gold: Tensor, z_pad: Tensor, eps_ls: float,
+                        V: int) -> tuple[Tensor, Tensor]:
+    """Per row, from log Z, sum_v z_v, z_gold and z_pad (N,): the loss against ``smoothed_targets``
+    and the NLL (N,), padding rows not masked (``_SmoothedCrossEntropy`` says how)."""
+    eps_o = eps_ls / (V - 2)
+    nll = log_z - z_gold
+    return log_z - (1.0 - eps_ls) * z_gold - eps_o * (sum_z - z_gold - z_pad), nll
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed loss and NLL of logits z (N,V), with gold ids (N,) and row mask.
 
@@ -149,10 +166,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 torch.logsumexp(zf, dim=-1, out=log_z[i:i + block])
                 torch.sum(zf, dim=-1, out=sum_z[i:i + block])
         z_gold = z.gather(1, tgt.unsqueeze(1)).squeeze(1).to(acc)  # (N,)
-        z_pad = z[:, pad_id].to(acc)  # (N,)
-        nll = log_z - z_gold
-        eps_o = eps_ls / (V - 2)
-        loss = log_z - (1.0 - eps_ls) * z_gold - eps_o * (sum_z - z_gold - z_pad)
+        loss, nll = smoothed_row_losses(log_z, sum_z, z_gold, z[:, pad_id].to(acc), eps_ls, V)
         w = keep.to(acc)
         ctx.save_for_backward(z, tgt, w, log_z)
         ctx.eps_ls, ctx.pad_id, ctx.kernels = eps_ls, pad_id, kernels

@@ -1,0 +1,94 @@
+"""train.fused_loss on CUDA: the compiled Triton kernel against the plain loss (skipped, with the
+reason, without a CUDA device or triton). The CPU halves: tests/train/test_fused_loss.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.model import PreSoftmax
+from aiayn.train import loop
+from aiayn.train.config import TrainConfig
+from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
+from tests.train.test_fused_loss import PAD, _assert_same, _batch, _fused, _plain, _sums_and_grads
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    pytest.importorskip("triton", reason="triton is not installed (pip install 'aiayn[gpu]')")
+    from aiayn.kernels import triton_loss
+    return triton_loss
+
+
+def _problem(V, N=300, D=64):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(N, D, generator=g).to(CUDA).requires_grad_()
+    W = (torch.randn(V, D, generator=g) * 0.3).to(CUDA).requires_grad_()
+    target = torch.randint(0, V, (N,), generator=g)
+    target[torch.rand(N, generator=g) < 0.2] = PAD
+    return h, W, target.to(CUDA)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V, chunk_rows", [(5003, 64), (37000, None)])
+def test_fused_equals_plain_on_cuda(kernel, dtype, V, chunk_rows):
+    """The compiled kernel in the chunk loop (several chunks; V = 37,000 takes two blocks of a row):
+    the plain path's loss, NLL and gradients w.r.t. h and W, with padding targets."""
+    h, W, target = _problem(V)
+    plain = _sums_and_grads(_plain(target, 0.1), h, W, target, dtype)
+    fused = _sums_and_grads(_fused(target, 0.1, kernel.smoothed_ce_rows, chunk_rows), h, W, target, dtype)
+    _assert_same(fused, plain, target, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_rows_equal_torch_rows_on_cuda(kernel, dtype):
+    z = (torch.randn(64, 37000, device=CUDA) * 4).to(dtype)
+    tgt = torch.randint(0, 37000, (64,), device=CUDA)
+    tgt[::5] = PAD
+    out = [(z.clone(), torch.empty(64, device=CUDA), torch.empty(64, device=CUDA)) for _ in range(2)]
+    torch_rows(out[0][0], tgt, 0.1, PAD, out[0][1], out[0][2], True)
+    kernel.smoothed_ce_rows(out[1][0], tgt, 0.1, PAD, out[1][1], out[1][2], True)
+    for a, b in zip(*out):
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-4, atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_fused_loss_holds_no_whole_logits(kernel):
+    """4,096 rows x 37,000 types in bf16: the fused step's peak memory is a fraction of the plain one's."""
+    h, W, target = _problem(37000, N=4096, D=512)
+    peaks = []
+    for fn in (_plain(target, 0.1), lambda h, W: fused_label_smoothed_loss(PreSoftmax(h[None], W), target[None],
+                                                                           0.1, PAD)):
+        h.grad = W.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(h.bfloat16(), W.bfloat16()).loss.backward()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    assert peaks[1] < 0.6 * peaks[0], peaks
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_step_fused_equals_plain_on_cuda(kernel, precision):
+    """The loop's step with train.fused_loss auto (on: CUDA and triton) against off: the same sums
+    and every parameter's gradient, up to float32 or bf16 rounding."""
+    cfg = aiayn.get_preset("tiny", vocab_size=301, p_drop=0.0, n_layers=2, d_model=64, d_ff=128, n_heads=4,
+                           d_k=16, d_v=16)
+    batch = loop._to_device(_batch(cfg, n=8), CUDA)
+    assert fused_loss_on("auto", CUDA)
+    results = []
+    for setting in ("off", "auto"):
+        torch.manual_seed(0)
+        model = aiayn.Transformer(cfg).to(CUDA).train()
+        sums, _ = loop._forward_backward(model, [batch], TrainConfig(fused_loss=setting), cfg, 1,
+                                         1 / batch.n_tgt_tokens, CUDA, precision, None, None, synced=False)
+        results.append((sums.cpu(), {n: p.grad.float().cpu() for n, p in model.named_parameters()}))
+    (plain_sums, plain_g), (fused_sums, fused_g) = results
+    rtol = 1e-4 if precision == "fp32" else 2e-2
+    torch.testing.assert_close(fused_sums, plain_sums, rtol=rtol, atol=1e-5)
+    for name, g in plain_g.items():
+        torch.testing.assert_close(fused_g[name], g, rtol=rtol, atol=rtol * g.abs().max().item() + 1e-7, msg=name)
+
