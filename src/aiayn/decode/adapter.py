@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from aiayn.kernels.loader import Kernels
-from aiayn.decode.search import select_topk
+from aiayn.decode.search import beam_rows, reads_wait, reorder_state
+from aiayn.decode.topk import select_topk
 from aiayn.model import DecoderCache, EncoderOutput, Transformer
 from aiayn.model.cache import LayerCache, share_slots
 
@@ -87,24 +88,52 @@ class CachedState:
     share_slots: bool = True  # group rows into shared beam slots when beam search expands them
 
     def reorder(self, idx: Tensor) -> "CachedState":
-        c, n, L = self.cache, idx.numel(), self.cache.length
+        c, n = self.cache, idx.numel()
         if c.shared_slots:
-            return self._reorder_shared(idx)
+            group, enc_rows = _encoder_rows(idx // c.group)
+            if group != c.group:  # not g rows per sentence: the plain layout
+                return CachedState(c.unshared(), self.sentence, None, share_slots=False).reorder(idx)
+            same = enc_rows.numel() == c.src_pad.size(0) and torch.equal(
+                enc_rows, torch.arange(enc_rows.numel(), device=idx.device))
+            return self._reorder_shared(idx, None if same else enc_rows)
         sentence = self.sentence.index_select(0, idx)
         same_rows = sentence.shape == self.sentence.shape and torch.equal(sentence, self.sentence)
         if same_rows:
             moved = (idx != torch.arange(n, device=idx.device)).nonzero().squeeze(1)  # (m,)
             if 2 * moved.numel() <= n:
                 self._move_rows_in_place(moved, idx.index_select(0, moved))
-                return CachedState(c, sentence, self.spare)
-        group, enc_rows = c.group, None
-        if not same_rows:
-            group, enc_rows = _encoder_rows(idx // c.group)
-            if self.share_slots and group > 1 and c.group == 1 and L == 0:  # beam search starts
-                enc = [LayerCache(lc.self_k, lc.self_v, lc.cross_k.index_select(0, enc_rows),
-                                  lc.cross_v.index_select(0, enc_rows)) for lc in c.layers]
-                cache = share_slots(enc, c.src_pad.index_select(0, enc_rows), group, c.capacity, c.kernels)
-                return CachedState(cache, sentence, None, self.share_slots)
+                return CachedState(c, sentence, self.spare, self.share_slots)
+            return self._copy_rows(idx, sentence, c.group, None)
+        return self._copy_rows(idx, sentence, *_encoder_rows(idx // c.group))
+
+    def reorder_beams(self, keep: Tensor | None, parent: Tensor | None) -> "CachedState":
+        """``reorder`` of the rows keep[i] * g + parent[i, j] (``search.beam_rows``: ``keep`` (B',) the
+        sentences that go on, None for all; ``parent`` (B', g), None for g = 1), told that structure:
+        nothing is read back to find it in the indices (on a GPU each read waits for the device)."""
+        c = self.cache
+        g = 1 if parent is None else parent.size(1)
+        idx = beam_rows(keep, parent, g)
+        if g != c.group:
+            return self.reorder(idx)
+        if c.shared_slots:
+            return self._reorder_shared(idx, keep)
+        sentence = self.sentence.index_select(0, idx)
+        if keep is not None:
+            return self._copy_rows(idx, sentence, g, keep)
+        if reads_wait(idx.device):
+            return self._copy_rows(idx, sentence, g, None)
+        return self.reorder(idx)  # on the CPU: moves only the rows that change, where few do
+
+    def _copy_rows(self, idx: Tensor, sentence: Tensor, group: int, enc_rows: Tensor | None) -> "CachedState":
+        """The copying cache's reorder: new row i continues old row idx[i], in the sentence of
+        ``sentence[i]``; g = ``group`` new rows read each of the encoder-side rows ``enc_rows`` (None:
+        the same sentences as before, in the same order)."""
+        c, n, L = self.cache, idx.numel(), self.cache.length
+        if enc_rows is not None and self.share_slots and group > 1 and c.group == 1 and L == 0:  # beam search starts
+            enc = [LayerCache(lc.self_k, lc.self_v, lc.cross_k.index_select(0, enc_rows),
+                              lc.cross_v.index_select(0, enc_rows)) for lc in c.layers]
+            cache = share_slots(enc, c.src_pad.index_select(0, enc_rows), group, c.capacity, c.kernels)
+            return CachedState(cache, sentence, None, self.share_slots)
         spare = self.spare  # (allocated only here: the shared-slot cache above needs none)
         if spare is None or spare[0][0].size(0) < n or spare[0][0].size(2) != c.capacity:
             spare = [(torch.empty((n,) + lc.self_k.shape[1:], dtype=lc.self_k.dtype, device=lc.self_k.device),
@@ -115,31 +144,25 @@ class CachedState:
             k, v = k[:n], v[:n]
             torch.index_select(lc.self_k[:, :, :L], 0, idx, out=k[:, :, :L])
             torch.index_select(lc.self_v[:, :, :L], 0, idx, out=v[:, :, :L])
-            cross_k = lc.cross_k if same_rows else lc.cross_k.index_select(0, enc_rows)
-            cross_v = lc.cross_v if same_rows else lc.cross_v.index_select(0, enc_rows)
+            cross_k = lc.cross_k if enc_rows is None else lc.cross_k.index_select(0, enc_rows)
+            cross_v = lc.cross_v if enc_rows is None else lc.cross_v.index_select(0, enc_rows)
             layers.append(LayerCache(k, v, cross_k, cross_v))
-        src_pad = c.src_pad if same_rows else c.src_pad.index_select(0, enc_rows)
+        src_pad = c.src_pad if enc_rows is None else c.src_pad.index_select(0, enc_rows)
         old = [(lc.self_k, lc.self_v) for lc in c.layers]
         return CachedState(DecoderCache(layers, src_pad, L, group, kernels=c.kernels), sentence, old, self.share_slots)
 
-    def _reorder_shared(self, idx: Tensor) -> "CachedState":
-        """Shared beam slots: new row i continues old row idx[i]. Within a sentence only the
-        ancestor table moves; sentences that leave are dropped from the buffers (their filled
-        part copied once). Anything that does not keep g rows per sentence falls back to the
-        plain layout (``DecoderCache.unshared``)."""
+    def _reorder_shared(self, idx: Tensor, enc_rows: Tensor | None) -> "CachedState":
+        """Shared beam slots: new row i continues old row idx[i], g new rows for each of the
+        sentences ``enc_rows`` (None: all, in order). Within a sentence only the ancestor table
+        moves; sentences that leave are dropped from the buffers (their filled part copied once)."""
         c, L, g = self.cache, self.cache.length, self.cache.group
         sentence = self.sentence.index_select(0, idx)
-        group, enc_rows = _encoder_rows(idx // g)
-        if group != g:
-            plain = CachedState(c.unshared(), self.sentence, None, share_slots=False)
-            return plain.reorder(idx)
-        Bs = enc_rows.numel()
+        Bs = idx.numel() // g
         parent = (idx % g).view(Bs, g, 1)  # slot of each new row's parent, within its sentence
-        same = Bs == c.src_pad.size(0) and torch.equal(enc_rows, torch.arange(Bs, device=idx.device))
-        anc = c.ancestors if same else c.ancestors.index_select(0, enc_rows)
+        anc = c.ancestors if enc_rows is None else c.ancestors.index_select(0, enc_rows)
         if L:
             anc[:, :, :L] = anc[:, :, :L].gather(1, parent.expand(Bs, g, L))  # gathered, then written
-        if same:
+        if enc_rows is None:
             return CachedState(DecoderCache(c.layers, c.src_pad, L, g, anc, c.kernels), sentence, None, True)
         layers = []
         for lc in c.layers:
@@ -237,6 +260,11 @@ class EnsembleState:
 
     def reorder(self, idx: Tensor) -> "EnsembleState":
         return EnsembleState(tuple(s.reorder(idx) for s in self.members))
+
+    def reorder_beams(self, keep: Tensor | None, parent: Tensor | None) -> "EnsembleState":
+        """``reorder`` told its structure (``CachedState.reorder_beams``), for every member."""
+        return EnsembleState(tuple(reorder_state(s, keep, parent, 1 if parent is None else parent.size(1))
+                                   for s in self.members))
 
 
 class EnsembleDecoder:

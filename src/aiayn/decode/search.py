@@ -11,6 +11,14 @@ Everything is vectorized over the (sentence * beam) rows; the only Python loop i
 steps. A sentence leaves the batch (its decoder rows are dropped with ``reorder``) as soon as
 it is done, so outputs never depend on which other sentences share the batch.
 
+On a GPU the host waits for the device whenever it reads a value back, so each step reads one:
+which sentences are done, (N,) flags. The rest is known on the host without asking (which
+sentences still decode, whether one has a forced token at this step), found on the device (the
+rows that leave, by a stable sort of those flags), or left there (the finished hypotheses, copied
+to the host once at the end). The search never copies host data to the device after its start.
+(``reorder_beams``, below, spares the decoder's state the reads that finding the beams'
+structure in the reorder's indices would take.)
+
 Definitions (documented choices):
 - |Y| counts generated tokens *including* EOS, as tensor2tensor does; the score of a finished
   hypothesis is sum(log p) / lp(|Y|) with the GNMT penalty lp(L) = ((5 + L) / 6)^α.
@@ -35,7 +43,6 @@ Definitions (documented choices):
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -43,6 +50,8 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.topk import select_topk, topk_rows  # noqa: F401 (topk_rows: part of this module's interface)
+from aiayn.model.attention import attention_backends
 
 NEG_INF = float("-inf")
 
@@ -61,6 +70,11 @@ def _apply_allowed(log_probs: Tensor, allowed: Allowed | None, rows: Tensor, pre
 class DecoderState(Protocol):
     def reorder(self, idx: Tensor) -> "DecoderState":
         """Rows ``idx`` (N',) of this state, in that order (repeats allowed)."""
+
+    # Optional: ``reorder`` of the rows ``beam_rows(keep, parent, K)``, told that structure (sentences
+    # ``keep`` go on, row j of each continues its row ``parent[:, j]``), so that it need not be found
+    # in the indices; a state without it gets ``reorder``. (``CachedState`` has it.)
+    # def reorder_beams(self, keep, parent) -> DecoderState
 
 
 class StepDecoder(Protocol):
@@ -112,19 +126,66 @@ def _banned(t: int, cfg: DecodeConfig, ids: SpecialIds, device: torch.device) ->
     return torch.tensor([ids.pad, ids.bos] + ([ids.eos] if t <= cfg.min_len else []), device=device)
 
 
-def _mask_special(log_probs: Tensor, t: int, cfg: DecodeConfig, ids: SpecialIds) -> Tensor:
-    """log_probs (N, V) with the ``_banned`` tokens of step t set to -inf (in place)."""
-    return log_probs.index_fill_(1, _banned(t, cfg, ids, log_probs.device), NEG_INF)
+class _BannedSets:
+    """``_banned`` of every step, made once (a tensor made at every step is a copy to the device)."""
+
+    def __init__(self, cfg: DecodeConfig, ids: SpecialIds, device: torch.device):
+        self.min_len = cfg.min_len
+        self.early, self.late = _banned(1, cfg, ids, device), _banned(cfg.min_len + 1, cfg, ids, device)
+
+    def at(self, t: int) -> Tensor:
+        return self.early if t <= self.min_len else self.late
 
 
-def _forced_at(prefix: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
-    """The forced token at step t of each live row (N,) (-1: none), or None when no row has one.
-    ``prefix`` (B, P) holds each sentence's forced tokens, -1 after its prefix; ``rows`` (N,) the
-    original sentence of each live row."""
-    if prefix is None or t > prefix.size(1):
-        return None
-    forced = prefix[rows, t - 1]
-    return forced if bool((forced >= 0).any()) else None
+class _Forced:
+    """Where a forced target prefix (``search(prefix=...)``) has a token, known on the host.
+
+    ``prefix`` (B, P) holds each sentence's forced tokens, -1 after its prefix; the (B, P) flags
+    are read once, at the start."""
+
+    def __init__(self, prefix: Tensor):
+        self.prefix = prefix
+        self.flags = (prefix >= 0).tolist()
+
+    def at(self, rows: Tensor, rows_host: list[int], t: int) -> Tensor | None:
+        """The forced token at step t of each live row (N,) (-1: none), or None when no row has one;
+        ``rows`` (N,) the original sentence of each live row, ``rows_host`` the same on the host."""
+        if t > self.prefix.size(1) or not any(self.flags[r][t - 1] for r in rows_host):
+            return None
+        return self.prefix[rows, t - 1]
+
+
+def reads_wait(device: torch.device) -> bool:
+    """Whether reading a value of ``device`` on the host waits for the device's queued work: on
+    accelerators, not on the CPU (where the search may read to skip work)."""
+    return device.type != "cpu"
+
+
+def _split(done: Tensor, flags: list[bool]) -> tuple[Tensor, Tensor]:
+    """The rows that are done and those that go on, (n,) and (N - n,), each in increasing order,
+    given ``done`` (N,) bool and its copy ``flags`` on the host. A stable sort puts the rows that
+    go on first; ``nonzero`` would read the count back from the device."""
+    order = torch.argsort(done.to(torch.uint8), stable=True)  # (N,)
+    n_keep = flags.count(False)
+    return order[n_keep:], order[:n_keep]
+
+
+def reorder_state(state: DecoderState, keep: Tensor | None, parent: Tensor | None, K: int) -> DecoderState:
+    """The state whose row i * K + j continues row keep[i] * K + parent[i, j] (``keep`` (B',) the
+    sentences that go on, None for all; ``parent`` (B', K), None for K = 1 and parent 0). Through the
+    state's ``reorder_beams`` where it has one, else ``reorder`` of those rows."""
+    fn = getattr(state, "reorder_beams", None)
+    if fn is not None:
+        return fn(keep, parent)
+    return state.reorder(beam_rows(keep, parent, K))
+
+
+def beam_rows(keep: Tensor | None, parent: Tensor | None, K: int) -> Tensor:
+    """The rows (B' * K,) that ``reorder_state``'s ``keep`` and ``parent`` describe."""
+    if parent is None:
+        return keep
+    first = keep if keep is not None else torch.arange(parent.size(0), device=parent.device)
+    return (first[:, None] * K + parent).view(-1)
 
 
 def _force(log_probs: Tensor, forced: Tensor) -> Tensor:
@@ -141,13 +202,6 @@ def _prefix_lengths(max_len: Tensor, prefix: Tensor | None, cap: int | None) -> 
     return out.clamp_(max=cap) if cap is not None else out
 
 
-def select_topk(log_probs: Tensor, k: int, banned: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row's min(k, V) best tokens, best first, never one of ``banned`` (nb,): values and ids
-    (N, k) of log_probs (N, V), whose banned columns are overwritten with -inf."""
-    log_probs.index_fill_(1, banned, NEG_INF)
-    return topk_rows(log_probs, min(k, log_probs.size(1)))
-
-
 def _step_topk(decoder: StepDecoder, tokens: Tensor, state: DecoderState, k: int,
                banned: Tensor) -> tuple[Tensor, Tensor, DecoderState]:
     """The decoder's ``step_topk`` if it has one, else ``step`` then ``select_topk``."""
@@ -159,51 +213,32 @@ def _step_topk(decoder: StepDecoder, tokens: Tensor, state: DecoderState, k: int
     return values, ids, state
 
 
-def topk_rows(x: Tensor, k: int, blocks: int = 16) -> tuple[Tensor, Tensor]:
-    """The k largest entries of each row of x (R, M), best first: torch.topk(x, k, dim=1).
-
-    torch.topk selects within every row; beam search asks for k = beam size of M = K * V
-    candidates, where one pass over the row does most of the work. The columns are split into
-    n = M // blocks interleaved blocks {j, j + n, j + 2n, ...}; one elementwise max over the
-    ``blocks`` rows of x viewed as (R, blocks, n) gives each block's maximum (it vectorizes; a
-    per-row selection does not). The k largest entries lie in the k blocks with the largest
-    maxima: if an entry's block is not among them, those k blocks hold k entries at least as
-    large, one each. So the answer is topk over those k * blocks entries and the M - n * blocks
-    columns left over. Same values as torch.topk; among exactly equal values the indices may
-    differ (torch.topk does not specify them either). Rows too short to gain (n < 4k) use
-    torch.topk.
-    """
-    R, M = x.shape
-    n = M // blocks
-    if n < 4 * k or not x.is_contiguous():
-        return x.topk(k, dim=1)
-    block_max = x[:, : n * blocks].view(R, blocks, n).amax(dim=1)  # (R, n)
-    top_blocks = block_max.topk(k, dim=1).indices  # (R, k)
-    idx = (top_blocks[:, :, None] + n * torch.arange(blocks, device=x.device)).view(R, k * blocks)
-    if n * blocks < M:
-        idx = torch.cat([idx, torch.arange(n * blocks, M, device=x.device).expand(R, -1)], dim=1)
-    values, pos = x.gather(1, idx).topk(k, dim=1)
-    return values, idx.gather(1, pos)
+# ---------------------------------------------------------------------------------------------
+# Output
 
 
 class _Results:
-    """Output buffers for B sentences x F hypotheses, written as sentences finish."""
+    """Output buffers for B sentences x F hypotheses on the search's device, written as sentences
+    finish and read on the host once, at the end (``hypotheses``)."""
 
-    def __init__(self, B: int, F: int, T: int):
-        self.tokens = torch.zeros(B, F, T, dtype=torch.long)
-        self.score = torch.full((B, F), NEG_INF, dtype=torch.float64)
-        self.log_prob = torch.full((B, F), NEG_INF, dtype=torch.float64)
-        self.length = torch.zeros(B, F, dtype=torch.long)
-        self.eos = torch.zeros(B, F, dtype=torch.bool)
+    def __init__(self, B: int, F: int, T: int, device: torch.device):
+        self.tokens = torch.zeros(B, F, T, dtype=torch.long, device=device)
+        self.score = torch.full((B, F), NEG_INF, dtype=torch.float64, device=device)
+        self.log_prob = torch.full((B, F), NEG_INF, dtype=torch.float64, device=device)
+        self.length = torch.zeros(B, F, dtype=torch.long, device=device)
+        self.eos = torch.zeros(B, F, dtype=torch.bool, device=device)
 
     def write(self, rows: Tensor, tokens: Tensor, score: Tensor, log_prob: Tensor,
-              length: Tensor, eos: Tensor) -> None:
-        """rows (n,); tokens (n, F, T'); the other tensors (n, F)."""
-        self.tokens[rows, :, : tokens.size(2)] = tokens.cpu()
-        self.score[rows] = score.double().cpu()
-        self.log_prob[rows] = log_prob.double().cpu()
-        self.length[rows] = length.cpu()
-        self.eos[rows] = eos.cpu()
+              length: Tensor | int, eos: Tensor) -> None:
+        """rows (n,); tokens (n, F, T'); the other tensors (n, F), or a length for all."""
+        self.tokens[rows, :, : tokens.size(2)] = tokens
+        self.score[rows] = score.double()
+        self.log_prob[rows] = log_prob.double()
+        if isinstance(length, int):
+            self.length.index_fill_(0, rows, length)  # (a scalar assigned by index is a tensor made on the host)
+        else:
+            self.length[rows] = length
+        self.eos[rows] = eos
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         out = []
@@ -221,20 +256,25 @@ class _Results:
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
                  choose: Callable[[Tensor], Tensor], cap: int | None, prefix: Tensor | None = None,
                  allowed: Allowed | None = None) -> _Results:
-    """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length."""
-    B = src.size(0)
-    max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(src.device)  # (B,)
+    """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length. A step
+    reads one value back, its end check: which rows are done."""
+    B, dev = src.size(0), src.device
+    max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (B,)
     T = int(max_len.max())
-    res = _Results(B, 1, T)
+    res = _Results(B, 1, T, dev)
     state = decoder.start(src, T)
-    rows = torch.arange(B, device=src.device)  # original row of each live row
-    seqs = torch.zeros(B, T, dtype=torch.long, device=src.device)  # (N, T)
-    total = torch.zeros(B, dtype=torch.float64, device=src.device)  # (N,) sum log p
-    last = torch.full((B,), ids.bos, dtype=torch.long, device=src.device)
+    rows = torch.arange(B, device=dev)  # original row of each live row
+    rows_host = list(range(B))  # the same, on the host
+    forced_steps = _Forced(prefix) if prefix is not None else None
+    banned = _BannedSets(cfg, ids, dev)
+    seqs = torch.zeros(B, T, dtype=torch.long, device=dev)  # (N, T)
+    total = torch.zeros(B, dtype=torch.float64, device=dev)  # (N,) sum log p
+    last = torch.full((B,), ids.bos, dtype=torch.long, device=dev)
     for t in range(1, T + 1):
         log_probs, state = decoder.step(last, state)
-        log_probs = _apply_allowed(_mask_special(log_probs, t, cfg, ids), allowed, rows, seqs[:, : t - 1])  # (N, V)
-        forced = _forced_at(prefix, rows, t)
+        log_probs = _apply_allowed(log_probs.index_fill_(1, banned.at(t), NEG_INF), allowed, rows,
+                                   seqs[:, : t - 1])  # (N, V)
+        forced = forced_steps.at(rows, rows_host, t) if forced_steps is not None else None
         if forced is not None:
             log_probs = _force(log_probs, forced)
         tok = choose(log_probs)  # (N,)
@@ -242,16 +282,16 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         seqs[:, t - 1] = tok
         is_eos = tok == ids.eos
         done = is_eos | (max_len <= t)
-        if bool(done.any()):
-            d = done.nonzero().squeeze(1)
+        flags = done.tolist()  # the step's one read
+        if any(flags):
+            d, keep = _split(done, flags)
             score = total[d] / length_penalty(float(t), cfg.alpha)
-            res.write(rows[d], seqs[d, None, :t], score[:, None], total[d, None],
-                      torch.full((d.numel(), 1), t), is_eos[d, None])
-            keep = (~done).nonzero().squeeze(1)
+            res.write(rows[d], seqs[d, None, :t], score[:, None], total[d, None], t, is_eos[d, None])
             if keep.numel() == 0:
                 break
-            state = state.reorder(keep)
+            state = reorder_state(state, keep, None, 1)
             rows, seqs, total, max_len, tok = rows[keep], seqs[keep], total[keep], max_len[keep], tok[keep]
+            rows_host = [r for r, f in zip(rows_host, flags) if not f]
         last = tok
     return res
 
@@ -309,28 +349,32 @@ class _Pool:
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
                  cap: int | None, prefix: Tensor | None = None, allowed: Allowed | None = None) -> _Results:
-    """Beam search with exact early stopping (module docstring); K = beam size, F = nbest."""
+    """Beam search with exact early stopping (module docstring); K = beam size, F = nbest. A step
+    reads one value back: which sentences are done."""
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (N,)
     T = int(max_len.max())
-    res = _Results(B, F, T)
+    res = _Results(B, F, T, dev)
     lp_max = length_penalty(max_len.double(), cfg.alpha)  # (N,) for the early-stop bound
     state = decoder.start(src, T).reorder(torch.arange(B, device=dev).repeat_interleave(K))
     rows = torch.arange(B, device=dev)
+    rows_host = list(range(B))  # the same, on the host
+    forced_steps = _Forced(prefix) if prefix is not None else None
     live = torch.full((B, K), NEG_INF, device=dev)  # (N, K) sum log p of live hypotheses
     live[:, 0] = 0.0  # all K beams start as the same empty prefix: expand only one
     seqs = torch.zeros(B, K, T, dtype=torch.long, device=dev)  # (N, K, T)
     pool = None
     last = torch.full((B * K,), ids.bos, dtype=torch.long, device=dev)
-    early, late = _banned(1, cfg, ids, dev), _banned(cfg.min_len + 1, cfg, ids, dev)  # t <= min_len, t > min_len
+    banned = _BannedSets(cfg, ids, dev)
+    # (a merge without endings changes nothing: where a read waits for the device, it is cheaper than asking)
+    merge_always = reads_wait(dev)
     for t in range(1, T + 1):
         # The K best of a sentence's K*V extensions are among each beam's k = min(K, V) best
         # tokens: take those first (per row, where adding the beam's score cannot change the
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
-        banned = early if t <= cfg.min_len else late
-        forced = _forced_at(prefix, rows, t)
+        forced = forced_steps.at(rows, rows_host, t) if forced_steps is not None else None
         if forced is None and allowed is None:
-            row_lp, row_tok, state = _step_topk(decoder, last, state, K, banned)
+            row_lp, row_tok, state = _step_topk(decoder, last, state, K, banned.at(t))
         else:  # a prefix or a constraint needs the (N*K, V) log-probabilities
             log_probs, state = decoder.step(last, state)
             if allowed is not None:
@@ -338,7 +382,7 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
                 log_probs = _apply_allowed(log_probs, allowed, rows.repeat_interleave(K), prior)
             if forced is not None:  # every beam of the sentence continues with its forced token
                 log_probs = _force(log_probs, forced.repeat_interleave(K))
-            row_lp, row_tok = select_topk(log_probs, K, banned)
+            row_lp, row_tok = select_topk(log_probs, K, banned.at(t))
         if pool is None:
             live = live.to(row_lp.dtype)
             pool = _Pool(B, F, T, dev, row_lp.dtype)
@@ -350,40 +394,29 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         seqs[:, :, t - 1] = tok
         is_eos = tok == ids.eos
         ends = is_eos | (max_len <= t)[:, None]  # (N, K); -inf candidates stay -inf in the pool
-        # (a merge without endings changes nothing: on a GPU it is cheaper than asking whether any ended)
-        if dev.type == "cuda" or bool(ends.any()):
+        if merge_always or bool(ends.any()):
             pool.merge(seqs, top_lp, ends, is_eos & ends, t, cfg.alpha)
         live = top_lp.masked_fill(ends, NEG_INF)
         bound = live.max(dim=1).values / lp_max  # (N,) best reachable normalized score
         done = pool.score[:, F - 1] >= bound  # also true when no live hypothesis is left
-        keep = torch.arange(N, device=dev)
-        if bool(done.any()):
-            d = done.nonzero().squeeze(1)
+        flags = done.tolist()  # the step's one read
+        keep = None
+        if any(flags):
+            d, keep = _split(done, flags)
             res.write(rows[d], pool.tokens[d, :, :t], pool.score[d], pool.log_prob[d], pool.length[d], pool.eos[d])
-            keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
             pool.select(keep)
             rows, live, seqs, max_len, lp_max = rows[keep], live[keep], seqs[keep], max_len[keep], lp_max[keep]
             parent, tok = parent[keep], tok[keep]
-        state = state.reorder((keep[:, None] * K + parent).view(-1))
+            rows_host = [r for r, f in zip(rows_host, flags) if not f]
+        state = reorder_state(state, keep, parent, K)
         last = tok.reshape(-1)
     return res
 
 
 # ---------------------------------------------------------------------------------------------
 # Entry point
-
-
-def attention_backends(device: torch.device):
-    """The fused attention kernels decoding may use: on CUDA flash, memory-efficient or PyTorch's
-    math, not cuDNN's. cuDNN builds an execution plan for every new shape, and a decoding step's
-    shapes are new at nearly every step (one more key, fewer live rows), so in bf16/fp16 on Hopper,
-    where PyTorch prefers it, decoding spent its time building plans. Elsewhere nothing changes."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 @torch.inference_mode()

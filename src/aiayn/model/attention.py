@@ -15,6 +15,7 @@ Masks are boolean with True = may attend, broadcastable to (B, H, T, S).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -46,6 +47,18 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_caus
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=p_drop if training else 0.0, is_causal=is_causal and mask is None
     )
+
+
+def attention_backends(device: torch.device, cudnn: bool = False):
+    """A context in which Eq. 1's fused kernels (``attention_fast``) on CUDA are flash, memory-efficient
+    or PyTorch's math, and cuDNN's only with ``cudnn``. cuDNN builds an execution plan for every new
+    shape: a decoding step's shapes are new at nearly every step (one more key, fewer live rows), a
+    training step's at nearly every length-bucketed batch, and in bf16/fp16 on Hopper, where PyTorch
+    prefers cuDNN, the time went to building plans. Elsewhere, or with ``cudnn``, nothing changes."""
+    if device.type != "cuda" or cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class _KernelAttention(torch.autograd.Function):
