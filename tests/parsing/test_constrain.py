@@ -7,7 +7,7 @@ import torch
 from aiayn.config import replace
 from aiayn.decode.search import SpecialIds, max_output_lengths, search
 from aiayn.errors import UserError
-from aiayn.parsing.constrain import TreeConstraint, TreeVocab
+from aiayn.parsing.constrain import TreeConstraint, TreeVocab, WordPieces
 from aiayn.parsing.decode import PARSE_DECODE
 from aiayn.parsing.linearize import delinearize
 
@@ -103,3 +103,74 @@ def test_every_output_is_a_tree_over_exactly_the_words(B, beam, scale, favourite
         result = delinearize([PIECES[t][1:] for t in hs[0].tokens], words)
         assert not result.repaired, (result.repairs, [PIECES[t] for t in hs[0].tokens])
         assert result.tree.words() == words
+
+
+# The words linearization: no XX piece; words are copied piece by piece.
+PIECES_W = ["<pad>", "<unk>", "<s>", "</s>", "▁(S", "▁)S", "▁(NP", "▁)NP", "▁(VP", "▁)VP", "▁a", "b", "▁c", "d"]
+W_OS, W_CS, W_ONP, W_CNP, W_OVP, W_CVP, A, B_, C, D = range(4, 14)
+VOCAB_W = TreeVocab.from_pieces(PIECES_W, EOS)
+
+
+def words_allowed_after(prefix: list[int], words: list[list[int]], budget: int = 100) -> set[int]:
+    c = TreeConstraint(VOCAB_W, torch.tensor([len(words)]), torch.tensor([budget]), WordPieces.from_lists([words]))
+    mask = c(torch.tensor([0]), torch.tensor([prefix], dtype=torch.long).view(1, len(prefix)))
+    return set(mask[0].nonzero().squeeze(1).tolist())
+
+
+def test_words_vocab_has_no_slot_and_knows_the_pieces():
+    assert VOCAB_W.linearization == "words" and VOCAB.linearization == "slots"
+    assert VOCAB_W.is_piece.nonzero().squeeze(1).tolist() == [1, A, B_, C, D]   # <unk> is a word's piece too
+    # the tokenizer's user symbols decide, not the pieces alone: "▁XX" as a plain BPE piece is a word's piece
+    assert TreeVocab.from_pieces(PIECES, EOS, frozenset(PIECES[4:11])).linearization == "slots"
+    assert TreeVocab.from_pieces(PIECES, EOS, frozenset(PIECES[5:11])).linearization == "words"
+
+
+def test_words_copied_whole_by_hand():
+    words = [[A, B_], [C], [C, D]]                                  # "ab c cd"
+    opens = {W_OS, W_ONP, W_OVP}
+    assert words_allowed_after([], words) == opens
+    assert words_allowed_after([W_OS], words) == opens | {A}                   # the first word's first piece
+    assert words_allowed_after([W_OS, A], words) == {B_}                       # inside a word: only its next piece
+    assert words_allowed_after([W_OS, W_ONP, A, B_], words) == opens | {C, W_CNP}
+    assert words_allowed_after([W_OS, A, B_, C], words) == opens | {C}         # the root waits for the last word
+    assert words_allowed_after([W_OS, A, B_, C, C], words) == {D}
+    assert words_allowed_after([W_OS, A, B_, C, C, D], words) == {W_CS}
+    assert words_allowed_after([W_OS, A, B_, C, C, D, W_CS], words) == {EOS}
+    # the length rule counts pieces: "(S a b )S" is 4 tokens, a phrase inside needs 2 more
+    assert words_allowed_after([W_OS], [[A, B_]], budget=4) == {A}
+    assert words_allowed_after([W_OS], [[A, B_]], budget=6) == opens | {A}
+
+
+def test_words_need_their_pieces_and_no_bracket_in_a_word():
+    with pytest.raises(ValueError, match="words linearization"):
+        TreeConstraint(VOCAB_W, torch.tensor([1]), torch.tensor([50]))
+    with pytest.raises(ValueError, match="words linearization"):
+        TreeConstraint(VOCAB, torch.tensor([1]), torch.tensor([50]), WordPieces.from_lists([[[11]]]))
+    with pytest.raises(UserError, match="bracket piece"):
+        TreeConstraint(VOCAB_W, torch.tensor([1]), torch.tensor([50]), WordPieces.from_lists([[[W_ONP]]]))
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("B, beam, scale, favourite", [(30, 1, 1.0, None), (30, 4, 5.0, EOS), (20, 21, 3.0, W_CS),
+                                                       (30, 5, 8.0, D)])
+def test_every_words_output_is_a_tree_copying_exactly_the_words(B, beam, scale, favourite):
+    g = torch.Generator().manual_seed(beam)
+    vocab = ["ab", "c", "cd", "abdd", "a"]
+    spelled = {"ab": [A, B_], "c": [C], "cd": [C, D], "abdd": [A, B_, D, D], "a": [A]}
+    sentences = [[vocab[i] for i in torch.randint(0, 5, (int(n),), generator=g).tolist()]
+                 for n in torch.randint(1, 15, (B,), generator=g)]
+    words = WordPieces.from_lists([[spelled[w] for w in s] for s in sentences])
+    src = torch.zeros(B, int(words.count.max()) + 1, dtype=torch.long)
+    for b, n in enumerate(words.count.tolist()):
+        src[b, : n + 1] = 11
+    cfg = replace(PARSE_DECODE, beam_size=beam, max_len_b=40)
+    budget = max_output_lengths(src, cfg, 0) - 1
+    hyps = search(RandomDecoder(len(PIECES_W), beam, scale, favourite), src, cfg, SpecialIds(),
+                  allowed=TreeConstraint(VOCAB_W, torch.tensor([len(s) for s in sentences]), budget, words))
+    for sentence, hs in zip(sentences, hyps):
+        assert hs and hs[0].eos and hs[0].score > float("-inf")
+        text = "".join(PIECES_W[t] for t in hs[0].tokens).replace("▁", " ").split()
+        assert [t for t in text if t[0] not in "()"] == sentence
+        result = delinearize(text, sentence, linearization="words")
+        assert not result.repaired, (result.repairs, text)
+        assert result.tree.words() == sentence

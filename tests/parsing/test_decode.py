@@ -2,6 +2,7 @@
 import io
 import json
 import re
+import types
 import zipfile
 
 import pytest
@@ -15,6 +16,8 @@ from aiayn.parsing.trees import parse_tree
 
 
 class StubTranslator:
+    tgt_tok = types.SimpleNamespace(user_symbols=frozenset({"▁XX", "▁(S", "▁)S"}))
+
     def __init__(self, outputs):
         self.outputs = outputs
         self.seen = None

@@ -82,7 +82,7 @@ def test_prepare_full_wsj_layout_by_sections(treebank_zip, tmp_path, capsys):
 def test_wsj_scheme_takes_the_papers_vocabulary(argv, vocab, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_prepare(treebank, out, cfg, force, splits):
+    def fake_prepare(treebank, out, cfg, force, splits, linearization):
         seen.update(vocab=cfg.vocab_size, splits=splits)
         raise UserError("stop here")
 

@@ -60,6 +60,8 @@ class Tokenizer:
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(model_bytes)
         self._model_type = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+        user = sentencepiece_model_pb2.ModelProto.SentencePiece.Type.USER_DEFINED
+        self._user_symbols = frozenset(p.piece for p in proto.pieces if p.type == user)
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -111,6 +113,11 @@ class Tokenizer:
     def model_type(self) -> str:
         """"bpe" or "unigram" (or another SentencePiece model type, lowercased)."""
         return self._model_type
+
+    @property
+    def user_symbols(self) -> frozenset[str]:
+        """The pieces the model keeps whole (``PrepareConfig.user_symbols``), as spelled in it."""
+        return self._user_symbols
 
     def encode_pieces(self, text: str) -> list[str]:
         return self._sp.encode(text, out_type=str)

@@ -14,7 +14,15 @@ words. With d the open phrases, w the words placed and u the tokens generated so
   token is not an opening bracket), and for the root (d = 1) only once all n words are placed;
 * EOS once the root is closed (d = 0 after at least one token), which implies w = n.
 
-Every other piece (subwords, ``<unk>``) is forbidden. From any prefix it allows, some token is
+Every other piece (subwords, ``<unk>``) is forbidden. With the ``words`` linearization the words
+themselves take the slots' place: the pieces of each sentence's words (P in all, in order) are
+given, and with p of them placed,
+
+* inside a word (piece p continues a word) only piece p is allowed: a word is copied whole;
+* between words, piece p (the next word's first) takes ``XX``'s rule, with p < P for w < n, and
+  the length rule counts pieces: u + 1 + (P - p) + (d + 1) <= budget.
+
+From any prefix it allows, some token is
 allowed, and u + (n - w) + d <= budget holds throughout, so every hypothesis ends with EOS within
 ``budget + 1`` tokens and delinearizes with no repair, whatever the model's probabilities. The
 state is recomputed from the prefix at each step (vectorized over hypotheses; O(N * t) per step),
@@ -27,8 +35,9 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from aiayn.data.vocab import SPECIAL_IDS
 from aiayn.errors import UserError
-from aiayn.parsing.linearize import WORD, is_bracket
+from aiayn.parsing.linearize import SLOTS, WORD, WORDS, is_bracket
 
 SPACE = "\u2581"  # SentencePiece's word-start mark: the tree tokens are the pieces "▁XX", "▁(NP", "▁)NP"
 
@@ -37,18 +46,25 @@ SPACE = "\u2581"  # SentencePiece's word-start mark: the tree tokens are the pie
 class TreeVocab:
     """The tree tokens of a target vocabulary of V pieces, with L labels."""
 
-    word: int            # id of the ``XX`` piece
+    word: int            # id of the ``XX`` piece (-1 for the ``words`` linearization)
     eos: int
     open_ids: Tensor     # (L,) id of ``(LABEL`` per label
     close_ids: Tensor    # (L,) id of ``)LABEL`` per label
     open_label: Tensor   # (V,) label index of an opening piece, else -1
     close_label: Tensor  # (V,) label index of a closing piece, else -1
-    is_word: Tensor      # (V,) bool
+    is_word: Tensor      # (V,) bool: the ``XX`` piece
+    is_piece: Tensor     # (V,) bool: a piece of a copied word (``words``): not a bracket, pad, BOS or EOS
     labels: tuple[str, ...]
 
+    @property
+    def linearization(self) -> str:
+        return SLOTS if self.word >= 0 else WORDS
+
     @classmethod
-    def from_pieces(cls, pieces: list[str], eos: int) -> "TreeVocab":
-        """From the target pieces by id; labels need both brackets as single pieces."""
+    def from_pieces(cls, pieces: list[str], eos: int, user_symbols: frozenset[str] | None = None) -> "TreeVocab":
+        """From the target pieces by id; labels need both brackets as single pieces. The
+        linearization is ``slots`` when ``XX`` is a piece (a user symbol, when ``user_symbols``
+        of the tokenizer are given), else ``words``."""
         opens, closes = {}, {}
         for i, p in enumerate(pieces):
             if p.startswith(SPACE) and is_bracket(p[1:], "("):
@@ -56,36 +72,77 @@ class TreeVocab:
             elif p.startswith(SPACE) and is_bracket(p[1:], ")"):
                 closes[p[2:]] = i
         labels = tuple(sorted(set(opens) & set(closes)))
-        if SPACE + WORD not in pieces or not labels:
-            raise UserError(f"the target vocabulary has no {WORD!r} piece or no bracket pieces: "
+        if not labels:
+            raise UserError("the target vocabulary has no bracket pieces: "
                             "not a parsing model (train one on `aiayn parse prepare` data)")
         V = len(pieces)
         open_label = torch.full((V,), -1, dtype=torch.long)
         close_label = torch.full((V,), -1, dtype=torch.long)
         for j, label in enumerate(labels):
             open_label[opens[label]], close_label[closes[label]] = j, j
-        word = pieces.index(SPACE + WORD)
+        slots = SPACE + WORD in (pieces if user_symbols is None else user_symbols)
+        word = pieces.index(SPACE + WORD) if slots else -1
         is_word = torch.zeros(V, dtype=torch.bool)
-        is_word[word] = True
+        if slots:
+            is_word[word] = True
+        is_piece = (open_label < 0) & (close_label < 0) & ~is_word
+        is_piece[[SPECIAL_IDS["pad"], SPECIAL_IDS["bos"], eos]] = False
+        for p, i in list(opens.items()) + list(closes.items()):   # brackets without their pair
+            is_piece[i] = False
         return cls(word, eos, torch.tensor([opens[x] for x in labels]), torch.tensor([closes[x] for x in labels]),
-                   open_label, close_label, is_word, labels)
+                   open_label, close_label, is_word, is_piece, labels)
 
     def to(self, device: torch.device) -> "TreeVocab":
         return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
-                                            ("open_ids", "close_ids", "open_label", "close_label", "is_word")})
+                                            ("open_ids", "close_ids", "open_label", "close_label", "is_word",
+                                             "is_piece")})
+
+
+@dataclasses.dataclass(frozen=True)
+class WordPieces:
+    """The target pieces of each sentence's words, for the ``words`` linearization: B sentences,
+    at most P pieces each."""
+
+    ids: Tensor      # (B, P + 1) piece ids in order, padded with 0
+    starts: Tensor   # (B, P + 1) bool: the piece begins a word (True at and after the end)
+    count: Tensor    # (B,) pieces per sentence
+
+    @classmethod
+    def from_lists(cls, words: list[list[list[int]]], device: torch.device | str = "cpu") -> "WordPieces":
+        """``words[b][j]``: the piece ids of word j of sentence b."""
+        flat = [[i for w in sent for i in w] for sent in words]
+        P = max((len(f) for f in flat), default=0)
+        ids = torch.zeros(len(words), P + 1, dtype=torch.long)
+        starts = torch.ones(len(words), P + 1, dtype=torch.bool)
+        for b, sent in enumerate(words):
+            ids[b, : len(flat[b])] = torch.tensor(flat[b], dtype=torch.long)
+            k = 0
+            for w in sent:
+                starts[b, k + 1: k + len(w)] = False
+                k += len(w)
+        return cls(ids.to(device), starts.to(device), torch.tensor([len(f) for f in flat], device=device))
 
 
 class TreeConstraint:
     """``allowed(rows, prefix)`` for ``aiayn.decode.search`` (module docstring).
 
     ``n_words`` (B,): words of each batch sentence (>= 1); ``budget`` (B,): tokens it may generate
-    before EOS (the search's maximum output length - 1; at least n + 2).
+    before EOS (the search's maximum output length - 1; at least n + 2). ``words``: the words'
+    pieces, required for (and only for) the ``words`` linearization; n then counts pieces.
     """
 
-    def __init__(self, vocab: TreeVocab, n_words: Tensor, budget: Tensor):
+    def __init__(self, vocab: TreeVocab, n_words: Tensor, budget: Tensor, words: WordPieces | None = None):
+        if (words is None) != (vocab.linearization == SLOTS):
+            raise ValueError("the words' pieces are needed for (and only for) the words linearization")
+        if words is not None:
+            if bool(vocab.is_piece.to(words.ids.device)[words.ids].logical_not().logical_and(
+                    torch.arange(words.ids.shape[1], device=words.ids.device) < words.count[:, None]).any()):
+                raise UserError("a word is spelled with a bracket piece of the tree vocabulary: "
+                                "escape brackets as -LRB- and -RRB-")
+            n_words = words.count
         if bool((budget < n_words + 2).any()):
             raise ValueError("the maximum output length leaves no room for a tree over every word")
-        self.vocab, self.n_words, self.budget = vocab.to(n_words.device), n_words, budget
+        self.vocab, self.n_words, self.budget, self.words = vocab.to(n_words.device), n_words, budget, words
 
     def state(self, prefix: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Per row of prefix (N, u): words placed w, open phrases d, the innermost open phrase's
@@ -110,11 +167,23 @@ class TreeConstraint:
         n, budget = self.n_words[rows], self.budget[rows]  # (N,)
         w, d, top, last_open = self.state(prefix)
         mask = torch.zeros(N, v.is_word.numel(), dtype=torch.bool, device=prefix.device)
-        mask[:, v.word] = (d >= 1) & (w < n)
+        if self.words is None:
+            mask[:, v.word] = (d >= 1) & (w < n)
+        else:
+            w = v.is_piece[prefix].sum(1) if u else torch.zeros_like(n)  # (N,) pieces placed
+            ids, starts = self.words.ids[rows], self.words.starts[rows]  # (N, P + 1)
+            following = ids.gather(1, w[:, None]).squeeze(1)              # (N,) piece w
+            inside = ~starts.gather(1, w[:, None]).squeeze(1)              # (N,) piece w continues a word
+            r = ((d >= 1) & (w < n) | inside).nonzero().squeeze(1)
+            mask[r, following[r]] = True
         can_open = (w < n) & ((d >= 1) | (u == 0)) & (u + 1 + (n - w) + (d + 1) <= budget)
         mask[:, v.open_ids] = can_open[:, None]
         can_close = (d >= 1) & ~last_open & ((d > 1) | (w == n)) & (top >= 0)
         r = can_close.nonzero().squeeze(1)
         mask[r, v.close_ids[top[r]]] = True
         mask[:, v.eos] = (d == 0) & (u > 0) & (w == n)
+        if self.words is not None:
+            mask[inside] = False
+            r = inside.nonzero().squeeze(1)
+            mask[r, following[r]] = True
         return mask

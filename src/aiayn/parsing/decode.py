@@ -18,8 +18,8 @@ import torch
 from aiayn.config import param, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import max_output_lengths, search
-from aiayn.parsing.constrain import TreeConstraint, TreeVocab
-from aiayn.parsing.linearize import Delinearized, RepairStats, delinearize
+from aiayn.parsing.constrain import SPACE, TreeConstraint, TreeVocab, WordPieces
+from aiayn.parsing.linearize import SLOTS, WORD, WORDS, Delinearized, RepairStats, delinearize
 from aiayn.parsing.trees import Tree
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,15 @@ class ParseOptions:
                                     "outputs repaired and counted")
 
 
-def _constrained_linear(translator, ids: list[list[int]], n_words: list[int]) -> list[str]:
+def tree_vocab(translator) -> TreeVocab:
+    """The tree tokens of ``translator``'s target vocabulary (and so its model's linearization)."""
+    tok = translator.tgt_tok
+    return TreeVocab.from_pieces([tok.piece(i) for i in range(tok.vocab_size)], translator.ids.eos, tok.user_symbols)
+
+
+def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
+                        sentences: Sequence[Sequence[str]]) -> list[str]:
     """The best constrained output per line of source ids (``translator.encode``), detokenized."""
-    vocab = TreeVocab.from_pieces([translator.tgt_tok.piece(i) for i in range(translator.tgt_tok.vocab_size)],
-                                  translator.ids.eos)
     out = [""] * len(ids)
     dev = translator.device
     for batch in translator.batches(ids):
@@ -49,7 +54,9 @@ def _constrained_linear(translator, ids: list[list[int]], n_words: list[int]) ->
             src[b, : len(ids[i])] = torch.tensor(ids[i])
         src = src.to(dev)  # (B, S)
         budget = max_output_lengths(src, translator.cfg, translator.ids.pad, translator.output_cap) - 1  # (B,)
-        allowed = TreeConstraint(vocab, torch.tensor([n_words[i] for i in batch], device=dev), budget)
+        words = None if vocab.word >= 0 else WordPieces.from_lists(
+            [[translator.tgt_tok.encode(w) for w in sentences[i]] for i in batch], dev)
+        allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget, words)
         hyps = search(translator.decoder, src, translator.cfg, translator.ids, max_len_cap=translator.output_cap,
                       allowed=allowed)
         for i, hs in zip(batch, hyps):  # (none only if the model gave every allowed piece probability 0)
@@ -67,14 +74,16 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
     the line (``first_line`` + index).
     """
     lines = [" ".join(words) for words in sentences]
+    linearization = SLOTS if SPACE + WORD in translator.tgt_tok.user_symbols else WORDS
     if options.constrained:
         ids = translator.encode(lines, source, first_line)
-        linear = _constrained_linear(translator, ids, [len(words) for words in sentences])
+        linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences)
     else:
         linear = translator.translate(lines, source, first_line)
     out: list[Delinearized | None] = []
     for k, (words, text) in enumerate(zip(sentences, linear)):
-        out.append(delinearize(text.split(), words, tags[k] if tags is not None else None) if words else None)
+        out.append(delinearize(text.split(), words, tags[k] if tags is not None else None, linearization)
+                   if words else None)
     return out
 
 

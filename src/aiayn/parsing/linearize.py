@@ -2,11 +2,18 @@
 Vinyals et al. 2015, "Grammar as a Foreign Language").
 
 Source: the sentence's words, space-separated. Target: a depth-first walk of the tree where a
-phrase opens with ``(LABEL``, closes with ``)LABEL`` and every word is the placeholder ``XX``:
+phrase opens with ``(LABEL`` and closes with ``)LABEL``. Two linearizations (``LINEARIZATIONS``):
 
     words   Pierre Vinken will join the board .
     tree    (S (NP (NNP Pierre) (NNP Vinken)) (VP (MD will) (VP (VB join) (NP (DT the) (NN board)))) (. .))
-    target  (S (NP XX XX )NP (VP XX (VP XX (NP XX XX )NP )VP )VP XX )S
+    slots   (S (NP XX XX )NP (VP XX (VP XX (NP XX XX )NP )VP )VP XX )S                  (Vinyals et al.)
+    words   (S (NP Pierre Vinken )NP (VP will (VP join (NP the board )NP )VP )VP . )S
+
+``slots`` is Vinyals et al.'s: every word is the placeholder ``XX``, so the decoder must count
+slots to know where it is in the sentence. ``words`` (our option) writes the words themselves;
+constrained decoding forces each copy (``aiayn.parsing.constrain``), so the model only chooses
+where brackets go, and its decoder always sees which word comes next. On the NLTK sample it
+trains to a far higher F1 (BENCHMARKS.md §6).
 
 Our choice, documented: POS tags are normalized to ``XX`` (as Vinyals et al. do) rather than
 predicted, so the model spends its capacity on brackets, which are all that EVALB's F1 scores.
@@ -28,15 +35,18 @@ from aiayn.parsing.trees import Tree
 
 WORD = "XX"
 DEFAULT_TAG = "XX"
+SLOTS, WORDS = "slots", "words"
+LINEARIZATIONS = (SLOTS, WORDS)
 
 
-def linearize(tree: Tree) -> list[str]:
-    """The target token sequence of ``tree`` (module docstring)."""
+def linearize(tree: Tree, linearization: str = SLOTS) -> list[str]:
+    """The target token sequence of ``tree`` (module docstring): ``XX`` for each word (``slots``)
+    or the word itself (``words``)."""
     if tree.is_preterminal:
-        return [WORD]
+        return [WORD if linearization == SLOTS else tree.word]
     out = [f"({tree.label}"]
     for child in tree.children:
-        out += linearize(child)
+        out += linearize(child, linearization)
     out.append(f"){tree.label}")
     return out
 
@@ -61,14 +71,14 @@ def is_bracket(tok: str, side: str) -> bool:
 class _Builder:
     """Rebuilds a tree token by token, recording each repair (``delinearize``)."""
 
-    def __init__(self, words: Sequence[str], tags: Sequence[str]):
-        self.words, self.tags = words, tags
+    def __init__(self, words: Sequence[str], tags: Sequence[str], linearization: str = SLOTS):
+        self.words, self.tags, self.slots = words, tags, linearization == SLOTS
         self.next_word = 0
         self.stack: list[tuple[str, list[Tree]]] = [(TOP, [])]   # [0] is the virtual root
         self.repairs: list[str] = []
 
     def feed(self, tok: str) -> None:
-        if tok == WORD:
+        if tok == WORD if self.slots else not (is_bracket(tok, "(") or is_bracket(tok, ")")):
             if self.next_word == len(self.words):
                 self.repairs.append("extra word slot dropped")
                 return
@@ -114,7 +124,7 @@ class _Builder:
 
 
 def delinearize(tokens: Iterable[str], words: Sequence[str],
-                tags: Sequence[str] | None = None) -> Delinearized:
+                tags: Sequence[str] | None = None, linearization: str = SLOTS) -> Delinearized:
     """A tree over exactly ``words`` from a (possibly ill-formed) target sequence.
 
     Well-formed input (``linearize`` output with ``len(words)`` slots) comes back unchanged with
@@ -122,14 +132,18 @@ def delinearize(tokens: Iterable[str], words: Sequence[str],
     dropped; a ``)X`` closes the innermost open phrase even if its label differs; phrases still
     open at the end are closed; constituents without words are dropped; words without a slot
     become the last children of the root phrase; a top level that is not one phrase is wrapped
-    in ``TOP`` (which COLLINS.prm deletes before scoring). ``tags`` default to ``XX``.
+    in ``TOP`` (which COLLINS.prm deletes before scoring). ``tags`` default to ``XX``. With the
+    ``words`` linearization every token that is not a bracket is a word's slot (the tree takes
+    ``words`` in order whatever the token says; constrained decoding makes them equal).
     """
     if not words:
         raise ValueError("cannot build a tree over an empty sentence")
     tags = tags if tags is not None else [DEFAULT_TAG] * len(words)
     if len(tags) != len(words):
         raise ValueError(f"{len(tags)} tags for {len(words)} words")
-    builder = _Builder(words, tags)
+    if linearization not in LINEARIZATIONS:
+        raise ValueError(f"linearization must be one of {LINEARIZATIONS}, got {linearization!r}")
+    builder = _Builder(words, tags, linearization)
     for tok in tokens:
         builder.feed(tok)
     tree = builder.finish()

@@ -41,7 +41,7 @@ from typing import Sequence
 from aiayn.config import ConfigError, param, replace
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
 from aiayn.errors import UserError
-from aiayn.parsing.linearize import linearize
+from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS, WORD, linearize
 from aiayn.parsing.ptb import TreebankTree, read_treebank
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def assign_splits(trees: Sequence[TreebankTree], splits: SplitConfig = SplitConf
     return out
 
 
-def write_split(trees: Sequence[TreebankTree], out: Path, split: str) -> dict[str, Path]:
+def write_split(trees: Sequence[TreebankTree], out: Path, split: str, linearization: str = SLOTS) -> dict[str, Path]:
     """Write ``{split}.words``, ``.linear``, ``.gold``; return their paths by extension."""
     paths = {ext: out / f"{split}.{ext}" for ext in EXTENSIONS}
     with open(paths["words"], "w", encoding="utf-8") as fw, \
@@ -126,19 +126,20 @@ def write_split(trees: Sequence[TreebankTree], out: Path, split: str) -> dict[st
             open(paths["gold"], "w", encoding="utf-8") as fg:
         for t in trees:
             fw.write(" ".join(t.tree.words()) + "\n")
-            fl.write(" ".join(linearize(t.tree)) + "\n")
+            fl.write(" ".join(linearize(t.tree, linearization)) + "\n")
             fg.write(t.tree.to_bracketed() + "\n")
     return paths
 
 
-def tree_symbols(trees: Sequence[TreebankTree]) -> tuple[str, ...]:
-    """The distinct target tokens of ``trees`` (``XX``, ``(LABEL``, ``)LABEL``), sorted."""
-    return tuple(sorted({tok for t in trees for tok in linearize(t.tree)}))
+def tree_symbols(trees: Sequence[TreebankTree], linearization: str = SLOTS) -> tuple[str, ...]:
+    """The distinct tree tokens of ``trees`` (``(LABEL``, ``)LABEL``; ``XX`` for ``slots``), sorted."""
+    return tuple(sorted({tok for t in trees for tok in linearize(t.tree, SLOTS)
+                         if tok != WORD or linearization == SLOTS}))
 
 
-def with_tree_symbols(cfg: PrepareConfig, train: Sequence[TreebankTree]) -> PrepareConfig:
-    """``cfg`` with every target token of the train trees added to its user symbols."""
-    symbols = tuple(sorted(set(cfg.user_symbols) | set(tree_symbols(train))))
+def with_tree_symbols(cfg: PrepareConfig, train: Sequence[TreebankTree], linearization: str = SLOTS) -> PrepareConfig:
+    """``cfg`` with every tree token of the train trees added to its user symbols."""
+    symbols = tuple(sorted(set(cfg.user_symbols) | set(tree_symbols(train, linearization))))
     try:
         return replace(cfg, user_symbols=symbols)
     except ConfigError as exc:
@@ -154,25 +155,28 @@ class PreparedParsing:
 
 
 def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = PARSE_DATA_DEFAULTS,
-                    force: bool = False, splits: SplitConfig = SplitConfig()) -> PreparedParsing:
-    """Read ``treebank``, write the split files to ``out``, then (unless ``data_cfg`` is None)
-    the data directory ``out/data``."""
+                    force: bool = False, splits: SplitConfig = SplitConfig(),
+                    linearization: str = SLOTS) -> PreparedParsing:
+    """Read ``treebank``, write the split files to ``out`` (targets in ``linearization``, see
+    ``aiayn.parsing.linearize``), then (unless ``data_cfg`` is None) the data directory ``out/data``."""
+    if linearization not in LINEARIZATIONS:
+        raise UserError(f"linearization must be one of {', '.join(LINEARIZATIONS)}, got {linearization!r}")
     by_split = assign_splits(read_treebank(treebank), splits)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files, counts = {}, {}
     for split, trees in by_split.items():
-        files[split] = write_split(trees, out, split)
+        files[split] = write_split(trees, out, split, linearization)
         counts[split] = len(trees)
         log.info("%s: %d trees from %s..%s", split, len(trees), trees[0].file_id, trees[-1].file_id)
-    summary = {"treebank": str(Path(treebank).resolve()), "splits": [
+    summary = {"treebank": str(Path(treebank).resolve()), "linearization": linearization, "splits": [
         {"name": name, "files": splits.files(name), "trees": counts[name]} for name in SPLIT_NAMES]}
     (out / "splits.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     data_dir = None
     if data_cfg is not None:
         data_dir = out / "data"
         pairs = {DATA_SPLIT_NAMES[s]: SplitFiles(f["words"], f["linear"]) for s, f in files.items()}
-        data_cfg = with_tree_symbols(data_cfg, by_split["train"])
+        data_cfg = with_tree_symbols(data_cfg, by_split["train"], linearization)
         log.info("%d target tokens kept whole as SentencePiece user symbols", len(data_cfg.user_symbols))
         prepare(pairs, data_dir, data_cfg, force=force)
     return PreparedParsing(out, counts, files, data_dir)
