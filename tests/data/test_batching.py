@@ -145,6 +145,15 @@ def test_collate_golden():
     assert isinstance(moved, Batch) and len(moved) == 2 and torch.equal(moved.tgt_out, b.tgt_out)
 
 
+def test_collate_says_whether_the_source_is_padded():
+    """``src_padded`` is known on the host when the batch is made: the model then gives the attention no
+    key mask (and on a GPU no read of the batch is needed to know)."""
+    assert collate([([5, 6], [7]), ([8], [9])]).src_padded
+    unpadded = collate([([5, 6], [7]), ([8, 9], [9, 10, 11])])
+    assert not unpadded.src_padded and not (unpadded.src == 0).any()
+    assert not unpadded.to("cpu").src_padded  # (``to`` keeps it)
+
+
 def test_collate_other_special_ids():
     b = collate([([5], [6])], pad_id=9, bos_id=8, eos_id=7)
     assert b.src.tolist() == [[5, 7]] and b.tgt_in.tolist() == [[8, 6]] and b.tgt_out.tolist() == [[6, 7]]

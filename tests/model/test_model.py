@@ -301,3 +301,51 @@ def test_attn_fp32_upcasts_on_the_cpu_only():
     mha.attn_fp32 = False
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not mha._upcast(mha.project_qkv(x)[0])
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("S,T", [(9, 7), (40, 33)])
+def test_no_key_mask_for_a_source_without_padding(kernels, precision, S, T):
+    """``src_padded=False`` (``Batch.src_padded``: the batch is known to hold no padding) gives the
+    attention no key mask, so the fused kernels may take flash; on the CPU the same logits and gradients,
+    bit for bit, as the all-true mask, through PyTorch's attention and through the C kernels."""
+    from aiayn.kernels.loader import load
+    from aiayn.train import runtime as rt
+
+    lib = load() if kernels else None
+    if kernels and (lib is None or not lib.seq_attention_fast(32, 32)):
+        pytest.skip("no C compiler or no AVX-512")
+    torch.manual_seed(0)
+    model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=2, d_model=64, d_ff=96, n_heads=2, d_k=32,
+                                                d_v=32, p_drop=0.0))
+    model.use_attention_kernels(lib)
+    src, tgt = torch.randint(4, 60, (3, S)), torch.randint(4, 60, (3, T))
+    results = []
+    for padded in (True, False):
+        model.zero_grad()
+        with rt.autocast(torch.device("cpu"), precision):
+            logits = model(src, tgt, src_padded=padded)
+        logits.float().square().mean().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (a, ga), (b, gb) = results
+    assert torch.equal(a, b)
+    assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_additive_key_mask_equals_the_boolean_one(dtype):
+    """``key_mask`` with a dtype (what CUDA's training gets, made once for every layer): 0 at tokens,
+    -inf at padding, its rows 16 entries apart (no copy by the memory-efficient kernel), and the same
+    attention as the boolean mask."""
+    from aiayn.model.attention import MultiHeadAttention, key_mask
+    src_pad = torch.tensor([[False] * 7, [False] * 4 + [True] * 3])
+    additive = key_mask(src_pad, dtype)
+    assert additive.shape == (2, 1, 1, 7) and additive.dtype == dtype and additive.stride()[0] % 16 == 0
+    assert additive[1, 0, 0].tolist() == [0.0] * 4 + [float("-inf")] * 3
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8, p_drop_attn=0.0, self_attention=True).to(dtype)
+    q, k, v = mha.project_qkv(torch.randn(2, 7, 16, dtype=dtype))
+    plain, _ = mha.attend(q, k, v, key_mask(src_pad))
+    fast, _ = mha.attend(q, k, v, additive)
+    torch.testing.assert_close(fast, plain, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-2)

@@ -183,6 +183,7 @@ class Batch:
     n_src_tokens: int           # non-pad entries of src
     n_tgt_tokens: int           # non-pad entries of tgt_out (the tokens the loss counts)
     indices: torch.Tensor | None = None  # (B,) positions of the pairs in their split
+    src_padded: bool = True     # whether src holds padding: known when it is made, never read back from a device
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         move = lambda x: None if x is None else x.to(device, non_blocking=non_blocking)  # noqa: E731
@@ -226,7 +227,8 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID
     tgt_out = torch.from_numpy(_pad(tgt, pad_id, None, eos_id))         # (B, T)
     return Batch(src=src_t, tgt_in=tgt_in, tgt_out=tgt_out,
                  n_src_tokens=sum(len(s) + 1 for s in src), n_tgt_tokens=sum(len(t) + 1 for t in tgt),
-                 indices=None if indices is None else torch.as_tensor(list(indices), dtype=torch.long))
+                 indices=None if indices is None else torch.as_tensor(list(indices), dtype=torch.long),
+                 src_padded=len({len(s) for s in src}) > 1)
 
 
 def batches(data, sampler: TokenBatchSampler, pad_id: int = PAD_ID, bos_id: int = BOS_ID,

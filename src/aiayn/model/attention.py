@@ -11,7 +11,8 @@ Three paths compute Eq. 1:
   does under autocast with ``attn_fp32``; not with attention dropout or weights asked for.
 ``tests/model/test_model.py`` checks they agree.
 
-Masks are boolean with True = may attend, broadcastable to (B, H, T, S).
+Masks are boolean with True = may attend, or additive (0, or -inf where not; ``key_mask``, on CUDA),
+broadcastable to (B, H, T, S).
 """
 from __future__ import annotations
 
@@ -47,6 +48,19 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_caus
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=p_drop if training else 0.0, is_causal=is_causal and mask is None
     )
+
+
+def key_mask(src_pad: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """The keys every query may attend to, (B,1,1,S), from the padding ``src_pad`` (B,S) (True at
+    padding): boolean (True = may attend), or with ``dtype`` additive (0, or -inf at padding), what
+    the fused attention makes of a boolean mask at every call, here made once. Its rows are laid out
+    16 entries apart, as the memory-efficient kernel wants them (it pads a copy at every call otherwise)."""
+    if dtype is None:
+        return (~src_pad)[:, None, None, :]
+    B, S = src_pad.shape
+    rows = torch.zeros(B, -(-S // 16) * 16, dtype=dtype, device=src_pad.device)
+    rows[:, :S].masked_fill_(src_pad, float("-inf"))
+    return rows[:, None, None, :S]
 
 
 def attention_backends(device: torch.device, cudnn: bool = False):

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.attention import MultiHeadAttention, key_mask
 from aiayn.model.cache import DecoderCache, LayerCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.dropout import dropout
@@ -24,6 +24,7 @@ class EncoderOutput(NamedTuple):
     memory: Tensor  # (B,S,D)
     src_pad: Tensor  # (B,S) bool, True at padding
     weights: list[Tensor] | None = None  # per layer (B,H,S,S) when asked for
+    padded: bool = True  # False: the caller knew src held no padding (``Transformer.encode``)
 
 
 class DecoderOutput(NamedTuple):
@@ -116,18 +117,31 @@ class Transformer(nn.Module):
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
         return PreSoftmax(h.to(dtype), weight.to(dtype))
 
+    def _source_mask(self, src_pad: Tensor, padded: bool, need_weights: bool) -> Tensor | None:
+        """The attention mask of the source keys (B,1,1,S) (``attention.key_mask``): None where the
+        caller knows the batch holds no padding (the fused attention may then take its flash kernel);
+        on CUDA additive, in the dtype the heads will have, made once for every layer; else boolean."""
+        if not padded:
+            return None
+        if src_pad.device.type != "cuda" or need_weights:
+            return key_mask(src_pad)
+        kind = src_pad.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.src_embed.weight.dtype
+        return key_mask(src_pad, dtype)
+
     # -- encoder ------------------------------------------------------------------------
-    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
-        """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S))."""
+    def encode(self, src: Tensor, need_weights: bool = False, padded: bool = True) -> EncoderOutput:
+        """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S)). ``padded=False``: the caller
+        knows that src holds no padding (``Batch.src_padded``), so no attention takes a key mask."""
         src_pad = src.eq(self.cfg.pad_id)
-        key_mask = (~src_pad)[:, None, None, :]  # (B,1,1,S)
+        mask = self._source_mask(src_pad, padded, need_weights)  # (B,1,1,S) or None
         x = self._embed(src, self.src_embed, self.src_pos, 0)
         weights = [] if need_weights else None
         for layer in self.encoder_layers:
-            x, w = layer(x, key_mask, need_weights)
+            x, w = layer(x, mask, need_weights)
             if need_weights:
                 weights.append(w)
-        return EncoderOutput(self.encoder_norm(x), src_pad, weights)
+        return EncoderOutput(self.encoder_norm(x), src_pad, weights, padded)
 
     # -- decoder ------------------------------------------------------------------------
     def init_cache(self, enc: EncoderOutput, max_len: int) -> DecoderCache:
@@ -164,11 +178,11 @@ class Transformer(nn.Module):
             if enc is None:
                 raise ValueError("decode needs the encoder output or a cache")
             memory_kv = [layer.cross_attn.project_kv(enc.memory) for layer in self.decoder_layers]
-            src_pad, start = enc.src_pad, 0
+            memory_mask = self._source_mask(enc.src_pad, enc.padded, need_weights)  # (B,1,1,S) or None
+            start = 0
         else:
             memory_kv = [(lc.cross_k, lc.cross_v) for lc in cache.layers]
-            src_pad, start = cache.src_pad, cache.length
-        memory_mask = (~src_pad)[:, None, None, :]  # (N,1,1,S)
+            memory_mask, start = key_mask(cache.src_pad), cache.length  # (N,1,1,S)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, start)
         w_self = [] if need_weights else None
         w_cross = [] if need_weights else None
@@ -181,10 +195,11 @@ class Transformer(nn.Module):
             cache.length += tgt_in.size(1)
         return self.decoder_norm(x), w_self, w_cross
 
-    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor | PreSoftmax:
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True, src_padded: bool = True) -> Tensor | PreSoftmax:
         """Teacher-forced logits: src (B,S), tgt_in (B,T) -> (B,T,V); with ``project=False`` the
-        projection's inputs instead (``PreSoftmax``), for ``train.fused_loss``."""
-        enc = self.encode(src)
+        projection's inputs instead (``PreSoftmax``), for ``train.fused_loss``. ``src_padded=False``:
+        src holds no padding (``Batch.src_padded``; ``encode``)."""
+        enc = self.encode(src, padded=src_padded)
         if project:
             return self.decode(tgt_in, enc).logits
         return self.pre_softmax(self._decoder_stack(tgt_in, enc, None, False)[0])
