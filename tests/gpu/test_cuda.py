@@ -109,3 +109,68 @@ def test_beam_search_on_cuda_matches_the_cpu():
     bf16 = search(CachedDecoder(model_for_precision(model, "bf16")), src.to(CUDA),
                   DecodeConfig(beam_size=4, max_len_a=0, max_len_b=12, precision="bf16"), ids)
     assert len(bf16) == len(gpu) and all(h for h in bf16)
+
+
+def test_search_on_cuda_waits_once_per_step():
+    """``torch.cuda.set_sync_debug_mode``: beam search and greedy search on CUDA synchronize with the
+    host once per step (the done flags), counted through the warnings the debug mode gives."""
+    import warnings
+
+    from aiayn.decode.adapter import CachedDecoder
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.search import SpecialIds, search
+    cfg = _tiny()
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).eval().to(CUDA)
+    src = _batch(cfg, n=8, seed=2).src.to(CUDA)
+    ids = SpecialIds(cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    for beam in (4, 1):
+        dcfg = DecodeConfig(beam_size=beam, max_len_a=0, max_len_b=12)
+        search(CachedDecoder(model), src, dcfg, ids)  # warm-up
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                search(CachedDecoder(model), src, dcfg, ids)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        assert len(syncs) <= 12 + 12, (beam, len(syncs))  # one a step (12 steps), the start's and the end's reads
+
+
+def test_unpadded_batch_on_cuda_without_mask_is_the_masked_one():
+    """``src_padded=False`` (no key mask: flash) and the additive mask made once give the boolean
+    mask's logits on CUDA, up to the kernels' rounding."""
+    cfg = _tiny()
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).to(CUDA).eval()
+    src = torch.randint(4, cfg.vocab_size, (6, 11), device=CUDA)
+    tgt = torch.randint(4, cfg.vocab_size, (6, 9), device=CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        masked = model(src, tgt).float()
+        unmasked = model(src, tgt, src_padded=False).float()
+    assert torch.allclose(masked, unmasked, atol=3e-2)
+    src[2, 7:] = cfg.pad_id
+    from aiayn.model.attention import key_mask
+    enc_bool = model.encoder_layers[0]
+    x = torch.randn(6, 11, cfg.d_model, device=CUDA)
+    a = enc_bool(x, key_mask(src.eq(cfg.pad_id)))[0]
+    b = enc_bool(x, key_mask(src.eq(cfg.pad_id), torch.float32))[0]
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_update_queued_before_the_read_on_cuda():
+    """The fused Adam step queued with its device-side skip flag: 0 is the plain step, 1 no step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to(CUDA)
+    from aiayn.train.objective import make_optimizer
+    opt = make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9, fused=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(3, 8, device=CUDA)).sum().backward()
+    loop._update(model, opt, None, 0.0, None, skip=torch.ones((), device=CUDA))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    model(torch.randn(3, 8, device=CUDA)).sum().backward()
+    loop._update(model, opt, None, 0.0, None, skip=torch.zeros((), device=CUDA))
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    from aiayn.train import runtime as rt
+    assert rt.host_to_device([1.5, 2.0], CUDA).tolist() == [1.5, 2.0]

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
@@ -27,6 +26,7 @@ from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.data.store import write_json_atomic
 from aiayn.errors import UserError
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
+from aiayn.model.attention import attention_backends
 from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn import checkpoint as ck
@@ -129,8 +129,8 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     for idx in sampler:
         b = _to_device(collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id,
                                m.eos_id), device)
-        with rt.autocast(device, precision):
-            logits = model(b.src, b.tgt_in)
+        with attention_backends(device, t.cudnn_attention), rt.autocast(device, precision):
+            logits = model(b.src, b.tgt_in, src_padded=b.src_padded)
         sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id, kernels)
         totals += torch.stack([sums.loss.double(), sums.nll.double(), sums.n_tokens.double()])
     loss, nll, n = totals.tolist()
@@ -264,6 +264,7 @@ def _runtime(t: TrainConfig) -> tuple:
     dist = rt.init_distributed(device_type)
     device = rt.resolve_device(t.device, dist)
     precision = rt.resolve_precision(t.precision, device)
+    rt.use_tf32(device, t.tf32)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     return dist, device, precision
@@ -364,11 +365,13 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
 @dataclass
 class _Step:
     """One optimizer step in flight (``_Run.step``), then its numbers on the host (``_Run.read``)."""
-    sums: torch.Tensor  # (3,) loss, NLL, KL on the device
+    numbers: torch.Tensor  # (6,) ``_step_numbers`` on the device
     norm: torch.Tensor | None  # the gradient norm on the device (None under fp16)
-    tokens_dev: torch.Tensor | None  # DDP: the ranks' target tokens, all-reduced on the device
+    summed_tokens: bool  # DDP: ``numbers`` holds the ranks' target tokens
     local_tokens: int
     lr: float
+    clock_s: float  # this rank's clock when the step was queued
+    updated: bool = False  # the update is queued already (``_Run.update_early``)
     loss: float = 0.0
     nll: float = 0.0
     kl: float = 0.0
@@ -404,7 +407,8 @@ class _Run:
         self._parallel(t)
         self.kernels = train_kernels(t, self.device)
         # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
-        self.model.use_attention_kernels(None if t.compile else self.kernels)
+        self.model.use_attention_kernels(None if self.net is not self.plain_net else self.kernels)
+        self.update_early = _update_early(self.opt, self.scaler)
         self.model.pad_linear_rows(t.cpu_row_bits if self.device.type == "cpu" else 0)
         self.n_params = count_parameters(self.model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
@@ -456,9 +460,19 @@ class _Run:
         if self.local_sgd:
             rt.broadcast_parameters(list(self.model.parameters()), self.dist)
         self.ddp = self.dist.enabled and not self.local_sgd
-        self.net = DistributedDataParallel(self.model) if self.ddp else self.model
-        if t.compile:
-            self.net = torch.compile(self.net)
+        self.plain_net = rt.data_parallel(self.model, static_graph=t.accum_steps == 1 and not t.compile) \
+            if self.ddp else self.model
+        self.net = torch.compile(self.plain_net) if t.compile else self.plain_net
+
+    def _without_compile(self, exc: Exception) -> None:
+        """torch.compile failed (compiling happens at the first forward, and backward, of each new
+        shape): the run goes on with the plain model (and the C kernels, where it has them), after a
+        warning that says why. (Under DDP a failure in backward leaves DDP's reducer mid-step, and the
+        next forward says so: only the forward's failures are taken back there.)"""
+        log.warning("torch.compile failed (%s: %s); training without it", type(exc).__name__, str(exc)[:500])
+        self.opt.zero_grad(set_to_none=True)  # what the failed pass accumulated
+        self.net = self.plain_net
+        self.model.use_attention_kernels(self.kernels)
 
     def segment_epoch(self, epoch: int) -> bool:
         """BPE-dropout: the epoch's segmentation, sampled by the main rank and saved in the run
@@ -496,8 +510,7 @@ class _Run:
         all-reduced on the device and scales the loss there."""
         t, m, dist, device = self.cfg.train, self.cfg.model, self.dist, self.device
         local_tokens = sum(b.n_tgt_tokens for b in micro)
-        tokens_dev = rt.all_reduce_tensor(torch.tensor([float(local_tokens)], dtype=torch.float64, device=device),
-                                          dist) if self.ddp else None
+        tokens_dev = rt.all_reduce_tensor(rt.host_to_device([float(local_tokens)], device), dist) if self.ddp else None
         by_time = t.lr_decay_by_time or t.lr_schedule_by_time
         time_frac = (self.clock() if self.local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
         lr = learning_rate(self.state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
@@ -508,31 +521,46 @@ class _Run:
             grad_scale = (dist.world_size / (self.copies * tokens_dev)).float().reshape(())  # on the device
         else:
             grad_scale = 1 / (self.copies * float(local_tokens))
-        sums, flops = _forward_backward(self.net, micro, t, m, self.copies, grad_scale, device, self.precision,
-                                        self.kernels, self.scaler, synced=self.ddp)
+        args = (micro, t, m, self.copies, grad_scale, device, self.precision, self.kernels, self.scaler)
+        try:
+            sums, flops = _forward_backward(self.net, *args, synced=self.ddp)
+        except Exception as exc:  # compiling fails in many ways; the plain model raises real errors again
+            if self.net is self.plain_net:
+                raise
+            self._without_compile(exc)
+            sums, flops = _forward_backward(self.net, *args, synced=self.ddp)
         self.state.flops += flops * dist.world_size
-        return _Step(sums, _grad_norm(self.model, self.scaler), tokens_dev, local_tokens, lr)
+        norm = _grad_norm(self.model, self.scaler)
+        clock_s = self.clock()
+        numbers = _step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd)
+        s = _Step(numbers, norm, tokens_dev is not None, local_tokens, lr, clock_s)
+        if self.update_early:  # skipped on the device where the step is not finite, as ``apply`` decides
+            _update(self.model, self.opt, self.scaler, t.clip_norm, norm, skip=_not_finite(numbers))
+            s.updated = True
+        return s
 
     def read(self, s: _Step) -> _Step:
-        """The step's numbers on the host: its one wait for the device (``_read_step``)."""
-        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = _read_step(
-            s.sums, s.norm, s.tokens_dev, float(s.local_tokens), self.clock(), self.dist, self.device,
-            reduce=not self.local_sgd)
+        """The step's numbers on the host: its one wait for the device (``_read_numbers``)."""
+        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = _read_numbers(
+            s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, reduce=not self.local_sgd)
         s.mean_clock = mean_clock if self.ddp else None
         return s
 
     def apply(self, s: _Step) -> bool:
         """The update if the step's loss (R-Drop's KL term included: it reaches the gradients too) and
-        gradient norm are finite; else the step is skipped, and too many in a row stop the run. Returns
-        whether the step counts (a skipped one does under local SGD, so the ranks average together)."""
+        gradient norm are finite (queued by ``step`` already with ``update_early``); else the step is
+        skipped, and too many in a row stop the run. Returns whether the step counts (a skipped one does
+        under local SGD, so the ranks average together)."""
         t, state = self.cfg.train, self.state
-        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)
+        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)  # (``_not_finite`` on the device)
         if finite:
             self.bad_in_row = 0
-            _update(self.model, self.opt, self.scaler, t.clip_norm, s.norm)
+            if not s.updated:
+                _update(self.model, self.opt, self.scaler, t.clip_norm, s.norm)
         else:
             self.bad_in_row += 1
-            self.opt.zero_grad(set_to_none=True)
+            if not s.updated:  # (a queued update was skipped on the device, and cleared the gradients)
+                self.opt.zero_grad(set_to_none=True)
             log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
                         "(%d in a row)", state.step + 1, s.loss, s.norm_value, self.bad_in_row)
             if self.bad_in_row >= t.max_bad_steps:
@@ -623,13 +651,14 @@ def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_sca
     for j, b in enumerate(micro):
         b = b.to(device)
         last = j == len(micro) - 1
-        with (net.no_sync() if synced and not last else contextlib.nullcontext()):
+        with (net.no_sync() if synced and not last else contextlib.nullcontext()), \
+                attention_backends(device, t.cudnn_attention):
             src, tgt_in, tgt_out = b.src, b.tgt_in, b.tgt_out
             if copies == 2:
                 src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
             fused = copies == 1 and fused_loss_on(t.fused_loss, device)  # R-Drop needs the logits
             with rt.autocast(device, precision):
-                logits = net(src, tgt_in, project=not fused)  # (copies*B, T, V), or their PreSoftmax inputs
+                logits = net(src, tgt_in, project=not fused, src_padded=b.src_padded)  # (copies*B, T, V), or PreSoftmax
             sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id, kernels)
             objective = sums.loss
             if copies == 2:
@@ -645,6 +674,13 @@ def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_sca
     return sums3, flops
 
 
+def _update_early(opt, scaler) -> bool:
+    """Whether a step's update is queued before its numbers are read (the device then goes on while the
+    host reads them): with fused Adam, which takes a device flag that skips its step (``_update``'s
+    ``skip``); not under fp16's scaler, which has its own."""
+    return scaler is None and bool(opt.defaults.get("fused"))
+
+
 def _grad_norm(model, scaler) -> torch.Tensor | None:
     """The accumulated gradients' total 2-norm as a device scalar (not read here), or None under
     fp16's loss scaling, whose scaler finds non-finite gradients itself and skips their step."""
@@ -653,10 +689,13 @@ def _grad_norm(model, scaler) -> torch.Tensor | None:
     return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
-def _update(model, opt, scaler, clip_norm: float, norm: torch.Tensor | None = None) -> None:
+def _update(model, opt, scaler, clip_norm: float, norm: torch.Tensor | None = None,
+            skip: torch.Tensor | None = None) -> None:
     """The optimizer step on the accumulated gradients (unscaled first under fp16's loss
     scaling, clipped to ``clip_norm`` if > 0, with ``norm`` from ``_grad_norm`` where given),
-    then the gradients cleared."""
+    then the gradients cleared. ``skip`` (fused Adam, no scaler): a float32 flag on the device,
+    1 = leave the parameters, Adam's moments and its step count as they are (the fused step's
+    ``found_inf``, which fp16's scaler sets the same way), so the update is queued unread."""
     if scaler is not None:
         scaler.unscale_(opt)
     if clip_norm > 0:
@@ -667,6 +706,14 @@ def _update(model, opt, scaler, clip_norm: float, norm: torch.Tensor | None = No
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
+    elif skip is not None:
+        if not opt.defaults.get("fused"):
+            raise ValueError("_update: skip needs a fused optimizer")
+        opt.found_inf = skip
+        try:
+            opt.step()
+        finally:
+            del opt.found_inf
     else:
         opt.step()
     opt.zero_grad(set_to_none=True)
@@ -694,20 +741,44 @@ def _draw(it_state: dict, sampler, data, t: TrainConfig, m, segment_epoch, devic
     return _Draw([_to_device(b, device) for b in micro], it_state["epoch"], new_epoch, sampler.state_dict())
 
 
+def _step_numbers(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
+                  clock_s: float, dist, device, reduce: bool) -> torch.Tensor:
+    """The step's numbers as one (6,) float64 vector on the device, not read here: the loss, NLL and
+    KL sums (summed over the ranks with ``reduce`` and data parallelism, the ranks' clocks in the
+    same all-reduce), the clocks' sum (0 without that all-reduce), the ranks' target tokens
+    ``tokens_dev`` (0 without) and the gradient norm (0 where none was taken). The one host value
+    sent, the clock, goes without a wait (``host_to_device``)."""
+    zero = sums.new_zeros(1)
+    if reduce and dist.enabled:
+        packed = rt.all_reduce_tensor(torch.cat([sums, rt.host_to_device([clock_s], device)]), dist)  # (4,)
+    else:
+        packed = torch.cat([sums, zero])
+    tail = [tokens_dev if tokens_dev is not None else zero,
+            norm.detach().double().view(1) if norm is not None else zero]
+    return torch.cat([packed] + tail)
+
+
+def _not_finite(numbers: torch.Tensor) -> torch.Tensor:
+    """``_update``'s ``skip`` flag for the step of ``numbers`` (``_step_numbers``): 1.0 where the loss
+    + KL or the gradient norm is not finite, the test ``_Run.apply`` takes on the host."""
+    return (~(torch.isfinite(numbers[0] + numbers[2]) & torch.isfinite(numbers[5]))).float()
+
+
+def _read_numbers(numbers: torch.Tensor, summed_tokens: bool, local_tokens: float, clock_s: float, dist,
+                  reduce: bool) -> tuple[float, ...]:
+    """``_step_numbers`` on the host, the step's one wait for the device: (loss, nll, kl, tokens, mean
+    clock, norm), the tokens over the ranks where ``summed_tokens`` (else this rank's ``local_tokens``),
+    the ranks' mean clock where it was all-reduced (else ``clock_s``)."""
+    loss, nll, kl, clock_sum, tokens, norm_value = numbers.tolist()
+    mean_clock = clock_sum / dist.world_size if reduce and dist.enabled else clock_s
+    return loss, nll, kl, tokens if summed_tokens else local_tokens, mean_clock, norm_value
+
+
 def _read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
                local_tokens: float, clock_s: float, dist, device, reduce: bool) -> tuple[float, ...]:
-    """The step's numbers on the host, in the step's one wait for the device: the loss, NLL and KL sums
-    (summed over the ranks with ``reduce`` and data parallelism, with the ranks' clocks in the same
-    all-reduce), the step's target tokens over the ranks, the ranks' mean clock and the gradient norm
-    (0 where none was taken). Returns (loss, nll, kl, tokens, mean clock, norm)."""
-    packed = torch.cat([sums, torch.tensor([clock_s], dtype=torch.float64, device=device)])  # (4,)
-    if reduce and dist.enabled:
-        packed = rt.all_reduce_tensor(packed, dist)
-    tail = [tokens_dev if tokens_dev is not None else packed.new_tensor([local_tokens]),
-            norm.detach().double().view(1) if norm is not None else packed.new_zeros(1)]
-    loss, nll, kl, clock_sum, tokens, norm_value = torch.cat([packed] + tail).tolist()
-    mean_clock = clock_sum / dist.world_size if reduce and dist.enabled else clock_s
-    return loss, nll, kl, tokens, mean_clock, norm_value
+    """``_step_numbers`` then ``_read_numbers``: the step's numbers on the host, in one wait."""
+    numbers = _step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce)
+    return _read_numbers(numbers, tokens_dev is not None, local_tokens, clock_s, dist, reduce)
 
 
 def _check_finite_weights(model, step: int, run_dir: Path) -> None:

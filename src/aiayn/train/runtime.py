@@ -4,6 +4,7 @@ bf16 and torchrun. Rank-dependent side effects go through ``Dist.is_main``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import random
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.errors import UserError
 
@@ -54,6 +56,15 @@ def resolve_device(spec: str, dist: Dist) -> torch.device:
         torch.cuda.set_device(device)
         return device
     return torch.device(spec)
+
+
+def use_tf32(device: torch.device, enabled: bool) -> None:
+    """float32 matmuls and convolutions on CUDA in TF32 (inputs rounded to 10 mantissa bits, sums in
+    float32; ``train.tf32``): CUDA's settings only, so nothing changes on the CPU. (Not
+    ``torch.set_float32_matmul_precision``, which also lets oneDNN's CPU matmuls round.)"""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
 
 
 def cpu_supports_bf16() -> bool:
@@ -124,6 +135,15 @@ def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> lis
     return t.tolist()
 
 
+def host_to_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """``values`` as a float64 tensor on ``device``, without waiting for it: on CUDA copied from
+    page-locked memory with ``non_blocking`` (a copy from pageable memory first waits for all the
+    device's queued work); elsewhere made there."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.float64, device=device)
+    return torch.tensor(values, dtype=torch.float64, pin_memory=True).to(device, non_blocking=True)
+
+
 def all_reduce_tensor(t: torch.Tensor, dist: Dist) -> torch.Tensor:
     """``t`` summed over the ranks (in place), without reading it on the host: on CUDA the
     all-reduce is queued behind the device's work and nothing waits for it here."""
@@ -154,6 +174,17 @@ def average_parameters(params: list[torch.Tensor], dist: Dist) -> None:
     for p in params:
         p.detach().copy_(flat[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
+
+
+def data_parallel(model: torch.nn.Module, static_graph: bool) -> torch.nn.Module:
+    """``model`` wrapped in DistributedDataParallel: the gradients are views of the all-reduce buckets
+    (no copy between them), and the buffers are not re-sent at every forward (the model's only
+    buffer, the sinusoid table, never changes). ``static_graph``: the same parameters and the same
+    graph at every step, which lets DDP order its buckets once; not with accumulation (``no_sync``),
+    with which PyTorch's static graph mis-reduces (pytorch/pytorch#143580)."""
+    buffers = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+               else "broadcast_buffers")  # (the name from torch 2.13 on)
+    return DistributedDataParallel(model, gradient_as_bucket_view=True, static_graph=static_graph, **{buffers: False})
 
 
 def broadcast_parameters(params: list[torch.Tensor], dist: Dist) -> None:

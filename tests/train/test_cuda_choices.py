@@ -1,0 +1,171 @@
+"""The training step's choices for CUDA, proven where they can be on the CPU: TF32 and the attention
+backends (process settings, set without a GPU), Adam's device-side skip (the update queued before
+the step's numbers are read), DDP's options, and the fall back from a model that fails to compile.
+Each leaves the CPU's training as it was, bit for bit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.checkpoint import load_checkpoint
+from aiayn.model.attention import attention_backends
+from aiayn.train import loop
+from aiayn.train import runtime as rt
+from aiayn.train.objective import make_optimizer
+from tests.train.test_training import _logged, _train_in_process
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def cuda_flags():
+    """Puts the TF32 flags back as they were."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_tf32_is_a_cuda_setting_only(cuda_flags):
+    """``train.tf32``: CUDA's float32 matmuls and convolutions in TF32; a CPU run changes nothing (and
+    oneDNN's CPU matmul precision is never touched)."""
+    cpu_precision = torch.backends.mkldnn.matmul.fp32_precision
+    rt.use_tf32(CUDA, True)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    rt.use_tf32(CUDA, False)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    rt.use_tf32(torch.device("cpu"), True)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.mkldnn.matmul.fp32_precision == cpu_precision
+
+
+def test_training_attention_leaves_out_cudnn_unless_asked():
+    """``train.cudnn_attention`` false (the default): training's attention on CUDA as decoding's, no
+    cuDNN (a plan per new batch shape); true leaves PyTorch's choice alone."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(CUDA, cudnn=False):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    with attention_backends(CUDA, cudnn=True):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def _adam_after(flags: list[float | None]) -> tuple[torch.Tensor, dict]:
+    """Parameters and Adam's state after one ``_update`` per flag (None: no skip flag; "off": no step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    opt = make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9, fused=True)
+    for i, flag in enumerate(flags):
+        g = torch.Generator().manual_seed(i)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        if flag == "off":
+            opt.zero_grad(set_to_none=True)
+            continue
+        skip = None if flag is None else torch.tensor(flag)
+        loop._update(model, opt, None, 1.0, None, skip=skip)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt.state_dict()["state"]
+
+
+def test_skip_flag_is_a_step_not_taken():
+    """``_update``'s ``skip``: 1 leaves the parameters, the moments and the step count as no step
+    would; 0 is the plain step, bit for bit."""
+    plain, plain_state = _adam_after([None, None, None])
+    zero, zero_state = _adam_after([0.0, 0.0, 0.0])
+    assert torch.equal(plain, zero)
+    assert all(torch.equal(plain_state[0][k], zero_state[0][k]) for k in plain_state[0])
+    skipped, skipped_state = _adam_after([None, 1.0, None])
+    not_taken, not_taken_state = _adam_after([None, "off", None])
+    assert torch.equal(skipped, not_taken)
+    assert all(torch.equal(skipped_state[0][k], not_taken_state[0][k]) for k in not_taken_state[0])
+    assert float(skipped_state[0]["step"]) == 2.0
+    with pytest.raises(ValueError, match="fused"):
+        model = torch.nn.Linear(2, 2)
+        model.weight.grad = torch.zeros(2, 2)
+        loop._update(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9), None, 0.0, None,
+                     skip=torch.tensor(0.0))
+
+
+def test_step_not_finite_flag():
+    """``_not_finite`` on the device takes ``_Run.apply``'s test on the host: loss + KL, and the norm."""
+    def flag(loss, kl, norm):
+        return float(loop._not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
+    assert flag(3.0, 0.0, 2.0) == 0.0
+    assert flag(float("nan"), 0.0, 2.0) == flag(3.0, float("inf"), 2.0) == flag(3.0, 0.0, float("inf")) == 1.0
+
+
+def _weights(run) -> dict:
+    return load_checkpoint(run / "last.pt")["model"]
+
+
+def test_update_queued_before_the_read_trains_the_same(small_data_dir, tmp_path, monkeypatch):
+    """With fused Adam the update is queued before the step's numbers are read: the same weights and
+    logged losses, bit for bit, as the update after the read; a NaN step skipped the same way is
+    tests/train/test_step_safety.py's."""
+    _train_in_process(small_data_dir, tmp_path / "early", 4, "model.p_drop=0.1")
+    monkeypatch.setattr(loop, "_update_early", lambda opt, scaler: False)
+    _train_in_process(small_data_dir, tmp_path / "late", 4, "model.p_drop=0.1")
+    assert _logged(tmp_path / "early") == _logged(tmp_path / "late")
+    a, b = _weights(tmp_path / "early"), _weights(tmp_path / "late")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _FailingCompile:
+    """A stand-in for torch.compile whose model fails in forward, or in backward."""
+
+    def __init__(self, when: str):
+        self.when, self.calls = when, 0
+
+    def __call__(self, net):
+        def compiled(*args, **kwargs):
+            self.calls += 1
+            if self.when == "forward":
+                raise RuntimeError("backend failed in forward")
+            out = net(*args, **kwargs)
+            return _RaiseInBackward.apply(out) if isinstance(out, torch.Tensor) else out
+        return compiled
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("backend failed in backward")
+
+
+@pytest.mark.parametrize("when", ["forward", "backward"])
+def test_a_model_that_fails_to_compile_trains_as_the_plain_one(small_data_dir, tmp_path, monkeypatch, caplog, when):
+    """``train.compile``: where compiling fails, at the first forward or backward, a warning says so and
+    the run trains the plain model (with the C kernels again): the same weights as a run without
+    compile, bit for bit."""
+    _train_in_process(small_data_dir, tmp_path / "plain", 3, "model.p_drop=0.0", "train.fused_loss=off")
+    failing = _FailingCompile(when)
+    monkeypatch.setattr(torch, "compile", failing)
+    with caplog.at_level("WARNING"):
+        summary = _train_in_process(small_data_dir, tmp_path / "compiled", 3, "model.p_drop=0.0",
+                                    "train.fused_loss=off", "train.compile=true")
+    assert summary["steps"] == 3 and failing.calls == 1
+    assert any("torch.compile failed" in r.getMessage() and when in r.getMessage() for r in caplog.records)
+    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "compiled")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "compiled" / "config.json").read_text())["train"]["compile"] is True
+
+
+def test_data_parallel_options(tmp_path):
+    """DDP with gradients as views of its buckets, without re-sending the buffers at every forward,
+    and with a static graph where asked (not with accumulation: ``rt.data_parallel``)."""
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=30))
+        ddp = rt.data_parallel(model, static_graph=True)
+        assert ddp.gradient_as_bucket_view and ddp.static_graph
+        assert not getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True))
+        assert not rt.data_parallel(model, static_graph=False).static_graph
+    finally:
+        tdist.destroy_process_group()
