@@ -144,3 +144,13 @@ def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tm
     (bad[0] / "summary.json").write_text("{}")  # finished: skipped
     with pytest.raises(UserError, match="member2: training failed .*member2.log"):
         _train_members(tmp_path / "no-data", bad, recipe, [], load_recipe(recipe))
+
+
+def test_demo_without_sacremoses_stops_before_training(tmp_path, monkeypatch, capsys):
+    """The demo's tokenized BLEU needs sacremoses: without it the demo says so at once, not after
+    training (where the length penalty is chosen)."""
+    import sys
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # import sacremoses -> ImportError
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--data-root", str(tmp_path / "none")]) == 2
+    assert "sacremoses" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()

@@ -201,6 +201,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         raise UserError(f"--src-lang must be en or de, got {cfg.src_lang!r}")
     if cfg.members < 1 or cfg.processes < 0:
         raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
+    _check_scorer()
     root = Path(cfg.data_root or default_data_root())
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,6 +235,16 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(f"translations: {hyp_path}")
     print(f"plots: {plots_dir}")
     return results
+
+
+def _check_scorer() -> None:
+    """The tokenized BLEU of stages 4 and 6 (``evaluate.multi30k``) needs sacremoses: said before the
+    training, not after it."""
+    try:
+        import sacremoses  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"aiayn demo scores with sacremoses (Multi30k's tokenized BLEU), which does not import "
+                        f"({exc}); pip install sacremoses") from exc
 
 
 def _stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
