@@ -137,7 +137,7 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
     return RECIPES / ("multi30k-gpu.json" if cuda else "multi30k.json")
 
 
-def _auto_processes() -> int:
+def auto_processes() -> int:
     """``--processes 0``: one per GPU; on a CPU 2 (with at least 2 cores), each with its own thread."""
     import torch
     if torch.cuda.is_available():
@@ -145,7 +145,7 @@ def _auto_processes() -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
-def _train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], run_cfg, processes: int) -> None:
+def train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], run_cfg, processes: int) -> None:
     """Train one model with ``processes`` data-parallel processes, each on its share of the threads."""
     threads = max(1, (run_cfg.train.threads or os.cpu_count() or 1) // processes)
     proc = _run_training(_train_cmd(data_dir, run_dir, recipe, [*sets, f"train.threads={threads}"], processes),
@@ -287,11 +287,11 @@ def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) 
     if cfg.members == 1:
         member_dirs = [run_dir]
         if not (run_dir / "summary.json").exists():
-            processes = cfg.processes or _auto_processes()
+            processes = cfg.processes or auto_processes()
             print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}"
                   + (f" with {processes} processes" if processes > 1 else ""), flush=True)
             if processes > 1:
-                _train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
+                train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
             else:
                 train(data_dir, run_dir, run_cfg, progress=True)
     else:

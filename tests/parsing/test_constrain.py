@@ -174,3 +174,19 @@ def test_every_words_output_is_a_tree_copying_exactly_the_words(B, beam, scale, 
         result = delinearize(text, sentence, linearization="words")
         assert not result.repaired, (result.repairs, text)
         assert result.tree.words() == sentence
+
+
+def test_word_mass_scores_any_word_then_forces_the_rest():
+    """A word's first piece scores log(sum of every word piece's probability); its later pieces 0."""
+    c = TreeConstraint(VOCAB_W, torch.tensor([2]), torch.tensor([100]), WordPieces.from_lists([[[A, B_], [C]]]))
+    probs = torch.full((1, len(PIECES_W)), 0.02)
+    probs[0, [1, A, B_, C, D]] = torch.tensor([0.01, 0.1, 0.05, 0.2, 0.04])   # word pieces: 0.4 in all
+    out = c.rescore(probs.log(), torch.tensor([0]), torch.tensor([[W_OS]]))
+    assert out[0, A].item() == pytest.approx(torch.tensor(0.4).log().item())   # (S -> the first word: any word
+    assert out[0, W_ONP].item() == pytest.approx(torch.tensor(0.02).log().item())
+    assert set(out[0].isfinite().nonzero().squeeze(1).tolist()) == {A, W_OS, W_ONP, W_OVP}
+    out = c.rescore(probs.log(), torch.tensor([0]), torch.tensor([[W_OS, A]]))
+    assert out[0, B_].item() == 0.0 and out[0].isfinite().sum().item() == 1       # inside: forced, free
+    plain = TreeConstraint(VOCAB_W, torch.tensor([2]), torch.tensor([100]), WordPieces.from_lists([[[A, B_], [C]]]),
+                           word_mass=False).rescore(probs.log(), torch.tensor([0]), torch.tensor([[W_OS]]))
+    assert plain[0, A].item() == pytest.approx(torch.tensor(0.1).log().item())

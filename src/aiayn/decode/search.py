@@ -44,7 +44,7 @@ Definitions (documented choices):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -60,8 +60,21 @@ NEG_INF = float("-inf")
 Allowed = Callable[[Tensor, Tensor], Tensor]
 
 
+@runtime_checkable
+class Rescoring(Protocol):
+    """An ``Allowed`` that also moves probability among the tokens it allows (never adding any):
+    ``rescore(log_probs, rows, prefix)`` returns log_probs (N, V) masked and rescored, in place."""
+
+    def __call__(self, rows: Tensor, prefix: Tensor) -> Tensor: ...
+
+    def rescore(self, log_probs: Tensor, rows: Tensor, prefix: Tensor) -> Tensor: ...
+
+
 def _apply_allowed(log_probs: Tensor, allowed: Allowed | None, rows: Tensor, prefix: Tensor) -> Tensor:
-    """log_probs (N, V) with the tokens ``allowed`` forbids set to -inf (in place)."""
+    """log_probs (N, V) with the tokens ``allowed`` forbids set to -inf (in place); a ``Rescoring``
+    rescores them too."""
+    if isinstance(allowed, Rescoring):
+        return allowed.rescore(log_probs, rows, prefix)
     if allowed is not None:
         log_probs.masked_fill_(~allowed(rows, prefix), NEG_INF)
     return log_probs

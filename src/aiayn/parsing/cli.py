@@ -16,11 +16,13 @@ from aiayn.data.prepare import PrepareConfig
 from aiayn.errors import InputError, UserError
 from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.model.config import PRESETS
+from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
 from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS, read_params
 from aiayn.parsing.evalb_report import format_report, format_summary
+from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS
 from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLIT_SCHEMES, SplitConfig, prepare_parsing
 from aiayn.parsing.trees import BracketError, parse_tree
 
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "parse", help="constituency parsing (§6.3): parse text; prepare, train, decode, score, baseline",
+        "parse", help="constituency parsing (§6.3): parse text; demo, prepare, train, decode, score, baseline",
         description="English constituency parsing as translation (§6.3). Without a subcommand, parse "
                     "tokenized text (as `aiayn parse text`): `echo 'The cat sat .' | aiayn parse --checkpoint F`.")
     _add_text_arguments(p, required=False)
@@ -40,6 +42,7 @@ def register(subparsers) -> None:
     _register_decode(sub)
     _register_score(sub)
     _register_baseline(sub)
+    parse_demo.register(sub)
 
 
 def _register_score(sub) -> None:
@@ -86,6 +89,9 @@ def _register_prepare(sub) -> None:
                         "wsj also sets the paper's 16K vocabulary (§6.3) unless --vocab-size is given")
     add_arguments(p, SplitConfig, defaults=_Unset())
     p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--linearization", choices=list(LINEARIZATIONS), default=SLOTS,
+                   help="target form: slots = Vinyals et al.'s XX per word (default); words = the words themselves, "
+                        "copied under constrained decoding (docs/parsing.md)")
     p.add_argument("--no-data", action="store_true", help="write the text files only, no data directory")
     p.add_argument("--force", action="store_true", help="replace an existing OUT/data")
     add_arguments(p, PrepareConfig, defaults=replace(PARSE_DATA_DEFAULTS, num_workers=os.cpu_count() or 1))
@@ -96,7 +102,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     if args.vocab_size is None:
         args.vocab_size = SCHEME_VOCAB.get(args.splits, PARSE_DATA_DEFAULTS.vocab_size)
     cfg = None if args.no_data else from_args(PrepareConfig, args)
-    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force, splits=_splits(args))
+    done = prepare_parsing(args.treebank, args.out, cfg, force=args.force, splits=_splits(args),
+                           linearization=args.linearization)
     for split, n in done.counts.items():
         print(f"{split}: {n} trees -> {', '.join(str(p) for p in done.files[split].values())}")
     if done.data_dir is not None:

@@ -39,6 +39,7 @@ from aiayn.data.vocab import SPECIAL_IDS
 from aiayn.errors import UserError
 from aiayn.parsing.linearize import SLOTS, WORD, WORDS, is_bracket
 
+NEG_INF = float("-inf")
 SPACE = "\u2581"  # SentencePiece's word-start mark: the tree tokens are the pieces "▁XX", "▁(NP", "▁)NP"
 
 
@@ -131,7 +132,8 @@ class TreeConstraint:
     pieces, required for (and only for) the ``words`` linearization; n then counts pieces.
     """
 
-    def __init__(self, vocab: TreeVocab, n_words: Tensor, budget: Tensor, words: WordPieces | None = None):
+    def __init__(self, vocab: TreeVocab, n_words: Tensor, budget: Tensor, words: WordPieces | None = None,
+                 word_mass: bool = True):
         if (words is None) != (vocab.linearization == SLOTS):
             raise ValueError("the words' pieces are needed for (and only for) the words linearization")
         if words is not None:
@@ -143,6 +145,7 @@ class TreeConstraint:
         if bool((budget < n_words + 2).any()):
             raise ValueError("the maximum output length leaves no room for a tree over every word")
         self.vocab, self.n_words, self.budget, self.words = vocab.to(n_words.device), n_words, budget, words
+        self.word_mass = word_mass
 
     def state(self, prefix: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Per row of prefix (N, u): words placed w, open phrases d, the innermost open phrase's
@@ -161,6 +164,28 @@ class TreeConstraint:
         top = torch.where(last > 0, opened.gather(1, (last - 1).clamp(min=0)[:, None]).squeeze(1), -1)
         return v.is_word[prefix].sum(1), d, top, is_open[:, -1]
 
+    def next_piece(self, rows: Tensor, prefix: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``words`` only, per row of prefix (N, u): the pieces placed p, the id of piece p and
+        whether it continues a word (rather than starting one); all (N,)."""
+        p = self.vocab.is_piece[prefix].sum(1) if prefix.shape[1] else torch.zeros_like(rows)
+        ids, starts = self.words.ids[rows], self.words.starts[rows]  # (N, P + 1)
+        # (a beam search also extends its dead hypotheses, score -inf, with pieces never allowed: clamp)
+        at = p.clamp(max=ids.shape[1] - 1)[:, None]
+        return p, ids.gather(1, at).squeeze(1), ~starts.gather(1, at).squeeze(1)
+
+    def rescore(self, log_probs: Tensor, rows: Tensor, prefix: Tensor) -> Tensor:
+        """``aiayn.decode.search.Rescoring``: log_probs (N, V) masked to the allowed pieces; with
+        ``word_mass`` (``words`` only) a word's first piece scores the probability that any word
+        comes next (the sum over every word piece: the constraint decides which word) and its
+        other pieces score 0 (they are forced). A model then need not copy well to place words."""
+        allowed = self(rows, prefix)
+        if self.words is not None and self.word_mass:
+            _, following, inside = self.next_piece(rows, prefix)
+            any_word = log_probs.masked_fill(~self.vocab.is_piece, NEG_INF).logsumexp(1)  # (N,)
+            r = torch.arange(len(rows), device=rows.device)
+            log_probs[r, following] = torch.where(inside, 0.0, any_word)
+        return log_probs.masked_fill_(~allowed, NEG_INF)
+
     def __call__(self, rows: Tensor, prefix: Tensor) -> Tensor:
         """(N, V) bool: the pieces each hypothesis may generate next."""
         v, (N, u) = self.vocab, prefix.shape
@@ -170,10 +195,7 @@ class TreeConstraint:
         if self.words is None:
             mask[:, v.word] = (d >= 1) & (w < n)
         else:
-            w = v.is_piece[prefix].sum(1) if u else torch.zeros_like(n)  # (N,) pieces placed
-            ids, starts = self.words.ids[rows], self.words.starts[rows]  # (N, P + 1)
-            following = ids.gather(1, w[:, None]).squeeze(1)              # (N,) piece w
-            inside = ~starts.gather(1, w[:, None]).squeeze(1)              # (N,) piece w continues a word
+            w, following, inside = self.next_piece(rows, prefix)
             r = ((d >= 1) & (w < n) | inside).nonzero().squeeze(1)
             mask[r, following[r]] = True
         can_open = (w < n) & ((d >= 1) | (u == 0)) & (u + 1 + (n - w) + (d + 1) <= budget)

@@ -35,6 +35,9 @@ class ParseOptions:
                                     "(balanced, matching brackets; one XX slot per word; no empty phrase), decoded in this "
                                     "process (workers and mbr do not apply); false = the plain search, with ill-formed "
                                     "outputs repaired and counted")
+    word_mass: bool = param(True, "words linearization, constrained: choosing to place the next word scores the "
+                                  "probability of any word there (the constraint picks which), its later pieces 0; "
+                                  "false = the model's probability of the exact pieces")
 
 
 def tree_vocab(translator) -> TreeVocab:
@@ -44,9 +47,11 @@ def tree_vocab(translator) -> TreeVocab:
 
 
 def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
-                        sentences: Sequence[Sequence[str]]) -> list[str]:
-    """The best constrained output per line of source ids (``translator.encode``), detokenized."""
-    out = [""] * len(ids)
+                        sentences: Sequence[Sequence[str]], word_mass: bool = True) -> list[list[str]]:
+    """The best constrained output per line of source ids (``translator.encode``), as tree tokens
+    (``(NP``, ``)NP``) and words (``XX``, or the sentence's own words: never detokenized, where
+    ``<unk>`` pieces would come back as ``⁇``)."""
+    out: list[list[str]] = [[] for _ in ids]
     dev = translator.device
     for batch in translator.batches(ids):
         src = torch.full((len(batch), max(len(ids[i]) for i in batch)), translator.ids.pad, dtype=torch.long)
@@ -54,13 +59,32 @@ def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
             src[b, : len(ids[i])] = torch.tensor(ids[i])
         src = src.to(dev)  # (B, S)
         budget = max_output_lengths(src, translator.cfg, translator.ids.pad, translator.output_cap) - 1  # (B,)
-        words = None if vocab.word >= 0 else WordPieces.from_lists(
-            [[translator.tgt_tok.encode(w) for w in sentences[i]] for i in batch], dev)
-        allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget, words)
+        spelled = [[translator.tgt_tok.encode(w) for w in sentences[i]] for i in batch]
+        words = None if vocab.word >= 0 else WordPieces.from_lists(spelled, dev)
+        allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget, words,
+                                 word_mass)
         hyps = search(translator.decoder, src, translator.cfg, translator.ids, max_len_cap=translator.output_cap,
                       allowed=allowed)
-        for i, hs in zip(batch, hyps):  # (none only if the model gave every allowed piece probability 0)
-            out[i] = translator.tgt_tok.decode(hs[0].tokens) if hs else ""
+        for b, (i, hs) in enumerate(zip(batch, hyps)):  # (none only if every allowed piece had probability 0)
+            if hs:
+                out[i] = _tree_tokens(translator.tgt_tok, vocab, hs[0].tokens, sentences[i], spelled[b])
+    return out
+
+
+def _tree_tokens(tok, vocab: TreeVocab, tokens, words: Sequence[str], spelled: list[list[int]]) -> list[str]:
+    """A constrained output's ids as tokens: brackets and ``XX`` as their pieces, a copied word's
+    pieces as the word itself (they spell ``spelled``, the words' pieces, in order)."""
+    out, j, left = [], 0, 0
+    for t in (int(x) for x in tokens):
+        if t == vocab.eos:
+            break
+        if vocab.is_piece[t] and vocab.word < 0:
+            if left == 0:
+                out.append(words[j])
+                left, j = len(spelled[j]), j + 1
+            left -= 1
+        else:
+            out.append(tok.piece(t).lstrip(SPACE))
     return out
 
 
@@ -77,12 +101,12 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
     linearization = SLOTS if SPACE + WORD in translator.tgt_tok.user_symbols else WORDS
     if options.constrained:
         ids = translator.encode(lines, source, first_line)
-        linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences)
+        linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences, options.word_mass)
     else:
-        linear = translator.translate(lines, source, first_line)
+        linear = [text.split() for text in translator.translate(lines, source, first_line)]
     out: list[Delinearized | None] = []
-    for k, (words, text) in enumerate(zip(sentences, linear)):
-        out.append(delinearize(text.split(), words, tags[k] if tags is not None else None, linearization)
+    for k, (words, tokens) in enumerate(zip(sentences, linear)):
+        out.append(delinearize(tokens, words, tags[k] if tags is not None else None, linearization)
                    if words else None)
     return out
 
