@@ -2,26 +2,35 @@
 ``torch.nn.Transformer``, on the same batches, in interleaved rounds.
 
 Each system takes the same optimizer step: forward under autocast (bf16, or fp16 with a gradient
-scaler), §5.4's label-smoothed loss (aiayn's own ``label_smoothed_loss``; the rivals
-``F.cross_entropy(label_smoothing=0.1)``), backward, fused Adam. aiayn's step is the training
-loop's own parts (``aiayn.train.loop``: ``_forward_backward``, ``_grad_norm``, ``_read_step``,
-``_update``), so one read of the step's sums per step as in training.
+scaler), §5.4's label-smoothed loss (aiayn's own ``label_smoothed_loss``, fused with the output
+projection where ``train.fused_loss`` says so; the rivals ``F.cross_entropy(label_smoothing=0.1)``),
+backward, fused Adam. aiayn's step is the training loop's own parts (``aiayn.train.loop``:
+``_forward_backward``, ``_grad_norm``, ``_step_numbers``, ``_update`` queued with its skip flag,
+``_read_numbers``), so one read of the step's numbers per step, after the update is queued, as in
+training; TF32 on as ``train.tf32``. Its variants: ``aiayn-compile`` (``train.compile``),
+``aiayn-cudnn`` (``train.cudnn_attention``: cuDNN's attention allowed), ``aiayn-unfused``
+(``train.fused_loss=off``).
 
 Two kinds of batches:
 - ``synthetic``: B sentences of S source and T target tokens, no padding (the rivals' usual test);
-- ``real``: length-bucketed batches of a prepared data directory (``aiayn prepare``; ``--data``),
-  cut by aiayn's ``TokenBatchSampler`` at ``--batch-tokens`` source and target tokens, padding
-  included; tok/s counts the real target tokens, TFLOP/s the padded shapes the device computes.
+- ``real`` (with ``--data``, instead): length-bucketed batches of a prepared data directory
+  (``aiayn prepare``), cut by aiayn's ``TokenBatchSampler`` at ``--batch-tokens`` source and target
+  tokens, padding included; tok/s counts the real target tokens, TFLOP/s the padded shapes the
+  device computes.
 
-Rounds: every system runs ``--steps`` steps per round, systems in turn, ``--rounds`` rounds; the
-median round is reported. Model FLOPs are ``aiayn.model.flops.train_flops``; the fraction of peak
-is against the device's dense bf16/fp16 peak (``PEAK_TFLOPS``, by device name) and against an
-8192^3 matmul measured in the same run.
+Rounds: every system runs ``--steps`` steps per round on the same batches, systems in turn,
+``--rounds`` rounds (round r takes batches r * steps, r * steps + 1, ... of those cycled through,
+after ``--warmup`` untimed steps on the first ones); a round's tokens and FLOPs are those of the
+batches it timed, and the median round's rates are reported. Model FLOPs are
+``aiayn.model.flops.train_flops``; the fraction of peak is against the device's dense bf16/fp16 peak
+(``PEAK_TFLOPS``, by device name) and against an 8192^3 matmul measured in the same run.
 
-    python bench/gpu_train.py --sizes base,big --precisions bf16,fp16 --data runs/gpu/data
+    python bench/gpu_train.py --sizes base,big --precisions bf16 --systems aiayn,aiayn-compile,hf-marian
+    python bench/gpu_train.py --sizes base --data runs/gpu/data --systems aiayn,aiayn-cudnn,hf-marian
     python bench/gpu_train.py --sizes tiny --precisions bf16 --vocab 500 --batch 8 --len 12   # CPU smoke
 
-Results: ``$BENCH_RESULTS/gpu_train.json`` (default bench/results/).
+Results: ``$BENCH_RESULTS/gpu_train.json`` (default bench/results/), written again after every case,
+so a run stopped half way keeps the cases it measured.
 """
 from __future__ import annotations
 
@@ -46,7 +55,7 @@ from aiayn.model.flops import train_flops  # noqa: E402
 from aiayn.train import loop  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
-from aiayn.train.runtime import Dist  # noqa: E402
+from aiayn.train.runtime import Dist, use_tf32  # noqa: E402
 
 EPS_LS = 0.1
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s, without sparsity), by a word of the device's name.
@@ -94,7 +103,7 @@ def synthetic_batches(cfg, B: int, S: int, T: int, device) -> Batches:
     y = torch.randint(4, cfg.vocab_size, (B, T), generator=g)
     y[:, -1] = cfg.eos_id
     tin = torch.cat([torch.full((B, 1), cfg.bos_id), y[:, :-1]], 1)
-    b = Batch(src.to(device), tin.to(device), y.to(device), B * S, B * T)
+    b = Batch(src.to(device), tin.to(device), y.to(device), B * S, B * T, src_padded=False)
     return Batches([b], [B * T], [(B, S, T)])
 
 
@@ -118,24 +127,29 @@ def autocast(device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = False):
-    """A step of ``aiayn train`` (one process, no accumulation): the loop's own functions."""
-    t = TrainConfig(precision=precision, eps_ls=EPS_LS)
+def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = False, cudnn: bool = False,
+                fused_loss: str = "auto"):
+    """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own functions, in
+    its order (``_Run.step``, then ``_Run.read``)."""
+    t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
     net = torch.compile(model) if compile_ else model
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    it = {"i": 0}
+    early = loop._update_early(opt, scaler)
 
-    def step():
-        b = batches.aiayn[it["i"] % len(batches.aiayn)]
-        it["i"] += 1
+    def step(k: int):
+        b = batches.aiayn[k]
         sums, _ = loop._forward_backward(net, [b], t, cfg, 1, 1 / b.n_tgt_tokens, device, precision, None,
                                          scaler, synced=False)
         norm = loop._grad_norm(model, scaler)
-        loop._read_step(sums, norm, None, float(b.n_tgt_tokens), 0.0, Dist(), device, reduce=True)
-        loop._update(model, opt, scaler, 0.0, norm)
+        numbers = loop._step_numbers(sums, norm, None, 0.0, Dist(), device, reduce=True)
+        if early:
+            loop._update(model, opt, scaler, 0.0, norm, skip=loop._not_finite(numbers))
+        loop._read_numbers(numbers, False, float(b.n_tgt_tokens), 0.0, Dist(), reduce=True)
+        if not early:
+            loop._update(model, opt, scaler, 0.0, norm)
     return step
 
 
@@ -144,11 +158,8 @@ def _rival_step(model, forward, batches: Batches, device, precision: str):
     backward, fused Adam (with a scaler under fp16)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    it = {"i": 0}
 
-    def step():
-        k = it["i"] % len(batches.aiayn)
-        it["i"] += 1
+    def step(k: int):
         with autocast(device, precision):
             logits, labels, pad = forward(k)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=pad,
@@ -217,7 +228,11 @@ def build_torch(cfg, batches: Batches, device, precision: str):
     return _rival_step(model, forward, batches, device, precision)
 
 
-SYSTEMS = {"aiayn": build_aiayn, "hf-marian": build_marian, "torch-nn": build_torch}
+SYSTEMS = {"aiayn": build_aiayn,
+           "aiayn-compile": lambda *a: build_aiayn(*a, compile_=True),
+           "aiayn-cudnn": lambda *a: build_aiayn(*a, cudnn=True),
+           "aiayn-unfused": lambda *a: build_aiayn(*a, fused_loss="off"),
+           "hf-marian": build_marian, "torch-nn": build_torch}
 
 
 # -- measurement -----------------------------------------------------------------------------------
@@ -227,34 +242,43 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed_rounds(fns: dict, rounds: int, device, calls: int = 1) -> dict[str, list[float]]:
-    """Interleaved rounds: each function called ``calls`` times a round, the functions in turn (so a
-    drift of the machine hits all alike); per function the seconds of each round."""
+def timed_rounds(fns: dict, rounds: int, device, calls=lambda r: [()]) -> dict[str, list[float]]:
+    """Interleaved rounds: in round r each function is called with each argument tuple of ``calls(r)``
+    (default: once, with none), the functions in turn (so a drift of the machine hits all alike); per
+    function the seconds of each round."""
     times = {k: [] for k in fns}
-    for _ in range(rounds):
+    for r in range(rounds):
         for name, fn in fns.items():
             sync(device)
             t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
+            for args in calls(r):
+                fn(*args)
             sync(device)
             times[name].append(time.perf_counter() - t0)
     return times
 
 
-def measure(steps: dict, batches: Batches, cfg, device, n_steps: int, rounds: int) -> dict:
-    """Interleaved rounds; per system the median round's target tok/s and model TFLOP/s."""
-    per_round = [batches.shapes[i % len(batches.shapes)] for i in range(n_steps)]
-    real = sum(batches.real_tokens[i % len(batches.real_tokens)] for i in range(n_steps))
-    padded = sum(B * T for B, S, T in per_round)
-    flops = sum(train_flops(cfg, B, S, T) for B, S, T in per_round)
-    times = timed_rounds(steps, rounds, device, n_steps)
+def round_batches(r: int, n_steps: int, n_batches: int, warmup: int = 0) -> list[int]:
+    """The batches round r times: the n_steps after the warm-up's and the earlier rounds', cycled."""
+    return [(warmup + r * n_steps + i) % n_batches for i in range(n_steps)]
+
+
+def measure(steps: dict, batches: Batches, cfg, device, n_steps: int, rounds: int, warmup: int) -> dict:
+    """Interleaved rounds over the same batches for every system; per system the median round's
+    target tok/s and model TFLOP/s, each round's counted over exactly the batches it timed."""
+    n = len(batches.shapes)
+    per_round = [round_batches(r, n_steps, n, warmup) for r in range(rounds)]
+    real = [sum(batches.real_tokens[k] for k in ks) for ks in per_round]
+    padded = [sum(batches.shapes[k][0] * batches.shapes[k][2] for k in ks) for ks in per_round]
+    flops = [sum(train_flops(cfg, *batches.shapes[k]) for k in ks) for ks in per_round]
+    times = timed_rounds(steps, rounds, device, lambda r: [(k,) for k in per_round[r]])
     out = {}
     for name, ts in times.items():
-        t = statistics.median(ts)
-        out[name] = {"tgt_tok_s": round(real / t), "padded_tgt_tok_s": round(padded / t),
-                     "tflops": round(flops / t / 1e12, 2), "step_ms": round(t / n_steps * 1e3, 2),
-                     "rounds_s": [round(x, 4) for x in ts]}
+        out[name] = {"tgt_tok_s": round(statistics.median(x / t for x, t in zip(real, ts))),
+                     "padded_tgt_tok_s": round(statistics.median(x / t for x, t in zip(padded, ts))),
+                     "tflops": round(statistics.median(f / t for f, t in zip(flops, ts)) / 1e12, 2),
+                     "step_ms": round(statistics.median(ts) / n_steps * 1e3, 2),
+                     "rounds_s": [round(x, 4) for x in ts], "round_tgt_tokens": real}
     return out
 
 
@@ -266,29 +290,33 @@ def run_case(size: str, precision: str, batches_kind: str, args, device) -> dict
         batches = real_batches(cfg, args.data, args.batch_tokens, args.real_batches, device)
     else:
         batches = synthetic_batches(cfg, args.batch, args.len, args.len, device)
-    steps = {}
+    steps, failed = {}, {}
     for name in args.systems.split(","):
         try:
             steps[name] = SYSTEMS[name](cfg, batches, device, precision)
-            for _ in range(args.warmup):
-                steps[name]()
+            t0 = time.perf_counter()
+            for k in range(args.warmup):
+                steps[name](k % len(batches.shapes))
             sync(device)
-        except Exception as exc:  # a rival that cannot run here is reported, not fatal
-            print(f"{size} {precision} {batches_kind} {name}: failed: {type(exc).__name__}: {exc}"[:400], flush=True)
+            print(f"{size:5s} {precision} {batches_kind:9s} {name:14s} warm-up {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+        except Exception as exc:  # a system that cannot run here is reported, not fatal
+            failed[name] = f"{type(exc).__name__}: {exc}"[:400]
+            print(f"{size} {precision} {batches_kind} {name}: failed: {failed[name]}", flush=True)
             steps.pop(name, None)
-    if args.compile:
-        steps["aiayn-compile"] = build_aiayn(cfg, batches, device, precision, compile_=True)
-        for _ in range(args.warmup):
-            steps["aiayn-compile"]()
-    res = measure(steps, batches, cfg, device, args.steps, args.rounds)
+    res = measure(steps, batches, cfg, device, args.steps, args.rounds, args.warmup)
     for name, r in res.items():
         print(f"{size:5s} {precision} {batches_kind:9s} {name:14s} {r['tgt_tok_s']:>10,} tgt tok/s "
               f"{r['tflops']:7.1f} TFLOP/s  step {r['step_ms']:.1f} ms", flush=True)
     if "aiayn" in res and "hf-marian" in res:
         print(f"{size:5s} {precision} {batches_kind:9s} aiayn / hf-marian: "
               f"{res['aiayn']['tgt_tok_s'] / res['hf-marian']['tgt_tok_s']:.2f}x", flush=True)
+    for a, b in (("aiayn-compile", "aiayn"), ("aiayn-cudnn", "aiayn"), ("aiayn", "aiayn-unfused")):
+        if a in res and b in res:
+            print(f"{size:5s} {precision} {batches_kind:9s} {a} / {b}: "
+                  f"{res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
     return {"size": size, "precision": precision, "batches": batches_kind, "shapes": batches.shapes[:5],
-            "n_batches": len(batches.shapes), "systems": res}
+            "n_batches": len(batches.shapes), "systems": res, "failed": failed}
 
 
 def profile_aiayn(size: str, precision: str, args, device) -> None:
@@ -297,12 +325,12 @@ def profile_aiayn(size: str, precision: str, args, device) -> None:
     batches = synthetic_batches(cfg, args.batch, args.len, args.len, device)
     step = build_aiayn(cfg, batches, device, precision)
     for _ in range(3):
-        step()
+        step(0)
     sync(device)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(3):
-            step()
+            step(0)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70), flush=True)
@@ -312,7 +340,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="base,big")
     ap.add_argument("--precisions", default="bf16,fp16")
-    ap.add_argument("--systems", default="aiayn,hf-marian,torch-nn")
+    ap.add_argument("--systems", default="aiayn,hf-marian,torch-nn",
+                    help=f"comma-separated, of {', '.join(SYSTEMS)}")
     ap.add_argument("--vocab", type=int, default=37000, help="vocabulary of the synthetic batches (§5.1: 37,000)")
     ap.add_argument("--batch", type=int, default=780, help="synthetic: sentences per batch")
     ap.add_argument("--len", type=int, default=32, help="synthetic: source and target length")
@@ -322,37 +351,38 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10, help="steps per system per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per system first")
-    ap.add_argument("--compile", action="store_true", help="also aiayn under torch.compile")
     ap.add_argument("--profile", action="store_true", help="print a profile of aiayn's step (first size/precision)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out-name", default="", help="result file name (default gpu_train.json, gpu_train_real.json with --data)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    use_tf32(device, True)  # as train.tf32
     name, peak = device_peak(device)
     measured = {p: round(matmul_peak(device, torch.bfloat16 if p == "bf16" else torch.float16), 1)
                 for p in args.precisions.split(",")}
     print(f"device {name}: stated dense peak {peak} TFLOP/s; measured 8192^3 matmul {measured}; torch "
           f"{torch.__version__}", flush=True)
     sizes, precisions = args.sizes.split(","), args.precisions.split(",")
+    out_name = args.out_name or ("gpu_train_real.json" if args.data else "gpu_train.json")
+    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / out_name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = {"device": name, "stated_peak_tflops": peak, "measured_matmul_tflops": measured,
+            "torch": torch.__version__, "args": vars(args)}
     if args.profile:
         profile_aiayn(sizes[0], precisions[0], args, device)
     cases = []
     for size in sizes:
         for precision in precisions:
-            for kind in (["synthetic"] + (["real"] if args.data else [])):
+            for kind in (["real"] if args.data else ["synthetic"]):
                 case = run_case(size, precision, kind, args, device)
                 for r in case["systems"].values():
                     r["fraction_of_stated_peak"] = round(r["tflops"] / peak, 3) if peak else None
                     m = measured.get(precision)
                     r["fraction_of_measured_matmul"] = round(r["tflops"] / m, 3) if m == m else None
                 cases.append(case)
-    out_name = args.out_name or ("gpu_train_real.json" if args.data else "gpu_train.json")
-    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / out_name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "stated_peak_tflops": peak, "measured_matmul_tflops": measured,
-                               "torch": torch.__version__, "args": vars(args), "cases": cases}, indent=1))
+                out.write_text(json.dumps({**head, "cases": cases}, indent=1))  # after every case
     print(f"results: {out}")
-    return 0
+    return 1 if any(c["failed"] for c in cases) else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Interleaved rounds, median round; target tokens/s = batch * L / time.
     python bench/gpu_translate.py --sizes base,big
     python bench/gpu_translate.py --sizes tiny --batch 4 --out-len 8 --vocab 300   # CPU smoke
 
-Results: ``$BENCH_RESULTS/gpu_translate.json``.
+Results: ``$BENCH_RESULTS/gpu_translate.json``, written again after every size.
 """
 from __future__ import annotations
 
@@ -79,6 +79,8 @@ def main() -> int:
     args = ap.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "gpu_translate.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     cases = []
     for size in args.sizes.split(","):
         cfg = aiayn.get_preset(size, vocab_size=args.vocab)
@@ -90,14 +92,16 @@ def main() -> int:
                     "aiayn-bf16": lambda: aiayn_system(cfg, "bf16", src, args.out_len, args.beam, device),
                     "hf-fp32": lambda: hf_system(cfg, torch.float32, src, args.out_len, args.beam, device),
                     "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device)}
-        runs, tokens = {}, {}
+        runs, tokens, failed = {}, {}, {}
         for sys_name in args.systems.split(","):
             try:
                 runs[sys_name] = builders[sys_name]()
                 tokens[sys_name] = runs[sys_name]()  # warm-up; the tokens it produced
                 sync(device)
             except Exception as exc:
-                print(f"{size} {sys_name}: failed: {type(exc).__name__}: {exc}"[:400], flush=True)
+                failed[sys_name] = f"{type(exc).__name__}: {exc}"[:400]
+                print(f"{size} {sys_name}: failed: {failed[sys_name]}", flush=True)
+                runs.pop(sys_name, None)
         times = timed_rounds(runs, args.rounds, device)
         res = {}
         for k, ts in times.items():
@@ -108,13 +112,11 @@ def main() -> int:
         for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32")):
             if a in res and b in res:
                 print(f"{size:5s} {a} / {b}: {res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
-        cases.append({"size": size, "systems": res})
-    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "gpu_translate.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "torch": torch.__version__, "args": vars(args), "cases": cases},
-                              indent=1))
+        cases.append({"size": size, "systems": res, "failed": failed})
+        out.write_text(json.dumps({"device": name, "torch": torch.__version__, "args": vars(args), "cases": cases},
+                                  indent=1))  # after every case
     print(f"results: {out}")
-    return 0
+    return 1 if any(c["failed"] for c in cases) else 0
 
 
 if __name__ == "__main__":
