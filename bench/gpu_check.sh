@@ -1,71 +1,216 @@
 #!/usr/bin/env bash
-# The GPU checks in one go, from the checkout, with what torch, sentencepiece, sacrebleu and
-# transformers provide (wheels in .whl/ are installed first if present: sacremoses for the
-# tokenized BLEU). Stages are independent and time-boxed; logs and JSON go to $OUT (or
-# bench/results/gpu-check).
+# The GPU checks of docs/gpu.md, stage by stage, for a machine with no network and calls of at most
+# 10 minutes: `pack` (here, with the network) gathers what the machine lacks into gpu_pack/
+# (git-ignored; carry it along), then one call per stage there. A stage that fails says FAILED loudly,
+# the next stage still runs, and the script exits nonzero at the end.
 #
-#   bash bench/gpu_check.sh quick   # CUDA tests, a profile of the step, training and decoding throughput (~5 min)
-#   bash bench/gpu_check.sh demo    # `aiayn demo` timed end to end, then translate test_2016 fp32 / bf16 (~10 min)
-#   bash bench/gpu_check.sh all
+#   bash bench/gpu_check.sh pack                  # here: Multi30k + the sacremoses wheel -> gpu_pack/
+#   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
+#   bash bench/gpu_check.sh demo --minutes 6
+#   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (about 5 minutes)
+#   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #
-# Data: $AIAYN_SHARED_DATA, else .gpu/data (a git-ignored copy of ../shared/data/multi30k), else ../shared/data.
+# Stages (H100/H200; each fits one 10-minute call, the times are estimates until measured):
+#   env        the device, torch, triton, sacremoses                                  ~0.5 min
+#   tests      the CUDA tests (tests/gpu) and the CPU halves of the GPU paths           ~3 min
+#   train      training tok/s, synthetic batches, base and big, bf16: aiayn against HF Marian and
+#              torch.nn.Transformer, and a profile of aiayn's step                       ~5 min
+#   compile    aiayn plain, under torch.compile, and with the unfused loss, base and big ~6 min
+#   real       Multi30k prepared from gpu_pack/, then real length-bucketed batches (base, bf16):
+#              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile ~7 min
+#   translate  beam search against HF generate, fp32 and bf16, base and big             ~3 min
+#   demo       `aiayn demo --minutes M` (default 6: M + 4 minutes fit a 10-minute call) on gpu_pack's
+#              Multi30k, then test_2016 translated in fp32 and bf16, timed                ~M + 2.5 min
+#
+# Results go to $RESULTS (default bench/results/<device>-<date>/) as they come: a log per stage and
+# the benchmarks' JSON, written after every measurement, so a stage stopped at its limit keeps what it
+# measured. Work files go to $WORK (default /tmp/aiayn-gpu). PY names the interpreter (.venv/bin/python
+# when there is one, else python3).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PY=${PY:-python3}
-STAGES=${1:-all}
-OUT=${OUT:-$ROOT/bench/results/gpu-check}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+if [ -z "${PY:-}" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
-export PYTHONPATH=$ROOT/src:$ROOT:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-if [ -z "${AIAYN_SHARED_DATA:-}" ]; then
-  if [ -d .gpu/data/multi30k ]; then export AIAYN_SHARED_DATA=$ROOT/.gpu/data; else export AIAYN_SHARED_DATA=$ROOT/../shared/data; fi
-fi
+PACK=${PACK:-$ROOT/gpu_pack}
+W=${WORK:-/tmp/aiayn-gpu}
+MINUTES=6
+SMOKE=0
+STAGES=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --minutes) MINUTES=$2; shift 2 ;;
+    --minutes=*) MINUTES=${1#*=}; shift ;;
+    cpu-smoke) SMOKE=1; shift ;;
+    all) STAGES+=(env tests train compile real translate demo); shift ;;
+    pack|env|tests|train|compile|real|translate|demo) STAGES+=("$1"); shift ;;
+    *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate demo all cpu-smoke;" \
+            "option: --minutes M)" >&2; exit 2 ;;
+  esac
+done
+[ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,31p' "$0"; exit 2; }
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(env tests train compile real translate demo)  # cpu-smoke alone: all
+
+export PYTHONPATH=$ROOT/src:$ROOT/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+SHARED=${AIAYN_SHARED_DATA:-$ROOT/../shared/data}  # what `pack` copies (the folder holding multi30k/)
+if [ -d "$PACK/data/multi30k" ]; then DATA_ROOT=$PACK/data; else DATA_ROOT=$SHARED; fi
+export AIAYN_SHARED_DATA=$DATA_ROOT
 A="$PY -m aiayn.cli"
-W=${WORK:-/tmp/aiayn-gpu}; mkdir -p "$W"
-export BENCH_RESULTS=$OUT
-step() { echo; echo "=== $1 $(date +%T)"; }
 
-step env
-nvidia-smi -L 2>/dev/null
-$PY -c "import torch, sentencepiece, sacrebleu; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA', 'sacrebleu', sacrebleu.__version__)"
-
-if [ "$STAGES" = quick ] || [ "$STAGES" = all ]; then
-  step cuda-tests
-  timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/train/test_objective.py tests/decode/test_search.py 2>&1 | tail -5
-  step train-throughput-synthetic
-  timeout 200 $PY bench/gpu_train.py --sizes base,big --precisions bf16,fp16 --steps 5 --rounds 3 --profile \
-    > "$OUT/gpu_train.log" 2>&1; echo "rc=$?"
-  grep -E "device|tok/s|x$|failed" "$OUT/gpu_train.log" | cut -c1-200
-  grep -B2 -A28 "Name " "$OUT/gpu_train.log" | head -34 | cut -c1-200
-  step translate-throughput
-  timeout 120 $PY bench/gpu_translate.py --sizes base,big --rounds 3 > "$OUT/gpu_translate.log" 2>&1; echo "rc=$?"
-  grep -E "tok/s|x$|failed" "$OUT/gpu_translate.log" | cut -c1-200
-fi
-
-if [ "$STAGES" = demo ] || [ "$STAGES" = all ]; then
-  step demo
-  SECONDS=0
-  timeout 560 $A demo --out "$W/demo" > "$OUT/demo.log" 2>&1; echo "demo rc=$? ${SECONDS}s"
-  grep -E "BLEU|trained|tok/s|model:|translations:|recipe|\[2/7\]" "$OUT/demo.log" | grep -v '%|' | tail -20 | cut -c1-300
-  cp "$W/demo/results.json" "$OUT/demo_results.json" 2>/dev/null
-  M=$(grep -E '^model: ' "$OUT/demo.log" | tail -1 | cut -d' ' -f2-)
-  D=$AIAYN_SHARED_DATA/multi30k/raw
-  if [ -n "$M" ]; then
-    step translate-test2016
-    for p in fp32 bf16; do
-      SECONDS=0
-      zcat "$D/test_2016_flickr.en.gz" | timeout 60 $A translate --checkpoint "$M" --precision $p > "$W/t.$p" 2> "$W/t.$p.err"
-      echo "translate (device auto) $p rc=$? ${SECONDS}s lines $(wc -l < "$W/t.$p")"
-      $PY -c "import sacrebleu,gzip,sys;h=open(sys.argv[1]).read().splitlines();r=gzip.open(sys.argv[2],'rt').read().splitlines();print('  sacreBLEU',round(sacrebleu.corpus_bleu(h,[r]).score,2))" "$W/t.$p" "$D/test_2016_flickr.de.gz"
-    done
-    step train-throughput-real
-    timeout 120 $PY bench/gpu_train.py --sizes base --precisions bf16 --data "$W/demo/data" --steps 10 --rounds 3 \
-      > "$OUT/gpu_train_real.log" 2>&1; echo "rc=$?"
-    grep -E "tok/s|x$|failed" "$OUT/gpu_train_real.log" | cut -c1-200
+if [ "$SMOKE" = 1 ]; then
+  DEVICE=cpu
+  RESULTS=${RESULTS:-${TMPDIR:-/tmp}/aiayn-cpu-smoke}
+  W=$W-cpu-smoke
+  TRAIN_SIZES=(--sizes tiny --vocab 500 --batch 8 --len 12 --steps 2 --rounds 2 --warmup 1 --device cpu)
+  REAL_SIZES=(--sizes tiny --batch-tokens 600 --real-batches 6 --steps 2 --rounds 2 --warmup 1 --device cpu)
+  TRANSLATE_SIZES=(--sizes tiny --batch 4 --out-len 8 --vocab 300 --rounds 2 --device cpu)
+else
+  DEVICE=cuda
+  if [ -z "${RESULTS:-}" ] && [ "${STAGES[*]}" != pack ]; then
+    name=$($PY -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" 2>/dev/null)
+    RESULTS=$ROOT/bench/results/$(echo "${name:-unknown}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')-$(date +%F)
   fi
+  TRAIN_SIZES=(--sizes base,big --steps 10 --rounds 3 --warmup 3)
+  REAL_SIZES=(--sizes base --batch-tokens 12500 --real-batches 40 --steps 10 --rounds 3 --warmup 3)
+  TRANSLATE_SIZES=(--sizes base,big --rounds 3)
 fi
-step done
+export BENCH_RESULTS=${RESULTS:-}
+
+# The wheels of the pack (sacremoses), where the machine lacks them: into a folder of their own.
+if [ "$SMOKE" = 0 ] && ls "$PACK"/wheels/*.whl >/dev/null 2>&1 && [[ " ${STAGES[*]} " != *" pack "* ]]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/aiayn-site "$PACK"/wheels/*.whl >/dev/null 2>&1 \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/aiayn-site
+fi
+
+# -- the stages ---------------------------------------------------------------------------------
+
+stage_pack() {
+  local src=$SHARED/multi30k ver
+  [ -d "$src/raw" ] || { echo "no Multi30k at $src (set AIAYN_SHARED_DATA to the folder holding multi30k/)"; return 1; }
+  [ "$(cd "$SHARED" && pwd)" != "$PACK/data" ] || { echo "AIAYN_SHARED_DATA is the pack itself"; return 1; }
+  rm -rf "$PACK" && mkdir -p "$PACK/data/multi30k" "$PACK/wheels" || return 1
+  cp -r "$src/raw" "$src/tok" "$PACK/data/multi30k/" && chmod -R u+w "$PACK" || return 1
+  ver=$($PY -c "import importlib.metadata as m; print(m.version('sacremoses'))" 2>/dev/null)
+  $PY -m pip download -q --no-deps --only-binary=:all: -d "$PACK/wheels" "sacremoses${ver:+==$ver}" || return 1
+  find "$PACK" -type f | sort
+  du -sh "$PACK"
+}
+
+stage_env() {
+  nvidia-smi -L 2>/dev/null
+  $PY - <<'EOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA")
+for name in ("triton", "sacremoses", "sacrebleu", "sentencepiece", "transformers"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "(no version)"))
+    except ImportError as exc:
+        print(name, "MISSING:", exc)
+        raise SystemExit(1 if name in ("sacremoses", "sacrebleu", "sentencepiece") else 0)
+EOF
+}
+
+stage_tests() {
+  local tests=(tests/gpu)
+  [ "$SMOKE" = 0 ] && tests+=(tests/decode/test_host_reads.py tests/train/test_cuda_choices.py)
+  timeout 270 $PY -m pytest -q -p no:cacheprovider -ra "${tests[@]}"
+}
+
+stage_train() {
+  local profile=(--profile); [ "$SMOKE" = 1 ] && profile=()
+  timeout 420 $PY bench/gpu_train.py "${TRAIN_SIZES[@]}" --precisions bf16 --systems aiayn,hf-marian,torch-nn \
+    "${profile[@]}"
+}
+
+stage_compile() {
+  timeout 480 $PY bench/gpu_train.py "${TRAIN_SIZES[@]}" --precisions bf16 --systems aiayn,aiayn-compile,aiayn-unfused \
+    --out-name gpu_train_compile.json
+}
+
+prepare_multi30k() {  # $1: the data directory to make, from the pack's raw files (the first $2 lines; 0 = all)
+  local raw=$DATA_ROOT/multi30k/raw out=$1 n=$2 vocab=8000 args=() f
+  [ -f "$out/manifest.json" ] && return 0
+  mkdir -p "$W/text"
+  for f in train.en train.de val.en val.de; do
+    if [ "$n" -gt 0 ]; then zcat "$raw/$f.gz" | head -n "$n" > "$W/text/$f"; else zcat "$raw/$f.gz" > "$W/text/$f"; fi
+  done
+  [ "$n" -gt 0 ] && vocab=500
+  timeout 120 $A prepare --train-src "$W/text/train.en" --train-tgt "$W/text/train.de" --valid-src "$W/text/val.en" \
+    --valid-tgt "$W/text/val.de" --vocab-size $vocab --out "$out"
+}
+
+stage_real() {
+  local n=0 rc=0; [ "$SMOKE" = 1 ] && n=2000
+  prepare_multi30k "$W/multi30k-data" $n || return 1
+  timeout 240 $PY bench/gpu_train.py "${REAL_SIZES[@]}" --data "$W/multi30k-data" --precisions bf16 \
+    --systems aiayn,aiayn-cudnn,hf-marian,torch-nn --out-name gpu_train_real.json || rc=1
+  timeout 210 $PY bench/gpu_train.py "${REAL_SIZES[@]}" --data "$W/multi30k-data" --precisions bf16 \
+    --systems aiayn,aiayn-compile --out-name gpu_train_real_compile.json || rc=1
+  return $rc
+}
+
+stage_translate() {
+  timeout 300 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}"
+}
+
+stage_demo() {
+  local out=$W/demo args=(--minutes "$MINUTES") rc=0 p model
+  [ "$SMOKE" = 1 ] && args=(--quick --minutes 0.2 --max-steps 6 --train-lines 1500 --eval-lines 20 --alphas 1.0
+                           --vocab-size 1000 --processes 1 --threads 1 --average-last 1)
+  rm -rf "$out"
+  SECONDS=0
+  timeout $(( ${MINUTES%.*} * 60 + 150 )) $A demo --out "$out" --data-root "$DATA_ROOT" "${args[@]}" --device $DEVICE \
+    2>&1 | grep --line-buffered -v '%|'  # (the stages run under pipefail: the demo's exit status)
+  rc=$?
+  echo "demo: ${SECONDS}s end to end, exit $rc"
+  cp "$out/results.json" "$RESULTS/demo_results.json" 2>/dev/null
+  model=$out/model.pt
+  [ -f "$model" ] || return 1
+  zcat "$DATA_ROOT/multi30k/raw/test_2016_flickr.en.gz" > "$W/test.en"
+  [ "$SMOKE" = 1 ] && { head -n 20 "$W/test.en" > "$W/test.en.20"; mv "$W/test.en.20" "$W/test.en"; }
+  for p in fp32 bf16; do
+    SECONDS=0
+    timeout 45 $A translate --checkpoint "$model" --device $DEVICE --precision $p < "$W/test.en" > "$W/test.$p" \
+      2> "$W/test.$p.err" || { rc=1; tail -3 "$W/test.$p.err"; }
+    echo "translate test_2016 $p: ${SECONDS}s, $(wc -l < "$W/test.$p") lines"
+    $PY -c "import sacrebleu, gzip, sys; h = open(sys.argv[1]).read().splitlines(); \
+r = gzip.open(sys.argv[2], 'rt').read().splitlines()[:len(h)]; print('  sacreBLEU', round(sacrebleu.corpus_bleu(h, [r]).score, 2))" \
+      "$W/test.$p" "$DATA_ROOT/multi30k/raw/test_2016_flickr.de.gz"
+  done
+  return $rc
+}
+
+# -- the driver -----------------------------------------------------------------------------------
+
+if [ "${STAGES[*]}" != pack ]; then
+  mkdir -p "$RESULTS" "$W"
+  echo "results: $RESULTS"
+fi
+FAILED=()
+for s in "${STAGES[@]}"; do
+  echo; echo "=== $s $(date +%T)"
+  start=$(date +%s)
+  if [ "$s" = pack ]; then
+    stage_pack; rc=$?
+  else
+    set -o pipefail
+    "stage_$s" 2>&1 | tee "$RESULTS/$s.log"; rc=$?
+    set +o pipefail
+  fi
+  took=$(( $(date +%s) - start ))
+  if [ $rc -ne 0 ]; then
+    FAILED+=("$s")
+    echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+    echo "!!! FAILED: stage $s (exit $rc, ${took}s)$( [ "$s" != pack ] && echo "; log: $RESULTS/$s.log")"
+    echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  else
+    echo "=== $s passed in ${took}s"
+  fi
+done
+echo
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED stages: ${FAILED[*]} (of ${STAGES[*]})"
+  exit 1
+fi
+echo "all stages passed: ${STAGES[*]}"
