@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, param
-from aiayn.data.multi30k import default_data_root, multi30k_files, read_text
+from aiayn.data.multi30k import find_multi30k, read_text
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import choose_alpha, tune_alpha
 
@@ -53,7 +53,7 @@ class DemoConfig:
     """Options of ``aiayn demo``; defaults are the full run (45 minutes of training)."""
 
     src_lang: str = param("en", "source language: en or de (the other is the target)")
-    data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA or ../shared/data beside the checkout")
+    data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data beside the checkout, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (aiayn/data/multi30k.py)")
     out: str = param("runs/demo", "output directory (relative paths are under the current directory; a re-run resumes)")
     minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
@@ -202,10 +202,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     if cfg.members < 1 or cfg.processes < 0:
         raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
     _check_scorer()
-    root = Path(cfg.data_root or default_data_root())
+    files = find_multi30k(cfg.data_root, src, tgt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    files = _subset(multi30k_files(root, src, tgt), out / "subset", cfg)
+    files = _subset(files, out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
     data_dir = _stage_prepare(cfg, files, out / "data", src, tgt, results)

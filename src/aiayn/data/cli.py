@@ -1,4 +1,5 @@
-"""``aiayn prepare``: build a data directory from raw parallel text (see ``aiayn.data.prepare``)."""
+"""``aiayn prepare``: build a data directory from raw parallel text (see ``aiayn.data.prepare``);
+``aiayn data multi30k``: fetch Multi30k's files (see ``aiayn.data.multi30k``)."""
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,32 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer-from", type=Path, default=None, metavar="MODEL.pt",
                    help="encode with the SentencePiece model(s) stored in this checkpoint instead of training new "
                         "ones (fine-tuning: `aiayn train --init-from MODEL.pt` then accepts the data directory)")
-    p.add_argument("--force", action="store_true",
-                   help="replace --out if it is an existing data directory (or empty)")
+    p.add_argument("--overwrite", "--force", dest="overwrite", action="store_true",
+                   help="replace --out if it is an existing data directory, in one step once the new one is "
+                        "complete (an empty folder needs no flag; anything else is never replaced)")
     add_arguments(p, PrepareConfig, defaults=replace(PrepareConfig(), num_workers=os.cpu_count() or 1))
     p.set_defaults(func=run)
+
+    d = subparsers.add_parser(
+        "data", help="download a data set's files (checked against pinned SHA-256 sums, resumable)",
+        description="Download a data set into a folder that --data-root then takes. Each file is checked "
+                    "against its pinned SHA-256 before it gets its name; an interrupted download resumes "
+                    "on the next run; files already there are kept.")
+    which = d.add_subparsers(dest="dataset", metavar="DATASET")
+    which.required = True
+    m = which.add_parser("multi30k", help="Multi30k task 1 (raw and tokenized train, val, test_2016_flickr; en, de) "
+                                          "from github.com/multi30k/dataset, or $AIAYN_DATA_URL")
+    m.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache, $AIAYN_CACHE "
+                        "or ~/.cache/aiayn, where `aiayn demo` looks")
+    m.set_defaults(func=run_data)
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from aiayn.data.multi30k import cache_root, download_multi30k
+    root = download_multi30k(args.out if args.out is not None else cache_root())
+    print(f"multi30k: {root / 'multi30k'} (--data-root {root})")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tokenizer_from is not None:
         from aiayn.checkpoint import load_checkpoint
         tokenizers = tokenizers_from_checkpoint(load_checkpoint(args.tokenizer_from), args.tokenizer_from, cfg)
-    manifest = prepare(splits, args.out, cfg, force=args.force, tokenizers=tokenizers)
+    manifest = prepare(splits, args.out, cfg, force=args.overwrite, tokenizers=tokenizers)
     for name, entry in manifest["splits"].items():
         print(f"{name}: {entry['pairs']} pairs, {entry['src']['tokens']} source / "
               f"{entry['tgt']['tokens']} target tokens")

@@ -1,0 +1,133 @@
+"""Downloads that check themselves, for the data sets the commands fetch when they are not found
+on this machine (``aiayn.data.multi30k``).
+
+One file at a time: an HTTP(S) GET into ``FILE.part`` beside its destination; a ``.part`` left by
+an interrupted run is resumed with a ``Range`` request (started over if the server ignores it);
+the whole file's SHA-256 is compared with the pinned one, and only then is ``FILE.part`` renamed
+to ``FILE``. A mismatch removes ``FILE.part`` and is a one-line ``UserError`` naming the file and
+both checksums, so no half-written or wrong file is ever left under the real name.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiayn import __version__
+from aiayn.errors import UserError
+from aiayn.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+BLOCK = 1 << 16  # bytes read and hashed at a time
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One file of a data set: its path below the base URL, its path below the local folder, and
+    its size and SHA-256 as the source serves it."""
+
+    remote: str
+    local: str
+    size: int
+    sha256: str
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _open(url: str, start: int, timeout: float):
+    """The response to a GET of ``url`` from byte ``start``; None when the server says that range
+    is past the end (the ``.part`` already holds the whole file)."""
+    headers = {"User-Agent": f"aiayn/{__version__}"}
+    if start:
+        headers["Range"] = f"bytes={start}-"
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and start:
+            return None
+        raise UserError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"{url}: cannot connect ({reason}); check the network, or set $AIAYN_DATA_URL to a mirror") from None
+
+
+def _served_size(resp) -> int | None:
+    """The size of the whole file as the response gives it (Content-Range's, else Content-Length)."""
+    if resp.status == 206:
+        total = (resp.headers.get("Content-Range") or "").rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = resp.headers.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
+
+
+def _receive(resp, part: Path, start: int, name: str, quiet: bool) -> int:
+    """Append the body of ``resp`` to ``part`` (from byte 0 when the server ignored the range);
+    returns the bytes now in ``part``. A connection that breaks ends the body early."""
+    if start and resp.status != 206:
+        start = 0  # a 200 to a Range request: the whole file again
+    with open(part, "ab" if start else "wb") as f, \
+            progress_bar(total=_served_size(resp), initial=start, unit="B", unit_scale=True, desc=name, quiet=quiet) as bar:
+        have = start
+        try:
+            while block := resp.read(BLOCK):
+                f.write(block)
+                have += len(block)
+                bar.update(len(block))
+        except (http.client.HTTPException, socket.timeout, OSError) as exc:
+            log.debug("%s: read failed: %r", name, exc)
+    return have
+
+
+def fetch(url: str, dest: Path, sha256: str, size: int, *, quiet: bool = False, timeout: float = 30.0) -> Path:
+    """``dest`` downloaded from ``url`` and checked against ``sha256``; an existing ``dest`` is
+    kept as it is (it was checked when it was written). ``size``: the pinned file's bytes; a server
+    that gives another size is a mismatch (the ``.part`` removed); a longer ``.part`` is started over."""
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    start = part.stat().st_size if part.is_file() else 0
+    if start > size:  # not a beginning of the pinned file: start over
+        part.unlink()
+        start = 0
+    have = start
+    if start < size:
+        resp = _open(url, start, timeout)
+        served = None if resp is None else _served_size(resp)
+        if resp is None or served not in (None, size):  # the server holds another file than the pinned one
+            if resp is not None:
+                resp.close()
+            part.unlink(missing_ok=True)
+            what = f"fewer than {start:,}" if resp is None else f"{served:,}"
+            raise UserError(f"{dest.name}: {url} serves {what} bytes, expected {size:,} with SHA-256 {sha256}; "
+                            f"nothing is kept")
+        with resp:
+            have = _receive(resp, part, start, dest.name, quiet)
+    if have < size:
+        raise UserError(f"{url}: the download stopped after {have:,} of {size:,} bytes; run the same command "
+                        f"again to resume it ({part} is kept)")
+    actual = sha256_of(part)
+    if actual != sha256:
+        part.unlink()
+        raise UserError(f"{dest.name}: SHA-256 {actual}, expected {sha256} (from {url}); the download is removed")
+    os.replace(part, dest)
+    return dest
+
+
+def fetch_all(base_url: str, files: list[Pinned], root: Path, *, quiet: bool = False) -> list[Path]:
+    """Every one of ``files`` under ``root``, each from ``base_url`` + its remote path."""
+    base = base_url if base_url.endswith("/") else base_url + "/"
+    return [fetch(base + f.remote, root / f.local, f.sha256, f.size, quiet=quiet) for f in files]

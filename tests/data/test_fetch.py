@@ -1,0 +1,226 @@
+"""Downloads against a local HTTP server on 127.0.0.1 that serves Multi30k's files under the
+repository's paths, built from ../shared/data/multi30k: whole files, a wrong checksum, a
+truncated ``.part`` resumed, a server that stops mid-file, a 404, and the data root lookup."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from aiayn.data import multi30k
+from aiayn.data.fetch import Pinned, fetch, sha256_of
+from aiayn.errors import UserError
+
+
+class Server:
+    """Files by URL path, with byte ranges (unless ``ranges`` is false); ``cut`` maps a path to the bytes sent before the
+    connection is closed (its Content-Length still says the whole)."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.cut, self.requests, self.ranges = dict(files), {}, [], True
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests.append((self.path, self.headers.get("Range")))
+                body = outer.files.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                asked = self.headers.get("Range") if outer.ranges else None
+                start = int(asked[len("bytes="):-1]) if asked else 0
+                if start >= len(body) and start:
+                    self.send_error(416)
+                    return
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                self.wfile.write(body[start:outer.cut.pop(self.path, len(body))])
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _served_bytes(shared: Path, pin: Pinned) -> bytes:
+    """A file as the repository serves it: raw/ as stored in ../shared, tok/ (gzipped there) as plain text."""
+    local = pin.local.removeprefix("multi30k/")
+    stored = shared / local
+    return stored.read_bytes() if stored.is_file() else gzip.decompress((shared / (local + ".gz")).read_bytes())
+
+
+@pytest.fixture(scope="module")
+def repo_files(shared_data) -> dict[str, bytes]:
+    return {"/" + p.remote: _served_bytes(shared_data / "multi30k", p) for p in multi30k.PINNED}
+
+
+@pytest.fixture
+def server(repo_files):
+    s = Server(repo_files)
+    yield s
+    s.close()
+
+
+VAL_DE = next(p for p in multi30k.PINNED if p.local == "multi30k/raw/val.de.gz")
+
+
+def test_pins_match_the_shared_copies(repo_files):
+    for p in multi30k.PINNED:
+        body = repo_files["/" + p.remote]
+        assert (len(body), hashlib.sha256(body).hexdigest()) == (p.size, p.sha256), p.remote
+
+
+def test_good_file_then_kept(server, tmp_path):
+    dest = tmp_path / "val.de.gz"
+    assert fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size) == dest
+    assert sha256_of(dest) == VAL_DE.sha256 and not (tmp_path / "val.de.gz.part").exists()
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    assert len(server.requests) == 1  # present: not fetched again
+
+
+def test_wrong_checksum_is_one_line_and_leaves_nothing(server, tmp_path):
+    path = "/" + VAL_DE.remote
+    server.files[path] = server.files[path][:-1] + b"X"
+    dest = tmp_path / "val.de.gz"
+    with pytest.raises(UserError) as err:
+        fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    msg = str(err.value)
+    assert "\n" not in msg and "val.de.gz" in msg and VAL_DE.sha256 in msg
+    assert hashlib.sha256(server.files[path]).hexdigest() in msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_part_is_resumed(server, tmp_path, repo_files):
+    body = repo_files["/" + VAL_DE.remote]
+    (tmp_path / "val.de.gz.part").write_bytes(body[:1000])
+    dest = fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert dest.read_bytes() == body
+    assert server.requests == [("/" + VAL_DE.remote, "bytes=1000-")]
+
+
+def test_server_stopping_mid_file_then_resume(server, tmp_path, repo_files):
+    server.cut["/" + VAL_DE.remote] = 5000
+    dest = tmp_path / "val.de.gz"
+    with pytest.raises(UserError, match=r"stopped after 5,000 of 24,681 bytes; run the same command again"):
+        fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    assert not dest.exists() and (tmp_path / "val.de.gz.part").stat().st_size == 5000
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    assert dest.read_bytes() == repo_files["/" + VAL_DE.remote]
+    assert server.requests[-1][1] == "bytes=5000-"
+
+
+def test_server_without_ranges_sends_the_whole_file_again(server, tmp_path, repo_files):
+    server.ranges = False
+    (tmp_path / "val.de.gz.part").write_bytes(b"x" * 1000)
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert (tmp_path / "val.de.gz").read_bytes() == repo_files["/" + VAL_DE.remote]
+
+
+def test_server_with_a_shorter_file_than_the_part(server, tmp_path, repo_files):
+    server.files["/" + VAL_DE.remote] = repo_files["/" + VAL_DE.remote][:500]
+    (tmp_path / "val.de.gz.part").write_bytes(repo_files["/" + VAL_DE.remote][:1000])
+    with pytest.raises(UserError, match=r"val.de.gz: .* serves fewer than 1,000 bytes, expected 24,681 with SHA-256"):
+        fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_longer_part_is_started_over(server, tmp_path, repo_files):
+    (tmp_path / "val.de.gz.part").write_bytes(b"x" * (VAL_DE.size + 1))
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert server.requests[0][1] is None and (tmp_path / "val.de.gz").read_bytes() == repo_files["/" + VAL_DE.remote]
+
+
+def test_whole_part_left_is_checked_without_a_request(server, tmp_path, repo_files):
+    (tmp_path / "val.de.gz.part").write_bytes(repo_files["/" + VAL_DE.remote])
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert server.requests == [] and (tmp_path / "val.de.gz").is_file()
+
+
+def test_404_names_the_url(server, tmp_path):
+    url = server.url + "data/task1/raw/nope.en.gz"
+    with pytest.raises(UserError, match=rf"{url}: HTTP 404"):
+        fetch(url, tmp_path / "nope.en.gz", "0" * 64, 10)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_server_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match=r"http://127.0.0.1:9/x: cannot connect .*AIAYN_DATA_URL"):
+        fetch("http://127.0.0.1:9/x", tmp_path / "x", "0" * 64, 10, timeout=2)
+
+
+@pytest.fixture
+def no_local_data(monkeypatch, tmp_path):
+    """No Multi30k anywhere on this machine but in the cache, which starts empty."""
+    monkeypatch.setattr(multi30k, "local_roots", lambda: [tmp_path / "nowhere", multi30k.cache_root()])
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_lookup_downloads_into_the_cache_once(server, no_local_data, monkeypatch, capsys):
+    monkeypatch.setenv("AIAYN_DATA_URL", server.url)
+    files = multi30k.find_multi30k(None, "en", "de")
+    assert files["tok.test.de"] == no_local_data / "multi30k/tok/test_2016_flickr.lc.norm.tok.de"
+    assert files["raw.train.en"] == no_local_data / "multi30k/raw/train.en.gz"
+    assert len(server.requests) == 12
+    assert "non-commercial research" in capsys.readouterr().err
+    assert multi30k.find_multi30k(None, "de", "en") == {**files}  # the cache now holds them: no request
+    assert len(server.requests) == 12 and capsys.readouterr().err == ""
+    # the tokenized references read the same as ../shared's gzipped ones
+    assert multi30k.read_text(files["tok.valid.de"])[:3] == multi30k.read_text(
+        multi30k.multi30k_files(Path(multi30k.default_data_root()), "en", "de")["tok.valid.de"])[:3]
+
+
+def test_lookup_prefers_data_root_then_local_copies(shared_data, no_local_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_DATA_URL", "http://127.0.0.1:9/")  # never reached
+    assert multi30k.find_multi30k(shared_data, "en", "de")["raw.train.en"] == shared_data / "multi30k/raw/train.en.gz"
+    with pytest.raises(UserError, match=r"not found under .*empty/multi30k.*leave it out to download"):
+        multi30k.find_multi30k(tmp_path / "empty", "en", "de")
+    monkeypatch.setattr(multi30k, "local_roots", lambda: [tmp_path / "nowhere", shared_data, multi30k.cache_root()])
+    assert multi30k.find_multi30k(None, "en", "de")["tok.test.de"].parent == shared_data / "multi30k/tok"
+
+
+def test_cli_data_multi30k_and_a_corrupt_mirror(server, tmp_path, monkeypatch, capsys):
+    from aiayn.cli import main
+    monkeypatch.setenv("AIAYN_DATA_URL", server.url)
+    path = "/data/task1/tok/train.lc.norm.tok.de"
+    pin = next(p for p in multi30k.PINNED if "/" + p.remote == path)
+    good = server.files[path]
+    server.files[path] = good[:100]  # another file: its size says so before any byte is kept
+    assert main(["data", "multi30k", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"aiayn data: error: train.lc.norm.tok.de: {server.url + pin.remote} serves 100 bytes, "
+                   f"expected 2,150,008 with SHA-256 {pin.sha256}; nothing is kept")
+    assert not list((tmp_path / "d").rglob("*.part"))
+    server.files[path] = good
+    assert main(["data", "multi30k", "--out", str(tmp_path / "d")]) == 0
+    assert f"--data-root {tmp_path / 'd'}" in capsys.readouterr().out
+    assert len(list((tmp_path / "d" / "multi30k").rglob("*"))) == 14  # raw/, tok/ and the 12 files
+
+
+def test_demo_downloads_where_multi30k_is_nowhere(server, no_local_data, monkeypatch, tmp_path):
+    """``aiayn demo`` goes through the same lookup: here it downloads, then prepares from the cache."""
+    from aiayn import demo
+    from aiayn.cli import main
+    monkeypatch.setenv("AIAYN_DATA_URL", server.url)
+    seen = {}
+
+    def stop(cfg, files, *args):
+        seen.update(files)
+        raise UserError("stop after the data")
+    monkeypatch.setattr(demo, "_stage_prepare", stop)
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 2
+    assert seen["raw.train.en"] == no_local_data / "multi30k/raw/train.en.gz" and len(server.requests) == 12
