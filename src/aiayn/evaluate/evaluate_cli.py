@@ -4,6 +4,8 @@ For WMT14 (§6.1, Table 2): ``aiayn evaluate --checkpoint avg.pt --src newstest2
 --ref newstest2014-deen.de.gz`` decodes with the paper's settings (beam 4, α 0.6, +50) and
 prints sacreBLEU (with its signature), chrF2 and the paper's tokenized BLEU with compound
 splitting, each labelled. ``--tok-ref`` adds the Multi30k lowercased tokenized BLEU.
+``--testset wmt14 [--langpair en-de]`` takes the source and reference through sacreBLEU's own
+test-set downloader instead of --src and --ref (``aiayn.evaluate.testsets``).
 """
 from __future__ import annotations
 
@@ -17,27 +19,45 @@ from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 
 
+def _inputs(args) -> tuple[list[str], list[str], str]:
+    """Source and reference lines, from --src and --ref or from --testset; and the source's name."""
+    from aiayn.data.textio import check_readable, read_lines
+    if args.testset:
+        if args.src or args.ref:
+            raise UserError("--testset gives the source and the reference: leave out --src and --ref")
+        from aiayn.evaluate.testsets import fetch_testset
+        src, ref, name = fetch_testset(args.testset, args.langpair)
+        return src, ref, f"{name}:{args.langpair}"
+    if not (args.src and args.ref):
+        raise UserError("give --src and --ref, or --testset (e.g. --testset wmt14 --langpair en-de)")
+    for p in (args.src, args.ref):
+        check_readable(Path(p), "evaluation input")
+    src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
+    if len(src) != len(ref):
+        raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    return src, ref, args.src
+
+
 def run(args) -> int:
     from aiayn.data.textio import check_readable, read_lines
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
 
-    for p in (args.src, args.ref) + ((args.tok_ref,) if args.tok_ref else ()):
-        check_readable(Path(p), "evaluation input")
-    src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
-    if len(src) != len(ref):
-        raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    src, ref, source = _inputs(args)
+    lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
+    if args.tok_ref:
+        check_readable(Path(args.tok_ref), "evaluation input")
     decode_cfg = from_args(DecodeConfig, args)
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
-        hyps = translator.translate(src, source=args.src)
+        hyps = translator.translate(src, source=source)
         seconds = time.perf_counter() - t0
     if args.out:
         Path(args.out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    results = score_all(hyps, ref, args.lang)
+    results = score_all(hyps, ref, lang)
     if args.tok_ref:
-        results.append(multi30k_bleu(hyps, list(read_lines(Path(args.tok_ref))), args.lang))
+        results.append(multi30k_bleu(hyps, list(read_lines(Path(args.tok_ref))), lang))
     if args.json:
         print(json.dumps({"seconds": seconds, "sentences": len(src),
                           "scores": [{"label": r.label, "score": r.score, "signature": r.signature} for r in results]},
@@ -53,10 +73,16 @@ def register(sub) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and score it (sacreBLEU, chrF, the paper's BLEU)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="checkpoint (e.g. the average of the last 5)")
-    p.add_argument("--src", required=True, help="source sentences (plain or .gz)")
-    p.add_argument("--ref", required=True, help="reference translations, raw text (plain or .gz)")
+    p.add_argument("--src", help="source sentences (plain or .gz)")
+    p.add_argument("--ref", help="reference translations, raw text (plain or .gz)")
+    p.add_argument("--testset", metavar="NAME",
+                   help="instead of --src and --ref: a test set fetched by sacreBLEU into its cache ($SACREBLEU, else "
+                        "~/.sacrebleu); wmt14 = newstest2014 as the paper scores it (sacreBLEU's wmt14/full, 3,003 "
+                        "sentences for En-De), wmt13 = newstest2013; any other name is sacreBLEU's")
+    p.add_argument("--langpair", default="en-de", help="language pair of --testset (default en-de)")
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
-    p.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default de)")
+    p.add_argument("--lang", default=None,
+                   help="target language for the Moses tokenizer (default: --langpair's target with --testset, else de)")
     p.add_argument("--out", help="also write the translations here")
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="JSON output")
