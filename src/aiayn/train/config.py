@@ -63,7 +63,7 @@ class TrainConfig:
     threads: int = param(0, "CPU threads for torch; 0 = leave torch's default")
     log_every_steps: int = param(50, "write a log line / scalars every N optimizer steps")
     max_bad_steps: int = param(5, "stop after this many consecutive non-finite losses")
-    compile: bool = param(False, "wrap the model in torch.compile: on CUDA it fuses the chains between the matmuls (residual + dropout + LayerNorm, bias + ReLU, embedding scale + position + dropout); slower on the CPUs measured (docs/history.md); off until measured on a GPU (bench/gpu_check.sh's train stage times both); a model that fails to compile trains without it (a warning says why)")
+    compile: bool = param(False, "wrap the model in torch.compile: on CUDA it fuses the chains between the matmuls (residual + dropout + LayerNorm, bias + ReLU, embedding scale + position + dropout); slower on the CPUs measured (docs/history.md); off until measured on a GPU (bench/gpu_check.sh's compile and real stages time both); a model that fails to compile trains without it (a warning says why)")
     tf32: bool = param(True, "CUDA: float32 matmuls and convolutions in TF32 (inputs rounded to 10 mantissa bits, float32 sums; Ampere and later): precision=fp32's products on the tensor cores, their numbers changed by that rounding; bf16 and fp16 matmuls are untouched, the CPU too; false = full float32")
     cudnn_attention: bool = param(False, "CUDA: let PyTorch's attention pick cuDNN's kernel (its first choice in bf16/fp16 on Hopper), which builds an execution plan for every new batch shape, and length-bucketed batches bring new shapes nearly every step; false = flash or memory-efficient (as decoding always does); bench/gpu_train.py --cudnn-attention times it on real batches")
 
