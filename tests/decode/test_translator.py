@@ -131,7 +131,7 @@ def test_cli_translate(ckpt, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("small\n\n"))
     assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3"]) == 0
     assert capsys.readouterr().out.split("\n")[:2] == [expected[3], ""]
-    assert main(args + ["--max-input-tokens", "5"]) == 2
+    assert main(args + ["--max-input-tokens", "5", "--long-lines", "error"]) == 2
     assert "in.txt:3:" in capsys.readouterr().err
     assert main(["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "nope.txt")]) == 2
     assert "nope.txt: no such file" in capsys.readouterr().err

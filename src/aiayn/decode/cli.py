@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from aiayn.config import add_arguments, from_args
-from aiayn.decode.config import DecodeConfig, add_device_argument
+from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 
@@ -25,8 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "translate", help="translate sentences with a checkpoint (beam search, §6.1)",
         description="Translate one sentence per line from --input (or stdin) to stdout, in input order. "
                     "Defaults are the paper's: beam 4, alpha 0.6, max length = input length + 50. "
-                    "An empty line gives an empty line; a line longer than --max-input-tokens is an error "
-                    "naming its line number. With --nbest N > 1 each output line is "
+                    "An empty line gives an empty line; a line longer than --max-input-tokens is truncated "
+                    "with a warning naming its line number (--long-lines: truncate, skip or error). With --nbest N > 1 each output line is "
                     "'INDEX ||| TRANSLATION ||| SCORE' (0-based input index, best first; an empty input line "
                     "has no entries).")
     p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
                    help="decoder layer whose attention (averaged over heads) gives --alignments: 0 is the first, "
                         "-1 (default) the last")
-    add_arguments(p, DecodeConfig)
+    add_arguments(p, DecodeConfig, defaults=TRANSLATE_DECODE)
     p.set_defaults(func=run)
 
 

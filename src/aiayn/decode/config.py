@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiayn.config import ConfigError, param
+from aiayn.config import ConfigError, param, replace
 from aiayn.model.linear import ROW_BITS
 
 
 PACKED_LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library besides "auto" (decode/packed.py)
+LONG_LINES = ("truncate", "skip", "error")  # DecodeConfig.long_lines
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class DecodeConfig:
     c_kernels: bool = param(True, "hand-written C kernels on the CPU (kernels/loader.py; compiled with the system's C compiler on first use): beam search's attention (each beam reads only its own keys, one pass, float32 softmax: the same Eq. 1 up to rounding) and, for precision int8 / int8-bf16, the row quantization and rescaling around each int8 product (bit-identical); false, or no C compiler, = PyTorch's operations (scaled_dot_product_attention)")
     packed_weights: bool = param(True, "precision fp32 on the CPU: the linear maps multiply from weights laid out once for the library's kernels (decode/packed.py) instead of PyTorch's default sgemm, which lays them out at every call; the same products up to the order of float32 additions; false = PyTorch's linear")
     packed_library: str = param("auto", "whose packed weights packed_weights uses: mkl (MKL's packed sgemm), onednn (oneDNN's blocked format) or auto (MKL on Intel CPUs, oneDNN on others; docs/decoding.md)")
-    max_input_tokens: int = param(1024, "a source line longer than this (in subword tokens, EOS included) is an error naming its line number; also capped by the model's max_positions")
+    max_input_tokens: int = param(1024, "the longest source line, in subword tokens with EOS; also capped by the model's max_positions; a longer line is handled as long_lines says")
+    long_lines: str = param("error", "a source line over max_input_tokens: error (stop with an error naming its line), truncate (translate its first max_input_tokens - 1 tokens) or skip (an empty line out); truncate and skip warn, naming the line. translate and evaluate default to truncate, the library, serve and parse to error")
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -62,8 +64,15 @@ class DecodeConfig:
             raise ConfigError(f"packed_library must be auto, mkl or onednn, got {self.packed_library!r}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.long_lines not in LONG_LINES:
+            raise ConfigError(f"long_lines must be {', '.join(LONG_LINES)}, got {self.long_lines!r}")
         if self.batch_tokens < 1 or self.max_input_tokens < 1:
             raise ConfigError("batch_tokens and max_input_tokens must be >= 1")
+
+
+# The defaults of `aiayn translate` and `aiayn evaluate`: a job goes on past an overlong line, as
+# fairseq's and Marian's do (the line truncated, with a warning naming it).
+TRANSLATE_DECODE = replace(DecodeConfig(), long_lines="truncate")
 
 
 def add_device_argument(p) -> None:

@@ -11,8 +11,9 @@ Lines are sorted by length into batches of at most ``batch_tokens`` padded sourc
 decoded, and returned in input order. Documented choices:
 - an empty line (or one with no subword tokens) is translated to an empty line;
 - a line longer than ``max_input_tokens`` (EOS included), or than ``max_positions`` for a model
-  with learned positions, is an ``InputError`` naming its line number: nothing is truncated
-  silently. Outputs are also capped at ``max_positions`` with learned positions.
+  with learned positions, is an ``InputError`` naming its line number, or with ``long_lines``
+  truncate / skip its first tokens or an empty line, with a warning naming it: nothing is
+  truncated silently. Outputs are also capped at ``max_positions`` with learned positions.
 """
 from __future__ import annotations
 
@@ -232,15 +233,26 @@ class Translator:
         return next(self._given[0].parameters()).device
 
     def encode(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[list[int]]:
-        """Source ids + [EOS] per line ([] for an empty line); too long lines are InputErrors."""
+        """Source ids + [EOS] per line ([] for an empty line); a too long line as ``cfg.long_lines``
+        says (``_long_line``)."""
         out = []
         for n, ids in enumerate(self.src_tok.encode_batch([line.strip() for line in lines]), first_line):
             if ids and len(ids) + 1 > self.input_limit:
-                raise InputError(source, n, f"{len(ids) + 1} source tokens (EOS included) exceed the limit of "
-                                            f"{self.input_limit} (max_input_tokens, or the model's max_positions "
-                                            f"with learned positions); split the line")
+                ids = self._long_line(ids, source, n)
             out.append(ids + [self.ids.eos] if ids else [])
         return out
+
+    def _long_line(self, ids: list[int], source: str, n: int) -> list[int]:
+        """Line ``n``'s ids when they exceed ``input_limit``: an InputError (long_lines error), the
+        first input_limit - 1 of them (truncate) or none, an empty line (skip), with a warning."""
+        what = (f"{len(ids) + 1} source tokens (EOS included) exceed the limit of {self.input_limit} "
+                f"(max_input_tokens, or the model's max_positions with learned positions)")
+        if self.cfg.long_lines == "error":
+            raise InputError(source, n, f"{what}; split the line, or give --long-lines truncate or skip")
+        keep = self.input_limit - 1 if self.cfg.long_lines == "truncate" else 0
+        log.warning("%s:%d: %s; %s", source, n, what,
+                    f"translated its first {keep} tokens" if keep else "skipped (an empty line out)")
+        return ids[:keep]
 
     def batches(self, ids: list[list[int]]) -> list[list[int]]:
         """Indices of non-empty lines, longest first, cut so that B * S <= batch_tokens."""

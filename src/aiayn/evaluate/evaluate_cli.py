@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from aiayn.config import add_arguments, from_args
-from aiayn.decode.config import DecodeConfig, add_device_argument
+from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 
 
@@ -86,5 +86,5 @@ def register(sub) -> None:
     p.add_argument("--out", help="also write the translations here")
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="JSON output")
-    add_arguments(p, DecodeConfig)
+    add_arguments(p, DecodeConfig, defaults=TRANSLATE_DECODE)
     p.set_defaults(func=run)
