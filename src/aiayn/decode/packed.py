@@ -135,17 +135,21 @@ class PackedLinear(nn.Module):
 
 class PackedFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2) of a decoding copy: ``FeedForward``'s parameters (same
-    names), the max fused into the first product. No dropout: a decoding copy does not train."""
+    names), the max fused into the first product; another activation (``ModelConfig.activation``)
+    is applied after it. No dropout: a decoding copy does not train."""
 
     def __init__(self, ffn: FeedForward, library: str = "onednn"):
         super().__init__()
-        self.w1 = PackedLinear(ffn.w1.weight, ffn.w1.bias, relu=True, library=library)
+        relu = ffn.activation == "relu"
+        self.w1 = PackedLinear(ffn.w1.weight, ffn.w1.bias, relu=relu, library=library)
         self.w2 = PackedLinear.from_linear(ffn.w2, library)
+        self.act = None if relu else ffn.act
 
     def forward(self, x: Tensor) -> Tensor:  # (..., d_model) -> (..., d_model)
         if self.training:
             raise RuntimeError("PackedFeedForward is for decoding copies, which do not train")
-        return self.w2(self.w1(x))
+        h = self.w1(x)
+        return self.w2(h if self.act is None else self.act(h))
 
 
 def packed_copy(model: nn.Module, library: str = "onednn") -> nn.Module:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from aiayn.config import ConfigError, param, replace
 
+ACTIVATIONS = ("relu", "gelu", "swish")  # ModelConfig.activation (aiayn.model.layers.FeedForward)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -26,10 +28,13 @@ class ModelConfig:
     p_drop: float = param(0.1, "P_drop, residual dropout on sub-layer outputs and on embeddings+positions (§5.4)")
     p_drop_attn: float = param(0.0, "dropout on attention weights (not in the paper; tensor2tensor and fairseq offer it)")
     p_drop_ffn: float = param(0.0, "dropout after the FFN ReLU (not in the paper; fairseq's activation_dropout)")
+    activation: str = param("relu", "the FFN's nonlinearity: relu is Eq. 2's max(0, .); gelu (erf form) and swish "
+                                    "(x * sigmoid(x), OPUS-MT's Marian models) are not in the paper (aiayn import)")
     pre_norm: bool = param(False, "pre-norm x + Dropout(F(LN(x))) plus a final LayerNorm per stack, instead of the paper's post-norm LN(x + Dropout(F(x))) (§3.1)")
     learned_positions: bool = param(False, "learned positional embeddings instead of sinusoids (Table 3 row E)")
     max_positions: int = param(1024, "longest sequence the positional encoding covers (a hard limit only for learned positions)")
     tie_embeddings: bool = param(True, "share the target embedding with the pre-softmax projection (§3.4)")
+    output_bias: bool = param(False, "a learned bias on the pre-softmax projection (Marian's final_logits_bias); §3.4's has none")
     tie_src_tgt_embeddings: bool = param(True, "share source and target embeddings (§3.4; needs a shared vocabulary)")
     scale_embeddings: bool = param(True, "multiply embeddings by sqrt(d_model) (§3.4)")
     layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm (tensor2tensor uses 1e-6)")
@@ -44,6 +49,8 @@ class ModelConfig:
             raise ConfigError("d_model, n_heads, d_k and d_v must be positive")
         if not 0.0 <= self.p_drop < 1.0:
             raise ConfigError(f"p_drop must be in [0, 1), got {self.p_drop}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.tgt_vocab_size is not None and self.tie_src_tgt_embeddings and self.tgt_vocab_size != self.vocab_size:
             raise ConfigError("separate vocabularies (tgt_vocab_size != vocab_size) need tie_src_tgt_embeddings=false")
 

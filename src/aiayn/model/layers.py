@@ -16,18 +16,26 @@ from aiayn.model.dropout import dropout
 from aiayn.model.linear import Linear
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2), inner size d_ff."""
+# ModelConfig.activation: Eq. 2's max(0, .), or the nonlinearity of an imported model (Marian's gelu, swish)
+ACTIVATION_FNS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 
-    def __init__(self, d_model: int, d_ff: int, p_drop_ffn: float, fast_dropout: bool = True):
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2), inner size d_ff; ``activation`` other than relu
+    puts GELU or swish (x * sigmoid(x)) in place of max(0, .) (``ModelConfig.activation``)."""
+
+    def __init__(self, d_model: int, d_ff: int, p_drop_ffn: float, fast_dropout: bool = True,
+                 activation: str = "relu"):
         super().__init__()
         self.w1 = Linear(d_model, d_ff)
         self.w2 = Linear(d_ff, d_model)
         self.p_drop_ffn = p_drop_ffn
         self.fast_dropout = fast_dropout
+        self.activation = activation
+        self.act = ACTIVATION_FNS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.w1(x))
+        h = self.act(self.w1(x))
         if self.p_drop_ffn > 0:
             h = dropout(h, self.p_drop_ffn, self.training, self.fast_dropout)
         return self.w2(h)
@@ -92,7 +100,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = _mha(cfg, self_attention=True)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout, cfg.activation)
         self.conn_attn, self.conn_ffn = _conn(cfg), _conn(cfg)
 
     def forward(self, x: Tensor, key_mask: Tensor, need_weights: bool = False):
@@ -111,7 +119,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _mha(cfg, self_attention=True)
         self.cross_attn = _mha(cfg, self_attention=False)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout, cfg.activation)
         self.conn_self, self.conn_cross, self.conn_ffn = _conn(cfg), _conn(cfg), _conn(cfg)
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor,

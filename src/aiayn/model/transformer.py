@@ -66,6 +66,8 @@ class Transformer(nn.Module):
             self.out_proj = None  # pre-softmax projection = target embedding matrix (§3.4)
         else:
             self.out_proj = Linear(D, cfg.target_vocab_size, bias=False)
+        # Marian's final_logits_bias (ModelConfig.output_bias); the paper's projection has none
+        self.out_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.output_bias else None
         self.row_bits = 0  # pad_linear_rows
         self._init_weights()
 
@@ -103,16 +105,22 @@ class Transformer(nn.Module):
         return dropout(x, self.cfg.p_drop, self.training, self.cfg.fast_dropout)
 
     def output_logits(self, h: Tensor) -> Tensor:
-        """Pre-softmax linear transformation (§3.4): (B,T,D) -> (B,T,V)."""
+        """Pre-softmax linear transformation (§3.4), plus ``out_bias`` where the model has one: (B,T,D) -> (B,T,V).
+        (A decoding copy may put its own ``out_proj`` over the tied matrix: the bias is still added here.)"""
         if self.out_proj is None:
-            return row_padded_linear(h, self.tgt_embed.weight, None, self.row_bits)
-        return self.out_proj(h)
+            return row_padded_linear(h, self.tgt_embed.weight, self.out_bias, self.row_bits)
+        logits = self.out_proj(h)
+        return logits if self.out_bias is None else logits + self.out_bias
 
     def pre_softmax(self, h: Tensor) -> PreSoftmax:
         """``output_logits``'s inputs instead of its product, for a loss that takes the logits a
         chunk of rows at a time (``aiayn.train.fused_loss``): h (B,T,D) and W (V,D) cast to the
-        dtype the product would use (autocast's, where it is on). The projection has no bias."""
+        dtype the product would use (autocast's, where it is on). A bias b (``output_bias``) rides
+        as one more column: [h, 1] [W, b]^T = h W^T + b, so the product stays bias-free."""
         weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
+        if self.out_bias is not None:
+            h = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # (B,T,D+1)
+            weight = torch.cat([weight, self.out_bias[:, None].to(weight.dtype)], dim=1)  # (V,D+1)
         kind = h.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
         return PreSoftmax(h.to(dtype), weight.to(dtype))
