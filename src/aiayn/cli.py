@@ -42,11 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="The Transformer of 'Attention Is All You Need': prepare, train, translate, score, plot, serve.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for mod in _command_modules():
         mod.register(sub)
+    for name, command in sub.choices.items():  # after the sub-command too: `aiayn translate ... --debug`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        if name in PROGRESS_COMMANDS:
+            command.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                                 help="no progress bar (there is none either when stderr is not a terminal)")
     return parser
+
+
+DEBUG_HELP = "on an error (bad input, out of memory), the Python traceback instead of one line"
+PROGRESS_COMMANDS = ("translate", "evaluate", "prepare", "average", "data", "demo")  # with bars (aiayn/progress.py)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,14 +74,24 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    from aiayn import progress
     from aiayn.config import ConfigError
+    from aiayn.oom import is_out_of_memory, out_of_memory_message
+    progress.QUIET = getattr(args, "quiet", False)
     try:
         rc = args.func(args)
     except (UserError, ConfigError) as exc:  # bad input: one clear line, no traceback
+        if args.debug:
+            raise
         print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except (RuntimeError, MemoryError) as exc:
+        if args.debug or not is_out_of_memory(exc):
+            raise
+        print(f"aiayn {args.command}: error: {out_of_memory_message(exc, args)}", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 

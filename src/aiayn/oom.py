@@ -1,0 +1,70 @@
+"""Out of memory, on a GPU or in the CPU's RAM: the one line ``aiayn`` prints instead of a
+traceback, naming the setting of the command that ran out to lower and by how much.
+
+PyTorch says it with ``torch.cuda.OutOfMemoryError`` (a ``RuntimeError``) on CUDA and a
+``RuntimeError`` "... can't allocate memory" from its CPU allocator; Python with ``MemoryError``.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "can't allocate memory" in text)
+
+
+def _where(exc: BaseException) -> str:
+    return "on the GPU" if "CUDA" in str(exc) or type(exc).__name__ == "OutOfMemoryError" else "in RAM"
+
+
+def _batch_tokens(args: argparse.Namespace) -> str:
+    n = args.batch_tokens
+    return f"lower --batch-tokens (now {n}): halve it, --batch-tokens {max(1, n // 2)}, and again if it still runs out"
+
+
+def _train_sets(cfg) -> str:
+    t = cfg.train
+    return (f"halve train.max_src_tokens and train.max_tgt_tokens (now {t.max_src_tokens} and {t.max_tgt_tokens}) "
+            f"and double train.accum_steps (now {t.accum_steps}) to keep the batch: "
+            f"--set train.max_src_tokens={max(1, t.max_src_tokens // 2)} "
+            f"--set train.max_tgt_tokens={max(1, t.max_tgt_tokens // 2)} --set train.accum_steps={2 * t.accum_steps}")
+
+
+def _train(args: argparse.Namespace) -> str:
+    from aiayn.train.cli import resolve_run_config
+    return _train_sets(resolve_run_config(args)) + "; the same command resumes from the last checkpoint"
+
+
+def _demo(args: argparse.Namespace) -> str:
+    from aiayn.config import apply_sets
+    from aiayn.demo import default_recipe
+    from aiayn.train.config import load_recipe
+    recipe = args.recipe or default_recipe(args.quick)
+    return _train_sets(apply_sets(load_recipe(recipe), list(args.set or []))) + "; the same command resumes"
+
+
+def _prepare(args: argparse.Namespace) -> str:
+    return (f"halve --spm-sample-pairs (now {args.spm_sample_pairs}; SentencePiece trains on that many pairs "
+            f"held in memory), e.g. --spm-sample-pairs {max(1, args.spm_sample_pairs // 2)}, and --chunk-lines "
+            f"(now {args.chunk_lines}), e.g. --chunk-lines {max(1, args.chunk_lines // 2)}")
+
+
+ADVICE: dict[str, Callable[[argparse.Namespace], str]] = {
+    "translate": _batch_tokens, "evaluate": _batch_tokens, "train": _train, "demo": _demo, "prepare": _prepare,
+}
+
+
+def out_of_memory_message(exc: BaseException, args: argparse.Namespace) -> str:
+    """"out of memory WHERE: what to lower and by how much"; for a command without a setting that
+    bounds its memory, to free memory or use a larger machine."""
+    advice = ADVICE.get(args.command)
+    try:
+        hint = advice(args) if advice is not None else None
+    except Exception:  # the advice is never worth a second error
+        hint = None
+    hint = hint or "free memory (other processes, a smaller model) or use a machine with more"
+    return f"out of memory {_where(exc)}: {hint}; --debug shows the traceback"

@@ -1,0 +1,83 @@
+"""How ``aiayn`` ends on an error: one line and exit 2 for bad input and for out of memory (naming
+the setting to lower and by how much), the traceback with --debug. Each command's work is
+replaced by a function that raises, so nothing runs out of memory for real."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.errors import UserError
+
+CUDA_OOM = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)")
+CPU_OOM = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)")
+
+
+def _raiser(exc):
+    def raise_(*args, **kwargs):
+        raise exc
+    return raise_
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_translate_out_of_memory_names_batch_tokens(monkeypatch, capsys):
+    monkeypatch.setattr("aiayn.decode.translator.Translator.from_checkpoint", _raiser(CUDA_OOM))
+    args = ["translate", "--checkpoint", "m.pt", "--batch-tokens", "3000"]
+    assert main(args) == 2
+    assert _error_line(capsys) == ("aiayn translate: error: out of memory on the GPU: lower --batch-tokens (now 3000): "
+                                   "halve it, --batch-tokens 1500, and again if it still runs out; "
+                                   "--debug shows the traceback")
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        main(args + ["--debug"])
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        main(["--debug", *args])
+
+
+def test_evaluate_out_of_memory_in_ram(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("aiayn.decode.translator.Translator.from_checkpoint", _raiser(CPU_OOM))
+    (tmp_path / "s").write_text("a\n")
+    assert main(["evaluate", "--checkpoint", "m.pt", "--src", str(tmp_path / "s"), "--ref", str(tmp_path / "s")]) == 2
+    assert "out of memory in RAM: lower --batch-tokens (now 4096): halve it, --batch-tokens 2048" in _error_line(capsys)
+
+
+def test_train_out_of_memory_names_the_token_budgets(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("aiayn.train.loop.train", _raiser(CUDA_OOM))
+    args = ["train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--preset", "tiny",
+            "--set", "train.max_src_tokens=3000", "--set", "train.max_tgt_tokens=2000", "--set", "train.accum_steps=2"]
+    assert main(args) == 2
+    assert _error_line(capsys) == (
+        "aiayn train: error: out of memory on the GPU: halve train.max_src_tokens and train.max_tgt_tokens "
+        "(now 3000 and 2000) and double train.accum_steps (now 2) to keep the batch: --set train.max_src_tokens=1500 "
+        "--set train.max_tgt_tokens=1000 --set train.accum_steps=4; the same command resumes from the last "
+        "checkpoint; --debug shows the traceback")
+
+
+def test_demo_prepare_and_average_out_of_memory(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("aiayn.demo.run_demo", _raiser(MemoryError()))
+    assert main(["demo", "--quick"]) == 2
+    assert "out of memory in RAM: halve train.max_src_tokens and train.max_tgt_tokens (now " in _error_line(capsys)
+    monkeypatch.setattr("aiayn.data.cli.prepare", _raiser(MemoryError()))
+    (tmp_path / "t").write_text("a\n")
+    assert main(["prepare", "--train-src", str(tmp_path / "t"), "--train-tgt", str(tmp_path / "t"),
+                 "--out", str(tmp_path / "d")]) == 2
+    assert "halve --spm-sample-pairs (now 1000000" in _error_line(capsys)
+    monkeypatch.setattr("aiayn.checkpoint.average_checkpoints", _raiser(CPU_OOM))
+    assert main(["average", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--out", str(tmp_path / "avg.pt")]) == 2
+    assert "out of memory in RAM: free memory" in _error_line(capsys)
+
+
+def test_other_errors_keep_their_traceback_and_user_errors_one_line(monkeypatch, capsys):
+    monkeypatch.setattr("aiayn.decode.translator.Translator.from_checkpoint", _raiser(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["translate", "--checkpoint", "m.pt"])
+    monkeypatch.setattr("aiayn.decode.translator.Translator.from_checkpoint", _raiser(UserError("m.pt: no such file")))
+    assert main(["translate", "--checkpoint", "m.pt"]) == 2
+    assert _error_line(capsys) == "aiayn translate: error: m.pt: no such file"
+    with pytest.raises(UserError):
+        main(["translate", "--checkpoint", "m.pt", "--debug"])
