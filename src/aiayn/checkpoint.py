@@ -194,29 +194,33 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
 
 def average_checkpoints(paths: list[str | Path]) -> dict:
     """Mean of the model parameters of ``paths`` in float32 (§6.1); everything else from the last.
+    A progress bar counts the checkpoints read (``aiayn.progress``).
 
     The result loads like any other checkpoint (for inference; it carries no optimizer).
     """
     if not paths:
         raise UserError("no checkpoints to average")
+    from aiayn.progress import progress_bar
     total: dict[str, torch.Tensor] | None = None
     last = None
-    for p in paths:
-        ckpt = load_checkpoint(p)
-        state = ckpt["model"]
-        if total is None:
-            total = {k: v.detach().to(torch.float32).clone() if v.is_floating_point() else v.clone()
-                     for k, v in state.items()}
-            ref_cfg, ref_toks = ckpt.get("model_config"), tokenizer_hashes(ckpt.get("tokenizers"))
-        else:
-            if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
-                raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
-            if tokenizer_hashes(ckpt.get("tokenizers")) != ref_toks:
-                raise UserError(f"{p}: trained with other tokenizers than {paths[0]}; cannot average")
-            for k, v in state.items():
-                if v.is_floating_point():
-                    total[k] += v.to(torch.float32)
-        last = ckpt
+    with progress_bar(len(paths), unit=" checkpoints", desc="average") as bar:
+        for p in paths:
+            ckpt = load_checkpoint(p)
+            state = ckpt["model"]
+            if total is None:
+                total = {k: v.detach().to(torch.float32).clone() if v.is_floating_point() else v.clone()
+                         for k, v in state.items()}
+                ref_cfg, ref_toks = ckpt.get("model_config"), tokenizer_hashes(ckpt.get("tokenizers"))
+            else:
+                if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
+                    raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
+                if tokenizer_hashes(ckpt.get("tokenizers")) != ref_toks:
+                    raise UserError(f"{p}: trained with other tokenizers than {paths[0]}; cannot average")
+                for k, v in state.items():
+                    if v.is_floating_point():
+                        total[k] += v.to(torch.float32)
+            last = ckpt
+            bar.update(1)
     n = len(paths)
     model = {k: (v / n if v.is_floating_point() else v) for k, v in total.items()}
     out = {k: v for k, v in last.items() if k not in (*TRAINING_STATE, CHECKSUM)}

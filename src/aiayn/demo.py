@@ -33,6 +33,7 @@ from aiayn.config import add_arguments, from_args, param
 from aiayn.data.multi30k import find_multi30k, read_text
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +368,8 @@ def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: P
     from aiayn.evaluate.multi30k import multi30k_bleu
     test_src = read_text(files[f"raw.test.{src}"])
     t0 = time.monotonic()
-    hyps = translator.translate(test_src)
+    with progress_bar(len(test_src), unit=" lines", desc="test_2016") as bar:
+        hyps = translator.translate(test_src, progress=bar.update)
     results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(f"[5/7] translated {len(hyps)} test_2016 sentences in {results['test_translate_seconds']} s", flush=True)

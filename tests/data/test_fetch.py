@@ -224,3 +224,18 @@ def test_demo_downloads_where_multi30k_is_nowhere(server, no_local_data, monkeyp
     monkeypatch.setattr(demo, "_stage_prepare", stop)
     assert main(["demo", "--out", str(tmp_path / "demo")]) == 2
     assert seen["raw.train.en"] == no_local_data / "multi30k/raw/train.en.gz" and len(server.requests) == 12
+
+
+def test_progress_bar_on_a_terminal(server, tmp_path, monkeypatch):
+    import io
+    import sys
+
+    from aiayn import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(progress, "QUIET", False)
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert "val.de.gz:" in sys.stderr.getvalue() and "B/s" in sys.stderr.getvalue()

@@ -51,8 +51,10 @@ from aiayn.data.store import FORMAT, MANIFEST, VERSION
 from aiayn.data.textio import check_readable, read_pairs
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
+from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
+PROGRESS_LINES = 10_000  # the check's bar moves every this many lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,19 +123,22 @@ def length_stats(lens: np.ndarray) -> dict[str, float]:
             "p50": int(p50), "p90": int(p90), "p99": int(p99)}
 
 
-def _scan(files: SplitFiles, sample_size: int, seed: int) -> tuple[int, list[tuple[str, str]]]:
+def _scan(files: SplitFiles, sample_size: int, seed: int, name: str = "") -> tuple[int, list[tuple[str, str]]]:
     """Validate a split end to end; return its line count and a reservoir sample of non-empty pairs."""
     rng = random.Random(seed)
     sample: list[tuple[str, str]] = []
     seen, n = 0, 0
-    for n, s, t in read_pairs(files.src, files.tgt):
-        if not (sample_size and s and t):
-            continue
-        seen += 1
-        if len(sample) < sample_size:
-            sample.append((s, t))
-        elif (j := rng.randrange(seen)) < sample_size:
-            sample[j] = (s, t)
+    with progress_bar(unit=" lines", desc=f"{name}: check") as bar:
+        for n, s, t in read_pairs(files.src, files.tgt):
+            if n % PROGRESS_LINES == 0:
+                bar.update(PROGRESS_LINES)
+            if not (sample_size and s and t):
+                    continue
+            seen += 1
+            if len(sample) < sample_size:
+                sample.append((s, t))
+            elif (j := rng.randrange(seen)) < sample_size:
+                sample[j] = (s, t)
     return n, sample
 
 
@@ -220,25 +225,34 @@ class _SideWriter:
                 "bytes": {n: (self.tmp / n).stat().st_size for n in self.names}}
 
 
+def _encode_chunk(chunk: list[tuple[int, str, str]], toks: dict[str, Tokenizer], writers: dict[str, _SideWriter],
+                  counts: dict[str, int], cfg: PrepareConfig, clean: bool) -> None:
+    """Encode one chunk of pairs, drop those cleaning rules out (``clean``), append the rest."""
+    src = toks["src"].encode_batch([p[1] for p in chunk], num_threads=cfg.threads)
+    tgt = toks["tgt"].encode_batch([p[2] for p in chunk], num_threads=cfg.threads)
+    counts["input"] += len(chunk)
+    if clean:
+        reasons = [clean_reason(len(s), len(t), cfg) for s, t in zip(src, tgt)]
+        for r in reasons:
+            counts[r or "kept"] += 1
+        src = [s for s, r in zip(src, reasons) if r is None]
+        tgt = [t for t, r in zip(tgt, reasons) if r is None]
+    else:
+        counts["kept"] += len(chunk)
+    writers["src"].append(src)
+    writers["tgt"].append(tgt)
+
+
 def _encode_split(split: str, files: SplitFiles, toks: dict[str, Tokenizer], tmp: Path,
-                  cfg: PrepareConfig, clean: bool) -> dict[str, Any]:
-    """Encode one split into ``tmp`` (cleaning it if ``clean``); return its manifest entry."""
+                  cfg: PrepareConfig, clean: bool, lines: int | None = None) -> dict[str, Any]:
+    """Encode one split into ``tmp`` (cleaning it if ``clean``); return its manifest entry.
+    ``lines``: the split's line count, for the progress bar."""
     writers = {side: _SideWriter(tmp, split, side, toks[side].vocab_size) for side in SIDES}
     counts = {"input": 0, "empty": 0, "too_long": 0, "bad_ratio": 0, "kept": 0}
-    for chunk in _chunks(files, cfg.chunk_lines):
-        src = toks["src"].encode_batch([p[1] for p in chunk], num_threads=cfg.threads)
-        tgt = toks["tgt"].encode_batch([p[2] for p in chunk], num_threads=cfg.threads)
-        counts["input"] += len(chunk)
-        if clean:
-            reasons = [clean_reason(len(s), len(t), cfg) for s, t in zip(src, tgt)]
-            for r in reasons:
-                counts[r or "kept"] += 1
-            src = [s for s, r in zip(src, reasons) if r is None]
-            tgt = [t for t, r in zip(tgt, reasons) if r is None]
-        else:
-            counts["kept"] += len(chunk)
-        writers["src"].append(src)
-        writers["tgt"].append(tgt)
+    with progress_bar(lines, unit=" lines", desc=f"{split}: encode") as bar:
+        for chunk in _chunks(files, cfg.chunk_lines):
+            _encode_chunk(chunk, toks, writers, counts, cfg, clean)
+            bar.update(len(chunk))
     entry: dict[str, Any] = {"pairs": counts["kept"], "cleaned": clean,
                              "inputs": {"src": str(files.src.resolve()), "tgt": str(files.tgt.resolve()),
                                         "lines": counts["input"]}}
@@ -270,7 +284,7 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
     lines = {}
     for split, files in splits.items():
         wanted = cfg.spm_sample_pairs if split == "train" and tokenizers is None else 0
-        lines[split], s = _scan(files, wanted, cfg.seed)
+        lines[split], s = _scan(files, wanted, cfg.seed, split)
         log.info("%s: %d aligned lines (%s, %s)", split, lines[split], files.src, files.tgt)
         if split == "train":
             sample = s
@@ -279,6 +293,8 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
     n_sample = len(sample)
     with atomic as tmp:
         t1 = time.perf_counter()
+        if tokenizers is None:
+            log.info("training SentencePiece on %d sampled pairs (a step without a progress bar)", n_sample)
         names = _train_tokenizers(sample, tmp, cfg) if tokenizers is None else _write_tokenizers(tokenizers, tmp)
         del sample
         toks = {side: Tokenizer.load(tmp / names[side]) for side in SIDES}
@@ -292,7 +308,7 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             "vocab": {"shared": shared, "model_type": toks["src"].model_type,
                       **{side: {"model": names[side], "sha256": toks[side].sha256,
                                 "vocab_size": toks[side].vocab_size} for side in SIDES}},
-            "splits": {split: _encode_split(split, files, toks, tmp, cfg, clean=(split == "train"))
+            "splits": {split: _encode_split(split, files, toks, tmp, cfg, clean=(split == "train"), lines=lines[split])
                        for split, files in splits.items()},
             "options": to_dict(cfg),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

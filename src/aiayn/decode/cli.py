@@ -15,6 +15,7 @@ from aiayn.config import add_arguments, from_args
 from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
+from aiayn.progress import progress_bar, progress_shown
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 10_000  # lines read, translated and written at a time (bounds memory)
@@ -77,6 +78,12 @@ def _input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[i
         yield first, chunk
 
 
+def _total_lines(path: str | None) -> int | None:
+    """The input's line count for the progress bar's percentage: None for stdin, or when no bar is drawn."""
+    from aiayn.data.textio import count_lines
+    return count_lines(Path(path)) if path is not None and progress_shown() and Path(path).is_file() else None
+
+
 def _write_attention(path: Path, records: list[dict]) -> None:
     if path.suffix == ".json":
         data = [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()} for r in records]
@@ -128,6 +135,24 @@ def _chunk_prefixes(prefixes: list[str] | None, path: str | None, first: int, n:
     return prefixes[first - 1:first - 1 + n]
 
 
+def _write_chunk(translator: Translator, ids: list[list[int]], hyps: list, first: int, args: argparse.Namespace,
+                 records: list[dict]) -> None:
+    """One chunk's output lines, in input order; with --attention-out, each best translation's
+    attention weights appended to ``records``."""
+    for k, hs in enumerate(hyps):
+        texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
+        # --alignments: " ||| i-j ..." after each entry (after its score in an n-best list)
+        aligns = [f" ||| {_alignment(translator, ids[k], h, args.alignment_layer)}" if args.alignments else ""
+                  for h in hs]
+        if translator.cfg.nbest == 1:
+            sys.stdout.write((texts[0] + aligns[0] if texts else (" ||| " if args.alignments else "")) + "\n")
+        else:
+            for text, h, align in zip(texts, hs, aligns):
+                sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}{align}\n")
+        if args.attention_out and hs:
+            records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(DecodeConfig, args)
     att_path = Path(args.attention_out) if args.attention_out else None
@@ -141,24 +166,17 @@ def run(args: argparse.Namespace) -> int:
             check_layer(args.alignment_layer, translator.model.cfg.decoder_layers)
         source = args.input or "<stdin>"
         records, n_lines, t0 = [], 0, time.perf_counter()
-        for first, lines in _input_chunks(args.input, buffer):
-            ids = translator.encode(lines, source, first)
-            forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)))
-            hyps = translator.translate_ids(ids, forced)
-            for k, hs in enumerate(hyps):
-                texts = [translator.tgt_tok.decode(h.tokens) for h in hs]
-                # --alignments: " ||| i-j ..." after each entry (after its score in an n-best list)
-                aligns = [f" ||| {_alignment(translator, ids[k], h, args.alignment_layer)}" if args.alignments else ""
-                          for h in hs]
-                if cfg.nbest == 1:
-                    sys.stdout.write((texts[0] + aligns[0] if texts else (" ||| " if args.alignments else "")) + "\n")
-                else:
-                    for text, h, align in zip(texts, hs, aligns):
-                        sys.stdout.write(f"{first - 1 + k} ||| {text} ||| {h.score:.4f}{align}\n")
-                if att_path is not None and hs:
-                    records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
-            sys.stdout.flush()
-            n_lines += len(lines)
+        with progress_bar(_total_lines(args.input), unit=" lines", desc="translate",
+                          quiet=buffer == 1) as bar:  # line by line: the translations show the progress
+            for first, lines in _input_chunks(args.input, buffer):
+                ids = translator.encode(lines, source, first)
+                forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)))
+                hyps = translator.translate_ids(ids, forced, progress=bar.update)
+                bar.clear()  # a terminal's stdout gets the translations without the bar in their midst
+                _write_chunk(translator, ids, hyps, first, args, records)
+                sys.stdout.flush()
+                bar.refresh()
+                n_lines += len(lines)
     if prefixes is not None and len(prefixes) != n_lines:
         raise UserError(f"--prefix {args.prefix}: {len(prefixes)} lines for {n_lines} input lines (one prefix per input line)")
     if att_path is not None:

@@ -25,7 +25,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -281,12 +281,13 @@ class Translator:
             out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
         return out
 
-    def translate_ids(self, ids: list[list[int]], prefixes: Sequence[Sequence[int]] | None = None
-                      ) -> list[list[Hypothesis]]:
+    def translate_ids(self, ids: list[list[int]], prefixes: Sequence[Sequence[int]] | None = None,
+                      progress: Callable[[int], object] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses (n-best, best first) per line of source ids; [] for an empty line. With
         ``cfg.mbr`` the search keeps beam_size hypotheses and "best" is the MBR order (decode/mbr.py).
         ``prefixes``: target ids each line's translations must begin with ([] for none; the search's
-        ``prefix``); lines with prefixes are decoded in this process, not by the workers."""
+        ``prefix``); lines with prefixes are decoded in this process, not by the workers.
+        ``progress(n)``: told of every n lines done (a progress bar's ``update``)."""
         out: list[list[Hypothesis]] = [[] for _ in ids]
         t0, n_out = time.perf_counter(), 0
         mbr = self.cfg.mbr  # the search (here or in the workers) keeps the beam; the choice is made here
@@ -302,10 +303,14 @@ class Translator:
             results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
                               max_len_cap=self.output_cap, generator=gen, prefix=self._prefix(prefixes, batch))
                        for batch in batches)
+        if progress is not None:
+            progress(sum(1 for x in ids if not x))  # empty lines: done already
         for batch, hyps in zip(batches, results):
             for i, hs in zip(batch, hyps):
                 out[i] = self._mbr(hs) if mbr and hs else hs
                 n_out += len(out[i][0].tokens) if hs else 0
+            if progress is not None:
+                progress(len(batch))
         dt = time.perf_counter() - t0
         log.debug("%d lines, %d output tokens in %.2fs (%.0f tokens/s)", len(ids), n_out, dt, n_out / max(dt, 1e-9))
         return out
@@ -348,16 +353,18 @@ class Translator:
         return None if prefixes is None else self.tgt_tok.encode_batch([p.strip() for p in prefixes])
 
     def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
-                        prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
-        """``prefixes``: one target text per line that its translations must begin with ("" for none)."""
-        hyps = self.translate_ids(self.encode(lines, source, first_line), self.encode_prefixes(prefixes))
+                        prefixes: Sequence[str] | None = None,
+                        progress: Callable[[int], object] | None = None) -> list[list[Translation]]:
+        """``prefixes``: one target text per line that its translations must begin with ("" for none);
+        ``progress``: as ``translate_ids``'s."""
+        hyps = self.translate_ids(self.encode(lines, source, first_line), self.encode_prefixes(prefixes), progress)
         return [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
                 for hs in hyps]
 
     def translate(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
-                  prefixes: Sequence[str] | None = None) -> list[str]:
+                  prefixes: Sequence[str] | None = None, progress: Callable[[int], object] | None = None) -> list[str]:
         """Best translation of each line, detokenized, in input order ("" for an empty line)."""
-        return [ts[0].text if ts else "" for ts in self.translate_nbest(lines, source, first_line, prefixes)]
+        return [ts[0].text if ts else "" for ts in self.translate_nbest(lines, source, first_line, prefixes, progress)]
 
     @torch.inference_mode()
     def attention(self, src_ids: list[int], tokens: Sequence[int], eos: bool) -> dict[str, object]:

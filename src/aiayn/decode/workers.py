@@ -25,7 +25,7 @@ import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
@@ -105,10 +105,11 @@ class DecodePool:
             initargs=(translator_class, payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads,
                       os.getpid()))
 
-    def map(self, batches: list[list[list[int]]], cfg: DecodeConfig) -> list[list[list[Hypothesis]]]:
-        """Each batch (rows of source ids + EOS) -> its rows' hypotheses under ``cfg``, in the order given."""
+    def map(self, batches: list[list[list[int]]], cfg: DecodeConfig) -> Iterator[list[list[Hypothesis]]]:
+        """Each batch (rows of source ids + EOS) -> its rows' hypotheses under ``cfg``, in the order
+        given, each as soon as it and those before it are done (all are sent to the workers at once)."""
         one = replace(cfg, workers=1)
-        return list(self._pool.map(_translate, batches, [one] * len(batches)))
+        return self._pool.map(_translate, batches, [one] * len(batches))
 
     def pids(self) -> list[int]:
         """The worker processes' ids (those started so far)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from aiayn.progress import progress_bar
+
 
 def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, alphas: str, beam_size: int,
                report=lambda alpha, result: None) -> tuple[dict[float, dict], dict[float, list[str]]]:
@@ -18,7 +20,8 @@ def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, 
     for alpha in [float(a) for a in alphas.split(",")]:
         translator.cfg = DecodeConfig(beam_size=beam_size, alpha=alpha)
         t0 = time.monotonic()
-        translations[alpha] = hyps = translator.translate(src_lines)
+        with progress_bar(len(src_lines), unit=" lines", desc=f"valid α={alpha}") as bar:
+            translations[alpha] = hyps = translator.translate(src_lines, progress=bar.update)
         bleu = multi30k_bleu(hyps, tok_refs, tgt)
         tuning[alpha] = {"valid_multi30k_bleu": round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3),
                          "seconds": round(time.monotonic() - t0, 1)}

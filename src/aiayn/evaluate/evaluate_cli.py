@@ -17,6 +17,7 @@ from pathlib import Path
 from aiayn.config import add_arguments, from_args
 from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
+from aiayn.progress import progress_bar
 
 
 def _inputs(args) -> tuple[list[str], list[str], str]:
@@ -51,7 +52,8 @@ def run(args) -> int:
     decode_cfg = from_args(DecodeConfig, args)
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
-        hyps = translator.translate(src, source=source)
+        with progress_bar(len(src), unit=" lines", desc="evaluate") as bar:
+            hyps = translator.translate(src, source=source, progress=bar.update)
         seconds = time.perf_counter() - t0
     if args.out:
         Path(args.out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
