@@ -127,3 +127,24 @@ def copy_checkpoint(tmp_path_factory, copy_data_dir) -> Path:
     out = tmp_path_factory.mktemp("copy_run")
     assert main(["train", "--data", str(copy_data_dir), "--out", str(out), "--max-steps", "200", *COPY_TRAIN]) == 0
     return out / "last.pt"
+
+
+@pytest.fixture(scope="session")
+def untrained_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint of the tiny preset, untrained, with a copy-task tokenizer of 29 pieces (300
+    sentences): for what needs a real checkpoint file but no trained model (a second or two)."""
+    import aiayn
+    from aiayn import checkpoint as ck
+    from aiayn.config import to_dict
+    from aiayn.data.dataset import DataDir
+    from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
+    from aiayn.train.loop import tokenizer_payload
+    d = tmp_path_factory.mktemp("untrained")
+    (d / "train.txt").write_text("\n".join(copy_lines(300, 1)) + "\n", encoding="utf-8")
+    prepare({"train": SplitFiles(d / "train.txt", d / "train.txt")}, d / "data",
+            PrepareConfig(vocab_size=29, num_workers=1))
+    cfg = aiayn.get_preset("tiny", vocab_size=29)
+    path = d / "model.pt"
+    ck.atomic_save({"format": ck.FORMAT, "model": aiayn.Transformer(cfg).state_dict(), "model_config": to_dict(cfg),
+                    "step": 0, "tokenizers": tokenizer_payload(DataDir(d / "data"))}, path)
+    return path

@@ -33,10 +33,12 @@ from aiayn.config import add_arguments, from_args, param
 from aiayn.data.multi30k import find_multi30k, read_text
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+from aiayn.files import claim_folder
 from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
+DEMO_FILES = ("subset", "data", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data (recipes/ in the checkout links here)
 LANGS = ("en", "de")
 EXAMPLES = {
@@ -55,7 +57,8 @@ class DemoConfig:
 
     src_lang: str = param("en", "source language: en or de (the other is the target)")
     data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data beside the checkout, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (aiayn/data/multi30k.py)")
-    out: str = param("runs/demo", "output directory (relative paths are under the current directory; a re-run resumes)")
+    out: str = param("runs/demo", "output directory (relative paths are under the current directory; a re-run resumes); a folder holding anything the demo did not write is refused")
+    overwrite: bool = param(False, "start afresh in --out: an earlier demo's files there are deleted (without it a re-run resumes)")
     minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
@@ -204,8 +207,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
     _check_scorer()
     files = find_multi30k(cfg.data_root, src, tgt)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_folder(cfg.out, DEMO_FILES, overwrite=cfg.overwrite, what="aiayn demo")
     files = _subset(files, out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}

@@ -15,10 +15,13 @@ The mapping (CTranslate2's ``TransformerSpec``; every weight copied, nothing re-
 - self-attention as one fused QKV projection, encoder-decoder attention as Q plus fused KV,
   then W^O (§3.2.2); FFN (Eq. 2); LayerNorm epsilon from the model;
 - post-norm (the paper) or pre-norm with a final LayerNorm per stack (``pre_norm``);
-- the pre-softmax projection is the target embedding when tied (§3.4), with a zero bias.
+- the FFN's activation (Eq. 2's ReLU, or ``activation`` gelu / swish);
+- the pre-softmax projection is the target embedding when tied (§3.4), with the model's
+  ``output_bias`` or a zero bias.
 - vocabulary: the SentencePiece pieces, ids unchanged (<pad> 0, <unk> 1, <s> 2, </s> 3); the
   decoder starts from <s> (BOS) and the source ends with </s> (EOS), as in aiayn's batches.
-Limits: d_k = d_v = d_model / h (CTranslate2 splits d_model across heads), one vocabulary
+The folder is built beside ``--out`` and put in place whole; an existing ``--out`` must be empty
+or, with ``--overwrite``, an earlier export (``ExportDir``). Limits: d_k = d_v = d_model / h (CTranslate2 splits d_model across heads), one vocabulary
 (shared) or two (separate); ``tests/test_export.py`` checks that CTranslate2's greedy and beam
 outputs equal aiayn's.
 """
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 from aiayn.errors import UserError
+from aiayn.files import OutputDir
 from aiayn.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -81,7 +85,8 @@ def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list
         raise UserError(f"CTranslate2 needs d_k = d_v = d_model / h; this model has d_model {cfg.d_model}, "
                         f"h {cfg.n_heads}, d_k {cfg.d_k}, d_v {cfg.d_v}")
     spec = ts.TransformerSpec.from_config((cfg.n_layers, cfg.decoder_layers), cfg.n_heads,
-                                          pre_norm=cfg.pre_norm, activation=common_spec.Activation.RELU)
+                                          pre_norm=cfg.pre_norm, activation=getattr(common_spec.Activation, {
+                                              "relu": "RELU", "gelu": "GELU", "swish": "SWISH"}[cfg.activation]))
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     enc, dec = spec.encoder, spec.decoder
     n_pos = cfg.max_positions
@@ -102,24 +107,51 @@ def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list
         _attention(layer_spec.attention, [ca.q_proj, ca.kv_proj, ca.out_proj], layer.conn_cross)
         _ffn(layer_spec.ffn, layer.ffn, layer.conn_ffn)
     out_weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
-    _linear(dec.projection, out_weight, None)
+    _linear(dec.projection, out_weight, model.out_bias)
     spec.register_source_vocabulary(src_tokens)
     spec.register_target_vocabulary(tgt_tokens)
     return spec
 
 
-def export_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str], out: str | Path,
-               quantization: str | None = None) -> Path:
-    """Write ``model`` as a CTranslate2 model directory ``out`` (replaced if it exists)."""
+RECORD = "aiayn.json"  # what says a folder is an export of aiayn's (the only folders --overwrite replaces)
+
+
+class ExportDir(OutputDir):
+    """The output folder of an export (``OutputDir``): written whole or not at all; an existing
+    one is replaced only with ``overwrite`` and only if it is an earlier export (it holds
+    ``RECORD``, which every export writes)."""
+
+    def __init__(self, out: str | Path, overwrite: bool = False):
+        super().__init__(out, overwrite=overwrite, ours=lambda d: (d / RECORD).is_file(),
+                         what="a model aiayn exported")
+
+    def finish(self, tmp: Path) -> None:
+        if not (tmp / RECORD).exists():
+            (tmp / RECORD).write_text(json.dumps({"exported_by": "aiayn"}) + "\n")
+
+
+def write_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str], folder: str | Path,
+              quantization: str | None = None) -> None:
+    """CTranslate2's model files for ``model`` in the existing folder ``folder`` (what its
+    converter does, without its deletion of the folder first)."""
     _require_ct2()
-    from ctranslate2.converters.converter import Converter
-
-    class _FromAiayn(Converter):
-        def _load(self):
-            return transformer_spec(model, src_tokens, tgt_tokens)
-
     with torch.no_grad():
-        _FromAiayn().convert(str(out), quantization=quantization, force=True)
+        spec = transformer_spec(model, src_tokens, tgt_tokens)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    spec.save(str(folder))
+
+
+def export_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str], out: str | Path,
+               quantization: str | None = None, *, overwrite: bool = False,
+               files: dict[str, bytes] | None = None) -> Path:
+    """Write ``model`` as a CTranslate2 model directory ``out`` (``ExportDir``: an earlier export
+    there is replaced only with ``overwrite``), with ``files`` (name -> bytes) beside its own."""
+    _require_ct2()
+    with ExportDir(out, overwrite) as tmp:
+        write_ct2(model, src_tokens, tgt_tokens, tmp, quantization)
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
     return Path(out)
 
 
@@ -131,20 +163,25 @@ def pieces(tokenizer) -> list[str]:
 def run(args) -> int:
     from aiayn.decode.translator import load_model_for_inference
 
+    ExportDir(args.out, args.overwrite).check()  # before the work: a folder it may not replace
     model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)  # a bad file is named first
     if args.format == "hf":
         from aiayn.hf import export_hf
         if args.quantization:
             raise UserError("--quantization applies to --format ct2")
-        print(f"hugging face marian model: {export_hf(model, src_tok, tgt_tok, args.out)}")
+        record = {"checkpoint": str(args.checkpoint), "format": "hf"}
+        out = export_hf(model, src_tok, tgt_tok, args.out, overwrite=args.overwrite,
+                        files={RECORD: (json.dumps(record, indent=1) + "\n").encode()})
+        print(f"hugging face marian model: {out}")
         return 0
     _require_ct2()
-    out = export_ct2(model, pieces(src_tok), pieces(tgt_tok), args.out, args.quantization or None)
+    record = {"checkpoint": str(args.checkpoint), "quantization": args.quantization, "source_eos": "</s>",
+              "decoder_start": "<s>"}
     # the tokenizers travel with the model, so the directory is all a user needs
-    (out / "source.spm").write_bytes(src_tok.model_bytes)
-    (out / "target.spm").write_bytes(tgt_tok.model_bytes)
-    (out / "aiayn.json").write_text(json.dumps({"checkpoint": str(args.checkpoint), "quantization": args.quantization,
-                                                "source_eos": "</s>", "decoder_start": "<s>"}, indent=1))
+    out = export_ct2(model, pieces(src_tok), pieces(tgt_tok), args.out, args.quantization or None,
+                     overwrite=args.overwrite, files={"source.spm": src_tok.model_bytes,
+                                                      "target.spm": tgt_tok.model_bytes,
+                                                      RECORD: json.dumps(record, indent=1).encode()})
     print(f"ctranslate2 model: {out}")
     return 0
 
@@ -153,7 +190,10 @@ def register(sub) -> None:
     p = sub.add_parser("export", help="write a checkpoint as a CTranslate2 model directory (needs ctranslate2) "
                                       "or, with --format hf, a Hugging Face MarianMTModel directory (needs transformers)")
     p.add_argument("--checkpoint", required=True, help="aiayn checkpoint (.pt), e.g. the demo's model.pt")
-    p.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    p.add_argument("--out", required=True,
+                   help="output directory: new or empty, or with --overwrite an earlier export (written whole, then "
+                        "put in place in one step; a folder aiayn did not export is never replaced)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
     p.add_argument("--format", default="ct2", choices=("ct2", "hf"),
                    help="ct2: a CTranslate2 model (default); hf: a Hugging Face MarianMTModel with its MarianTokenizer "
                         "(aiayn/hf.py; post-norm models with d_k = d_v = d_model / h and sinusoidal positions)")

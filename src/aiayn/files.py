@@ -1,12 +1,36 @@
-"""Files written atomically: a kill at any moment leaves the old file or the new one, never a torn
-one (data directories, checkpoints, run summaries all go through here)."""
+"""Files and folders written atomically: a kill at any moment leaves the old one or the new one,
+never a torn one (data directories, checkpoints, exports, run summaries all go through here).
+
+A file is written to ``.NAME.XXXXXXXX.tmp`` beside it, a folder built in ``.NAME.tmp-XXXXXXXX``
+beside it, then renamed into place. What a killed writer leaves behind (those names, and the
+``.NAME.old-XXXXXXXX`` of a folder being replaced) is deleted by the next write in that folder
+(``remove_leftovers``). A folder is replaced only if it is empty or, when asked, one the same
+command wrote (``OutputDir``): no command deletes what aiayn did not write.
+"""
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import json
+import logging
 import os
+import re
+import shutil
+import stat
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Collection
+
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# the temporaries of atomic_write (".NAME.XXXXXXXX.tmp") and OutputDir (".NAME.tmp-XXXXXXXX",
+# ".NAME.old-XXXXXXXX"); XXXXXXXX is tempfile's 8 random characters
+LEFTOVER = re.compile(r"^\..+\.(?:[a-z0-9_]{8}\.tmp|(?:tmp|old)-[a-z0-9_]{8})$")
+LEFTOVER_AGE_S = 60.0  # younger temporaries may belong to a writer that has not locked them yet
 
 
 def current_umask() -> int:
@@ -31,8 +55,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     gets the permissions ``open`` would give it (0666 less the umask), not the temporary's 0600.
     """
     path = Path(path)
+    remove_leftovers(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # in use: ``remove_leftovers`` elsewhere leaves it alone
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -45,10 +71,17 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
         except FileNotFoundError:
             pass
         raise
-    try:  # make the rename durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        os.fsync(dfd)
-        os.close(dfd)
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (fsync of the folder), where the system allows it."""
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     except OSError:
         pass
 
@@ -57,3 +90,200 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """JSON through ``atomic_write``: a reader never sees half a file."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def remove_leftovers(folder: str | Path, min_age_s: float = LEFTOVER_AGE_S) -> list[Path]:
+    """Delete what interrupted atomic writes left in ``folder``: entries named as ``LEFTOVER``
+    (files or folders, never links), owned by this user, unchanged for ``min_age_s`` seconds and
+    not locked by a writer still at work (every writer holds a ``flock`` on its temporary).
+    Returns what it deleted."""
+    removed: list[Path] = []
+    try:
+        entries = [e for e in os.scandir(folder) if LEFTOVER.match(e.name)]
+    except OSError:
+        return removed
+    now = time.time()
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if not (is_dir or stat.S_ISREG(st.st_mode)) or st.st_uid != os.geteuid() or now - st.st_mtime < min_age_s:
+            continue
+        try:
+            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if is_dir else 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino != st.st_ino:
+                continue
+            if is_dir:
+                shutil.rmtree(e.path, ignore_errors=True)
+            else:
+                os.unlink(e.path)
+            removed.append(Path(e.path))
+        except OSError:  # locked: a writer is still at work on it
+            continue
+        finally:
+            os.close(fd)
+    if removed:
+        log.info("%s: removed %d unfinished file(s) of earlier writes: %s", folder, len(removed),
+                 ", ".join(p.name for p in removed))
+    return removed
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _renameat2():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def exchange(a: str | Path, b: str | Path) -> bool:
+    """Swap the entries ``a`` and ``b`` in one step (Linux's ``renameat2(RENAME_EXCHANGE)``): no
+    moment without either. False where the system or the file system cannot."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_dir(new: str | Path, out: str | Path) -> None:
+    """Put the folder ``new`` at ``out``; an existing ``out`` is swapped out in one step where the
+    system allows it (else moved aside just before), then deleted."""
+    new, out = Path(new), Path(out)
+    if not os.path.lexists(out):
+        os.rename(new, out)
+    elif exchange(new, out):
+        shutil.rmtree(new, ignore_errors=True)  # the old one, now at the temporary's name
+    else:
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / "d")
+        os.replace(new, out)
+        shutil.rmtree(old, ignore_errors=True)
+    _sync_folder(out.parent)
+
+
+def check_output_file(path: str | Path, overwrite: bool = False) -> None:
+    """Refuse (a UserError) an output file that exists, unless ``overwrite``: the writer then
+    replaces it in one step (``atomic_write``). Anything but a regular file there is refused."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_file():
+        raise UserError(f"{path}: exists and is not a regular file; choose another --out")
+    if not overwrite:
+        raise UserError(f"{path}: already exists (pass --overwrite to replace it)")
+
+
+def _holds_cwd(path: Path) -> bool:
+    try:
+        here, there = Path.cwd().resolve(), path.resolve()
+    except OSError:
+        return False
+    return here == there or there in here.parents
+
+
+class OutputDir:
+    """A folder a command writes whole: built in a temporary folder beside ``out`` (the context's
+    value) and put in place in one step once complete; removed on error, so a failed command
+    leaves ``out`` as it was.
+
+    An existing ``out`` must be empty, or, with ``overwrite``, ``what`` the same command wrote
+    (``ours(out)``); anything else is refused, even with ``overwrite``: aiayn never deletes a
+    folder it did not write. ``finish(tmp)`` (for subclasses) checks or completes the folder
+    before it is put in place."""
+
+    def __init__(self, out: str | Path, *, overwrite: bool = False, ours: Callable[[Path], bool], what: str):
+        self.out, self.overwrite, self.ours, self.what = Path(out), overwrite, ours, what
+        self.tmp: Path | None = None
+        self._lock: int | None = None
+
+    def check(self) -> None:
+        """Refuse an ``out`` this command may not replace (a UserError saying why); call it early,
+        before the work, as well (``__enter__`` and the final rename check again)."""
+        out = self.out
+        if not os.path.lexists(out):
+            return
+        if out.is_symlink() or not out.is_dir():
+            raise UserError(f"{out}: exists and is not a folder; choose another --out")
+        if _holds_cwd(out):
+            raise UserError(f"{out}: holds the current directory; choose another --out")
+        if not any(out.iterdir()):
+            return
+        if not self.ours(out):
+            raise UserError(f"{out}: not empty and not {self.what} (aiayn replaces only what it wrote); "
+                            f"choose another --out")
+        if not self.overwrite:
+            raise UserError(f"{out}: already exists and holds {self.what} (pass --overwrite to replace it)")
+
+    def finish(self, tmp: Path) -> None:
+        """Called on success, before ``tmp`` is put in place."""
+
+    def __enter__(self) -> Path:
+        self.check()
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(self.out.parent)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        self._lock = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)  # in use: ``remove_leftovers`` leaves it alone
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 is for the temporary only
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        assert self.tmp is not None and self._lock is not None
+        try:
+            if exc_type is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                return False
+            try:
+                self.finish(self.tmp)
+                self.check()  # again: something may have appeared there meanwhile
+                replace_dir(self.tmp, self.out)
+            except BaseException:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise
+        finally:
+            os.close(self._lock)
+            self._lock = None
+        return False
+
+
+def claim_folder(out: str | Path, names: Collection[str], *, overwrite: bool = False, what: str) -> Path:
+    """The folder ``out`` of a command that fills it step by step and resumes there (the demos):
+    created when absent; when it holds only ``names`` (and aiayn's temporaries, ``LEFTOVER``) it
+    is this command's, resumed, or with ``overwrite`` started afresh (swapped for an empty folder
+    in one step, the old one then deleted). Anything else is refused: a UserError naming what
+    the command did not write."""
+    out = Path(out)
+    if os.path.lexists(out):
+        if out.is_symlink() or not out.is_dir():
+            raise UserError(f"{out}: exists and is not a folder; choose another --out")
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in names and not LEFTOVER.match(p.name))
+        if foreign:
+            raise UserError(f"{out}: holds files that {what} did not write ({', '.join(foreign[:5])}"
+                            f"{', ...' if len(foreign) > 5 else ''}); choose another --out")
+        if overwrite and any(out.iterdir()):
+            if _holds_cwd(out):
+                raise UserError(f"{out}: holds the current directory; choose another --out")
+            fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+            os.chmod(fresh, 0o777 & ~current_umask())
+            replace_dir(fresh, out)
+            log.info("%s: started afresh (--overwrite); the earlier run's files are deleted", out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out

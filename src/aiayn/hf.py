@@ -177,18 +177,29 @@ def _vocab(tokenizer) -> dict[str, int]:
     return {tokenizer.piece(i): i for i in range(tokenizer.vocab_size)}
 
 
-def export_hf(model: Transformer, src_tok, tgt_tok, out: str | Path) -> Path:
-    """Write ``model`` and its tokenizers as a Hugging Face Marian directory ``out``."""
+def export_hf(model: Transformer, src_tok, tgt_tok, out: str | Path, *, overwrite: bool = False,
+              files: dict[str, bytes] | None = None) -> Path:
+    """Write ``model`` and its tokenizers as a Hugging Face Marian directory ``out``
+    (``aiayn.export.ExportDir``: an earlier export there is replaced only with ``overwrite``),
+    with ``files`` (name -> bytes) beside them."""
+    from aiayn.export import ExportDir
     require_transformers()
-    from transformers import GenerationConfig, MarianTokenizer
-
     cfg = model.cfg
     if cfg.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
         log.warning("LayerNorm epsilon: Marian's is %g, this model's %g; the logits differ slightly (about 1e-5)",
                     MARIAN_LAYER_NORM_EPS, cfg.layer_norm_eps)
     hf = marian_model(model)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with ExportDir(out, overwrite) as tmp:
+        _write_hf(hf, cfg, src_tok, tgt_tok, tmp)
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
+    return Path(out)
+
+
+def _write_hf(hf, cfg, src_tok, tgt_tok, out: Path) -> None:
+    """The Marian model ``hf``, its generation settings and the tokenizers' files into the folder ``out``."""
+    from transformers import GenerationConfig, MarianTokenizer
+
     hf.generation_config = GenerationConfig(
         decoder_start_token_id=cfg.bos_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
         bad_words_ids=[[cfg.pad_id], [cfg.bos_id]], num_beams=4, max_length=cfg.max_positions)
@@ -203,4 +214,3 @@ def export_hf(model: Transformer, src_tok, tgt_tok, out: str | Path) -> Path:
                           target_vocab_file=str(out / "target_vocab.json") if separate else None,
                           separate_vocabs=separate, model_max_length=cfg.max_positions)
     tok.save_pretrained(out)
-    return out

@@ -260,7 +260,7 @@ def test_existing_output(corpus, tmp_path):
     out = tmp_path / "out"
     prepare({"train": corpus.train}, out, SMALL)
     old_sha = DataDir(out).src_tokenizer.sha256
-    with pytest.raises(UserError, match="already exists.*--force"):
+    with pytest.raises(UserError, match="already exists.*--overwrite"):
         prepare({"train": corpus.train}, out, SMALL)
     prepare({"train": corpus.train}, out, PrepareConfig(vocab_size=300, num_workers=1), force=True)
     assert DataDir(out).vocab_size == 300 and DataDir(out).src_tokenizer.sha256 != old_sha
@@ -319,11 +319,9 @@ def test_directory_and_corrupt_gzip_inputs(corpus, tmp_path, train_lines):
     _assert_nothing_written(tmp_path, before)
 
 
-def test_empty_existing_output_is_replaced_only_with_force(corpus, tmp_path):
+def test_an_empty_existing_output_is_filled(corpus, tmp_path):
     (tmp_path / "out").mkdir()
-    with pytest.raises(UserError, match="pass --force"):
-        prepare({"train": corpus.train}, tmp_path / "out", SMALL)
-    prepare({"train": corpus.train}, tmp_path / "out", SMALL, force=True)
+    prepare({"train": corpus.train}, tmp_path / "out", SMALL)
     assert DataDir(tmp_path / "out").split("train")
 
 

@@ -64,16 +64,16 @@ def test_prepare_full_wsj_layout_by_sections(treebank_zip, tmp_path, capsys):
     assert [(s["name"], s["files"], s["trees"]) for s in splits] == \
         [("train", "0200-2199", n["02"] + n["21"]), ("dev", "2200-2299", n["22"]), ("test", "2300-2399", n["23"])]
     assert main(["parse", "prepare", "--treebank", str(tmp_path / "parsed"), "--out", str(out), "--no-data",
-                 "--splits", "wsj", "--dev-files", "0001"]) == 0
+                 "--splits", "wsj", "--dev-files", "0001", "--overwrite"]) == 0
     dev = json.loads((out / "splits.json").read_text())["splits"][1]
     assert dev == {"name": "dev", "files": "0001", "trees": len(read_treebank(wsj / "00"))}
     capsys.readouterr()
     assert main(["parse", "prepare", "--treebank", str(tmp_path / "parsed"), "--out", str(out), "--no-data",
-                 "--splits", "wsj", "--dev-files", "2000-2299"]) == 2
+                 "--splits", "wsj", "--dev-files", "2000-2299", "--overwrite"]) == 2
     assert "train and dev share WSJ files" in capsys.readouterr().err
     (wsj / "23" / "wsj_2301.mrg").write_text("( (S (NP (NN a))\n  (VP (VBZ b)))\n( (S (NN c)))))\n")
     assert main(["parse", "prepare", "--treebank", str(tmp_path / "parsed"), "--out", str(out), "--no-data",
-                 "--splits", "wsj"]) == 2
+                 "--splits", "wsj", "--overwrite"]) == 2
     assert "wsj_2301.mrg:3:" in capsys.readouterr().err
 
 

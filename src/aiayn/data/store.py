@@ -13,21 +13,18 @@ Ids carry no bos/eos (see ``aiayn.data.vocab``). Arrays are plain ``.npy`` files
 ``np.load(path, mmap_mode="r")``, so a corpus larger than memory is read by memory map.
 
 Writing is all-or-nothing: ``AtomicDir`` builds everything in a temporary directory beside the
-destination and renames it into place only after the manifest (itself written to a temporary
-name, then renamed) is complete.
+destination and puts it in place in one step (an existing one swapped out, never a moment
+without one) only after the manifest (itself written to a temporary name, then renamed) is
+complete.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from aiayn.errors import UserError
-from aiayn.files import atomic_write, current_umask, write_json_atomic  # noqa: F401 (used here and by callers)
+from aiayn.files import OutputDir, atomic_write, current_umask, write_json_atomic  # noqa: F401 (used by callers)
 
 MANIFEST = "manifest.json"
 FORMAT = "aiayn-data"
@@ -77,49 +74,23 @@ class NpyAppender:
         self._f.close()
 
 
-def _is_replaceable(path: Path) -> bool:
-    """An existing output may be replaced only if it is an empty dir or a data directory."""
-    return path.is_dir() and (not any(path.iterdir()) or (path / MANIFEST).is_file())
+def is_data_dir(path: Path) -> bool:
+    """Whether ``path`` is a data directory (its manifest written): what ``--overwrite`` may replace."""
+    return (path / MANIFEST).is_file()
 
 
-class AtomicDir:
-    """Context manager: a temp dir beside ``out``, renamed to ``out`` on success, removed on error.
-
-    ``force`` replaces an existing ``out`` that is empty or a data directory (never anything else).
+class AtomicDir(OutputDir):
+    """Context manager: a temp dir beside ``out``, put in place of ``out`` in one step on success
+    (``aiayn.files.OutputDir``), removed on error. ``out`` may exist only empty or, with
+    ``force`` (the CLI's ``--overwrite``), as a data directory; nothing else is ever replaced.
     """
 
     def __init__(self, out: Path, force: bool = False):
-        self.out = Path(out)
-        self.force = force
-        self.tmp: Path | None = None
+        super().__init__(out, overwrite=force, ours=is_data_dir, what="a data directory")
 
     def check_destination(self) -> None:
-        if self.out.exists() and not (self.force and _is_replaceable(self.out)):
-            hint = " (pass --force to replace it)" if _is_replaceable(self.out) else \
-                " and is not a data directory; choose another --out"
-            raise UserError(f"{self.out}: already exists{hint}")
+        self.check()
 
-    def __enter__(self) -> Path:
-        self.check_destination()
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
-        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 is for the temp name only
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        assert self.tmp is not None
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
-        if not (self.tmp / MANIFEST).is_file():
-            shutil.rmtree(self.tmp, ignore_errors=True)
+    def finish(self, tmp: Path) -> None:
+        if not (tmp / MANIFEST).is_file():
             raise RuntimeError("AtomicDir: the writer finished without a manifest")
-        old = None
-        if self.out.exists():
-            self.check_destination()
-            old = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.old-", dir=self.out.parent))
-            os.replace(self.out, old / "d")
-        os.replace(self.tmp, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return False

@@ -93,7 +93,8 @@ def _register_prepare(sub) -> None:
                    help="target form: slots = Vinyals et al.'s XX per word (default); words = the words themselves, "
                         "copied under constrained decoding (docs/parsing.md)")
     p.add_argument("--no-data", action="store_true", help="write the text files only, no data directory")
-    p.add_argument("--force", action="store_true", help="replace an existing OUT/data")
+    p.add_argument("--overwrite", "--force", dest="force", action="store_true",
+                   help="replace an earlier output at OUT, in one step once the new one is complete")
     add_arguments(p, PrepareConfig, defaults=replace(PARSE_DATA_DEFAULTS, num_workers=os.cpu_count() or 1))
     p.set_defaults(func=run_prepare, vocab_size=None)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, param, replace
 from aiayn.errors import UserError
+from aiayn.files import claim_folder
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,8 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     from aiayn.parsing.linearize import LINEARIZATIONS
     if cfg.linearization not in LINEARIZATIONS:
         raise UserError(f"--linearization must be one of {', '.join(LINEARIZATIONS)}, got {cfg.linearization!r}")
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    names = ("ptb", "run", "model.pt", "results.json", *(f"{s}.{e}" for s in SPLITS for e in ("pred", "tmp")))
+    out = claim_folder(cfg.out, names, what="aiayn parse demo")  # (never a folder it did not write)
     results: dict = {"config": dataclasses.asdict(cfg)}
     _splits(cfg)
     ptb = _stage_prepare(cfg, out)

@@ -41,6 +41,7 @@ from typing import Sequence
 from aiayn.config import ConfigError, param, replace
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
 from aiayn.errors import UserError
+from aiayn.files import OutputDir
 from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS, WORD, linearize
 from aiayn.parsing.ptb import TreebankTree, read_treebank
 
@@ -158,25 +159,28 @@ def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = 
                     force: bool = False, splits: SplitConfig = SplitConfig(),
                     linearization: str = SLOTS) -> PreparedParsing:
     """Read ``treebank``, write the split files to ``out`` (targets in ``linearization``, see
-    ``aiayn.parsing.linearize``), then (unless ``data_cfg`` is None) the data directory ``out/data``."""
+    ``aiayn.parsing.linearize``), then (unless ``data_cfg`` is None) the data directory ``out/data``.
+    All of it is built beside ``out`` and put in place whole (``OutputDir``): an existing ``out``
+    must be empty or, with ``force``, an earlier output of this function (it holds splits.json)."""
     if linearization not in LINEARIZATIONS:
         raise UserError(f"linearization must be one of {', '.join(LINEARIZATIONS)}, got {linearization!r}")
+    dest = OutputDir(out, overwrite=force, ours=lambda d: (d / "splits.json").is_file(), what="a prepared treebank")
+    dest.check()
     by_split = assign_splits(read_treebank(treebank), splits)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     files, counts = {}, {}
-    for split, trees in by_split.items():
-        files[split] = write_split(trees, out, split, linearization)
-        counts[split] = len(trees)
-        log.info("%s: %d trees from %s..%s", split, len(trees), trees[0].file_id, trees[-1].file_id)
-    summary = {"treebank": str(Path(treebank).resolve()), "linearization": linearization, "splits": [
-        {"name": name, "files": splits.files(name), "trees": counts[name]} for name in SPLIT_NAMES]}
-    (out / "splits.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    data_dir = None
-    if data_cfg is not None:
-        data_dir = out / "data"
-        pairs = {DATA_SPLIT_NAMES[s]: SplitFiles(f["words"], f["linear"]) for s, f in files.items()}
-        data_cfg = with_tree_symbols(data_cfg, by_split["train"], linearization)
-        log.info("%d target tokens kept whole as SentencePiece user symbols", len(data_cfg.user_symbols))
-        prepare(pairs, data_dir, data_cfg, force=force)
-    return PreparedParsing(out, counts, files, data_dir)
+    with dest as tmp:
+        for split, trees in by_split.items():
+            files[split] = write_split(trees, tmp, split, linearization)
+            counts[split] = len(trees)
+            log.info("%s: %d trees from %s..%s", split, len(trees), trees[0].file_id, trees[-1].file_id)
+        summary = {"treebank": str(Path(treebank).resolve()), "linearization": linearization, "splits": [
+            {"name": name, "files": splits.files(name), "trees": counts[name]} for name in SPLIT_NAMES]}
+        (tmp / "splits.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        if data_cfg is not None:
+            pairs = {DATA_SPLIT_NAMES[s]: SplitFiles(f["words"], f["linear"]) for s, f in files.items()}
+            data_cfg = with_tree_symbols(data_cfg, by_split["train"], linearization)
+            log.info("%d target tokens kept whole as SentencePiece user symbols", len(data_cfg.user_symbols))
+            prepare(pairs, tmp / "data", data_cfg)
+    files = {split: {ext: out / p.name for ext, p in f.items()} for split, f in files.items()}
+    return PreparedParsing(out, counts, files, None if data_cfg is None else out / "data")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aiayn.config import apply_sets, sets_help
 from aiayn.errors import UserError
+from aiayn.files import check_output_file
 from aiayn.model.config import PRESETS, ModelConfig
 from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
 
@@ -44,6 +45,7 @@ def run_train(args) -> int:
 
 def run_average(args) -> int:
     from aiayn.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    check_output_file(args.out, args.overwrite)
     inputs = [Path(p) for p in args.inputs]
     if args.last is not None and args.last < 1:
         raise UserError(f"--last must be at least 1, got {args.last}")
@@ -67,6 +69,7 @@ def run_average(args) -> int:
 
 def run_ensemble(args) -> int:
     from aiayn.checkpoint import atomic_save, ensemble_checkpoint
+    check_output_file(args.out, args.overwrite)
     ens = ensemble_checkpoint([Path(p) for p in args.inputs])
     atomic_save(ens, args.out)
     print(f"an ensemble of {len(ens['members'])} model(s) in {args.out}")
@@ -76,6 +79,8 @@ def run_ensemble(args) -> int:
 def run_upgrade(args) -> int:
     from aiayn.checkpoint import upgrade_checkpoint
     out = args.out or args.checkpoint
+    if args.out is not None and Path(args.out).resolve() != Path(args.checkpoint).resolve():
+        check_output_file(args.out, args.overwrite)
     upgrade_checkpoint(args.checkpoint, out)
     print(f"{args.checkpoint}: written in today's format to {out}")
     return 0
@@ -109,7 +114,8 @@ def register(sub) -> None:
     a.add_argument("inputs", nargs="+", help="a run directory (with --last N) or checkpoint files")
     a.add_argument("--last", type=int, default=None,
                    help="with a run directory: average its last N step checkpoints (default 5)")
-    a.add_argument("--out", required=True, help="output checkpoint file")
+    a.add_argument("--out", required=True, help="output checkpoint file (new, unless --overwrite)")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing --out (in one step)")
     a.set_defaults(func=run_average)
 
     e = sub.add_parser("ensemble", help="put several checkpoints into one file that translates with their ensemble",
@@ -117,7 +123,8 @@ def register(sub) -> None:
                                    "share the tokenizers). `aiayn translate --checkpoint FILE` then decodes with the "
                                    "mean of their next-token probabilities, as with several --checkpoint files.")
     e.add_argument("inputs", nargs="+", help="checkpoint files (or ensemble files)")
-    e.add_argument("--out", required=True, help="output ensemble file")
+    e.add_argument("--out", required=True, help="output ensemble file (new, unless --overwrite)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out (in one step)")
     e.set_defaults(func=run_ensemble)
 
     u = sub.add_parser("upgrade-checkpoint", help="rewrite a checkpoint of an older aiayn in today's format",
@@ -126,5 +133,6 @@ def register(sub) -> None:
                                    "as numpy objects, no checksum); it reads tensors, plain values and numpy "
                                    "arrays only, never code.")
     u.add_argument("checkpoint", help="checkpoint or ensemble file")
-    u.add_argument("--out", help="output file (default: replace the input, atomically)")
+    u.add_argument("--out", help="output file, new unless --overwrite (default: replace the input, atomically)")
+    u.add_argument("--overwrite", action="store_true", help="replace an existing --out (in one step)")
     u.set_defaults(func=run_upgrade)

@@ -1,0 +1,240 @@
+"""Outputs: no command deletes or overwrites what it did not write. A non-empty output folder is
+refused unless it is the same command's earlier output and ``--overwrite`` is given; an existing
+output file needs ``--overwrite``; replacements happen in one step; what interrupted writes left
+behind is deleted by the next write in that folder."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from aiayn import checkpoint as ck
+from aiayn import files
+from aiayn.cli import main
+from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
+from aiayn.errors import UserError
+from tests.conftest import copy_lines
+
+TINY_DATA = PrepareConfig(vocab_size=29, num_workers=1)
+
+
+def _foreign(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("keep me")
+    return folder
+
+
+def _kept(folder: Path) -> bool:
+    return (folder / "notes.txt").read_text() == "keep me"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> SplitFiles:
+    d = tmp_path_factory.mktemp("corpus")
+    text = "\n".join(copy_lines(300, 1)) + "\n"
+    (d / "train.src").write_text(text)
+    (d / "train.tgt").write_text(text)
+    return SplitFiles(d / "train.src", d / "train.tgt")
+
+
+@pytest.fixture(scope="module")
+def model_file(untrained_checkpoint) -> Path:
+    return untrained_checkpoint
+
+
+def _err(capsys) -> str:
+    return capsys.readouterr().err
+
+
+# -- export --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_never_deletes_a_folder_it_did_not_write(model_file, tmp_path, capsys, overwrite):
+    out = _foreign(tmp_path / "run")
+    argv = ["export", "--checkpoint", str(model_file), "--out", str(out)] + (["--overwrite"] if overwrite else [])
+    assert main(argv) == 2
+    assert f"{out}: not empty and not a model aiayn exported" in _err(capsys)
+    assert _kept(out) and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temporaries left
+
+
+def test_export_replaces_an_earlier_export_only_with_overwrite(model_file, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    out.mkdir()  # an empty folder takes an export without --overwrite
+    assert main(["export", "--checkpoint", str(model_file), "--out", str(out)]) == 0
+    first = (out / "model.bin").stat().st_ino
+    assert json.loads((out / "aiayn.json").read_text())["checkpoint"] == str(model_file)
+    assert main(["export", "--checkpoint", str(model_file), "--out", str(out)]) == 2
+    assert "pass --overwrite to replace it" in _err(capsys)
+    assert main(["export", "--checkpoint", str(model_file), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "model.bin").stat().st_ino != first and (out / "source.spm").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+
+
+def test_export_refuses_the_current_directory(model_file, tmp_path, capsys, monkeypatch):
+    (tmp_path / "aiayn.json").write_text("{}")  # even one that looks like an export
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--checkpoint", str(model_file), "--out", ".", "--overwrite"]) == 2
+    assert "holds the current directory" in _err(capsys)
+
+
+# -- files: average, ensemble, upgrade-checkpoint -------------------------------------------------
+
+def test_checkpoint_outputs_need_overwrite(model_file, tmp_path, capsys):
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(b"not yours")
+    for argv in (["average", str(model_file), "--out", str(mine)],
+                 ["ensemble", str(model_file), "--out", str(mine)],
+                 ["upgrade-checkpoint", str(model_file), "--out", str(mine)]):
+        assert main(argv) == 2, argv
+        assert f"{mine}: already exists (pass --overwrite to replace it)" in _err(capsys)
+        assert mine.read_bytes() == b"not yours"
+    assert main(["average", str(model_file), "--out", str(mine), "--overwrite"]) == 0
+    ck.load_checkpoint(mine)
+    folder = tmp_path / "folder.pt"
+    folder.mkdir()
+    assert main(["average", str(model_file), "--out", str(folder), "--overwrite"]) == 2
+    assert "is not a regular file" in _err(capsys)
+
+
+# -- prepare and parse prepare -------------------------------------------------------------------
+
+def test_prepare_never_replaces_a_foreign_folder(corpus, tmp_path, capsys):
+    out = _foreign(tmp_path / "out")
+    argv = ["prepare", "--train-src", str(corpus.src), "--train-tgt", str(corpus.tgt), "--vocab-size", "29",
+            "--num-workers", "1", "--out", str(out)]
+    assert main(argv + ["--overwrite"]) == 2
+    assert "not empty and not a data directory" in _err(capsys)
+    assert _kept(out)
+
+
+def test_prepare_overwrite_swaps_the_folder_in_one_step(corpus, tmp_path, monkeypatch):
+    """The old data directory is never renamed away before the new one takes its place: with
+    the two-rename fallback disabled, the replacement still succeeds, and no moment is without one."""
+    out = tmp_path / "data"
+    prepare({"train": corpus}, out, TINY_DATA)
+    old_manifest = json.loads((out / "manifest.json").read_text())
+
+    def no_rename_of_out(src, dst, *a, **kw):
+        if Path(src) == out:
+            raise AssertionError("the existing folder was moved away before its replacement was in place")
+        return real_replace(src, dst, *a, **kw)
+    real_replace = os.replace
+    monkeypatch.setattr(files.os, "replace", no_rename_of_out)
+    prepare({"train": corpus}, out, PrepareConfig(vocab_size=28, num_workers=1), force=True)
+    assert json.loads((out / "manifest.json").read_text())["options"]["vocab_size"] == 28 != \
+        old_manifest["options"]["vocab_size"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_parse_prepare_refuses_foreign_folders_and_replaces_its_own(shared_data, tmp_path, capsys):
+    treebank = tmp_path / "mrg"
+    treebank.mkdir()
+    with zipfile.ZipFile(shared_data / "ptb-wsj-nltk-sample" / "treebank.zip") as zf:
+        for n in ("0001", "0160", "0180"):  # train, dev, test
+            (treebank / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
+    out = _foreign(tmp_path / "ptb")
+    argv = ["parse", "prepare", "--treebank", str(treebank), "--no-data", "--out", str(out)]
+    assert main(argv + ["--overwrite"]) == 2
+    assert "not empty and not a prepared treebank" in _err(capsys)
+    assert _kept(out) and len(list(out.iterdir())) == 1
+    fresh = tmp_path / "fresh"
+    assert main(argv[:-1] + [str(fresh)]) == 0
+    capsys.readouterr()
+    assert (fresh / "splits.json").is_file() and (fresh / "train.words").is_file()
+    assert main(argv[:-1] + [str(fresh)]) == 2
+    assert "pass --overwrite" in _err(capsys)
+    assert main(argv[:-1] + [str(fresh), "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "mrg", "ptb"]
+
+
+# -- the demos -----------------------------------------------------------------------------------
+
+class _Reached(Exception):
+    pass
+
+
+def _stop_at_prepare(*args, **kwargs):
+    raise _Reached
+
+
+def test_demo_refuses_a_folder_it_did_not_write(tmp_path, monkeypatch):
+    pytest.importorskip("sacremoses")
+    from aiayn import demo
+    monkeypatch.setattr(demo, "_stage_prepare", _stop_at_prepare)
+    out = _foreign(tmp_path / "out")
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match=f"{out}: holds files that aiayn demo did not write \\(notes.txt\\)"):
+            demo.run_demo(demo.DemoConfig(out=str(out), overwrite=overwrite))
+    assert _kept(out)
+    # its own folder resumes, or with --overwrite starts afresh
+    own = tmp_path / "own"
+    (own / "run").mkdir(parents=True)
+    (own / "results.json").write_text("{}")
+    with pytest.raises(_Reached):
+        demo.run_demo(demo.DemoConfig(out=str(own)))
+    assert (own / "results.json").exists()
+    with pytest.raises(_Reached):
+        demo.run_demo(demo.DemoConfig(out=str(own), overwrite=True))
+    assert own.is_dir() and list(own.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "own"]
+
+
+def test_parse_demo_refuses_a_folder_it_did_not_write(tmp_path, monkeypatch):
+    from aiayn.parsing import demo
+    monkeypatch.setattr(demo, "_stage_prepare", _stop_at_prepare)
+    out = _foreign(tmp_path / "out")
+    with pytest.raises(UserError, match="holds files that aiayn parse demo did not write"):
+        demo.run_parse_demo(demo.ParseDemoConfig(out=str(out)))
+    assert _kept(out)
+
+
+# -- what interrupted writes leave behind ----------------------------------------------------------
+
+def _aged(path: Path, seconds: float = 120.0) -> Path:
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+    return path
+
+
+def test_leftovers_of_interrupted_writes_are_removed_by_the_next_write(tmp_path):
+    old_file = tmp_path / ".model.pt.ab12cd_9.tmp"
+    old_file.write_bytes(b"x")
+    old_dirs = [tmp_path / ".data.tmp-k2j4h5g6", tmp_path / ".data.old-q1w2e3r4"]
+    for d in old_dirs:
+        (d / "d").mkdir(parents=True)
+        (d / "d" / "train.npy").write_bytes(b"x")
+        _aged(d)
+    _aged(old_file)
+    young = tmp_path / ".last.pt.zzzzzzzz.tmp"
+    young.write_bytes(b"a writer may be about to lock it")
+    others = [tmp_path / n for n in (".notes.tmp", "data.tmp-k2j4h5g6", ".x.toolong12.tmp", ".cache.tmp-short")]
+    for p in others:
+        p.write_bytes(b"not ours")
+        _aged(p)
+    busy = tmp_path / ".best.pt.busybusy.tmp"
+    busy.write_bytes(b"being written")
+    _aged(busy)
+    import fcntl
+    with open(busy, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a writer still at work (a slow disk)
+        files.write_json_atomic(tmp_path / "summary.json", {"a": 1})
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["summary.json", young.name, busy.name, *(p.name for p in others)])
+
+
+def test_a_link_named_like_a_leftover_is_not_followed(tmp_path):
+    target = tmp_path / "precious"
+    (target / "d").mkdir(parents=True)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    link = folder / ".data.tmp-k2j4h5g6"
+    link.symlink_to(target)
+    os.utime(link, (time.time() - 120,) * 2, follow_symlinks=False)
+    assert files.remove_leftovers(folder) == []
+    assert (target / "d").is_dir() and link.is_symlink()
