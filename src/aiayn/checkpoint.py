@@ -146,7 +146,46 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     elif not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
     verify(ckpt, path)
+    for n, member in enumerate(ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]):
+        check_model_config(member, f"{path} (member {n})" if ckpt["format"] == ENSEMBLE_FORMAT else str(path))
     return ckpt
+
+
+def check_model_config(ckpt: dict, label: str) -> None:
+    """A checkpoint's model configuration within ``aiayn.model.config.LIMITS`` and describing the
+    tensors it stores (the model is built on the meta device: no memory), checked before any
+    model is built from it: a UserError naming the file and the field."""
+    from aiayn.config import ConfigError, from_dict
+    from aiayn.model import ModelConfig, Transformer
+    from aiayn.model.config import check_limits
+
+    where = [("model_config", ckpt.get("model_config"))]
+    if isinstance(ckpt.get("run_config"), dict):
+        where.append(("run_config.model", ckpt["run_config"].get("model")))
+    for key, data in where:
+        if data is None and key == "run_config.model":
+            continue
+        if not isinstance(data, dict):
+            raise UserError(f"{label}: {key} is not a configuration ({type(data).__name__})")
+        try:
+            check_limits(data)
+        except ConfigError as exc:
+            raise UserError(f"{label}: {key}.{exc}") from None
+    state = ckpt.get("model")
+    if not isinstance(state, dict):
+        return
+    try:
+        cfg = from_dict(ModelConfig, ckpt["model_config"])
+        with torch.device("meta"):
+            wanted = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    except ConfigError as exc:
+        raise UserError(f"{label}: model_config: {exc}") from None
+    stored = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    differ = [f"{k} {stored.get(k, 'missing')} stored, {shape} by model_config" for k, shape in wanted.items()
+              if stored.get(k) != shape] + [f"{k} stored, not in the model" for k in stored if k not in wanted]
+    if differ:
+        raise UserError(f"{label}: model_config does not describe the stored weights: " + "; ".join(differ[:3])
+                        + (f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""))
 
 
 def verify(ckpt: dict, path: str | Path) -> None:
@@ -273,7 +312,9 @@ def ensemble_checkpoint(paths: list[str | Path]) -> dict:
 def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     """A checkpoint or ensemble file of an older aiayn, rewritten in today's format into ``out``:
     numpy RNG states become tensors (``rng_state_from_legacy``) and the checksum is added.
-    It is read with ``weights_only`` plus numpy's array reconstruction only: still no code runs."""
+    It is read with ``weights_only`` plus numpy's array reconstruction only: still no code runs.
+    A file that carries a checksum is verified first: a damaged or edited file is refused, not
+    sealed again (a new seal would make it verify)."""
     import numpy as np
 
     path = Path(path)
@@ -289,6 +330,8 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
         raise UserError(f"{path}: not an aiayn checkpoint")
+    if CHECKSUM in ckpt:
+        verify(ckpt, path)
     for c in ckpt.get("members") or [ckpt]:
         if isinstance(c.get("rng"), dict) and isinstance(c["rng"].get("numpy"), tuple):
             c["rng"] = rng_state_from_legacy(c["rng"])

@@ -39,12 +39,16 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 WORD_BOUNDARY = "\u2581"  # "▁", SentencePiece's mark for the space before a word
 SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
 _DROPPED_ON_DECODE = frozenset((PAD_ID, BOS_ID, EOS_ID))
+MAX_MODEL_BYTES = 64 << 20  # a SentencePiece model of 1M pieces is about 20 MB; larger is refused unparsed
 
 
 class Tokenizer:
     """A loaded SentencePiece model with the fixed special ids; picklable (DataLoader workers)."""
 
     def __init__(self, model_bytes: bytes, name: str = "<bytes>"):
+        if len(model_bytes) > MAX_MODEL_BYTES:
+            raise UserError(f"{name}: a tokenizer model of {len(model_bytes):,} bytes; the limit is "
+                            f"{MAX_MODEL_BYTES:,} (MAX_MODEL_BYTES)")
         self._bytes = model_bytes
         self.name = name
         self.sha256 = hashlib.sha256(model_bytes).hexdigest()
@@ -67,7 +71,8 @@ class Tokenizer:
     def load(cls, path: str | Path) -> "Tokenizer":
         path = Path(path)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                data = f.read(MAX_MODEL_BYTES + 1)  # past the limit: refused without reading the rest
         except OSError as exc:
             raise UserError(f"{path}: cannot read tokenizer model ({exc.strerror})") from exc
         return cls(data, name=str(path))

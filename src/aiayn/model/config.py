@@ -63,6 +63,36 @@ class ModelConfig:
         return self.n_dec_layers if self.n_dec_layers is not None else self.n_layers
 
 
+# Bounds on the fields that size allocations, checked on every configuration a checkpoint
+# carries before any model is built from it (``check_limits``): far above any model of the
+# paper (big: d_model 1024, d_ff 4096, 16 heads, 6 layers), far below what would exhaust memory.
+LIMITS: dict[str, tuple[int, int]] = {
+    "vocab_size": (4, 1 << 21), "tgt_vocab_size": (4, 1 << 21), "n_layers": (1, 256), "n_dec_layers": (1, 256),
+    "d_model": (1, 1 << 16), "d_ff": (1, 1 << 20), "n_heads": (1, 1024), "d_k": (1, 1 << 16), "d_v": (1, 1 << 16),
+    "max_positions": (1, 1 << 20),
+}
+MAX_TABLE_VALUES = 1 << 28  # max_positions x d_model: the sinusoid table (1 GiB in float32), built, not stored
+
+
+def check_limits(data: dict) -> None:
+    """A ConfigError naming the first field of ``data`` (a ModelConfig as a dict, from a file)
+    outside ``LIMITS``, or a positional table over ``MAX_TABLE_VALUES``; absent fields pass."""
+    for name, (lo, hi) in LIMITS.items():
+        value = data.get(name)
+        if value is None and name in ("tgt_vocab_size", "n_dec_layers"):
+            continue
+        if name in data and not (type(value) is int and lo <= value <= hi):
+            raise ConfigError(f"{name} = {value!r}: outside [{lo:,}, {hi:,}]")
+    vocab = min(data.get("vocab_size", 4), data.get("tgt_vocab_size") or data.get("vocab_size", 4))
+    for name in ("pad_id", "bos_id", "eos_id"):
+        if name in data and not (type(data[name]) is int and 0 <= data[name] < vocab):
+            raise ConfigError(f"{name} = {data[name]!r}: not an id of the vocabulary of {vocab}")
+    positions, width = data.get("max_positions", 1), data.get("d_model", 1)
+    if positions * width > MAX_TABLE_VALUES:
+        raise ConfigError(f"max_positions = {positions:,}: its table of max_positions x d_model = "
+                          f"{positions * width:,} values exceeds {MAX_TABLE_VALUES:,}")
+
+
 # Table 3 of the paper: each row changes base in the columns it fills. "big" is the last row;
 # "parsing" is §6.3 (4 layers, d_model 1024; the other settings as the base model, with d_ff and
 # heads scaled as for big). "tiny" is ours, for smoke runs and tests. "multi30k" is ours: the

@@ -1,0 +1,101 @@
+"""Checkpoints as untrusted input, second pass: the converter never seals damage, a configuration
+is checked against bounds and against the stored weights before any model is built from it, and
+a tokenizer's bytes are size-capped before SentencePiece parses them."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiayn
+from aiayn import checkpoint as ck
+from aiayn.cli import main
+from aiayn.config import to_dict
+from aiayn.data import vocab
+from aiayn.errors import UserError
+from tests.train.test_checkpoints import _flip_a_tensor_bit, _handmade
+
+def test_upgrade_refuses_a_damaged_file_instead_of_sealing_it(tmp_path, capsys):
+    path, out = tmp_path / "c.pt", tmp_path / "new.pt"
+    ck.atomic_save(_handmade(), path)
+    _flip_a_tensor_bit(path)
+    assert main(["upgrade-checkpoint", str(path), "--out", str(out)]) == 2
+    assert f"{path}: damaged" in capsys.readouterr().err and not out.exists()
+    # an edited value (the file rewritten without a new seal) is refused as well, in place too
+    ck.atomic_save(_handmade(), path)
+    edited = {**torch.load(path, weights_only=True), "step": 99}
+    torch.save(edited, path)
+    before = path.read_bytes()
+    assert main(["upgrade-checkpoint", str(path)]) == 2
+    assert "damaged" in capsys.readouterr().err and path.read_bytes() == before
+
+
+def _sealed_with(tmp_path: Path, **model_config) -> Path:
+    state = _handmade()
+    state["model_config"] = {**state["model_config"], **model_config}
+    path = tmp_path / "c.pt"
+    ck.atomic_save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("field, value", [("max_positions", 10 ** 9), ("d_ff", 1 << 40), ("n_layers", 100_000),
+                                          ("n_heads", 0), ("vocab_size", -1), ("d_model", "512"),
+                                          ("eos_id", 10)])
+def test_a_configuration_out_of_bounds_is_refused_before_any_model_is_built(tmp_path, monkeypatch, field, value):
+    path = _sealed_with(tmp_path, **{field: value})
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built from the configuration")
+    monkeypatch.setattr(aiayn.model.Transformer, "__init__", no_model)
+    with pytest.raises(UserError, match=re.escape(f"{path}: model_config.{field} = {value!r}")):
+        ck.load_checkpoint(path)
+
+
+def test_a_positional_table_too_large_for_the_width_is_refused(tmp_path):
+    path = _sealed_with(tmp_path, max_positions=1 << 20, d_model=1024, d_k=128, d_v=128)
+    with pytest.raises(UserError, match="max_positions = 1,048,576: its table"):
+        ck.load_checkpoint(path)
+
+
+def test_a_configuration_must_describe_the_stored_weights(tmp_path, capsys):
+    """d_ff 2^20 is within bounds, but the file stores the tiny model's 256: refused before a
+    model of that size is allocated (translate, export, average: every reader)."""
+    path = _sealed_with(tmp_path, d_ff=1 << 20)
+    with pytest.raises(UserError, match=f"{path}: model_config does not describe the stored weights: "
+                                        f"encoder_layers.0.ffn.w1.weight \\(256, 64\\) stored, \\(1048576, 64\\)"):
+        ck.load_checkpoint(path)
+    (tmp_path / "in.txt").write_text("a\n")
+    assert main(["translate", "--checkpoint", str(path), "--input", str(tmp_path / "in.txt")]) == 2
+    assert "does not describe the stored weights" in capsys.readouterr().err
+
+
+def test_an_ensemble_member_is_checked_too(tmp_path):
+    good = tmp_path / "good.pt"
+    ck.atomic_save(_handmade(), good)
+    ens = ck.ensemble_checkpoint([good])
+    ens["members"][0]["model_config"]["n_layers"] = 10 ** 6
+    ck.atomic_save(ens, tmp_path / "ens.pt")
+    with pytest.raises(UserError, match=r"ens.pt \(member 0\): model_config.n_layers"):
+        ck.load_checkpoint(tmp_path / "ens.pt", ensemble_ok=True)
+
+
+def test_the_presets_are_within_bounds():
+    from aiayn.model.config import PRESETS, check_limits
+    for name in PRESETS:
+        check_limits(to_dict(aiayn.get_preset(name)))
+
+
+def test_tokenizer_bytes_are_capped_before_parsing(tmp_path, monkeypatch):
+    monkeypatch.setattr(vocab, "MAX_MODEL_BYTES", 1000)
+
+    def no_parse(*args):
+        raise AssertionError("SentencePiece parsed it")
+    monkeypatch.setattr(vocab.spm.SentencePieceProcessor, "LoadFromSerializedProto", no_parse)
+    with pytest.raises(UserError, match="model.spm: a tokenizer model of 1,001 bytes; the limit is 1,000"):
+        vocab.Tokenizer(b"\0" * 1001, name="model.spm")
+    big = tmp_path / "big.model"
+    big.write_bytes(b"\0" * 5000)
+    with pytest.raises(UserError, match=f"{big}: a tokenizer model of 1,001 bytes"):  # read no further
+        vocab.Tokenizer.load(big)
