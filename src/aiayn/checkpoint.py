@@ -38,6 +38,7 @@ ENSEMBLE_FORMAT = "aiayn-ensemble-1"
 TRAINING_STATE = ("optimizer", "rank_optimizers", "scaler", "rng", "rank_rng", "sampler")
 CHECKSUM = "sha256"  # the key of the content checksum (``content_sha256``) in every file's dict
 STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
+SAFE_TORCH = (2, 6)  # torch.load(weights_only=True) had a code-execution bypass before 2.6 (CVE-2025-32434)
 UPGRADE_HINT = ("convert it once with `aiayn upgrade-checkpoint FILE` (it reads tensors, plain values and "
                 "numpy arrays only, never code)")
 
@@ -130,6 +131,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: checkpoint not found")
+    check_torch()
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -186,6 +188,15 @@ def check_model_config(ckpt: dict, label: str) -> None:
     if differ:
         raise UserError(f"{label}: model_config does not describe the stored weights: " + "; ".join(differ[:3])
                         + (f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""))
+
+
+def check_torch(version: str | None = None) -> None:
+    """Refuse to read checkpoints with a torch whose ``weights_only`` loading can run code."""
+    version = version or torch.__version__
+    found = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    if found < SAFE_TORCH:
+        raise UserError(f"torch {version} can run code hidden in a checkpoint while loading it (its weights_only "
+                        f"loading had a bypass before 2.6); install torch>={SAFE_TORCH[0]}.{SAFE_TORCH[1]}")
 
 
 def verify(ckpt: dict, path: str | Path) -> None:
@@ -318,6 +329,7 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     import numpy as np
 
     path = Path(path)
+    check_torch()
     rebuild = _numpy_reconstruct()
     allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), rebuild,
                (rebuild, "numpy.core.multiarray._reconstruct")]  # the name numpy 1 wrote

@@ -1,6 +1,7 @@
 """Checkpoints as untrusted input, second pass: the converter never seals damage, a configuration
-is checked against bounds and against the stored weights before any model is built from it, and
-a tokenizer's bytes are size-capped before SentencePiece parses them."""
+is checked against bounds and against the stored weights before any model is built from it, a
+tokenizer's bytes are size-capped before SentencePiece parses them, and loading refuses a torch
+whose ``weights_only`` could run code."""
 from __future__ import annotations
 
 import re
@@ -16,6 +17,9 @@ from aiayn.config import to_dict
 from aiayn.data import vocab
 from aiayn.errors import UserError
 from tests.train.test_checkpoints import _flip_a_tensor_bit, _handmade
+
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_upgrade_refuses_a_damaged_file_instead_of_sealing_it(tmp_path, capsys):
     path, out = tmp_path / "c.pt", tmp_path / "new.pt"
@@ -99,3 +103,26 @@ def test_tokenizer_bytes_are_capped_before_parsing(tmp_path, monkeypatch):
     big.write_bytes(b"\0" * 5000)
     with pytest.raises(UserError, match=f"{big}: a tokenizer model of 1,001 bytes"):  # read no further
         vocab.Tokenizer.load(big)
+
+
+def test_torch_before_2_6_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    ck.atomic_save(_handmade(), path)
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    with pytest.raises(UserError, match="torch 2.5.1\\+cpu can run code hidden in a checkpoint.*torch>=2.6"):
+        ck.load_checkpoint(path)
+    ck.check_torch("2.6.0")
+    ck.check_torch("2.13.0+cu128")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def test_the_torch_floor_is_the_safe_one_and_the_cpu_pin_meets_it():
+    import tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floor = next(re.fullmatch(r"torch>=([\d.]+)", d).group(1) for d in deps if d.startswith("torch"))
+    assert _version(floor)[:2] >= ck.SAFE_TORCH
+    pin = re.search(r"^torch==([\d.]+)$", (ROOT / "constraints" / "cpu.txt").read_text(), re.M).group(1)
+    assert _version(pin) >= _version(floor)
