@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from aiayn.config import replace
 from aiayn.serve import app as app_module
 from aiayn.serve.app import create_app
+from aiayn.serve.batcher import attention_values
 from aiayn.serve.config import ServeConfig
 
 from .conftest import LOCAL, SERVE
@@ -161,7 +162,7 @@ def test_attention_is_off_by_default_and_capped(translator):
     with TestClient(create_app(translator, SERVE), base_url=LOCAL) as c:
         full = c.post("/translate", json={"sentences": sents, "attention": True}).json()
         assert "attention" not in c.post("/translate", json={"sentences": sents}).json()
-    sizes = [m.n_layers * m.n_heads * len(a["tgt_tokens"]) * len(a["src_tokens"]) for a in full["attention"]]
+    sizes = [attention_values(m, len(a["src_tokens"]), len(a["tgt_tokens"])) for a in full["attention"]]
     cap = sizes[0] + sizes[2]  # room for the first and third, not for the second as well
     assert sizes[1] > sizes[2] and sizes[0] + sizes[1] > cap
     with TestClient(create_app(translator, replace(SERVE, max_attention_values=cap)), base_url=LOCAL) as c:

@@ -10,8 +10,8 @@
 
 Every error is ``{"error": MESSAGE}`` with a plain message (exceptions are logged, never echoed):
 400 body not JSON, 401 API key missing or wrong, 403 Host or Origin not allowed, 408 body too slow,
-413 body or sentence count too large, 415 not ``application/json``, 422 invalid fields or a
-sentence too long, 503 queue full, deadline passed or shutting down, 500 anything else (logged;
+413 body or sentence count too large, 415 not ``application/json``, 422 invalid fields, a
+sentence or a prefix too long, 503 queue full, deadline passed or shutting down, 500 anything else (logged;
 the service keeps running). Translation runs in the ``Batcher``'s thread, shared by all
 requests; a request whose client hangs up before the model reaches it is not decoded.
 """
@@ -42,6 +42,11 @@ from aiayn.serve.metrics import Metrics
 from aiayn.serve.page import index_html
 
 log = logging.getLogger(__name__)
+
+
+# the caps of every request field and of the work one request may cause, as /health reports them
+LIMITS = ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_alpha", "max_prefix_tokens",
+          "max_attention_values", "max_queue_sentences", "batch_tokens", "request_timeout_s")
 
 
 class ApiError(Exception):
@@ -148,8 +153,9 @@ def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> De
 
 
 async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, checker: Translator,
-                        metrics: Metrics) -> tuple[TranslateRequest, DecodeConfig, list[list[int]]]:
-    """The checked body of POST /translate: the request, its decode settings and its source ids."""
+                        metrics: Metrics) -> tuple[TranslateRequest, DecodeConfig, list[list[int]], list | None]:
+    """The checked body of POST /translate: the request, its decode settings, its source ids and
+    its prefixes' target ids (None without prefixes)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json":
         raise ApiError(415, "send the body as Content-Type: application/json")
@@ -169,7 +175,11 @@ async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, 
         raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
     if req.prefix is not None and len(req.prefix) != len(req.sentences):
         raise ApiError(422, f"prefix: {len(req.prefix)} prefixes for {len(req.sentences)} sentences")
-    return req, settings, ids
+    prefixes = checker.encode_prefixes(req.prefix)
+    for i, p in enumerate(prefixes or []):
+        if len(p) > cfg.max_prefix_tokens:
+            raise ApiError(422, f"prefix[{i}]: {len(p)} target tokens exceed the limit of {cfg.max_prefix_tokens}")
+    return req, settings, ids, prefixes
 
 
 def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0: float) -> bytes:
@@ -252,8 +262,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     health_body = {"model": {"n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
                              "ensemble": len(translator.models)},
                    "defaults": {"beam": base.beam_size, "alpha": base.alpha},
-                   "limits": {k: getattr(cfg, k) for k in ("max_sentences", "max_sentence_tokens", "max_request_bytes",
-                                                           "max_beam", "max_attention_values", "request_timeout_s")}}
+                   "limits": {k: getattr(cfg, k) for k in LIMITS}}
 
     @app.get("/health")
     async def health() -> dict:
@@ -273,11 +282,11 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.post("/translate")
     async def translate(request: Request) -> Response:
         t0, arrived = time.perf_counter(), time.monotonic()
-        req, settings, ids = await _read_request(request, cfg, base, checker, metrics)
+        req, settings, ids, prefixes = await _read_request(request, cfg, base, checker, metrics)
         deadline = arrived + cfg.request_timeout_s
         try:
             job = batcher.submit(settings, ids, req.attention, attention_values=cfg.max_attention_values,
-                                 deadline=deadline, prefixes=checker.encode_prefixes(req.prefix))
+                                 deadline=deadline, prefixes=prefixes)
         except Busy as exc:
             raise ApiError(503, str(exc)) from None
         try:

@@ -1,7 +1,8 @@
 """The batching worker: requests from concurrent clients share one model call.
 
 One background thread owns the model. It takes the first waiting request, keeps collecting
-requests that arrive within ``wait_ms`` until their source tokens reach ``batch_tokens``,
+requests that arrive within ``wait_ms`` until their tokens reach ``batch_tokens`` (source tokens
+plus the most output tokens each sentence may produce, ``Job.n_tokens``),
 groups the collected requests by decode settings (a frozen ``DecodeConfig``; beam search runs
 one configuration at a time), translates each group with one ``Translator.translate_ids``
 call (which sorts by length and pads, §5.1 style batching), and answers each request through
@@ -10,11 +11,13 @@ itself keeps running.
 
 A request is never decoded when, at collection time, its client has gone (``abandon``), its
 deadline has passed (``Expired``) or the service is shutting down and its drain time is over
-(``ShuttingDown``). Attention maps are computed only within a request's budget of weights.
+(``ShuttingDown``). Attention maps are computed only within a request's budget of weights,
+which counts every map computed (``attention_values``), not only those returned.
 """
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -25,7 +28,7 @@ from typing import Sequence
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translation, Translator
-from aiayn.model import Transformer
+from aiayn.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,22 @@ class Job:
 
     @property
     def n_tokens(self) -> int:
-        return sum(map(len, self.ids))
+        """What the job spends of a model call's ``batch_tokens``: every sentence's source tokens
+        plus the most output tokens its search may produce (``max_output_tokens``)."""
+        prefixes = self.prefixes or [[]] * len(self.ids)
+        return sum(len(x) + max_output_tokens(self.cfg, len(x), len(p)) for x, p in zip(self.ids, prefixes) if x)
+
+
+def max_output_tokens(cfg: DecodeConfig, src_len: int, prefix_len: int = 0) -> int:
+    """The search's output limit for a source of ``src_len`` tokens (EOS included): floor(a * |x| + b),
+    at least 1, raised to a forced prefix's length + 1 (``aiayn.decode.search.max_output_lengths``)."""
+    return max(1, math.floor(cfg.max_len_a * src_len + cfg.max_len_b), prefix_len + 1)
+
+
+def attention_values(m: ModelConfig, src_len: int, tgt_len: int) -> int:
+    """The weights ``Translator.attention`` computes for one output: the encoder's self-attention
+    (L x H x S x S), the decoder's (L x H x T x T) and the cross-attention (L x H x T x S)."""
+    return m.n_heads * (m.n_layers * src_len * src_len + m.decoder_layers * tgt_len * (tgt_len + src_len))
 
 
 class Batcher:
@@ -206,13 +224,13 @@ class Batcher:
 
     @staticmethod
     def _attention(translator: Translator, job: Job, hyps: list) -> list[dict | None]:
-        """``Translator.attention`` of each best output, in order, while the cross-attention weights
-        (L * H * T * S each) fit the job's budget; None for the others and for empty sentences."""
+        """``Translator.attention`` of each best output, in order, while the weights it computes
+        (``attention_values``) fit the job's budget; None for the others and for empty sentences."""
         m = translator.model.cfg
         left = job.attention_values
         out: list[dict | None] = []
         for x, hs in zip(job.ids, hyps):
-            size = m.n_layers * m.n_heads * (len(hs[0].tokens) + hs[0].eos) * len(x) if hs else 0
+            size = attention_values(m, len(x), len(hs[0].tokens) + hs[0].eos) if hs else 0
             if not hs or (left is not None and size > left):
                 out.append(None)
                 continue

@@ -30,9 +30,14 @@ class ServeConfig:
     max_request_bytes: int = param(65536, "largest request body in bytes (more: 413)")
     max_beam: int = param(16, "largest beam size a request may ask for (more: 422)")
     max_alpha: float = param(10.0, "largest length penalty alpha a request may ask for (more: 422)")
+    max_prefix_tokens: int = param(
+        200, "most target subword tokens in one sentence's prefix (more: 422); a prefix raises its sentence's "
+             "output limit to its length + 1")
     max_attention_values: int = param(
-        250_000, "most attention weights (layers x heads x target x source, summed over sentences) in one "
-                 "answer; sentences past it get null attention; 0 = attention is never returned")
+        250_000, "most attention weights computed for one answer, summed over its sentences: the encoder's, the "
+                 "decoder's self-attention and the cross-attention maps (layers x heads x lengths each), though "
+                 "only the cross-attention is returned; sentences past it get null attention; 0 = attention is "
+                 "never returned")
     max_queue_sentences: int = param(2048, "sentences waiting for the model at most; a request beyond this gets 503")
     max_header_bytes: int = param(16384, "largest request head (request line and headers) in bytes (more: 431 or 400)")
     max_connections: int = param(64, "open client connections at most; more are answered 503 and closed")
@@ -54,11 +59,14 @@ class ServeConfig:
         "a token clients must send (Authorization: Bearer KEY or X-API-Key: KEY) for /translate and /metrics; "
         "empty = no token; better set through the AIAYN_API_KEY environment variable (not visible in ps)")})
     batch_wait_ms: float = param(5.0, "the batching worker waits this long after a request for more to join its model call")
-    batch_tokens: int = param(4096, "source tokens (padding included) per model call; requests are collected up to this")
+    batch_tokens: int = param(
+        4096, "tokens per model call, requests collected up to this: each sentence counts its source tokens "
+              "plus the most output tokens its search may produce (max_len_a * source + max_len_b, or its "
+              "prefix's length + 1)")
     threads: int = param(0, "torch intra-op threads (0 = torch's default)")
 
     def __post_init__(self) -> None:
-        for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam",
+        for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_prefix_tokens",
                      "max_queue_sentences", "batch_tokens", "max_connections", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
