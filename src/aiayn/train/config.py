@@ -61,6 +61,7 @@ class TrainConfig:
     device: str = param("auto", "auto | cpu | cuda | cuda:N")
     precision: str = param("auto", "auto | fp32 | bf16 | fp16 (fp16 only on CUDA, with a gradient scaler); auto = bf16 where the device supports it")
     threads: int = param(0, "CPU threads for torch; 0 = leave torch's default")
+    dist_timeout_s: float = param(120.0, "data-parallel runs (torchrun): seconds a process waits for the others at start-up and in each collective before it stops with an error, so one that died or hangs ends the run on every rank within that time (PyTorch's default: 30 minutes); raise it where the main process alone works longer between two collectives (a large checkpoint saved to a slow disk, a BPE-dropout epoch of a large corpus)")
     log_every_steps: int = param(50, "write a log line / scalars every N optimizer steps")
     max_bad_steps: int = param(5, "stop after this many consecutive non-finite losses")
     compile: bool = param(False, "wrap the model in torch.compile: on CUDA it fuses the chains between the matmuls (residual + dropout + LayerNorm, bias + ReLU, embedding scale + position + dropout); slower on the CPUs measured (docs/history.md); off until measured on a GPU (bench/gpu_check.sh's compile and real stages time both); a model that fails to compile trains without it (a warning says why)")
@@ -72,6 +73,8 @@ class TrainConfig:
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.fused_loss not in ("auto", "on", "off"):
             raise ConfigError(f"fused_loss must be auto, on or off, got {self.fused_loss!r}")
+        if not 0 < self.dist_timeout_s < 1e7:
+            raise ConfigError(f"dist_timeout_s must be > 0 (seconds), got {self.dist_timeout_s}")
         if self.accum_steps < 1:
             raise ConfigError("accum_steps must be >= 1")
         if self.warmup_steps < 1:

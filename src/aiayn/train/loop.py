@@ -261,7 +261,7 @@ def _runtime(t: TrainConfig) -> tuple:
     """The process's place in the run (distributed or not), its device and its precision;
     ``t.threads`` applied."""
     device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
-    dist = rt.init_distributed(device_type)
+    dist = rt.init_distributed(device_type, t.dist_timeout_s)
     device = rt.resolve_device(t.device, dist)
     precision = rt.resolve_precision(t.precision, device)
     rt.use_tf32(device, t.tf32)

@@ -4,6 +4,7 @@ bf16 and torchrun. Rank-dependent side effects go through ``Dist.is_main``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import inspect
 import logging
 import os
@@ -35,15 +36,25 @@ class Dist:
         return self.world_size > 1
 
 
-def init_distributed(device_type: str) -> Dist:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on CPU."""
+def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on
+    CPU. A collective (or the start-up) that waits ``timeout_s`` for another rank is an error
+    (``train.dist_timeout_s``), not a wait of PyTorch's 30 minutes."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not tdist.is_initialized():
-        tdist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        tdist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
+                                 timeout=datetime.timedelta(seconds=timeout_s))
     return Dist(rank, world, local)
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that waited out the process group's timeout (gloo's error;
+    NCCL's watchdog ends the process itself)."""
+    return (tdist.is_available() and tdist.is_initialized() and isinstance(exc, RuntimeError)
+            and "Timed out" in str(exc))
 
 
 def resolve_device(spec: str, dist: Dist) -> torch.device:

@@ -1,0 +1,63 @@
+"""A data-parallel run whose process hangs stops on the others within train.dist_timeout_s, with
+an error that says so, instead of PyTorch's 30-minute wait."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aiayn.config import ConfigError
+from aiayn.train.config import TrainConfig
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    from aiayn.train import runtime as rt
+    rank, folder = int(os.environ["RANK"]), sys.argv[1]
+    open(os.path.join(folder, f"ready{rank}"), "w").close()
+    while not all(os.path.exists(os.path.join(folder, f"ready{r}")) for r in (0, 1)):
+        time.sleep(0.05)  # both imported: the start-up itself is not what times out
+    dist = rt.init_distributed("cpu", timeout_s=float(sys.argv[2]))
+    torch.distributed.barrier()
+    if rank == 0:
+        time.sleep(600)  # hangs (a save on a dead disk, say)
+    t0 = time.monotonic()
+    try:
+        torch.distributed.all_reduce(torch.ones(1))
+    except RuntimeError as exc:
+        print(f"timed_out={rt.timed_out(exc)} after={time.monotonic() - t0:.1f}", flush=True)
+        os._exit(0)
+    print("answered", flush=True)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_hanging_rank_is_an_error_on_the_others_within_the_timeout(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), "4"], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out, err = procs[1].communicate(timeout=240)  # imports on a busy machine; PyTorch's default: 30 min
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert "timed_out=True" in out, err[-2000:]
+    assert float(out.split("after=")[1]) < 60
+
+
+def test_the_timeout_is_a_positive_number_of_seconds():
+    assert TrainConfig().dist_timeout_s == 120.0
+    with pytest.raises(ConfigError, match="dist_timeout_s must be > 0"):
+        TrainConfig(dist_timeout_s=0)
