@@ -130,7 +130,7 @@ def test_resume_mid_epoch_gives_the_remaining_batches(stop):
 def test_resume_rejects_a_different_setup():
     src, tgt = random_lens()
     state = TokenBatchSampler(src, tgt, 250, 250, num_replicas=2).state_dict()
-    with pytest.raises(UserError, match="num_replicas"):
+    with pytest.raises(UserError, match="trained by 2 process\\(es\\), this is 4"):
         TokenBatchSampler(src, tgt, 250, 250, num_replicas=4).load_state_dict(state)
 
 

@@ -151,7 +151,14 @@ class TokenBatchSampler:
                 "n_examples": len(self.src_lens), "n_batches": len(self)}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "num_replicas", "n_examples", "n_batches"):
+        saved_ranks = state["num_replicas"]
+        if saved_ranks != self.num_replicas:  # the epoch's batches are dealt out to that many ranks
+            raise UserError(f"cannot resume the batch order: the run was trained by {saved_ranks} process(es), "
+                            f"this is {self.num_replicas}; resume it with {saved_ranks} (torchrun "
+                            f"--nproc_per_node {saved_ranks}, or aiayn demo --processes {saved_ranks}), or start a "
+                            f"new run from its weights: aiayn train --init-from RUN/last.pt --resume-optimizer "
+                            f"--out NEW_RUN (the schedule starts again at step 1)")
+        for key in ("seed", "n_examples", "n_batches"):
             mine = self.state_dict()[key]
             if state[key] != mine:
                 raise UserError(f"cannot resume the batch order: saved {key}={state[key]}, now {mine}")
