@@ -48,8 +48,8 @@ def sha256_of(path: Path) -> str:
 
 
 def _open(url: str, start: int, timeout: float):
-    """The response to a GET of ``url`` from byte ``start``; None when the server says that range
-    is past the end (the ``.part`` already holds the whole file)."""
+    """The response to a GET of ``url`` from byte ``start``; None when the server's file ends
+    before ``start`` (HTTP 416: it is not the file a ``.part`` that long began)."""
     headers = {"User-Agent": f"aiayn/{__version__}"}
     if start:
         headers["Range"] = f"bytes={start}-"
