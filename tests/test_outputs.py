@@ -238,3 +238,14 @@ def test_a_link_named_like_a_leftover_is_not_followed(tmp_path):
     os.utime(link, (time.time() - 120,) * 2, follow_symlinks=False)
     assert files.remove_leftovers(folder) == []
     assert (target / "d").is_dir() and link.is_symlink()
+
+
+def test_without_an_atomic_exchange_the_folder_is_still_replaced_whole(tmp_path, monkeypatch):
+    """Where renameat2 cannot swap (another system, some file systems), the old folder is moved
+    aside just before the new one takes its name, then deleted."""
+    monkeypatch.setattr(files, "exchange", lambda a, b: False)
+    out = tmp_path / "out"
+    for n in (1, 2):
+        with files.OutputDir(out, overwrite=True, ours=lambda d: (d / "mark").is_file(), what="a test") as tmp:
+            (tmp / "mark").write_text(str(n))
+    assert (out / "mark").read_text() == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
