@@ -7,8 +7,9 @@ then ``MarianMTModel.from_pretrained(DIR)`` and ``MarianTokenizer.from_pretraine
 
 Marian (transformers' ``MarianMTModel``) is the paper's architecture with these conventions,
 each checked here:
-- post-norm layers (§3.1) with biases everywhere, ReLU FFN (Eq. 2), no final LayerNorm per
-  stack: a pre-norm model (``pre_norm``) cannot be written;
+- post-norm layers (§3.1) with biases everywhere, no final LayerNorm per stack: a pre-norm
+  model (``pre_norm``) cannot be written; the FFN's activation is Eq. 2's ReLU or the model's
+  ``activation`` (gelu, swish: Marian's names too);
 - attention splits d_model across the heads (head size d_model / h): a model whose d_k or d_v
   is not d_model / h (Table 3 rows A, B) cannot be written;
 - sinusoidal positions only (a model with learned positions, Table 3 row E, cannot be written),
@@ -21,9 +22,9 @@ each checked here:
   model computes the same function with Marian's table (``model_permutation``);
 - embeddings scaled by sqrt(d_model) (§3.4) or not (``scale_embedding``), the pre-softmax
   projection tied to the target embedding (§3.4; an untied one is refused) plus Marian's
-  final-logits bias, written as zeros; one shared vocabulary with one shared matrix (§3.4), or
-  separate source and target vocabularies or matrices (``share_encoder_decoder_embeddings``
-  false, ``target_vocab.json``);
+  final-logits bias: the model's ``output_bias``, or zeros; one shared vocabulary with one
+  shared matrix (§3.4), or separate source and target vocabularies or matrices
+  (``share_encoder_decoder_embeddings`` false, ``target_vocab.json``);
 - LayerNorm epsilon: Marian's is fixed at PyTorch's 1e-5 (aiayn's default 1e-6, tensor2tensor's);
   the exported model's logits differ from aiayn's by about 1e-5 (measured in the test), which
   changes no translation of the tested model;
@@ -94,7 +95,7 @@ def marian_config(cfg: ModelConfig, **special_ids):
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.n_layers, decoder_layers=cfg.decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
         dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn, activation_dropout=cfg.p_drop_ffn,
         max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
         share_encoder_decoder_embeddings=shared, tie_word_embeddings=True, **ids)
@@ -153,7 +154,8 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         out["model.shared.weight"] = src
     out["model.encoder.embed_tokens.weight"] = src
     out["model.decoder.embed_tokens.weight"] = out["lm_head.weight"] = tgt
-    out["final_logits_bias"] = torch.zeros(1, cfg.target_vocab_size)
+    bias = model.out_bias if model.out_bias is not None else torch.zeros(cfg.target_vocab_size)
+    out["final_logits_bias"] = bias[None]  # (1, V)
     return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
 
 
