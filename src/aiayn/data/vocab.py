@@ -138,6 +138,15 @@ class Tokenizer:
         return self._sp.id_to_piece(int(id))
 
 
+def joint_vocabulary(src: Tokenizer, tgt: Tokenizer) -> bool:
+    """Whether two SentencePiece models number one vocabulary: the same piece at every id. One
+    model for both sides is; so are an imported Marian model's two (``aiayn.marian_vocab``),
+    which segment each language its own way into one joint vocabulary."""
+    if src.sha256 == tgt.sha256:
+        return True
+    return src.vocab_size == tgt.vocab_size and all(src.piece(i) == tgt.piece(i) for i in range(src.vocab_size))
+
+
 def lowercase_rules() -> str:
     """SentencePiece normalization rules (TSV: source code point, tab, target code points, in
     hex) mapping each Basic Multilingual Plane character c to ``NFKC(c).lower()`` where that

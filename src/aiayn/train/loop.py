@@ -24,6 +24,7 @@ from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
 from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.data.store import write_json_atomic
+from aiayn.data.vocab import joint_vocabulary
 from aiayn.errors import UserError
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.attention import attention_backends
@@ -59,9 +60,10 @@ def tokenizer_payload(data: DataDir) -> dict:
 
 
 def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
-    """Vocabulary sizes come from the data directory (a model cannot disagree with its tokenizer)."""
+    """Vocabulary sizes come from the data directory (a model cannot disagree with its tokenizer).
+    Two tokenizers of one joint vocabulary (an imported Marian model's) may share the embedding."""
     m = cfg.model
-    if data.shared_vocab:
+    if data.shared_vocab or joint_vocabulary(data.src_tokenizer, data.tgt_tokenizer):
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=None)
     else:
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
