@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "aiayn.viz.cli",
     "aiayn.serve.cli",
     "aiayn.export",
+    "aiayn.hf_import",
 ]
 
 
