@@ -379,3 +379,29 @@ def test_imported_checkpoint_translates_evaluates_exports_and_fine_tunes(shared_
                  "--set", "train.threads=1"]) == 0
     tuned = load_model_for_inference(tmp_path / "run" / "last.pt")[0]
     assert tuned.cfg.tie_src_tgt_embeddings and tuned.cfg.activation == "swish" and tuned.cfg.output_bias
+
+
+def test_pytorch_bin_with_every_key_imports_as_safetensors(marian_dir, tmp_path):
+    """An older directory (transformers 4's pytorch_model.bin: the tied matrices under each of
+    their names, the positional tables saved too) gives the same checkpoint as model.safetensors."""
+    from safetensors.torch import load_file
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+    d = tmp_path / "bin"
+    d.mkdir()
+    for f in marian_dir.iterdir():
+        if f.name != "model.safetensors":
+            (d / f.name).write_bytes(f.read_bytes())
+    state = load_file(marian_dir / "model.safetensors")
+    shared = state["model.shared.weight"]
+    state.update({"model.encoder.embed_tokens.weight": shared, "model.decoder.embed_tokens.weight": shared,
+                  "lm_head.weight": shared})
+    table = MarianSinusoidalPositionalEmbedding(128, 32).create_weight()
+    state["model.encoder.embed_positions.weight"] = state["model.decoder.embed_positions.weight"] = table
+    torch.save(state, d / "pytorch_model.bin")
+    want, got = import_hf(marian_dir), import_hf(d)
+    assert all(torch.equal(got["model"][k], v) for k, v in want["model"].items())
+    assert got["model_config"] == want["model_config"] and got["tokenizers"] == want["tokenizers"]
+    state["model.decoder.embed_positions.weight"] = torch.randn(128, 32)  # learned positions: refused
+    torch.save(state, d / "pytorch_model.bin")
+    with pytest.raises(UserError, match="model.decoder.embed_positions.weight is not Marian's sinusoidal table"):
+        import_hf(d)
