@@ -173,6 +173,8 @@ def marian_dir(shared_data, tmp_path_factory) -> Path:
 def imported(marian_dir, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("imported") / "model.pt"
     assert main(["import", "--format", "hf", str(marian_dir), "--out", str(path)]) == 0
+    assert main(["import", "--format", "hf", str(marian_dir), "--out", str(path)]) == 2  # exists
+    assert main(["import", "--format", "hf", str(marian_dir), "--out", str(path), "--overwrite"]) == 0
     return path
 
 

@@ -361,7 +361,9 @@ def import_hf(path: str | Path) -> dict:
 
 def run(args) -> int:
     from aiayn.checkpoint import atomic_save
+    from aiayn.files import check_output_file
 
+    check_output_file(args.out, args.overwrite)  # before the work
     ckpt = import_hf(args.dir)
     atomic_save(ckpt, args.out)
     print(f"aiayn checkpoint: {args.out}")
@@ -375,5 +377,6 @@ def register(sub) -> None:
                                "source.spm, target.spm, vocab.json")
     p.add_argument("--format", default="hf", choices=("hf",),
                    help="hf: a MarianMTModel as save_pretrained writes it (aiayn/hf_import.py)")
-    p.add_argument("--out", required=True, help="the checkpoint to write (.pt)")
+    p.add_argument("--out", required=True, help="the checkpoint to write (.pt; written whole, in one step)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     p.set_defaults(func=run)
