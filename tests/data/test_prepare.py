@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import aiayn.data.prepare as prep
+import aiayn.files
 from aiayn.config import ConfigError, replace
 from aiayn.data import cli as data_cli
 from aiayn.data import store
@@ -235,7 +236,7 @@ def test_interrupted_prepare_leaves_nothing(corpus, tmp_path, monkeypatch):
 def test_killed_prepare_leaves_no_acceptable_directory(corpus, tmp_path, monkeypatch):
     """A kill gives no chance to clean up: the temp dir stays, but it has no manifest."""
     monkeypatch.setattr(store.NpyAppender, "append", _fail_on_call(6))
-    monkeypatch.setattr(store.shutil, "rmtree", lambda *a, **k: None)
+    monkeypatch.setattr(aiayn.files.shutil, "rmtree", lambda *a, **k: None)
     with pytest.raises(KeyboardInterrupt):
         prepare({"train": corpus.train}, tmp_path / "out", PrepareConfig(vocab_size=500, chunk_lines=500))
     assert not (tmp_path / "out").exists()

@@ -95,7 +95,7 @@ def test_checkpoint_errors(tmp_path, spm_bytes, ckpt):
     bad = load_checkpoint(ckpt)
     bad["model_config"]["vocab_size"] += 1
     atomic_save(bad, tmp_path / "bad_vocab.pt")
-    with pytest.raises(UserError, match="do not match the model"):
+    with pytest.raises(UserError, match="does not describe the stored weights"):
         load_model_for_inference(tmp_path / "bad_vocab.pt")
     bad = load_checkpoint(ckpt)
     del bad["tokenizers"]
