@@ -43,6 +43,12 @@ NEG_INF = float("-inf")
 SPACE = "\u2581"  # SentencePiece's word-start mark: the tree tokens are the pieces "▁XX", "▁(NP", "▁)NP"
 
 
+def linearization_of(symbols) -> str:
+    """``slots`` when ``XX`` is among ``symbols`` (a tokenizer's user symbols, or its pieces),
+    else ``words``."""
+    return SLOTS if SPACE + WORD in symbols else WORDS
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeVocab:
     """The tree tokens of a target vocabulary of V pieces, with L labels."""
@@ -81,7 +87,7 @@ class TreeVocab:
         close_label = torch.full((V,), -1, dtype=torch.long)
         for j, label in enumerate(labels):
             open_label[opens[label]], close_label[closes[label]] = j, j
-        slots = SPACE + WORD in (pieces if user_symbols is None else user_symbols)
+        slots = linearization_of(pieces if user_symbols is None else user_symbols) == SLOTS
         word = pieces.index(SPACE + WORD) if slots else -1
         is_word = torch.zeros(V, dtype=torch.bool)
         if slots:
@@ -178,9 +184,8 @@ class TreeConstraint:
         ``word_mass`` (``words`` only) a word's first piece scores the probability that any word
         comes next (the sum over every word piece: the constraint decides which word) and its
         other pieces score 0 (they are forced). A model then need not copy well to place words."""
-        allowed = self(rows, prefix)
+        allowed, (following, inside) = self._allowed(rows, prefix)
         if self.words is not None and self.word_mass:
-            _, following, inside = self.next_piece(rows, prefix)
             any_word = log_probs.masked_fill(~self.vocab.is_piece, NEG_INF).logsumexp(1)  # (N,)
             r = torch.arange(len(rows), device=rows.device)
             log_probs[r, following] = torch.where(inside, 0.0, any_word)
@@ -188,7 +193,13 @@ class TreeConstraint:
 
     def __call__(self, rows: Tensor, prefix: Tensor) -> Tensor:
         """(N, V) bool: the pieces each hypothesis may generate next."""
+        return self._allowed(rows, prefix)[0]
+
+    def _allowed(self, rows: Tensor, prefix: Tensor) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+        """``__call__``'s mask, and (``words`` only, else None) ``next_piece``'s id of piece p and
+        whether it continues a word, for ``rescore``."""
         v, (N, u) = self.vocab, prefix.shape
+        following = inside = None
         n, budget = self.n_words[rows], self.budget[rows]  # (N,)
         w, d, top, last_open = self.state(prefix)
         mask = torch.zeros(N, v.is_word.numel(), dtype=torch.bool, device=prefix.device)
@@ -208,4 +219,4 @@ class TreeConstraint:
             mask[inside] = False
             r = inside.nonzero().squeeze(1)
             mask[r, following[r]] = True
-        return mask
+        return mask, (following, inside)

@@ -18,8 +18,8 @@ import torch
 from aiayn.config import param, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import max_output_lengths, search
-from aiayn.parsing.constrain import SPACE, TreeConstraint, TreeVocab, WordPieces
-from aiayn.parsing.linearize import SLOTS, WORD, WORDS, Delinearized, RepairStats, delinearize
+from aiayn.parsing.constrain import SPACE, TreeConstraint, TreeVocab, WordPieces, linearization_of
+from aiayn.parsing.linearize import Delinearized, RepairStats, delinearize
 from aiayn.parsing.trees import Tree
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
     the line (``first_line`` + index).
     """
     lines = [" ".join(words) for words in sentences]
-    linearization = SLOTS if SPACE + WORD in translator.tgt_tok.user_symbols else WORDS
+    linearization = linearization_of(translator.tgt_tok.user_symbols)
     if options.constrained:
         ids = translator.encode(lines, source, first_line)
         linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences, options.word_mass)
