@@ -13,18 +13,17 @@ from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
-from aiayn.errors import InputError, UserError
+from aiayn.errors import UserError
 from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.model.config import PRESETS
 from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
-from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words
+from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words, read_gold_trees
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS, read_params
 from aiayn.parsing.evalb_report import format_report, format_summary
 from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS
 from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLIT_SCHEMES, SplitConfig, prepare_parsing
-from aiayn.parsing.trees import BracketError, parse_tree
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,7 @@ def _register_baseline(sub) -> None:
 
 
 def run_baseline(args: argparse.Namespace) -> int:
-    _, gold = _read_gold_trees(args.gold)
+    _, gold = read_gold_trees(args.gold)
     lines = [right_branching(g.words(), g.tags()).to_bracketed() for g in gold]
     args.out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     print(f"wrote {len(lines)} right-branching trees to {args.out}")
@@ -195,21 +194,11 @@ def _register_decode(sub) -> None:
     p.set_defaults(func=run_decode)
 
 
-def _read_gold_trees(path: Path) -> tuple[list[str], list]:
-    lines, trees = read_lines(path), []
-    for n, text in enumerate(lines, start=1):
-        try:
-            trees.append(parse_tree(text))
-        except BracketError as exc:
-            raise InputError(path, n, str(exc)) from exc
-    return lines, trees
-
-
 def run_decode(args: argparse.Namespace) -> int:
     from aiayn.decode.translator import Translator
     cfg = from_args(DecodeConfig, args)
     params = read_params(args.param) if args.param else COLLINS
-    gold_lines, gold = _read_gold_trees(args.gold)
+    gold_lines, gold = read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
     trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args))
     test_lines = [t.to_bracketed() for t in trees]

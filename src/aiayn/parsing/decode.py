@@ -18,9 +18,11 @@ import torch
 from aiayn.config import param, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import max_output_lengths, search
+from aiayn.errors import InputError
 from aiayn.parsing.constrain import SPACE, TreeConstraint, TreeVocab, WordPieces, linearization_of
 from aiayn.parsing.linearize import Delinearized, RepairStats, delinearize
-from aiayn.parsing.trees import Tree
+from aiayn.parsing.evalb import read_lines
+from aiayn.parsing.trees import BracketError, Tree, parse_tree
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,18 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
         out.append(delinearize(tokens, words, tags[k] if tags is not None else None, linearization)
                    if words else None)
     return out
+
+
+def read_gold_trees(path) -> tuple[list[str], list[Tree]]:
+    """The lines of a gold file (as EVALB reads them) and their trees; a malformed tree is an
+    ``InputError`` naming the file and line."""
+    lines, trees = read_lines(path), []
+    for n, text in enumerate(lines, start=1):
+        try:
+            trees.append(parse_tree(text))
+        except BracketError as exc:
+            raise InputError(path, n, str(exc)) from exc
+    return lines, trees
 
 
 def parse_trees(translator, gold: Sequence[Tree], options: ParseOptions = ParseOptions()

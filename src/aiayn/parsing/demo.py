@@ -131,14 +131,12 @@ def _stage_parse(cfg: ParseDemoConfig, model_path: Path, ptb: Path, out: Path, r
     """4-5. Dev and test parsed (constrained), EVALB-scored beside the right-branching baseline."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.parsing.baseline import right_branching
-    from aiayn.parsing.decode import PARSE_DECODE, parse_trees
+    from aiayn.parsing.decode import PARSE_DECODE, parse_trees, read_gold_trees
     from aiayn.parsing.evalb import evalb, read_lines
     from aiayn.parsing.evalb_params import COLLINS
-    from aiayn.parsing.trees import parse_tree
     translator = None
     for split in _splits(cfg):
-        gold_lines = read_lines(ptb / f"{split}.gold")
-        gold = [parse_tree(line) for line in gold_lines]
+        gold_lines, gold = read_gold_trees(ptb / f"{split}.gold")
         pred = out / f"{split}.pred"
         if not pred.exists():
             if translator is None:
