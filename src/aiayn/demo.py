@@ -272,31 +272,47 @@ def _stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src:
     return data_dir
 
 
+def recipe_sets(sets: str, minutes: float, max_steps: int, threads: int = 0) -> list[str]:
+    """A demo's overrides of its recipe: ``sets`` (SECTION.FIELD=VALUE joined by commas), then
+    its --minutes, --max-steps and --threads where given."""
+    out = [x for x in sets.split(",") if x.strip()]
+    if minutes:
+        out.append(f"train.max_time_min={minutes}")
+    if max_steps:
+        out.append(f"train.max_steps={max_steps}")
+    if threads:
+        out.append(f"train.threads={threads}")
+    return out
+
+
+def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], run_cfg, processes: int,
+                 stage: str) -> None:
+    """One model of ``recipe`` trained into ``run_dir`` unless it finished there (resumed if it
+    started): in ``processes`` data-parallel processes (0 = ``auto_processes()``) or in this one.
+    ``stage`` (e.g. "[2/7]") starts the line it prints."""
+    from aiayn.train.loop import train
+    if (run_dir / "summary.json").exists():
+        return
+    processes = processes or auto_processes()
+    print(f"{stage} training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}"
+          + (f" with {processes} processes" if processes > 1 else ""), flush=True)
+    if processes > 1:
+        train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
+    else:
+        train(data_dir, run_dir, run_cfg, progress=True)
+
+
 def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -> list[Path]:
     """2. The recipe trained into ``run_dir`` (``--members`` > 1: one sub-directory a member), or
     resumed there; returns the members' run directories."""
     from aiayn.config import apply_sets
     from aiayn.train.config import load_recipe
-    from aiayn.train.loop import train
     recipe = Path(cfg.recipe) if cfg.recipe else default_recipe(cfg.quick)
-    sets = [x for x in cfg.sets.split(",") if x.strip()]
-    if cfg.minutes:
-        sets.append(f"train.max_time_min={cfg.minutes}")
-    if cfg.max_steps:
-        sets.append(f"train.max_steps={cfg.max_steps}")
-    if cfg.threads:
-        sets.append(f"train.threads={cfg.threads}")
+    sets = recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps, cfg.threads)
     run_cfg = apply_sets(load_recipe(recipe), sets)
     if cfg.members == 1:
         member_dirs = [run_dir]
-        if not (run_dir / "summary.json").exists():
-            processes = cfg.processes or auto_processes()
-            print(f"[2/7] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}"
-                  + (f" with {processes} processes" if processes > 1 else ""), flush=True)
-            if processes > 1:
-                train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
-            else:
-                train(data_dir, run_dir, run_cfg, progress=True)
+        train_recipe(data_dir, run_dir, recipe, sets, run_cfg, cfg.processes, "[2/7]")
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
         if not all((d / "summary.json").exists() for d in member_dirs):
@@ -385,18 +401,26 @@ def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: P
     return hyp_path
 
 
+def config_with_sets(cls, args):
+    """A demo's configuration from the parsed ``args``, its ``sets`` field from the repeatable --set."""
+    cfg = from_args(cls, args)
+    return dataclasses.replace(cfg, sets=",".join(args.set)) if args.set else cfg
+
+
+def add_demo_arguments(p, cls, set_example: str) -> None:
+    """Every field of the demo configuration ``cls`` as an option, ``sets`` as a repeatable --set."""
+    add_arguments(p, cls, only=tuple(f.name for f in dataclasses.fields(cls) if f.name != "sets"))
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help=f"override a field of the recipe (repeatable), e.g. {set_example}")
+
+
 def run(args) -> int:
-    cfg = from_args(DemoConfig, args)
-    if args.set:
-        cfg = dataclasses.replace(cfg, sets=",".join(args.set))
-    run_demo(cfg)
+    run_demo(config_with_sets(DemoConfig, args))
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_arguments(p, DemoConfig, only=tuple(f.name for f in dataclasses.fields(DemoConfig) if f.name != "sets"))
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help="override a field of the recipe (repeatable), e.g. --set model.p_drop=0.2 --set train.seed=2")
+    add_demo_arguments(p, DemoConfig, "--set model.p_drop=0.2 --set train.seed=2")
     p.set_defaults(func=run)

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import add_arguments, from_args, param, replace
+from aiayn.config import param, replace
+from aiayn.demo import add_demo_arguments, config_with_sets, recipe_sets, train_recipe
 from aiayn.errors import UserError
 from aiayn.files import claim_folder
 
@@ -95,24 +96,10 @@ def _stage_prepare(cfg: ParseDemoConfig, out: Path) -> Path:
 def _stage_train(cfg: ParseDemoConfig, data_dir: Path, run_dir: Path, results: dict) -> None:
     """2. The recipe trained into ``run_dir`` (or resumed there), data parallel over the cores."""
     from aiayn.config import apply_sets
-    from aiayn.demo import auto_processes, train_data_parallel
     from aiayn.train.config import load_recipe
-    from aiayn.train.loop import train
     recipe = Path(cfg.recipe) if cfg.recipe else RECIPE
-    sets = [x for x in cfg.sets.split(",") if x.strip()]
-    if cfg.minutes:
-        sets.append(f"train.max_time_min={cfg.minutes}")
-    if cfg.max_steps:
-        sets.append(f"train.max_steps={cfg.max_steps}")
-    run_cfg = apply_sets(load_recipe(recipe), sets)
-    if not (run_dir / "summary.json").exists():
-        processes = cfg.processes or auto_processes()
-        print(f"[2/5] training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}"
-              + (f" with {processes} processes" if processes > 1 else ""), flush=True)
-        if processes > 1:
-            train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
-        else:
-            train(data_dir, run_dir, run_cfg, progress=True)
+    sets = recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)
+    train_recipe(data_dir, run_dir, recipe, sets, apply_sets(load_recipe(recipe), sets), cfg.processes, "[2/5]")
     results["train"] = json.loads((run_dir / "summary.json").read_text())
     print(f"[2/5] trained: {results['train']['steps']} steps, {results['train']['train_seconds']:.0f} s", flush=True)
 
@@ -194,17 +181,12 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
 
 
 def run(args) -> int:
-    cfg = from_args(ParseDemoConfig, args)
-    if args.set:
-        cfg = dataclasses.replace(cfg, sets=",".join(args.set))
-    run_parse_demo(cfg)
+    run_parse_demo(config_with_sets(ParseDemoConfig, args))
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the NLTK WSJ sample end to end: prepare, train, average, parse, score",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_arguments(p, ParseDemoConfig, only=tuple(f.name for f in dataclasses.fields(ParseDemoConfig) if f.name != "sets"))
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help="override a field of the recipe (repeatable), e.g. --set train.seed=2")
+    add_demo_arguments(p, ParseDemoConfig, "--set train.seed=2")
     p.set_defaults(func=run)
