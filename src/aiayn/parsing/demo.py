@@ -114,7 +114,8 @@ def _stage_average(cfg: ParseDemoConfig, run_dir: Path, model_path: Path, result
     print(f"[3/5] averaged {len(ckpts)} checkpoints -> {model_path}", flush=True)
 
 
-def _stage_parse(cfg: ParseDemoConfig, model_path: Path, ptb: Path, out: Path, results: dict) -> None:
+def _stage_parse(cfg: ParseDemoConfig, splits: tuple[str, ...], model_path: Path, ptb: Path, out: Path,
+                 results: dict) -> None:
     """4-5. Dev and test parsed (constrained), EVALB-scored beside the right-branching baseline."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.parsing.baseline import right_branching
@@ -122,7 +123,7 @@ def _stage_parse(cfg: ParseDemoConfig, model_path: Path, ptb: Path, out: Path, r
     from aiayn.parsing.evalb import evalb, read_lines
     from aiayn.parsing.evalb_params import COLLINS
     translator = None
-    for split in _splits(cfg):
+    for split in splits:
         gold_lines, gold = read_gold_trees(ptb / f"{split}.gold")
         pred = out / f"{split}.pred"
         if not pred.exists():
@@ -167,16 +168,16 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     names = ("ptb", "run", "model.pt", "results.json", *(f"{s}.{e}" for s in SPLITS for e in ("pred", "tmp")))
     out = claim_folder(cfg.out, names, what="aiayn parse demo")  # (never a folder it did not write)
     results: dict = {"config": dataclasses.asdict(cfg)}
-    _splits(cfg)
+    splits = _splits(cfg)
     ptb = _stage_prepare(cfg, out)
     run_dir, model_path = out / "run", out / "model.pt"
     _stage_train(cfg, ptb / "data", run_dir, results)
     _stage_average(cfg, run_dir, model_path, results)
-    _stage_parse(cfg, model_path, ptb, out, results)
+    _stage_parse(cfg, splits, model_path, ptb, out, results)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print("[5/5] EVALB (COLLINS.prm), labeled:\n" + format_table(results), flush=True)
     print(f"results: {out / 'results.json'}")
-    print(f"trees: {out / (_splits(cfg)[-1] + '.pred')}")
+    print(f"trees: {out / (splits[-1] + '.pred')}")
     return results
 
 
