@@ -174,7 +174,7 @@ def test_a_request_past_its_deadline_gets_503_and_is_not_decoded(translator):
 
 
 def test_sigterm_finishes_or_refuses_queued_work_within_the_bound(translator):
-    cfg = replace(SERVE, shutdown_timeout_s=0.5)
+    cfg = replace(SERVE, shutdown_timeout_s=1.0)
     server = LiveServer(create_app(translator, cfg), cfg).__enter__()
     try:
         gate = Gate(server.app.state.batcher)
@@ -191,12 +191,25 @@ def test_sigterm_finishes_or_refuses_queued_work_within_the_bound(translator):
             assert get(server.url + "/health")["status"] == "shutting down"
             status, data = post(server.url, {"sentences": ["Too late."]})
             assert status == 503 and "shutting down" in data["error"]
-            time.sleep(0.7)  # past the drain time: the queued requests are refused, not decoded
+            time.sleep(1.3)  # past the drain time: the queued requests are refused, not decoded
             gate.open()
             assert first.result(30)[0] == 200  # the model call in progress is finished
             answers = [f.result(30) for f in queued]
         assert all(s == 503 and "shut down" in d["error"] for s, d in answers), answers
         server.thread.join(10)
         assert not server.thread.is_alive() and time.monotonic() - t0 < 5
+    finally:
+        server.__exit__(None, None, None)
+
+
+def test_sigterm_on_an_idle_service_exits_without_waiting_for_the_drain_time(translator):
+    cfg = replace(SERVE, shutdown_timeout_s=30.0)
+    server = LiveServer(create_app(translator, cfg), cfg).__enter__()
+    try:
+        assert post(server.url, {"sentences": ["A cat."]})[0] == 200
+        t0 = time.monotonic()
+        server.server.handle_exit(signal.SIGTERM, None)
+        server.thread.join(10)
+        assert not server.thread.is_alive() and time.monotonic() - t0 < 3
     finally:
         server.__exit__(None, None, None)

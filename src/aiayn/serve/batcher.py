@@ -124,6 +124,12 @@ class Batcher:
     def shutting_down(self) -> bool:
         return self._drain_until is not None
 
+    @property
+    def drained(self) -> bool:
+        """Shutting down, and nothing waits for the model any more (or the drain time is over)."""
+        with self._lock:
+            return self._drain_until is not None and (self.queued == 0 or time.monotonic() > self._drain_until)
+
     def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False, *,
                attention_values: int | None = None, deadline: float | None = None,
                prefixes: list[list[int]] | None = None) -> Job:

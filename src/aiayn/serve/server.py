@@ -5,7 +5,8 @@
 ``body_timeout_s`` (+1 s; the app answers 408 first when it reads the body) to send its body;
 a connection beyond ``max_connections`` is answered 503 and closed, and a response sent before
 the client finished its body closes the connection (nobody reads the rest). ``Server`` starts
-the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives.
+the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives and keeps its
+listener open, answering 503, until the queue is empty or the drain time is over.
 """
 from __future__ import annotations
 
@@ -109,7 +110,12 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server whose exit signal first tells the batcher to drain (``shutdown_timeout_s``)."""
+    """uvicorn's server whose exit signal first tells the batcher to drain (``shutdown_timeout_s``).
+
+    uvicorn closes its listener at the first tick after the signal; here it waits until the
+    batcher is drained, so a client that connects meanwhile is told 503 "shutting down" (and
+    retries elsewhere) instead of finding the port closed. A second SIGINT exits at once.
+    """
 
     def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float):
         super().__init__(config)
@@ -119,6 +125,10 @@ class Server(uvicorn.Server):
         log.info("signal %s: new requests get 503; queued work is finished for %.1f s", sig, self.drain_s)
         self.batcher.begin_shutdown(self.drain_s)
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        stop = await super().on_tick(counter)
+        return stop and (self.force_exit or not self.batcher.shutting_down or self.batcher.drained)
 
 
 def make_server(app, cfg: ServeConfig, **uvicorn_kw) -> Server:
