@@ -124,6 +124,21 @@ class DataDir:
     def splits(self) -> list[str]:
         return sorted(self.manifest["splits"])
 
+    def references(self, name: str) -> list[str] | None:
+        """The target lines of an uncleaned split as ``prepare`` read them (its manifest's input
+        file): the raw references BLEU is scored against. None when the file has moved or changed
+        its line count since (then only the detokenized ids are left)."""
+        entry = self.manifest["splits"][name]
+        path = Path(entry.get("inputs", {}).get("tgt", ""))
+        if entry.get("cleaned", True) or not path.is_file():
+            return None
+        from aiayn.data.textio import read_lines
+        try:
+            lines = list(read_lines(path))
+        except (OSError, UserError):
+            return None
+        return lines if len(lines) == entry["pairs"] else None
+
     def split(self, name: str) -> ParallelData:
         if name not in self.manifest["splits"]:
             raise UserError(f"{self.path}: no split {name!r}; it has {', '.join(self.splits)}")

@@ -53,9 +53,12 @@ class TrainConfig:
     # validation
     validate_every_steps: int = param(1000, "validate every N optimizer steps (and at the end); 0 = only at the end")
     validate_at_save: bool = param(True, "also validate whenever a checkpoint is written (so best.pt is tracked)")
-    patience: int = param(0, "stop when validation loss has not improved for this many validations; 0 = off")
-    valid_bleu: bool = param(False, "also translate the validation set (greedy, cached decoder) and log its sacreBLEU at each validation")
-    valid_bleu_max_lines: int = param(500, "validation lines translated for valid_bleu (the first N)")
+    patience: int = param(0, "stop after this many validations without a gain in best_metric; 0 = off")
+    valid_bleu: bool = param(False, "also translate the validation set at each validation (beam search, valid_beam, the paper's alpha 0.6) and score it with sacreBLEU against the raw references prepare read")
+    valid_bleu_max_lines: int = param(0, "validation lines valid_bleu translates (the first N); 0 = all")
+    valid_beam: int = param(4, "beam size of valid_bleu's translations (§6.1: 4; 1 = greedy, cheaper)")
+    best_metric: str = param("loss", "loss | bleu: what best.pt and patience follow (bleu needs valid_bleu)")
+    ema_decay: float = param(0.0, "keep an exponential moving average of the weights, ema = d * ema + (1 - d) * weights after each update, validated instead of the raw weights and written to ema.pt beside the checkpoints; 0 = off (the paper averages checkpoints, §6.1)")
     # machinery
     seed: int = param(1, "seed for initialization, dropout and batch order")
     device: str = param("auto", "auto | cpu | cuda | cuda:N")
@@ -71,6 +74,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        if self.best_metric not in ("loss", "bleu"):
+            raise ConfigError(f"best_metric must be loss or bleu, got {self.best_metric!r}")
+        if self.best_metric == "bleu" and not self.valid_bleu:
+            raise ConfigError("best_metric=bleu needs valid_bleu=true")
+        if self.valid_beam < 1 or self.valid_bleu_max_lines < 0:
+            raise ConfigError("valid_beam must be >= 1 and valid_bleu_max_lines >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"ema_decay must be in [0, 1) (0 = off), got {self.ema_decay}")
         if self.fused_loss not in ("auto", "on", "off"):
             raise ConfigError(f"fused_loss must be auto, on or off, got {self.fused_loss!r}")
         if not 0 < self.dist_timeout_s < 1e7:

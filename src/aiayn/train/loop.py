@@ -47,8 +47,11 @@ class TrainState:
     tokens: int = 0  # target tokens trained on (all devices)
     flops: float = 0.0
     best_valid_loss: float = math.inf
-    bad_validations: int = 0
+    best_valid_bleu: float = -math.inf
+    bad_validations: int = 0  # in a row without a gain in train.best_metric
     train_seconds: float = 0.0
+    valid_seconds: float = 0.0  # of train_seconds, spent validating (loss and valid_bleu)
+    valid_bleu_seconds: float = 0.0  # of valid_seconds, spent translating for valid_bleu
     history: list = field(default_factory=list)  # (step, loss per token) of every step
 
 
@@ -118,8 +121,11 @@ def warn_long_pairs(name: str, data, t: TrainConfig) -> None:
 
 
 @torch.no_grad()
-def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None) -> dict:
-    """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout)."""
+def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None,
+             references: list[str] | None = None) -> dict:
+    """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout); with
+    ``train.valid_bleu`` and ``tokenizers``, its sacreBLEU too (``valid_bleu``); and the seconds each took."""
+    t0 = time.monotonic()
     model.eval()
     t = cfg.train
     src_cap, tgt_cap = valid_caps(t)
@@ -139,37 +145,46 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     n = max(n, 1)
     out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
     if t.valid_bleu and tokenizers is not None:
-        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines, src_cap)
+        t1 = time.monotonic()
+        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines, src_cap, t.valid_beam,
+                                       references)
+        out["valid_bleu_seconds"] = time.monotonic() - t1
     model.train()
+    out["valid_seconds"] = time.monotonic() - t0
     return out
 
 
 @torch.no_grad()
-def valid_bleu(model, data, tokenizers: tuple, max_lines: int, src_cap: int | None = None) -> float:
-    """sacreBLEU of greedy translations of the first ``max_lines`` validation pairs (§6.1 decoder,
-    beam 1), against the detokenized reference ids (what the tokenizer gives back); sources cut
-    to ``src_cap`` ids (``valid_caps``)."""
+def valid_bleu(model, data, tokenizers: tuple, max_lines: int = 0, src_cap: int | None = None, beam: int = 4,
+               references: list[str] | None = None) -> float:
+    """sacreBLEU of the first ``max_lines`` validation pairs (0 = all) translated as ``aiayn
+    translate`` would (§6.1: beam search of ``beam``, alpha 0.6, max length |x| + 50), against
+    ``references`` (the raw target lines, ``DataDir.references``) or, without them, the
+    detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``)."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import sacre_bleu
     src_tok, tgt_tok = tokenizers
-    n = min(len(data), max_lines)
-    translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=1))
+    n = min(len(data), max_lines) if max_lines else len(data)
+    translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=beam))
     ids = [list(map(int, data.src(i)[:src_cap])) + [model.cfg.eos_id] if len(data.src(i)) else [] for i in range(n)]
     hyps = translator.translate_ids(ids)
     out = [tgt_tok.decode(h[0].tokens) if h else "" for h in hyps]
-    refs = [tgt_tok.decode(list(map(int, data.tgt(i)))) for i in range(n)]
+    refs = references[:n] if references is not None else [tgt_tok.decode(list(map(int, data.tgt(i))))
+                                                        for i in range(n)]
     return sacre_bleu(out, refs).score
 
 
 def _save(run_dir: Path, model, opt, scaler, sampler_state: dict, state: TrainState, cfg: RunConfig,
           tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None,
-          rank_rng: list | None = None) -> None:
-    """Checkpoint the run (main rank): the step's checkpoint, ``best.pt`` if ``best``, ``last.pt``.
+          rank_rng: list | None = None, ema: dict | None = None) -> None:
+    """Checkpoint the run (main rank): the step's checkpoint, ``ema.pt`` with ``ema``, ``best.pt`` if
+    ``best`` (the weights validated: ``ema.pt``'s with ``ema``), ``last.pt``.
     ``rank_optimizers``: local SGD's every rank's own Adam state, in rank order, so that each rank
     resumes with its own moments (None: the ranks share one); its first is the main rank's, written once.
     ``rank_rng``: every rank's generator states in rank order (data-parallel runs; each rank's
-    dropout masks are its own), so that each rank resumes with its own."""
+    dropout masks are its own), so that each rank resumes with its own. ``ema``: the moving average
+    of the weights (``train.ema_decay``) as a state dict, kept in the checkpoint and written to ``ema.pt``."""
     ckpt = {
         "format": ck.FORMAT, "run_config": to_dict(cfg), "model_config": to_dict(cfg.model),
         "model": model.state_dict(), "optimizer": rank_optimizers[0] if rank_optimizers else opt.state_dict(),
@@ -179,12 +194,17 @@ def _save(run_dir: Path, model, opt, scaler, sampler_state: dict, state: TrainSt
         "rank_rng": rank_rng, "tokenizers": tokenizers,
         "step": state.step, "epoch": state.epoch, "tokens": state.tokens, "flops": state.flops,
         "train_seconds": state.train_seconds, "best_valid_loss": state.best_valid_loss,
-        "bad_validations": state.bad_validations, "valid": valid,
+        "best_valid_bleu": state.best_valid_bleu, "bad_validations": state.bad_validations, "valid": valid,
+        "valid_seconds": state.valid_seconds, "valid_bleu_seconds": state.valid_bleu_seconds,
+        "ema": ema,
     }
     step_path = run_dir / f"ckpt_step{state.step:08d}.pt"
     ck.atomic_save(ckpt, step_path)  # serialized and checksummed once; the others are copies
-    if best:
-        ck.atomic_copy(step_path, run_dir / "best.pt")
+    if ema is not None:  # the averaged weights as a checkpoint of their own, for translate and evaluate
+        inference = {k: v for k, v in ckpt.items() if k not in (*ck.TRAINING_STATE, "ema")}
+        ck.atomic_save({**inference, "model": ema, "ema_decay": cfg.train.ema_decay}, run_dir / "ema.pt")
+    if best:  # the weights validated: the moving average where there is one
+        ck.atomic_copy(run_dir / "ema.pt" if ema is not None else step_path, run_dir / "best.pt")
     ck.atomic_copy(step_path, run_dir / "last.pt")  # last, so a resume always finds a complete state
     ck.prune(run_dir, keep_last)
 
@@ -207,7 +227,9 @@ def _resume_checkpoint(run_dir: Path) -> dict:
 
 
 def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
-             segment_epoch=lambda epoch: False, rank: int = 0, world_size: int = 1) -> TrainState:
+             segment_epoch=lambda epoch: False, rank: int = 0, world_size: int = 1) -> tuple[TrainState, dict | None]:
+    """The run directory's state restored into the model, optimizer and sampler; and its moving
+    average of the weights (``train.ema_decay``), if it kept one."""
     ckpt = _resume_checkpoint(run_dir)
     saved = run_config_from_dict(ckpt["run_config"])
     if saved.model != cfg.model:
@@ -223,16 +245,34 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     sampler_state = ckpt["sampler"]
     # BPE-dropout: the batches are cut on the saved epoch's lengths. If its segmentation file is
     # gone, the epoch is drawn again, cut into other batches, and restarted from its first one.
-    if segment_epoch(int(sampler_state["epoch"])) and sampler_state["n_batches"] != len(sampler):
+    if segment_epoch(int(sampler_state["epoch"])) and not sampler.same_cut(sampler_state):
         log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
                     "that epoch starts over", run_dir, sampler_state["epoch"])
-        sampler_state = {**sampler_state, "n_batches": len(sampler), "position": 0}
-    sampler.load_state_dict(sampler_state)
+        sampler_state = {**sampler_state, "n_batches_total": sampler.n_batches_total, "batches_done": 0}
+    sampler.load_state_dict(sampler_state)  # on another number of ranks, the epoch's rest is re-cut for these
     rngs = ckpt.get("rank_rng")
     rt.set_rng_state(rngs[rank] if rngs and len(rngs) == world_size else ckpt["rng"])
+    if rank == 0 and sampler_state["num_replicas"] != world_size:
+        _warn_other_ranks(run_dir, sampler_state, sampler, saved.train.accum_steps, cfg.train.accum_steps,
+                          world_size, local_sgd=bool(ranks))
     return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
-                      best_valid_loss=ckpt["best_valid_loss"], bad_validations=ckpt["bad_validations"],
-                      train_seconds=ckpt["train_seconds"])
+                      best_valid_loss=ckpt["best_valid_loss"],
+                      best_valid_bleu=ckpt.get("best_valid_bleu", -math.inf),
+                      bad_validations=ckpt["bad_validations"], train_seconds=ckpt["train_seconds"],
+                      valid_seconds=ckpt.get("valid_seconds", 0.0),
+                      valid_bleu_seconds=ckpt.get("valid_bleu_seconds", 0.0)), ckpt.get("ema")
+
+
+def _warn_other_ranks(run_dir: Path, saved_state: dict, sampler: TokenBatchSampler, saved_accum: int, accum: int,
+                      world_size: int, local_sgd: bool) -> None:
+    """The one warning of a resume on another number of processes: what cannot carry over."""
+    saved = int(saved_state["num_replicas"])
+    log.warning("%s: trained by %d process(es), resumed by %d: the rest of epoch %d (from batch %d of %d of its "
+                "order) is dealt out to %d rank(s); every rank starts from the main rank's generator states%s "
+                "(dropout masks differ from the saved run's); a step holds %d batches, was %d (train.accum_steps)",
+                run_dir, saved, world_size, sampler.epoch, sampler.batches_done, sampler.n_batches_total,
+                world_size, " and Adam moments (local SGD kept one per rank)" if local_sgd else "",
+                world_size * accum, saved * saved_accum)
 
 
 def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
@@ -255,7 +295,7 @@ def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
             segment_epoch(it_state["epoch"])
             it_state["it"] = iter(sampler)
             continue
-        out.append(collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id))
+        out.append(collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id, indices=idx))
     return out
 
 
@@ -403,7 +443,9 @@ class _Run:
             raise UserError(f"{data_dir}: too few training batches for {self.dist.world_size} device(s)")
         self.tokenizers = tokenizer_payload(data)
         self.toks = (data.src_tokenizer, data.tgt_tokenizer)
+        self.saved_ema = None
         self.state = self._resume_or_start(init_from, resume_optimizer)
+        self.ema = self._ema_start(t)
         if self.dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
             write_json_atomic(run_dir / "config.json", to_dict(cfg))
         self._parallel(t)
@@ -435,6 +477,12 @@ class _Run:
                 self.train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
                 num_threads=torch.get_num_threads(), sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
         self.valid_data = data.split("valid") if "valid" in data.splits else None
+        self.valid_refs = None
+        if self.valid_data is not None and t.valid_bleu:
+            self.valid_refs = data.references("valid")
+            if self.valid_refs is None:
+                log.warning("%s: the validation target file prepare read is gone or changed; valid_bleu scores "
+                            "against the detokenized reference ids instead", data.path)
         check_positions(self.cfg.model, {"train": self.train_data, "valid": self.valid_data})
         warn_long_pairs("valid", self.valid_data, t)
 
@@ -442,7 +490,7 @@ class _Run:
         """The run directory's state (resumed exactly), or a new run's (from ``init_from``'s weights)."""
         run_dir, dist = self.run_dir, self.dist
         if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
-            state = _restore(run_dir, self.model, self.opt, self.scaler, self.sampler, self.cfg, self.tokenizers,
+            state, self.saved_ema = _restore(run_dir, self.model, self.opt, self.scaler, self.sampler, self.cfg, self.tokenizers,
                              self.segment_epoch, dist.rank, dist.world_size)
             log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
             if dist.is_main:
@@ -453,6 +501,45 @@ class _Run:
             load_init(init_from, self.model, self.opt, self.cfg, self.tokenizers, resume_optimizer)
         self.segment_epoch(0)
         return TrainState()
+
+    def _ema_start(self, t: TrainConfig) -> list[torch.Tensor] | None:
+        """``train.ema_decay``'s float32 copy of the parameters: the run directory's, or the weights now."""
+        if not t.ema_decay:
+            return None
+        params, saved = dict(self.model.named_parameters()), self.saved_ema or {}
+        self.saved_ema = None
+        return [saved[k].to(self.device, torch.float32) if k in saved else p.detach().float().clone()
+                for k, p in params.items()]
+
+    def ema_update(self) -> None:
+        """ema <- d * ema + (1 - d) * weights, after an update (one fused call over all parameters)."""
+        params = [p.detach().float() for p in self.model.parameters()]
+        torch._foreach_lerp_(self.ema, params, 1.0 - self.cfg.train.ema_decay)
+
+    def ema_state(self) -> dict | None:
+        """The moving average as a state dict of the model (its buffers as they are)."""
+        if self.ema is None:
+            return None
+        names = [k for k, _ in self.model.named_parameters()]
+        out = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        out.update({k: e.detach().to("cpu", out[k].dtype).clone() for k, e in zip(names, self.ema)})
+        return out
+
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """The model holds the moving average inside the block (validation), its own weights after."""
+        if self.ema is None:
+            yield
+            return
+        params = list(self.model.parameters())
+        kept = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            torch._foreach_copy_(params, [e.to(p.dtype) for e, p in zip(self.ema, params)])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(params, kept)
 
     def _parallel(self, t: TrainConfig) -> None:
         """How the ranks train together. Local SGD: every process trains its own copy (no DDP), and the
@@ -572,6 +659,8 @@ class _Run:
             if not self.local_sgd:
                 return False
         state.step += 1
+        if finite and self.ema is not None:
+            self.ema_update()
         self.pending_tokens += int(s.tokens) if finite else 0
         state.train_seconds = self.clock()
         state.history.append((state.step, s.loss / s.tokens))
@@ -598,8 +687,9 @@ class _Run:
                               **({"rss_mb": rss} if rss is not None else {})})
 
     def validate(self) -> dict | None:
-        valid = _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision, self.state,
-                                    self.monitor.scalars, self.toks)
+        with self.ema_weights():
+            valid = _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision,
+                                        self.state, self.monitor.scalars, self.toks, self.valid_refs)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
         return valid
 
@@ -613,13 +703,15 @@ class _Run:
         each rank's own Adam state first, and every rank's RNG state is gathered); old BPE-dropout
         segmentations pruned."""
         state, dist = self.state, self.dist
-        is_best = valid is not None and valid["valid_loss"] <= state.best_valid_loss
+        is_best = valid is not None and (valid["valid_bleu"] >= state.best_valid_bleu
+                                         if self.cfg.train.best_metric == "bleu"
+                                         else valid["valid_loss"] <= state.best_valid_loss)
         _check_finite_weights(self.model, state.step, self.run_dir)
         rank_opts = rt.gather_to_main(self.opt.state_dict(), dist) if self.local_sgd else None
         rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
         if dist.is_main:
             _save(self.run_dir, self.model, self.opt, self.scaler, self.sampler_state, state, self.cfg,
-                  self.tokenizers, self.cfg.train.keep_last, valid, is_best, rank_opts, rank_rng)
+                  self.tokenizers, self.cfg.train.keep_last, valid, is_best, rank_opts, rank_rng, self.ema_state())
             if self.bpe is not None:
                 Segmentation.prune(self.run_dir, self.sampler_state["epoch"])
 
@@ -871,19 +963,22 @@ def _twice(x: torch.Tensor) -> torch.Tensor:
 
 
 def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars,
-                        tokenizers: tuple | None = None) -> dict | None:
+                        tokenizers: tuple | None = None, references: list[str] | None = None) -> dict | None:
+    """``validate``, then the bests and the count of validations without a gain in ``train.best_metric``."""
     if valid_data is None:
         return None
-    valid = validate(model, valid_data, cfg, device, precision, tokenizers)
-    if valid["valid_loss"] < state.best_valid_loss:
-        state.best_valid_loss = valid["valid_loss"]
-        state.bad_validations = 0
-    else:
-        state.bad_validations += 1
+    valid = validate(model, valid_data, cfg, device, precision, tokenizers, references)
+    state.valid_seconds += valid["valid_seconds"]
+    state.valid_bleu_seconds += valid.get("valid_bleu_seconds", 0.0)
+    gained = (valid["valid_bleu"] > state.best_valid_bleu if cfg.train.best_metric == "bleu"
+              else valid["valid_loss"] < state.best_valid_loss)
+    state.best_valid_loss = min(state.best_valid_loss, valid["valid_loss"])
+    state.best_valid_bleu = max(state.best_valid_bleu, valid.get("valid_bleu", -math.inf))
+    state.bad_validations = 0 if gained else state.bad_validations + 1
     log_scalars(valid)
-    log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s", state.step, valid["valid_loss"],
+    log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s (%.1f s)", state.step, valid["valid_loss"],
              valid["valid_nll"], valid["valid_ppl"],
-             f" BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else "")
+             f" BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else "", valid["valid_seconds"])
     return valid
 
 
@@ -897,6 +992,9 @@ def _summary(state: TrainState, cfg: RunConfig, n_params: int, dist, device, pre
         "tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
         "params": n_params, "devices": dist.world_size, "device": str(device), "precision": precision,
         "valid": valid, "best_valid_loss": state.best_valid_loss,
+        **({"best_valid_bleu": state.best_valid_bleu} if math.isfinite(state.best_valid_bleu) else {}),
+        "best_metric": cfg.train.best_metric,
+        "valid_seconds": round(state.valid_seconds, 1), "valid_bleu_seconds": round(state.valid_bleu_seconds, 1),
         "counted_flops": state.flops,
         "device_fp32_matmul_tflops": round(peak, 4),
         # Table 2: training time x number of devices x sustained FLOP/s of the device
