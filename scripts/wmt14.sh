@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# WMT14 as the paper ran it (§5, §6.1, Table 2), from the files a user downloaded to BLEU on
-# newstest2014. docs/wmt14.md is the page to read; `scripts/wmt14.sh --help` lists the options.
+# WMT14 as the paper ran it (§5, §6.1, Table 2), from statmt.org's archives to BLEU on newstest2014.
+# docs/wmt14.md is the page to read; `scripts/wmt14.sh --help` lists the options.
 #
 # Stages (each can be rerun; a finished one is skipped, training resumes from its last checkpoint):
+#   fetch     aiayn data wmt14: the pair's archives into RAW/wmt14, each checked against its pinned
+#             size and checksum (resumable; $AIAYN_WMT14_URL: a mirror), and the files the clean stage
+#             reads extracted beside them; skipped when RAW already holds those files (unpacked by hand)
 #   clean     the training corpora concatenated into WORK/text/train.{en,XX}: pairs with an empty
 #             side or a tab dropped (counted); newstest2013 (dev) and newstest2014 (test) as plain
 #             text, taken from the SGML of test-full.tgz when that is what RAW holds
@@ -22,18 +25,19 @@ aiayn() { "$PY" -m aiayn.cli "$@"; }
 
 usage() {
   cat <<'EOF'
-usage: scripts/wmt14.sh --raw DIR --work DIR [--pair ende|enfr] [--model base|big] [--gpus N]
-                        [--tokens-per-gpu T] [--stages clean,prepare,train,average,evaluate]
+usage: scripts/wmt14.sh --work DIR [--raw DIR] [--pair ende|enfr] [--model base|big] [--gpus N]
+                        [--tokens-per-gpu T] [--stages fetch,clean,prepare,train,average,evaluate]
                         [--max-steps N] [--set SECTION.FIELD=VALUE]... [--ci]
-  --raw DIR          where the WMT14 archives were unpacked (files are found by name, in any subfolder)
   --work DIR         text, data directory, run, translations and scores go here
+  --raw DIR          the WMT14 files, found by name in any subfolder: archives unpacked by hand, or
+                     where the fetch stage downloads and unpacks them, DIR/wmt14 (default: WORK/raw)
   --pair             ende (default) or enfr
   --model            base (default) or big; En-Fr has recipes/wmt14-enfr-big.json, its base uses
                      the En-De base recipe (the vocabulary comes from the data)
   --gpus N           devices to train on (default: nvidia-smi's count; 0 = CPU, one process)
   --tokens-per-gpu T tokens in one batch on one device (default: the recipe's 3125, the paper's
                      25,000 over 8 GPUs); accumulation makes up the rest of 25,000 per step
-  --stages LIST      stages to run, comma-separated (default: all five); "plan" alone prints the
+  --stages LIST      stages to run, comma-separated (default: all six); "plan" alone prints the
                      batch split "TOKENS_PER_GPU ACCUM_STEPS" for --gpus and exits
   --max-steps N      stop training after N steps (default: the recipe's 100K / 300K)
   --set K=V          a training override passed to aiayn train (repeatable)
@@ -41,11 +45,12 @@ usage: scripts/wmt14.sh --raw DIR --work DIR [--pair ende|enfr] [--model base|bi
                      4 steps of 2 x 300 tokens, a 1000-piece vocabulary, PyTorch's operations
                      instead of the C kernels (no compiler run); nothing here is WMT14's
                      result (tests/test_wmt14.py runs it on stand-in text)
-Environment: PYTHON (default python), TORCHRUN (default torchrun).
+Environment: PYTHON (default python), TORCHRUN (default torchrun), AIAYN_WMT14_URL (a mirror of
+statmt.org for the fetch stage).
 EOF
 }
 
-PAIR=ende MODEL=base RAW="" WORK="" GPUS="" TOKENS_PER_GPU="" STAGES=clean,prepare,train,average,evaluate
+PAIR=ende MODEL=base RAW="" WORK="" GPUS="" TOKENS_PER_GPU="" STAGES=fetch,clean,prepare,train,average,evaluate
 MAX_STEPS="" CI=0 SETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -66,6 +71,7 @@ done
 die() { echo "wmt14.sh: error: $*" >&2; exit 2; }
 say() { echo "== $*" >&2; }
 [ -n "$WORK" ] || die "--work is required"
+RAW=${RAW:-$WORK/raw}
 case "$PAIR" in ende) TGT=de ;; enfr) TGT=fr ;; *) die "--pair must be ende or enfr, got $PAIR" ;; esac
 case "$MODEL" in base) AVERAGE=5 ;; big) AVERAGE=20 ;; *) die "--model must be base or big, got $MODEL" ;; esac
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -103,6 +109,17 @@ find_file() {
   [ -n "$hit" ] && echo "$hit"
 }
 need_file() { find_file "$1" || die "$RAW: no $1 (or $1.gz); docs/wmt14.md lists the files to download"; }
+# whether RAW holds every file the clean stage reads (each newstest side plain or as SGML)
+raw_complete() {
+  local c f
+  for c in $CORPORA; do
+    find_file "$c.en" > /dev/null && find_file "$c.$TGT" > /dev/null || return 1
+  done
+  for f in "newstest2013.en|newstest2013-src.en.sgm" "newstest2013.$TGT|newstest2013-ref.$TGT.sgm" \
+           "$TEST_PLAIN.en|$TEST_PLAIN-src.en.sgm" "$TEST_PLAIN.$TGT|$TEST_PLAIN-ref.$TGT.sgm"; do
+    find_file "${f%|*}" > /dev/null || find_file "${f#*|}" > /dev/null || return 1
+  done
+}
 # one side of newstest as plain text: NAME.LANG if present, else the segments of an SGML file
 test_side() {  # plain-name lang sgm-name out
   local plain sgm
@@ -129,8 +146,16 @@ fi
 TEXT=$WORK/text DATA=$WORK/data RUN=$WORK/run
 mkdir -p "$WORK"
 
+if has_stage fetch && [ ! -f "$TEXT/done" ]; then
+  if raw_complete; then
+    say "fetch: $RAW holds every file the clean stage reads: skipped"
+  else
+    say "fetch: the WMT14 en-$TGT archives -> $RAW/wmt14 (docs/wmt14.md: sizes, checksums, disk)"
+    aiayn data wmt14 --pair "en-$TGT" --out "$RAW" --unpack
+  fi
+fi
+
 if has_stage clean && [ ! -f "$TEXT/done" ]; then
-  [ -n "$RAW" ] || die "--raw is required for the clean stage"
   say "clean: $CORPORA -> $TEXT/train.{en,$TGT}"
   mkdir -p "$TEXT"
   : > "$TEXT/train.en.tmp"; : > "$TEXT/train.$TGT.tmp"
