@@ -38,7 +38,8 @@ How it is built: the first ``load()`` of a process compiles the five C files wit
 hashes the sources, the flags and the CPU, written atomically with the SHA-256 of its bytes beside it;
 later loads reuse the file only if it is this user's, writable by no one else, and its bytes match
 (``load``; else it is built again; a cache directory shared between users gets a private folder per
-user). Without a
+user; kernels/build_cache.py says how no step follows a symbolic link or a name others could swap).
+Without a
 compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding and training use
 PyTorch's operations: the same numbers up to rounding for attention and log-probabilities, identical
 for int8 (``tests/kernels/test_kernel.py`` checks both kinds of attention step against
@@ -66,6 +67,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.kernels.build_cache import NOT_BUILT, CacheFolder, cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
@@ -75,14 +78,6 @@ HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "split.h",
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
 _FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels live: $AIAYN_CACHE_DIR, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn."""
-    if os.environ.get("AIAYN_CACHE_DIR"):
-        return Path(os.environ["AIAYN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "aiayn"
 
 
 def _cpu_signature() -> str:
@@ -104,23 +99,19 @@ def _compiler() -> str | None:
 
 
 def _compile(cc: str, out: Path, archs: tuple[list[str], ...] = (["-march=native"], [])) -> str | None:
-    """Compile SOURCES into ``out`` (atomically) with the first of ``archs`` that works (some compilers
-    or CPUs have no -march=native; without it the portable loops are built); None on success, else why."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Compile SOURCES into ``out``, in a directory private to the caller (``load`` passes a fresh
+    mkdtemp one, never the cache), with the first of ``archs`` that works (some compilers or CPUs have no
+    -march=native; without it the portable loops are built); None on success, else why."""
     errors = []
     for arch in archs:
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        cmd = cc.split() + [*_FLAGS, *arch, *map(str, SOURCES), "-o", tmp, "-lm"]
+        cmd = cc.split() + [*_FLAGS, *arch, *map(str, SOURCES), "-o", str(out), "-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as e:
             done, err = None, str(e)
         if done is not None and done.returncode == 0:
-            os.chmod(tmp, 0o755)  # whatever the umask: writable by its owner only (``load`` checks)
-            os.replace(tmp, out)
             return None
-        os.unlink(tmp)
+        out.unlink(missing_ok=True)
         errors.append(err if done is None else (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1])
     return "; ".join(errors)
 
@@ -391,10 +382,11 @@ class Kernels:
 def load() -> Kernels | None:
     """The kernels, compiled on first use (module docstring); None, logged once, if they cannot be had.
 
-    A cached library is loaded only if it is this user's, writable by no one else, in a directory
-    that is too (``_own_cache_dir``), and its bytes hash to the SHA-256 recorded beside it when it was
-    built; anything else (a damaged file, a build cut short, a file another user could have written)
-    is built again."""
+    A cached library is loaded only if it is this user's, writable by no one else, in a folder that
+    is too, and its bytes hash to the SHA-256 recorded beside it when it was built
+    (``CacheFolder.load``); anything else (a damaged file, a build cut short, a file another user could
+    have written, a symbolic link) is built again. A cache directory that is a symbolic link, or a folder
+    of this user's that another user owns or could write, is refused (``CacheFolder.open``)."""
     cc = _compiler()
     if cc is None:
         log.info("no C compiler (%s): decoding and the training loss use PyTorch's operations",
@@ -402,20 +394,29 @@ def load() -> Kernels | None:
         return None
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
-    what = "compile"
+    name = f"aiayn-kernels-{key.hexdigest()[:16]}.so"
     try:
-        path = _own_cache_dir() / f"aiayn-kernels-{key.hexdigest()[:16]}.so"
-        lib, why = _load_verified(path)
-        if lib is None:
-            if path.exists():
-                log.warning("%s: %s; building it again", path, why)
-            reason = _compile(cc, path)
-            if reason is None:
-                _record_sha256(path)
-                what = "load"
-                lib, reason = _load_verified(path)
-    except OSError as e:  # e.g. the cache directory cannot be written
-        lib, reason = None, str(e)
+        cache = CacheFolder.open(cache_dir())
+    except OSError as e:
+        log.warning("kernel cache refused (%s): decoding and the training loss use PyTorch's operations", e)
+        return None
+    path, what = cache.path / name, "compile"
+    with cache:
+        try:
+            cache.remove_leftovers()
+            lib, why = cache.load(name)
+            if lib is None:
+                if why != NOT_BUILT:
+                    log.warning("%s: %s; building it again", path, why)
+                with tempfile.TemporaryDirectory(prefix="aiayn-kernels-") as tmp:  # 0700: the compiler's alone
+                    reason = _compile(cc, Path(tmp) / name)
+                    if reason is None:
+                        cache.install(name, Path(tmp) / name)
+                if reason is None:
+                    what = "load"
+                    lib, reason = cache.load(name)
+        except OSError as e:  # e.g. the cache folder cannot be written
+            lib, reason = None, str(e)
     if lib is None:
         log.warning("could not %s %s (%s): decoding and the training loss use PyTorch's operations",
                     what, " ".join(src.name for src in SOURCES), reason)
@@ -425,66 +426,3 @@ def load() -> Kernels | None:
     except AttributeError as e:
         log.warning("could not load %s (%s): decoding and the training loss use PyTorch's operations", path, e)
         return None
-
-
-def _private(st: os.stat_result) -> bool:
-    """Owned by this user and writable by no one else."""
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
-def _own_cache_dir() -> Path:
-    """``cache_dir()`` if it is this user's alone; else (a directory shared between users) this user's
-    0700 folder inside it."""
-    base = cache_dir()
-    base.mkdir(parents=True, exist_ok=True)
-    if _private(base.stat()):
-        return base
-    mine = base / f"user-{os.getuid()}"
-    mine.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(mine)
-    if not (_private(st) and os.path.isdir(mine) and not os.path.islink(mine)):
-        raise OSError(f"{mine} is not this user's private directory")
-    return mine
-
-
-def _record_sha256(path: Path) -> None:
-    """Write the SHA-256 of the library ``path`` beside it (``PATH.sha256``), atomically."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    fd, tmp = tempfile.mkstemp(suffix=".sha256", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(digest + "\n")
-    os.replace(tmp, str(path) + ".sha256")
-
-
-def _load_verified(path: Path) -> tuple[ctypes.CDLL | None, str]:
-    """(the library, "") if ``path`` and its recorded SHA-256 are this user's alone and the bytes
-    match; else (None, why). The checks and the load read one open file (no swap in between)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None, "not built"
-    except OSError as e:
-        return None, str(e)
-    try:
-        if not _private(os.fstat(fd)):
-            return None, "owned by another user or writable by others"
-        try:
-            with open(str(path) + ".sha256", "rb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW)) as f:
-                if not _private(os.fstat(f.fileno())):
-                    return None, "its recorded checksum is owned by another user or writable by others"
-                want = f.read().decode("ascii", "replace").strip()
-        except OSError:
-            return None, "no recorded checksum (a build cut short?)"
-        h = hashlib.sha256()
-        with os.fdopen(os.dup(fd), "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        if h.hexdigest() != want:
-            return None, "damaged (its bytes do not match the checksum recorded when it was built)"
-        proc = f"/proc/self/fd/{fd}"
-        try:
-            return ctypes.CDLL(proc if os.path.exists(proc) else str(path)), ""
-        except OSError as e:
-            return None, str(e)
-    finally:
-        os.close(fd)
