@@ -141,18 +141,18 @@ def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> 
     references, test_2016 source, tokenized and raw references."""
     import torch
 
-    from aiayn.data.multi30k import default_data_root, multi30k_files as _multi30k_files, read_text as _read
+    from aiayn.data.multi30k import default_data_root, multi30k_files, read_text
     from aiayn.host.process import configure_process
 
     configure_process()
     torch.set_num_threads(threads)
 
     src, tgt = src_lang, "de" if src_lang == "en" else "en"
-    files = _multi30k_files(Path(data_root or default_data_root()), src, tgt)
+    files = multi30k_files(Path(data_root or default_data_root()), src, tgt)
     return {"src": src, "tgt": tgt,
-            "val_src": _read(files[f"raw.valid.{src}"]), "val_tok": _read(files[f"tok.valid.{tgt}"]),
-            "test_src": _read(files[f"raw.test.{src}"]), "test_tok": _read(files[f"tok.test.{tgt}"]),
-            "test_raw": _read(files[f"raw.test.{tgt}"])}
+            "val_src": read_text(files[f"raw.valid.{src}"]), "val_tok": read_text(files[f"tok.valid.{tgt}"]),
+            "test_src": read_text(files[f"raw.test.{src}"]), "test_tok": read_text(files[f"tok.test.{tgt}"]),
+            "test_raw": read_text(files[f"raw.test.{tgt}"])}
 
 
 def proc_status_kb(pid: int | str = "self") -> dict[str, int]:

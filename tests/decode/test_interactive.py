@@ -55,4 +55,4 @@ def test_buffer_must_be_positive(copy_checkpoint, capsys):
 def test_buffer_cuts_stdin_into_chunks_of_n_lines(monkeypatch):
     import io
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n c \nd\ne\n"))
-    assert list(decode_cli._input_chunks(None, 2)) == [(1, ["a", "b"]), (3, ["c", "d"]), (5, ["e"])]
+    assert list(decode_cli.input_chunks(None, 2)) == [(1, ["a", "b"]), (3, ["c", "d"]), (5, ["e"])]

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
+def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
     """(first line number, lines) chunks of at most ``size`` lines of the input; stdin is read a line
     at a time, so a chunk is given as soon as its last line has arrived."""
     from aiayn.data.textio import check_readable, decode_lines, read_lines
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         records, n_lines, t0 = [], 0, time.perf_counter()
         with progress_bar(_total_lines(args.input), unit=" lines", desc="translate",
                           quiet=buffer == 1) as bar:  # line by line: the translations show the progress
-            for first, lines in _input_chunks(args.input, buffer):
+            for first, lines in input_chunks(args.input, buffer):
                 ids = translator.encode(lines, source, first)
                 forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)))
                 hyps = translator.translate_ids(ids, forced, progress=bar.update)

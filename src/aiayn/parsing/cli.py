@@ -238,7 +238,7 @@ PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
 def run_text(args: argparse.Namespace) -> int:
     import sys
 
-    from aiayn.decode.cli import _input_chunks
+    from aiayn.decode.cli import input_chunks
     from aiayn.decode.translator import Translator
     from aiayn.parsing.linearize import RepairStats
     if args.checkpoint is None:
@@ -249,7 +249,7 @@ def run_text(args: argparse.Namespace) -> int:
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
-            for first, lines in _input_chunks(str(args.input) if args.input else None):
+            for first, lines in input_chunks(str(args.input) if args.input else None):
                 sentences = [[PTB_ESCAPES.get(w, w) for w in line.split()] for line in lines]
                 for result in parse_words(translator, sentences, options=options, source=source, first_line=first):
                     if result is not None:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from aiayn.model.transformer import PreSoftmax
-from aiayn.train.objective import LossSums, _acc_dtype, smoothed_row_losses
+from aiayn.train.objective import LossSums, acc_dtype, smoothed_row_losses
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def torch_rows(z: Tensor, tgt: Tensor, eps_ls: float, pad_id: int, loss: Tensor,
     written to ``loss`` and ``nll`` (c,) (0 on padding rows); with ``grad`` z overwritten by
     d loss / d z = softmax(z) - q (0 on padding rows)."""
     V = z.size(1)
-    zf = z.to(_acc_dtype(z))  # (c,V); z itself in float32 and float64
+    zf = z.to(acc_dtype(z))  # (c,V); z itself in float32 and float64
     log_z = torch.logsumexp(zf, dim=-1)  # (c,)
     z_gold = zf.gather(1, tgt.unsqueeze(1)).squeeze(1)
     row_loss, row_nll = smoothed_row_losses(log_z, zf.sum(-1), z_gold, zf[:, pad_id], eps_ls, V)
@@ -105,7 +105,7 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, h: Tensor, W: Tensor, tgt: Tensor, eps_ls: float, pad_id: int, rows: Rows, chunk: int,
                 need: tuple[bool, bool]):
         N = h.size(0)
-        acc = _acc_dtype(h)
+        acc = acc_dtype(h)
         loss = torch.empty(N, dtype=acc, device=h.device)
         nll = torch.empty(N, dtype=acc, device=h.device)
         grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if need[0] else None

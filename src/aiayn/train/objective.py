@@ -128,7 +128,7 @@ def _block_rows(z: Tensor) -> int:
     return max(1, elements // z.size(-1))
 
 
-def _acc_dtype(z: Tensor) -> torch.dtype:
+def acc_dtype(z: Tensor) -> torch.dtype:
     return torch.float64 if z.dtype == torch.float64 else torch.float32
 
 
@@ -154,7 +154,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, tgt: Tensor, keep: Tensor, eps_ls: float, pad_id: int, kernels=None):
         N, V = z.shape
-        acc = _acc_dtype(z)
+        acc = acc_dtype(z)
         if kernels is not None:  # (N,V) float32 or bfloat16 rows on the CPU: one read of each
             log_z, sum_z = kernels.cross_entropy_forward(z)
         else:
@@ -231,7 +231,7 @@ class _SymmetricKL(torch.autograd.Function):
     def forward(ctx, z1: Tensor, z2: Tensor):
         N, V = z1.shape
         block = _block_rows(z1)
-        acc = _acc_dtype(z1)
+        acc = acc_dtype(z1)
         g1, g2 = torch.empty_like(z1), torch.empty_like(z2)
         total = torch.zeros((), dtype=acc, device=z1.device)
         for i in range(0, N, block):
@@ -258,7 +258,7 @@ class _SymmetricKL(torch.autograd.Function):
 def rdrop_kl_reference(logits: Tensor, target: Tensor, pad_id: int) -> Tensor:
     """The plain autograd form of ``rdrop_kl``: the slow path its tests compare to."""
     z1, z2 = _non_pad_halves(logits, target, pad_id)
-    acc = _acc_dtype(logits)
+    acc = acc_dtype(logits)
     lp1 = torch.log_softmax(z1.to(acc), dim=-1)  # (N,V)
     lp2 = torch.log_softmax(z2.to(acc), dim=-1)
     return 0.5 * ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum()
