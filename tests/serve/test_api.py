@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from aiayn.config import ConfigError, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
+from aiayn.model.transformer import count_preset_parameters
 from aiayn.serve.app import create_app
+from aiayn.serve.page import parameters_text
 
 from .conftest import LOCAL, SERVE
 
@@ -26,11 +29,14 @@ def reference(translator, cfg: DecodeConfig, sentences):
     return Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate_nbest(sentences)
 
 
-def test_health(client):
+def test_health(client, translator):
     r = client.get("/health")
     assert r.status_code == 200
     data = r.json()
     assert data["status"] == "ok" and data["model"]["n_layers"] == 2
+    # no name or pair given (checkpoints record no languages): none shown rather than guessed
+    assert data["model"]["name"] is None and data["model"]["languages"] is None
+    assert data["model"]["parameters"] == count_preset_parameters(translator.model.cfg)  # not the packed copy's
     assert data["defaults"] == {"beam": 4, "alpha": 0.6} and data["limits"]["max_sentences"] == 4
 
 
@@ -103,6 +109,30 @@ def test_page_is_self_contained(client):
     assert 'id="source"' in page and 'id="translate"' in page and 'value="4"' in page
     assert "<script src" not in page and "http://" not in page and "https://" not in page
     assert ".innerHTML" not in page  # user text goes in with textContent only
+    assert 'id="model-size"' in page and 'id="model-name"' not in page and 'id="model-pair"' not in page
+
+
+def test_the_model_line_names_the_model_and_escapes_its_name(translator):
+    cfg = replace(SERVE, model_name="<b>m</b>.pt", languages="en-de")
+    with TestClient(create_app(translator, cfg), base_url=LOCAL) as c:
+        model = c.get("/health").json()["model"]
+        page = c.get("/").text
+    assert model["name"] == "<b>m</b>.pt" and model["languages"] == {"source": "en", "target": "de"}
+    assert '<b id="model-name">&lt;b&gt;m&lt;/b&gt;.pt</b>' in page and '<span id="model-pair">en \u2192 de</span>' in page
+    assert f'<span id="model-size">{parameters_text(model["parameters"])}</span>' in page
+
+
+@pytest.mark.parametrize("languages", ["en", "en-de-fr", "-de", "en_US-<b>", "e n-de"])
+def test_a_language_pair_is_two_codes(languages):
+    with pytest.raises(ConfigError, match="languages must be SRC-TGT"):
+        replace(SERVE, languages=languages)
+
+
+@pytest.mark.parametrize("n, text", [(63_082_496, "63.1M parameters"), (999, "999 parameters"),
+                                     (999_960, "1.0M parameters"), (212_992, "213.0K parameters"),
+                                     (2_500_000_000, "2.5B parameters")])
+def test_parameters_text(n, text):
+    assert parameters_text(n) == text
 
 
 def test_an_internal_failure_is_a_500_and_the_service_goes_on(translator, monkeypatch):

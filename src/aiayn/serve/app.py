@@ -4,7 +4,8 @@
                   -> {"translations": ["..."], "nbest": [[{"text", "score", "log_prob", "eos"}]] (nbest > 1),
                       "attention": [{"src_tokens", "tgt_tokens", "cross": (L,H,T,S)} or null] (attention: true),
                       "beam": 4, "alpha": 0.6, "time_ms": 12.3}
-    GET  /health     {"status": "ok", "queued": 0, "model_calls": 7, "model": {...}, "limits": {...}}
+    GET  /health     {"status": "ok", "queued": 0, "model_calls": 7, "model": {"name", "languages", "parameters", ...},
+                      "limits": {...}}
     GET  /metrics    counters in Prometheus' text format (metrics.py)
     GET  /           a page: type sentences, see translations, click to see the cross-attention map
 
@@ -35,6 +36,7 @@ from aiayn.config import ConfigError, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import InputError
+from aiayn.model.transformer import count_preset_parameters
 from aiayn.serve.batcher import Batcher, Busy, Expired, Job, Result
 from aiayn.serve.config import ServeConfig
 from aiayn.serve.guard import Guard
@@ -259,7 +261,11 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     app.state.batcher, app.state.metrics = batcher, metrics
     app.add_middleware(Guard, cfg=cfg, metrics=metrics)
     _add_error_handlers(app)
-    health_body = {"model": {"n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
+    pair = cfg.language_pair
+    health_body = {"model": {"name": cfg.model_name or None,
+                             "languages": {"source": pair[0], "target": pair[1]} if pair else None,
+                             "parameters": sum(count_preset_parameters(x.cfg) for x in translator.models),
+                             "n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
                              "ensemble": len(translator.models)},
                    "defaults": {"beam": base.beam_size, "alpha": base.alpha},
                    "limits": {k: getattr(cfg, k) for k in LIMITS}}
@@ -277,7 +283,8 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.get("/", response_class=HTMLResponse)
     async def page() -> str:
         return index_html(beam=base.beam_size, alpha=base.alpha, max_sentences=cfg.max_sentences,
-                          key_input=bool(cfg.api_key))
+                          key_input=bool(cfg.api_key), model=health_body["model"],
+                          attention_values=cfg.max_attention_values)
 
     @app.post("/translate")
     async def translate(request: Request) -> Response:

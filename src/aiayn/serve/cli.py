@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, replace
 from aiayn.decode.config import DecodeConfig, add_device_argument
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     cfg, decode = from_args(ServeConfig, args), from_args(DecodeConfig, args)
     if not cfg.api_key and os.environ.get(API_KEY_ENV):
         cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
+    if not cfg.model_name:
+        cfg = replace(cfg, model_name=Path(args.checkpoint).name)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     app = create_app(Translator.from_checkpoint(args.checkpoint, decode, device=args.device), cfg)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from dataclasses import dataclass
 
 from aiayn.config import ConfigError, param
@@ -25,6 +26,10 @@ class ServeConfig:
 
     host: str = param("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = param(8000, "TCP port to listen on")
+    model_name: str = param("", "the model's name on the web page and in /health; empty = the checkpoint's file name")
+    languages: str = param(
+        "", "the model's language pair as SRC-TGT (e.g. en-de), shown on the web page and in /health; empty = "
+            "none shown (checkpoints do not record their languages)")
     max_sentences: int = param(32, "most sentences in one request (more: 413)")
     max_sentence_tokens: int = param(200, "most subword tokens in one source sentence, EOS included (more: 422)")
     max_request_bytes: int = param(65536, "largest request body in bytes (more: 413)")
@@ -77,6 +82,16 @@ class ServeConfig:
             raise ConfigError("max_alpha and max_attention_values must be >= 0")
         if self.batch_wait_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
             raise ConfigError("batch_wait_ms and threads must be >= 0 and port in [0, 65535]")
+        if self.languages and not re.fullmatch(r"[A-Za-z]\w{0,15}-[A-Za-z]\w{0,15}", self.languages, re.ASCII):
+            raise ConfigError(f"languages must be SRC-TGT like en-de, got {self.languages!r}")
+
+    @property
+    def language_pair(self) -> tuple[str, str] | None:
+        """(source, target) from ``languages``, or None when it is not given."""
+        if not self.languages:
+            return None
+        src, tgt = self.languages.split("-")
+        return src, tgt
 
     @property
     def allowed_hosts(self) -> tuple[str, ...]:
