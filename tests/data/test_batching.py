@@ -117,21 +117,21 @@ def test_resume_mid_epoch_gives_the_remaining_batches(stop):
     it = iter(run)
     seen = [next(it) for _ in range(stop)]
     state = run.state_dict()
-    assert state["epoch"] == 3 and state["position"] == stop
+    assert state["epoch"] == 3 and state["batches_done"] == 2 * stop  # both ranks' batches
     resumed = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
     resumed.load_state_dict(state)
     resumed.set_epoch(3)  # a training loop re-entering the saved epoch keeps the position
     assert seen + list(resumed) == expected
     assert list(resumed) == expected  # iterating the same epoch again starts over
     resumed.set_epoch(4)
-    assert resumed.state_dict()["position"] == 0
+    assert resumed.state_dict()["batches_done"] == 0
 
 
 def test_resume_rejects_a_different_setup():
     src, tgt = random_lens()
     state = TokenBatchSampler(src, tgt, 250, 250, num_replicas=2).state_dict()
-    with pytest.raises(UserError, match="trained by 2 process\\(es\\), this is 4"):
-        TokenBatchSampler(src, tgt, 250, 250, num_replicas=4).load_state_dict(state)
+    with pytest.raises(UserError, match="saved seed=1, now 3"):
+        TokenBatchSampler(src, tgt, 250, 250, seed=3, num_replicas=4).load_state_dict(state)
 
 
 def test_collate_golden():

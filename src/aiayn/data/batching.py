@@ -21,11 +21,15 @@ Rules, all per epoch from (seed, epoch) only, so every rank and every resumed ru
   which ones changes with the epoch's shuffle (without shuffle: always the last, longest ones);
   rank r takes batches r, r+R, r+2R, ...
 
-``state_dict()`` records the epoch and how many batches this rank has been handed in it;
-after ``load_state_dict`` the next ``__iter__`` yields exactly the remaining batches (later
-iterations, like any fresh one, start the epoch from its first batch). The
-count is of batches handed out: a consumer that prefetches (a DataLoader with workers) must
-save the count it actually trained on instead.
+``state_dict()`` records the epoch and the data position: how many batches of the epoch's order
+the ranks together have been handed (``batches_done``: this rank's count times R, plus where the
+iteration began), a place in the epoch's order, not in one rank's share of it. After
+``load_state_dict`` the next ``__iter__`` deals the batches of the order from that place out to
+this sampler's R ranks, which may differ from the saved run's: the rest of the epoch is re-cut
+for R (its last ``remaining % R`` batches dropped, as above), so no batch is handed twice or
+skipped before those (later iterations, like any fresh one, start the epoch from its first
+batch). The count is of batches handed out: a consumer that prefetches (a DataLoader with
+workers) must save the count it actually trained on instead.
 """
 from __future__ import annotations
 
@@ -60,8 +64,9 @@ class TokenBatchSampler:
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         self.drop_oversize = bool(drop_oversize)
         self.epoch = 0
-        self._position = 0  # batches of this epoch handed out by the current iteration
-        self._skip = 0  # batches the next __iter__ skips (set by load_state_dict only)
+        self._position = 0  # batches of this epoch handed to this rank by the current iteration
+        self._start = 0  # batches of the epoch's order (all ranks) before the current iteration's first
+        self._resume_at = 0  # where in the epoch's order the next __iter__ begins (set by load_state_dict only)
         self._set_lengths(src_lens, tgt_lens)
 
     def _set_lengths(self, src_lens: np.ndarray, tgt_lens: np.ndarray) -> None:
@@ -125,45 +130,56 @@ class TokenBatchSampler:
         """Select the epoch's order; a different epoch starts from its first batch."""
         if epoch != self.epoch:
             self.epoch = int(epoch)
-            self._position = self._skip = 0
+            self._position = self._start = self._resume_at = 0
 
-    def epoch_batches(self, epoch: int | None = None) -> list[np.ndarray]:
-        """All batches of ``epoch`` (default: the current one) for this rank, in order."""
+    def epoch_batches(self, epoch: int | None = None, start: int = 0) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` (default: the current one), in order: those of the epoch's
+        batch order from its ``start``-th on, dealt out to the R ranks."""
         epoch = self.epoch if epoch is None else epoch
         order, rng = self._sorted_order(epoch)
         n = len(self._slices)
-        batch_order = rng.permutation(n) if rng is not None else np.arange(n)
-        kept = batch_order[: n - n % self.num_replicas]
+        rest = (rng.permutation(n) if rng is not None else np.arange(n))[start:]
+        kept = rest[: len(rest) - len(rest) % self.num_replicas]
         return [order[slice(*self._slices[j])] for j in kept[self.rank::self.num_replicas]]
 
     def __iter__(self) -> Iterator[list[int]]:
         """The epoch's batches for this rank; after ``load_state_dict``, only those not yet seen."""
-        batches = self.epoch_batches()
-        start, self._skip = self._skip, 0
-        self._position = start
-        for batch in batches[start:]:
+        self._start, self._resume_at = self._resume_at, 0
+        self._position = 0
+        for batch in self.epoch_batches(start=self._start):
             self._position += 1
             yield batch.tolist()
 
+    @property
+    def batches_done(self) -> int:
+        """Batches of the epoch's order handed to all ranks so far (the data position)."""
+        return self._start + self._position * self.num_replicas
+
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self._position, "seed": self.seed,
-                "num_replicas": self.num_replicas, "rank": self.rank,
-                "n_examples": len(self.src_lens), "n_batches": len(self)}
+        return {"epoch": self.epoch, "batches_done": self.batches_done, "seed": self.seed,
+                "num_replicas": self.num_replicas, "rank": self.rank, "n_examples": len(self.src_lens),
+                "n_batches_total": self.n_batches_total, "n_batches": len(self)}
+
+    def same_cut(self, state: dict) -> bool:
+        """Whether ``state`` was saved from batches cut as this sampler's are (their number; a state
+        written before ``n_batches_total`` was saved holds the count per rank)."""
+        if "n_batches_total" in state:
+            return state["n_batches_total"] == self.n_batches_total
+        return state["n_batches"] == self.n_batches_total // state["num_replicas"]
 
     def load_state_dict(self, state: dict) -> None:
-        saved_ranks = state["num_replicas"]
-        if saved_ranks != self.num_replicas:  # the epoch's batches are dealt out to that many ranks
-            raise UserError(f"cannot resume the batch order: the run was trained by {saved_ranks} process(es), "
-                            f"this is {self.num_replicas}; resume it with {saved_ranks} (torchrun "
-                            f"--nproc_per_node {saved_ranks}, or aiayn demo --processes {saved_ranks}), or start a "
-                            f"new run from its weights: aiayn train --init-from RUN/last.pt --resume-optimizer "
-                            f"--out NEW_RUN (the schedule starts again at step 1)")
-        for key in ("seed", "n_examples", "n_batches"):
+        """Continue ``state``'s epoch from its data position, on this sampler's number of ranks."""
+        for key in ("seed", "n_examples"):
             mine = self.state_dict()[key]
             if state[key] != mine:
                 raise UserError(f"cannot resume the batch order: saved {key}={state[key]}, now {mine}")
+        if not self.same_cut(state):
+            raise UserError(f"cannot resume the batch order: the saved epoch was cut into other batches "
+                            f"than the {self.n_batches_total} of these lengths and token bounds")
+        done = state["batches_done"] if "batches_done" in state else state["position"] * state["num_replicas"]
         self.epoch = int(state["epoch"])
-        self._position = self._skip = int(state["position"])
+        self._start = self._resume_at = int(done)
+        self._position = 0
 
 
 def _compact(lens: Sequence[int]) -> np.ndarray:
