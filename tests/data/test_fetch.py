@@ -239,3 +239,38 @@ def test_progress_bar_on_a_terminal(server, tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "QUIET", False)
     fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
     assert "val.de.gz:" in sys.stderr.getvalue() and "B/s" in sys.stderr.getvalue()
+
+
+@pytest.mark.slow
+def test_demo_runs_to_the_end_from_a_mirror_alone(server, no_local_data, monkeypatch, tmp_path, capsys):
+    """No Multi30k on the machine, a local server standing in for the data set's repository: the
+    demo downloads, trains, translates and plots; a corrupted file is one line naming it and the
+    checksum expected, and leaves nothing behind."""
+    import json
+
+    from aiayn.cli import main
+    monkeypatch.setenv("AIAYN_DATA_URL", server.url)
+    path = "/" + VAL_DE.remote
+    good = server.files[path]
+    server.files[path] = good[:-1] + bytes([good[-1] ^ 1])  # the same size, one bit off
+    out = tmp_path / "demo"
+    recipe = tmp_path / "smoke.json"
+    recipe.write_text(json.dumps({
+        "preset": "multi30k",
+        "model": {"n_layers": 1, "d_model": 64, "d_ff": 128, "n_heads": 2, "d_k": 32, "d_v": 32},
+        "train": {"warmup_steps": 10, "max_src_tokens": 1024, "max_tgt_tokens": 1024, "save_every_steps": 10,
+                  "save_every_min": 0, "validate_every_steps": 0, "threads": 1}}))
+    argv = ["demo", "--out", str(out), "--recipe", str(recipe), "--train-lines", "1000", "--eval-lines", "20",
+            "--max-steps", "20", "--processes", "1", "--alphas", "0.6", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # the download notice, then the error
+    assert err[-1].startswith("aiayn demo: error: val.de.gz") and VAL_DE.sha256 in err[-1], err
+    assert not any("Traceback" in line for line in err)
+    assert not list(no_local_data.rglob("*.part")) and not list(no_local_data.rglob("val.de.gz"))
+    server.files[path] = good
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3:] == [f"model: {out / 'model.pt'}", f"translations: {out / 'test_2016.hyp'}",
+                          f"plots: {out / 'plots'}"]
+    assert len((out / "test_2016.hyp").read_text(encoding="utf-8").splitlines()) == 20
+    assert list((out / "plots").glob("*.png")) and (no_local_data / "multi30k" / "raw" / "val.de.gz").is_file()
