@@ -14,7 +14,8 @@
 #             ratio dropped
 #   train     aiayn train with the recipe (recipes/wmt14-<pair>-<model>.json) on GPUS devices
 #             (torchrun), each batch at most TOKENS_PER_GPU tokens, batches accumulated up to
-#             25,000 source + 25,000 target tokens per step (§5.1); checkpoints every 10 minutes
+#             25,000 source + 25,000 target tokens per step (§5.1); a checkpoint every 1,500
+#             (base) or 600 (big) steps, the paper's 10 minutes on 8 P100s (docs/wmt14.md)
 #   average   the last 5 (base) or 20 (big) checkpoints averaged (§6.1)
 #   evaluate  newstest2014 translated with beam 4, alpha 0.6, max length input + 50 (§6.1), scored
 #             with sacreBLEU and the paper's tokenized compound-split BLEU
