@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from aiayn.config import ConfigError, add_arguments, from_args, replace
+from aiayn.data.corpora import CORPUS_SPEC, Corpus, parse_corpus
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare, tokenizers_from_checkpoint
 from aiayn.errors import UserError
 
@@ -19,10 +20,18 @@ def register(subparsers) -> None:
                     "encode every split into memory-mappable arrays, clean train, and write a "
                     "manifest. Inputs: UTF-8, one sentence per line, aligned, plain or .gz. "
                     "Nothing is left at --out unless the whole run succeeds.")
-    for split, required in (("train", True), ("valid", False), ("test", False)):
+    for split in ("train", "valid", "test"):
         for side, lang in (("src", "source"), ("tgt", "target")):
-            p.add_argument(f"--{split}-{side}", type=Path, required=required, default=None,
-                           help=f"{split} {lang} text file" + ("" if required else f" (give --{split}-src and --{split}-tgt together)"))
+            p.add_argument(f"--{split}-{side}", type=Path, default=None,
+                           help=f"{split} {lang} text file (give --{split}-src and --{split}-tgt together" +
+                                ("; or --corpus, or both: this one is then the corpus called train, weight 1)"
+                                 if split == "train" else ")"))
+    p.add_argument("--corpus", action="append", default=[], metavar=CORPUS_SPEC,
+                   help="a train corpus (repeatable; the corpora form one train split, one vocabulary sampled "
+                        "over all in proportion to their sizes): source and target files; WEIGHT (default 1) "
+                        "draws it that many times an epoch in training (0.5: a new random half each epoch); TAG "
+                        "(e.g. <bt>) starts each of its source sentences; LANG (e.g. de) puts <2LANG> after the "
+                        "tag; an empty field is its default. Example: --corpus bt=mono.en,mono.de,0.5,<bt>")
     p.add_argument("--out", type=Path, required=True, help="data directory to create")
     p.add_argument("--tokenizer-from", type=Path, default=None, metavar="MODEL.pt",
                    help="encode with the SentencePiece model(s) stored in this checkpoint instead of training new "
@@ -87,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{split}-src and --{split}-tgt must be given together")
         if src is not None:
             splits[split] = SplitFiles(src, tgt)
+    corpora = [parse_corpus(spec) for spec in args.corpus]
+    if corpora and "train" in splits:
+        train = splits.pop("train")
+        corpora.insert(0, Corpus("train", train.src, train.tgt))
+    if "train" not in splits and not corpora:
+        raise UserError("give the train split: --train-src and --train-tgt, or --corpus (repeatable)")
     try:
         cfg = from_args(PrepareConfig, args)
     except ConfigError as exc:
@@ -95,9 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if args.tokenizer_from is not None:
         from aiayn.checkpoint import load_checkpoint
         tokenizers = tokenizers_from_checkpoint(load_checkpoint(args.tokenizer_from), args.tokenizer_from, cfg)
-    manifest = prepare(splits, args.out, cfg, force=args.overwrite, tokenizers=tokenizers)
+    manifest = prepare(splits, args.out, cfg, force=args.overwrite, tokenizers=tokenizers, corpora=corpora)
     for name, entry in manifest["splits"].items():
         print(f"{name}: {entry['pairs']} pairs, {entry['src']['tokens']} source / "
               f"{entry['tgt']['tokens']} target tokens")
+        for c in entry.get("corpora", []):
+            marks = "".join(f", {k} {c[k]}" for k in ("tag", "lang") if c[k])
+            print(f"  {c['name']}: {c['end'] - c['start']} pairs, weight {c['weight']:g}{marks}")
     print(f"wrote {args.out}")
     return 0

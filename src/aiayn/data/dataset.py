@@ -16,7 +16,9 @@ The manifest (``manifest.json``, format "aiayn-data", version 1) is written last
                                         "src"|"tgt": {"tokens_file", "offsets_file", "dtype",
                                                       "tokens": total, "unk": <unk> count,
                                                       "bytes": {file: size},
-                                                      "length": {min, max, mean, p50, p90, p99}}}}
+                                                      "length": {min, max, mean, p50, p90, p99}},
+                                        "corpora": [...]}}   # a train split of several corpora, in place
+                                                             # of "inputs" (aiayn.data.corpora)
     options                          the PrepareConfig used (aiayn.data.prepare)
     created                          ISO time (UTC)
 

@@ -5,10 +5,13 @@ Steps (§5.1: sentences encoded with byte-pair encoding into a shared source-tar
 1. check: every input exists, is UTF-8, source and target have the same number of lines,
    no split is empty; all before anything is written;
 2. sample: up to ``spm_sample_pairs`` non-empty train pairs (reservoir sampling, ``seed``),
-   so SentencePiece never needs the whole corpus in memory;
+   so SentencePiece never needs the whole corpus in memory; a train split of several corpora
+   (``aiayn.data.corpora``) is sampled as one stream, each corpus in proportion to its size;
 3. train SentencePiece (BPE by default; unigram as an option), one shared model by default,
-   keeping each of ``user_symbols`` one piece (in each model when they are separate);
-4. encode every split streaming, ``chunk_lines`` pairs at a time with SentencePiece's thread
+   keeping each of ``user_symbols`` one piece (in each model when they are separate), and each
+   corpus tag and target-language token (added to ``user_symbols`` in the manifest's options);
+4. encode every split streaming (each source sentence after its corpus's tag and target-language
+   token, ``Corpus.source_tokens``), ``chunk_lines`` pairs at a time with SentencePiece's thread
    pool (``num_workers``), appending ids to ``.npy`` files (layout: ``aiayn.data.store``);
 5. clean train only (valid/test are scored line by line, so they are kept whole, in order);
    a pair is dropped for the first rule it breaks, in this order, and counted under it:
@@ -41,11 +44,12 @@ import time
 from datetime import datetime, timezone
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from aiayn.config import ConfigError, param, to_dict
+from aiayn.config import ConfigError, param, replace, to_dict
+from aiayn.data.corpora import Corpus, check_corpora, check_lang
 from aiayn.data.store import SIDES, AtomicDir, NpyAppender, array_files, token_dtype, write_json_atomic
 from aiayn.data.store import FORMAT, MANIFEST, VERSION
 from aiayn.data.textio import check_readable, read_pairs
@@ -74,6 +78,7 @@ class PrepareConfig:
     chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
     user_symbols: tuple[str, ...] = param((), "pieces SentencePiece must keep whole (user_defined_symbols), e.g. the bracket labels of linearized trees; each a space-separated word of the text")
     lowercase: bool = param(False, "build lowercasing into the SentencePiece model(s): the corpus and every later input are lowercased (outputs are lowercase); the form Multi30k's published baselines train on")
+    target_lang_token: str = param("", "a language code LANG: <2LANG> starts every source sentence (of train corpora without their own LANG, valid and test) and is kept one piece; many-to-many translation (Johnson et al. 2017); at translation time the source text starts with it")
 
     def __post_init__(self) -> None:
         if self.model_type not in ("bpe", "unigram"):
@@ -87,6 +92,10 @@ class PrepareConfig:
         if len(set(self.user_symbols)) != len(self.user_symbols):
             twice = sorted({s for s in self.user_symbols if self.user_symbols.count(s) > 1})
             raise ConfigError(f"user_symbols given more than once: {twice!r}")
+        try:
+            check_lang(self.target_lang_token, "target_lang_token")
+        except UserError as exc:
+            raise ConfigError(str(exc)) from None
         if self.max_len < 0 or self.max_len_ratio < 0 or self.chunk_lines <= 0 or self.spm_sample_pairs <= 0:
             raise ConfigError("max_len and max_len_ratio must be >= 0; chunk_lines and spm_sample_pairs > 0")
 
@@ -123,23 +132,34 @@ def length_stats(lens: np.ndarray) -> dict[str, float]:
             "p50": int(p50), "p90": int(p90), "p99": int(p99)}
 
 
-def _scan(files: SplitFiles, sample_size: int, seed: int, name: str = "") -> tuple[int, list[tuple[str, str]]]:
-    """Validate a split end to end; return its line count and a reservoir sample of non-empty pairs."""
-    rng = random.Random(seed)
-    sample: list[tuple[str, str]] = []
-    seen, n = 0, 0
+class _Reservoir:
+    """A uniform sample of up to ``size`` items of a stream fed in parts (reservoir sampling,
+    seeded): fed several corpora in turn, it holds each in proportion to its size."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.rng = size, random.Random(seed)
+        self.items: list[tuple[str, str]] = []
+        self.seen = 0
+
+    def add(self, item: tuple[str, str]) -> None:
+        self.seen += 1
+        if len(self.items) < self.size:
+            self.items.append(item)
+        elif (j := self.rng.randrange(self.seen)) < self.size:
+            self.items[j] = item
+
+
+def _scan(files: SplitFiles | Corpus, sample: _Reservoir | None, name: str = "") -> int:
+    """Validate a split (or a corpus) end to end, feeding its non-empty pairs to ``sample``;
+    return its line count."""
+    n = 0
     with progress_bar(unit=" lines", desc=f"{name}: check") as bar:
         for n, s, t in read_pairs(files.src, files.tgt):
             if n % PROGRESS_LINES == 0:
                 bar.update(PROGRESS_LINES)
-            if not (sample_size and s and t):
-                    continue
-            seen += 1
-            if len(sample) < sample_size:
-                sample.append((s, t))
-            elif (j := rng.randrange(seen)) < sample_size:
-                sample[j] = (s, t)
-    return n, sample
+            if sample is not None and s and t:
+                sample.add((s, t))
+    return n
 
 
 def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConfig) -> dict[str, str]:
@@ -189,7 +209,7 @@ def _write_tokenizers(toks: dict, tmp: Path) -> dict[str, str]:
     return {side: f"spm.{side}.model" for side in SIDES}
 
 
-def _chunks(files: SplitFiles, size: int) -> Iterator[list[tuple[int, str, str]]]:
+def _chunks(files: SplitFiles | Corpus, size: int) -> Iterator[list[tuple[int, str, str]]]:
     pairs = read_pairs(files.src, files.tgt)
     while chunk := list(islice(pairs, size)):
         yield chunk
@@ -226,9 +246,10 @@ class _SideWriter:
 
 
 def _encode_chunk(chunk: list[tuple[int, str, str]], toks: dict[str, Tokenizer], writers: dict[str, _SideWriter],
-                  counts: dict[str, int], cfg: PrepareConfig, clean: bool) -> None:
-    """Encode one chunk of pairs, drop those cleaning rules out (``clean``), append the rest."""
-    src = toks["src"].encode_batch([p[1] for p in chunk], num_threads=cfg.threads)
+                  counts: dict[str, int], cfg: PrepareConfig, clean: bool, prefix: str = "") -> None:
+    """Encode one chunk of pairs (``prefix`` before each non-empty source sentence), drop those
+    cleaning rules out (``clean``), append the rest."""
+    src = toks["src"].encode_batch([prefix + p[1] if p[1] else "" for p in chunk], num_threads=cfg.threads)
     tgt = toks["tgt"].encode_batch([p[2] for p in chunk], num_threads=cfg.threads)
     counts["input"] += len(chunk)
     if clean:
@@ -243,61 +264,124 @@ def _encode_chunk(chunk: list[tuple[int, str, str]], toks: dict[str, Tokenizer],
     writers["tgt"].append(tgt)
 
 
-def _encode_split(split: str, files: SplitFiles, toks: dict[str, Tokenizer], tmp: Path,
-                  cfg: PrepareConfig, clean: bool, lines: int | None = None) -> dict[str, Any]:
-    """Encode one split into ``tmp`` (cleaning it if ``clean``); return its manifest entry.
-    ``lines``: the split's line count, for the progress bar."""
+def _encode_split(split: str, parts: Sequence[Corpus], toks: dict[str, Tokenizer], tmp: Path,
+                  cfg: PrepareConfig, clean: bool, lines: int | None = None, listed: bool = False) -> dict[str, Any]:
+    """Encode one split, its corpora ``parts`` one after another, into ``tmp`` (cleaning it if
+    ``clean``); return its manifest entry, which lists the corpora if ``listed`` (else its one
+    corpus's files are its ``inputs``). ``lines``: the split's line count, for the progress bar."""
     writers = {side: _SideWriter(tmp, split, side, toks[side].vocab_size) for side in SIDES}
     counts = {"input": 0, "empty": 0, "too_long": 0, "bad_ratio": 0, "kept": 0}
+    corpora = []
     with progress_bar(lines, unit=" lines", desc=f"{split}: encode") as bar:
-        for chunk in _chunks(files, cfg.chunk_lines):
-            _encode_chunk(chunk, toks, writers, counts, cfg, clean)
-            bar.update(len(chunk))
-    entry: dict[str, Any] = {"pairs": counts["kept"], "cleaned": clean,
-                             "inputs": {"src": str(files.src.resolve()), "tgt": str(files.tgt.resolve()),
-                                        "lines": counts["input"]}}
+        for part in parts:
+            before = dict(counts)
+            prefix = "".join(t + " " for t in part.source_tokens(cfg.target_lang_token))
+            for chunk in _chunks(part, cfg.chunk_lines):
+                _encode_chunk(chunk, toks, writers, counts, cfg, clean, prefix)
+                bar.update(len(chunk))
+            corpora.append(_corpus_entry(part, before, counts, clean and listed, cfg))
+    entry: dict[str, Any] = {"pairs": counts["kept"], "cleaned": clean}
+    if listed:
+        entry["corpora"] = corpora
+    else:
+        entry["inputs"] = corpora[0]["inputs"]
     if clean:
         entry["cleaning"] = counts
         log.info("%s: %d pairs in, dropped %d empty, %d too long (> %d tokens), %d bad ratio (> %g); %d kept",
                  split, counts["input"], counts["empty"], counts["too_long"], cfg.max_len,
                  counts["bad_ratio"], cfg.max_len_ratio, counts["kept"])
         if counts["kept"] == 0:
-            raise UserError(f"{files.src}: empty corpus after cleaning (all {counts['input']} pairs dropped)")
+            raise UserError(f"{parts[0].src}: empty corpus after cleaning (all {counts['input']} pairs dropped)")
     entry.update({side: writers[side].close() for side in SIDES})
     return entry
 
 
+def _corpus_entry(part: Corpus, before: dict[str, int], after: dict[str, int], clean: bool,
+                  cfg: PrepareConfig) -> dict[str, Any]:
+    """A corpus's entry in the manifest (``aiayn.data.corpora``): counts ``after`` it less those ``before``."""
+    done = {k: after[k] - before[k] for k in after}
+    if clean and done["kept"] == 0:
+        raise UserError(f"{part.src}: corpus {part.name} is empty after cleaning (all {done['input']} pairs dropped)")
+    entry: dict[str, Any] = {"name": part.name, "weight": part.weight, "tag": part.tag,
+                             "lang": part.lang or cfg.target_lang_token, "start": before["kept"], "end": after["kept"],
+                             "inputs": {"src": str(part.src.resolve()), "tgt": str(part.tgt.resolve()),
+                                        "lines": done["input"]}}
+    if clean:
+        entry["cleaning"] = done
+    return entry
+
+
+def _source_symbols(parts: dict[str, list[Corpus]], cfg: PrepareConfig) -> list[str]:
+    """The corpus tags and target-language tokens that start source sentences, in order of first use."""
+    found = [t for ps in parts.values() for c in ps for t in c.source_tokens(cfg.target_lang_token)]
+    return list(dict.fromkeys(found))
+
+
+def _with_symbols(cfg: PrepareConfig, symbols: list[str]) -> PrepareConfig:
+    """``cfg`` whose ``user_symbols`` also hold ``symbols`` (after its own)."""
+    extra = tuple(s for s in symbols if s not in cfg.user_symbols)
+    try:
+        return replace(cfg, user_symbols=cfg.user_symbols + extra) if extra else cfg
+    except ConfigError as exc:
+        raise UserError(f"{exc} (the corpus tags and target-language tokens {', '.join(extra)} are user symbols)") from None
+
+
+def _check_one_piece(symbols: list[str], tok: Tokenizer, from_checkpoint: bool) -> None:
+    """Each tag and target-language token must be one id of the source tokenizer."""
+    split = [s for s in symbols if len(tok.encode(s)) != 1]
+    if split:
+        why = ("the checkpoint's tokenizer (--tokenizer-from) was not trained with them as user symbols"
+               if from_checkpoint else "with --lowercase, write them in lowercase")
+        raise UserError(f"{', '.join(split)}: not one piece of the source tokenizer; {why}")
+
+
 def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force: bool = False,
-            tokenizers: dict | None = None) -> dict[str, Any]:
+            tokenizers: dict | None = None, corpora: Sequence[Corpus] = ()) -> dict[str, Any]:
     """Build the data directory ``out`` from ``splits`` ("train" required); returns the manifest.
     ``tokenizers``: a checkpoint's ``tokenizers`` entry (``tokenizers_from_checkpoint``), used
-    instead of training SentencePiece (fine-tuning)."""
-    if "train" not in splits:
+    instead of training SentencePiece (fine-tuning). ``corpora``: the train split as several
+    corpora (``aiayn.data.corpora``), in place of ``splits["train"]``; the manifest lists them."""
+    if corpora and "train" in splits:
+        raise ValueError("prepare: the train split comes from splits['train'] or from corpora, not both")
+    if "train" not in splits and not corpora:
         raise UserError("prepare needs a train split")
-    for split, files in splits.items():
-        check_readable(files.src, f"{split} source")
-        check_readable(files.tgt, f"{split} target")
+    check_corpora(corpora)
+    parts = {split: [Corpus(split, files.src, files.tgt)] for split, files in splits.items()}
+    if corpora:
+        parts = {"train": list(corpora), **parts}
+    for split, ps in parts.items():
+        for c in ps:
+            what = f"--corpus {c.name}" if corpora and split == "train" and c.name != "train" else split
+            check_readable(c.src, f"{what} source")
+            check_readable(c.tgt, f"{what} target")
+    symbols = _source_symbols(parts, cfg)
+    if tokenizers is None:
+        cfg = _with_symbols(cfg, symbols)
     out = Path(out)
     atomic = AtomicDir(out, force=force)
     atomic.check_destination()
     t0 = time.perf_counter()
-    lines = {}
-    for split, files in splits.items():
-        wanted = cfg.spm_sample_pairs if split == "train" and tokenizers is None else 0
-        lines[split], s = _scan(files, wanted, cfg.seed, split)
-        log.info("%s: %d aligned lines (%s, %s)", split, lines[split], files.src, files.tgt)
-        if split == "train":
-            sample = s
+    lines = dict.fromkeys(parts, 0)
+    reservoir = _Reservoir(cfg.spm_sample_pairs, cfg.seed) if tokenizers is None else None
+    for split, ps in parts.items():
+        for c in ps:
+            name = f"{split}/{c.name}" if corpora and split == "train" else split
+            n = _scan(c, reservoir if split == "train" else None, name)
+            log.info("%s: %d aligned lines (%s, %s)", name, n, c.src, c.tgt)
+            lines[split] += n
+    sample = reservoir.items if reservoir is not None else []
     if not sample and tokenizers is None:
-        raise UserError(f"{splits['train'].src}: empty corpus (no train pair has both sides non-empty)")
+        where = parts["train"][0].src if len(parts["train"]) == 1 else "train corpora"
+        raise UserError(f"{where}: empty corpus (no train pair has both sides non-empty)")
     n_sample = len(sample)
     with atomic as tmp:
         t1 = time.perf_counter()
         if tokenizers is None:
             log.info("training SentencePiece on %d sampled pairs (a step without a progress bar)", n_sample)
         names = _train_tokenizers(sample, tmp, cfg) if tokenizers is None else _write_tokenizers(tokenizers, tmp)
-        del sample
+        del sample, reservoir
         toks = {side: Tokenizer.load(tmp / names[side]) for side in SIDES}
+        _check_one_piece(symbols, toks["src"], from_checkpoint=tokenizers is not None)
         shared = names["src"] == names["tgt"]
         if tokenizers is None:
             log.info("trained SentencePiece %s (%s, vocab %d) on %d sampled pairs in %.1fs",
@@ -308,8 +392,9 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             "vocab": {"shared": shared, "model_type": toks["src"].model_type,
                       **{side: {"model": names[side], "sha256": toks[side].sha256,
                                 "vocab_size": toks[side].vocab_size} for side in SIDES}},
-            "splits": {split: _encode_split(split, files, toks, tmp, cfg, clean=(split == "train"), lines=lines[split])
-                       for split, files in splits.items()},
+            "splits": {split: _encode_split(split, ps, toks, tmp, cfg, clean=(split == "train"), lines=lines[split],
+                                            listed=bool(corpora) and split == "train")
+                       for split, ps in parts.items()},
             "options": to_dict(cfg),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
