@@ -104,3 +104,23 @@ def test_best_by_bleu_ema_and_resume(small_data_dir, tmp_path, capsys):
     assert main(["translate", "--checkpoint", str(straight / "ema.pt"), "--input", str(src), "--quiet"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert math.isfinite(summary["valid"]["valid_loss"])
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_validation_translations(small_data_dir, tmp_path):
+    """Each of 2 data-parallel ranks translates every other validation line; the gathered BLEU is
+    the one process's BLEU of the same weights."""
+    import subprocess
+    import sys
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "aiayn.cli",
+           "train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--max-steps", "3", *FAST,
+           "--set", "train.validate_every_steps=0", "--set", "train.valid_bleu=true",
+           "--set", "train.valid_bleu_max_lines=15", "--set", "train.valid_beam=2"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    gathered = json.loads((run / "summary.json").read_text())["valid"]["valid_bleu"]
+    from aiayn.decode.translator import load_model_for_inference
+    model, src_tok, tgt_tok = load_model_for_inference(run / "last.pt")
+    data = DataDir(small_data_dir)
+    alone = loop.valid_bleu(model, data.split("valid"), (src_tok, tgt_tok), 15, None, 2, data.references("valid"))
+    assert gathered == pytest.approx(alone, abs=1e-9)

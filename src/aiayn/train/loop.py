@@ -22,6 +22,7 @@ import torch
 
 from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.corpora import corpus_mix
 from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.data.store import write_json_atomic
 from aiayn.data.vocab import joint_vocabulary
@@ -122,7 +123,7 @@ def warn_long_pairs(name: str, data, t: TrainConfig) -> None:
 
 @torch.no_grad()
 def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None,
-             references: list[str] | None = None) -> dict:
+             references: list[str] | None = None, dist=None) -> dict:
     """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout); with
     ``train.valid_bleu`` and ``tokenizers``, its sacreBLEU too (``valid_bleu``); and the seconds each took."""
     t0 = time.monotonic()
@@ -147,7 +148,7 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     if t.valid_bleu and tokenizers is not None:
         t1 = time.monotonic()
         out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines, src_cap, t.valid_beam,
-                                       references)
+                                       references, dist)
         out["valid_bleu_seconds"] = time.monotonic() - t1
     model.train()
     out["valid_seconds"] = time.monotonic() - t0
@@ -156,20 +157,29 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
 
 @torch.no_grad()
 def valid_bleu(model, data, tokenizers: tuple, max_lines: int = 0, src_cap: int | None = None, beam: int = 4,
-               references: list[str] | None = None) -> float:
+               references: list[str] | None = None, dist=None) -> float:
     """sacreBLEU of the first ``max_lines`` validation pairs (0 = all) translated as ``aiayn
     translate`` would (§6.1: beam search of ``beam``, alpha 0.6, max length |x| + 50), against
     ``references`` (the raw target lines, ``DataDir.references``) or, without them, the
-    detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``)."""
+    detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``). In a data-parallel
+    run (``dist``) each rank translates every G-th line and the translations are gathered, so
+    every rank scores the same text in 1/G of the time."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import sacre_bleu
     src_tok, tgt_tok = tokenizers
     n = min(len(data), max_lines) if max_lines else len(data)
     translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=beam))
-    ids = [list(map(int, data.src(i)[:src_cap])) + [model.cfg.eos_id] if len(data.src(i)) else [] for i in range(n)]
-    hyps = translator.translate_ids(ids)
-    out = [tgt_tok.decode(h[0].tokens) if h else "" for h in hyps]
+    rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
+    ids = [list(map(int, data.src(i)[:src_cap])) + [model.cfg.eos_id] if len(data.src(i)) else []
+           for i in range(rank, n, world)]
+    out = [tgt_tok.decode(h[0].tokens) if h else "" for h in translator.translate_ids(ids)]
+    if world > 1:
+        parts: list = [None] * world
+        torch.distributed.all_gather_object(parts, out)
+        out = [""] * n
+        for r, part in enumerate(parts):
+            out[r::world] = part
     refs = references[:n] if references is not None else [tgt_tok.decode(list(map(int, data.tgt(i))))
                                                         for i in range(n)]
     return sacre_bleu(out, refs).score
@@ -243,11 +253,13 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     sampler_state = ckpt["sampler"]
-    # BPE-dropout: the batches are cut on the saved epoch's lengths. If its segmentation file is
-    # gone, the epoch is drawn again, cut into other batches, and restarted from its first one.
+    # BPE-dropout (and corpus weights): the batches are cut on the saved epoch's lengths. If its
+    # segmentation file is gone, the epoch is drawn again, cut into other batches, and restarted
+    # from its first one; so is an epoch saved before its first batch (at train.max_epochs).
     if segment_epoch(int(sampler_state["epoch"])) and not sampler.same_cut(sampler_state):
-        log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
-                    "that epoch starts over", run_dir, sampler_state["epoch"])
+        if sampler_state.get("batches_done", sampler_state.get("position")):  # (none: saved at the epoch's start)
+            log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
+                        "that epoch starts over", run_dir, sampler_state["epoch"])
         sampler_state = {**sampler_state, "n_batches_total": sampler.n_batches_total, "batches_done": 0}
     sampler.load_state_dict(sampler_state)  # on another number of ranks, the epoch's rest is re-cut for these
     rngs = ckpt.get("rank_rng")
@@ -485,6 +497,9 @@ class _Run:
                             "against the detokenized reference ids instead", data.path)
         check_positions(self.cfg.model, {"train": self.train_data, "valid": self.valid_data})
         warn_long_pairs("valid", self.valid_data, t)
+        self.mix = corpus_mix(data, self.train_data, t.seed)  # corpora of weights other than 1: an epoch's draw
+        if self.mix is not None:
+            self.train_data = self.mix
 
     def _resume_or_start(self, init_from, resume_optimizer: bool) -> TrainState:
         """The run directory's state (resumed exactly), or a new run's (from ``init_from``'s weights)."""
@@ -564,11 +579,14 @@ class _Run:
         self.model.use_attention_kernels(self.kernels)
 
     def segment_epoch(self, epoch: int) -> bool:
-        """BPE-dropout: the epoch's segmentation, sampled by the main rank and saved in the run
-        directory before any rank uses it (so ranks and resumed runs agree); batches re-cut.
-        Returns whether BPE-dropout is on."""
+        """The epoch's pairs, batches re-cut: corpus weights draw the epoch's pairs from (seed, epoch)
+        (``aiayn.data.corpora``); BPE-dropout samples the epoch's segmentation on the main rank and
+        saves it in the run directory before any rank uses it (so ranks and resumed runs agree).
+        Returns whether either is on."""
+        if self.mix is not None and self.mix.set_epoch(epoch) and self.bpe is None:
+            self.sampler.set_lengths(self.mix.src_lens + 1, self.mix.tgt_lens + 1)
         if self.bpe is None:
-            return False
+            return self.mix is not None
         path = Segmentation.path(self.run_dir, epoch)
         if self.dist.is_main and not path.exists():
             self.bpe.sample().save(path)
@@ -576,7 +594,7 @@ class _Run:
             torch.distributed.barrier()
         self.bpe.use(Segmentation.load(path))
         check_positions(self.cfg.model, {f"train (BPE-dropout segmentation {path})": self.bpe})
-        self.sampler.set_lengths(self.bpe.src_lens + 1, self.bpe.tgt_lens + 1)
+        self.sampler.set_lengths(self.train_data.src_lens + 1, self.train_data.tgt_lens + 1)
         return True
 
     def clock(self) -> float:
@@ -689,7 +707,7 @@ class _Run:
     def validate(self) -> dict | None:
         with self.ema_weights():
             valid = _validate_and_track(self.model, self.valid_data, self.cfg, self.device, self.precision,
-                                        self.state, self.monitor.scalars, self.toks, self.valid_refs)
+                                        self.state, self.monitor.scalars, self.toks, self.valid_refs, self.dist)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
         return valid
 
@@ -963,11 +981,12 @@ def _twice(x: torch.Tensor) -> torch.Tensor:
 
 
 def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars,
-                        tokenizers: tuple | None = None, references: list[str] | None = None) -> dict | None:
+                        tokenizers: tuple | None = None, references: list[str] | None = None,
+                        dist=None) -> dict | None:
     """``validate``, then the bests and the count of validations without a gain in ``train.best_metric``."""
     if valid_data is None:
         return None
-    valid = validate(model, valid_data, cfg, device, precision, tokenizers, references)
+    valid = validate(model, valid_data, cfg, device, precision, tokenizers, references, dist)
     state.valid_seconds += valid["valid_seconds"]
     state.valid_bleu_seconds += valid.get("valid_bleu_seconds", 0.0)
     gained = (valid["valid_bleu"] > state.best_valid_bleu if cfg.train.best_metric == "bleu"
