@@ -76,3 +76,33 @@ def test_exported_model_translates_as_aiayn(copy_checkpoint, tmp_path):
         got_ids = [[t for t in row.tolist() if t not in (0, 2, 3)] for row in gen]
         assert got_ids == want_ids, beam
     assert sum(w == s for w, s in zip(want, SENTENCES[:4])) >= 2  # it copies short lines; others it errs on, alike
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_no_repeat_ngram_greedy_is_transformers(n):
+    """Greedy search with no_repeat_ngram n: token for token generate's no_repeat_ngram_size n, on a
+    random tiny model that repeats itself (both with pad and BOS suppressed, as the search never
+    generates them; at most N tokens, no forced EOS)."""
+    from aiayn.decode.adapter import CachedDecoder
+    from aiayn.decode.search import SpecialIds, search
+    from aiayn.hf import MARIAN_LAYER_NORM_EPS
+    torch.manual_seed(1)
+    m = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=40, layer_norm_eps=MARIAN_LAYER_NORM_EPS)).eval()
+    hf, cfg = marian_model(m), m.cfg
+    src = torch.tensor([[5, 6, 7, 8, 9, 10, 3], [9, 10, 11, 3, 0, 0, 0], [12, 13, 3, 0, 0, 0, 0]])
+    N, ids = 24, SpecialIds(pad=cfg.pad_id, bos=cfg.bos_id, eos=cfg.eos_id)
+    outputs = {}
+    for size in (0, n):
+        decode = DecodeConfig(beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=N, no_repeat_ngram=size)
+        ours = [hs[0].tokens for hs in search(CachedDecoder(m), src, decode, ids)]
+        with torch.no_grad():
+            gen = hf.generate(input_ids=src, attention_mask=(src != cfg.pad_id).long(), num_beams=1, do_sample=False,
+                              max_new_tokens=N, no_repeat_ngram_size=size, suppress_tokens=[cfg.pad_id, cfg.bos_id],
+                              forced_eos_token_id=None, min_length=0)
+        rows = [row[1:].tolist() for row in gen]  # without the decoder's start token
+        theirs = [tuple(r[: r.index(cfg.eos_id)] if cfg.eos_id in r else r) for r in rows]
+        assert ours == theirs, size
+        outputs[size] = ours
+    grams = [[o[i:i + n] for i in range(len(o) - n + 1)] for o in outputs[0]]
+    assert any(len(g) != len(set(g)) for g in grams)  # without the ban the model repeats itself
+    assert outputs[n] != outputs[0]

@@ -106,7 +106,14 @@ CASES = {"beam": (DecodeConfig(beam_size=3, nbest=2, max_len_a=1.0, max_len_b=2)
          "beam-prefix": (DecodeConfig(beam_size=3, max_len_a=1.0, max_len_b=2), torch.tensor([[5, 6], [7, -1], [-1, -1], [8, 9]])),
          "greedy": (DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=2), None),
          "greedy-prefix": (DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=2), torch.tensor([[5, 6], [7, -1], [-1, -1], [8, 9]])),
-         "sampling": (DecodeConfig(sampling=True, nbest=2, max_len_a=1.0, max_len_b=2), None)}
+         "sampling": (DecodeConfig(sampling=True, nbest=2, max_len_a=1.0, max_len_b=2), None),
+         # no repeated bigrams: each hypothesis's bans found and written on the device
+         "beam-ngram": (DecodeConfig(beam_size=3, nbest=2, max_len_a=1.0, max_len_b=2, no_repeat_ngram=2), None),
+         "beam-prefix-ngram": (DecodeConfig(beam_size=3, max_len_a=1.0, max_len_b=2, no_repeat_ngram=2),
+                               torch.tensor([[5, 6, 5, 6], [7, -1, -1, -1], [-1, -1, -1, -1], [8, 9, 8, -1]])),
+         "greedy-prefix-ngram": (DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=2, no_repeat_ngram=2),
+                                 torch.tensor([[5, 6, 5, 6], [7, -1, -1, -1], [-1, -1, -1, -1], [8, 9, 8, -1]])),
+         "sampling-ngram": (DecodeConfig(sampling=True, nbest=2, max_len_a=1.0, max_len_b=2, no_repeat_ngram=1), None)}
 
 
 @pytest.mark.parametrize("case", list(CASES))

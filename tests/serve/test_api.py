@@ -37,7 +37,7 @@ def test_health(client, translator):
     # no name or pair given (checkpoints record no languages): none shown rather than guessed
     assert data["model"]["name"] is None and data["model"]["languages"] is None
     assert data["model"]["parameters"] == count_preset_parameters(translator.model.cfg)  # not the packed copy's
-    assert data["defaults"] == {"beam": 4, "alpha": 0.6} and data["limits"]["max_sentences"] == 4
+    assert data["defaults"] == {"beam": 4, "alpha": 0.6, "no_repeat_ngram": 0} and data["limits"]["max_sentences"] == 4
 
 
 def test_translate_matches_the_translator(client, translator):

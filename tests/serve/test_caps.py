@@ -37,8 +37,29 @@ def test_health_reports_every_cap(tiny):
     with TestClient(create_app(tiny, SERVE), base_url=LOCAL) as c:
         limits = c.get("/health").json()["limits"]
     for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_alpha",
-                 "max_prefix_tokens", "max_attention_values", "max_queue_sentences", "batch_tokens"):
+                 "max_prefix_tokens", "max_no_repeat_ngram", "max_attention_values", "max_queue_sentences",
+                 "batch_tokens"):
         assert limits[name] == getattr(SERVE, name), name
+
+
+def test_no_repeat_ngram_is_a_capped_request_field_with_the_server_s_default(tiny):
+    sents = ["a b c d e f", "a a a a b b b b"]
+    banned = Translator(tiny.models, tiny.src_tok, tiny.tgt_tok, replace(tiny.cfg, no_repeat_ngram=2))
+    want = banned.translate(sents)
+    assert want != tiny.translate(sents)  # the untrained model repeats itself
+    with TestClient(create_app(tiny, replace(SERVE, max_no_repeat_ngram=3)), base_url=LOCAL) as c:
+        health = c.get("/health").json()
+        assert health["limits"]["max_no_repeat_ngram"] == 3 and health["defaults"]["no_repeat_ngram"] == 0
+        assert c.post("/translate", json={"sentences": sents, "no_repeat_ngram": 2}).json()["translations"] == want
+        over = c.post("/translate", json={"sentences": sents, "no_repeat_ngram": 4})
+        negative = c.post("/translate", json={"sentences": sents, "no_repeat_ngram": -1})
+    assert over.status_code == 422 and over.json()["error"] == "no_repeat_ngram: 4 exceeds the limit of 3"
+    assert negative.status_code == 422 and "no_repeat_ngram" in negative.json()["error"]
+    with TestClient(create_app(banned, SERVE), base_url=LOCAL) as c:  # the server's default, unless asked
+        assert c.get("/health").json()["defaults"]["no_repeat_ngram"] == 2
+        assert c.post("/translate", json={"sentences": sents}).json()["translations"] == want
+        off = c.post("/translate", json={"sentences": sents, "no_repeat_ngram": 0}).json()["translations"]
+    assert off == tiny.translate(sents)
 
 
 def test_output_tokens_count_in_a_model_calls_budget(tiny):

@@ -11,11 +11,13 @@ def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypa
     seen = {}
     monkeypatch.setattr(Server, "run", lambda self: seen.update(app=self.config.app, config=self.config, server=self))
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", "8123", "--max-sentences", "3",
-                 "--beam-size", "2", "--alpha", "0.3", "--max-len-b", "4", "--threads", "1", "--languages", "en-de"]) == 0
+                 "--beam-size", "2", "--alpha", "0.3", "--max-len-b", "4", "--threads", "1", "--languages", "en-de",
+                 "--no-repeat-ngram", "3"]) == 0
     assert seen["config"].host == "127.0.0.1" and seen["config"].port == 8123
     with TestClient(seen["app"], base_url="http://localhost") as client:
         health = client.get("/health").json()
-        assert health["defaults"] == {"beam": 2, "alpha": 0.3} and health["limits"]["max_sentences"] == 3
+        assert health["defaults"] == {"beam": 2, "alpha": 0.3, "no_repeat_ngram": 3}
+        assert health["limits"]["max_sentences"] == 3
         assert health["model"]["name"] == tiny_checkpoint.name  # no --model-name: the file's name
         assert health["model"]["languages"] == {"source": "en", "target": "de"}
         r = client.post("/translate", json={"sentences": ["A dog."]})

@@ -24,6 +24,7 @@ class DecodeConfig:
     max_len_a: float = param(1.0, "maximum output length = floor(a * |x| + b) tokens, EOS included; |x| = non-pad source tokens as fed to the encoder (§6.1: |x| + 50)")
     max_len_b: int = param(50, "b of the maximum output length a * |x| + b (§6.1: 50; parsing §6.3: 300)")
     min_len: int = param(0, "EOS is forbidden until this many tokens have been generated (min_len = max length forces a fixed output length, for benchmarks)")
+    no_repeat_ngram: int = param(0, "no n-gram of this many tokens occurs twice in an output (not in the paper; fairseq's, CTranslate2's and transformers' no_repeat_ngram_size; decode/ngram.py): at each step a hypothesis may not take a token that would complete an n-gram it already holds; a forced target prefix counts among what it holds, its own tokens are never banned; greedy search, beam search and sampling; 0 = off")
     nbest: int = param(1, "hypotheses returned per sentence, best first (at most beam_size; with sampling, the number of samples)")
     mbr: bool = param(False, "minimum Bayes risk choice (not in the paper, which outputs the best-scoring hypothesis; decode/mbr.py): beam search keeps beam_size finished hypotheses and returns first the one with the highest expected sentence-BLEU against all of them, weighted by their model probabilities; the n-best list is in that order")
     sampling: bool = param(False, "sample each token instead of searching (ancestral sampling with temperature / top-k / top-p)")
@@ -52,6 +53,8 @@ class DecodeConfig:
             raise ConfigError("max_len_a and max_len_b must be >= 0 and allow at least one token")
         if self.min_len < 0:
             raise ConfigError(f"min_len must be >= 0, got {self.min_len}")
+        if self.no_repeat_ngram < 0:
+            raise ConfigError(f"no_repeat_ngram must be >= 0 (0 = off), got {self.no_repeat_ngram}")
         if self.mbr and self.sampling:
             raise ConfigError("mbr chooses among beam search's hypotheses; it does not combine with sampling")
         if self.temperature <= 0:

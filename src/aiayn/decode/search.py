@@ -36,6 +36,10 @@ Definitions (documented choices):
   token's log-probability is -inf, and the forced token's own counts in the score. Its maximum
   output length is at least the prefix's length + 1. (While a prefix is forced, beam search takes
   the decoder's full ``step``, not ``step_topk``: the forced token need not be among the best.)
+- ``no_repeat_ngram`` n > 0 (decode/ngram.py) bans, per hypothesis and step, every token that would
+  complete an n-gram its tokens already hold, forced prefix tokens included; a forced token itself
+  is never banned. Beam search then takes the decoder's full ``step`` from step n + 1 on (the ban
+  differs per row), ``step_topk`` before.
 - Exact early stop: with α >= 0 and log-probs <= 0, a live hypothesis with log-prob s can at
   best reach s / lp(max_len) (s only falls and lp only grows). A sentence is done when no live
   hypothesis's bound beats the nbest-th best finished score (nbest = 1: the best), or when no
@@ -50,6 +54,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.ngram import ban_repeated_ngrams
 from aiayn.decode.topk import select_topk, topk_rows  # noqa: F401 (topk_rows: part of this module's interface)
 from aiayn.model.attention import attention_backends
 
@@ -288,6 +293,9 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         log_probs = _apply_allowed(log_probs.index_fill_(1, banned.at(t), NEG_INF), allowed, rows,
                                    seqs[:, : t - 1])  # (N, V)
         forced = forced_steps.at(rows, rows_host, t) if forced_steps is not None else None
+        if cfg.no_repeat_ngram:
+            ban_repeated_ngrams(log_probs, seqs[:, : t - 1], cfg.no_repeat_ngram, ids.pad,
+                                None if forced is None else forced >= 0)
         if forced is not None:
             log_probs = _force(log_probs, forced)
         tok = choose(log_probs)  # (N,)
@@ -386,13 +394,18 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         # tokens: take those first (per row, where adding the beam's score cannot change the
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
         forced = forced_steps.at(rows, rows_host, t) if forced_steps is not None else None
-        if forced is None and allowed is None:
+        ngram = cfg.no_repeat_ngram if t > cfg.no_repeat_ngram else 0  # a hypothesis may hold an n-gram
+        if forced is None and allowed is None and not ngram:
             row_lp, row_tok, state = _step_topk(decoder, last, state, K, banned.at(t))
-        else:  # a prefix or a constraint needs the (N*K, V) log-probabilities
+        else:  # a prefix, a constraint or the n-gram ban needs the (N*K, V) log-probabilities
             log_probs, state = decoder.step(last, state)
-            if allowed is not None:
+            if allowed is not None or ngram:
                 prior = seqs[:, :, : t - 1].reshape(seqs.size(0) * K, t - 1)  # (N*K, t-1)
+            if allowed is not None:
                 log_probs = _apply_allowed(log_probs, allowed, rows.repeat_interleave(K), prior)
+            if ngram:
+                ban_repeated_ngrams(log_probs, prior, ngram, ids.pad,
+                                    None if forced is None else (forced >= 0).repeat_interleave(K))
             if forced is not None:  # every beam of the sentence continues with its forced token
                 log_probs = _force(log_probs, forced.repeat_interleave(K))
             row_lp, row_tok = select_topk(log_probs, K, banned.at(t))

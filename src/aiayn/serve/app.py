@@ -1,6 +1,7 @@
 """The HTTP JSON API and web page of ``aiayn serve`` (FastAPI).
 
-    POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false, "prefix": ["..."]?}
+    POST /translate  {"sentences": ["..."], "beam": 4, "alpha": 0.6, "nbest": 1, "attention": false, "prefix": ["..."]?,
+                      "no_repeat_ngram": 0?}
                   -> {"translations": ["..."], "nbest": [[{"text", "score", "log_prob", "eos"}]] (nbest > 1),
                       "attention": [{"src_tokens", "tgt_tokens", "cross": (L,H,T,S)} or null] (attention: true),
                       "beam": 4, "alpha": 0.6, "time_ms": 12.3}
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 # the caps of every request field and of the work one request may cause, as /health reports them
 LIMITS = ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_alpha", "max_prefix_tokens",
-          "max_attention_values", "max_queue_sentences", "batch_tokens", "request_timeout_s")
+          "max_no_repeat_ngram", "max_attention_values", "max_queue_sentences", "batch_tokens", "request_timeout_s")
 
 
 class ApiError(Exception):
@@ -71,6 +72,8 @@ class TranslateRequest(BaseModel):
     attention: bool = Field(False, description="return the encoder-decoder attention of each best output")
     prefix: list[str] | None = Field(None, description="one target prefix per sentence that its translations "
                                                        "begin with and the search continues (\"\" for none)")
+    no_repeat_ngram: int | None = Field(None, ge=0, description="no n-gram of this many tokens twice in an output "
+                                                                "(0 = off; DecodeConfig.no_repeat_ngram)")
 
 
 def plain(text: str, limit: int = 300) -> str:
@@ -148,8 +151,11 @@ def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> De
     alpha = base.alpha if req.alpha is None else req.alpha
     if not (math.isfinite(alpha) and alpha <= cfg.max_alpha):
         raise ApiError(422, f"alpha: must be in [0, {cfg.max_alpha:g}]")
+    ngram = base.no_repeat_ngram if req.no_repeat_ngram is None else req.no_repeat_ngram
+    if ngram > cfg.max_no_repeat_ngram:
+        raise ApiError(422, f"no_repeat_ngram: {ngram} exceeds the limit of {cfg.max_no_repeat_ngram}")
     try:
-        return replace(base, beam_size=beam, alpha=alpha, nbest=req.nbest)
+        return replace(base, beam_size=beam, alpha=alpha, nbest=req.nbest, no_repeat_ngram=ngram)
     except ConfigError as exc:
         raise ApiError(422, plain(str(exc))) from None
 
@@ -267,7 +273,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
                              "parameters": sum(count_preset_parameters(x.cfg) for x in translator.models),
                              "n_layers": m.n_layers, "n_heads": m.n_heads, "d_model": m.d_model,
                              "ensemble": len(translator.models)},
-                   "defaults": {"beam": base.beam_size, "alpha": base.alpha},
+                   "defaults": {"beam": base.beam_size, "alpha": base.alpha, "no_repeat_ngram": base.no_repeat_ngram},
                    "limits": {k: getattr(cfg, k) for k in LIMITS}}
 
     @app.get("/health")

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     add_device_argument(p)
     add_arguments(p, ServeConfig)
-    add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
+    add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b", "no_repeat_ngram"))
     p.set_defaults(func=run)
 
 

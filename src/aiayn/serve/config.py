@@ -38,6 +38,9 @@ class ServeConfig:
     max_prefix_tokens: int = param(
         200, "most target subword tokens in one sentence's prefix (more: 422); a prefix raises its sentence's "
              "output limit to its length + 1")
+    max_no_repeat_ngram: int = param(
+        8, "largest no_repeat_ngram a request may ask for (more: 422); a step's ban costs beams x output length "
+           "x n comparisons; 0 = requests cannot turn it on")
     max_attention_values: int = param(
         250_000, "most attention weights computed for one answer, summed over its sentences: the encoder's, the "
                  "decoder's self-attention and the cross-attention maps (layers x heads x lengths each), though "
@@ -78,8 +81,8 @@ class ServeConfig:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s", "shutdown_timeout_s"):
             if not 0 < getattr(self, name) < 1e6:
                 raise ConfigError(f"{name} must be > 0 (seconds), got {getattr(self, name)}")
-        if not 0 <= self.max_alpha < 1e6 or self.max_attention_values < 0:
-            raise ConfigError("max_alpha and max_attention_values must be >= 0")
+        if not 0 <= self.max_alpha < 1e6 or self.max_attention_values < 0 or self.max_no_repeat_ngram < 0:
+            raise ConfigError("max_alpha, max_attention_values and max_no_repeat_ngram must be >= 0")
         if self.batch_wait_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
             raise ConfigError("batch_wait_ms and threads must be >= 0 and port in [0, 65535]")
         if self.languages and not re.fullmatch(r"[A-Za-z]\w{0,15}-[A-Za-z]\w{0,15}", self.languages, re.ASCII):
