@@ -4,9 +4,9 @@
 Each system takes the same optimizer step: forward under autocast (bf16, or fp16 with a gradient
 scaler), §5.4's label-smoothed loss (aiayn's own ``label_smoothed_loss``, fused with the output
 projection where ``train.fused_loss`` says so; the rivals ``F.cross_entropy(label_smoothing=0.1)``),
-backward, fused Adam. aiayn's step is the training loop's own parts (``aiayn.train.loop``:
-``_forward_backward``, ``_grad_norm``, ``_step_numbers``, ``_update`` queued with its skip flag,
-``_read_numbers``), so one read of the step's numbers per step, after the update is queued, as in
+backward, fused Adam. aiayn's step is the training loop's own step (``aiayn.train.step``:
+``forward_backward``, ``grad_norm``, ``step_numbers``, ``update`` queued with its skip flag,
+``read_numbers``), so one read of the step's numbers per step, after the update is queued, as in
 training; TF32 on as ``train.tf32``. Its variants: ``aiayn-compile`` (``train.compile``),
 ``aiayn-cudnn`` (``train.cudnn_attention``: cuDNN's attention allowed), ``aiayn-unfused``
 (``train.fused_loss=off``).
@@ -52,7 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiayn  # noqa: E402
 from aiayn.model.flops import train_flops  # noqa: E402
-from aiayn.train import loop  # noqa: E402
+from aiayn.train import step as train_step  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
 from aiayn.train.runtime import Dist, use_tf32  # noqa: E402
@@ -137,19 +137,19 @@ def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = 
     net = torch.compile(model) if compile_ else model
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    early = loop._update_early(opt, scaler)
+    early = train_step.update_early(opt, scaler)
 
     def step(k: int):
         b = batches.aiayn[k]
-        sums, _ = loop._forward_backward(net, [b], t, cfg, 1, 1 / b.n_tgt_tokens, device, precision, None,
+        sums, _ = train_step.forward_backward(net, [b], t, cfg, 1, 1 / b.n_tgt_tokens, device, precision, None,
                                          scaler, synced=False)
-        norm = loop._grad_norm(model, scaler)
-        numbers = loop._step_numbers(sums, norm, None, 0.0, Dist(), device, reduce=True)
+        norm = train_step.grad_norm(model, scaler)
+        numbers = train_step.step_numbers(sums, norm, None, 0.0, Dist(), device, reduce=True)
         if early:
-            loop._update(model, opt, scaler, 0.0, norm, skip=loop._not_finite(numbers))
-        loop._read_numbers(numbers, False, float(b.n_tgt_tokens), 0.0, Dist(), reduce=True)
+            train_step.update(model, opt, scaler, 0.0, norm, skip=train_step.not_finite(numbers))
+        train_step.read_numbers(numbers, False, float(b.n_tgt_tokens), 0.0, Dist(), reduce=True)
         if not early:
-            loop._update(model, opt, scaler, 0.0, norm)
+            train_step.update(model, opt, scaler, 0.0, norm)
     return step
 
 

@@ -58,7 +58,8 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     """One aiayn training step as the training loop does it (src/aiayn/train/loop.py)."""
     import aiayn
     from aiayn.train.config import TrainConfig
-    from aiayn.train.loop import _grad_norm, _update, train_kernels
+    from aiayn.train.loop import train_kernels
+    from aiayn.train.step import grad_norm, update
     from aiayn.train.objective import label_smoothed_loss
 
     cfg = bl.model_config(size)
@@ -75,8 +76,8 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
             logits = model(src, tgt_in)  # (B,T,V)
         sums = label_smoothed_loss(logits, tgt_out, EPS_LS, cfg.pad_id, kernels)
         (sums.loss / sums.n_tokens).backward()
-        norm = _grad_norm(model, None)  # the loop skips a step whose gradients are not finite
-        _update(model, opt, None, 0.0, norm)
+        norm = grad_norm(model, None)  # the loop skips a step whose gradients are not finite
+        update(model, opt, None, 0.0, norm)
         return {"loss": sums.loss.item() / sums.n_tokens.item(), "logits_dtype": str(logits.dtype)}
 
     return step

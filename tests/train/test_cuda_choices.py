@@ -13,6 +13,7 @@ import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.model.attention import attention_backends
 from aiayn.train import loop
+from aiayn.train import step
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
 from tests.train.test_training import _logged, _train_in_process
@@ -53,7 +54,7 @@ def test_training_attention_leaves_out_cudnn_unless_asked():
 
 
 def _adam_after(flags: list[float | None]) -> tuple[torch.Tensor, dict]:
-    """Parameters and Adam's state after one ``_update`` per flag (None: no skip flag; "off": no step)."""
+    """Parameters and Adam's state after one ``update`` per flag (None: no skip flag; "off": no step)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3)
     opt = make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9, fused=True)
@@ -65,12 +66,12 @@ def _adam_after(flags: list[float | None]) -> tuple[torch.Tensor, dict]:
             opt.zero_grad(set_to_none=True)
             continue
         skip = None if flag is None else torch.tensor(flag)
-        loop._update(model, opt, None, 1.0, None, skip=skip)
+        step.update(model, opt, None, 1.0, None, skip=skip)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt.state_dict()["state"]
 
 
 def test_skip_flag_is_a_step_not_taken():
-    """``_update``'s ``skip``: 1 leaves the parameters, the moments and the step count as no step
+    """``update``'s ``skip``: 1 leaves the parameters, the moments and the step count as no step
     would; 0 is the plain step, bit for bit."""
     plain, plain_state = _adam_after([None, None, None])
     zero, zero_state = _adam_after([0.0, 0.0, 0.0])
@@ -84,14 +85,14 @@ def test_skip_flag_is_a_step_not_taken():
     with pytest.raises(ValueError, match="fused"):
         model = torch.nn.Linear(2, 2)
         model.weight.grad = torch.zeros(2, 2)
-        loop._update(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9), None, 0.0, None,
+        step.update(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9), None, 0.0, None,
                      skip=torch.tensor(0.0))
 
 
 def test_step_not_finite_flag():
-    """``_not_finite`` on the device takes ``_Run.apply``'s test on the host: loss + KL, and the norm."""
+    """``not_finite`` on the device takes ``_Run.apply``'s test on the host: loss + KL, and the norm."""
     def flag(loss, kl, norm):
-        return float(loop._not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
+        return float(step.not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
     assert flag(3.0, 0.0, 2.0) == 0.0
     assert flag(float("nan"), 0.0, 2.0) == flag(3.0, float("inf"), 2.0) == flag(3.0, 0.0, float("inf")) == 1.0
 
@@ -105,7 +106,7 @@ def test_update_queued_before_the_read_trains_the_same(small_data_dir, tmp_path,
     logged losses, bit for bit, as the update after the read; a NaN step skipped the same way is
     tests/train/test_step_safety.py's."""
     _train_in_process(small_data_dir, tmp_path / "early", 4, "model.p_drop=0.1")
-    monkeypatch.setattr(loop, "_update_early", lambda opt, scaler: False)
+    monkeypatch.setattr(loop, "update_early", lambda opt, scaler: False)
     _train_in_process(small_data_dir, tmp_path / "late", 4, "model.p_drop=0.1")
     assert _logged(tmp_path / "early") == _logged(tmp_path / "late")
     a, b = _weights(tmp_path / "early"), _weights(tmp_path / "late")

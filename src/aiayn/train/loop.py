@@ -1,5 +1,6 @@
 """The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and its parts:
-``_Run`` (what a run holds between steps, and each step's parts) and small helpers.
+``_Run`` (what a run holds between steps) and small helpers; a step's own parts, which the
+benchmarks call too, are in ``aiayn.train.step``.
 
 Per optimizer step: ``accum_steps`` token-bounded batches per device; the loss is the sum of
 label-smoothed cross-entropy over every target token of the step on every device, divided by
@@ -29,14 +30,13 @@ from aiayn.data.vocab import joint_vocabulary
 from aiayn.errors import UserError
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.attention import attention_backends
-from aiayn.model.flops import train_flops
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig, run_config_from_dict
-from aiayn.train.fused_loss import fused_loss_on
-from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer, rdrop_kl
+from aiayn.train.objective import label_smoothed_loss, learning_rate, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
+from aiayn.train.step import forward_backward, grad_norm, not_finite, read_numbers, step_numbers, update, update_early
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
 @dataclass
 class _Step:
     """One optimizer step in flight (``_Run.step``), then its numbers on the host (``_Run.read``)."""
-    numbers: torch.Tensor  # (6,) ``_step_numbers`` on the device
+    numbers: torch.Tensor  # (6,) ``step_numbers`` on the device
     norm: torch.Tensor | None  # the gradient norm on the device (None under fp16)
     summed_tokens: bool  # DDP: ``numbers`` holds the ranks' target tokens
     local_tokens: int
@@ -464,7 +464,7 @@ class _Run:
         self.kernels = train_kernels(t, self.device)
         # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
         self.model.use_attention_kernels(None if self.net is not self.plain_net else self.kernels)
-        self.update_early = _update_early(self.opt, self.scaler)
+        self.update_early = update_early(self.opt, self.scaler)
         self.model.pad_linear_rows(t.cpu_row_bits if self.device.type == "cpu" else 0)
         self.n_params = count_parameters(self.model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
@@ -630,25 +630,25 @@ class _Run:
             grad_scale = 1 / (self.copies * float(local_tokens))
         args = (micro, t, m, self.copies, grad_scale, device, self.precision, self.kernels, self.scaler)
         try:
-            sums, flops = _forward_backward(self.net, *args, synced=self.ddp)
+            sums, flops = forward_backward(self.net, *args, synced=self.ddp)
         except Exception as exc:  # compiling fails in many ways; the plain model raises real errors again
             if self.net is self.plain_net:
                 raise
             self._without_compile(exc)
-            sums, flops = _forward_backward(self.net, *args, synced=self.ddp)
+            sums, flops = forward_backward(self.net, *args, synced=self.ddp)
         self.state.flops += flops * dist.world_size
-        norm = _grad_norm(self.model, self.scaler)
+        norm = grad_norm(self.model, self.scaler)
         clock_s = self.clock()
-        numbers = _step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd)
+        numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd)
         s = _Step(numbers, norm, tokens_dev is not None, local_tokens, lr, clock_s)
         if self.update_early:  # skipped on the device where the step is not finite, as ``apply`` decides
-            _update(self.model, self.opt, self.scaler, t.clip_norm, norm, skip=_not_finite(numbers))
+            update(self.model, self.opt, self.scaler, t.clip_norm, norm, skip=not_finite(numbers))
             s.updated = True
         return s
 
     def read(self, s: _Step) -> _Step:
-        """The step's numbers on the host: its one wait for the device (``_read_numbers``)."""
-        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = _read_numbers(
+        """The step's numbers on the host: its one wait for the device (``read_numbers``)."""
+        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = read_numbers(
             s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, reduce=not self.local_sgd)
         s.mean_clock = mean_clock if self.ddp else None
         return s
@@ -659,11 +659,11 @@ class _Run:
         skipped, and too many in a row stop the run. Returns whether the step counts (a skipped one does
         under local SGD, so the ranks average together)."""
         t, state = self.cfg.train, self.state
-        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)  # (``_not_finite`` on the device)
+        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)  # (``not_finite`` on the device)
         if finite:
             self.bad_in_row = 0
             if not s.updated:
-                _update(self.model, self.opt, self.scaler, t.clip_norm, s.norm)
+                update(self.model, self.opt, self.scaler, t.clip_norm, s.norm)
         else:
             self.bad_in_row += 1
             if not s.updated:  # (a queued update was skipped on the device, and cleared the gradients)
@@ -747,90 +747,6 @@ class _Run:
             torch.distributed.barrier()
 
 
-def _forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_scale, device,
-                      precision: str, kernels, scaler, synced: bool) -> tuple[torch.Tensor, float]:
-    """One optimizer step's forward and backward passes over its batches, gradients accumulating.
-
-    Each batch's objective (§5.4's label-smoothed loss, summed over its tokens; with R-Drop the
-    two copies' losses plus ``rdrop_alpha`` times their symmetric KL) is multiplied by
-    ``grad_scale`` (a float, or a device tensor) before ``backward``. A DDP ``net`` (``synced``)
-    all-reduces only on the last batch. Returns this rank's summed loss, NLL and KL (per copy) as
-    one (3,) float64 tensor on the device, never read here (no wait for the device), and the step's
-    counted FLOPs.
-    """
-    sums3 = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, kl
-    flops = 0.0
-    for j, b in enumerate(micro):
-        b = b.to(device)
-        last = j == len(micro) - 1
-        with (net.no_sync() if synced and not last else contextlib.nullcontext()), \
-                attention_backends(device, t.cudnn_attention):
-            src, tgt_in, tgt_out = b.src, b.tgt_in, b.tgt_out
-            if copies == 2:
-                src, tgt_in, tgt_out = _twice(src), _twice(tgt_in), _twice(tgt_out)
-            fused = copies == 1 and fused_loss_on(t.fused_loss, device)  # R-Drop needs the logits
-            with rt.autocast(device, precision):
-                logits = net(src, tgt_in, project=not fused, src_padded=b.src_padded)  # (copies*B, T, V), or PreSoftmax
-            sums = label_smoothed_loss(logits, tgt_out, t.eps_ls, m.pad_id, kernels)
-            objective = sums.loss
-            if copies == 2:
-                kl = rdrop_kl(logits, b.tgt_out, m.pad_id)
-                objective = objective + t.rdrop_alpha * kl
-                sums3[2] += kl.detach().double()
-            scaled = objective * grad_scale
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        sums3[0] += sums.loss.detach().double() / copies
-        sums3[1] += sums.nll.detach().double() / copies
-        bs, S = src.shape
-        flops += train_flops(m, bs, S, b.tgt_in.size(1))
-    return sums3, flops
-
-
-def _update_early(opt, scaler) -> bool:
-    """Whether a step's update is queued before its numbers are read (the device then goes on while the
-    host reads them): with fused Adam, which takes a device flag that skips its step (``_update``'s
-    ``skip``); not under fp16's scaler, which has its own."""
-    return scaler is None and bool(opt.defaults.get("fused"))
-
-
-def _grad_norm(model, scaler) -> torch.Tensor | None:
-    """The accumulated gradients' total 2-norm as a device scalar (not read here), or None under
-    fp16's loss scaling, whose scaler finds non-finite gradients itself and skips their step."""
-    if scaler is not None:
-        return None
-    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-
-
-def _update(model, opt, scaler, clip_norm: float, norm: torch.Tensor | None = None,
-            skip: torch.Tensor | None = None) -> None:
-    """The optimizer step on the accumulated gradients (unscaled first under fp16's loss
-    scaling, clipped to ``clip_norm`` if > 0, with ``norm`` from ``_grad_norm`` where given),
-    then the gradients cleared. ``skip`` (fused Adam, no scaler): a float32 flag on the device,
-    1 = leave the parameters, Adam's moments and its step count as they are (the fused step's
-    ``found_inf``, which fp16's scaler sets the same way), so the update is queued unread."""
-    if scaler is not None:
-        scaler.unscale_(opt)
-    if clip_norm > 0:
-        if norm is None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        else:
-            torch.nn.utils.clip_grads_with_norm_(model.parameters(), clip_norm, norm)
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    elif skip is not None:
-        if not opt.defaults.get("fused"):
-            raise ValueError("_update: skip needs a fused optimizer")
-        opt.found_inf = skip
-        try:
-            opt.step()
-        finally:
-            del opt.found_inf
-    else:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
 @dataclass
 class _Draw:
     """One optimizer step's batches, drawn ahead of their step (``_draw``)."""
@@ -851,46 +767,6 @@ def _draw(it_state: dict, sampler, data, t: TrainConfig, m, segment_epoch, devic
     micro = _next_batches(it_state, sampler, data, t.accum_steps, m, segment_epoch, t.max_epochs)
     new_epoch, it_state["new_epoch"] = it_state["new_epoch"], False
     return _Draw([_to_device(b, device) for b in micro], it_state["epoch"], new_epoch, sampler.state_dict())
-
-
-def _step_numbers(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
-                  clock_s: float, dist, device, reduce: bool) -> torch.Tensor:
-    """The step's numbers as one (6,) float64 vector on the device, not read here: the loss, NLL and
-    KL sums (summed over the ranks with ``reduce`` and data parallelism, the ranks' clocks in the
-    same all-reduce), the clocks' sum (0 without that all-reduce), the ranks' target tokens
-    ``tokens_dev`` (0 without) and the gradient norm (0 where none was taken). The one host value
-    sent, the clock, goes without a wait (``host_to_device``)."""
-    zero = sums.new_zeros(1)
-    if reduce and dist.enabled:
-        packed = rt.all_reduce_tensor(torch.cat([sums, rt.host_to_device([clock_s], device)]), dist)  # (4,)
-    else:
-        packed = torch.cat([sums, zero])
-    tail = [tokens_dev if tokens_dev is not None else zero,
-            norm.detach().double().view(1) if norm is not None else zero]
-    return torch.cat([packed] + tail)
-
-
-def _not_finite(numbers: torch.Tensor) -> torch.Tensor:
-    """``_update``'s ``skip`` flag for the step of ``numbers`` (``_step_numbers``): 1.0 where the loss
-    + KL or the gradient norm is not finite, the test ``_Run.apply`` takes on the host."""
-    return (~(torch.isfinite(numbers[0] + numbers[2]) & torch.isfinite(numbers[5]))).float()
-
-
-def _read_numbers(numbers: torch.Tensor, summed_tokens: bool, local_tokens: float, clock_s: float, dist,
-                  reduce: bool) -> tuple[float, ...]:
-    """``_step_numbers`` on the host, the step's one wait for the device: (loss, nll, kl, tokens, mean
-    clock, norm), the tokens over the ranks where ``summed_tokens`` (else this rank's ``local_tokens``),
-    the ranks' mean clock where it was all-reduced (else ``clock_s``)."""
-    loss, nll, kl, clock_sum, tokens, norm_value = numbers.tolist()
-    mean_clock = clock_sum / dist.world_size if reduce and dist.enabled else clock_s
-    return loss, nll, kl, tokens if summed_tokens else local_tokens, mean_clock, norm_value
-
-
-def _read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
-               local_tokens: float, clock_s: float, dist, device, reduce: bool) -> tuple[float, ...]:
-    """``_step_numbers`` then ``_read_numbers``: the step's numbers on the host, in one wait."""
-    numbers = _step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce)
-    return _read_numbers(numbers, tokens_dev is not None, local_tokens, clock_s, dist, reduce)
 
 
 def _check_finite_weights(model, step: int, run_dir: Path) -> None:
@@ -973,11 +849,6 @@ def _average_copies(model, tokens: int, seconds: float, dist, device) -> tuple[i
     rt.average_parameters(list(model.parameters()), dist)
     tokens_sum, seconds_sum = rt.all_reduce_sum([float(tokens), seconds], dist, device)
     return int(tokens_sum), seconds_sum / dist.world_size
-
-
-def _twice(x: torch.Tensor) -> torch.Tensor:
-    """A batch stacked on itself along B (R-Drop's two passes in one forward): (B,...) -> (2B,...)."""
-    return torch.cat([x, x])
 
 
 def _validate_and_track(model, valid_data, cfg, device, precision, state: TrainState, log_scalars,
