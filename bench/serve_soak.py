@@ -53,7 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("AIAYN_SHARED_DATA", REPO.parent / "shared" / "data"))
 SERVER_OPTS = {"--threads": "1", "--max-len-b": "10", "--max-sentences": "8", "--max-request-bytes": "16384",
                "--header-timeout-s": "2", "--body-timeout-s": "2", "--keep-alive-s": "2", "--max-connections": "64",
-               "--request-timeout-s": "20", "--shutdown-timeout-s": "5", "--max-beam": "4"}
+               "--request-timeout-s": "20", "--shutdown-timeout-s": "5", "--max-beam": "4",
+               "--max-connections-per-client": "64"}  # every client here is 127.0.0.1: one address
 CLIENTS = {"normal": 4, "slow_ok": 1, "slow_headers": 2, "slow_body": 1, "idle": 1, "oversized": 1,
            "disconnect": 1, "health": 1}
 
@@ -276,13 +277,14 @@ def percentiles(xs: list[float]) -> dict[str, float | int | None]:
             "p99_ms": round(float(np.percentile(ms, 99)), 1), "max_ms": round(float(ms.max()), 1)}
 
 
-def start_server(checkpoint: Path, port: int, log_path: Path) -> subprocess.Popen:
+def start_server(checkpoint: Path, port: int, log_path: Path, opts: dict[str, str] = SERVER_OPTS,
+                 start_s: float = 120.0) -> subprocess.Popen:
     argv = [sys.executable, "-m", "aiayn.cli", "serve", "--checkpoint", str(checkpoint), "--port", str(port)]
-    for k, v in SERVER_OPTS.items():
+    for k, v in opts.items():
         argv += [k, v]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(argv, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + start_s
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
@@ -292,7 +294,7 @@ def start_server(checkpoint: Path, port: int, log_path: Path) -> subprocess.Pope
                 raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("the server did not start within 120 s")
+    raise RuntimeError(f"the server did not start within {start_s:.0f} s")
 
 
 def scrape_metrics(port: int) -> dict[str, float]:

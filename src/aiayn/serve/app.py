@@ -13,9 +13,11 @@
 Every error is ``{"error": MESSAGE}`` with a plain message (exceptions are logged, never echoed):
 400 body not JSON, 401 API key missing or wrong, 403 Host or Origin not allowed, 408 body too slow,
 413 body or sentence count too large, 415 not ``application/json``, 422 invalid fields, a
-sentence or a prefix too long, 503 queue full, deadline passed or shutting down, 500 anything else (logged;
-the service keeps running). Translation runs in the ``Batcher``'s thread, shared by all
-requests; a request whose client hangs up before the model reaches it is not decoded.
+sentence or a prefix too long, 429 the client's share of the queue full (a client is a peer address),
+503 queue full, deadline passed or shutting down, 500 anything else (logged;
+the service keeps running). Translation runs in the ``Batcher``'s threads, shared by all
+requests, fairly between clients; a request whose client hangs up before the model reaches it is
+not decoded.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import InputError
 from aiayn.model.transformer import count_preset_parameters
-from aiayn.serve.batcher import Batcher, Busy, Expired, Job, Result
+from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Expired, Job, Result
 from aiayn.serve.config import ServeConfig
 from aiayn.serve.guard import Guard
 from aiayn.serve.metrics import Metrics
@@ -49,7 +51,8 @@ log = logging.getLogger(__name__)
 
 # the caps of every request field and of the work one request may cause, as /health reports them
 LIMITS = ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_alpha", "max_prefix_tokens",
-          "max_no_repeat_ngram", "max_attention_values", "max_queue_sentences", "batch_tokens", "request_timeout_s")
+          "max_no_repeat_ngram", "max_attention_values", "max_queue_sentences", "max_queued_per_client", "batch_tokens",
+          "request_timeout_s", "max_connections", "max_connections_per_client")
 
 
 class ApiError(Exception):
@@ -252,7 +255,8 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     base = replace(translator.cfg, max_input_tokens=cfg.max_sentence_tokens, batch_tokens=cfg.batch_tokens, workers=1)
     checker = Translator(translator.models, translator.src_tok, translator.tgt_tok, base)  # encodes + length check
     batcher = Batcher(translator.models, translator.src_tok, translator.tgt_tok, wait_ms=cfg.batch_wait_ms,
-                      batch_tokens=cfg.batch_tokens, max_queue_sentences=cfg.max_queue_sentences)
+                      batch_tokens=cfg.batch_tokens, max_queue_sentences=cfg.max_queue_sentences,
+                      max_queued_per_client=cfg.max_queued_per_client, concurrent_calls=cfg.concurrent_calls)
     metrics = Metrics()
     m = translator.model.cfg
 
@@ -279,7 +283,8 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.get("/health")
     async def health() -> dict:
         status = "shutting down" if batcher.shutting_down else "ok"
-        return {"status": status, "queued": batcher.queued, "model_calls": batcher.calls, **health_body}
+        return {"status": status, "queued": batcher.queued, "queued_clients": batcher.queued_clients,
+                "model_calls": batcher.calls, **health_body}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -295,11 +300,16 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.post("/translate")
     async def translate(request: Request) -> Response:
         t0, arrived = time.perf_counter(), time.monotonic()
-        req, settings, ids, prefixes = await _read_request(request, cfg, base, checker, metrics)
+        client = request.client.host if request.client else ""  # the peer address (behind a proxy: the proxy)
         deadline = arrived + cfg.request_timeout_s
         try:
+            batcher.check_client(client)  # a full share is refused before the body is read and encoded
+            req, settings, ids, prefixes = await _read_request(request, cfg, base, checker, metrics)
             job = batcher.submit(settings, ids, req.attention, attention_values=cfg.max_attention_values,
-                                 deadline=deadline, prefixes=prefixes)
+                                 deadline=deadline, prefixes=prefixes, client=client)
+        except ClientBusy as exc:
+            metrics.events["client_queue_full"] += 1
+            raise ApiError(429, str(exc)) from None
         except Busy as exc:
             raise ApiError(503, str(exc)) from None
         try:

@@ -1,40 +1,57 @@
-"""The batching worker: requests from concurrent clients share one model call.
+"""The batching workers: requests from concurrent clients share one model call.
 
-One background thread owns the model. It takes the first waiting request, keeps collecting
-requests that arrive within ``wait_ms`` until their tokens reach ``batch_tokens`` (source tokens
-plus the most output tokens each sentence may produce, ``Job.n_tokens``),
-groups the collected requests by decode settings (a frozen ``DecodeConfig``; beam search runs
-one configuration at a time), translates each group with one ``Translator.translate_ids``
-call (which sorts by length and pads, §5.1 style batching), and answers each request through
-its ``Future``. A failure answers the requests of its group with the exception; the worker
-itself keeps running.
+Background threads (``concurrent_calls``; each makes its model calls one after another) share
+the model. Once a request waits, a free worker waits ``wait_ms`` for more (or until
+``batch_tokens`` wait: source tokens plus the most output tokens each sentence may produce,
+``Job.n_tokens``), then takes up to ``batch_tokens`` from the queue, fairly between clients
+(fair.py: each client's requests in order, clients taking turns, a long request spread over
+several model calls). It groups what it took by decode settings (``call_settings``: beam search
+runs one configuration at a time; greedy requests that differ only in α share a call),
+translates each group with one ``Translator.translate_ids`` call (which sorts by length and
+pads, §5.1 style batching), smallest group first, and answers each request through its
+``Future`` once all its sentences are decoded. A client has at most one model call in
+progress: a worker passes over the clients in another worker's calls, so with two workers one
+client's long calls never hold up the other clients (a call in progress is not interrupted; the
+two share the machine meanwhile). A failure answers the requests of its group with the
+exception; the worker itself keeps running. Queued sentences are capped in all (``Busy``) and
+per client (``ClientBusy``).
 
-A request is never decoded when, at collection time, its client has gone (``abandon``), its
-deadline has passed (``Expired``) or the service is shutting down and its drain time is over
-(``ShuttingDown``). Attention maps are computed only within a request's budget of weights,
-which counts every map computed (``attention_values``), not only those returned.
+A request is not decoded (or not decoded further) when, at collection time, its client has gone
+(``abandon``), its deadline has passed (``Expired``) or the service is shutting down and its
+drain time is over (``ShuttingDown``). Attention maps are computed only within a request's
+budget of weights, which counts every map computed (``attention_values``), not only those
+returned.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
+
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis, length_penalty
 from aiayn.decode.translator import Translation, Translator
 from aiayn.model import ModelConfig, Transformer
+from aiayn.serve.fair import FairQueue, Part, turn_end
 
 log = logging.getLogger(__name__)
 
 
 class Busy(Exception):
     """The queue is full; the client should retry later (HTTP 503)."""
+
+
+class ClientBusy(Busy):
+    """This client's share of the queue is full; other clients are still served (HTTP 429)."""
 
 
 class ShuttingDown(Busy):
@@ -62,10 +79,23 @@ class Job:
     deadline: float | None = None  # time.monotonic() after which the job is not decoded
     abandoned: bool = False  # the client left: not decoded, no attention computed
     prefixes: list[list[int]] | None = None  # forced target ids per sentence ([] for none)
+    client: str = ""  # the client's address: its place in the fair queue
     future: Future = field(default_factory=Future)
+    costs: list[int] = field(init=False)  # per sentence: what it spends of a model call's batch_tokens
+    next: int = field(default=0, init=False)  # sentences handed to the model so far
+    hyps: list = field(init=False)  # per sentence: its hypotheses, once its model call has ended
+    decoded: int = field(default=0, init=False)
+    started: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        prefixes = self.prefixes or [[]] * len(self.ids)
+        self.costs = [len(x) + max_output_tokens(self.cfg, len(x), len(p)) if x else 0
+                      for x, p in zip(self.ids, prefixes)]
+        self.hyps = [None] * len(self.ids)
 
     def abandon(self) -> None:
-        """The client will not read the answer: drop the job if it has not started."""
+        """The client will not read the answer: drop the job if it has not started (and the rest of
+        it if it has)."""
         self.abandoned = True
         self.future.cancel()
 
@@ -73,8 +103,24 @@ class Job:
     def n_tokens(self) -> int:
         """What the job spends of a model call's ``batch_tokens``: every sentence's source tokens
         plus the most output tokens its search may produce (``max_output_tokens``)."""
-        prefixes = self.prefixes or [[]] * len(self.ids)
-        return sum(len(x) + max_output_tokens(self.cfg, len(x), len(p)) for x, p in zip(self.ids, prefixes) if x)
+        return sum(self.costs)
+
+    def begin(self) -> bool:
+        """Whether a model call should decode the job's next sentences (False: cancelled, left by its
+        client after it started, or answered already); the first call marks its future running."""
+        if self.started:
+            return not (self.abandoned or self.future.done())
+        self.started = self.future.set_running_or_notify_cancel()
+        return self.started
+
+    def fail(self, exc: BaseException) -> None:
+        """Answer with ``exc``, unless the job was answered or cancelled already."""
+        if not self.started:
+            if not self.future.set_running_or_notify_cancel():
+                return
+            self.started = True
+        if not self.future.done():
+            self.future.set_exception(exc)
 
 
 def max_output_tokens(cfg: DecodeConfig, src_len: int, prefix_len: int = 0) -> int:
@@ -89,29 +135,72 @@ def attention_values(m: ModelConfig, src_len: int, tgt_len: int) -> int:
     return m.n_heads * (m.n_layers * src_len * src_len + m.decoder_layers * tgt_len * (tgt_len + src_len))
 
 
+def call_settings(cfg: DecodeConfig) -> DecodeConfig:
+    """The settings of the model call that decodes a request with settings ``cfg``: ``cfg`` itself,
+    except for greedy search (beam 1, no sampling, no MBR), where α = 0. Greedy search never reads α
+    to choose a token; it only divides a finished output's sum of log-probabilities by lp(|Y|)
+    (search.py), so greedy requests that differ only in α share a call and ``rescored`` gives each
+    its scores. In beam search α decides which finished hypotheses are kept and when a sentence's
+    search stops, so there requests with different α keep separate calls."""
+    if cfg.beam_size == 1 and not cfg.sampling and not cfg.mbr:
+        return dataclasses.replace(cfg, alpha=0.0)
+    return cfg
+
+
+def rescored(hyps: list[list[Hypothesis]], alpha: float, device: torch.device) -> list[list[Hypothesis]]:
+    """Greedy hypotheses scored with length penalty ``alpha``, bit for bit as the search scores them:
+    its float64 sum of log-probabilities, on its device, divided by lp(|Y|) as a Python float."""
+    def score(h: Hypothesis) -> float:
+        log_prob = torch.tensor([h.log_prob], dtype=torch.float64, device=device)
+        return (log_prob / length_penalty(float(h.length), alpha)).item()
+
+    return [[dataclasses.replace(h, score=score(h)) for h in hs] for hs in hyps]
+
+
 class Batcher:
-    """Collects requests for ``wait_ms`` (up to ``batch_tokens`` source tokens) into one model call per settings."""
+    """Collects requests for ``wait_ms`` (up to ``batch_tokens`` tokens), fairly between clients, into
+    one model call per settings; ``concurrent_calls`` workers."""
 
     def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer, *, wait_ms: float = 5.0,
-                 batch_tokens: int = 4096, max_queue_sentences: int = 2048):
+                 batch_tokens: int = 4096, max_queue_sentences: int = 2048, max_queued_per_client: int | None = None,
+                 concurrent_calls: int = 2):
         self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
         self.wait_s, self.batch_tokens, self.max_queue = wait_ms / 1000.0, batch_tokens, max_queue_sentences
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._carry: Job | None = None  # collected but over the token limit: first in the next call
+        self.max_per_client = max_queue_sentences if max_queued_per_client is None else max_queued_per_client
+        self._waiting = FairQueue()  # sentences submitted and not yet taken by the model
         self._lock = threading.Lock()
-        self.queued = 0  # sentences submitted and not yet taken by the model
+        self._ready = threading.Condition(self._lock)  # told of every new job and of stop
+        self._stopping = False
+        self._busy: Counter[str] = Counter()  # parts in model calls in progress, by client
         self.calls = 0  # model calls (one per settings group)
         self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
         self._drain_until: float | None = None  # set by begin_shutdown
-        self._thread = threading.Thread(target=self._run, name="aiayn-batcher", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name=f"aiayn-batcher-{i}", daemon=True)
+                         for i in range(concurrent_calls)]
+
+    @property
+    def queued(self) -> int:
+        """Sentences submitted and not yet taken by the model."""
+        return self._waiting.sentences
+
+    @property
+    def queued_clients(self) -> int:
+        """Clients with sentences waiting for the model."""
+        return self._waiting.clients
 
     def start(self) -> "Batcher":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
+        """Decode what waits, then end the workers (waiting at most ``timeout`` seconds for them)."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify_all()
+        end = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
     def begin_shutdown(self, drain_s: float) -> None:
         """Refuse new requests (``ShuttingDown``); queued ones are decoded for ``drain_s`` seconds more,
@@ -132,22 +221,38 @@ class Batcher:
 
     def submit(self, cfg: DecodeConfig, ids: list[list[int]], attention: bool = False, *,
                attention_values: int | None = None, deadline: float | None = None,
-               prefixes: list[list[int]] | None = None) -> Job:
-        """Queue one request; its ``future`` gives a ``Result``. Raises ``Busy`` when the queue is
-        full and ``ShuttingDown`` after ``begin_shutdown``."""
+               prefixes: list[list[int]] | None = None, client: str = "") -> Job:
+        """Queue one request of ``client``; its ``future`` gives a ``Result``. Raises ``ClientBusy``
+        when the client's share of the queue is full, ``Busy`` when the queue is full and
+        ``ShuttingDown`` after ``begin_shutdown``."""
+        job = Job(cfg, ids, attention, attention_values, deadline, prefixes=prefixes, client=client)
         with self._lock:
             if self._drain_until is not None:
                 raise ShuttingDown("the service is shutting down; retry on another instance")
+            self._check_client(client, len(ids))
             if self.queued + len(ids) > self.max_queue:
                 raise Busy(f"{self.queued} sentences are waiting for the model (limit {self.max_queue}); retry later")
-            self.queued += len(ids)
-        job = Job(cfg, ids, attention, attention_values, deadline, prefixes=prefixes)
-        self._queue.put(job)
+            self._waiting.push(job)
+            self._ready.notify_all()
         return job
 
+    def check_client(self, client: str, sentences: int = 1) -> None:
+        """Raise ``ClientBusy`` if ``sentences`` more from ``client`` would exceed its share of the queue
+        (asked before a request is read, a client whose share is full costs no parsing or encoding)."""
+        with self._lock:
+            self._check_client(client, sentences)
+
+    def _check_client(self, client: str, sentences: int) -> None:
+        mine = self._waiting.per_client[client]
+        if mine + sentences > self.max_per_client:
+            raise ClientBusy(f"this client has {mine} sentences waiting for the model (limit {self.max_per_client} "
+                             "per client); retry when they are answered")
+
     def _live(self, job: Job) -> bool:
-        """Whether to decode ``job``; a dropped job is answered (or was cancelled) here."""
+        """Whether to decode ``job``'s next sentences; a dropped job is answered (or was cancelled) here."""
         now = time.monotonic()
+        if job.future.done() and not job.future.cancelled():
+            return False  # answered already: a model call with its earlier sentences failed
         if job.abandoned or job.future.cancelled():
             error = None
         elif job.deadline is not None and now > job.deadline:
@@ -156,77 +261,92 @@ class Batcher:
             error = ShuttingDown("the service shut down before the model reached this request")
         else:
             return True
-        if error is not None and job.future.set_running_or_notify_cancel():
-            job.future.set_exception(error)
+        if error is not None:
+            job.fail(error)
         self.skipped += 1
         return False
 
-    def _collect(self) -> list[Job] | None:
-        """The jobs of the next model call(s); None when stopped."""
-        first = self._carry if self._carry is not None else self._queue.get()
-        self._carry = None
-        if first is None:
-            return None
-        jobs, tokens = [first], first.n_tokens
-        deadline = time.monotonic() + self.wait_s
-        while tokens < self.batch_tokens:
-            try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if job is None:
-                self._queue.put(None)  # stop after answering what was collected
-                break
-            if tokens + job.n_tokens > self.batch_tokens:
-                self._carry = job
-                break
-            jobs.append(job)
-            tokens += job.n_tokens
-        return jobs
+    def _collect(self) -> list[Part] | None:
+        """The parts of the next model call(s): once a request of a client without a call in progress
+        waits, more are awaited for ``wait_ms`` (or until ``batch_tokens`` wait), then taken
+        (``_take``); None when stopped and nothing waits for this worker."""
+        with self._ready:
+            while self._waiting.head(self._busy) is None:
+                if self._stopping:
+                    return None  # (what waits for a busy client, the worker with its call takes)
+                self._ready.wait()
+            deadline = time.monotonic() + self.wait_s
+            while not self._stopping and self._waiting.tokens < self.batch_tokens:
+                if (left := deadline - time.monotonic()) <= 0:
+                    break
+                self._ready.wait(left)
+            return self._take()
+
+    def _take(self) -> list[Part]:
+        """Up to ``batch_tokens`` from the fair queue, the clients taking turns: a turn takes the next
+        sentences of the client's first request up to a share of ``batch_tokens`` (divided by the
+        clients waiting), and the call is full when the next turn's first sentence does not fit."""
+        parts: list[Part] = []
+        room = self.batch_tokens
+        share = max(1, self.batch_tokens // max(1, self._waiting.clients))
+        while (job := self._waiting.head(self._busy)) is not None:
+            if not self._live(job):
+                self._waiting.drop(job)
+                continue
+            end = turn_end(job.costs, job.next, share, room, first=not parts)
+            if end == job.next < len(job.ids):
+                break  # first in the next call
+            parts.append(self._waiting.take(job, end))
+            room -= parts[-1].n_tokens
+        self._busy.update(part.job.client for part in parts)
+        return parts
 
     def _run(self) -> None:
-        while (jobs := self._collect()) is not None:
-            groups: dict[DecodeConfig, list[Job]] = {}
-            dropped = 0
-            for job in jobs:
-                if self._live(job):
-                    groups.setdefault(job.cfg, []).append(job)
-                else:
-                    dropped += len(job.ids)
-            with self._lock:
-                self.queued -= dropped
-            for cfg, group in groups.items():
-                with self._lock:  # (before any answer: a client that has its answer sees itself counted out)
-                    self.queued -= sum(len(job.ids) for job in group)
+        while (parts := self._collect()) is not None:
+            groups: dict[DecodeConfig, list[Part]] = {}
+            for part in parts:
+                groups.setdefault(call_settings(part.job.cfg), []).append(part)
+            for cfg, group in sorted(groups.items(), key=lambda g: sum(p.n_tokens for p in g[1])):  # smallest first
                 try:
                     self._answer(cfg, group)
                 except Exception as exc:  # noqa: BLE001 -- answer the clients, keep serving
                     log.exception("translation failed for %d requests", len(group))
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_exception(exc)
+                    for part in group:
+                        part.job.fail(exc)
+                finally:
+                    with self._ready:  # the group's clients may be taken by any worker again
+                        self._busy.subtract(part.job.client for part in group)
+                        self._busy = +self._busy
+                        self._ready.notify_all()
 
-    def _answer(self, cfg: DecodeConfig, jobs: list[Job]) -> None:
-        """One ``translate_ids`` call for all sentences of ``jobs`` (same settings), then each answer."""
-        jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]  # drop cancelled ones
-        if not jobs:
+    def _answer(self, cfg: DecodeConfig, parts: list[Part]) -> None:
+        """One ``translate_ids`` call with settings ``cfg`` (``call_settings``) for the sentences of
+        ``parts``, then the answer of each request whose last sentences they were."""
+        parts = [part for part in parts if part.job.begin()]  # drop cancelled ones
+        if not parts:
             return
         translator = Translator(self.model, self.src_tok, self.tgt_tok, cfg)
-        ids = [x for job in jobs for x in job.ids]
+        ids = [x for part in parts for x in part.ids]
         t0 = time.perf_counter()
-        prefixes = [x for job in jobs for x in (job.prefixes or [[]] * len(job.ids))]
+        prefixes = [x for part in parts for x in part.prefixes]
         hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None)
-        self.calls += 1
-        log.debug("%d requests, %d sentences in one call: %.1f ms", len(jobs), len(ids),
+        with self._lock:
+            self.calls += 1
+        log.debug("%d requests, %d sentences in one call: %.1f ms", len(parts), len(ids),
                   1000 * (time.perf_counter() - t0))
         start = 0
-        for job in jobs:
-            mine = hyps[start:start + len(job.ids)]
+        for part in parts:
+            job, mine = part.job, hyps[start:start + len(part.ids)]
+            start += len(part.ids)
+            job.hyps[part.start:part.end] = mine if job.cfg.alpha == cfg.alpha else \
+                rescored(mine, job.cfg.alpha, translator.device)
+            job.decoded += part.end - part.start
+            if job.decoded < len(job.ids):
+                continue
             nbest = [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
-                     for hs in mine]
-            att = self._attention(translator, job, mine) if job.attention and not job.abandoned else None
+                     for hs in job.hyps]
+            att = self._attention(translator, job, job.hyps) if job.attention and not job.abandoned else None
             job.future.set_result(Result(nbest, att))
-            start += len(job.ids)
 
     @staticmethod
     def _attention(translator: Translator, job: Job, hyps: list) -> list[dict | None]:

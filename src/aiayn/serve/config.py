@@ -47,8 +47,15 @@ class ServeConfig:
                  "only the cross-attention is returned; sentences past it get null attention; 0 = attention is "
                  "never returned")
     max_queue_sentences: int = param(2048, "sentences waiting for the model at most; a request beyond this gets 503")
+    max_queued_per_client: int = param(
+        256, "sentences from one client address waiting for the model at most (at least max_sentences); a request "
+             "beyond this gets 429 while other clients are still served; behind a reverse proxy the proxy is the one "
+             "client")
     max_header_bytes: int = param(16384, "largest request head (request line and headers) in bytes (more: 431 or 400)")
     max_connections: int = param(64, "open client connections at most; more are answered 503 and closed")
+    max_connections_per_client: int = param(
+        16, "open connections from one client address at most; more are answered 429 and closed at once, and do "
+            "not count against max_connections; behind a reverse proxy the proxy is the one client")
     header_timeout_s: float = param(10.0, "seconds a client has to send a request's headers (then 408 and closed)")
     body_timeout_s: float = param(10.0, "seconds a client has to send a request's body after its headers (then 408)")
     keep_alive_s: float = param(5.0, "seconds an idle keep-alive connection stays open")
@@ -71,11 +78,16 @@ class ServeConfig:
         4096, "tokens per model call, requests collected up to this: each sentence counts its source tokens "
               "plus the most output tokens its search may produce (max_len_a * source + max_len_b, or its "
               "prefix's length + 1)")
+    concurrent_calls: int = param(
+        2, "model calls that may run at once, each in its own worker thread sharing the model; a client has at most "
+           "one in progress, so from 2 on one client's long calls never hold up the others' requests (1 = one call "
+           "at a time); on a CPU each call uses --threads threads")
     threads: int = param(0, "torch intra-op threads (0 = torch's default)")
 
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_prefix_tokens",
-                     "max_queue_sentences", "batch_tokens", "max_connections", "max_header_bytes"):
+                     "max_queue_sentences", "batch_tokens", "max_connections", "max_header_bytes",
+                     "max_connections_per_client", "concurrent_calls"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s", "shutdown_timeout_s"):
@@ -85,6 +97,9 @@ class ServeConfig:
             raise ConfigError("max_alpha, max_attention_values and max_no_repeat_ngram must be >= 0")
         if self.batch_wait_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
             raise ConfigError("batch_wait_ms and threads must be >= 0 and port in [0, 65535]")
+        if self.max_queued_per_client < self.max_sentences:
+            raise ConfigError(f"max_queued_per_client ({self.max_queued_per_client}) must be >= max_sentences "
+                              f"({self.max_sentences}): a full request must fit a client's share")
         if self.languages and not re.fullmatch(r"[A-Za-z]\w{0,15}-[A-Za-z]\w{0,15}", self.languages, re.ASCII):
             raise ConfigError(f"languages must be SRC-TGT like en-de, got {self.languages!r}")
 

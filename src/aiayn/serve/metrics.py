@@ -7,7 +7,8 @@
     aiayn_model_calls_total                    model calls of the batching worker
     aiayn_skipped_requests_total               requests dropped undecoded (client gone, deadline, shutdown)
     aiayn_connections                          open client connections
-    aiayn_events_total{event}                  header_timeout, body_timeout, connection_refused, client_gone,
+    aiayn_events_total{event}                  header_timeout, body_timeout, connection_refused,
+                                               client_connection_refused, client_queue_full, client_gone,
                                                deadline, bad_host, bad_origin, unauthorized
 Everything runs on the event loop, so plain integers suffice.
 """

@@ -3,8 +3,10 @@
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a timer per connection: a client has
 ``header_timeout_s`` to send a request's headers (else 408 and the connection is closed) and
 ``body_timeout_s`` (+1 s; the app answers 408 first when it reads the body) to send its body;
-a connection beyond ``max_connections`` is answered 503 and closed, and a response sent before
-the client finished its body closes the connection (nobody reads the rest). ``Server`` starts
+a connection beyond ``max_connections_per_client`` from one peer address is answered 429, one
+beyond ``max_connections`` in all 503, and either is closed at once, not counted among the open
+connections (so a client that keeps reconnecting holds no slots); a response sent before the
+client finished its body closes the connection (nobody reads the rest). ``Server`` starts
 the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives and keeps its
 listener open, answering 503, until the queue is empty or the drain time is over.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 
 import h11
 import uvicorn
@@ -34,23 +37,41 @@ def raw_response(status: int, reason: str, message: str) -> bytes:
 
 
 def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the read deadlines and connection limit of ``cfg``."""
+    """uvicorn's h11 protocol with the read deadlines and connection limits of ``cfg``."""
+    per_client: Counter[str] = Counter()  # open connections by peer address
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._timer: asyncio.TimerHandle | None = None
-            self._phase, self._lingering = None, False
-            metrics.connections += 1
-            if len(self.connections) > cfg.max_connections:
-                metrics.events["connection_refused"] += 1
-                transport.write(raw_response(503, "Service Unavailable", "too many connections; retry later"))
-                self._linger()
-                return
-            self._follow()
+            self._phase, self._lingering, self._counted = None, False, False
+            self._peer = self.client[0] if self.client else ""  # uvicorn's peer (host, port)
+            if per_client[self._peer] >= cfg.max_connections_per_client:
+                self._refuse(429, "Too Many Requests", "client_connection_refused",
+                             f"too many connections from this address (limit {cfg.max_connections_per_client}); "
+                             "retry after closing one")
+            elif len(self.connections) > cfg.max_connections:
+                self._refuse(503, "Service Unavailable", "connection_refused", "too many connections; retry later")
+            else:
+                self._counted = True
+                per_client[self._peer] += 1
+                metrics.connections += 1
+                self._follow()
+
+        def _refuse(self, status: int, reason: str, event: str, message: str) -> None:
+            """Answer and close at once, out of the connection counts: a refused client holds no slot."""
+            metrics.events[event] += 1
+            self.connections.discard(self)
+            self.transport.write(raw_response(status, reason, message))
+            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            metrics.connections -= 1
+            if self._counted:
+                self._counted = False
+                metrics.connections -= 1
+                per_client[self._peer] -= 1
+                if not per_client[self._peer]:
+                    del per_client[self._peer]
             self._arm(None)
             super().connection_lost(exc)
 
