@@ -21,7 +21,7 @@ WORKER = textwrap.dedent("""
     open(os.path.join(folder, f"ready{rank}"), "w").close()
     while not all(os.path.exists(os.path.join(folder, f"ready{r}")) for r in (0, 1)):
         time.sleep(0.05)  # both imported: the start-up itself is not what times out
-    dist = rt.init_distributed("cpu", timeout_s=float(sys.argv[2]))
+    dist = rt.init_distributed("cpu", timeout_s=float(sys.argv[2]))  # (also bounds the start-up: not too short)
     torch.distributed.barrier()
     if rank == 0:
         time.sleep(600)  # hangs (a save on a dead disk, say)
@@ -45,7 +45,7 @@ def _free_port() -> int:
 def test_a_hanging_rank_is_an_error_on_the_others_within_the_timeout(tmp_path):
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), "4"], env={**env, "RANK": str(r)},
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), "20"], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
         out, err = procs[1].communicate(timeout=240)  # imports on a busy machine; PyTorch's default: 30 min
