@@ -36,18 +36,8 @@ log = logging.getLogger("bench.marian_import")
 
 
 def aiayn_cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-c", "import sys; from aiayn.cli import main; sys.exit(main())", *args],
+    subprocess.run([sys.executable, "-m", "aiayn.cli", *args],
                    check=True)
-
-
-def hf_outputs(gen: torch.Tensor, eos: int, pad: int) -> list[list[int]]:
-    """generate's rows without the start token, cut at EOS."""
-    out = []
-    for row in gen.tolist():
-        row = row[1:]
-        row = row[: row.index(eos)] if eos in row else row
-        out.append([t for t in row if t != pad])
-    return out
 
 
 def main() -> None:
@@ -76,7 +66,6 @@ def main() -> None:
 
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
     tok = MarianTokenizer.from_pretrained(hf_dir)
-    eos, pad = hf.config.eos_token_id, hf.config.pad_token_id
     model, src_tok, tgt_tok = load_model_for_inference(str(imported), "cpu")
     batches = [lines[i:i + args.batch] for i in range(0, len(lines), args.batch)]
     max_len_b = 50  # §6.1: |x| + 50, for both

@@ -25,7 +25,7 @@ import benchlib as bl
 
 
 def evaluate(checkpoint: Path, files: dict, alpha: float, threads: int) -> dict:
-    cmd = [sys.executable, "-c", "import sys; from aiayn.cli import main; sys.exit(main())", "evaluate",
+    cmd = [sys.executable, "-m", "aiayn.cli", "evaluate",
            "--checkpoint", str(checkpoint), "--src", str(files["src"]), "--ref", str(files["ref"]),
            "--tok-ref", str(files["tok"]), "--alpha", str(alpha), "--json", "--quiet"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
