@@ -365,3 +365,21 @@ def test_allowing_everything_changes_nothing(cfg):
     everything = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS,
                         allowed=lambda rows, prefix: torch.ones(rows.size(0), 9, dtype=torch.bool))
     assert everything == plain
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=1, max_len_b=12),
+                                 DecodeConfig(beam_size=3, nbest=2, max_len_b=12),
+                                 DecodeConfig(sampling=True, nbest=2, seed=3, max_len_b=12)])
+def test_stop_is_asked_before_every_step_and_ends_the_search(cfg):
+    from aiayn.decode.search import Stopped
+    src = torch.tensor([[4, 7, 7], [5, 7, 3]])
+    plain = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS)
+    asked = []
+    dec = TableDecoder(V=9, random_vocab=True)
+    kept = search(dec, src, cfg, IDS, stop=lambda: asked.append(1) and False)
+    assert [[(h.tokens, h.score) for h in hs] for hs in kept] == [[(h.tokens, h.score) for h in hs] for hs in plain]
+    assert len(asked) == len(dec.rows_per_step)  # one question per step, before it
+    stopper = TableDecoder(V=9, random_vocab=True)
+    with pytest.raises(Stopped, match="before step 4"):
+        search(stopper, src, cfg, IDS, stop=lambda: len(stopper.rows_per_step) == 3)
+    assert len(stopper.rows_per_step) == 3  # no step after the one that said stop

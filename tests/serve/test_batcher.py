@@ -1,6 +1,8 @@
 """The batching worker: one model call per settings group, answers in order, failures contained."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from aiayn.decode.config import DecodeConfig
@@ -107,3 +109,62 @@ def test_shutdown_refuses_new_jobs_and_drops_queued_ones_after_the_drain(transla
     finally:
         b.stop()
     assert b.calls == 0 and b.queued == 0
+
+
+def _slow_steps(monkeypatch, seconds: float) -> list[int]:
+    """Every cached decoder step sleeps ``seconds`` first; returns the list its calls append to."""
+    from aiayn.decode.adapter import CachedDecoder
+    steps, step = [], CachedDecoder.step_topk
+
+    def slow(self, *args, **kw):
+        steps.append(1)
+        time.sleep(seconds)
+        return step(self, *args, **kw)
+    monkeypatch.setattr(CachedDecoder, "step_topk", slow)
+    return steps
+
+
+def _started(job, timeout: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not job.started and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
+    assert job.started
+
+
+def test_a_call_stops_between_steps_once_no_request_in_it_is_wanted(translator, monkeypatch):
+    from aiayn.serve.batcher import Expired
+    steps = _slow_steps(monkeypatch, 0.03)
+    cfg = DecodeConfig(beam_size=2, min_len=200, max_len_b=200)  # 200 steps: 6 s at least
+    b = make(translator, wait_ms=50)
+    gone = b.submit(cfg, translator.encode(["A girl."]))
+    late = b.submit(cfg, translator.encode(["Two dogs play in the snow."]), deadline=time.monotonic() + 1.5)
+    b.start()  # both in one call
+    try:
+        _started(gone)
+        gone.abandon()  # the client left; the other request's deadline passes 1.5 s in
+        with pytest.raises(Expired, match="while the model decoded it"):
+            late.future.result(timeout=30)
+        t_answer = len(steps)
+    finally:
+        b.stop()
+    assert b.stopped == 1 and b.calls == 1
+    assert t_answer < 150  # it did not decode to the end (200 steps)
+
+
+def test_a_call_goes_on_while_one_of_its_requests_is_wanted(translator, monkeypatch):
+    steps = _slow_steps(monkeypatch, 0.005)
+    cfg = DecodeConfig(beam_size=2, min_len=40, max_len_b=40)
+    b = make(translator, wait_ms=50)
+    gone = b.submit(cfg, translator.encode(["A girl."]))
+    kept = b.submit(cfg, translator.encode(["Two dogs play in the snow."]), deadline=time.monotonic() + 60)
+    b.start()
+    try:
+        _started(gone)
+        gone.abandon()
+        out = kept.future.result(timeout=60)
+    finally:
+        b.stop()
+    single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate_nbest(
+        ["Two dogs play in the snow."])
+    assert [t.text for t in out.nbest[0]] == [t.text for t in single[0]]
+    assert b.stopped == 0 and b.calls == 1 and len(steps) >= 40

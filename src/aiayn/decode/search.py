@@ -126,6 +126,18 @@ class Hypothesis:
     eos: bool  # False when stopped at the maximum length
 
 
+class Stopped(Exception):
+    """The caller's ``stop()`` ended the search between two steps (nobody waits for its results)."""
+
+
+Stop = Callable[[], bool]  # asked before every step: True ends the search (``Stopped``)
+
+
+def _check_stop(stop: Stop | None, t: int, T: int) -> None:
+    if stop is not None and stop():
+        raise Stopped(f"search stopped by its caller before step {t} of at most {T}")
+
+
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     """GNMT length penalty lp(L) = ((5 + L) / 6)^α (Wu et al. 2016; §6.1 with α = 0.6)."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -273,7 +285,7 @@ class _Results:
 
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
                  choose: Callable[[Tensor], Tensor], cap: int | None, prefix: Tensor | None = None,
-                 allowed: Allowed | None = None) -> _Results:
+                 allowed: Allowed | None = None, stop: Stop | None = None) -> _Results:
     """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length. A step
     reads one value back, its end check: which rows are done."""
     B, dev = src.size(0), src.device
@@ -289,6 +301,7 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     total = torch.zeros(B, dtype=torch.float64, device=dev)  # (N,) sum log p
     last = torch.full((B,), ids.bos, dtype=torch.long, device=dev)
     for t in range(1, T + 1):
+        _check_stop(stop, t, T)
         log_probs, state = decoder.step(last, state)
         log_probs = _apply_allowed(log_probs.index_fill_(1, banned.at(t), NEG_INF), allowed, rows,
                                    seqs[:, : t - 1])  # (N, V)
@@ -369,7 +382,8 @@ class _Pool:
 
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 cap: int | None, prefix: Tensor | None = None, allowed: Allowed | None = None) -> _Results:
+                 cap: int | None, prefix: Tensor | None = None, allowed: Allowed | None = None,
+                 stop: Stop | None = None) -> _Results:
     """Beam search with exact early stopping (module docstring); K = beam size, F = nbest. A step
     reads one value back: which sentences are done."""
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
@@ -390,6 +404,7 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     # (a merge without endings changes nothing: where a read waits for the device, it is cheaper than asking)
     merge_always = reads_wait(dev)
     for t in range(1, T + 1):
+        _check_stop(stop, t, T)
         # The K best of a sentence's K*V extensions are among each beam's k = min(K, V) best
         # tokens: take those first (per row, where adding the beam's score cannot change the
         # order), then the K best of the K*k sums. Same values as topk over all K*V sums, without that pass.
@@ -448,24 +463,26 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
 @torch.inference_mode()
 def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
            max_len_cap: int | None = None, generator: torch.Generator | None = None,
-           prefix: Tensor | None = None, allowed: Allowed | None = None) -> list[list[Hypothesis]]:
+           prefix: Tensor | None = None, allowed: Allowed | None = None,
+           stop: Stop | None = None) -> list[list[Hypothesis]]:
     """Decode a batch src (B, S): per sentence, up to ``cfg.nbest`` hypotheses, best first.
 
     Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
     (then nbest independent samples per sentence, sorted by score). ``prefix`` (B, P): target
     tokens each sentence's hypotheses must begin with, -1 after a sentence's prefix (module docstring).
     ``allowed`` (module docstring) restricts every step's choice; with sampling its rows index the
-    repeated batch.
+    repeated batch. ``stop()``, where given, is asked before every step (a Python call, no device
+    read); when it says True the search raises ``Stopped``.
     """
     if prefix is not None:
         prefix = prefix.to(src.device)
     with attention_backends(src.device):
-        return _search(decoder, src, cfg, ids, max_len_cap, generator, prefix, allowed)
+        return _search(decoder, src, cfg, ids, max_len_cap, generator, prefix, allowed, stop)
 
 
 def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, max_len_cap: int | None,
             generator: torch.Generator | None, prefix: Tensor | None,
-            allowed: Allowed | None) -> list[list[Hypothesis]]:
+            allowed: Allowed | None, stop: Stop | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
 
@@ -474,12 +491,12 @@ def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialId
             return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
         res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap,
-                           None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0), allowed)
+                           None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0), allowed, stop)
         flat = res.hypotheses()
         return [sorted((h for hs in flat[b * cfg.nbest:(b + 1) * cfg.nbest] for h in hs),
                        key=lambda h: -h.score) for b in range(src.size(0))]
     if cfg.beam_size == 1:
-        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, prefix, allowed)
+        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, prefix, allowed, stop)
     else:
-        res = _beam_search(decoder, src, cfg, ids, max_len_cap, prefix, allowed)
+        res = _beam_search(decoder, src, cfg, ids, max_len_cap, prefix, allowed, stop)
     return res.hypotheses()

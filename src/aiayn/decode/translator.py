@@ -37,7 +37,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy
 from aiayn.kernels.loader import Kernels, load as load_kernels
 from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
-from aiayn.decode.search import Hypothesis, SpecialIds, search
+from aiayn.decode.search import Hypothesis, SpecialIds, Stop, Stopped, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
 from aiayn.model import ModelConfig, Transformer
@@ -282,12 +282,15 @@ class Translator:
         return out
 
     def translate_ids(self, ids: list[list[int]], prefixes: Sequence[Sequence[int]] | None = None,
-                      progress: Callable[[int], object] | None = None) -> list[list[Hypothesis]]:
+                      progress: Callable[[int], object] | None = None,
+                      stop: Stop | None = None) -> list[list[Hypothesis]]:
         """Hypotheses (n-best, best first) per line of source ids; [] for an empty line. With
         ``cfg.mbr`` the search keeps beam_size hypotheses and "best" is the MBR order (decode/mbr.py).
         ``prefixes``: target ids each line's translations must begin with ([] for none; the search's
         ``prefix``); lines with prefixes are decoded in this process, not by the workers.
-        ``progress(n)``: told of every n lines done (a progress bar's ``update``)."""
+        ``progress(n)``: told of every n lines done (a progress bar's ``update``). ``stop()``: asked
+        before every decoding step (with worker processes, once before they start); True raises
+        ``Stopped`` (decode/search.py)."""
         out: list[list[Hypothesis]] = [[] for _ in ids]
         t0, n_out = time.perf_counter(), 0
         mbr = self.cfg.mbr  # the search (here or in the workers) keeps the beam; the choice is made here
@@ -297,11 +300,14 @@ class Translator:
             raise UserError(f"{len(prefixes)} prefixes for {len(ids)} lines")
         if cfg.workers > 1 and batches and not (prefixes is not None and any(prefixes)):
             batches = spread(batches, [len(x) for x in ids], cfg.workers)
+            if stop is not None and stop():
+                raise Stopped("translation stopped by its caller before its first batch")
             results = self._workers().map([[ids[i] for i in batch] for batch in batches], cfg)
         else:
             gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.sampling else None
             results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
-                              max_len_cap=self.output_cap, generator=gen, prefix=self._prefix(prefixes, batch))
+                              max_len_cap=self.output_cap, generator=gen, prefix=self._prefix(prefixes, batch),
+                              stop=stop)
                        for batch in batches)
         if progress is not None:
             progress(sum(1 for x in ids if not x))  # empty lines: done already

@@ -284,11 +284,11 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     async def health() -> dict:
         status = "shutting down" if batcher.shutting_down else "ok"
         return {"status": status, "queued": batcher.queued, "queued_clients": batcher.queued_clients,
-                "model_calls": batcher.calls, **health_body}
+                "model_calls": batcher.calls, "stopped_model_calls": batcher.stopped, **health_body}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        text = metrics.render(batcher.queued, batcher.calls, batcher.skipped)
+        text = metrics.render(batcher.queued, batcher.calls, batcher.skipped, batcher.stopped)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse)

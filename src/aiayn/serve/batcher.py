@@ -18,9 +18,12 @@ per client (``ClientBusy``).
 
 A request is not decoded (or not decoded further) when, at collection time, its client has gone
 (``abandon``), its deadline has passed (``Expired``) or the service is shutting down and its
-drain time is over (``ShuttingDown``). Attention maps are computed only within a request's
-budget of weights, which counts every map computed (``attention_values``), not only those
-returned.
+drain time is over (``ShuttingDown``). A model call in progress stops between two decoding
+steps once every request in it has lost its client or passed its deadline (``search``'s
+``stop``), so requests nobody waits for no longer hold a worker; they are answered with
+``Expired`` (``stopped`` counts such calls). A call in progress is finished during a drain.
+Attention maps are computed only within a request's budget of weights, which counts every map
+computed (``attention_values``), not only those returned.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import torch
 
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import Hypothesis, length_penalty
+from aiayn.decode.search import Hypothesis, Stopped, length_penalty
 from aiayn.decode.translator import Translation, Translator
 from aiayn.model import ModelConfig, Transformer
 from aiayn.serve.fair import FairQueue, Part, turn_end
@@ -174,6 +177,7 @@ class Batcher:
         self._busy: Counter[str] = Counter()  # parts in model calls in progress, by client
         self.calls = 0  # model calls (one per settings group)
         self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
+        self.stopped = 0  # model calls stopped part way: none of their requests was still wanted
         self._drain_until: float | None = None  # set by begin_shutdown
         self._threads = [threading.Thread(target=self._run, name=f"aiayn-batcher-{i}", daemon=True)
                          for i in range(concurrent_calls)]
@@ -248,20 +252,23 @@ class Batcher:
             raise ClientBusy(f"this client has {mine} sentences waiting for the model (limit {self.max_per_client} "
                              "per client); retry when they are answered")
 
+    def _unwanted(self, job: Job, now: float, when: str, drain: bool = True) -> Exception | None:
+        """Why nobody waits for ``job`` any more (its client left: ``Expired``, which nobody reads), or
+        None while somebody does; ``when`` ends the message. ``drain``: an ended drain counts too."""
+        if job.abandoned or job.future.cancelled() or (job.deadline is not None and now > job.deadline):
+            return Expired(f"the request's deadline passed {when}")
+        if drain and self._drain_until is not None and now > self._drain_until:
+            return ShuttingDown(f"the service shut down {when}")
+        return None
+
     def _live(self, job: Job) -> bool:
         """Whether to decode ``job``'s next sentences; a dropped job is answered (or was cancelled) here."""
-        now = time.monotonic()
         if job.future.done() and not job.future.cancelled():
             return False  # answered already: a model call with its earlier sentences failed
-        if job.abandoned or job.future.cancelled():
-            error = None
-        elif job.deadline is not None and now > job.deadline:
-            error = Expired("the request's deadline passed before the model reached it")
-        elif self._drain_until is not None and now > self._drain_until:
-            error = ShuttingDown("the service shut down before the model reached this request")
-        else:
+        error = self._unwanted(job, time.monotonic(), "before the model reached it")
+        if error is None:
             return True
-        if error is not None:
+        if not (job.abandoned or job.future.cancelled()):
             job.fail(error)
         self.skipped += 1
         return False
@@ -329,7 +336,24 @@ class Batcher:
         ids = [x for part in parts for x in part.ids]
         t0 = time.perf_counter()
         prefixes = [x for part in parts for x in part.prefixes]
-        hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None)
+
+        def stop() -> bool:  # before every decoding step: is any request of the call still wanted?
+            now = time.monotonic()  # (a call in progress is finished during a drain)
+            return all(self._unwanted(part.job, now, "", drain=False) is not None for part in parts)
+
+        try:
+            hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None, stop=stop)
+        except Stopped:
+            now = time.monotonic()
+            for part in parts:
+                why = "while the model decoded it; decoding stopped"
+                part.job.fail(self._unwanted(part.job, now, why, drain=False)
+                              or Expired("the request's deadline passed while the model decoded it"))
+            with self._lock:
+                self.calls += 1
+                self.stopped += 1
+            log.info("a model call of %d requests stopped part way: none was still wanted", len(parts))
+            return
         with self._lock:
             self.calls += 1
         log.debug("%d requests, %d sentences in one call: %.1f ms", len(parts), len(ids),

@@ -6,6 +6,7 @@
     aiayn_queue_sentences                      sentences waiting for the model
     aiayn_model_calls_total                    model calls of the batching worker
     aiayn_skipped_requests_total               requests dropped undecoded (client gone, deadline, shutdown)
+    aiayn_stopped_model_calls_total            model calls stopped part way: none of their requests was wanted
     aiayn_connections                          open client connections
     aiayn_events_total{event}                  header_timeout, body_timeout, connection_refused,
                                                client_connection_refused, client_queue_full, client_gone,
@@ -46,7 +47,7 @@ class Metrics:
             if seconds <= le:
                 counts[i] += 1
 
-    def render(self, queue_sentences: int, model_calls: int, skipped: int) -> str:
+    def render(self, queue_sentences: int, model_calls: int, skipped: int, stopped: int = 0) -> str:
         lines = ["# HELP aiayn_requests_total Answered HTTP requests by path and status.",
                  "# TYPE aiayn_requests_total counter"]
         lines += [f'aiayn_requests_total{{path="{p}",status="{s}"}} {n}' for (p, s), n in sorted(self.requests.items())]
@@ -63,7 +64,8 @@ class Metrics:
                   ("queue_sentences", "gauge", "Sentences waiting for the model.", queue_sentences),
                   ("connections", "gauge", "Open client connections.", self.connections),
                   ("model_calls_total", "counter", "Model calls of the batching worker.", model_calls),
-                  ("skipped_requests_total", "counter", "Requests dropped before decoding.", skipped)]
+                  ("skipped_requests_total", "counter", "Requests dropped before decoding.", skipped),
+                  ("stopped_model_calls_total", "counter", "Model calls stopped between decoding steps.", stopped)]
         for name, kind, text, value in gauges:
             lines += [f"# HELP aiayn_{name} {text}", f"# TYPE aiayn_{name} {kind}", f"aiayn_{name} {value}"]
         lines += ["# HELP aiayn_events_total Refusals and timeouts by kind.", "# TYPE aiayn_events_total counter"]
