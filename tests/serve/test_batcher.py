@@ -168,3 +168,36 @@ def test_a_call_goes_on_while_one_of_its_requests_is_wanted(translator, monkeypa
         ["Two dogs play in the snow."])
     assert [t.text for t in out.nbest[0]] == [t.text for t in single[0]]
     assert b.stopped == 0 and b.calls == 1 and len(steps) >= 40
+
+
+@pytest.mark.parametrize("yield_ms", [0.0, 5000.0])
+def test_a_long_call_gives_way_to_a_smaller_one_beside_it(translator, monkeypatch, yield_ms):
+    import threading
+    from aiayn.decode.adapter import CachedDecoder
+    steps, step = [], CachedDecoder.step_topk
+
+    def slow(self, *args, **kw):  # (thread, time) of every beam step; sleeping lets the other call run
+        steps.append((threading.current_thread().name, time.monotonic()))
+        time.sleep(0.01)
+        return step(self, *args, **kw)
+    monkeypatch.setattr(CachedDecoder, "step_topk", slow)
+    long_cfg, short_cfg = DecodeConfig(beam_size=2, min_len=80, max_len_b=80), DecodeConfig(beam_size=2, min_len=20,
+                                                                                          max_len_b=20)
+    b = make(translator, wait_ms=0, concurrent_calls=2, yield_ms=yield_ms).start()
+    try:
+        long = b.submit(long_cfg, translator.encode(SENTS[:3]), client="10.0.0.1")
+        while len(steps) < 5:
+            time.sleep(0.005)
+        short = b.submit(short_cfg, translator.encode(["A girl."]), client="10.0.0.2")
+        short.future.result(timeout=60)
+        long.future.result(timeout=60)
+    finally:
+        b.stop()
+    long_thread = steps[0][0]
+    mine = [t for name, t in steps if name != long_thread]
+    assert len(mine) >= 20
+    beside = sum(1 for name, t in steps if name == long_thread and mine[0] < t < mine[-1])
+    if yield_ms:
+        assert beside <= 2, beside  # at most the step in progress when the short call came
+    else:
+        assert beside >= 10, beside  # the two calls take turns

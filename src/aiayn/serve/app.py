@@ -256,7 +256,8 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     checker = Translator(translator.models, translator.src_tok, translator.tgt_tok, base)  # encodes + length check
     batcher = Batcher(translator.models, translator.src_tok, translator.tgt_tok, wait_ms=cfg.batch_wait_ms,
                       batch_tokens=cfg.batch_tokens, max_queue_sentences=cfg.max_queue_sentences,
-                      max_queued_per_client=cfg.max_queued_per_client, concurrent_calls=cfg.concurrent_calls)
+                      max_queued_per_client=cfg.max_queued_per_client, concurrent_calls=cfg.concurrent_calls,
+                      yield_ms=cfg.yield_ms)
     metrics = Metrics()
     m = translator.model.cfg
 

@@ -11,8 +11,9 @@ translates each group with one ``Translator.translate_ids`` call (which sorts by
 pads, §5.1 style batching), smallest group first, and answers each request through its
 ``Future`` once all its sentences are decoded. A client has at most one model call in
 progress: a worker passes over the clients in another worker's calls, so with two workers one
-client's long calls never hold up the other clients (a call in progress is not interrupted; the
-two share the machine meanwhile). A failure answers the requests of its group with the
+client's long calls never hold up the other clients; and a call gives way to a smaller one beside
+it: before each decoding step it waits (up to ``yield_ms`` a step) while a call of fewer tokens
+runs, so a short request runs at nearly the speed of an idle service beside a long one. A failure answers the requests of its group with the
 exception; the worker itself keeps running. Queued sentences are capped in all (``Busy``) and
 per client (``ClientBusy``).
 
@@ -166,7 +167,7 @@ class Batcher:
 
     def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer, *, wait_ms: float = 5.0,
                  batch_tokens: int = 4096, max_queue_sentences: int = 2048, max_queued_per_client: int | None = None,
-                 concurrent_calls: int = 2):
+                 concurrent_calls: int = 2, yield_ms: float = 250.0):
         self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
         self.wait_s, self.batch_tokens, self.max_queue = wait_ms / 1000.0, batch_tokens, max_queue_sentences
         self.max_per_client = max_queue_sentences if max_queued_per_client is None else max_queued_per_client
@@ -175,6 +176,10 @@ class Batcher:
         self._ready = threading.Condition(self._lock)  # told of every new job and of stop
         self._stopping = False
         self._busy: Counter[str] = Counter()  # parts in model calls in progress, by client
+        self.yield_s = yield_ms / 1000.0
+        self._running: dict[int, int] = {}  # model calls in progress: id -> tokens (``Part.n_tokens`` summed)
+        self._running_changed = threading.Condition()
+        self._call_ids = 0
         self.calls = 0  # model calls (one per settings group)
         self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
         self.stopped = 0  # model calls stopped part way: none of their requests was still wanted
@@ -337,7 +342,10 @@ class Batcher:
         t0 = time.perf_counter()
         prefixes = [x for part in parts for x in part.prefixes]
 
-        def stop() -> bool:  # before every decoding step: is any request of the call still wanted?
+        me, size = self._enter(sum(part.n_tokens for part in parts))
+
+        def stop() -> bool:  # before every decoding step: give way, then: is any request still wanted?
+            self._give_way(me, size)
             now = time.monotonic()  # (a call in progress is finished during a drain)
             return all(self._unwanted(part.job, now, "", drain=False) is not None for part in parts)
 
@@ -354,6 +362,8 @@ class Batcher:
                 self.stopped += 1
             log.info("a model call of %d requests stopped part way: none was still wanted", len(parts))
             return
+        finally:
+            self._leave(me)
         with self._lock:
             self.calls += 1
         log.debug("%d requests, %d sentences in one call: %.1f ms", len(parts), len(ids),
@@ -371,6 +381,28 @@ class Batcher:
                      for hs in job.hyps]
             att = self._attention(translator, job, job.hyps) if job.attention and not job.abandoned else None
             job.future.set_result(Result(nbest, att))
+
+    def _enter(self, size: int) -> tuple[int, int]:
+        """Record a model call of ``size`` tokens as running; its id and size."""
+        with self._running_changed:
+            self._call_ids += 1
+            self._running[self._call_ids] = size
+            return self._call_ids, size
+
+    def _leave(self, me: int) -> None:
+        with self._running_changed:
+            del self._running[me]
+            self._running_changed.notify_all()
+
+    def _give_way(self, me: int, size: int) -> None:
+        """Wait (``yield_s`` at most) while a smaller model call than this one runs beside it."""
+        if self.yield_s <= 0:
+            return
+        with self._running_changed:
+            end = time.monotonic() + self.yield_s
+            while (any(s < size for k, s in self._running.items() if k != me)
+                   and (left := end - time.monotonic()) > 0):
+                self._running_changed.wait(left)
 
     @staticmethod
     def _attention(translator: Translator, job: Job, hyps: list) -> list[dict | None]:

@@ -82,6 +82,9 @@ class ServeConfig:
         2, "model calls that may run at once, each in its own worker thread sharing the model; a client has at most "
            "one in progress, so from 2 on one client's long calls never hold up the others' requests (1 = one call "
            "at a time); on a CPU each call uses --threads threads")
+    yield_ms: float = param(
+        250.0, "a model call waits up to this long before each decoding step while a smaller call runs beside it, "
+               "so short requests are not slowed by a long one (0 = calls share the machine)")
     threads: int = param(0, "torch intra-op threads (0 = torch's default)")
 
     def __post_init__(self) -> None:
@@ -95,8 +98,8 @@ class ServeConfig:
                 raise ConfigError(f"{name} must be > 0 (seconds), got {getattr(self, name)}")
         if not 0 <= self.max_alpha < 1e6 or self.max_attention_values < 0 or self.max_no_repeat_ngram < 0:
             raise ConfigError("max_alpha, max_attention_values and max_no_repeat_ngram must be >= 0")
-        if self.batch_wait_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
-            raise ConfigError("batch_wait_ms and threads must be >= 0 and port in [0, 65535]")
+        if self.batch_wait_ms < 0 or self.yield_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
+            raise ConfigError("batch_wait_ms, yield_ms and threads must be >= 0 and port in [0, 65535]")
         if self.max_queued_per_client < self.max_sentences:
             raise ConfigError(f"max_queued_per_client ({self.max_queued_per_client}) must be >= max_sentences "
                               f"({self.max_sentences}): a full request must fit a client's share")
