@@ -215,6 +215,7 @@ def main() -> int:
     ap.add_argument("--ordinary", type=int, default=4, help="ordinary clients (default 4)")
     ap.add_argument("--think-s", type=float, default=0.2, help="an ordinary client's mean pause between requests")
     ap.add_argument("--concurrent-calls", type=int, help="the server's --concurrent-calls (default: its default)")
+    ap.add_argument("--yield-ms", type=float, help="the server's --yield-ms (default: its default)")
     ap.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny one trained here)")
     ap.add_argument("--train-steps", type=int, default=50, help="steps of the tiny checkpoint (default 50)")
     ap.add_argument("--out", type=Path,
@@ -226,8 +227,10 @@ def main() -> int:
         work = Path(tmp)
         checkpoint = args.checkpoint or make_checkpoint(work, args.train_steps)
         port = free_port()
-        opts = SERVER_OPTS if args.concurrent_calls is None else \
-            {**SERVER_OPTS, "--concurrent-calls": str(args.concurrent_calls)}
+        opts = dict(SERVER_OPTS)
+        for flag, value in (("--concurrent-calls", args.concurrent_calls), ("--yield-ms", args.yield_ms)):
+            if value is not None:
+                opts[flag] = str(value)
         proc = start_server(checkpoint, port, work / "server.log", opts, start_s=600)  # a busy machine
         load_start = os.getloadavg()
         try:
