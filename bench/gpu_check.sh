@@ -145,7 +145,7 @@ stage_real() {
   prepare_multi30k "$W/multi30k-data" $n || return 1
   timeout 240 $PY bench/gpu_train.py "${REAL_SIZES[@]}" --data "$W/multi30k-data" --precisions bf16 \
     --systems aiayn,aiayn-cudnn,hf-marian,torch-nn --out-name gpu_train_real.json || rc=1
-  timeout 210 $PY bench/gpu_train.py "${REAL_SIZES[@]}" --data "$W/multi30k-data" --precisions bf16 \
+  timeout 300 $PY bench/gpu_train.py "${REAL_SIZES[@]}" --data "$W/multi30k-data" --precisions bf16 \
     --systems aiayn,aiayn-compile --out-name gpu_train_real_compile.json || rc=1
   return $rc
 }

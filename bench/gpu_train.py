@@ -55,7 +55,7 @@ from aiayn.model.flops import train_flops  # noqa: E402
 from aiayn.train import step as train_step  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
-from aiayn.train.runtime import Dist, use_tf32  # noqa: E402
+from aiayn.train.runtime import Dist, compile_model, use_tf32  # noqa: E402
 
 EPS_LS = 0.1
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s, without sparsity), by a word of the device's name.
@@ -134,7 +134,7 @@ def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = 
     t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
-    net = torch.compile(model) if compile_ else model
+    net = compile_model(model) if compile_ else model
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     early = train_step.update_early(opt, scaler)

@@ -119,7 +119,7 @@ class _FailingCompile:
     def __init__(self, when: str):
         self.when, self.calls = when, 0
 
-    def __call__(self, net):
+    def __call__(self, net, **options):
         def compiled(*args, **kwargs):
             self.calls += 1
             if self.when == "forward":
@@ -170,3 +170,29 @@ def test_data_parallel_options(tmp_path):
         assert not rt.data_parallel(model, static_graph=False).static_graph
     finally:
         tdist.destroy_process_group()
+
+
+def test_compiled_model_compiles_one_graph_per_padding_case_over_bucket_shapes():
+    """``train.compile`` (``compile_model``) on length-bucketed batches: new (B, S, T) shapes reuse
+    the graph; only a batch with a source mask and one without give two graphs. Dropout as on CUDA
+    (``fast_dropout`` off: the CPU's thresholded draw is not traced). A counting backend stands in
+    for inductor: what is counted is dynamo's graphs, as on a GPU."""
+    import random
+
+    from aiayn.model import ModelConfig
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=300, d_model=32, n_heads=4, d_k=8, d_v=8, d_ff=64, n_layers=2, fast_dropout=False)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    net = rt.compile_model(aiayn.Transformer(cfg), backend=backend)
+    rng = random.Random(0)
+    for i in range(16):
+        B, S, T = rng.choice([(40, 10, 10), (33, 12, 14), (20, 20, 19), (25, 16, 16), (18, 23, 26), (50, 8, 9)])
+        src, tgt = torch.randint(4, 300, (B, S)), torch.randint(4, 300, (B, T))
+        if padded := i % 3 > 0:
+            src[0, -2:] = cfg.pad_id
+        net(src, tgt, src_padded=padded).float().sum().backward()
+    assert len(graphs) == 2

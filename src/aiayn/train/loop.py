@@ -566,7 +566,7 @@ class _Run:
         self.ddp = self.dist.enabled and not self.local_sgd
         self.plain_net = rt.data_parallel(self.model, static_graph=t.accum_steps == 1 and not t.compile) \
             if self.ddp else self.model
-        self.net = torch.compile(self.plain_net) if t.compile else self.plain_net
+        self.net = rt.compile_model(self.plain_net) if t.compile else self.plain_net
 
     def _without_compile(self, exc: Exception) -> None:
         """torch.compile failed (compiling happens at the first forward, and backward, of each new

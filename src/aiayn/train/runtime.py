@@ -198,6 +198,19 @@ def data_parallel(model: torch.nn.Module, static_graph: bool) -> torch.nn.Module
     return DistributedDataParallel(model, gradient_as_bucket_view=True, static_graph=static_graph, **{buffers: False})
 
 
+def compile_model(net: torch.nn.Module, **options) -> torch.nn.Module:
+    """``torch.compile`` with every dimension dynamic (``train.compile``): length-bucketed batches
+    bring a new (B, S, T) nearly every step, and a graph compiled for one shape would be compiled
+    again for the next; dynamic from the start, the model compiles one graph per padding case
+    (``src_padded`` true or false: a source mask or none), tested over bucket shapes. Duck sizing
+    is turned off for the process: with it, a first batch whose sources and targets have one
+    length (common in bucketed batches) gives a graph for S == T only, compiled again at S != T.
+    ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401  (loads the shape settings below)
+    torch.fx.experimental._config.use_duck_shape = False
+    return torch.compile(net, dynamic=True, **options)
+
+
 def broadcast_parameters(params: list[torch.Tensor], dist: Dist) -> None:
     """Give every rank rank 0's parameters (what DDP does when it wraps a model)."""
     if dist.enabled:
