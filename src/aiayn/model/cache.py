@@ -241,8 +241,8 @@ class CachedLayer:
         if kernels is not None:  # shared slots, through the C kernel, which appends k, v as it attends
             slot_k, slot_v = c.slots(self.i)  # (N/g,H,(L+1)g,K)
             return attn.out_proj(kernels.self_attention(q, slot_k, slot_v, c.ancestors, g, k, v))[:, None], None
-        k, v = c.append(self.i, k, v)
-        if not c.shared_slots:  # a multi-token chunk appended to the cache stays causal
+        k, v = c.append(self.i, k, v)  # (N,H,length+t,K), or shared slots (N/g,H,(length+1)g,K)
+        if not c.shared_slots:  # a chunk of t > 1 new positions stays causal
             return attn.attend(q, k, v, None, is_causal=q.size(2) > 1, need_weights=need_weights)
         a, w = attn.attend(group_rows(q, g), k, v, c.self_mask(), need_weights=need_weights)  # (N/g,g,D)
         return a.reshape(q.size(0), 1, a.size(-1)), None if w is None else c.own_weights(w)

@@ -1,5 +1,6 @@
-"""Encoder and decoder layers (§3.1, Figure 1), the feed-forward network (Eq. 2) and the
-residual sub-layer connection.
+"""Encoder and decoder layers (§3.1, Figure 1), the feed-forward network (Eq. 2), the
+residual sub-layer connection, and the decoder's keys/values when the whole target is given
+(``TeacherForced``; a decoding step's come from its cache, ``aiayn.model.cache.CachedLayer``).
 
 Shapes: B batch, S source length, T target length, D d_model, H heads.
 """
