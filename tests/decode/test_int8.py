@@ -11,7 +11,8 @@ from aiayn.decode.adapter import CachedDecoder, RecomputeDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy, quantize_rows
 from aiayn.decode.search import SpecialIds, search
-from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.translator import Translator
 from tests.decode.test_adapter import V, sources
 
 

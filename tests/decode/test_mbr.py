@@ -9,7 +9,8 @@ from sacrebleu.metrics import BLEU
 from aiayn.config import ConfigError
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.mbr import expected_utilities, mbr_order, ngram_counts, sentence_bleu
-from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.translator import Translator
 
 LINES = ["A man rides a bike.", "Two dogs play in the snow.", "A girl eats.", "",
          "People are walking down a busy street in the city."]

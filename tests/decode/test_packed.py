@@ -117,7 +117,7 @@ def _tiny_model():
 
 @pytest.mark.parametrize("library", LIBRARIES)
 def test_packed_copy_of_a_transformer(library):
-    from aiayn.decode.translator import model_for_precision
+    from aiayn.decode.loading import model_for_precision
 
     model = _tiny_model()
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())

@@ -8,7 +8,8 @@ import aiayn
 from aiayn.decode.adapter import CachedDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import SpecialIds, search
-from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.translator import Translator
 
 
 def test_bf16_translator_casts_a_copy_and_translates(tiny_checkpoint):
@@ -53,7 +54,7 @@ def test_bf16_search_runs_with_fixed_length():
 def test_a_decoding_copy_is_not_copied_again(tiny_checkpoint, precision):
     """The service hands its Translator's decoding copies to a Translator per request batch: they are
     used as they are, not cast or quantized again on every batch."""
-    from aiayn.decode.translator import model_for_precision
+    from aiayn.decode.loading import model_for_precision
 
     model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
     first = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision=precision))

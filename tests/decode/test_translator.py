@@ -15,7 +15,8 @@ from aiayn.cli import main
 from aiayn.config import to_dict
 from aiayn.data.vocab import Tokenizer, train_sentencepiece
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.translator import Translator
 from aiayn.errors import InputError, UserError
 from aiayn.checkpoint import FORMAT, atomic_save, load_checkpoint
 
@@ -143,7 +144,7 @@ def test_inference_device_auto_and_clear_errors(monkeypatch):
     CPU; asking for CUDA where there is none, or for no device at all, is a clear error."""
     import torch
 
-    from aiayn.decode.translator import inference_device
+    from aiayn.decode.loading import inference_device
     from aiayn.errors import UserError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert inference_device("auto") == torch.device("cpu")

@@ -6,7 +6,8 @@ import pytest
 
 from aiayn.config import ConfigError
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.translator import Translator
 from aiayn.decode.workers import spread
 
 LINES = ["A dog runs.", "", "Two men are sitting on a bench in the park.", "A woman is reading a book.",

@@ -96,7 +96,7 @@ def test_beam_search_on_cuda_matches_the_cpu():
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import SpecialIds, search
-    from aiayn.decode.translator import model_for_precision
+    from aiayn.decode.loading import model_for_precision
     cfg = _tiny()
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()

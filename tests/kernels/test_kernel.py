@@ -247,11 +247,11 @@ def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
 def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch, precision):
     # the Translator's decoder gets the kernel from DecodeConfig.c_kernels; fp32 outputs are the same
     # hypotheses with the same scores, int8-bf16 (bfloat16 attention, rounded differently) nearly so
-    from aiayn.decode import translator as tr_mod
+    from aiayn.decode import loading, translator as tr_mod
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import search
 
-    monkeypatch.setattr(tr_mod, "load_kernels", lambda: kernels)
+    monkeypatch.setattr(loading, "load_kernels", lambda: kernels)
     calls = []
     for name in ("self_attention", "cross_attention", "log_softmax_topk"):
         fn = getattr(kernels, name)
@@ -276,14 +276,14 @@ def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch
 
 
 def test_decoding_kernels_follow_the_config(kernels, monkeypatch):
-    from aiayn.decode import translator as tr_mod
+    from aiayn.decode import loading
     from aiayn.decode.config import DecodeConfig
 
-    monkeypatch.setattr(tr_mod, "load_kernels", lambda: kernels)
+    monkeypatch.setattr(loading, "load_kernels", lambda: kernels)
     model = _tiny_model()
-    assert tr_mod.decoding_kernels(DecodeConfig(), model) is kernels
-    assert tr_mod.decoding_kernels(DecodeConfig(c_kernels=False), model) is None
-    q = tr_mod.model_for_precision(model, "int8-bf16", kernels)
+    assert loading.decoding_kernels(DecodeConfig(), model) is kernels
+    assert loading.decoding_kernels(DecodeConfig(c_kernels=False), model) is None
+    q = loading.model_for_precision(model, "int8-bf16", kernels)
     assert q.out_proj.kernels is kernels
     assert copy.deepcopy(q).out_proj.kernels is kernels  # a copy shares the loaded library
 

@@ -80,6 +80,6 @@ TRANSLATE_DECODE = replace(DecodeConfig(), long_lines="truncate")
 
 def add_device_argument(p) -> None:
     """``--device`` of the commands that translate (translate, evaluate, serve, parse): resolved by
-    ``translator.inference_device``."""
+    ``loading.inference_device``."""
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N "
                                                     "(default: auto)")

@@ -10,6 +10,9 @@ Shapes: N rows (sentences x beams), H heads, S source length, K d_k, Dv d_v, Tma
   sentences); only the filled part of the self-attention buffers is copied.
 - Shared beam slots (``ancestors`` set; beam search, see ``DecoderCache``): reordering the
   beams of a sentence moves integers, not keys and values.
+- ``DecoderCache.attention()`` gives each decoder layer a ``CachedLayer``: its two attentions at
+  this step (§3.2.3), with the keys and values kept as the cache keeps them, through the C kernels
+  where they apply.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from aiayn.model.attention import MultiHeadAttention, key_mask
 
 if TYPE_CHECKING:
     from aiayn.kernels.loader import Kernels
@@ -68,6 +73,21 @@ class DecoderCache:
     @property
     def batch_size(self) -> int:
         return self.src_pad.size(0) * self.group
+
+    def attention(self) -> list["CachedLayer"]:
+        """Each layer's attention at this step (``CachedLayer``), sharing one source key mask."""
+        mask = key_mask(self.src_pad)  # (N/g,1,1,S)
+        return [CachedLayer(self, i, mask) for i in range(len(self.layers))]
+
+    def step_kernels(self, q: Tensor, need_weights: bool) -> "Kernels | None":
+        """The C kernels when this step's attention can use them: shared beam slots, one new position,
+        no weights asked for, no autocast (whose float32 attention they do not mimic), and tensors they
+        handle (``Kernels.supports``); else None (PyTorch's attention). q (N,H,t,K)."""
+        kernels = self.kernels if self.shared_slots else None
+        if (kernels is None or need_weights or q.size(2) != 1 or torch.is_autocast_enabled(q.device.type)
+                or not kernels.supports(q, self.layers[0].self_k, self.layers[0].cross_k)):
+            return None
+        return kernels
 
     def append(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new self-attention keys/values (N,H,t,K) of layer i at position ``length``;
@@ -190,6 +210,56 @@ class DecoderCache:
                                      layer.cross_k.index_select(0, enc_rows),
                                      layer.cross_v.index_select(0, enc_rows)))
         return DecoderCache(layers, self.src_pad.index_select(0, enc_rows), L, kernels=self.kernels)
+
+
+def group_rows(q: Tensor, g: int) -> Tensor:
+    """Queries (N,H,t,K) of g consecutive rows that share an encoder row (and, with shared beam
+    slots, self-attention slots) -> g*t queries of one row (N/g,H,g*t,K)."""
+    if g == 1:
+        return q
+    N, H, t, K = q.shape
+    return q.view(N // g, g, H, t, K).transpose(1, 2).reshape(N // g, H, g * t, K)
+
+
+class CachedLayer:
+    """Layer i's two attentions at a decoding step (§3.2.3), for ``DecoderLayer.forward``: the new
+    position(s)' self-attention keys/values are appended to the cache and attended over with those
+    before them; the encoder-decoder keys/values are the cache's, computed once per sentence. The
+    g rows of a sentence (``DecoderCache.group``) attend to its encoder row in one call, and, with
+    shared beam slots, to its slots: through the C kernels (kernels/loader.py) where
+    ``DecoderCache.step_kernels`` allows, else through ``MultiHeadAttention.attend``."""
+
+    def __init__(self, cache: DecoderCache, i: int, memory_mask: Tensor):
+        self.cache, self.i = cache, i
+        self.memory_mask = memory_mask  # (N/g,1,1,S)
+
+    def self_attention(self, attn: MultiHeadAttention, x: Tensor, need_weights: bool):
+        """x (N,t,D) -> (N,t,D), weights (N,H,t,length+t) | None."""
+        c, g = self.cache, self.cache.group
+        q, k, v = attn.project_qkv(x)
+        kernels = c.step_kernels(q, need_weights)
+        if kernels is not None:  # shared slots, through the C kernel, which appends k, v as it attends
+            slot_k, slot_v = c.slots(self.i)  # (N/g,H,(L+1)g,K)
+            return attn.out_proj(kernels.self_attention(q, slot_k, slot_v, c.ancestors, g, k, v))[:, None], None
+        k, v = c.append(self.i, k, v)  # (N,H,length+t,K), or shared slots (N/g,H,(length+1)g,K)
+        if not c.shared_slots:  # a chunk of t > 1 new positions stays causal
+            return attn.attend(q, k, v, None, is_causal=q.size(2) > 1, need_weights=need_weights)
+        a, w = attn.attend(group_rows(q, g), k, v, c.self_mask(), need_weights=need_weights)  # (N/g,g,D)
+        return a.reshape(q.size(0), 1, a.size(-1)), None if w is None else c.own_weights(w)
+
+    def cross_attention(self, attn: MultiHeadAttention, x: Tensor, need_weights: bool):
+        """x (N,t,D) -> (N,t,D), weights (N,H,t,S) | None."""
+        c, g, layer = self.cache, self.cache.group, self.cache.layers[self.i]
+        q = attn.project_q(x)  # (N,H,t,K)
+        kernels = c.step_kernels(q, need_weights)
+        if kernels is not None:
+            return attn.out_proj(kernels.cross_attention(q, layer.cross_k, layer.cross_v, c.src_pad, g))[:, None], None
+        a, w = attn.attend(group_rows(q, g), layer.cross_k, layer.cross_v, self.memory_mask, need_weights=need_weights)
+        if g == 1:
+            return a, w
+        N, H, t, _ = q.shape  # (N/g, g*t, D) -> (N,t,D)
+        w = None if w is None else w.view(N // g, H, g, t, w.size(-1)).transpose(1, 2).reshape(N, H, t, w.size(-1))
+        return a.reshape(N, t, a.size(-1)), w
 
 
 def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity: int,

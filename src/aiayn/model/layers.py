@@ -1,19 +1,23 @@
-"""Encoder and decoder layers (§3.1, Figure 1), the feed-forward network (Eq. 2) and the
-residual sub-layer connection.
+"""Encoder and decoder layers (§3.1, Figure 1), the feed-forward network (Eq. 2), the
+residual sub-layer connection, and the decoder's keys/values when the whole target is given
+(``TeacherForced``; a decoding step's come from its cache, ``aiayn.model.cache.CachedLayer``).
 
 Shapes: B batch, S source length, T target length, D d_model, H heads.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.model.attention import MultiHeadAttention
-from aiayn.model.cache import DecoderCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.dropout import dropout
 from aiayn.model.linear import Linear
+
+if TYPE_CHECKING:
+    from aiayn.model.cache import CachedLayer
 
 
 # ModelConfig.activation: Eq. 2's max(0, .), or the nonlinearity of an imported model (Marian's gelu, swish)
@@ -64,26 +68,6 @@ class SublayerConnection(nn.Module):
         return y if self.pre_norm else self.norm(y)
 
 
-def _group_rows(q: Tensor, g: int) -> Tensor:
-    """Queries (N,H,t,K) of g consecutive rows that share an encoder row (and, with shared beam
-    slots, self-attention slots) -> g*t queries of one row (N/g,H,g*t,K)."""
-    if g == 1:
-        return q
-    N, H, t, K = q.shape
-    return q.view(N // g, g, H, t, K).transpose(1, 2).reshape(N // g, H, g * t, K)
-
-
-def _kernels_for(cache: DecoderCache | None, q: Tensor, need_weights: bool):
-    """The cache's C kernels when this step's attention can use them: shared beam slots, one new
-    position, no weights asked for, no autocast (whose float32 attention they do not mimic), and
-    tensors they handle (``Kernels.supports``); else None (PyTorch's attention)."""
-    kernels = cache.kernels if cache is not None and cache.shared_slots else None
-    if (kernels is None or need_weights or q.size(2) != 1 or torch.is_autocast_enabled(q.device.type)
-            or not kernels.supports(q, cache.layers[0].self_k, cache.layers[0].cross_k)):
-        return None
-    return kernels
-
-
 def _mha(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_k, d_v=cfg.d_v,
                               p_drop_attn=cfg.p_drop_attn, self_attention=self_attention,
@@ -112,8 +96,31 @@ class EncoderLayer(nn.Module):
         return x, w
 
 
+class TeacherForced:
+    """A decoder layer's keys and values when the whole target is given (training, the uncached forward;
+    §3.2.3): masked self-attention over the target itself, each position seeing the positions up to
+    and including its own (target padding is on the right, so the causal mask alone keeps real
+    positions from seeing padding), and encoder-decoder attention over the encoder output's keys and
+    values. A decoding step gets them from its cache instead (``aiayn.model.cache.CachedLayer``)."""
+
+    def __init__(self, memory_k: Tensor, memory_v: Tensor, memory_mask: Tensor | None):
+        self.memory_k, self.memory_v = memory_k, memory_v  # (B,H,S,K), (B,H,S,Dv)
+        self.memory_mask = memory_mask  # (B,1,1,S) or None
+
+    def self_attention(self, attn: MultiHeadAttention, x: Tensor, need_weights: bool):
+        """x (B,T,D) -> (B,T,D), weights (B,H,T,T) | None."""
+        q, k, v = attn.project_qkv(x)
+        return attn.attend(q, k, v, None, is_causal=True, need_weights=need_weights)
+
+    def cross_attention(self, attn: MultiHeadAttention, x: Tensor, need_weights: bool):
+        """x (B,T,D) -> (B,T,D), weights (B,H,T,S) | None."""
+        return attn.attend(attn.project_q(x), self.memory_k, self.memory_v, self.memory_mask,
+                           need_weights=need_weights)
+
+
 class DecoderLayer(nn.Module):
-    """Masked self-attention, encoder-decoder attention, FFN (§3.1)."""
+    """A decoder layer (§3.1, Figure 1): masked multi-head self-attention, multi-head attention over the
+    encoder output, and the position-wise FFN (§3.3), each in a residual sub-layer connection."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -122,47 +129,12 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_ffn, cfg.fast_dropout, cfg.activation)
         self.conn_self, self.conn_cross, self.conn_ffn = _conn(cfg), _conn(cfg), _conn(cfg)
 
-    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
-                cache: DecoderCache | None, index: int, need_weights: bool = False):
-        """x (B,T,D); memory_kv = cross keys/values (B,H,S,K); memory_mask (B,1,1,S).
-
-        Without a cache: causal self-attention over x (target padding is on the right, so
-        the causal mask alone keeps real positions from seeing padding).
-        With a cache: x holds the new position(s); keys/values are appended to the cache.
-        """
-        q, k, v = self.self_attn.project_qkv(self.conn_self.pre(x))
-        g = cache.group if cache is not None else 1
-        kernels = _kernels_for(cache, q, need_weights)
-        if kernels is not None:  # beam search's shared slots, through the C kernel (kernels/loader.py)
-            slot_k, slot_v = cache.slots(index)  # (N/g,H,(L+1)g,K); the kernel appends k, v as it attends
-            a = self.self_attn.out_proj(kernels.self_attention(q, slot_k, slot_v, cache.ancestors, g, k, v))[:, None]
-            w_self = None
-        elif cache is not None and cache.shared_slots:  # beam search: a sentence's g rows share slots
-            k, v = cache.append(index, k, v)  # (N/g,H,(L+1)g,K)
-            a, w_self = self.self_attn.attend(_group_rows(q, g), k, v, cache.self_mask(), need_weights=need_weights)
-            a = a.reshape(q.size(0), 1, a.size(-1))  # (N/g, g, D) -> (N,1,D)
-            if w_self is not None:
-                w_self = cache.own_weights(w_self)
-        else:
-            if cache is not None:
-                k, v = cache.append(index, k, v)
-                causal = q.size(2) > 1  # a multi-token chunk appended to the cache stays causal
-            else:
-                causal = True
-            a, w_self = self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
+    def forward(self, x: Tensor, kv: "TeacherForced | CachedLayer", need_weights: bool = False):
+        """x (B,T,D) -> (B,T,D), self weights (B,H,T,T') | None, cross weights (B,H,T,S) | None. ``kv`` holds
+        the keys/values both attentions read: ``TeacherForced``, or a decoding step's (``CachedLayer``)."""
+        a, w_self = kv.self_attention(self.self_attn, self.conn_self.pre(x), need_weights)  # masked
         x = self.conn_self.post(x, a)
-        q = self.cross_attn.project_q(self.conn_cross.pre(x))  # (N,H,t,K)
-        N, H, t, _ = q.shape
-        if kernels is not None:
-            a = self.cross_attn.out_proj(kernels.cross_attention(q, *memory_kv, cache.src_pad, g))[:, None]  # (N,1,D)
-            w_cross = None
-        else:
-            a, w_cross = self.cross_attn.attend(_group_rows(q, g), *memory_kv, memory_mask, need_weights=need_weights)
-        if g > 1 and kernels is None:
-            a = a.reshape(N, t, a.size(-1))  # (N/g, g*t, D) -> (N,t,D)
-            if w_cross is not None:
-                S = w_cross.size(-1)
-                w_cross = w_cross.view(N // g, H, g, t, S).transpose(1, 2).reshape(N, H, t, S)
+        a, w_cross = kv.cross_attention(self.cross_attn, self.conn_cross.pre(x), need_weights)  # encoder-decoder
         x = self.conn_cross.post(x, a)
         x = self.conn_ffn.post(x, self.ffn(self.conn_ffn.pre(x)))
         return x, w_self, w_cross

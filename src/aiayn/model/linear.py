@@ -1,24 +1,13 @@
 """The model's linear maps, with their rows rounded up on the CPU in reduced precision.
 
-A linear map of a (B,L,D) tensor multiplies M = B x L rows by its weight. On the CPU under bfloat16
-(or float16) autocast PyTorch runs it on oneDNN, which builds a kernel (a "primitive") for every
-product shape and keeps it in two caches (oneDNN's own and PyTorch's ideep layer), each entry holding
-megabytes of generated code and buffers: 4 MB at M = 300 and 13 MB at M = 2,500 for one 512 x 2,048
-map forward and backward, measured on this project's 2-core Intel Xeon with AMX. Token-bounded batches
-(§5.1) give a new M for nearly every length in the corpus, and a larger corpus has more lengths:
-276 distinct row counts at 3,125 tokens a batch on 250,000 WMT-like pairs, 556 on 2,000,000. So
-the caches, and the process, grew with the corpus (16 MB a step after 60 steps of the tiny preset
-on 250,000 pairs, without end in sight).
-
-``row_bits`` = b keeps the b leading bits of M: M rows are padded with zero rows up to the next
-multiple of 2^(bit_length(M) - b) (M < 2^b stays as it is), the product taken, and the extra
-output rows dropped. Every row's result is the same product of the same numbers, and the zero rows
-add nothing to the weight's gradient, so the outputs equal the unpadded map's bit for bit and the
-gradients to bfloat16 rounding (tested). With b = 6 a map multiplies at most 1/32 more rows and
-sees at most 32 row counts per doubling of M, whatever the corpus: the corpora above give 19 and
-30 row counts for 0.9% more rows (training's M lies just under the token bound, padded to a
-multiple of 64), and decoding's small beam-step products (fewer than 64 rows) are never padded.
-Float32 on the CPU (MKL's GEMM, no per-shape cache; measured flat) and other devices never pad.
+On the CPU under bfloat16 (or float16) PyTorch multiplies through oneDNN, which builds and keeps a
+kernel, megabytes each, for every row count M = B x L it sees; token-bounded batches (§5.1) bring a
+new M for nearly every sentence length, so the process grew with the corpus (docs/history.md, "The
+linear maps' row counts"). ``row_bits`` = b keeps the b leading bits of M: the rows are padded with
+zero rows up to the next multiple of 2^(bit_length(M) - b) (M < 2^b stays as it is), the product
+taken, and the extra output rows dropped: the outputs equal the unpadded map's bit for bit, the
+gradients to bfloat16 rounding (tested), and a map sees at most 2^(b-1) row counts per doubling of
+M for at most 1/2^(b-1) more rows. Float32 on the CPU and other devices never pad.
 """
 from __future__ import annotations
 

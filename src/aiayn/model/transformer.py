@@ -15,7 +15,7 @@ from aiayn.model.attention import MultiHeadAttention, key_mask
 from aiayn.model.cache import DecoderCache, LayerCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.dropout import dropout
-from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.layers import DecoderLayer, EncoderLayer, TeacherForced
 from aiayn.model.linear import Linear, row_padded_linear
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 
@@ -185,17 +185,16 @@ class Transformer(nn.Module):
         if cache is None:
             if enc is None:
                 raise ValueError("decode needs the encoder output or a cache")
-            memory_kv = [layer.cross_attn.project_kv(enc.memory) for layer in self.decoder_layers]
             memory_mask = self._source_mask(enc.src_pad, enc.padded, need_weights)  # (B,1,1,S) or None
+            kv = [TeacherForced(*layer.cross_attn.project_kv(enc.memory), memory_mask) for layer in self.decoder_layers]
             start = 0
         else:
-            memory_kv = [(lc.cross_k, lc.cross_v) for lc in cache.layers]
-            memory_mask, start = key_mask(cache.src_pad), cache.length  # (N,1,1,S)
+            kv, start = cache.attention(), cache.length
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, start)
         w_self = [] if need_weights else None
         w_cross = [] if need_weights else None
-        for i, layer in enumerate(self.decoder_layers):
-            x, ws, wc = layer(x, memory_kv[i], memory_mask, cache, i, need_weights)
+        for layer, layer_kv in zip(self.decoder_layers, kv):
+            x, ws, wc = layer(x, layer_kv, need_weights)
             if need_weights:
                 w_self.append(ws)
                 w_cross.append(wc)

@@ -1,0 +1,137 @@
+"""What a ``Translator`` (decode/translator.py) is made of: the models and tokenizers of checkpoints,
+the device, the decoding copy of a model for a precision, the C kernels.
+
+A checkpoint (``aiayn.checkpoint``) is self-contained: ``model_config``, ``model`` (state
+dict) and ``tokenizers`` (the SentencePiece model bytes and their sha256). Loading checks that
+the stored bytes match their hashes and that the vocabulary sizes match the model.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from aiayn.config import ConfigError, from_dict
+from aiayn.data.vocab import Tokenizer
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.int8 import Int8Linear, int8_copy
+from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
+from aiayn.errors import UserError
+from aiayn.kernels.loader import Kernels, load as load_kernels
+from aiayn.model import ModelConfig, Transformer
+from aiayn.model.linear import ROW_BITS
+
+
+def _tokenizer_from_checkpoint(toks: dict, side: str, path: Path) -> Tokenizer:
+    data = toks.get(side)
+    if not isinstance(data, (bytes, bytearray)):
+        raise UserError(f"{path}: checkpoint has no {side} tokenizer model (tokenizers.{side})")
+    digest = hashlib.sha256(data).hexdigest()
+    if toks.get(f"{side}_sha256") not in (None, digest):
+        raise UserError(f"{path}: the stored {side} tokenizer does not match its sha256 "
+                        f"({digest[:12]} vs {str(toks[f'{side}_sha256'])[:12]}); the checkpoint is corrupt")
+    return Tokenizer(bytes(data), name=f"{path}:tokenizers.{side}")
+
+
+def _model_from_checkpoint(ckpt: dict, path: Path, device) -> tuple[Transformer, Tokenizer, Tokenizer]:
+    for key in ("model_config", "model", "tokenizers"):
+        if key not in ckpt:
+            raise UserError(f"{path}: checkpoint has no {key!r} entry")
+    try:
+        cfg = from_dict(ModelConfig, ckpt["model_config"])
+    except ConfigError as exc:
+        raise UserError(f"{path}: bad model_config: {exc}") from exc
+    src_tok = _tokenizer_from_checkpoint(ckpt["tokenizers"], "src", path)
+    tgt_tok = _tokenizer_from_checkpoint(ckpt["tokenizers"], "tgt", path)
+    if src_tok.vocab_size != cfg.vocab_size or tgt_tok.vocab_size != cfg.target_vocab_size:
+        raise UserError(f"{path}: tokenizer vocabularies ({src_tok.vocab_size} source, {tgt_tok.vocab_size} "
+                        f"target) do not match the model ({cfg.vocab_size}, {cfg.target_vocab_size})")
+    model = Transformer(cfg)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as exc:
+        raise UserError(f"{path}: weights do not fit the model_config: {exc}") from exc
+    return model.to(device).eval(), src_tok, tgt_tok
+
+
+def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"
+                             ) -> tuple[Transformer, Tokenizer, Tokenizer]:
+    """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks."""
+    from aiayn.checkpoint import load_checkpoint
+
+    path = Path(path)
+    return _model_from_checkpoint(load_checkpoint(path, map_location=device), path, device)
+
+
+def inference_device(spec: str | torch.device) -> torch.device:
+    """The device to translate on: ``auto`` is the current CUDA device when CUDA is present, else the
+    CPU; anything else as torch reads it (cpu, cuda, cuda:N), refused clearly when CUDA is absent."""
+    if isinstance(spec, torch.device):
+        return spec
+    if spec == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise UserError(f"--device {spec!r}: not a device (auto, cpu, cuda or cuda:N)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {spec}: CUDA is not available here; use --device cpu or auto")
+    return device
+
+
+def load_models_for_inference(paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu"
+                              ) -> tuple[list[Transformer], Tokenizer, Tokenizer]:
+    """The models of one or more checkpoints or ensemble files (in order) and their shared tokenizers,
+    on ``device`` (``inference_device``: "auto" is CUDA when present)."""
+    from aiayn.checkpoint import checkpoint_members
+
+    device = inference_device(device)
+
+    models: list[Transformer] = []
+    toks: tuple[Tokenizer, Tokenizer] | None = None
+    for label, member in checkpoint_members([paths] if isinstance(paths, (str, Path)) else list(paths), device):
+        model, src_tok, tgt_tok = _model_from_checkpoint(member, Path(label), device)
+        toks = toks or (src_tok, tgt_tok)
+        models.append(model)
+    if toks is None:
+        raise UserError("no checkpoint given")
+    return models, toks[0], toks[1]
+
+
+def model_for_precision(model: Transformer, precision: str, kernels: Kernels | None = None,
+                        packed: bool = False, library: str = "auto", row_bits: int = ROW_BITS) -> Transformer:
+    """The model to decode with: itself (fp32), a copy whose linear maps use packed weights (fp32 with
+    ``packed``, a float32 model on a CPU whose PyTorch has ``library``'s packed linear maps, "auto" as
+    ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or made
+    int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
+    around the int8 products), so the caller's model is left as it was. The bfloat16 copy pads the rows of
+    its linear maps to keep ``row_bits`` leading bits (``aiayn.model.linear``)."""
+    if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
+        return model  # already a decoding copy (the service passes its Translator's models on)
+    if precision == "bf16":
+        if next(model.parameters()).dtype == torch.bfloat16:
+            return model  # already a bfloat16 decoding copy (as above; casting a copy again changes nothing)
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        bf16.pad_linear_rows(row_bits)  # a bounded set of oneDNN kernels (aiayn/model/linear.py)
+        return bf16
+    if precision == "int8":
+        return int8_copy(model, kernels=kernels)
+    if precision == "int8-bf16":
+        return int8_copy(model, torch.bfloat16, kernels)
+    p = next(model.parameters())
+    if packed and p.dtype == torch.float32 and p.device.type == "cpu":
+        chosen = resolve_library(library)
+        if chosen is not None:
+            return packed_copy(model, chosen)
+    return model
+
+
+def decoding_kernels(cfg: DecodeConfig, model: Transformer) -> Kernels | None:
+    """The C kernels (kernels/loader.py: beam-step attention, the int8 passes) when ``cfg.c_kernels`` asks
+    for them and the model is on the CPU; None (PyTorch's operations) otherwise or without a C compiler."""
+    if not cfg.c_kernels or next(model.parameters()).device.type != "cpu":
+        return None
+    return load_kernels()
