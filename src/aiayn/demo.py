@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import add_arguments, from_args, param
+from aiayn.config import param
 from aiayn.data.multi30k import find_multi30k, read_text
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import choose_alpha, tune_alpha
@@ -399,28 +399,3 @@ def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: P
         shown = f" (length ratio {ratio:.3f})" if ratio is not None else ""
         print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
     return hyp_path
-
-
-def config_with_sets(cls, args):
-    """A demo's configuration from the parsed ``args``, its ``sets`` field from the repeatable --set."""
-    cfg = from_args(cls, args)
-    return dataclasses.replace(cfg, sets=",".join(args.set)) if args.set else cfg
-
-
-def add_demo_arguments(p, cls, set_example: str) -> None:
-    """Every field of the demo configuration ``cls`` as an option, ``sets`` as a repeatable --set."""
-    add_arguments(p, cls, only=tuple(f.name for f in dataclasses.fields(cls) if f.name != "sets"))
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help=f"override a field of the recipe (repeatable), e.g. {set_example}")
-
-
-def run(args) -> int:
-    run_demo(config_with_sets(DemoConfig, args))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_demo_arguments(p, DemoConfig, "--set model.p_drop=0.2 --set train.seed=2")
-    p.set_defaults(func=run)

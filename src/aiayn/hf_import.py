@@ -357,26 +357,3 @@ def import_hf(path: str | Path) -> dict:
     return {"format": FORMAT, "run_config": to_dict(RunConfig(model=cfg)), "model_config": to_dict(cfg),
             "model": model.state_dict(), "tokenizers": _tokenizers(d, src_order, tgt_order),
             "step": 0, "epoch": 0, "imported_from": {"format": "hf", "path": str(d.path)}}
-
-
-def run(args) -> int:
-    from aiayn.checkpoint import atomic_save
-    from aiayn.files import check_output_file
-
-    check_output_file(args.out, args.overwrite)  # before the work
-    ckpt = import_hf(args.dir)
-    atomic_save(ckpt, args.out)
-    print(f"aiayn checkpoint: {args.out}")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("import", help="read a Hugging Face MarianMTModel directory (e.g. an OPUS-MT model) as an "
-                                      "aiayn checkpoint (needs transformers)")
-    p.add_argument("dir", help="the model's directory: config.json, model.safetensors or pytorch_model.bin, "
-                               "source.spm, target.spm, vocab.json")
-    p.add_argument("--format", default="hf", choices=("hf",),
-                   help="hf: a MarianMTModel as save_pretrained writes it (aiayn/hf_import.py)")
-    p.add_argument("--out", required=True, help="the checkpoint to write (.pt; written whole, in one step)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
-    p.set_defaults(func=run)

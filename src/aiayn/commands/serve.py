@@ -1,0 +1,54 @@
+"""``aiayn serve``: the translation service (HTTP JSON API and web page) for a checkpoint."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from aiayn.config import add_arguments, from_args, replace
+from aiayn.decode.config import DecodeConfig, add_device_argument
+from aiayn.errors import UserError
+from aiayn.serve.config import ServeConfig
+
+log = logging.getLogger(__name__)
+API_KEY_ENV = "AIAYN_API_KEY"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a checkpoint over HTTP: POST /translate, GET /health, a web page at /",
+        description="Translation service. POST /translate with {\"sentences\": [...], \"beam\": 4, \"alpha\": 0.6, "
+                    "\"nbest\": 1, \"attention\": false} (Content-Type: application/json); GET /health; "
+                    "GET /metrics (Prometheus); open / in a browser to type sentences and see translations and "
+                    "attention maps. Concurrent requests share model calls. The decode options below are the "
+                    f"defaults of requests that do not set them. The API key may come from ${API_KEY_ENV} "
+                    "instead of --api-key (which ps would show). See docs/serve.md.")
+    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    add_device_argument(p)
+    add_arguments(p, ServeConfig)
+    add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b", "no_repeat_ngram"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from aiayn.serve.app import create_app
+        from aiayn.serve.server import make_server
+    except ImportError as exc:
+        raise UserError(f"`aiayn serve` needs the web stack: pip install 'aiayn[serve]' ({exc})") from exc
+    import torch
+
+    from aiayn.decode.translator import Translator
+    cfg, decode = from_args(ServeConfig, args), from_args(DecodeConfig, args)
+    if not cfg.api_key and os.environ.get(API_KEY_ENV):
+        cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
+    if not cfg.model_name:
+        cfg = replace(cfg, model_name=Path(args.checkpoint).name)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    app = create_app(Translator.from_checkpoint(args.checkpoint, decode, device=args.device), cfg)
+    log.info("serving %s on http://%s:%d/ (hosts %s%s)", args.checkpoint, cfg.host, cfg.port,
+             ",".join(cfg.allowed_hosts), ", API key required" if cfg.api_key else "")
+    make_server(app, cfg, log_level="info").run()
+    return 0
