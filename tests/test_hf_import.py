@@ -25,7 +25,7 @@ from aiayn.errors import UserError
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from aiayn.hf import export_hf, marian_config, marian_state_dict  # noqa: E402
+from aiayn.exporters.hf import export_hf, marian_config, marian_state_dict  # noqa: E402
 from aiayn.hf_import import import_hf  # noqa: E402
 from aiayn.marian_vocab import Specials, aiayn_pieces, id_order, segmenter  # noqa: E402
 from tests.conftest import copy_lines  # noqa: E402

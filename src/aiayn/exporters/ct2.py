@@ -27,14 +27,13 @@ outputs equal aiayn's.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import torch
 
 from aiayn.errors import UserError
-from aiayn.files import OutputDir
+from aiayn.exporters import ExportDir
 from aiayn.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -111,23 +110,6 @@ def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list
     spec.register_source_vocabulary(src_tokens)
     spec.register_target_vocabulary(tgt_tokens)
     return spec
-
-
-RECORD = "aiayn.json"  # what says a folder is an export of aiayn's (the only folders --overwrite replaces)
-
-
-class ExportDir(OutputDir):
-    """The output folder of an export (``OutputDir``): written whole or not at all; an existing
-    one is replaced only with ``overwrite`` and only if it is an earlier export (it holds
-    ``RECORD``, which every export writes)."""
-
-    def __init__(self, out: str | Path, overwrite: bool = False):
-        super().__init__(out, overwrite=overwrite, ours=lambda d: (d / RECORD).is_file(),
-                         what="a model aiayn exported")
-
-    def finish(self, tmp: Path) -> None:
-        if not (tmp / RECORD).exists():
-            (tmp / RECORD).write_text(json.dumps({"exported_by": "aiayn"}) + "\n")
 
 
 def write_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str], folder: str | Path,
