@@ -50,11 +50,11 @@ import numpy as np
 
 from aiayn.config import ConfigError, param, replace, to_dict
 from aiayn.data.corpora import Corpus, check_corpora, check_lang
-from aiayn.data.store import SIDES, AtomicDir, NpyAppender, array_files, token_dtype, write_json_atomic
-from aiayn.data.store import FORMAT, MANIFEST, VERSION
+from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyAppender, array_files, token_dtype
 from aiayn.data.textio import check_readable, read_pairs
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
+from aiayn.files import write_json_atomic
 from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
