@@ -42,7 +42,7 @@ user; kernels/build_cache.py says how no step follows a symbolic link or a name 
 Without a
 compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding and training use
 PyTorch's operations: the same numbers up to rounding for attention and log-probabilities, identical
-for int8 (``tests/kernels/test_kernel.py`` checks both kinds of attention step against
+for int8 (``tests/kernels/``, a file per kernel, checks both kinds of attention step against
 ``attention_explicit`` in float32 and bfloat16, the top-k log-probabilities against PyTorch's
 log_softmax and topk, the int8 passes against PyTorch's, all of them also built without
 -march=native (the portable loops), and beam search with and without the kernels; the loss against the
