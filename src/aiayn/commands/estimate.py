@@ -39,9 +39,8 @@ def register(sub) -> None:
                         f"(default p100, the paper's)")
     p.add_argument("--measured", help="a train_base.json from bench/train_throughput.py to take the throughput from")
     p.add_argument("--utilization", type=float, default=None,
-                   help="model FLOP/s as a share of the device's peak where nothing was measured (default: the "
-                        "device's, from published runs: " + ", ".join(f"{k} {d.utilization:g}" for k, d in DEVICES.items())
-                        + "; aiayn.train.devices says which)")
+                   help="model FLOP/s / peak where nothing was measured (default, from published runs: "
+                        + ", ".join(f"{k} {d.utilization:g}" for k, d in DEVICES.items()) + ")")
     p.add_argument("--tokens-per-step", type=int, default=None,
                    help="reach this many target tokens per step by accumulation, whatever the device count "
                         "(25000: the paper's batch, as scripts/wmt14.sh trains); default: the recipe as written")

@@ -25,11 +25,9 @@ def register(subparsers) -> None:
                                 ("; or --corpus, or both: this one is then the corpus called train, weight 1)"
                                  if split == "train" else ")"))
     p.add_argument("--corpus", action="append", default=[], metavar=CORPUS_SPEC,
-                   help="a train corpus (repeatable; the corpora form one train split, one vocabulary sampled "
-                        "over all in proportion to their sizes): source and target files; WEIGHT (default 1) "
-                        "draws it that many times an epoch in training (0.5: a new random half each epoch); TAG "
-                        "(e.g. <bt>) starts each of its source sentences; LANG (e.g. de) puts <2LANG> after the "
-                        "tag; an empty field is its default. Example: --corpus bt=mono.en,mono.de,0.5,<bt>")
+                   help="a train corpus (repeatable; all form one train split and vocabulary): WEIGHT draws per "
+                        "epoch (0.5: a random half), TAG starts its sources, LANG adds <2LANG> (docs/data.md); "
+                        "e.g. bt=mono.en,mono.de,0.5,<bt>")
     p.add_argument("--out", type=Path, required=True, help="data directory to create")
     p.add_argument("--tokenizer-from", type=Path, default=None, metavar="MODEL.pt",
                    help="encode with the SentencePiece model(s) stored in this checkpoint instead of training new "

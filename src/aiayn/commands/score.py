@@ -38,11 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "otherwise add sacreBLEU -lc after cased sacreBLEU")
     p.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default: de)")
     p.add_argument("--compare", nargs="+", metavar="FILE", default=[],
-                   help="other systems' translations of the same input: is --hyp's BLEU higher than each one's by more "
-                        "than the choice of sentences explains? Koehn (2004)'s paired bootstrap (as sacreBLEU's "
-                        "--paired-bs): BLEU of both on the same resampled sets, p = share of sets on which --hyp does "
-                        "not score higher; one reference; tokens as --tokenized says (otherwise sacreBLEU's 13a), "
-                        "no smoothing")
+                   help="other systems' translations of the same input: does --hyp's BLEU beat each by more than "
+                        "chance? Koehn (2004)'s paired bootstrap, as sacreBLEU's --paired-bs; one reference "
+                        "(docs/commands.md)")
     p.add_argument("--samples", type=int, default=1000, help="resampled sets for --compare (default: 1000)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)

@@ -66,10 +66,8 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--init-from", metavar="MODEL.pt", default=None,
-                   help="fine-tune: start a new run from this checkpoint's weights, with a fresh optimizer and "
-                        "schedule; its tokenizer(s) and parameter shapes must match (prepare the data with "
-                        "`aiayn prepare --tokenizer-from MODEL.pt`); without --preset/--recipe the run takes "
-                        "the checkpoint's configuration, --set overriding it")
+                   help="fine-tune: a new run from this checkpoint's weights, fresh optimizer and schedule; same "
+                        "tokenizers and shapes; without --preset/--recipe, its configuration (docs/finetuning.md)")
     p.add_argument("--resume-optimizer", action="store_true",
                    help="with --init-from: also load the checkpoint's Adam moments (the schedule still starts at step 1)")
     p.set_defaults(func=run)

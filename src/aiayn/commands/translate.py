@@ -49,9 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="target prefixes, one per input line (an empty line: none): each translation begins with its "
                         "line's prefix, which the search continues (forced decoding, for interactive and post-editing tools)")
     p.add_argument("--alignments", action="store_true",
-                   help="append to each output line ' ||| ' and its word alignment in the Pharaoh format ('i-j': "
-                        "source token i, target token j, subword pieces from 0), each target token aligned to the source "
-                        "token the chosen layer's encoder-decoder attention weights most (aiayn/decode/align.py)")
+                   help="append ' ||| ' and the Pharaoh word alignment ('i-j', subword pieces from 0) from the "
+                        "cross-attention of --alignment-layer to each output line (docs/translate.md)")
     p.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
                    help="decoder layer whose attention (averaged over heads) gives --alignments: 0 is the first, "
                         "-1 (default) the last")

@@ -78,7 +78,7 @@ class PrepareConfig:
     chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
     user_symbols: tuple[str, ...] = param((), "pieces SentencePiece must keep whole (user_defined_symbols), e.g. the bracket labels of linearized trees; each a space-separated word of the text")
     lowercase: bool = param(False, "build lowercasing into the SentencePiece model(s): the corpus and every later input are lowercased (outputs are lowercase); the form Multi30k's published baselines train on")
-    target_lang_token: str = param("", "a language code LANG: <2LANG> starts every source sentence (of train corpora without their own LANG, valid and test) and is kept one piece; many-to-many translation (Johnson et al. 2017); at translation time the source text starts with it")
+    target_lang_token: str = param("", "a language code LANG: <2LANG>, one piece, starts every source sentence (of corpora without their own LANG, valid, test), for many-to-many translation (Johnson et al. 2017; docs/data.md)")
 
     def __post_init__(self) -> None:
         if self.model_type not in ("bpe", "unigram"):
