@@ -26,7 +26,7 @@ was trained on and ``aiayn train --init-from MODEL.pt`` accepts the directory (s
 
 Memory: the SentencePiece sample (the default 1M pairs of WMT-length sentences is roughly
 0.5 GB of Python strings) and SentencePiece's trainer; encoding holds one chunk at a time.
-Measured: all of Multi30k (29k pairs, vocab 8000) about 1 s; 290k pairs about 11 s on 2 cores.
+Its time and memory on corpora up to WMT14's size: BENCHMARKS.md §9.
 
 Cleaning defaults, in subword tokens without bos/eos: ``max_len`` 250 (the bound fairseq's
 WMT14 En-De recipe applies to BPE tokens with Moses' clean-corpus-n); ``max_len_ratio`` 3.0

@@ -28,7 +28,7 @@ class TrainConfig:
     lr_schedule_by_time: bool = param(False, "take Eq. 3 and the lr_decay_frac ramp at max(step, elapsed / max_time_min * max_steps): a machine too slow to reach max_steps in the budget runs the whole schedule, compressed (docs/recipe.md)")
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
-    fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False), about 5x less optimizer time for small models")
+    fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False) without its many small operations per tensor")
     c_kernels: bool = param(True, "the loss and (AVX-512, d_k = d_v of 32 or 64) the attention in C on the CPU (docs/kernels.md): the same sums up to rounding, faster; false, no C compiler or a GPU = PyTorch's operations")
     fused_loss: str = param("auto", "auto | on | off: the output projection (§3.4) and the loss (§5.4) a chunk of rows at a time, never holding the whole logits (Triton on CUDA); auto = on for CUDA where triton imports (docs/gpu.md)")
     cpu_row_bits: int = param(ROW_BITS, "CPU, bf16/fp16: pad each linear map's rows with zero rows to a count that keeps this many leading bits, so oneDNN keeps kernels for few row counts and memory stays flat (docs/training.md); 0 = off")
