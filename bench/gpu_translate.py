@@ -32,7 +32,7 @@ import aiayn  # noqa: E402
 from aiayn.decode.adapter import CachedDecoder  # noqa: E402
 from aiayn.decode.config import DecodeConfig  # noqa: E402
 from aiayn.decode.search import SpecialIds, search  # noqa: E402
-from aiayn.decode.translator import model_for_precision  # noqa: E402
+from aiayn.decode.loading import model_for_precision  # noqa: E402
 from gpu_train import sync, timed_rounds  # noqa: E402
 
 

@@ -57,7 +57,8 @@ def main() -> None:
     from transformers import MarianMTModel, MarianTokenizer
 
     from aiayn.decode.config import DecodeConfig
-    from aiayn.decode.translator import Translator, load_model_for_inference
+    from aiayn.decode.loading import load_model_for_inference
+    from aiayn.decode.translator import Translator
 
     work = Path(tempfile.mkdtemp(prefix="marian-import-"))
     hf_dir, imported = work / "hf", work / "imported.pt"

@@ -130,7 +130,7 @@ def abusive_extra(phase: Phase) -> None:
 def long_sentences(checkpoint: Path, sents: list[str], max_tokens: int, n: int, seed: int = 0) -> list[str]:
     """``n`` sentences of Multi30k sentences joined to just under ``max_tokens`` source tokens (EOS included)."""
     sys.path.insert(0, str(REPO / "src"))
-    from aiayn.decode.translator import load_model_for_inference
+    from aiayn.decode.loading import load_model_for_inference
     _, src_tok, _ = load_model_for_inference(checkpoint)
     rng, out = random.Random(seed), []
     while len(out) < n:

@@ -94,7 +94,7 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import SpecialIds, search
-    from aiayn.decode.translator import decoding_kernels
+    from aiayn.decode.loading import decoding_kernels
 
     cfg = bl.model_config(size)
     torch.manual_seed(0)
@@ -121,7 +121,7 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
 
         return run_workers
     kernels = decoding_kernels(dcfg, model)
-    from aiayn.decode.translator import model_for_precision
+    from aiayn.decode.loading import model_for_precision
     model = model_for_precision(model, precision, kernels, packed, library)  # the decoding copy Translator makes
     decoder = CachedDecoder(model, share_slots=share_slots, kernels=kernels)
 

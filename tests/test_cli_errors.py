@@ -62,7 +62,7 @@ def test_demo_prepare_and_average_out_of_memory(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("aiayn.demo.run_demo", _raiser(MemoryError()))
     assert main(["demo", "--quick"]) == 2
     assert "out of memory in RAM: halve train.max_src_tokens and train.max_tgt_tokens (now " in _error_line(capsys)
-    monkeypatch.setattr("aiayn.data.cli.prepare", _raiser(MemoryError()))
+    monkeypatch.setattr("aiayn.commands.prepare.prepare", _raiser(MemoryError()))
     (tmp_path / "t").write_text("a\n")
     assert main(["prepare", "--train-src", str(tmp_path / "t"), "--train-tgt", str(tmp_path / "t"),
                  "--out", str(tmp_path / "d")]) == 2

@@ -19,13 +19,14 @@ import torch
 import aiayn
 from aiayn.cli import main
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.translator import Translator, load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.translator import Translator
 from aiayn.data.vocab import Tokenizer, joint_vocabulary
 from aiayn.errors import UserError
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from aiayn.hf import export_hf, marian_config, marian_state_dict  # noqa: E402
+from aiayn.exporters.hf import export_hf, marian_config, marian_state_dict  # noqa: E402
 from aiayn.hf_import import import_hf  # noqa: E402
 from aiayn.marian_vocab import Specials, aiayn_pieces, id_order, segmenter  # noqa: E402
 from tests.conftest import copy_lines  # noqa: E402

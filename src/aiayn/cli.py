@@ -1,7 +1,7 @@
-"""The ``aiayn`` command: one sub-command per task, each defined next to the code it runs.
+"""The ``aiayn`` command: one sub-command per module of ``aiayn.commands``.
 
-Every sub-command module exposes ``register(subparsers)``, which adds its parser and sets
-``func`` to the function that runs it. The list below is explicit on purpose (no registry).
+Every command module exposes ``register(subparsers)``, which adds its parser and sets ``func``
+to the function that runs it. The list below is explicit on purpose (no registry).
 """
 from __future__ import annotations
 
@@ -10,31 +10,12 @@ import logging
 import sys
 
 
-def _command_modules():
-    from aiayn.model import cli as model_cli
-    mods = [model_cli]
-    # Each entry: (module path). Imported lazily so a missing optional dependency of one
-    # command (e.g. the web stack for `serve`) does not break the others.
-    import importlib
-    for name in COMMAND_MODULES:
-        mods.append(importlib.import_module(name))
-    return mods
-
-
-COMMAND_MODULES: list[str] = [
-    "aiayn.demo",
-    "aiayn.train.cli",
-    "aiayn.train.estimate",
-    "aiayn.data.cli",
-    "aiayn.evaluate.cli",
-    "aiayn.evaluate.evaluate_cli",
-    "aiayn.decode.cli",
-    "aiayn.parsing.cli",
-    "aiayn.viz.cli",
-    "aiayn.serve.cli",
-    "aiayn.export",
-    "aiayn.hf_import",
-]
+def _command_modules() -> list:
+    """The command modules in the order ``aiayn --help`` lists them."""
+    from aiayn.commands import (average, data, demo, ensemble, estimate, evaluate, export, import_, parse, plot,
+                                prepare, presets, score, serve, train, translate, upgrade_checkpoint)
+    return [presets, demo, train, average, ensemble, upgrade_checkpoint, estimate, prepare, data, score, evaluate,
+            translate, parse, plot, serve, export, import_]
 
 
 def build_parser() -> argparse.ArgumentParser:

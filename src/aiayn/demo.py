@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import add_arguments, from_args, param
+from aiayn.config import param
 from aiayn.data.multi30k import find_multi30k, read_text
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import choose_alpha, tune_alpha
@@ -56,25 +56,25 @@ class DemoConfig:
     """Options of ``aiayn demo``; defaults are the full run (45 minutes of training)."""
 
     src_lang: str = param("en", "source language: en or de (the other is the target)")
-    data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data beside the checkout, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (aiayn/data/multi30k.py)")
+    data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (docs/data.md)")
     out: str = param("runs/demo", "output directory (relative paths are under the current directory; a re-run resumes); a folder holding anything the demo did not write is refused")
     overwrite: bool = param(False, "start afresh in --out: an earlier demo's files there are deleted (without it a re-run resumes)")
     minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
-    members: int = param(1, "train this many models at once, each on threads/members CPU threads with its own seed (train.seed + i); each is averaged, and they translate as an ensemble (the mean of their next-token probabilities); 1 = one model on all the threads")
-    processes: int = param(0, "train the one model with this many data-parallel processes (as torchrun launches them: NCCL on GPUs, gloo on a CPU), each on threads/processes CPU threads; the recipe's train.local_sgd_period says whether they all-reduce their gradients every step (synchronous DDP, recipes/multi30k.json) or average their weights every few steps (local SGD, recipes/multi30k-lsgd.json); 0 = one per GPU, or 2 on a CPU with 2 or more cores; 1 = one process on all the threads; with --members above 1 each member is one process")
+    members: int = param(1, "train this many models at once, each on threads/members threads with seed train.seed + i, each averaged, translating as one ensemble (docs/training.md); 1 = one model on all the threads")
+    processes: int = param(0, "data-parallel processes training the one model, each on threads/processes threads (docs/training.md); 0 = one per GPU, or 2 on a CPU with 2 or more cores; 1 = one process")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")
     recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json on a CPU, recipes/multi30k-gpu.json where CUDA is present, recipes/multi30k-quick.json with --quick")
     sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
     character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover; 1.0 keeps every one (below it, rare characters such as some digits become <unk>)")
-    lowercase: bool = param(False, "train on lowercased text (the form the published Multi30k baselines train on): the tokenizer lowercases every input, translations come out lowercase, and sacreBLEU -lc is reported beside cased sacreBLEU")
+    lowercase: bool = param(False, "train on lowercased text (as the published Multi30k baselines do): translations come out lowercase; sacreBLEU -lc is reported beside cased sacreBLEU (docs/recipe.md)")
     average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
     beam_size: int = param(4, "beam size (§6.1: 4)")
     alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set; the first is the reference (§6.1's 0.6), kept unless validation prefers another (see --alpha-significance)")
-    alpha_significance: float = param(0.05, "keep the first of --alphas (§6.1's 0.6) unless another α scores higher on validation at this p-level of Koehn (2004)'s paired bootstrap (1,000 resamples); of those that do, the highest-scoring is used on test; 0 = the highest-scoring α however small its lead")
+    alpha_significance: float = param(0.05, "keep the first of --alphas (§6.1's 0.6) unless another scores higher on validation at this p-level of a paired bootstrap; 0 = the highest-scoring α (docs/recipe.md)")
     train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
 
@@ -399,28 +399,3 @@ def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: P
         shown = f" (length ratio {ratio:.3f})" if ratio is not None else ""
         print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
     return hyp_path
-
-
-def config_with_sets(cls, args):
-    """A demo's configuration from the parsed ``args``, its ``sets`` field from the repeatable --set."""
-    cfg = from_args(cls, args)
-    return dataclasses.replace(cfg, sets=",".join(args.set)) if args.set else cfg
-
-
-def add_demo_arguments(p, cls, set_example: str) -> None:
-    """Every field of the demo configuration ``cls`` as an option, ``sets`` as a repeatable --set."""
-    add_arguments(p, cls, only=tuple(f.name for f in dataclasses.fields(cls) if f.name != "sets"))
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help=f"override a field of the recipe (repeatable), e.g. {set_example}")
-
-
-def run(args) -> int:
-    run_demo(config_with_sets(DemoConfig, args))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_demo_arguments(p, DemoConfig, "--set model.p_drop=0.2 --set train.seed=2")
-    p.set_defaults(func=run)

@@ -6,7 +6,7 @@
 DIR is what ``save_pretrained`` writes and OPUS-MT's models ship: ``config.json``, the weights in
 ``model.safetensors`` or ``pytorch_model.bin``, ``source.spm`` / ``target.spm`` and ``vocab.json``
 (and ``target_vocab.json`` for separate vocabularies). The checkpoint translates, serves,
-exports and fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.hf``:
+exports and fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.exporters.hf``:
 
 - Marian is the paper's post-norm model with biases everywhere; its heads split d_model
   (d_k = d_v = d_model / h) and its positions are §3.5's sinusoids laid out in halves, which the
@@ -24,7 +24,7 @@ exports and fine-tunes (``train --init-from``) as one aiayn trained. It inverts 
 Not carried: LayerDrop (training only; a warning) and the generation settings (beam size,
 length penalty, banned tokens beyond <pad>): aiayn's search takes its own (``DecodeConfig``).
 With ``--alpha 0`` (transformers' ``length_penalty=0``) greedy outputs are transformers'
-token for token; beams can differ on close calls (``aiayn.hf``'s module docstring).
+token for token; beams can differ on close calls (``aiayn.exporters.hf``'s module docstring).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import UserError
-from aiayn.hf import MARIAN_LAYER_NORM_EPS, model_permutation
+from aiayn.exporters.hf import MARIAN_LAYER_NORM_EPS, model_permutation
 from aiayn.marian_vocab import Specials, aiayn_pieces, id_order, segmenter
 from aiayn.model import ModelConfig, Transformer
 from aiayn.model.positional import sinusoidal_table
@@ -357,26 +357,3 @@ def import_hf(path: str | Path) -> dict:
     return {"format": FORMAT, "run_config": to_dict(RunConfig(model=cfg)), "model_config": to_dict(cfg),
             "model": model.state_dict(), "tokenizers": _tokenizers(d, src_order, tgt_order),
             "step": 0, "epoch": 0, "imported_from": {"format": "hf", "path": str(d.path)}}
-
-
-def run(args) -> int:
-    from aiayn.checkpoint import atomic_save
-    from aiayn.files import check_output_file
-
-    check_output_file(args.out, args.overwrite)  # before the work
-    ckpt = import_hf(args.dir)
-    atomic_save(ckpt, args.out)
-    print(f"aiayn checkpoint: {args.out}")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("import", help="read a Hugging Face MarianMTModel directory (e.g. an OPUS-MT model) as an "
-                                      "aiayn checkpoint (needs transformers)")
-    p.add_argument("dir", help="the model's directory: config.json, model.safetensors or pytorch_model.bin, "
-                               "source.spm, target.spm, vocab.json")
-    p.add_argument("--format", default="hf", choices=("hf",),
-                   help="hf: a MarianMTModel as save_pretrained writes it (aiayn/hf_import.py)")
-    p.add_argument("--out", required=True, help="the checkpoint to write (.pt; written whole, in one step)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
-    p.set_defaults(func=run)

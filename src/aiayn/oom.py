@@ -35,7 +35,7 @@ def _train_sets(cfg) -> str:
 
 
 def _train(args: argparse.Namespace) -> str:
-    from aiayn.train.cli import resolve_run_config
+    from aiayn.commands.train import resolve_run_config
     return _train_sets(resolve_run_config(args)) + "; the same command resumes from the last checkpoint"
 
 

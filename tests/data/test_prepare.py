@@ -9,8 +9,8 @@ import pytest
 
 import aiayn.data.prepare as prep
 import aiayn.files
+from aiayn.commands import prepare as prepare_command
 from aiayn.config import ConfigError, replace
-from aiayn.data import cli as data_cli
 from aiayn.data import store
 from aiayn.data.dataset import DataDir
 from aiayn.data.prepare import PrepareConfig, SplitFiles, clean_reason, prepare
@@ -276,7 +276,7 @@ def test_existing_output(corpus, tmp_path):
 
 def _parser():
     parser = argparse.ArgumentParser()
-    data_cli.register(parser.add_subparsers(dest="command"))
+    prepare_command.register(parser.add_subparsers(dest="command"))
     return parser
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.decode import cli as decode_cli
+from aiayn.data.textio import input_chunks
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 
@@ -55,4 +55,4 @@ def test_buffer_must_be_positive(copy_checkpoint, capsys):
 def test_buffer_cuts_stdin_into_chunks_of_n_lines(monkeypatch):
     import io
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n c \nd\ne\n"))
-    assert list(decode_cli.input_chunks(None, 2)) == [(1, ["a", "b"]), (3, ["c", "d"]), (5, ["e"])]
+    assert list(input_chunks(None, 2)) == [(1, ["a", "b"]), (3, ["c", "d"]), (5, ["e"])]

@@ -86,7 +86,7 @@ def test_wsj_scheme_takes_the_papers_vocabulary(argv, vocab, tmp_path, monkeypat
         seen.update(vocab=cfg.vocab_size, splits=splits)
         raise UserError("stop here")
 
-    monkeypatch.setattr("aiayn.parsing.cli.prepare_parsing", fake_prepare)
+    monkeypatch.setattr("aiayn.commands.parse.prepare_parsing", fake_prepare)
     assert main(["parse", "prepare", "--treebank", str(tmp_path), "--out", str(tmp_path / "o"), *argv]) == 2
     assert seen["vocab"] == vocab
     assert seen["splits"] == SPLIT_SCHEMES["wsj" if argv else "sample"]

@@ -26,8 +26,8 @@ import torch
 import aiayn
 from aiayn.cli import main
 from aiayn.config import to_dict
-from aiayn.data.store import atomic_write, write_json_atomic
 from aiayn.errors import UserError
+from aiayn.files import atomic_write, write_json_atomic
 from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
 from tests.train.test_training import FAST, _train_cmd

@@ -119,7 +119,7 @@ def test_two_processes_share_the_validation_translations(small_data_dir, tmp_pat
            "--set", "train.valid_bleu_max_lines=15", "--set", "train.valid_beam=2"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     gathered = json.loads((run / "summary.json").read_text())["valid"]["valid_bleu"]
-    from aiayn.decode.translator import load_model_for_inference
+    from aiayn.decode.loading import load_model_for_inference
     model, src_tok, tgt_tok = load_model_for_inference(run / "last.pt")
     data = DataDir(small_data_dir)
     alone = loop.valid_bleu(model, data.split("valid"), (src_tok, tgt_tok), 15, None, 2, data.references("valid"))

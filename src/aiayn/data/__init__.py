@@ -1,6 +1,6 @@
 """Data: raw parallel text -> a prepared data directory -> padded batches (§5.1).
 
-* ``aiayn.data.prepare`` / ``aiayn prepare`` (``aiayn.data.cli``): train SentencePiece, encode,
+* ``aiayn.data.prepare`` / ``aiayn prepare`` (``aiayn.commands.prepare``): train SentencePiece, encode,
   clean, binarize; all-or-nothing output.
 * ``aiayn.data.vocab.Tokenizer``: the SentencePiece model with fixed ids pad=0 unk=1 bos=2 eos=3.
 * ``aiayn.data.dataset.DataDir`` / ``ParallelData``: the manifest (format documented there) and

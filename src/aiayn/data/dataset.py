@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, atomic_write
+from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, Tokenizer
 from aiayn.errors import UserError
+from aiayn.files import atomic_write
 
 
 class ParallelData:

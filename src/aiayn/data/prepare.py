@@ -26,7 +26,7 @@ was trained on and ``aiayn train --init-from MODEL.pt`` accepts the directory (s
 
 Memory: the SentencePiece sample (the default 1M pairs of WMT-length sentences is roughly
 0.5 GB of Python strings) and SentencePiece's trainer; encoding holds one chunk at a time.
-Measured: all of Multi30k (29k pairs, vocab 8000) about 1 s; 290k pairs about 11 s on 2 cores.
+Its time and memory on corpora up to WMT14's size: BENCHMARKS.md §9.
 
 Cleaning defaults, in subword tokens without bos/eos: ``max_len`` 250 (the bound fairseq's
 WMT14 En-De recipe applies to BPE tokens with Moses' clean-corpus-n); ``max_len_ratio`` 3.0
@@ -50,11 +50,11 @@ import numpy as np
 
 from aiayn.config import ConfigError, param, replace, to_dict
 from aiayn.data.corpora import Corpus, check_corpora, check_lang
-from aiayn.data.store import SIDES, AtomicDir, NpyAppender, array_files, token_dtype, write_json_atomic
-from aiayn.data.store import FORMAT, MANIFEST, VERSION
+from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyAppender, array_files, token_dtype
 from aiayn.data.textio import check_readable, read_pairs
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
+from aiayn.files import write_json_atomic
 from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class PrepareConfig:
     chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
     user_symbols: tuple[str, ...] = param((), "pieces SentencePiece must keep whole (user_defined_symbols), e.g. the bracket labels of linearized trees; each a space-separated word of the text")
     lowercase: bool = param(False, "build lowercasing into the SentencePiece model(s): the corpus and every later input are lowercased (outputs are lowercase); the form Multi30k's published baselines train on")
-    target_lang_token: str = param("", "a language code LANG: <2LANG> starts every source sentence (of train corpora without their own LANG, valid and test) and is kept one piece; many-to-many translation (Johnson et al. 2017); at translation time the source text starts with it")
+    target_lang_token: str = param("", "a language code LANG: <2LANG>, one piece, starts every source sentence (of corpora without their own LANG, valid, test), for many-to-many translation (Johnson et al. 2017; docs/data.md)")
 
     def __post_init__(self) -> None:
         if self.model_type not in ("bpe", "unigram"):

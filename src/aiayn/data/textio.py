@@ -2,10 +2,12 @@
 
 Every problem is an ``InputError`` naming the file and the 1-based line: invalid UTF-8, a
 source and target of different lengths (both counts given), an unreadable or corrupt file.
+``input_chunks`` reads the input of a command (a file or stdin) a chunk of lines at a time.
 """
 from __future__ import annotations
 
 import gzip
+import sys
 import zlib
 from itertools import zip_longest
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import IO, Iterator
 from aiayn.errors import InputError, UserError
 
 _GZIP_MAGIC = b"\x1f\x8b"
+CHUNK_LINES = 10_000  # lines of input_chunks' chunks: translated and written at a time (bounds memory)
 
 
 def check_readable(path: Path, what: str) -> None:
@@ -88,3 +91,23 @@ def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[int, str, str]]:
         yield n, s, t
     if n == 0:
         raise InputError(src, None, f"empty corpus: no lines (target {tgt})")
+
+
+def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, lines) chunks of at most ``size`` lines of the input; stdin is read a line
+    at a time, so a chunk is given as soon as its last line has arrived."""
+    if path is None:
+        raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
+        lines = (decode_lines(iter(raw.readline, b""), "<stdin>") if raw is not None
+                 else (line.strip() for line in iter(sys.stdin.readline, "")))
+    else:
+        check_readable(Path(path), "translation input")
+        lines = read_lines(Path(path))
+    chunk, first = [], 1
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield first, chunk
+            first, chunk = first + len(chunk), []
+    if chunk:
+        yield first, chunk

@@ -4,14 +4,12 @@ Why: at a beam-search step every linear map multiplies a few hundred rows (sente
 fixed weight. PyTorch's float32 ``linear`` on the CPU calls MKL's sgemm, which lays the weight out for
 its kernels at every call. Two libraries in PyTorch can lay it out once and multiply from that:
 - oneDNN (``torch.ops.mkldnn``: ``_reorder_linear_weight``, ``_linear_pointwise``), in its blocked
-  format. For the small model's 8,000-word output projection at 128 rows that measured 1.3-1.6x faster
-  than ``linear`` on the AVX-512 AMD EPYC (Zen 4) of BENCHMARKS.md, and 1.1-1.2x for the 256- and
-  1,024-wide maps.
+  format, multiplying from the layout made once where ``linear`` makes it at every call
+  (BENCHMARKS.md §3, "What each decoding choice is worth": packed weights).
 - MKL's packed sgemm (``torch.ops.mkl``: ``_mkl_reorder_linear_weight``, ``_mkl_linear``, what
   PyTorch's own compiler uses for frozen float32 linear maps), the same kernels as ``linear`` without
-  the per-call layout. On the Intel Xeon of BENCHMARKS.md it was 5-9% faster than
-  oneDNN's on the small model's maps at 128 rows and cost 4 µs a call where oneDNN's cost 15; a whole
-  beam-search call of the small model took 0.90 s against 1.00 s.
+  the per-call layout; on an Intel CPU it costs less a call than oneDNN's (BENCHMARKS.md §3: MKL's
+  packing on an Intel CPU).
 ``packed_library`` "auto" takes MKL's on Intel CPUs (MKL's home) and oneDNN's elsewhere. The products
 are those of ``linear`` up to the order of the float32 additions (about 1e-5 apart; tested). MKL packs
 the weight for a row count (``_mkl_linear`` multiplies from the packed copy only when told that count,
@@ -25,8 +23,7 @@ tied pre-softmax projection (§3.4) gets one over the embedding matrix (the same
 packed tensor cannot be copied or pickled, so a copy (``deepcopy``, a decoding worker) packs its own.
 Inputs it does not take (not float32, not on the CPU, under autocast) go through ``F.linear``.
 The copy's feed-forward layers (Eq. 2) become ``PackedFeedForward``: the max(0, .) runs inside the first
-product with oneDNN (its relu post-op) instead of as a separate pass over the (N, d_ff) activations,
-which a profile of the small model's fp32 beam step measured at 1.3% of the step (BENCHMARKS.md §3);
+product with oneDNN (its relu post-op) instead of as a separate pass over the (N, d_ff) activations;
 with MKL, in place on the product.
 """
 from __future__ import annotations

@@ -30,8 +30,7 @@ import torch
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.loading import (  # noqa: F401 (inference_device, load_model_for_inference: importable here too)
-    decoding_kernels, inference_device, load_model_for_inference, load_models_for_inference, model_for_precision)
+from aiayn.decode.loading import decoding_kernels, load_models_for_inference, model_for_precision
 from aiayn.decode.search import Hypothesis, SpecialIds, Stop, Stopped, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError

@@ -1,8 +1,10 @@
 """Decoding in several CPU processes at once (``DecodeConfig.workers``).
 
 A beam-search step of a small model is many small operations, and one process uses a second CPU
-thread poorly (two one-thread processes decode 1.07-1.30x faster than one two-thread process). So, as CTranslate2's ``inter_threads``, ``workers = N`` starts N processes,
-each with its own copy of the model(s) and ``threads // N`` of the CPU threads, and hands them the
+thread poorly: two one-thread processes decode faster than one two-thread process (BENCHMARKS.md §3,
+"What each decoding choice is worth": 2 workers). So, as CTranslate2's ``inter_threads``,
+``workers = N`` starts N processes, each with its own copy of the model(s) and ``threads // N`` of
+the CPU threads, and hands them the
 length-sorted batches of ``Translator.batches`` one at a time (each worker takes the next batch when
 it is done, so long and short batches balance). When there are fewer batches than workers, the
 largest batches are halved until each worker has one (a sentence's translation does not depend on

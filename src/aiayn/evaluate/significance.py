@@ -80,3 +80,22 @@ def paired_bootstrap(hyps: Mapping[Hashable, Sequence[str]], refs: Sequence[str]
     np.add.at(counts, (np.arange(n_samples)[:, None], draws), 1.0)
     return PairedBootstrap(full={k: float(bleu_from_stats(s.sum(axis=0))) for k, s in stats.items()},
                            samples={k: bleu_from_stats(counts @ s) for k, s in stats.items()})
+
+
+def compare_systems(hyps: list[str], others: dict[str, list[str]], refs: list[str], tokenized: bool,
+                    lowercase: bool, n_samples: int) -> list[dict]:
+    """Paired bootstrap of ``hyps`` against each of ``others`` (``aiayn score --compare``): per other system,
+    both full-set BLEU scores, the difference, the p-value of "hyps is better" and the 95% interval of each score
+    over the resampled sets."""
+    if tokenized:
+        prep = (lambda line: line.lower()) if lowercase else (lambda line: line)
+    else:
+        from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+        tok = Tokenizer13a()
+        prep = (lambda line: tok(line.lower())) if lowercase else tok
+    systems = {"hyp": [prep(h) for h in hyps], **{name: [prep(h) for h in other] for name, other in others.items()}}
+    bs = paired_bootstrap(systems, [prep(r) for r in refs], n_samples=n_samples)
+    interval = {k: [round(float(np.percentile(v, q)), 2) for q in (2.5, 97.5)] for k, v in bs.samples.items()}
+    return [{"system": name, "bleu": round(bs.full[name], 2), "hyp_bleu": round(bs.full["hyp"], 2),
+             "difference": round(bs.full["hyp"] - bs.full[name], 2), "p_value": bs.p_value("hyp", name),
+             "hyp_interval_95": interval["hyp"], "interval_95": interval[name]} for name in others]

@@ -3,18 +3,16 @@
 A training step allocates and frees the same large buffers every time (the (N,V) logits and
 their gradient are over 100 MB at 4,096 tokens and V = 8,000). glibc serves blocks above its
 mmap threshold with a fresh ``mmap`` and gives them back with ``munmap`` on free, so each
-step pays the kernel to zero and map those pages again: measured on this 2-core CPU, a third
-of ``aiayn demo``'s step time was system time (page faults), and the step ran 1.28x faster
-(bf16; 1.13x in fp32) with it gone. ``reuse_freed_memory`` turns that off with two
+step pays the kernel to zero and map those pages again, page faults that took a large share of
+``aiayn demo``'s step (docs/training.md, "Process settings"). ``reuse_freed_memory`` turns that off with two
 ``mallopt`` calls: no mmap for large blocks, and no trimming of the heap top. The cost is
 that the heap only grows: blocks of new sizes are cut from its top, and the holes freed blocks
 leave are kept. Batches of many shapes (a large corpus has a row count for nearly every sentence
-length) leave holes of many sizes, so the heap grew with the corpus: 16 MB a step after 60 steps
-of the tiny preset on 250,000 WMT-like pairs, 2.2 GB after 120 steps against 0.7 GB under
-glibc's defaults. ``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the
+length) leave holes of many sizes, so the heap grew with the corpus (docs/history.md, "Training
+memory that grew with the corpus"). ``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the
 kernel; training calls it every ``TRIM_EVERY_STEPS`` steps and after each validation, which keeps
-the resident memory flat (0.58 GB after 120 steps) for about 2% of the steps' time, where glibc's
-defaults cost 16%.
+the resident memory flat for a few percent of the steps' time (BENCHMARKS.md §9, "Training on
+them: memory"), less than glibc's defaults cost.
 
 The ``aiayn`` command calls it at start-up unless ``AIAYN_MALLOC=system`` is set; Python
 users may call it themselves. It does nothing where glibc is not the C library.
@@ -39,7 +37,7 @@ TRIM_EVERY_STEPS = 10  # training's steps between two release_free_memory calls
 @functools.cache
 def _glibc(name: str):
     """glibc's function ``name``, or None where the C library is another (musl and others have no
-    mallopt or malloc_trim). Looked up once: finding the library runs ldconfig (about 3 ms)."""
+    mallopt or malloc_trim). Looked up once: finding the library runs ldconfig."""
     if not sys.platform.startswith("linux"):
         return None
     try:

@@ -3,9 +3,9 @@
 A denormal (subnormal) float32 is a value below 1.18e-38 in magnitude. x86 CPUs handle them
 in microcode, tens of times slower than normal numbers. Softmax makes them routinely: exp(z)
 is denormal for z < -87.3, so a row of logits spread over more than 87 produces them for its
-unlikely entries. Measured on this 2-core CPU (one thread, a (256, 8000) float32 row block
-spread over 255, the beam-search shape of the translation benchmark with random weights):
-log_softmax took 7.4 ms with denormals, 1.2 ms with them flushed.
+unlikely entries, and log_softmax of such rows (the beam-search shape of the translation
+benchmark) runs several times slower with denormals than with them flushed (docs/training.md,
+"Process settings").
 
 What flushing changes. Results that would be denormal become 0, and denormal inputs are read
 as 0. Where the value is a term of a sum of at least one normal number (softmax, log_softmax,

@@ -6,12 +6,10 @@ cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``). A token-batched training step multi
 by each weight, and M changes from batch to batch: ``aiayn demo``'s batches have about 80 distinct
 values of M over its epochs, each with a dozen or more products forward and backward (the linear
 maps, their input and weight gradients, the output layer). That is more than 1,024 kernels, so an
-LRU cache cycling through them keeps missing: measured on this 2-core Intel Xeon with AMX (``aiayn
-demo``'s recipe, one thread), 30 steps made 486 cache misses of 2.2 ms each, and the same batches ran
-at 258 ms a step once all their shapes were cached against 317 ms. With room for all of them (16,384
-entries) ``aiayn demo`` trained 12,134 target tokens/s against 11,325 over steps 400-800 (2 processes,
-the same validation loss to the digit: where code lives, not what is computed), and its resident
-memory did not grow (2,351 MB against 2,444 MB at step 800).
+LRU cache cycling through them keeps missing, and every miss generates a kernel again. With room
+for all of them (16,384 entries) ``aiayn demo`` trains faster (BENCHMARKS.md §2, "The demo's training
+step"), with the same validation loss to the digit (where code lives, not what is computed), and its
+resident memory did not grow (2,351 MB against 2,444 MB at step 800).
 
 Each entry holds megabytes, so what bounds the cache's memory is the set of shapes, not its
 capacity: training and bfloat16 decoding pad the rows of their linear maps to a few row counts

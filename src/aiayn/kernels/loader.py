@@ -3,33 +3,32 @@ step (Eq. 1, one query per row) and the passes around an int8 product; and one f
 label-smoothed loss over the logits (``cross_entropy.c``, used by train/objective.py).
 
 Why: at a beam step each (sentence, head) pair is a product of g beam queries with a few dozen keys.
-PyTorch's ``scaled_dot_product_attention`` handles such small products at three or more times
-the time it takes to read the keys and values (BENCHMARKS.md, docs/kernels.md), and with shared beam
+PyTorch's ``scaled_dot_product_attention`` takes far longer on such small products than reading
+their keys and values takes (BENCHMARKS.md §3, "What each decoding choice is worth"), and with shared beam
 slots (``DecoderCache.ancestors``) it also multiplies each query with the other beams' slots and
 masks them out. ``beam_attention.c`` does, per (sentence, head) and beam row, one pass over that
 row's own keys (the ancestor table picks the slot at each position), a float32 softmax and one
 pass over the values; encoder-decoder attention is the same loop over the source positions, with
 source padding skipped. float32 and bfloat16 tensors. With AVX-512, beam 4 and d_k = d_v of 32 or 64, the four
-rows' queries and accumulators are kept in registers and the softmax runs 16 scores at a time (0.73x the time
-of the plain loops for self-attention and 0.46x for cross-attention, ``bench/beam_attention_ab.sh``,
-BENCHMARKS.md §3). The self-attention call also appends the step's keys and values to the
-cache (each work item copies its rows' into their slots before reading them), which PyTorch's strided copy
-in ``DecoderCache.append`` did in 3% of a small model's step. At the end of the step the search wants each
-beam's few best tokens by log-probability; PyTorch writes the (N, V) log-probabilities, masks the
-banned tokens and reads them again for topk, 1.2 ms a step for 128 rows of 8,000; ``logits_topk.c``
-finds the k best and the log-normalizer in two passes over each row of logits (0.4 ms), writing
+rows' queries and accumulators are kept in registers and the softmax runs 16 scores at a time, so each key
+and value is read once for the four rows (``bench/beam_attention_ab.sh``, BENCHMARKS.md §3). The
+self-attention call also appends the step's keys and values to the cache (each work item copies its rows'
+into their slots before reading them), which PyTorch's strided copy in ``DecoderCache.append`` did as a
+separate pass. At the end of the step the search wants each beam's few best tokens by log-probability;
+PyTorch writes the (N, V) log-probabilities, masks the banned tokens and reads them again for topk;
+``logits_topk.c`` finds the k best and the log-normalizer in two passes over each row of logits, writing
 only (N, k). Around each int8 product (``Int8Linear``,
 decode/int8.py) PyTorch spends six or so small operations quantizing the input rows and rescaling
 the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-identical, tested).
 In training, the label-smoothed loss reads the (N, V) logits forward and writes their gradient backward;
-PyTorch's operations passed over each block six or seven times, a fifth of ``aiayn demo``'s step on this
-CPU; ``cross_entropy.c`` reads each row once forward and once backward and writes the gradient once
-(``train.c_kernels``; BENCHMARKS.md §2). Training's attention over whole sequences
+PyTorch's operations passed over each block six or seven times; ``cross_entropy.c`` reads each row once
+forward and once backward and writes the gradient once (``train.c_kernels``; BENCHMARKS.md §2, "The demo's
+training step"). Training's attention over whole sequences
 (``seq_attention.c``, forward and backward; ``Transformer.use_attention_kernels``, also ``train.c_kernels``): each
 (batch row, head) of ``aiayn demo``'s training is a few dozen queries against a few dozen keys of 32 values, where
-PyTorch's fused attention spent 1.2-1.3 ms forward and 1.7-1.9 ms backward per call in float32 (plus the copies to float32
-and back under bf16 autocast) on 26 MFLOP; the AVX-512 path takes 0.6 ms and 1.0-1.2 ms (BENCHMARKS.md
-§2). Its plain loops (other builds and head sizes) are slower than PyTorch's, so the model takes the
+PyTorch's fused attention ran far below the CPU's FLOP rate (and copied to float32 and back under bf16
+autocast); the AVX-512 path keeps each (batch row, head) in float32 scratch, no copies (BENCHMARKS.md §2,
+"The demo's training step"). Its plain loops (other builds and head sizes) are slower than PyTorch's, so the model takes the
 kernel only where the AVX-512 path is (``Kernels.seq_attention_fast``).
 
 How it is built: the first ``load()`` of a process compiles the five C files with the system's C compiler
@@ -42,7 +41,7 @@ user; kernels/build_cache.py says how no step follows a symbolic link or a name 
 Without a
 compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding and training use
 PyTorch's operations: the same numbers up to rounding for attention and log-probabilities, identical
-for int8 (``tests/kernels/test_kernel.py`` checks both kinds of attention step against
+for int8 (``tests/kernels/``, a file per kernel, checks both kinds of attention step against
 ``attention_explicit`` in float32 and bfloat16, the top-k log-probabilities against PyTorch's
 log_softmax and topk, the int8 passes against PyTorch's, all of them also built without
 -march=native (the portable loops), and beam search with and without the kernels; the loss against the

@@ -2,13 +2,13 @@
 embeddings and the positional encodings"), with a faster mask on CPU.
 
 ``F.dropout`` on CPU draws its mask with ``bernoulli_``, which a profile of ``aiayn demo``'s
-training step measured at a quarter of the whole step (8.8 ms per 4,096 x 256 activation,
-17 calls per step). ``dropout(..., fast=True)`` draws the same law from the same generator
+training step found among its costliest operations (17 calls a step). ``dropout(..., fast=True)`` draws the same law from the same generator
 another way: one ``random_()`` integer per element, uniform on [0, 2^31), kept when it is
 at least round(p * 2^31). The keep probability is 1 - p to within 2^-31, elements are
 independent, kept values are scaled by 1 / (1 - p) as in ``F.dropout``, and the mask comes
 from torch's default generator, so ``torch.manual_seed`` and a checkpoint's saved RNG state
-reproduce it exactly. Measured 3-4x faster than ``F.dropout`` on this CPU. On CUDA the
+reproduce it exactly. It is cheaper because it only fills integers and compares them with one
+threshold (what it saves: docs/training.md, "Speed choices"). On CUDA the
 fused ``F.dropout`` kernel is already fast and is always used.
 """
 from __future__ import annotations

@@ -33,13 +33,12 @@ PARSE_DECODE = replace(DecodeConfig(), beam_size=21, alpha=0.3, max_len_a=1.0, m
 class ParseOptions:
     """How model outputs become trees (§6.3)."""
 
-    constrained: bool = param(True, "constrained beam search: only well-formed trees over exactly the input words "
-                                    "(balanced, matching brackets; one XX slot per word; no empty phrase), decoded in this "
-                                    "process (workers and mbr do not apply); false = the plain search, with ill-formed "
-                                    "outputs repaired and counted")
-    word_mass: bool = param(True, "words linearization, constrained: choosing to place the next word scores the "
-                                  "probability of any word there (the constraint picks which), its later pieces 0; "
-                                  "false = the model's probability of the exact pieces")
+    constrained: bool = param(True, "constrained beam search: only well-formed trees over exactly the input words, "
+                                    "in this process (no workers, no mbr); false = the plain search, ill-formed trees "
+                                    "repaired (docs/parsing.md)")
+    word_mass: bool = param(True, "words linearization, constrained: placing the next word scores the probability of "
+                                  "any word there (the constraint picks which); false = the exact pieces' probability "
+                                  "(docs/parsing.md)")
 
 
 def tree_vocab(translator) -> TreeVocab:

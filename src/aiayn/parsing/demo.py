@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.config import param, replace
-from aiayn.demo import add_demo_arguments, config_with_sets, recipe_sets, train_recipe
+from aiayn.demo import recipe_sets, train_recipe
 from aiayn.errors import UserError
 from aiayn.files import claim_folder
 
@@ -179,15 +179,3 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     print(f"results: {out / 'results.json'}")
     print(f"trees: {out / (splits[-1] + '.pred')}")
     return results
-
-
-def run(args) -> int:
-    run_parse_demo(config_with_sets(ParseDemoConfig, args))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="the NLTK WSJ sample end to end: prepare, train, average, parse, score",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_demo_arguments(p, ParseDemoConfig, "--set train.seed=2")
-    p.set_defaults(func=run)

@@ -13,7 +13,7 @@ phrase opens with ``(LABEL`` and closes with ``)LABEL``. Two linearizations (``L
 slots to know where it is in the sentence. ``words`` (our option) writes the words themselves;
 constrained decoding forces each copy (``aiayn.parsing.constrain``), so the model only chooses
 where brackets go, and its decoder always sees which word comes next. On the NLTK sample it
-trains to a far higher F1 (BENCHMARKS.md §6).
+trains to a far higher F1 (docs/history.md, the parsing recipe).
 
 Our choice, documented: POS tags are normalized to ``XX`` (as Vinyals et al. do) rather than
 predicted, so the model spends its capacity on brackets, which are all that EVALB's F1 scores.

@@ -42,15 +42,12 @@ class ServeConfig:
         8, "largest no_repeat_ngram a request may ask for (more: 422); a step's ban costs beams x output length "
            "x n comparisons; 0 = requests cannot turn it on")
     max_attention_values: int = param(
-        250_000, "most attention weights computed for one answer, summed over its sentences: the encoder's, the "
-                 "decoder's self-attention and the cross-attention maps (layers x heads x lengths each), though "
-                 "only the cross-attention is returned; sentences past it get null attention; 0 = attention is "
-                 "never returned")
+        250_000, "most attention weights computed for one answer (every map, though only cross-attention is "
+                 "returned); sentences past it get null attention; 0 = never returned (docs/serve.md)")
     max_queue_sentences: int = param(2048, "sentences waiting for the model at most; a request beyond this gets 503")
     max_queued_per_client: int = param(
-        256, "sentences from one client address waiting for the model at most (at least max_sentences); a request "
-             "beyond this gets 429 while other clients are still served; behind a reverse proxy the proxy is the one "
-             "client")
+        256, "sentences of one client address waiting at most (at least max_sentences): beyond, 429 while others "
+             "are served; behind a reverse proxy the proxy is one client")
     max_header_bytes: int = param(16384, "largest request head (request line and headers) in bytes (more: 431 or 400)")
     max_connections: int = param(64, "open client connections at most; more are answered 503 and closed")
     max_connections_per_client: int = param(
@@ -75,16 +72,14 @@ class ServeConfig:
         "empty = no token; better set through the AIAYN_API_KEY environment variable (not visible in ps)")})
     batch_wait_ms: float = param(5.0, "the batching worker waits this long after a request for more to join its model call")
     batch_tokens: int = param(
-        4096, "tokens per model call, requests collected up to this: each sentence counts its source tokens "
-              "plus the most output tokens its search may produce (max_len_a * source + max_len_b, or its "
-              "prefix's length + 1)")
+        4096, "tokens per model call: each sentence counts its source tokens plus the most its search may "
+              "produce (max_len_a * source + max_len_b, or its prefix's length + 1)")
     concurrent_calls: int = param(
-        2, "model calls that may run at once, each in its own worker thread sharing the model; a client has at most "
-           "one in progress, so from 2 on one client's long calls never hold up the others' requests (1 = one call "
-           "at a time); on a CPU each call uses --threads threads")
+        2, "model calls at once, each in a worker thread sharing the model; a client has one in progress at most, "
+           "so from 2 on its long calls never hold up others' (docs/serve.md)")
     yield_ms: float = param(
-        250.0, "a model call waits up to this long before each decoding step while a smaller call runs beside it, "
-               "so short requests are not slowed by a long one (0 = calls share the machine)")
+        250.0, "a model call waits up to this long before each decoding step while a smaller one runs beside it "
+               "(0 = calls share the machine; docs/serve.md)")
     threads: int = param(0, "torch intra-op threads (0 = torch's default)")
 
     def __post_init__(self) -> None:

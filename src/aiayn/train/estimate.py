@@ -22,7 +22,6 @@ P100), printed beside the paper's 3.3e18 (base) and 2.3e19 (big), which is that 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig, get_preset
 from aiayn.model.flops import forward_flops, train_flops
-from aiayn.train.config import RunConfig, load_recipe
+from aiayn.train.config import RunConfig
 from aiayn.train.devices import DEVICES
 
 PAPER_TOKENS_PER_STEP = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
@@ -194,46 +193,3 @@ def format_estimate(e: Estimate, m: ModelConfig, price: float | None = None) -> 
         if paper in (None, name):
             lines.append(f"the paper's Table 2, {name} model: {flops:.2g} FLOPs ({how})")
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = load_recipe(args.recipe)
-    if args.devices < 1:
-        raise UserError(f"--gpus must be >= 1, got {args.devices}")
-    thr = measured_throughput(Path(args.measured)) if args.measured else \
-        device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
-    length = data_length(Path(args.data)) if args.data else args.length
-    e = estimate(cfg, args.devices, thr, args.tokens_per_step, length, args.max_device_tokens)
-    if args.json:
-        print(json.dumps({k: v for k, v in vars(e).items() if k != "throughput"} | {"throughput": vars(thr)}, indent=2))
-    else:
-        print(f"recipe: {args.recipe}")
-        print(format_estimate(e, cfg.model, args.price))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("estimate", help="time, device-hours and FLOPs of a recipe on N devices (Table 2's estimate)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", required=True, help="recipe file (e.g. recipes/wmt14-ende-base.json)")
-    p.add_argument("--gpus", dest="devices", type=int, default=8, help="devices training together (default 8)")
-    p.add_argument("--device", default="p100",
-                   help=f"device: {', '.join(DEVICES)}, or a bench/results folder with a measured train_base.json "
-                        f"(default p100, the paper's)")
-    p.add_argument("--measured", help="a train_base.json from bench/train_throughput.py to take the throughput from")
-    p.add_argument("--utilization", type=float, default=None,
-                   help="model FLOP/s as a share of the device's peak where nothing was measured (default: the "
-                        "device's, from published runs: " + ", ".join(f"{k} {d.utilization:g}" for k, d in DEVICES.items())
-                        + "; aiayn.train.devices says which)")
-    p.add_argument("--tokens-per-step", type=int, default=None,
-                   help="reach this many target tokens per step by accumulation, whatever the device count "
-                        "(25000: the paper's batch, as scripts/wmt14.sh trains); default: the recipe as written")
-    p.add_argument("--max-device-tokens", type=int, default=None,
-                   help="with --tokens-per-step: at most this many tokens in one batch on one device (default: "
-                        "the recipe's max_tgt_tokens, 3125 in the WMT14 recipes)")
-    p.add_argument("--length", type=int, default=DEFAULT_LENGTH,
-                   help=f"subword tokens per sentence, EOS included (default {DEFAULT_LENGTH}, assumed)")
-    p.add_argument("--data", help="a prepared data directory: --length from its train split's mean length")
-    p.add_argument("--price", type=float, default=None, help="price of one device-hour, to print the cost")
-    p.add_argument("--json", action="store_true", help="JSON output")
-    p.set_defaults(func=run)

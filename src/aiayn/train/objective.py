@@ -121,8 +121,8 @@ _BLOCK_ELEMENTS_CUDA = 2 ** 28  # CUDA: 1 GiB of float32 per block, a handful of
 def _block_rows(z: Tensor) -> int:
     """Rows of z (N,V) per block of the row-wise passes. On the CPU a block fits in cache; on a
     GPU a block costs a round of kernel launches and the host cannot launch them as fast as the
-    device runs small ones (a 780 x 32-token batch with V = 37,000 took 900 blocks, 200 ms of
-    launches for 16 ms of work), so blocks are as large as memory allows. Same arithmetic per row
+    device runs small ones (with cache-sized blocks it spent far longer launching a batch's kernels
+    than the device spent running them; docs/gpu.md), so blocks are as large as memory allows. Same arithmetic per row
     either way, so the sums do not depend on it."""
     elements = _BLOCK_ELEMENTS_CUDA if z.device.type == "cuda" else _BLOCK_ELEMENTS
     return max(1, elements // z.size(-1))
@@ -270,8 +270,8 @@ def label_smoothed_loss_reference(logits: Tensor, target: Tensor, eps_ls: float,
     logits (B,T,V), target (B,T). Computed without materializing q:
     loss = -(1-eps) log p_gold - eps/(V-2) (sum_v log p_v - log p_gold - log p_pad).
     One fused log-softmax over all positions (upcast to float32 inside the kernel under
-    autocast); padding positions are masked on the (N,) vectors. Measured 2x faster than a
-    logsumexp formulation that first gathers the real positions (bench notes in BENCHMARKS.md).
+    autocast); padding positions are masked on the (N,) vectors, which is cheaper than a
+    logsumexp formulation that first gathers (copies) the real positions.
     """
     V = logits.size(-1)
     z = logits.reshape(-1, V)  # (N,V)

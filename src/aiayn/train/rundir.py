@@ -1,7 +1,7 @@
 """A run directory's guards: one training at a time writes it (``RunLock``), and what a killed
 one left half-written is removed when the next starts (``remove_stale_temps``).
 
-Every file of a run directory is written through ``aiayn.data.store.atomic_write``: a temporary
+Every file of a run directory is written through ``aiayn.files.atomic_write``: a temporary
 ``.NAME.XXXXXXXX.tmp`` beside the destination, renamed over it when complete. A SIGKILL between
 the two leaves the temporary behind; the holder of the lock deletes those of the files a
 training writes.

@@ -1,6 +1,4 @@
-"""``aiayn prepare``: build a data directory from raw parallel text (see ``aiayn.data.prepare``);
-``aiayn data multi30k``: fetch Multi30k's files (see ``aiayn.data.multi30k``); ``aiayn data wmt14``:
-the WMT14 archives of a pair (see ``aiayn.data.wmt14``)."""
+"""``aiayn prepare``: build a data directory from raw parallel text (``aiayn.data.prepare``)."""
 from __future__ import annotations
 
 import argparse
@@ -27,11 +25,9 @@ def register(subparsers) -> None:
                                 ("; or --corpus, or both: this one is then the corpus called train, weight 1)"
                                  if split == "train" else ")"))
     p.add_argument("--corpus", action="append", default=[], metavar=CORPUS_SPEC,
-                   help="a train corpus (repeatable; the corpora form one train split, one vocabulary sampled "
-                        "over all in proportion to their sizes): source and target files; WEIGHT (default 1) "
-                        "draws it that many times an epoch in training (0.5: a new random half each epoch); TAG "
-                        "(e.g. <bt>) starts each of its source sentences; LANG (e.g. de) puts <2LANG> after the "
-                        "tag; an empty field is its default. Example: --corpus bt=mono.en,mono.de,0.5,<bt>")
+                   help="a train corpus (repeatable; all form one train split and vocabulary): WEIGHT draws per "
+                        "epoch (0.5: a random half), TAG starts its sources, LANG adds <2LANG> (docs/data.md); "
+                        "e.g. bt=mono.en,mono.de,0.5,<bt>")
     p.add_argument("--out", type=Path, required=True, help="data directory to create")
     p.add_argument("--tokenizer-from", type=Path, default=None, metavar="MODEL.pt",
                    help="encode with the SentencePiece model(s) stored in this checkpoint instead of training new "
@@ -41,51 +37,6 @@ def register(subparsers) -> None:
                         "complete (an empty folder needs no flag; anything else is never replaced)")
     add_arguments(p, PrepareConfig, defaults=replace(PrepareConfig(), num_workers=os.cpu_count() or 1))
     p.set_defaults(func=run)
-
-    d = subparsers.add_parser(
-        "data", help="download a data set's files (checked against pinned SHA-256 sums, resumable)",
-        description="Download a data set into a folder that --data-root then takes. Each file is checked "
-                    "against its pinned SHA-256 (an MD5 where that is all that is published, said so) before "
-                    "it gets its name; an interrupted download resumes "
-                    "on the next run; files already there are kept.")
-    which = d.add_subparsers(dest="dataset", metavar="DATASET")
-    which.required = True
-    m = which.add_parser("multi30k", help="Multi30k task 1 (raw and tokenized train, val, test_2016_flickr; en, de) "
-                                          "from github.com/multi30k/dataset, or $AIAYN_DATA_URL")
-    m.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache, $AIAYN_CACHE "
-                        "or ~/.cache/aiayn, where `aiayn demo` looks")
-    m.set_defaults(func=run_data)
-    w = which.add_parser("wmt14", help="the WMT14 archives of a pair (training corpora, newstest2013, newstest2014) "
-                                       "from statmt.org, or $AIAYN_WMT14_URL")
-    w.add_argument("--pair", choices=("en-de", "en-fr"), default="en-de",
-                   help="en-de: Europarl v7, Common Crawl, News Commentary v9 (1.7 GB); en-fr: those and the UN and "
-                        "10^9 corpora (6.6 GB); both with dev.tgz and test-full.tgz (default: en-de)")
-    w.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder to fill (DIR/wmt14/); default: the cache, $AIAYN_CACHE or ~/.cache/aiayn")
-    w.add_argument("--base-url", default=None, metavar="URL",
-                   help="a mirror holding statmt.org's paths (default: $AIAYN_WMT14_URL, else https://www.statmt.org/)")
-    w.add_argument("--unpack", action="store_true",
-                   help="also extract the files scripts/wmt14.sh reads into DIR/wmt14 (where its --raw DIR finds them)")
-    w.set_defaults(func=run_wmt14)
-
-
-def run_data(args: argparse.Namespace) -> int:
-    from aiayn.data.multi30k import cache_root, download_multi30k
-    root = download_multi30k(args.out if args.out is not None else cache_root())
-    print(f"multi30k: {root / 'multi30k'} (--data-root {root})")
-    return 0
-
-
-def run_wmt14(args: argparse.Namespace) -> int:
-    from aiayn.data.multi30k import cache_root
-    from aiayn.data.wmt14 import download_wmt14, unpack
-    root = args.out if args.out is not None else cache_root()
-    paths = download_wmt14(root, args.pair, base_url=args.base_url)
-    print(f"wmt14 {args.pair}: {len(paths)} archives in {root / 'wmt14'}")
-    if args.unpack:
-        print(f"wmt14 {args.pair}: unpacked in {unpack(root, args.pair)} (scripts/wmt14.sh --raw {root})")
-    return 0
 
 
 def run(args: argparse.Namespace) -> int:

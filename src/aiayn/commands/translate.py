@@ -7,18 +7,20 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aiayn.config import add_arguments, from_args
+from aiayn.data.textio import CHUNK_LINES, input_chunks
 from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
-from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from aiayn.progress import progress_bar, progress_shown
 
+if TYPE_CHECKING:
+    from aiayn.decode.translator import Translator
+
 log = logging.getLogger(__name__)
-CHUNK_LINES = 10_000  # lines read, translated and written at a time (bounds memory)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,35 +49,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="target prefixes, one per input line (an empty line: none): each translation begins with its "
                         "line's prefix, which the search continues (forced decoding, for interactive and post-editing tools)")
     p.add_argument("--alignments", action="store_true",
-                   help="append to each output line ' ||| ' and its word alignment in the Pharaoh format ('i-j': "
-                        "source token i, target token j, subword pieces from 0), each target token aligned to the source "
-                        "token the chosen layer's encoder-decoder attention weights most (aiayn/decode/align.py)")
+                   help="append ' ||| ' and the Pharaoh word alignment ('i-j', subword pieces from 0) from the "
+                        "cross-attention of --alignment-layer to each output line (docs/translate.md)")
     p.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
                    help="decoder layer whose attention (averaged over heads) gives --alignments: 0 is the first, "
                         "-1 (default) the last")
     add_arguments(p, DecodeConfig, defaults=TRANSLATE_DECODE)
     p.set_defaults(func=run)
-
-
-def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
-    """(first line number, lines) chunks of at most ``size`` lines of the input; stdin is read a line
-    at a time, so a chunk is given as soon as its last line has arrived."""
-    from aiayn.data.textio import check_readable, decode_lines, read_lines
-    if path is None:
-        raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
-        lines = (decode_lines(iter(raw.readline, b""), "<stdin>") if raw is not None
-                 else (line.strip() for line in iter(sys.stdin.readline, "")))
-    else:
-        check_readable(Path(path), "translation input")
-        lines = read_lines(Path(path))
-    chunk, first = [], 1
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield first, chunk
-            first, chunk = first + len(chunk), []
-    if chunk:
-        yield first, chunk
 
 
 def _total_lines(path: str | None) -> int | None:
@@ -154,6 +134,7 @@ def _write_chunk(translator: Translator, ids: list[list[int]], hyps: list, first
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn.decode.translator import Translator
     cfg = from_args(DecodeConfig, args)
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):

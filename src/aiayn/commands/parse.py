@@ -1,7 +1,7 @@
 """``aiayn parse``: English constituency parsing (§6.3).
 
 ``aiayn parse --checkpoint F`` (or ``aiayn parse text --checkpoint F``) parses tokenized text, one
-sentence a line, into one bracketed tree a line; the subcommands ``prepare``, ``train``,
+sentence a line, into one bracketed tree a line; the subcommands ``demo``, ``prepare``, ``train``,
 ``decode``, ``score`` and ``baseline`` make and measure a parser.
 """
 from __future__ import annotations
@@ -11,10 +11,11 @@ import logging
 import os
 from pathlib import Path
 
+from aiayn.commands.demo import add_demo_arguments, config_with_sets
 from aiayn.config import add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
-from aiayn.errors import UserError
 from aiayn.decode.config import DecodeConfig, add_device_argument
+from aiayn.errors import UserError
 from aiayn.model.config import PRESETS
 from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
@@ -26,6 +27,7 @@ from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS
 from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLIT_SCHEMES, SplitConfig, prepare_parsing
 
 log = logging.getLogger(__name__)
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -41,7 +43,19 @@ def register(subparsers) -> None:
     _register_decode(sub)
     _register_score(sub)
     _register_baseline(sub)
-    parse_demo.register(sub)
+    _register_demo(sub)
+
+
+def _register_demo(sub) -> None:
+    p = sub.add_parser("demo", help="the NLTK WSJ sample end to end: prepare, train, average, parse, score",
+                       description=parse_demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_demo_arguments(p, parse_demo.ParseDemoConfig, "--set train.seed=2")
+    p.set_defaults(func=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    parse_demo.run_parse_demo(config_with_sets(parse_demo.ParseDemoConfig, args))
+    return 0
 
 
 def _register_score(sub) -> None:
@@ -168,7 +182,7 @@ def _register_train(sub) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from aiayn.train.cli import resolve_run_config
+    from aiayn.commands.train import resolve_run_config
     from aiayn.train.loop import train
     cfg = resolve_run_config(argparse.Namespace(recipe=None, preset=args.preset, max_steps=args.max_steps,
                                                 set=[*PARSE_TRAIN_SETS, *args.set]))
@@ -238,7 +252,7 @@ PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
 def run_text(args: argparse.Namespace) -> int:
     import sys
 
-    from aiayn.decode.cli import input_chunks
+    from aiayn.data.textio import input_chunks
     from aiayn.decode.translator import Translator
     from aiayn.parsing.linearize import RepairStats
     if args.checkpoint is None:

@@ -1,4 +1,4 @@
-"""``aiayn export``: a checkpoint as a CTranslate2 model, for serving with its C++ runtime.
+"""A checkpoint as a CTranslate2 model, for serving with its C++ runtime (``aiayn export``).
 
     aiayn export --checkpoint runs/demo/model.pt --out runs/demo/ct2 [--quantization int8]
 
@@ -27,14 +27,13 @@ outputs equal aiayn's.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import torch
 
 from aiayn.errors import UserError
-from aiayn.files import OutputDir
+from aiayn.exporters import ExportDir
 from aiayn.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -113,23 +112,6 @@ def transformer_spec(model: Transformer, src_tokens: list[str], tgt_tokens: list
     return spec
 
 
-RECORD = "aiayn.json"  # what says a folder is an export of aiayn's (the only folders --overwrite replaces)
-
-
-class ExportDir(OutputDir):
-    """The output folder of an export (``OutputDir``): written whole or not at all; an existing
-    one is replaced only with ``overwrite`` and only if it is an earlier export (it holds
-    ``RECORD``, which every export writes)."""
-
-    def __init__(self, out: str | Path, overwrite: bool = False):
-        super().__init__(out, overwrite=overwrite, ours=lambda d: (d / RECORD).is_file(),
-                         what="a model aiayn exported")
-
-    def finish(self, tmp: Path) -> None:
-        if not (tmp / RECORD).exists():
-            (tmp / RECORD).write_text(json.dumps({"exported_by": "aiayn"}) + "\n")
-
-
 def write_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str], folder: str | Path,
               quantization: str | None = None) -> None:
     """CTranslate2's model files for ``model`` in the existing folder ``folder`` (what its
@@ -158,45 +140,3 @@ def export_ct2(model: Transformer, src_tokens: list[str], tgt_tokens: list[str],
 def pieces(tokenizer) -> list[str]:
     """The tokenizer's vocabulary as piece strings, by id."""
     return [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-
-
-def run(args) -> int:
-    from aiayn.decode.translator import load_model_for_inference
-
-    ExportDir(args.out, args.overwrite).check()  # before the work: a folder it may not replace
-    model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)  # a bad file is named first
-    if args.format == "hf":
-        from aiayn.hf import export_hf
-        if args.quantization:
-            raise UserError("--quantization applies to --format ct2")
-        record = {"checkpoint": str(args.checkpoint), "format": "hf"}
-        out = export_hf(model, src_tok, tgt_tok, args.out, overwrite=args.overwrite,
-                        files={RECORD: (json.dumps(record, indent=1) + "\n").encode()})
-        print(f"hugging face marian model: {out}")
-        return 0
-    _require_ct2()
-    record = {"checkpoint": str(args.checkpoint), "quantization": args.quantization, "source_eos": "</s>",
-              "decoder_start": "<s>"}
-    # the tokenizers travel with the model, so the directory is all a user needs
-    out = export_ct2(model, pieces(src_tok), pieces(tgt_tok), args.out, args.quantization or None,
-                     overwrite=args.overwrite, files={"source.spm": src_tok.model_bytes,
-                                                      "target.spm": tgt_tok.model_bytes,
-                                                      RECORD: json.dumps(record, indent=1).encode()})
-    print(f"ctranslate2 model: {out}")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint as a CTranslate2 model directory (needs ctranslate2) "
-                                      "or, with --format hf, a Hugging Face MarianMTModel directory (needs transformers)")
-    p.add_argument("--checkpoint", required=True, help="aiayn checkpoint (.pt), e.g. the demo's model.pt")
-    p.add_argument("--out", required=True,
-                   help="output directory: new or empty, or with --overwrite an earlier export (written whole, then "
-                        "put in place in one step; a folder aiayn did not export is never replaced)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
-    p.add_argument("--format", default="ct2", choices=("ct2", "hf"),
-                   help="ct2: a CTranslate2 model (default); hf: a Hugging Face MarianMTModel with its MarianTokenizer "
-                        "(aiayn/hf.py; post-norm models with d_k = d_v = d_model / h and sinusoidal positions)")
-    p.add_argument("--quantization", default="",
-                   help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default: float32)")
-    p.set_defaults(func=run)

@@ -78,9 +78,8 @@ def register(sub) -> None:
     p.add_argument("--src", help="source sentences (plain or .gz)")
     p.add_argument("--ref", help="reference translations, raw text (plain or .gz)")
     p.add_argument("--testset", metavar="NAME",
-                   help="instead of --src and --ref: a test set fetched by sacreBLEU into its cache ($SACREBLEU, else "
-                        "~/.sacrebleu); wmt14 = newstest2014 as the paper scores it (sacreBLEU's wmt14/full, 3,003 "
-                        "sentences for En-De), wmt13 = newstest2013; any other name is sacreBLEU's")
+                   help="instead of --src and --ref: a test set sacreBLEU fetches into its cache; wmt14 = "
+                        "newstest2014 as the paper scores it, wmt13 = newstest2013, others sacreBLEU's (docs/data.md)")
     p.add_argument("--langpair", default="en-de", help="language pair of --testset (default en-de)")
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
     p.add_argument("--lang", default=None,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import score_all
+from aiayn.evaluate.significance import compare_systems
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -37,36 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "otherwise add sacreBLEU -lc after cased sacreBLEU")
     p.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default: de)")
     p.add_argument("--compare", nargs="+", metavar="FILE", default=[],
-                   help="other systems' translations of the same input: is --hyp's BLEU higher than each one's by more "
-                        "than the choice of sentences explains? Koehn (2004)'s paired bootstrap (as sacreBLEU's "
-                        "--paired-bs): BLEU of both on the same resampled sets, p = share of sets on which --hyp does "
-                        "not score higher; one reference; tokens as --tokenized says (otherwise sacreBLEU's 13a), "
-                        "no smoothing")
+                   help="other systems' translations of the same input: does --hyp's BLEU beat each by more than "
+                        "chance? Koehn (2004)'s paired bootstrap, as sacreBLEU's --paired-bs; one reference "
+                        "(docs/commands.md)")
     p.add_argument("--samples", type=int, default=1000, help="resampled sets for --compare (default: 1000)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
-
-
-def compare(hyps: list[str], others: dict[str, list[str]], refs: list[str], tokenized: bool, lowercase: bool,
-            n_samples: int) -> list[dict]:
-    """Paired bootstrap of ``hyps`` against each of ``others`` (aiayn.evaluate.significance): per other system,
-    both full-set BLEU scores, the difference, the p-value of "hyps is better" and the 95% interval of each score
-    over the resampled sets."""
-    import numpy as np
-
-    from aiayn.evaluate.significance import paired_bootstrap
-    if tokenized:
-        prep = (lambda line: line.lower()) if lowercase else (lambda line: line)
-    else:
-        from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
-        tok = Tokenizer13a()
-        prep = (lambda line: tok(line.lower())) if lowercase else tok
-    systems = {"hyp": [prep(h) for h in hyps], **{name: [prep(h) for h in other] for name, other in others.items()}}
-    bs = paired_bootstrap(systems, [prep(r) for r in refs], n_samples=n_samples)
-    interval = {k: [round(float(np.percentile(v, q)), 2) for q in (2.5, 97.5)] for k, v in bs.samples.items()}
-    return [{"system": name, "bleu": round(bs.full[name], 2), "hyp_bleu": round(bs.full["hyp"], 2),
-             "difference": round(bs.full["hyp"] - bs.full[name], 2), "p_value": bs.p_value("hyp", name),
-             "hyp_interval_95": interval["hyp"], "interval_95": interval[name]} for name in others]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             others[path] = read_lines(path)
             if len(others[path]) != len(hyps):
                 raise UserError(f"{path}: {len(others[path])} lines but {args.hyp or 'stdin'} has {len(hyps)}")
-        comparisons = compare(hyps, others, refs[0], args.tokenized, args.lc, args.samples)
+        comparisons = compare_systems(hyps, others, refs[0], args.tokenized, args.lc, args.samples)
     if args.json:
         out = [dataclasses.asdict(r) for r in results]
         print(json.dumps({"scores": out, "paired_bootstrap": comparisons} if args.compare else out, indent=2))

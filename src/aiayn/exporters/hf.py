@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from aiayn.errors import UserError
+from aiayn.exporters import ExportDir
 from aiayn.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
@@ -182,9 +183,8 @@ def _vocab(tokenizer) -> dict[str, int]:
 def export_hf(model: Transformer, src_tok, tgt_tok, out: str | Path, *, overwrite: bool = False,
               files: dict[str, bytes] | None = None) -> Path:
     """Write ``model`` and its tokenizers as a Hugging Face Marian directory ``out``
-    (``aiayn.export.ExportDir``: an earlier export there is replaced only with ``overwrite``),
+    (``ExportDir``: an earlier export there is replaced only with ``overwrite``),
     with ``files`` (name -> bytes) beside them."""
-    from aiayn.export import ExportDir
     require_transformers()
     cfg = model.cfg
     if cfg.layer_norm_eps != MARIAN_LAYER_NORM_EPS:

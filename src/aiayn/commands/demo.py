@@ -1,0 +1,34 @@
+"""``aiayn demo``: Multi30k end to end (``aiayn.demo``); the options of both demos, this one and
+``aiayn parse demo``, come from their configuration's fields."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from aiayn import demo
+from aiayn.config import add_arguments, from_args
+
+
+def config_with_sets(cls, args):
+    """A demo's configuration from the parsed ``args``, its ``sets`` field from the repeatable --set."""
+    cfg = from_args(cls, args)
+    return dataclasses.replace(cfg, sets=",".join(args.set)) if args.set else cfg
+
+
+def add_demo_arguments(p, cls, set_example: str) -> None:
+    """Every field of the demo configuration ``cls`` as an option, ``sets`` as a repeatable --set."""
+    add_arguments(p, cls, only=tuple(f.name for f in dataclasses.fields(cls) if f.name != "sets"))
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help=f"override a field of the recipe (repeatable), e.g. {set_example}")
+
+
+def run(args) -> int:
+    demo.run_demo(config_with_sets(demo.DemoConfig, args))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
+                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_demo_arguments(p, demo.DemoConfig, "--set model.p_drop=0.2 --set train.seed=2")
+    p.set_defaults(func=run)

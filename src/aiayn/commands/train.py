@@ -1,0 +1,73 @@
+"""``aiayn train``: train a Transformer on a prepared data directory (``aiayn.train.loop``)."""
+from __future__ import annotations
+
+import argparse
+import errno
+
+from aiayn.config import apply_sets, sets_help
+from aiayn.errors import UserError
+from aiayn.model.config import PRESETS, ModelConfig
+from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
+
+
+def resolve_run_config(args):
+    """Preset (or recipe file) + ``--set`` overrides + the shortcut flags -> RunConfig."""
+    if args.recipe:
+        cfg = load_recipe(args.recipe)
+    elif args.preset is None and getattr(args, "init_from", None):
+        from aiayn.train.finetune import run_config_of
+        cfg = run_config_of(args.init_from)  # fine-tuning: the checkpoint's own recipe
+    else:
+        cfg = run_config_from_preset(args.preset or "base")
+    sets = list(args.set or [])
+    if args.max_steps is not None:
+        sets.append(f"train.max_steps={args.max_steps}")
+    return apply_sets(cfg, sets)
+
+
+def run(args) -> int:
+    from aiayn.train.loop import train
+    cfg = resolve_run_config(args)
+    if args.resume_optimizer and not args.init_from:
+        raise UserError("--resume-optimizer needs --init-from")
+    try:
+        train(args.data, args.out, cfg, progress=not args.no_progress, init_from=args.init_from,
+              resume_optimizer=args.resume_optimizer)
+    except OSError as exc:  # the logs, a segmentation... (checkpoints name their file themselves)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(f"{exc.filename or args.out}: cannot write ({exc.strerror}); free some space and run the "
+                        f"same command again: it resumes from the last checkpoint, which is intact") from exc
+    except RuntimeError as exc:
+        from aiayn.train.runtime import timed_out
+        if not timed_out(exc):
+            raise
+        import torch.distributed as tdist
+        raise UserError(f"{args.out}: rank {tdist.get_rank()} of {tdist.get_world_size()} waited "
+                        f"train.dist_timeout_s = {cfg.train.dist_timeout_s:g} s for the other processes: one of them "
+                        f"failed or hangs (its own error says why); the last checkpoint is intact and the same "
+                        f"command resumes") from exc
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a Transformer on a prepared data directory (resumes if --out has a run)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="--set keys (section.field=value):\n" + sets_help(ModelConfig, "model") + "\n"
+               + sets_help(TrainConfig, "train"))
+    p.add_argument("--data", required=True, help="data directory written by `aiayn prepare`")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, logs); resumed if it holds last.pt")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="named configuration (default base; with --init-from, the checkpoint's configuration)")
+    g.add_argument("--recipe", help="JSON recipe file {preset, model: {...}, train: {...}} instead of --preset")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a field (repeatable)")
+    p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--init-from", metavar="MODEL.pt", default=None,
+                   help="fine-tune: a new run from this checkpoint's weights, fresh optimizer and schedule; same "
+                        "tokenizers and shapes; without --preset/--recipe, its configuration (docs/finetuning.md)")
+    p.add_argument("--resume-optimizer", action="store_true",
+                   help="with --init-from: also load the checkpoint's Adam moments (the schedule still starts at step 1)")
+    p.set_defaults(func=run)

@@ -1,0 +1,61 @@
+"""What the kernels' tests compare against: random cases and Eq. 1 written out for the beam step's
+attention, PyTorch's log-softmax and top-k, and the tiny model that beam search runs."""
+import torch
+
+from aiayn.model.attention import attention_explicit
+from tests.decode.test_adapter import V
+
+
+def shared_slot_case(Bs=3, g=4, H=2, n=5, K=8, Dv=6, dtype=torch.float32, cap=7):
+    """Random q (N,H,1,K), slot buffers (Bs,H,cap*g,K) with n filled positions, ancestors (Bs,g,cap)."""
+    q = torch.randn(Bs * g, 1, H, K).transpose(1, 2).to(dtype)  # (N,H,1,K), strided as project_qkv gives it
+    k_buf = torch.randn(Bs, H, cap * g, K).to(dtype)
+    v_buf = torch.randn(Bs, H, cap * g, Dv).to(dtype)
+    anc = torch.randint(0, g, (Bs, g, cap))
+    return q, k_buf[:, :, : n * g], v_buf[:, :, : n * g], anc
+
+
+def shared_slot_reference(q, k, v, anc, g):
+    """Each row's own prefix gathered by hand (slot anc[s,r,j] at position j < n-1, its own slot r at
+    n-1), then Eq. 1 in float32: (N, H*Dv)."""
+    N, H, _, K = q.shape
+    n = k.size(2) // g
+    rows = []
+    for row in range(N):
+        s, r = divmod(row, g)
+        idx = [j * g + int(anc[s, r, j]) for j in range(n - 1)] + [(n - 1) * g + r]
+        ks, vs = k[s][:, idx].float(), v[s][:, idx].float()  # (H,n,K), (H,n,Dv)
+        out, _ = attention_explicit(q[row].float()[None], ks[None], vs[None], None)  # (1,H,1,Dv)
+        rows.append(out.reshape(-1))
+    return torch.stack(rows)
+
+
+def log_softmax_topk_matches_pytorch(lib, dtype, threads):
+    from aiayn.decode.search import select_topk
+
+    torch.manual_seed(3)
+    banned = torch.tensor([0, 2, 3])
+    for V, k in ((8000, 4), (1003, 6), (37, 5)):  # V % 16 != 0: the tail after the blocks
+        z = (torch.randn(50, V) * 4).to(dtype)
+        z[7, 5] = 40.0  # one token far ahead: the other exponentials underflow
+        with torch.inference_mode():
+            torch.set_num_threads(threads)
+            try:
+                values, ids = lib.log_softmax_topk(z, k, banned)
+            finally:
+                torch.set_num_threads(2)
+            lp = torch.log_softmax(z.float(), dim=-1)
+            ref_values, ref_ids = select_topk(lp.clone(), k, banned)
+        torch.testing.assert_close(values, ref_values, atol=2e-6, rtol=1e-6)
+        assert not torch.isin(ids, banned).any()
+        # the ids are those values' tokens (bfloat16 logits tie often; which of equal tokens comes first may differ)
+        torch.testing.assert_close(lp.gather(1, ids), ref_values, atol=2e-6, rtol=1e-6)
+        if dtype == torch.float32:
+            assert torch.equal(ids, ref_ids)
+
+
+def tiny_model(dtype=torch.float32):
+    import aiayn.model as M
+
+    torch.manual_seed(0)
+    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).to(dtype).eval()

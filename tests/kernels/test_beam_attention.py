@@ -1,0 +1,223 @@
+"""beam_attention.c: the beam step's self- and cross-attention against Eq. 1 written out
+(attention_explicit), by hand on a tiny case, in float32 and bfloat16, with 1 and 2 threads; its append
+against the cache's; and the kernel inside beam search, against PyTorch's attention."""
+import copy
+import math
+
+import pytest
+import torch
+
+from aiayn.model.attention import attention_explicit
+from tests.decode.test_adapter import V, sources
+from tests.kernels.reference import shared_slot_case, shared_slot_reference, tiny_model
+
+
+def test_hand_computed_cross_attention(kernels):
+    # One sentence, one head, one beam row, d_k = 4: q = (2,0,0,0), keys e1, 0, e1 (the last is padding),
+    # values (1,0), (0,1), (9,9). Scores q.k / sqrt(4) = 1, 0 (padding skipped): softmax e/(e+1), 1/(e+1).
+    q = torch.tensor([2.0, 0, 0, 0]).view(1, 1, 1, 4)
+    k = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]).view(1, 1, 3, 4)
+    v = torch.tensor([[1.0, 0], [0, 1], [9, 9]]).view(1, 1, 3, 2)
+    pad = torch.tensor([[False, False, True]])
+    out = kernels.cross_attention(q, k, v, pad, g=1)
+    e = math.e
+    assert out.view(-1).tolist() == pytest.approx([e / (e + 1), 1 / (e + 1)], abs=1e-6)
+
+
+def test_hand_computed_shared_slots(kernels):
+    # One sentence, g = 2 rows, one head, d_k = 1, two positions. Slots: position 0 holds keys 1 (slot 0)
+    # and 3 (slot 1); position 1 (the new one) holds 0 and 2. Row 0's prefix is slot 1 at position 0,
+    # row 1's is slot 0. q = 1 for both rows: row 0 sees keys (3, 0) -> softmax(3, 0); row 1 sees (1, 2).
+    q = torch.ones(2, 1, 1, 1)
+    k = torch.tensor([1.0, 3.0, 0.0, 2.0]).view(1, 1, 4, 1)
+    v = torch.tensor([10.0, 20.0, 30.0, 40.0]).view(1, 1, 4, 1)
+    anc = torch.tensor([[[1, 0], [0, 0]]])  # (Bs=1, g=2, cap=2); anc[0, r, 1] is ignored (own slot)
+    out = kernels.self_attention(q, k, v, anc, g=2)
+    p0 = 1 / (1 + math.exp(-3))  # weight of key 3 against key 0
+    p1 = 1 / (1 + math.exp(1))  # weight of key 1 against key 2
+    assert out.view(-1).tolist() == pytest.approx([20 * p0 + 30 * (1 - p0), 10 * p1 + 40 * (1 - p1)], abs=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_shared_slot_self_attention_is_eq1(kernels, dtype, tol, threads):
+    q, k, v, anc = shared_slot_case(dtype=dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernels.self_attention(q, k, v, anc, g=4)
+    finally:
+        torch.set_num_threads(before)
+    assert out.dtype == dtype and out.shape == (12, 2 * 6)
+    torch.testing.assert_close(out.float(), shared_slot_reference(q, k, v, anc, 4), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cross_attention_is_eq1_with_padding(kernels, dtype, tol):
+    Bs, g, H, S, K, Dv = 3, 4, 2, 6, 8, 6
+    q = torch.randn(Bs * g, 1, H, K).transpose(1, 2).to(dtype)
+    kv = torch.randn(Bs, S, H, K + Dv).to(dtype)  # keys and values of one projection, as project_kv splits them
+    k, v = kv[..., :K].transpose(1, 2), kv[..., K:].transpose(1, 2)  # (Bs,H,S,K), (Bs,H,S,Dv), strided
+    pad = torch.zeros(Bs, S, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[2, 1:] = True
+    out = kernels.cross_attention(q, k, v, pad, g=g)
+    qg = q.reshape(Bs, g, H, K).transpose(1, 2).float()  # (Bs,H,g,K)
+    ref, _ = attention_explicit(qg, k.float(), v.float(), ~pad[:, None, None, :])
+    torch.testing.assert_close(out.float(), ref.transpose(1, 2).reshape(Bs * g, H * Dv), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("K", [32, 64])
+@pytest.mark.parametrize("n", [1, 17, 35])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_register_blocked_path_is_eq1(kernels, K, n, dtype, tol):
+    # beam 4 with d_k = d_v = 32 or 64 takes DEFINE_FAST in beam_attention.c (with AVX-512), the other
+    # tests' d_k = 8 the general loop; n = 17 and 35 also leave a masked tail in the 16-wide softmax
+    q, k, v, anc = shared_slot_case(Bs=3, g=4, H=2, n=n, K=K, Dv=K, dtype=dtype, cap=n + 1)
+    torch.testing.assert_close(kernels.self_attention(q, k, v, anc, g=4).float(),
+                               shared_slot_reference(q, k, v, anc, 4), atol=tol, rtol=tol)
+    pad = torch.zeros(3, n, dtype=torch.bool)
+    pad[1, n // 2 + 1:] = True
+    ks, vs = k[:, :, :n], v[:, :, :n]  # (Bs,H,S,K): n source positions
+    qg = q.reshape(3, 4, 2, K).transpose(1, 2).float()  # (Bs,H,g,K)
+    ref, _ = attention_explicit(qg, ks.float(), vs.float(), ~pad[:, None, None, :])
+    torch.testing.assert_close(kernels.cross_attention(q, ks, vs, pad, g=4).float(),
+                               ref.transpose(1, 2).reshape(12, 2 * K), atol=tol, rtol=tol)
+
+
+def test_bad_shapes_are_errors(kernels):
+    q, k, v, anc = shared_slot_case()
+    with pytest.raises(ValueError, match="bad shapes"):
+        kernels.self_attention(q[:-1], k, v, anc, g=4)
+    with pytest.raises(ValueError, match="new keys/values"):
+        kernels.self_attention(q, k, v, anc, g=4, new_k=q)  # new_v missing
+    with pytest.raises(ValueError, match="new keys/values"):
+        kernels.self_attention(q, k, v, anc, g=4, new_k=q[:-1], new_v=q[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K", [8, 64])
+def test_the_kernels_append_is_the_caches(kernels, K, dtype):
+    # self_attention with the step's new keys/values on DecoderCache.slots writes what DecoderCache.append
+    # writes and returns what it returns after append, bit for bit, over steps that grow the cache
+    from aiayn.model.cache import LayerCache, share_slots
+
+    Bs, g, H = 3, 4, 2
+
+    def cache():
+        empty = torch.empty(Bs, H, 0, K, dtype=dtype)
+        return share_slots([LayerCache(empty, empty, empty, empty)], torch.zeros(Bs, 5, dtype=torch.bool), g, 2)
+
+    plain_cache, fused_cache = cache(), cache()  # capacity 2: the third step grows both
+    gen = torch.Generator().manual_seed(0)
+    for step in range(4):
+        q = torch.randn(Bs * g, 1, H, K, generator=gen).transpose(1, 2).to(dtype)  # (N,H,1,K), as project_qkv
+        kv = torch.randn(Bs * g, 1, 2 * H * K, generator=gen).to(dtype)  # one projection, split as project_qkv
+        k, v = (x.view(Bs * g, 1, H, K).transpose(1, 2) for x in kv.split(H * K, dim=-1))
+        plain = kernels.self_attention(q, *plain_cache.append(0, k, v), plain_cache.ancestors, g)
+        fused = kernels.self_attention(q, *fused_cache.slots(0), fused_cache.ancestors, g, k, v)
+        assert torch.equal(plain, fused)
+        L = step + 1
+        for name in ("self_k", "self_v"):
+            assert torch.equal(getattr(plain_cache.layers[0], name)[:, :, : L * g],
+                               getattr(fused_cache.layers[0], name)[:, :, : L * g])
+        anc = torch.randint(0, g, (Bs, g, L), generator=gen)  # the beams of each sentence continue random slots
+        for c in (plain_cache, fused_cache):
+            c.ancestors[:, :, :L] = anc
+            c.length = L
+
+
+def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
+    # the same shared-slot cache driven step by step, beams reordered within sentences and a sentence
+    # dropped: log-probabilities with the kernel equal those with PyTorch's attention
+    from aiayn.decode.adapter import CachedDecoder
+
+    model, src = tiny_model(), sources()[:3]
+    g = torch.Generator().manual_seed(2)
+    decoders = [CachedDecoder(model, kernels=kernels), CachedDecoder(model)]
+    with torch.inference_mode():
+        states = [d.start(src, 12).reorder(torch.arange(3).repeat_interleave(4)) for d in decoders]
+        assert states[0].cache.kernels is kernels and states[0].cache.shared_slots
+        tokens = torch.full((12,), 2)
+        for step in range(8):
+            outs = [d.step(tokens, s) for d, s in zip(decoders, states)]
+            torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+            states = [o[1] for o in outs]
+            n = tokens.numel()
+            if step == 4:  # the second sentence leaves
+                idx = torch.tensor([r for r in range(n) if r // 4 != 1])
+            else:  # each row continues a random beam of its own sentence
+                idx = (torch.arange(n) // 4) * 4 + torch.randint(0, 4, (n,), generator=g)
+            states = [s.reorder(idx) for s in states]
+            assert states[0].cache.kernels is kernels and states[0].cache.shared_slots
+            tokens = torch.randint(4, V, (idx.numel(),), generator=g)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8-bf16"])
+def test_translator_beam_search_with_and_without_the_kernel(kernels, monkeypatch, precision):
+    # the Translator's decoder gets the kernel from DecodeConfig.c_kernels; fp32 outputs are the same
+    # hypotheses with the same scores, int8-bf16 (bfloat16 attention, rounded differently) nearly so
+    from aiayn.decode import loading, translator as tr_mod
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.search import search
+
+    monkeypatch.setattr(loading, "load_kernels", lambda: kernels)
+    calls = []
+    for name in ("self_attention", "cross_attention", "log_softmax_topk"):
+        fn = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
+    model, src = tiny_model(), sources()
+    out = {}
+    for on in (True, False):
+        t = tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, precision=precision, c_kernels=on))
+        assert t.decoder.kernels is (kernels if on else None)
+        with torch.inference_mode():
+            out[on] = search(t.decoder, src, t.cfg, t.ids)
+    layers = len(model.decoder_layers)
+    assert calls.count("self_attention") == calls.count("cross_attention") > layers  # every step after the first
+    assert calls.count("log_softmax_topk") >= calls.count("self_attention") // layers  # every step's selection
+    if precision == "fp32":
+        assert [[h.tokens for h in hs] for hs in out[True]] == [[h.tokens for h in hs] for hs in out[False]]
+        for a, b in zip(out[True], out[False]):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    else:
+        best = [hs[0].tokens for hs in out[True]], [hs[0].tokens for hs in out[False]]
+        assert sum(a == b for a, b in zip(*best)) >= len(best[0]) - 1
+
+
+def test_decoding_kernels_follow_the_config(kernels, monkeypatch):
+    from aiayn.decode import loading
+    from aiayn.decode.config import DecodeConfig
+
+    monkeypatch.setattr(loading, "load_kernels", lambda: kernels)
+    model = tiny_model()
+    assert loading.decoding_kernels(DecodeConfig(), model) is kernels
+    assert loading.decoding_kernels(DecodeConfig(c_kernels=False), model) is None
+    q = loading.model_for_precision(model, "int8-bf16", kernels)
+    assert q.out_proj.kernels is kernels
+    assert copy.deepcopy(q).out_proj.kernels is kernels  # a copy shares the loaded library
+
+
+def test_steps_that_the_kernels_do_not_take(kernels, monkeypatch):
+    # attention weights asked for, autocast, or a dtype the kernel lacks: PyTorch's attention, same numbers
+    from aiayn.decode.adapter import CachedDecoder
+
+    def refuse(*a, **k):
+        raise AssertionError("the kernel was called")
+
+    model, src = tiny_model(), sources()[:2]
+    with torch.inference_mode():
+        state = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
+        tokens = torch.full((8,), 2)
+        reference = model.decode(tokens[:, None], cache=state.cache.unshared()).logits
+        monkeypatch.setattr(kernels, "self_attention", refuse)
+        monkeypatch.setattr(kernels, "cross_attention", refuse)
+        out = model.decode(tokens[:, None], cache=state.cache, need_weights=True)  # as attention plots ask
+        assert out.self_weights is not None
+        torch.testing.assert_close(out.logits, reference, atol=1e-5, rtol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            state64 = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
+            model.decode(tokens[:, None], cache=state64.cache)
+        double = tiny_model(torch.float64)
+        state64 = CachedDecoder(double, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
+        double.decode(tokens[:, None], cache=state64.cache)
