@@ -23,8 +23,8 @@ import torch
 
 from aiayn.config import replace, to_dict
 from aiayn.data.batching import TokenBatchSampler, collate
-from aiayn.data.corpora import corpus_mix
-from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
+from aiayn.data.dataset import DataDir
+from aiayn.data.stream import BatchStream, check_positions, to_device
 from aiayn.data.store import write_json_atomic
 from aiayn.data.vocab import joint_vocabulary
 from aiayn.errors import UserError
@@ -75,23 +75,6 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
     return replace(cfg, model=model)
 
 
-def check_positions(m, splits: dict) -> None:
-    """With learned positions (Table 3 row E) a sequence may not be longer than ``max_positions``:
-    the source with its EOS, the target with its BOS (or EOS). A longer pair is an error naming its
-    split and its number there, before training starts, not a failure at its first batch."""
-    if not m.learned_positions:
-        return
-    for name, data in splits.items():
-        if data is None or len(data) == 0:
-            continue
-        longest = np.maximum(data.src_lens, data.tgt_lens) + 1  # (N,)
-        i = int(np.argmax(longest))
-        if longest[i] > m.max_positions:
-            raise UserError(f"{name}: pair {i + 1} needs {int(longest[i])} positions, more than "
-                            f"model.max_positions={m.max_positions} of learned positional embeddings; "
-                            f"raise model.max_positions or drop long pairs (aiayn prepare --max-len)")
-
-
 def train_kernels(t: TrainConfig, device: torch.device):
     """The C kernels for the loss and the attention (``train.c_kernels``, CPU only), or None for
     PyTorch's operations."""
@@ -136,7 +119,7 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     kernels = train_kernels(t, device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for idx in sampler:
-        b = _to_device(collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id,
+        b = to_device(collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id,
                                m.eos_id), device)
         with attention_backends(device, t.cudnn_attention), rt.autocast(device, precision):
             logits = model(b.src, b.tgt_in, src_padded=b.src_padded)
@@ -236,9 +219,9 @@ def _resume_checkpoint(run_dir: Path) -> dict:
         raise
 
 
-def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokenizers: dict,
-             segment_epoch=lambda epoch: False, rank: int = 0, world_size: int = 1) -> tuple[TrainState, dict | None]:
-    """The run directory's state restored into the model, optimizer and sampler; and its moving
+def _restore(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConfig, tokenizers: dict,
+             rank: int = 0, world_size: int = 1) -> tuple[TrainState, dict | None]:
+    """The run directory's state restored into the model, optimizer and batch stream; and its moving
     average of the weights (``train.ema_decay``), if it kept one."""
     ckpt = _resume_checkpoint(run_dir)
     saved = run_config_from_dict(ckpt["run_config"])
@@ -252,21 +235,12 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
     opt.load_state_dict(ranks[rank] if ranks and len(ranks) == world_size else ckpt["optimizer"])
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
-    sampler_state = ckpt["sampler"]
-    # BPE-dropout (and corpus weights): the batches are cut on the saved epoch's lengths. If its
-    # segmentation file is gone, the epoch is drawn again, cut into other batches, and restarted
-    # from its first one; so is an epoch saved before its first batch (at train.max_epochs).
-    if segment_epoch(int(sampler_state["epoch"])) and not sampler.same_cut(sampler_state):
-        if sampler_state.get("batches_done", sampler_state.get("position")):  # (none: saved at the epoch's start)
-            log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
-                        "that epoch starts over", run_dir, sampler_state["epoch"])
-        sampler_state = {**sampler_state, "n_batches_total": sampler.n_batches_total, "batches_done": 0}
-    sampler.load_state_dict(sampler_state)  # on another number of ranks, the epoch's rest is re-cut for these
+    stream.load_state_dict(ckpt["sampler"])
     rngs = ckpt.get("rank_rng")
     rt.set_rng_state(rngs[rank] if rngs and len(rngs) == world_size else ckpt["rng"])
-    if rank == 0 and sampler_state["num_replicas"] != world_size:
-        _warn_other_ranks(run_dir, sampler_state, sampler, saved.train.accum_steps, cfg.train.accum_steps,
-                          world_size, local_sgd=bool(ranks))
+    if rank == 0 and ckpt["sampler"]["num_replicas"] != world_size:
+        _warn_other_ranks(run_dir, ckpt["sampler"], stream.state_dict(), saved.train.accum_steps,
+                          cfg.train.accum_steps, world_size, local_sgd=bool(ranks))
     return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
                       best_valid_loss=ckpt["best_valid_loss"],
                       best_valid_bleu=ckpt.get("best_valid_bleu", -math.inf),
@@ -275,40 +249,17 @@ def _restore(run_dir: Path, model, opt, scaler, sampler, cfg: RunConfig, tokeniz
                       valid_bleu_seconds=ckpt.get("valid_bleu_seconds", 0.0)), ckpt.get("ema")
 
 
-def _warn_other_ranks(run_dir: Path, saved_state: dict, sampler: TokenBatchSampler, saved_accum: int, accum: int,
+def _warn_other_ranks(run_dir: Path, saved_state: dict, position: dict, saved_accum: int, accum: int,
                       world_size: int, local_sgd: bool) -> None:
-    """The one warning of a resume on another number of processes: what cannot carry over."""
+    """The one warning of a resume on another number of processes: what cannot carry over
+    (``position``: the data position resumed from, on these ranks)."""
     saved = int(saved_state["num_replicas"])
     log.warning("%s: trained by %d process(es), resumed by %d: the rest of epoch %d (from batch %d of %d of its "
                 "order) is dealt out to %d rank(s); every rank starts from the main rank's generator states%s "
                 "(dropout masks differ from the saved run's); a step holds %d batches, was %d (train.accum_steps)",
-                run_dir, saved, world_size, sampler.epoch, sampler.batches_done, sampler.n_batches_total,
-                world_size, " and Adam moments (local SGD kept one per rank)" if local_sgd else "",
-                world_size * accum, saved * saved_accum)
-
-
-def _next_batches(it_state: dict, sampler: TokenBatchSampler, data, n: int, m,
-                  segment_epoch=lambda epoch: False, max_epochs: int = 0) -> list:
-    """Up to n collated batches; an epoch that ends mid-step closes the step early. At the start
-    of epoch ``max_epochs`` (0 = no limit) none: the sampler stands at its first batch, so a run
-    resumed with a higher limit trains that epoch whole."""
-    out = []
-    while len(out) < n:
-        try:
-            idx = next(it_state["it"])
-        except StopIteration:
-            if out:
-                break
-            it_state["epoch"] += 1
-            it_state["new_epoch"] = True
-            sampler.set_epoch(it_state["epoch"])
-            if max_epochs and it_state["epoch"] >= max_epochs:
-                break
-            segment_epoch(it_state["epoch"])
-            it_state["it"] = iter(sampler)
-            continue
-        out.append(collate([data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id, indices=idx))
-    return out
+                run_dir, saved, world_size, position["epoch"], position["batches_done"],
+                position["n_batches_total"], world_size, " and Adam moments (local SGD kept one per rank)"
+                if local_sgd else "", world_size * accum, saved * saved_accum)
 
 
 def _runtime(t: TrainConfig) -> tuple:
@@ -324,10 +275,9 @@ def _runtime(t: TrainConfig) -> tuple:
     return dist, device, precision
 
 
-def _build(cfg: RunConfig, train_data, dist, device, precision: str) -> tuple:
-    """What a checkpoint restores, freshly made: the seeded model, Adam (§5.3; AdamW with
-    ``weight_decay``), fp16's gradient scaler (None otherwise) and the token-bounded batch sampler
-    (§5.1) of this rank's share of the training data."""
+def _build(cfg: RunConfig, device, precision: str) -> tuple:
+    """What a checkpoint restores besides the data position, freshly made: the seeded model, Adam
+    (§5.3; AdamW with ``weight_decay``) and fp16's gradient scaler (None otherwise)."""
     t, m = cfg.train, cfg.model
     rt.seed_everything(t.seed)
     model = Transformer(m).to(device)
@@ -336,10 +286,7 @@ def _build(cfg: RunConfig, train_data, dist, device, precision: str) -> tuple:
                          (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
                          fused=t.fused_adam and device.type in ("cpu", "cuda"))
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    sampler = TokenBatchSampler(train_data.src_lens + 1, train_data.tgt_lens + 1, t.max_src_tokens,
-                                t.max_tgt_tokens, seed=t.seed, shuffle=True,
-                                num_replicas=dist.world_size, rank=dist.rank)
-    return model, opt, scaler, sampler
+    return model, opt, scaler
 
 
 def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
@@ -369,9 +316,9 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     elapsed = last_save = run.mean_clock()
     last_sync_step, stop_reason = state.step, "max_steps"
     run.model.train()
-    # Batches are drawn one step ahead (``_Draw``): the next step's are collated and on their way to
-    # the device while the device computes this one.
-    pending = run.draw()
+    # Batches are drawn one step ahead (``BatchStream.prefetch``): the next step's are collated and on
+    # their way to the device while the device computes this one.
+    run.stream.prefetch()
     while state.step < t.max_steps:
         if not run.dist.enabled:
             elapsed = run.clock()
@@ -381,14 +328,12 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         if stop:
             stop_reason = stop
             break
-        drawn, pending = pending, None
-        run.sampler_state = drawn.sampler_state
-        if drawn.new_epoch:
-            state.epoch = drawn.epoch
-        if not drawn.batches:
+        batches = run.stream.next_step()
+        state.epoch = run.stream.epoch
+        if not batches:
             continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
-        step = run.step(drawn.batches, elapsed)
-        pending = run.draw()  # the next step's batches, prepared while the device works
+        step = run.step(batches, elapsed)
+        run.stream.prefetch()  # the next step's batches, prepared while the device works
         step = run.read(step)
         if step.mean_clock is not None:
             elapsed = step.mean_clock
@@ -446,13 +391,11 @@ class _Run:
         data = DataDir(data_dir)
         self.cfg = cfg = fit_to_data(cfg, data)
         self.run_dir = run_dir
-        self._load_data(data, t)
+        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
+        self._load_valid(data, t)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
-        self.model, self.opt, self.scaler, self.sampler = _build(cfg, self.train_data, self.dist, self.device,
-                                                                 self.precision)
-        if len(self.sampler) == 0:
-            raise UserError(f"{data_dir}: too few training batches for {self.dist.world_size} device(s)")
+        self.model, self.opt, self.scaler = _build(cfg, self.device, self.precision)
         self.tokenizers = tokenizer_payload(data)
         self.toks = (data.src_tokenizer, data.tgt_tokenizer)
         self.saved_ema = None
@@ -471,23 +414,12 @@ class _Run:
                  self.device, self.precision, self.dist.world_size)
         self.monitor = _Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
         self.copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
-        self.sampler.set_epoch(self.state.epoch)
-        self.it_state = {"it": iter(self.sampler), "epoch": self.state.epoch, "new_epoch": False}
-        # where the data stands after the batches trained on so far: what a checkpoint saves, so a
-        # resumed run draws the prefetched batches again
-        self.sampler_state = self.sampler.state_dict()
         self.t_start = time.monotonic() - self.state.train_seconds
         self.bad_in_row = self.pending_tokens = self.window_tokens = 0
         self.window_t0 = time.monotonic()
 
-    def _load_data(self, data: DataDir, t: TrainConfig) -> None:
-        """The training split (through BPE-dropout if asked) and the validation split, checked."""
-        self.train_data = data.split("train")
-        self.bpe = None
-        if t.bpe_dropout > 0:
-            self.bpe = self.train_data = BpeDropoutData(
-                self.train_data, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
-                num_threads=torch.get_num_threads(), sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
+    def _load_valid(self, data: DataDir, t: TrainConfig) -> None:
+        """The validation split, checked, and its raw references for ``train.valid_bleu``."""
         self.valid_data = data.split("valid") if "valid" in data.splits else None
         self.valid_refs = None
         if self.valid_data is not None and t.valid_bleu:
@@ -495,18 +427,15 @@ class _Run:
             if self.valid_refs is None:
                 log.warning("%s: the validation target file prepare read is gone or changed; valid_bleu scores "
                             "against the detokenized reference ids instead", data.path)
-        check_positions(self.cfg.model, {"train": self.train_data, "valid": self.valid_data})
+        check_positions(self.cfg.model, {"valid": self.valid_data})
         warn_long_pairs("valid", self.valid_data, t)
-        self.mix = corpus_mix(data, self.train_data, t.seed)  # corpora of weights other than 1: an epoch's draw
-        if self.mix is not None:
-            self.train_data = self.mix
 
     def _resume_or_start(self, init_from, resume_optimizer: bool) -> TrainState:
         """The run directory's state (resumed exactly), or a new run's (from ``init_from``'s weights)."""
         run_dir, dist = self.run_dir, self.dist
         if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
-            state, self.saved_ema = _restore(run_dir, self.model, self.opt, self.scaler, self.sampler, self.cfg, self.tokenizers,
-                             self.segment_epoch, dist.rank, dist.world_size)
+            state, self.saved_ema = _restore(run_dir, self.model, self.opt, self.scaler, self.stream, self.cfg,
+                                             self.tokenizers, dist.rank, dist.world_size)
             log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
             if dist.is_main:
                 print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
@@ -514,7 +443,6 @@ class _Run:
         if init_from is not None:
             from aiayn.train.finetune import init_from as load_init
             load_init(init_from, self.model, self.opt, self.cfg, self.tokenizers, resume_optimizer)
-        self.segment_epoch(0)
         return TrainState()
 
     def _ema_start(self, t: TrainConfig) -> list[torch.Tensor] | None:
@@ -578,25 +506,6 @@ class _Run:
         self.net = self.plain_net
         self.model.use_attention_kernels(self.kernels)
 
-    def segment_epoch(self, epoch: int) -> bool:
-        """The epoch's pairs, batches re-cut: corpus weights draw the epoch's pairs from (seed, epoch)
-        (``aiayn.data.corpora``); BPE-dropout samples the epoch's segmentation on the main rank and
-        saves it in the run directory before any rank uses it (so ranks and resumed runs agree).
-        Returns whether either is on."""
-        if self.mix is not None and self.mix.set_epoch(epoch) and self.bpe is None:
-            self.sampler.set_lengths(self.mix.src_lens + 1, self.mix.tgt_lens + 1)
-        if self.bpe is None:
-            return self.mix is not None
-        path = Segmentation.path(self.run_dir, epoch)
-        if self.dist.is_main and not path.exists():
-            self.bpe.sample().save(path)
-        if self.dist.enabled:
-            torch.distributed.barrier()
-        self.bpe.use(Segmentation.load(path))
-        check_positions(self.cfg.model, {f"train (BPE-dropout segmentation {path})": self.bpe})
-        self.sampler.set_lengths(self.train_data.src_lens + 1, self.train_data.tgt_lens + 1)
-        return True
-
     def clock(self) -> float:
         return time.monotonic() - self.t_start
 
@@ -604,10 +513,6 @@ class _Run:
         """The ranks' mean training time: every rank takes the same stop, save and learning-rate
         decisions from it (a rank that stopped alone would leave the others waiting in all_reduce)."""
         return rt.all_reduce_sum([self.clock()], self.dist, self.device)[0] / self.dist.world_size
-
-    def draw(self) -> _Draw:
-        return _draw(self.it_state, self.sampler, self.train_data, self.cfg.train, self.cfg.model,
-                     self.segment_epoch, self.device)
 
     def step(self, micro: list, elapsed: float) -> _Step:
         """Eq. 3's rate, then the step's forward and backward passes, queued on the device (nothing
@@ -728,10 +633,9 @@ class _Run:
         rank_opts = rt.gather_to_main(self.opt.state_dict(), dist) if self.local_sgd else None
         rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
         if dist.is_main:
-            _save(self.run_dir, self.model, self.opt, self.scaler, self.sampler_state, state, self.cfg,
+            _save(self.run_dir, self.model, self.opt, self.scaler, self.stream.state_dict(), state, self.cfg,
                   self.tokenizers, self.cfg.train.keep_last, valid, is_best, rank_opts, rank_rng, self.ema_state())
-            if self.bpe is not None:
-                Segmentation.prune(self.run_dir, self.sampler_state["epoch"])
+            self.stream.saved()
 
     def finish(self, stop_reason: str) -> None:
         """The end: validate, write the final checkpoint and the summary."""
@@ -745,28 +649,6 @@ class _Run:
             print(_summary_text(summary), flush=True)
         if self.dist.enabled:
             torch.distributed.barrier()
-
-
-@dataclass
-class _Draw:
-    """One optimizer step's batches, drawn ahead of their step (``_draw``)."""
-    batches: list  # collated batches, already on (or on their way to) the device
-    epoch: int  # the sampler's epoch once they were drawn
-    new_epoch: bool  # whether drawing them began that epoch
-    sampler_state: dict  # the sampler's position just after them
-
-
-def _to_device(b, device: torch.device):
-    """A collated batch on ``device``: on CUDA from page-locked memory without waiting
-    (``non_blocking``), so the copy overlaps the device's work; on the CPU as it is."""
-    return b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
-
-
-def _draw(it_state: dict, sampler, data, t: TrainConfig, m, segment_epoch, device: torch.device) -> _Draw:
-    """The next step's ``accum_steps`` batches (``_next_batches``), sent to the device (``_to_device``)."""
-    micro = _next_batches(it_state, sampler, data, t.accum_steps, m, segment_epoch, t.max_epochs)
-    new_epoch, it_state["new_epoch"] = it_state["new_epoch"], False
-    return _Draw([_to_device(b, device) for b in micro], it_state["epoch"], new_epoch, sampler.state_dict())
 
 
 def _check_finite_weights(model, step: int, run_dir: Path) -> None:
