@@ -40,7 +40,7 @@ from aiayn.train.objective import learning_rate, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
 from aiayn.train.step import (forward_backward, grad_norm, not_finite, read_numbers, step_numbers, train_kernels,
                               update, update_early)
-from aiayn.train.validation import Validator, validate  # noqa: F401 (validate: aiayn.train.loop's, for callers)
+from aiayn.train.validation import Validator, validate  # noqa: F401 (validate: bench/average_sweep.py imports it here)
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,10 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
 
 
 def _build(cfg: RunConfig, device, precision: str) -> tuple:
-    """What a checkpoint restores besides the data position, freshly made: the seeded model, Adam
-    (§5.3; AdamW with ``weight_decay``) and fp16's gradient scaler (None otherwise)."""
+    """What a checkpoint restores besides the data position, freshly made: the model (seeded by
+    ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``) and fp16's gradient scaler (None
+    otherwise)."""
     t, m = cfg.train, cfg.model
-    rt.seed_everything(t.seed)
     model = Transformer(m).to(device)
     opt = make_optimizer(model.parameters(),
                          learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
@@ -168,13 +168,13 @@ class _Run:
 
     def __init__(self, data_dir, run_dir: Path, cfg: RunConfig, progress: bool, held: contextlib.ExitStack,
                  init_from, resume_optimizer: bool):
-        t = cfg.train
-        self.dist, self.device, self.precision = rt.start(t)
         data = DataDir(data_dir)
         self.cfg = cfg = fit_to_data(cfg, data)
+        t = cfg.train
+        self.dist, self.device, self.precision = rt.start(t)
         self.run_dir = run_dir
-        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
         self.validator = Validator(data, cfg, self.device, self.precision, self.dist)
+        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
         self.model, self.opt, self.scaler = _build(cfg, self.device, self.precision)
@@ -323,7 +323,7 @@ class _Run:
         """Count the tokens since the last synchronization point; every ``log_every_steps`` steps a
         line of the train log and the progress bar's numbers."""
         self.state.tokens += self.pending_tokens
-        self.monitor.window_tokens += self.pending_tokens
+        self.monitor.count(self.pending_tokens)
         self.pending_tokens = 0
         if _crossed(self.cfg.train.log_every_steps, last_sync_step, self.state.step):
             self.monitor.train_step(s.loss, s.nll, s.kl if self.copies == 2 else None, s.tokens, s.lr)

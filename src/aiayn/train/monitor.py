@@ -46,6 +46,10 @@ class Monitor:
                 if isinstance(v, (int, float)):
                     self.writer.add_scalar(k, v, self.state.step)
 
+    def count(self, tokens: int) -> None:
+        """Target tokens trained on since the last synchronization point (for ``tokens_per_s``)."""
+        self.window_tokens += tokens
+
     def train_step(self, loss: float, nll: float, kl: float | None, tokens: float, lr: float) -> None:
         """A line of the train log and the progress bar's numbers: the step's sums per target token
         (``kl``: R-Drop's, or None), and the target tokens per second since the last line."""

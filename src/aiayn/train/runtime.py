@@ -52,7 +52,7 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
 
 def start(t) -> tuple[Dist, torch.device, str]:
     """The process's place in the run (distributed or not), its device and its precision, from the
-    run's ``TrainConfig`` ``t``; ``t.threads`` applied."""
+    run's ``TrainConfig`` ``t``; ``t.threads`` applied and every generator seeded with ``t.seed``."""
     device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
     dist = init_distributed(device_type, t.dist_timeout_s)
     device = resolve_device(t.device, dist)
@@ -60,6 +60,7 @@ def start(t) -> tuple[Dist, torch.device, str]:
     use_tf32(device, t.tf32)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
+    seed_everything(t.seed)
     return dist, device, precision
 
 

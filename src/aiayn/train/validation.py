@@ -125,8 +125,8 @@ class Validator:
             if self.references is None:
                 log.warning("%s: the validation target file prepare read is gone or changed; valid_bleu scores "
                             "against the detokenized reference ids instead", data.path)
-        check_positions(cfg.model, {"valid": self.data})
         warn_long_pairs("valid", self.data, t)
+        check_positions(cfg.model, {"valid": self.data})
 
     def __call__(self, model, state, log_scalars) -> dict | None:
         if self.data is None:
