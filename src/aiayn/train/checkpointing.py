@@ -47,8 +47,8 @@ def tokenizer_payload(data: DataDir) -> dict:
 
 
 def save(run_dir: Path, model, opt, scaler, sampler_state: dict, state: TrainState, cfg: RunConfig,
-          tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None,
-          rank_rng: list | None = None, ema: dict | None = None) -> None:
+         tokenizers: dict, keep_last: int, valid: dict | None, best: bool, rank_optimizers: list | None = None,
+         rank_rng: list | None = None, ema: dict | None = None) -> None:
     """Checkpoint the run (main rank): the step's checkpoint, ``ema.pt`` with ``ema``, ``best.pt`` if
     ``best`` (the weights validated: ``ema.pt``'s with ``ema``), ``last.pt``.
     ``rank_optimizers``: local SGD's every rank's own Adam state, in rank order, so that each rank
@@ -98,7 +98,7 @@ def resume_checkpoint(run_dir: Path) -> dict:
 
 
 def restore(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConfig, tokenizers: dict,
-             rank: int = 0, world_size: int = 1) -> tuple[TrainState, dict | None]:
+            rank: int = 0, world_size: int = 1) -> tuple[TrainState, dict | None]:
     """The run directory's state restored into the model, optimizer and batch stream; and its moving
     average of the weights (``train.ema_decay``), if it kept one."""
     ckpt = resume_checkpoint(run_dir)
@@ -118,7 +118,7 @@ def restore(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConf
     rt.set_rng_state(rngs[rank] if rngs and len(rngs) == world_size else ckpt["rng"])
     if rank == 0 and ckpt["sampler"]["num_replicas"] != world_size:
         warn_other_ranks(run_dir, ckpt["sampler"], stream.state_dict(), saved.train.accum_steps,
-                          cfg.train.accum_steps, world_size, local_sgd=bool(ranks))
+                         cfg.train.accum_steps, world_size, local_sgd=bool(ranks))
     return TrainState(step=ckpt["step"], epoch=ckpt["epoch"], tokens=ckpt["tokens"], flops=ckpt["flops"],
                       best_valid_loss=ckpt["best_valid_loss"],
                       best_valid_bleu=ckpt.get("best_valid_bleu", -math.inf),
@@ -128,7 +128,7 @@ def restore(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConf
 
 
 def warn_other_ranks(run_dir: Path, saved_state: dict, position: dict, saved_accum: int, accum: int,
-                      world_size: int, local_sgd: bool) -> None:
+                     world_size: int, local_sgd: bool) -> None:
     """The one warning of a resume on another number of processes: what cannot carry over
     (``position``: the data position resumed from, on these ranks)."""
     saved = int(saved_state["num_replicas"])
