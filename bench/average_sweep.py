@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.model.transformer import Transformer
     from aiayn.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     from aiayn.train.config import run_config_from_dict
-    from aiayn.train.loop import validate
+    from aiayn.train.validation import validate
 
     ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
     src, tgt = ev["src"], ev["tgt"]

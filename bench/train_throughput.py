@@ -58,7 +58,7 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     """One aiayn training step as the training loop does it (src/aiayn/train/loop.py)."""
     import aiayn
     from aiayn.train.config import TrainConfig
-    from aiayn.train.loop import train_kernels
+    from aiayn.train.step import train_kernels
     from aiayn.train.step import grad_norm, update
     from aiayn.train.objective import label_smoothed_loss
 

@@ -282,7 +282,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
 def tokenizer_hashes(tokenizers: dict | None) -> tuple:
     """The source and target tokenizer models' SHA-256 of a checkpoint's ``tokenizers`` entry
     (None where it has none): what says two checkpoints (or a checkpoint and a data directory,
-    ``aiayn.train.loop.tokenizer_payload``) share their vocabularies."""
+    ``aiayn.train.checkpointing.tokenizer_payload``) share their vocabularies."""
     toks = tokenizers or {}
     return toks.get("src_sha256"), toks.get("tgt_sha256")
 

@@ -11,7 +11,7 @@ import torch
 
 import aiayn
 from aiayn.data.batching import collate
-from aiayn.train import loop
+from aiayn.data.stream import to_device
 from aiayn.train import step
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
@@ -38,7 +38,7 @@ def _batch(cfg, n=6, seed=0):
 def _step_grads(cfg, batch, device, precision):
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
-    b = loop._to_device(batch, device)
+    b = to_device(batch, device)
     sums, _ = step.forward_backward(model, [b], TrainConfig(), cfg, 1, 1 / batch.n_tgt_tokens, device, precision,
                                      None, None, synced=False)
     norm = step.grad_norm(model, None)

@@ -7,7 +7,7 @@ import torch
 
 import aiayn
 from aiayn.model import PreSoftmax
-from aiayn.train import loop
+from aiayn.data.stream import to_device
 from aiayn.train import step
 from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
@@ -78,7 +78,7 @@ def test_training_step_fused_equals_plain_on_cuda(kernel, precision):
     and every parameter's gradient, up to float32 or bf16 rounding."""
     cfg = aiayn.get_preset("tiny", vocab_size=301, p_drop=0.0, n_layers=2, d_model=64, d_ff=128, n_heads=4,
                            d_k=16, d_v=16)
-    batch = loop._to_device(_batch(cfg, n=8), CUDA)
+    batch = to_device(_batch(cfg, n=8), CUDA)
     assert fused_loss_on("auto", CUDA)
     results = []
     for setting in ("off", "auto"):

@@ -150,21 +150,21 @@ def test_rng_state_round_trips_the_cuda_generator():
 
 
 def test_resume_falls_back_to_the_newest_intact_step_checkpoint(tmp_path, caplog):
-    from aiayn.train.loop import _resume_checkpoint
+    from aiayn.train.checkpointing import resume_checkpoint
     for step in (2, 4):
         ck.atomic_save(_handmade(step), tmp_path / f"ckpt_step{step:08d}.pt")
-    assert _resume_checkpoint(tmp_path)["step"] == 4  # last.pt lost (killed before its copy)
+    assert resume_checkpoint(tmp_path)["step"] == 4  # last.pt lost (killed before its copy)
     ck.atomic_copy(tmp_path / "ckpt_step00000004.pt", tmp_path / "last.pt")
-    assert _resume_checkpoint(tmp_path)["step"] == 4
+    assert resume_checkpoint(tmp_path)["step"] == 4
     _flip_a_tensor_bit(tmp_path / "last.pt")
     _flip_a_tensor_bit(tmp_path / "ckpt_step00000004.pt")
     with caplog.at_level(logging.WARNING):
-        assert _resume_checkpoint(tmp_path)["step"] == 2
+        assert resume_checkpoint(tmp_path)["step"] == 2
     assert "last.pt: damaged" in caplog.text and "resuming from" in caplog.text
     assert "ckpt_step00000002.pt (step 2) instead" in caplog.text
     _flip_a_tensor_bit(tmp_path / "ckpt_step00000002.pt")
     with pytest.raises(UserError, match="last.pt: damaged"):  # nothing intact: last.pt's error
-        _resume_checkpoint(tmp_path)
+        resume_checkpoint(tmp_path)
 
 
 class _FullDisk(io.RawIOBase):
@@ -245,7 +245,7 @@ def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
     bound (no batch longer than the training batches), with one warning at the start."""
     from aiayn.config import replace
     from aiayn.train.config import run_config_from_preset
-    from aiayn.train.loop import validate
+    from aiayn.train.validation import validate
 
     class Split:
         src_lens = np.array([5, 3000, 7])
@@ -274,7 +274,7 @@ def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
     assert max(s.numel() for s, _ in shapes) <= 64 and max(t.numel() for _, t in shapes) <= 48
     assert max(s[1] for s, _ in shapes) == 64 and max(t[1] for _, t in shapes) == 48  # the cut pair: 63 + EOS, BOS + 47
     assert np.isfinite(out["valid_loss"])
-    from aiayn.train.loop import warn_long_pairs
+    from aiayn.train.validation import warn_long_pairs
     with caplog.at_level(logging.WARNING):
         warn_long_pairs("valid", Split(), cfg.train)
     assert caplog.text.count("cut to 63 source and 47 target tokens") == 1 and "pair(s) 2" in caplog.text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +12,10 @@ from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
 from aiayn.config import ConfigError
 from aiayn.data.dataset import DataDir
-from aiayn.train import loop
-from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train import validation
+from aiayn.train.checkpointing import TrainState
+from aiayn.train.config import TrainConfig
+from aiayn.train.ema import WeightAverage
 
 FAST = ["--no-progress", "--set", "train.save_every_min=0", "--set", "train.precision=fp32",
         "--set", "train.threads=1", "--set", "train.max_src_tokens=600", "--set", "train.max_tgt_tokens=600",
@@ -24,29 +25,31 @@ FAST = ["--no-progress", "--set", "train.save_every_min=0", "--set", "train.prec
 def test_ema_update_by_hand():
     """ema <- d * ema + (1 - d) * w with d = 0.9: 1 then w = 2 gives 1.1; then w = 3 gives 1.29."""
     w = torch.nn.Parameter(torch.tensor([2.0, -1.0]))
-    run = SimpleNamespace(model=torch.nn.ParameterList([w]), ema=[torch.tensor([1.0, 0.0])],
-                          cfg=RunConfig(train=TrainConfig(ema_decay=0.9)))
-    loop._Run.ema_update(run)
-    assert run.ema[0].tolist() == pytest.approx([1.1, -0.1])
+    ema = WeightAverage(torch.nn.ParameterList([w]), 0.9, torch.device("cpu"), {"0": torch.tensor([1.0, 0.0])})
+    ema.update()
+    assert ema.ema[0].tolist() == pytest.approx([1.1, -0.1])
     with torch.no_grad():
         w.copy_(torch.tensor([3.0, -1.0]))
-    loop._Run.ema_update(run)
-    assert run.ema[0].tolist() == pytest.approx([1.29, -0.19])
+    ema.update()
+    assert ema.ema[0].tolist() == pytest.approx([1.29, -0.19])
+    with ema.weights():  # the model holds the average inside, its own weights after
+        assert w.tolist() == pytest.approx([1.29, -0.19])
+    assert w.tolist() == [3.0, -1.0]
 
 
 @pytest.mark.parametrize("metric, bad", [("bleu", [0, 0, 1, 2, 0]), ("loss", [0, 1, 0, 1, 2])])
-def test_patience_counts_validations_without_a_gain_in_the_chosen_metric(monkeypatch, metric, bad):
+def test_patience_counts_validations_without_a_gain_in_the_chosen_metric(metric, bad):
     scripted = iter([(10.0, 3.0), (12.0, 3.1), (11.0, 2.9), (12.0, 3.0), (12.5, 3.2)])  # (bleu, loss)
 
-    def fake_validate(*args, **kw):
+    def result():
         bleu, loss = next(scripted)
         return {"valid_loss": loss, "valid_nll": loss, "valid_ppl": math.exp(loss), "valid_bleu": bleu, "valid_seconds": 2.0, "valid_bleu_seconds": 1.5}
 
-    monkeypatch.setattr(loop, "validate", fake_validate)
-    cfg = RunConfig(train=TrainConfig(valid_bleu=True, best_metric=metric))
-    state = loop.TrainState()
-    seen = [loop._validate_and_track(None, object(), cfg, None, None, state, lambda v: None) and state.bad_validations
-            for _ in bad]
+    state = TrainState()
+    seen = []
+    for _ in bad:
+        validation.track(result(), state, metric)
+        seen.append(state.bad_validations)
     assert seen == bad
     assert state.best_valid_bleu == 12.5 and state.best_valid_loss == 2.9
     assert state.valid_seconds == 10.0 and state.valid_bleu_seconds == 7.5
@@ -122,5 +125,5 @@ def test_two_processes_share_the_validation_translations(small_data_dir, tmp_pat
     from aiayn.decode.loading import load_model_for_inference
     model, src_tok, tgt_tok = load_model_for_inference(run / "last.pt")
     data = DataDir(small_data_dir)
-    alone = loop.valid_bleu(model, data.split("valid"), (src_tok, tgt_tok), 15, None, 2, data.references("valid"))
+    alone = validation.valid_bleu(model, data.split("valid"), (src_tok, tgt_tok), 15, None, 2, data.references("valid"))
     assert gathered == pytest.approx(alone, abs=1e-9)

@@ -10,7 +10,7 @@ import torch
 
 import aiayn
 from aiayn.errors import UserError
-from aiayn.train import loop
+from aiayn.train.checkpointing import check_finite_weights
 from aiayn.train import step
 from aiayn.checkpoint import load_checkpoint
 from aiayn.train.runtime import Dist
@@ -51,8 +51,8 @@ def test_a_nan_gradient_behind_a_finite_loss_is_skipped(small_data_dir, tmp_path
 
 def test_non_finite_weights_are_not_checkpointed(tmp_path):
     model = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=50))
-    loop._check_finite_weights(model, 3, tmp_path)  # finite: nothing happens
+    check_finite_weights(model, 3, tmp_path)  # finite: nothing happens
     with torch.no_grad():
         next(model.parameters())[0, 0] = math.inf
     with pytest.raises(UserError, match="non-finite weights.*last good checkpoint"):
-        loop._check_finite_weights(model, 3, tmp_path)
+        check_finite_weights(model, 3, tmp_path)

@@ -160,7 +160,7 @@ def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, 
     from aiayn.model import ModelConfig
     from aiayn.train import runtime as rt
     from aiayn.train.config import run_config_from_dict
-    from aiayn.train.loop import train_kernels
+    from aiayn.train.step import train_kernels
     from aiayn.train.objective import make_optimizer
     cfg = run_config_from_dict(ckpt["run_config"])
     m, t = ModelConfig(**ckpt["model_config"]), cfg.train

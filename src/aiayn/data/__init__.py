@@ -7,4 +7,6 @@
   memory-mapped splits; ``aiayn.data.store``: the file layout.
 * ``aiayn.data.batching``: ``TokenBatchSampler`` (token-bounded, length-grouped, resumable,
   data-parallel), ``collate`` -> ``Batch``, ``batches``.
+* ``aiayn.data.stream``: ``BatchStream``, the training batches one optimizer step at a time
+  (epochs, BPE-dropout, corpus weights, prefetch, the data position a checkpoint keeps).
 """

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from aiayn.files import OutputDir
-from aiayn.files import write_json_atomic  # noqa: F401 (train/loop.py's import; drop once it imports aiayn.files)
 
 MANIFEST = "manifest.json"
 FORMAT = "aiayn-data"

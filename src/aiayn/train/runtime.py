@@ -50,6 +50,20 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     return Dist(rank, world, local)
 
 
+def start(t) -> tuple[Dist, torch.device, str]:
+    """The process's place in the run (distributed or not), its device and its precision, from the
+    run's ``TrainConfig`` ``t``; ``t.threads`` applied and every generator seeded with ``t.seed``."""
+    device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
+    dist = init_distributed(device_type, t.dist_timeout_s)
+    device = resolve_device(t.device, dist)
+    precision = resolve_precision(t.precision, device)
+    use_tf32(device, t.tf32)
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    seed_everything(t.seed)
+    return dist, device, precision
+
+
 def timed_out(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective that waited out the process group's timeout (gloo's error;
     NCCL's watchdog ends the process itself)."""

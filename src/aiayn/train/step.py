@@ -21,6 +21,15 @@ from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.objective import label_smoothed_loss, rdrop_kl
 
 
+def train_kernels(t: TrainConfig, device: torch.device):
+    """The C kernels for the loss and the attention (``train.c_kernels``, CPU only), or None for
+    PyTorch's operations."""
+    if not t.c_kernels or device.type != "cpu":
+        return None
+    from aiayn.kernels.loader import load
+    return load()
+
+
 def forward_backward(net, micro: list, t: TrainConfig, m, copies: int, grad_scale, device,
                      precision: str, kernels, scaler, synced: bool) -> tuple[torch.Tensor, float]:
     """One optimizer step's forward and backward passes over its batches, gradients accumulating.

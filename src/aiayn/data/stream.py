@@ -1,0 +1,176 @@
+"""The training batches as one stream (§5.1): ``BatchStream`` hands the training loop each optimizer
+step's batches and the data position a checkpoint keeps, and holds everything behind them.
+
+* the token-bounded sampler of this rank's share (``aiayn.data.batching``) and its epochs: a step
+  holds ``train.accum_steps`` batches; an epoch that ends mid-step closes the step early; at the
+  start of epoch ``train.max_epochs`` (0 = no limit) a step holds none, and the sampler stands at
+  its first batch, so a run resumed with a higher limit trains that epoch whole;
+* each epoch's pairs: the corpus mix draws them from (seed, epoch) (``aiayn.data.corpora``);
+  BPE-dropout samples the epoch's segmentation on the main rank and saves it in the run directory
+  before any rank uses it (``aiayn.data.dataset.Segmentation``), so ranks and resumed runs agree;
+  either way the epoch's batches are cut again on its lengths;
+* the prefetch: ``prefetch()`` draws the next step's batches, collated, pinned and sent with
+  ``non_blocking``, while the device computes the current step; ``next_step()`` hands them out
+  (or draws them then, without a prefetch: the same batches);
+* the data position: ``state_dict()`` is the sampler's position after the batches ``next_step``
+  handed out, not after those drawn ahead, so a resumed run draws the prefetched ones again; its
+  format is ``TokenBatchSampler.state_dict``'s, the ``sampler`` entry of every checkpoint, and
+  ``load_state_dict`` reads it on another number of ranks too.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.corpora import corpus_mix
+from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
+from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def check_positions(m, splits: dict) -> None:
+    """With learned positions (Table 3 row E) a sequence may not be longer than ``max_positions``:
+    the source with its EOS, the target with its BOS (or EOS). A longer pair is an error naming its
+    split and its number there, before training starts, not a failure at its first batch."""
+    if not m.learned_positions:
+        return
+    for name, data in splits.items():
+        if data is None or len(data) == 0:
+            continue
+        longest = np.maximum(data.src_lens, data.tgt_lens) + 1  # (N,)
+        i = int(np.argmax(longest))
+        if longest[i] > m.max_positions:
+            raise UserError(f"{name}: pair {i + 1} needs {int(longest[i])} positions, more than "
+                            f"model.max_positions={m.max_positions} of learned positional embeddings; "
+                            f"raise model.max_positions or drop long pairs (aiayn prepare --max-len)")
+
+
+def to_device(b, device: torch.device):
+    """A collated batch on ``device``: on CUDA from page-locked memory without waiting
+    (``non_blocking``), so the copy overlaps the device's work; on the CPU as it is."""
+    return b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
+
+
+@dataclass
+class _Draw:
+    """One optimizer step's batches, drawn ahead of their step."""
+    batches: list  # collated batches, already on (or on their way to) the device
+    epoch: int  # the sampler's epoch once they were drawn
+    state: dict  # the sampler's position just after them
+
+
+class BatchStream:
+    """This rank's training batches, one optimizer step at a time (module docstring). ``cfg`` is the
+    run's configuration (``RunConfig``: its ``train`` bounds, seed, epochs and BPE-dropout; its
+    ``model`` ids and positions); ``dist`` this process's place in the run (rank, world size);
+    ``run_dir`` keeps BPE-dropout's segmentations."""
+
+    def __init__(self, data: DataDir, cfg, run_dir: Path, dist, device: torch.device):
+        t, self.m = cfg.train, cfg.model
+        self.accum_steps, self.max_epochs = t.accum_steps, t.max_epochs
+        self.run_dir, self.dist, self.device = run_dir, dist, device
+        train = data.split("train")
+        self.bpe = None
+        if t.bpe_dropout > 0:
+            self.bpe = train = BpeDropoutData(
+                train, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
+                num_threads=torch.get_num_threads(), sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
+        check_positions(self.m, {"train": train})
+        self.mix = corpus_mix(data, train, t.seed)  # corpora of weights other than 1: an epoch's draw
+        self.data = self.mix if self.mix is not None else train
+        self.sampler = TokenBatchSampler(self.data.src_lens + 1, self.data.tgt_lens + 1, t.max_src_tokens,
+                                         t.max_tgt_tokens, seed=t.seed, shuffle=True,
+                                         num_replicas=dist.world_size, rank=dist.rank)
+        if len(self.sampler) == 0:
+            raise UserError(f"{data.path}: too few training batches for {dist.world_size} device(s)")
+        self.epoch = 0  # of the batches handed out last
+        self._it = None  # the sampler's epoch being drawn (None: not begun)
+        self._ahead: _Draw | None = None
+        self._state = self.sampler.state_dict()
+
+    def state_dict(self) -> dict:
+        """The data position after the batches handed out (the sampler's state then)."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (a checkpoint's ``sampler`` entry), on this stream's number of
+        ranks. BPE-dropout (and corpus weights): the batches are cut on the saved epoch's lengths. If
+        its segmentation file is gone, the epoch is drawn again, cut into other batches, and restarted
+        from its first one; so is an epoch saved before its first batch (at train.max_epochs)."""
+        if self._segment(int(state["epoch"])) and not self.sampler.same_cut(state):
+            if state.get("batches_done", state.get("position")):  # (none: saved at the epoch's start)
+                log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
+                            "that epoch starts over", self.run_dir, state["epoch"])
+            state = {**state, "n_batches_total": self.sampler.n_batches_total, "batches_done": 0}
+        self.sampler.load_state_dict(state)  # on another number of ranks, the epoch's rest is re-cut for these
+        self._begin()
+
+    def saved(self) -> None:
+        """A checkpoint holds ``state_dict()`` now: the main rank deletes the BPE-dropout segmentations
+        of the epochs before it."""
+        if self.bpe is not None and self.dist.is_main:
+            Segmentation.prune(self.run_dir, self._state["epoch"])
+
+    def prefetch(self) -> None:
+        """Draw the next step's batches now (on their way to the device while it computes)."""
+        if self._ahead is None:
+            self._ahead = self._draw()
+
+    def next_step(self) -> list:
+        """The next optimizer step's batches (none: the epoch limit is reached)."""
+        self.prefetch()
+        drawn, self._ahead = self._ahead, None
+        self.epoch, self._state = drawn.epoch, drawn.state
+        return drawn.batches
+
+    def _begin(self) -> None:
+        """Iterate the sampler's epoch from its position."""
+        self.epoch = self.sampler.epoch
+        self._it = iter(self.sampler)
+        self._state = self.sampler.state_dict()
+
+    def _draw(self) -> _Draw:
+        """Up to ``accum_steps`` collated batches, sent to the device (``to_device``)."""
+        if self._it is None:  # a new run: epoch 0
+            self._segment(0)
+            self._begin()
+        out = []
+        while len(out) < self.accum_steps:
+            try:
+                idx = next(self._it)
+            except StopIteration:
+                if out:
+                    break
+                epoch = self.sampler.epoch + 1
+                self.sampler.set_epoch(epoch)
+                if self.max_epochs and epoch >= self.max_epochs:
+                    break
+                self._segment(epoch)
+                self._it = iter(self.sampler)
+                continue
+            m = self.m
+            out.append(collate([self.data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id, indices=idx))
+        return _Draw([to_device(b, self.device) for b in out], self.sampler.epoch, self.sampler.state_dict())
+
+    def _segment(self, epoch: int) -> bool:
+        """The epoch's pairs and their batches (module docstring); whether the corpus mix or
+        BPE-dropout is on."""
+        if self.mix is not None and self.mix.set_epoch(epoch) and self.bpe is None:
+            self.sampler.set_lengths(self.mix.src_lens + 1, self.mix.tgt_lens + 1)
+        if self.bpe is None:
+            return self.mix is not None
+        path = Segmentation.path(self.run_dir, epoch)
+        if self.dist.is_main and not path.exists():
+            self.bpe.sample().save(path)
+        if self.dist.enabled:
+            torch.distributed.barrier()
+        self.bpe.use(Segmentation.load(path))
+        check_positions(self.m, {f"train (BPE-dropout segmentation {path})": self.bpe})
+        self.sampler.set_lengths(self.data.src_lens + 1, self.data.tgt_lens + 1)
+        return True

@@ -1,0 +1,117 @@
+"""What a run shows while it trains (the main rank's): ``train_log.jsonl``, TensorBoard curves, the
+tqdm bar, and at the end ``summary.json`` with the paper's training-cost estimate (Table 2).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from aiayn.files import write_json_atomic
+from aiayn.train import runtime as rt
+from aiayn.train.checkpointing import TrainState
+from aiayn.train.config import RunConfig
+
+
+class Monitor:
+    """The main rank's outputs while training: ``train_log.jsonl``, TensorBoard curves and the
+    tqdm bar. On the other ranks every method does nothing (the one place rank decides them)."""
+
+    def __init__(self, run_dir: Path, state: TrainState, is_main: bool, progress: bool, max_steps: int):
+        self.run_dir, self.state, self.is_main = run_dir, state, is_main
+        self.jsonl = self.writer = self.bar = None
+        self.window_tokens, self.window_t0 = 0, time.monotonic()  # since the last train-log line
+        if not is_main:
+            return
+        self.jsonl = open(run_dir / "train_log.jsonl", "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency, but keep training without it
+            self.writer = None
+        if progress:
+            from tqdm import tqdm
+            total = max_steps if max_steps < 1_000_000 else None  # a time-bounded run has no step total
+            self.bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True, mininterval=2.0)
+
+    def scalars(self, values: dict) -> None:
+        """One line of ``train_log.jsonl`` at the current step; the numbers also to TensorBoard."""
+        if not self.is_main:
+            return
+        self.jsonl.write(json.dumps({"step": self.state.step, **values}) + "\n")
+        self.jsonl.flush()
+        if self.writer is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, self.state.step)
+
+    def count(self, tokens: int) -> None:
+        """Target tokens trained on since the last synchronization point (for ``tokens_per_s``)."""
+        self.window_tokens += tokens
+
+    def train_step(self, loss: float, nll: float, kl: float | None, tokens: float, lr: float) -> None:
+        """A line of the train log and the progress bar's numbers: the step's sums per target token
+        (``kl``: R-Drop's, or None), and the target tokens per second since the last line."""
+        tps = self.window_tokens / max(time.monotonic() - self.window_t0, 1e-9)
+        self.window_tokens, self.window_t0 = 0, time.monotonic()
+        state = self.state
+        self.postfix(loss=f"{loss / tokens:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+        rss = rt.resident_mb()
+        self.scalars({"train_loss": loss / tokens, "train_nll": nll / tokens, "lr": lr,
+                      **({"train_kl": kl / tokens} if kl is not None else {}),
+                      "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
+                      **({"rss_mb": rss} if rss is not None else {})})
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def postfix(self, **values) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(**values)
+
+    def close(self, summary: dict) -> None:
+        """The end of the run: ``summary.json`` (the demo reads its presence as "trained"), its text
+        printed, and the outputs closed."""
+        if not self.is_main:
+            return
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        if self.bar is not None:
+            self.bar.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.writer is not None:
+            self.writer.close()
+        print(summary_text(summary), flush=True)
+
+
+def summary(state: TrainState, cfg: RunConfig, n_params: int, dist, device, precision, stop_reason, valid) -> dict:
+    """Run summary with the paper's training-cost estimate (Table 2) beside the counted FLOPs."""
+    peak = rt.matmul_tflops(device)
+    hours = state.train_seconds / 3600
+    return {
+        "steps": state.step, "epochs": state.epoch, "stop_reason": stop_reason,
+        "target_tokens": state.tokens, "train_seconds": round(state.train_seconds, 1),
+        "tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
+        "params": n_params, "devices": dist.world_size, "device": str(device), "precision": precision,
+        "valid": valid, "best_valid_loss": state.best_valid_loss,
+        **({"best_valid_bleu": state.best_valid_bleu} if math.isfinite(state.best_valid_bleu) else {}),
+        "best_metric": cfg.train.best_metric,
+        "valid_seconds": round(state.valid_seconds, 1), "valid_bleu_seconds": round(state.valid_bleu_seconds, 1),
+        "counted_flops": state.flops,
+        "device_fp32_matmul_tflops": round(peak, 4),
+        # Table 2: training time x number of devices x sustained FLOP/s of the device
+        "table2_cost_estimate_flops": state.train_seconds * dist.world_size * peak * 1e12,
+        "model_flops_utilization_vs_fp32_matmul": state.flops / max(state.train_seconds * dist.world_size * peak * 1e12, 1),
+        "hours": round(hours, 3),
+    }
+
+
+def summary_text(s: dict) -> str:
+    v = s["valid"] or {}
+    vtxt = f", valid loss {v['valid_loss']:.3f} ppl {v['valid_ppl']:.2f}" if v else ""
+    return (f"trained {s['steps']} steps ({s['epochs']} epochs, {s['target_tokens']:,} target tokens) in "
+            f"{s['train_seconds']:.0f} s, {s['tokens_per_s']:,.0f} tok/s, stop: {s['stop_reason']}{vtxt}\n"
+            f"cost: counted {s['counted_flops']:.3g} FLOPs; Table 2 estimate (time x devices x "
+            f"{s['device_fp32_matmul_tflops']:.3f} TFLOP/s) {s['table2_cost_estimate_flops']:.3g} FLOPs")

@@ -1,0 +1,153 @@
+"""Validation while training (§6.1: the development set's loss, and its BLEU with ``train.valid_bleu``):
+``validate`` and ``valid_bleu`` score a split, and ``Validator`` holds the run's validation split,
+checked once, and keeps the bests and the count of validations without a gain
+(``train.best_metric``, ``train.patience``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+
+from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.dataset import DataDir
+from aiayn.data.stream import check_positions, to_device
+from aiayn.model.attention import attention_backends
+from aiayn.train import runtime as rt
+from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.objective import label_smoothed_loss
+from aiayn.train.step import train_kernels
+
+log = logging.getLogger(__name__)
+
+
+def valid_caps(t: TrainConfig) -> tuple[int, int]:
+    """The most source and target ids of a validation pair that ``validate`` reads: a pair fills at
+    most one batch of the token bounds (with its EOS or BOS), so a line however long costs no more
+    memory than a training batch. Longer pairs are cut (``warn_long_pairs`` says so, once)."""
+    return max(t.max_src_tokens - 1, 1), max(t.max_tgt_tokens - 1, 1)
+
+
+def warn_long_pairs(name: str, data, t: TrainConfig) -> None:
+    """One warning naming the pairs of ``data`` that ``validate`` cuts to ``valid_caps``."""
+    if data is None or len(data) == 0:
+        return
+    src_cap, tgt_cap = valid_caps(t)
+    long = np.flatnonzero((data.src_lens > src_cap) | (data.tgt_lens > tgt_cap))  # (n_long,)
+    if len(long):
+        shown = ", ".join(str(i + 1) for i in long[:5]) + (", ..." if len(long) > 5 else "")
+        log.warning("%s: %d pair(s) longer than one batch (train.max_src_tokens=%d, train.max_tgt_tokens=%d) "
+                    "are cut to %d source and %d target tokens for validation: pair(s) %s", name, len(long),
+                    t.max_src_tokens, t.max_tgt_tokens, src_cap, tgt_cap, shown)
+
+
+@torch.no_grad()
+def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None,
+             references: list[str] | None = None, dist=None) -> dict:
+    """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout); with
+    ``train.valid_bleu`` and ``tokenizers``, its sacreBLEU too (``valid_bleu``); and the seconds each took."""
+    t0 = time.monotonic()
+    model.eval()
+    t = cfg.train
+    src_cap, tgt_cap = valid_caps(t)
+    sampler = TokenBatchSampler(np.minimum(data.src_lens, src_cap) + 1, np.minimum(data.tgt_lens, tgt_cap) + 1,
+                                t.max_src_tokens, t.max_tgt_tokens, shuffle=False)
+    m = cfg.model
+    kernels = train_kernels(t, device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
+    for idx in sampler:
+        b = to_device(collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id,
+                               m.eos_id), device)
+        with attention_backends(device, t.cudnn_attention), rt.autocast(device, precision):
+            logits = model(b.src, b.tgt_in, src_padded=b.src_padded)
+        sums = label_smoothed_loss(logits, b.tgt_out, t.eps_ls, m.pad_id, kernels)
+        totals += torch.stack([sums.loss.double(), sums.nll.double(), sums.n_tokens.double()])
+    loss, nll, n = totals.tolist()
+    n = max(n, 1)
+    out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
+    if t.valid_bleu and tokenizers is not None:
+        t1 = time.monotonic()
+        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines, src_cap, t.valid_beam,
+                                       references, dist)
+        out["valid_bleu_seconds"] = time.monotonic() - t1
+    model.train()
+    out["valid_seconds"] = time.monotonic() - t0
+    return out
+
+
+@torch.no_grad()
+def valid_bleu(model, data, tokenizers: tuple, max_lines: int = 0, src_cap: int | None = None, beam: int = 4,
+               references: list[str] | None = None, dist=None) -> float:
+    """sacreBLEU of the first ``max_lines`` validation pairs (0 = all) translated as ``aiayn
+    translate`` would (§6.1: beam search of ``beam``, alpha 0.6, max length |x| + 50), against
+    ``references`` (the raw target lines, ``DataDir.references``) or, without them, the
+    detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``). In a data-parallel
+    run (``dist``) each rank translates every G-th line and the translations are gathered, so
+    every rank scores the same text in 1/G of the time."""
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.translator import Translator
+    from aiayn.evaluate.bleu import sacre_bleu
+    src_tok, tgt_tok = tokenizers
+    n = min(len(data), max_lines) if max_lines else len(data)
+    translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=beam))
+    rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
+    ids = [list(map(int, data.src(i)[:src_cap])) + [model.cfg.eos_id] if len(data.src(i)) else []
+           for i in range(rank, n, world)]
+    out = [tgt_tok.decode(h[0].tokens) if h else "" for h in translator.translate_ids(ids)]
+    if world > 1:
+        parts: list = [None] * world
+        torch.distributed.all_gather_object(parts, out)
+        out = [""] * n
+        for r, part in enumerate(parts):
+            out[r::world] = part
+    refs = references[:n] if references is not None else [tgt_tok.decode(list(map(int, data.tgt(i))))
+                                                        for i in range(n)]
+    return sacre_bleu(out, refs).score
+
+
+class Validator:
+    """The run's validation split (None without one), checked once: positions (``check_positions``)
+    and pairs longer than a batch (``warn_long_pairs``); with ``train.valid_bleu`` its raw
+    references. Called with the model and the run's ``TrainState``: ``validate``, then the bests and
+    the count of validations without a gain in ``train.best_metric``, logged through ``log_scalars``."""
+
+    def __init__(self, data: DataDir, cfg: RunConfig, device, precision: str, dist):
+        t = cfg.train
+        self.cfg, self.device, self.precision, self.dist = cfg, device, precision, dist
+        self.data = data.split("valid") if "valid" in data.splits else None
+        self.tokenizers = (data.src_tokenizer, data.tgt_tokenizer)
+        self.references = None
+        if self.data is not None and t.valid_bleu:
+            self.references = data.references("valid")
+            if self.references is None:
+                log.warning("%s: the validation target file prepare read is gone or changed; valid_bleu scores "
+                            "against the detokenized reference ids instead", data.path)
+        warn_long_pairs("valid", self.data, t)
+        check_positions(cfg.model, {"valid": self.data})
+
+    def __call__(self, model, state, log_scalars) -> dict | None:
+        if self.data is None:
+            return None
+        valid = validate(model, self.data, self.cfg, self.device, self.precision, self.tokenizers,
+                         self.references, self.dist)
+        track(valid, state, self.cfg.train.best_metric)
+        log_scalars(valid)
+        log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s (%.1f s)", state.step, valid["valid_loss"],
+                 valid["valid_nll"], valid["valid_ppl"],
+                 f" BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else "", valid["valid_seconds"])
+        return valid
+
+
+def track(valid: dict, state, best_metric: str) -> None:
+    """The run's seconds of validation, its bests, and the validations in a row without a gain in
+    ``best_metric`` (``train.patience``), after ``valid``."""
+    state.valid_seconds += valid["valid_seconds"]
+    state.valid_bleu_seconds += valid.get("valid_bleu_seconds", 0.0)
+    gained = (valid["valid_bleu"] > state.best_valid_bleu if best_metric == "bleu"
+              else valid["valid_loss"] < state.best_valid_loss)
+    state.best_valid_loss = min(state.best_valid_loss, valid["valid_loss"])
+    state.best_valid_bleu = max(state.best_valid_bleu, valid.get("valid_bleu", -math.inf))
+    state.bad_validations = 0 if gained else state.bad_validations + 1
