@@ -181,12 +181,12 @@ def test_a_long_call_gives_way_to_a_smaller_one_beside_it(translator, monkeypatc
         time.sleep(0.01)
         return step(self, *args, **kw)
     monkeypatch.setattr(CachedDecoder, "step_topk", slow)
-    long_cfg, short_cfg = DecodeConfig(beam_size=2, min_len=80, max_len_b=80), DecodeConfig(beam_size=2, min_len=20,
-                                                                                          max_len_b=20)
+    long_cfg, short_cfg = DecodeConfig(beam_size=2, min_len=120, max_len_b=120), DecodeConfig(beam_size=2, min_len=20,
+                                                                                            max_len_b=20)
     b = make(translator, wait_ms=0, concurrent_calls=2, yield_ms=yield_ms).start()
     try:
         long = b.submit(long_cfg, translator.encode(SENTS[:3]), client="10.0.0.1")
-        while len(steps) < 5:
+        while len(steps) < 40:  # (a call waits no longer in all than it has stepped)
             time.sleep(0.005)
         short = b.submit(short_cfg, translator.encode(["A girl."]), client="10.0.0.2")
         short.future.result(timeout=60)
@@ -201,3 +201,43 @@ def test_a_long_call_gives_way_to_a_smaller_one_beside_it(translator, monkeypatc
         assert beside <= 2, beside  # at most the step in progress when the short call came
     else:
         assert beside >= 10, beside  # the two calls take turns
+
+
+def test_small_requests_of_a_client_that_used_the_model_more_get_no_priority(translator, monkeypatch):
+    """A client that has used the model for a while sends small requests back to back; another
+    client's larger request comes: the larger call does not wait for the small ones (their client
+    has used the model more than twice what its own has), as it would wait for another's."""
+    import threading
+    from aiayn.decode.adapter import CachedDecoder
+    steps, step = [], CachedDecoder.step_topk
+
+    def slow(self, tokens, *args, **kw):  # (rows, time) of every beam step
+        steps.append((tokens.numel(), time.monotonic()))
+        time.sleep(0.01)
+        return step(self, tokens, *args, **kw)
+    monkeypatch.setattr(CachedDecoder, "step_topk", slow)
+    small, large = DecodeConfig(beam_size=2, min_len=20, max_len_b=20), DecodeConfig(beam_size=2, min_len=60, max_len_b=60)
+    b = make(translator, wait_ms=0, concurrent_calls=2, yield_ms=5000.0).start()
+    done, heavy = threading.Event(), "10.0.0.1"
+
+    def small_requests():  # one row of beam 2: 2 rows a step
+        while not done.is_set():
+            b.submit(small, translator.encode(["A girl."]), client=heavy).future.result(30)
+    try:
+        b.submit(large, translator.encode(["A girl."]), client=heavy).future.result(30)  # the heavy client's past use
+        feeder = threading.Thread(target=small_requests)
+        feeder.start()
+        while not any(rows == 2 for rows, _ in steps[-3:]):
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        light = b.submit(large, translator.encode(SENTS[:3]), client="10.0.0.2")  # 3 rows of beam 2: 6 rows
+        light.future.result(30)
+        took = time.monotonic() - t0
+        done.set()
+        feeder.join(30)
+    finally:
+        b.stop()
+    mine = [t for rows, t in steps if rows == 6]
+    beside = sum(1 for rows, t in steps if rows == 2 and mine[0] < t < mine[-1])
+    # waiting for each small call (about 0.25 s) before each of its 60 steps would take 15 s
+    assert len(mine) >= 60 and beside >= 20 and took < 5.0, (len(mine), beside, took)

@@ -11,9 +11,13 @@ translates each group with one ``Translator.translate_ids`` call (which sorts by
 pads, §5.1 style batching), smallest group first, and answers each request through its
 ``Future`` once all its sentences are decoded. A client has at most one model call in
 progress: a worker passes over the clients in another worker's calls, so with two workers one
-client's long calls never hold up the other clients; and a call gives way to a smaller one beside
+client's long calls never hold up the other clients; and a call gives way to a smaller call beside
 it: before each decoding step it waits (up to ``yield_ms`` a step) while a call of fewer tokens
-runs, so a short request runs at nearly the speed of an idle service beside a long one. A failure answers the requests of its group with the
+runs whose clients have not used the model more than twice what its own have (each step's time is
+charged to the call's clients by their shares of its tokens, forgotten with a half-life of 30 s).
+So short requests beside a long one run at nearly the speed of an idle service, and a client that
+floods small requests gets no priority; under a steady load of short requests a long one may
+reach its deadline (503). A failure answers the requests of its group with the
 exception; the worker itself keeps running. Queued sentences are capped in all (``Busy``) and
 per client (``ClientBusy``).
 
@@ -48,6 +52,7 @@ from aiayn.model import ModelConfig, Transformer
 from aiayn.serve.fair import FairQueue, Part, turn_end
 
 log = logging.getLogger(__name__)
+SERVED_HALF_LIFE_S = 30.0  # how fast a client's use of the model is forgotten, for giving way
 
 
 class Busy(Exception):
@@ -177,9 +182,12 @@ class Batcher:
         self._stopping = False
         self._busy: Counter[str] = Counter()  # parts in model calls in progress, by client
         self.yield_s = yield_ms / 1000.0
-        self._running: dict[int, int] = {}  # model calls in progress: id -> tokens (``Part.n_tokens`` summed)
+        self._running: dict[int, dict[str, float]] = {}  # model calls in progress: id -> client -> token share
+        self._sizes: dict[int, int] = {}  # model calls in progress: id -> tokens (``Part.n_tokens`` summed)
         self._running_changed = threading.Condition()
         self._call_ids = 0
+        self._served: dict[str, float] = {}  # client -> model seconds used, decayed (``SERVED_HALF_LIFE_S``)
+        self._served_at = time.monotonic()
         self.calls = 0  # model calls (one per settings group)
         self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
         self.stopped = 0  # model calls stopped part way: none of their requests was still wanted
@@ -342,12 +350,14 @@ class Batcher:
         t0 = time.perf_counter()
         prefixes = [x for part in parts for x in part.prefixes]
 
-        me, size = self._enter(sum(part.n_tokens for part in parts))
+        me = self._enter(parts)
+        last = [time.monotonic()]
 
         def stop() -> bool:  # before every decoding step: give way, then: is any request still wanted?
-            self._give_way(me, size)
-            now = time.monotonic()  # (a call in progress is finished during a drain)
-            return all(self._unwanted(part.job, now, "", drain=False) is not None for part in parts)
+            now = time.monotonic()
+            self._charge(me, now - last[0])
+            last[0] = now + self._give_way(me)
+            return all(self._unwanted(part.job, last[0], "", drain=False) is not None for part in parts)
 
         try:
             hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None, stop=stop)
@@ -382,27 +392,53 @@ class Batcher:
             att = self._attention(translator, job, job.hyps) if job.attention and not job.abandoned else None
             job.future.set_result(Result(nbest, att))
 
-    def _enter(self, size: int) -> tuple[int, int]:
-        """Record a model call of ``size`` tokens as running; its id and size."""
+    def _enter(self, parts: list[Part]) -> int:
+        """Record a model call as running, with each client's share of its tokens; its id."""
+        size = sum(part.n_tokens for part in parts) or 1
+        shares: dict[str, float] = {}
+        for part in parts:
+            shares[part.job.client] = shares.get(part.job.client, 0.0) + part.n_tokens / size
         with self._running_changed:
             self._call_ids += 1
-            self._running[self._call_ids] = size
-            return self._call_ids, size
+            self._running[self._call_ids], self._sizes[self._call_ids] = shares, size
+            return self._call_ids
 
     def _leave(self, me: int) -> None:
         with self._running_changed:
-            del self._running[me]
+            del self._running[me], self._sizes[me]
             self._running_changed.notify_all()
 
-    def _give_way(self, me: int, size: int) -> None:
-        """Wait (``yield_s`` at most) while a smaller model call than this one runs beside it."""
-        if self.yield_s <= 0:
-            return
+    def _charge(self, me: int, seconds: float) -> None:
+        """A step of call ``me`` took ``seconds``: its clients' served time grows by their shares of it
+        (all served times halve every ``SERVED_HALF_LIFE_S``)."""
         with self._running_changed:
-            end = time.monotonic() + self.yield_s
-            while (any(s < size for k, s in self._running.items() if k != me)
+            now = time.monotonic()
+            decay = 0.5 ** ((now - self._served_at) / SERVED_HALF_LIFE_S)
+            self._served_at = now
+            self._served = {c: v * decay for c, v in self._served.items() if v * decay > 1e-3}
+            for client, share in self._running[me].items():
+                self._served[client] = self._served.get(client, 0.0) + share * seconds
+
+    def _served_by(self, call: int) -> float:
+        return sum(share * self._served.get(client, 0.0) for client, share in self._running[call].items())
+
+    def _gives_way_to(self, me: int, other: int) -> bool:
+        """Whether call ``me`` waits for ``other``: a smaller call, of clients that have not used the
+        model more than twice what ``me``'s have (a client that floods small requests gets no priority)."""
+        return self._sizes[other] < self._sizes[me] and self._served_by(other) <= 2 * self._served_by(me)
+
+    def _give_way(self, me: int) -> float:
+        """Wait (``yield_s`` at most) while a call beside this one is one it gives way to; the seconds
+        waited."""
+        if self.yield_s <= 0:
+            return 0.0
+        with self._running_changed:
+            start = time.monotonic()
+            end = start + self.yield_s
+            while (any(self._gives_way_to(me, k) for k in self._running if k != me)
                    and (left := end - time.monotonic()) > 0):
                 self._running_changed.wait(left)
+            return time.monotonic() - start
 
     @staticmethod
     def _attention(translator: Translator, job: Job, hyps: list) -> list[dict | None]:

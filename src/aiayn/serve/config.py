@@ -78,8 +78,8 @@ class ServeConfig:
         2, "model calls at once, each in a worker thread sharing the model; a client has one in progress at most, "
            "so from 2 on its long calls never hold up others' (docs/serve.md)")
     yield_ms: float = param(
-        250.0, "a model call waits up to this long before each decoding step while a smaller one runs beside it "
-               "(0 = calls share the machine; docs/serve.md)")
+        250.0, "a model call waits up to this long before each decoding step while a call of clients that used the "
+               "model less runs beside it (0 = calls share the machine; docs/serve.md)")
     threads: int = param(0, "torch intra-op threads (0 = torch's default)")
 
     def __post_init__(self) -> None:
