@@ -7,10 +7,9 @@ TFLOPS" Table 2 of the paper multiplies by time and device count (2.8 K80, 3.7 K
 9.5 P100); for devices the paper did not use it is the peak, Table 2's convention carried over.
 
 ``aiayn_tflops`` is aiayn's own training throughput where it was measured on the device, per
-Table 3 model: on one H200 (BENCHMARKS.md, "GPU training and decoding": the code before the GPU
-step was reworked, bf16, 780 x 32 + 780 x 32 tokens per batch) base ran at 48.5 model TFLOP/s
-(4.9% of the peak) and big at 115.3 (11.7%), about a third of Hugging Face's Marian on the same
-batches. The H100 has the H200's compute and less memory bandwidth; its figures are the H200's,
+Table 3 model: on one H200 (BENCHMARKS.md, "GPU training and decoding": bf16, 780 x 32 + 780 x 32
+tokens per batch) base ran at 152.8 model TFLOP/s (15.4% of the peak) and big at 293.8 (29.7%),
+1.23x and 1.07x Hugging Face's Marian on the same batches. The H100 has the H200's compute and less memory bandwidth; its figures are the H200's,
 an assumption. (CPU measurements live in bench/results and are read from there.)
 
 Elsewhere a throughput is ``peak_tflops x utilization``, model FLOP/s over the peak, taken from
@@ -46,7 +45,7 @@ class Device:
     aiayn_measured: bool = False  # measured on this device (else carried over from a like one)
 
 
-_H200_AIAYN = (("base", 48.5), ("big", 115.3))
+_H200_AIAYN = (("base", 152.8), ("big", 293.8))
 
 DEVICES: dict[str, Device] = {
     "k80": Device("NVIDIA K80 (one GK210)", "fp32", 4.37, 2.8, 0.28, "K80 datasheet: 8.73 TFLOP/s fp32 boost per two-GPU board; Table 2: 2.8"),
@@ -58,6 +57,6 @@ DEVICES: dict[str, Device] = {
     "h100": Device("NVIDIA H100 SXM5", "bf16", 989.0, 989.0, 0.16, "H100 datasheet: 989 TFLOP/s bf16 dense (1,979 with sparsity)",
                    _H200_AIAYN, "assumed: aiayn's H200 figure (BENCHMARKS.md, GPU training and decoding), the same compute"),
     "h200": Device("NVIDIA H200 SXM", "bf16", 989.0, 989.0, 0.16, "H200 datasheet: 989 TFLOP/s bf16 dense, the H100's compute",
-                   _H200_AIAYN, "measured: BENCHMARKS.md, GPU training and decoding (one H200, bf16, the code before "
-                   "the GPU step's rework)", True),
+                   _H200_AIAYN, "measured: BENCHMARKS.md, GPU training and decoding (one H200, bf16, synthetic "
+                   "780 x 32 batches)", True),
 }
