@@ -182,8 +182,8 @@ class Batcher:
         self._stopping = False
         self._busy: Counter[str] = Counter()  # parts in model calls in progress, by client
         self.yield_s = yield_ms / 1000.0
-        self._running: dict[int, dict[str, float]] = {}  # model calls in progress: id -> client -> token share
-        self._sizes: dict[int, int] = {}  # model calls in progress: id -> tokens (``Part.n_tokens`` summed)
+        # model calls in progress: id -> (tokens, ``Part.n_tokens`` summed; client -> share of them)
+        self._running: dict[int, tuple[int, dict[str, float]]] = {}
         self._running_changed = threading.Condition()
         self._call_ids = 0
         self._served: dict[str, float] = {}  # client -> model seconds used, decayed (``SERVED_HALF_LIFE_S``)
@@ -265,20 +265,24 @@ class Batcher:
             raise ClientBusy(f"this client has {mine} sentences waiting for the model (limit {self.max_per_client} "
                              "per client); retry when they are answered")
 
-    def _unwanted(self, job: Job, now: float, when: str, drain: bool = True) -> Exception | None:
-        """Why nobody waits for ``job`` any more (its client left: ``Expired``, which nobody reads), or
-        None while somebody does; ``when`` ends the message. ``drain``: an ended drain counts too."""
-        if job.abandoned or job.future.cancelled() or (job.deadline is not None and now > job.deadline):
-            return Expired(f"the request's deadline passed {when}")
-        if drain and self._drain_until is not None and now > self._drain_until:
-            return ShuttingDown(f"the service shut down {when}")
+    def _unwanted(self, job: Job, now: float) -> Exception | None:
+        """Why not to decode ``job`` (its client left: ``Expired``, which nobody reads), or None."""
+        if self._gone(job, now):
+            return Expired("the request's deadline passed before the model reached it")
+        if self._drain_until is not None and now > self._drain_until:
+            return ShuttingDown("the service shut down before the model reached it")
         return None
+
+    @staticmethod
+    def _gone(job: Job, now: float) -> bool:
+        """The job's client left or its deadline passed (for good: neither is undone)."""
+        return job.abandoned or job.future.cancelled() or (job.deadline is not None and now > job.deadline)
 
     def _live(self, job: Job) -> bool:
         """Whether to decode ``job``'s next sentences; a dropped job is answered (or was cancelled) here."""
         if job.future.done() and not job.future.cancelled():
             return False  # answered already: a model call with its earlier sentences failed
-        error = self._unwanted(job, time.monotonic(), "before the model reached it")
+        error = self._unwanted(job, time.monotonic())
         if error is None:
             return True
         if not (job.abandoned or job.future.cancelled()):
@@ -351,22 +355,20 @@ class Batcher:
         prefixes = [x for part in parts for x in part.prefixes]
 
         me = self._enter(parts)
-        last = [time.monotonic()]
+        last = time.monotonic()
 
         def stop() -> bool:  # before every decoding step: give way, then: is any request still wanted?
+            nonlocal last
             now = time.monotonic()
-            self._charge(me, now - last[0])
-            last[0] = now + self._give_way(me)
-            return all(self._unwanted(part.job, last[0], "", drain=False) is not None for part in parts)
+            self._charge(me, now - last)
+            last = now + self._give_way(me)
+            return all(self._gone(part.job, last) for part in parts)  # (a call is finished during a drain)
 
         try:
             hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None, stop=stop)
-        except Stopped:
-            now = time.monotonic()
+        except Stopped:  # every request's client left or its deadline passed, for good
             for part in parts:
-                why = "while the model decoded it; decoding stopped"
-                part.job.fail(self._unwanted(part.job, now, why, drain=False)
-                              or Expired("the request's deadline passed while the model decoded it"))
+                part.job.fail(Expired("the request's deadline passed while the model decoded it; decoding stopped"))
             with self._lock:
                 self.calls += 1
                 self.stopped += 1
@@ -400,12 +402,12 @@ class Batcher:
             shares[part.job.client] = shares.get(part.job.client, 0.0) + part.n_tokens / size
         with self._running_changed:
             self._call_ids += 1
-            self._running[self._call_ids], self._sizes[self._call_ids] = shares, size
+            self._running[self._call_ids] = size, shares
             return self._call_ids
 
     def _leave(self, me: int) -> None:
         with self._running_changed:
-            del self._running[me], self._sizes[me]
+            del self._running[me]
             self._running_changed.notify_all()
 
     def _charge(self, me: int, seconds: float) -> None:
@@ -416,16 +418,16 @@ class Batcher:
             decay = 0.5 ** ((now - self._served_at) / SERVED_HALF_LIFE_S)
             self._served_at = now
             self._served = {c: v * decay for c, v in self._served.items() if v * decay > 1e-3}
-            for client, share in self._running[me].items():
+            for client, share in self._running[me][1].items():
                 self._served[client] = self._served.get(client, 0.0) + share * seconds
 
     def _served_by(self, call: int) -> float:
-        return sum(share * self._served.get(client, 0.0) for client, share in self._running[call].items())
+        return sum(share * self._served.get(client, 0.0) for client, share in self._running[call][1].items())
 
     def _gives_way_to(self, me: int, other: int) -> bool:
         """Whether call ``me`` waits for ``other``: a smaller call, of clients that have not used the
         model more than twice what ``me``'s have (a client that floods small requests gets no priority)."""
-        return self._sizes[other] < self._sizes[me] and self._served_by(other) <= 2 * self._served_by(me)
+        return self._running[other][0] < self._running[me][0] and self._served_by(other) <= 2 * self._served_by(me)
 
     def _give_way(self, me: int) -> float:
         """Wait (``yield_s`` at most) while a call beside this one is one it gives way to; the seconds
