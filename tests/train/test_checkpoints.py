@@ -13,9 +13,7 @@ import logging
 import os
 import random
 import shutil
-import socket
 import subprocess
-import time
 import zipfile
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from aiayn.errors import UserError
 from aiayn.files import atomic_write, write_json_atomic
 from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
-from tests.train.test_training import FAST, _train_cmd
+from tests.train.test_training import FAST, _free_port, _train_cmd, _wait_for_all
 
 
 def _handmade(step: int = 0) -> dict:
@@ -315,24 +313,12 @@ def test_two_process_resume_with_dropout_is_exact(small_data_dir, tmp_path):
     def run(out: Path, steps: int) -> None:
         """The two ranks started directly, as torchrun would (its launcher is a third Python)."""
         argv = _train_cmd(small_data_dir, out, steps, extra)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _free_port()
         logs = [open(tmp_path / f"rank{r}.log", "a") for r in range(2)]
         ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
                                   stdout=subprocess.DEVNULL, stderr=logs[r]) for r in range(2)]
-        deadline = time.monotonic() + 600
-        while any(p.poll() is None for p in ranks) and time.monotonic() < deadline:
-            if any(p.returncode for p in ranks):  # one failed: the other would wait for it forever
-                break
-            time.sleep(0.1)
-        for p, f in zip(ranks, logs):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            f.close()
-        assert [p.returncode for p in ranks] == [0, 0], (tmp_path / "rank0.log").read_text()[-3000:]
+        assert _wait_for_all(ranks, logs) == [0, 0], (tmp_path / "rank0.log").read_text()[-3000:]
 
     run(tmp_path / "whole", 10)
     run(tmp_path / "resumed", 5)

@@ -3,7 +3,6 @@ an error that says so, instead of PyTorch's 30-minute wait."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ import pytest
 
 from aiayn.config import ConfigError
 from aiayn.train.config import TrainConfig
+from tests.train.test_training import _free_port
 
 WORKER = textwrap.dedent("""
     import os, sys, time
@@ -33,12 +33,6 @@ WORKER = textwrap.dedent("""
         os._exit(0)
     print("answered", flush=True)
 """)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -3,27 +3,19 @@ bit for bit (on this machine, CPU and gloo; NCCL across real nodes is not tested
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from aiayn import checkpoint as ck
-from tests.train.test_training import _logged, _torchrun_cmd, _train_cmd
+from tests.train.test_training import _free_port, _logged, _torchrun_cmd, _train_cmd, _wait_for_all
 
 # dropout on, so the ranks' generators matter; a time budget never reached; room for a slow start
 EXTRA = ["--set", "model.p_drop=0.1", "--set", "train.max_time_min=1000", "--set", "train.dist_timeout_s=600"]
 STEPS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node_cmd(node_rank: int, port: int, argv: list[str]) -> list[str]:
@@ -47,17 +39,7 @@ def test_two_nodes_train_as_one_node_of_two_processes(small_data_dir, tmp_path):
     logs = [open(tmp_path / f"node{r}.log", "w") for r in range(2)]
     nodes = [subprocess.Popen(_node_cmd(r, port, argv), env=env, stdout=logs[r], stderr=subprocess.STDOUT)
              for r in range(2)]
-    deadline = time.monotonic() + 600
-    while any(p.poll() is None for p in nodes) and time.monotonic() < deadline:
-        if any(p.returncode for p in nodes):  # one failed: the other would wait for it
-            break
-        time.sleep(0.2)
-    for p, f in zip(nodes, logs):
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        f.close()
-    assert [p.returncode for p in nodes] == [0, 0], "".join((tmp_path / f"node{r}.log").read_text()[-2000:]
+    assert _wait_for_all(nodes, logs) == [0, 0], "".join((tmp_path / f"node{r}.log").read_text()[-2000:]
                                                           for r in range(2))
 
     a, b = ck.load_checkpoint(one / "last.pt"), ck.load_checkpoint(two / "last.pt")

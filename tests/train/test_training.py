@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +80,29 @@ def _torchrun_cmd(data: Path, out: Path, steps: int, extra=()) -> list[str]:
     """``_train_cmd`` as 2 data-parallel processes (torchrun's launcher; gloo on the CPU)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "aiayn.cli", *_train_cmd(data, out, steps, extra)[3:]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_all(procs: list[subprocess.Popen], files=(), timeout_s: float = 600.0) -> list[int]:
+    """Wait for processes that run together (ranks, nodes): as soon as one fails, or at the
+    timeout, kill the rest (they would wait for it); close ``files`` (their logs); exit codes."""
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.returncode for p in procs):
+            break
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for f in files:
+        f.close()
+    return [p.returncode for p in procs]
 
 
 def _train_in_process(data: Path, run: Path, steps: int, *sets: str) -> dict:
