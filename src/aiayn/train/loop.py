@@ -40,7 +40,7 @@ from aiayn.train.objective import learning_rate, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
 from aiayn.train.step import (forward_backward, grad_norm, not_finite, read_numbers, step_numbers, train_kernels,
                               update, update_early)
-from aiayn.train.validation import Validator
+from aiayn.train.validation import Validator, best_merit, merit
 
 log = logging.getLogger(__name__)
 
@@ -344,9 +344,8 @@ class _Run:
         each rank's own Adam state first, and every rank's RNG state is gathered); old BPE-dropout
         segmentations pruned."""
         state, dist = self.state, self.dist
-        is_best = valid is not None and (valid["valid_bleu"] >= state.best_valid_bleu
-                                         if self.cfg.train.best_metric == "bleu"
-                                         else valid["valid_loss"] <= state.best_valid_loss)
+        metric = self.cfg.train.best_metric  # (after ``track``: a tie with the best is the best)
+        is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
         check_finite_weights(self.model, state.step, self.run_dir)
         rank_opts = rt.gather_to_main(self.opt.state_dict(), dist) if self.local_sgd else None
         rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None

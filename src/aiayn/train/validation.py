@@ -141,13 +141,22 @@ class Validator:
         return valid
 
 
+def merit(valid: dict, best_metric: str) -> float:
+    """A validation's value in ``train.best_metric``, higher better: BLEU, or the loss negated."""
+    return valid["valid_bleu"] if best_metric == "bleu" else -valid["valid_loss"]
+
+
+def best_merit(state, best_metric: str) -> float:
+    """The run's best ``merit`` so far (``state``: a ``TrainState``)."""
+    return state.best_valid_bleu if best_metric == "bleu" else -state.best_valid_loss
+
+
 def track(valid: dict, state, best_metric: str) -> None:
     """The run's seconds of validation, its bests, and the validations in a row without a gain in
     ``best_metric`` (``train.patience``), after ``valid``."""
     state.valid_seconds += valid["valid_seconds"]
     state.valid_bleu_seconds += valid.get("valid_bleu_seconds", 0.0)
-    gained = (valid["valid_bleu"] > state.best_valid_bleu if best_metric == "bleu"
-              else valid["valid_loss"] < state.best_valid_loss)
+    gained = merit(valid, best_metric) > best_merit(state, best_metric)
     state.best_valid_loss = min(state.best_valid_loss, valid["valid_loss"])
     state.best_valid_bleu = max(state.best_valid_bleu, valid.get("valid_bleu", -math.inf))
     state.bad_validations = 0 if gained else state.bad_validations + 1
