@@ -9,7 +9,9 @@ loopback address, as a client is a peer address. Two phases of --minutes each:
            max_sentences sentences of nearly max_sentence_tokens tokens, beam max_beam and an alpha
            of its own (so no two of them could share a model call), more sentences than its queue
            share, and one more thread opening connections beyond its connection cap (in a process
-           of its own, so that its threads do not hold up the ordinary ones in this process)
+           of its own, so that its threads do not hold up the ordinary ones in this process);
+           with --abuse small, a flood of the smallest requests instead: one short sentence each, beam 1,
+           an alpha of its own, back to back on every connection it may keep
 Reports per phase the ordinary clients' latency percentiles (answered requests), their error
 rate and refusals (429/503), the abusive client's outcomes, and the server's counters, as
 bench/results/<machine-and-date>/serve_fairness.json (or --out). Target: the ordinary p99
@@ -46,6 +48,7 @@ log = logging.getLogger("bench")
 SERVER_OPTS = {"--threads": "1", "--max-len-b": "10", "--max-beam": "4", "--request-timeout-s": "30",
                "--shutdown-timeout-s": "5"}
 ABUSER = "127.0.0.2"
+SHORT = ["A dog.", "Two men.", "A girl runs.", "People walk.", "A red car."]
 
 
 class Phase:
@@ -90,13 +93,17 @@ def ordinary(phase: Phase, source: str, sents: list[str], think_s: float, seed: 
         time.sleep(think_s * rng.uniform(0.5, 1.5))
 
 
-def abusive(phase: Phase, long_sents: list[str], limits: dict, seed: int) -> None:
-    """One kept-alive connection sending the heaviest requests it may, back to back."""
+def abusive(phase: Phase, long_sents: list[str], limits: dict, seed: int, small: bool) -> None:
+    """One kept-alive connection sending the heaviest requests it may, back to back (``small``: the
+    smallest, one short sentence at beam 1, as fast as they are answered)."""
     rng = random.Random(seed)
     conn = http.client.HTTPConnection("127.0.0.1", phase.port, timeout=60, source_address=(ABUSER, 0))
     while phase.running():
-        body = {"sentences": rng.sample(long_sents, limits["max_sentences"]), "beam": limits["max_beam"],
-                "alpha": round(rng.uniform(0.0, 2.0), 4)}
+        if small:
+            body = {"sentences": [rng.choice(SHORT)], "beam": 1, "alpha": round(rng.uniform(0.0, 2.0), 4)}
+        else:
+            body = {"sentences": rng.sample(long_sents, limits["max_sentences"]), "beam": limits["max_beam"],
+                    "alpha": round(rng.uniform(0.0, 2.0), 4)}
         try:
             outcome = request(conn, body)
         except (OSError, http.client.HTTPException) as exc:
@@ -144,12 +151,13 @@ def long_sentences(checkpoint: Path, sents: list[str], max_tokens: int, n: int, 
     return out
 
 
-def abusive_client(port: int, seconds: float, long_sents: list[str], limits: dict, pipe) -> None:
+def abusive_client(port: int, seconds: float, long_sents: list[str], limits: dict, small: bool, pipe) -> None:
     """The abusive client's threads, in a process of their own (so that they do not hold up the ordinary
     clients' threads in this one); its outcomes go back through ``pipe``."""
     pipe.recv()  # the go
     phase = Phase(port, seconds)
-    threads = [threading.Thread(target=abusive, args=(phase, long_sents, limits, 100 + i), daemon=True)
+    threads = [threading.Thread(target=abusive, args=(phase, long_sents, limits, 100 + i, small),
+                                daemon=True)
                for i in range(limits["max_connections_per_client"])]
     threads.append(threading.Thread(target=abusive_extra, args=(phase,), daemon=True))
     for t in threads:
@@ -173,7 +181,8 @@ def run_phase(name: str, port: int, seconds: float, args, sents: list[str], long
     abuser = None
     if long_sents is not None:
         pipe, child = mp.get_context("spawn").Pipe()
-        abuser = mp.get_context("spawn").Process(target=abusive_client, args=(port, seconds, long_sents, limits, child))
+        abuser = mp.get_context("spawn").Process(target=abusive_client, args=(port, seconds, long_sents, limits,
+                                                                                args.abuse == "small", child))
         abuser.start()
         pipe.send("go")
     phase = Phase(port, seconds)
@@ -214,6 +223,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=1.5, help="length of each phase (default 1.5)")
     ap.add_argument("--ordinary", type=int, default=4, help="ordinary clients (default 4)")
     ap.add_argument("--think-s", type=float, default=0.2, help="an ordinary client's mean pause between requests")
+    ap.add_argument("--abuse", choices=("long", "small"), default="long",
+                    help="the abusive client's requests: the longest it may send (default), or a flood of the "
+                         "smallest")
     ap.add_argument("--concurrent-calls", type=int, help="the server's --concurrent-calls (default: its default)")
     ap.add_argument("--yield-ms", type=float, help="the server's --yield-ms (default: its default)")
     ap.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny one trained here)")
@@ -250,12 +262,11 @@ def main() -> int:
     p99 = [phases[k]["ordinary_latency"].get("p99_ms") for k in ("alone", "abused")]
     ratio = round(p99[1] / p99[0], 2) if all(p99) else None
     result = {"benchmark": "serve_fairness", "minutes_per_phase": args.minutes, "machine": machine_info(1),
-              "nice": os.nice(0), "note": "the machine was shared with other work during the run: numbers are "
-                                          "indicative", "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+              "nice": os.nice(0), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
               "checkpoint": str(args.checkpoint) if args.checkpoint else
               f"tiny preset (2 layers, d_model 64) trained {args.train_steps} steps on 2,000 Multi30k pairs",
               "server_options": opts, "limits": limits, "ordinary_clients": args.ordinary,
-              "think_s": args.think_s, "abusive_long_sentence_chars": sum(map(len, long_sents)) // len(long_sents),
+              "think_s": args.think_s, "abuse": args.abuse, "abusive_long_sentence_chars": sum(map(len, long_sents)) // len(long_sents),
               "phases": phases, "ordinary_p99_ratio": ratio,
               "server_log_tracebacks": sum("Traceback" in x for x in server_log)}
     result["ok"] = (ratio is not None and ratio <= 3.0 and phases["abused"]["ordinary_refused"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import typing
 from collections.abc import Callable
@@ -26,7 +27,10 @@ class ConfigError(ValueError):
     """A configuration key or value that cannot be used; the message names it."""
 
 
+@functools.lru_cache(maxsize=None)
 def _field_types(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved once per class (``get_type_hints`` evaluates every
+    annotation string; the service calls ``replace`` for every request)."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 

@@ -44,6 +44,7 @@ from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Expired, Job, Result
 from aiayn.serve.config import ServeConfig
 from aiayn.serve.guard import Guard
 from aiayn.serve.metrics import Metrics
+from aiayn.serve.pace import Pacer
 from aiayn.serve.page import index_html
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ log = logging.getLogger(__name__)
 # the caps of every request field and of the work one request may cause, as /health reports them
 LIMITS = ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_alpha", "max_prefix_tokens",
           "max_no_repeat_ngram", "max_attention_values", "max_queue_sentences", "max_queued_per_client", "batch_tokens",
-          "request_timeout_s", "max_connections", "max_connections_per_client")
+          "request_timeout_s", "max_connections", "max_connections_per_client", "client_requests_per_s",
+          "client_burst")
 
 
 class ApiError(Exception):
@@ -259,6 +261,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
                       max_queued_per_client=cfg.max_queued_per_client, concurrent_calls=cfg.concurrent_calls,
                       yield_ms=cfg.yield_ms)
     metrics = Metrics()
+    pacer = Pacer(cfg.client_requests_per_s, cfg.client_burst)
     m = translator.model.cfg
 
     @contextlib.asynccontextmanager
@@ -303,6 +306,12 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
         t0, arrived = time.perf_counter(), time.monotonic()
         client = request.client.host if request.client else ""  # the peer address (behind a proxy: the proxy)
         deadline = arrived + cfg.request_timeout_s
+        if (held := pacer.hold(client, arrived)) > 0:  # faster than its pace: waits, before any work is spent
+            metrics.events["client_paced"] += 1
+            if held >= cfg.request_timeout_s:
+                raise ApiError(429, f"more than {cfg.client_requests_per_s:g} requests a second from this address; "
+                                    f"retry in {held:.0f} s")
+            await asyncio.sleep(held)
         try:
             batcher.check_client(client)  # a full share is refused before the body is read and encoded
             req, settings, ids, prefixes = await _read_request(request, cfg, base, checker, metrics)

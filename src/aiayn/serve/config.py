@@ -53,6 +53,10 @@ class ServeConfig:
     max_connections_per_client: int = param(
         16, "open connections from one client address at most; more are answered 429 and closed at once, and do "
             "not count against max_connections; behind a reverse proxy the proxy is the one client")
+    client_requests_per_s: float = param(
+        20.0, "requests per second one client address may send to /translate on average; faster ones wait (not "
+              "refused) until its pace allows, a burst of client_burst passing at once; 0 = no pacing (docs/serve.md)")
+    client_burst: int = param(20, "requests of one client address that pass at once before pacing holds them")
     header_timeout_s: float = param(10.0, "seconds a client has to send a request's headers (then 408 and closed)")
     body_timeout_s: float = param(10.0, "seconds a client has to send a request's body after its headers (then 408)")
     keep_alive_s: float = param(5.0, "seconds an idle keep-alive connection stays open")
@@ -85,7 +89,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_sentence_tokens", "max_request_bytes", "max_beam", "max_prefix_tokens",
                      "max_queue_sentences", "batch_tokens", "max_connections", "max_header_bytes",
-                     "max_connections_per_client", "concurrent_calls"):
+                     "max_connections_per_client", "concurrent_calls", "client_burst"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s", "shutdown_timeout_s"):
@@ -95,6 +99,8 @@ class ServeConfig:
             raise ConfigError("max_alpha, max_attention_values and max_no_repeat_ngram must be >= 0")
         if self.batch_wait_ms < 0 or self.yield_ms < 0 or self.threads < 0 or not 0 <= self.port < 65536:
             raise ConfigError("batch_wait_ms, yield_ms and threads must be >= 0 and port in [0, 65535]")
+        if not 0 <= self.client_requests_per_s < 1e6:
+            raise ConfigError(f"client_requests_per_s must be in [0, 1e6), got {self.client_requests_per_s}")
         if self.max_queued_per_client < self.max_sentences:
             raise ConfigError(f"max_queued_per_client ({self.max_queued_per_client}) must be >= max_sentences "
                               f"({self.max_sentences}): a full request must fit a client's share")

@@ -10,7 +10,7 @@
     aiayn_connections                          open client connections
     aiayn_events_total{event}                  header_timeout, body_timeout, connection_refused,
                                                client_connection_refused, client_queue_full, client_gone,
-                                               deadline, bad_host, bad_origin, unauthorized
+                                               client_paced, deadline, bad_host, bad_origin, unauthorized
 Everything runs on the event loop, so plain integers suffice.
 """
 from __future__ import annotations
