@@ -52,10 +52,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiayn  # noqa: E402
 from aiayn.model.flops import train_flops  # noqa: E402
-from aiayn.train import step as train_step  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
-from aiayn.train.runtime import Dist, compile_model, use_tf32  # noqa: E402
+from aiayn.train.runtime import compile_model, use_tf32  # noqa: E402
+from aiayn.train.step import TrainStep  # noqa: E402
 
 EPS_LS = 0.1
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s, without sparsity), by a word of the device's name.
@@ -129,27 +129,19 @@ def autocast(device, precision: str):
 
 def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = False, cudnn: bool = False,
                 fused_loss: str = "auto"):
-    """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own functions, in
-    its order (``_Run.step``, then ``_Run.read``)."""
+    """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own
+    ``TrainStep``, queued, read and settled as the loop does."""
     t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
     net = compile_model(model) if compile_ else model
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    early = train_step.update_early(opt, scaler)
+    stepper = TrainStep(model, opt, scaler, t, cfg, device, precision, net=net)
 
     def step(k: int):
-        b = batches.aiayn[k]
-        sums, _ = train_step.forward_backward(net, [b], t, cfg, 1, 1 / b.n_tgt_tokens, device, precision, None,
-                                         scaler, synced=False)
-        norm = train_step.grad_norm(model, scaler)
-        numbers = train_step.step_numbers(sums, norm, None, 0.0, Dist(), device, reduce=True)
-        if early:
-            train_step.update(model, opt, scaler, 0.0, norm, skip=train_step.not_finite(numbers))
-        train_step.read_numbers(numbers, False, float(b.n_tgt_tokens), 0.0, Dist(), reduce=True)
-        if not early:
-            train_step.update(model, opt, scaler, 0.0, norm)
+        s = stepper.read(stepper.queue([batches.aiayn[k]], k + 1))
+        stepper.settle(s, k + 1)
     return step
 
 

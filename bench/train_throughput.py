@@ -22,7 +22,6 @@ system's dtype. Writes results/train_<size>.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -49,36 +48,35 @@ def _batch(B: int, S: int, T: int, low: int, high: int, eos: int, start: int):
     return src, tgt_in, y
 
 
-def _adam(model: torch.nn.Module, fused: bool = False) -> torch.optim.Optimizer:
-    """§5.3's Adam; fused as aiayn's training loop runs it (train.fused_adam), per-tensor as the rivals' script."""
-    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused)
+def _adam(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """§5.3's Adam, per-tensor as the rivals' script."""
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
 def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
-    """One aiayn training step as the training loop does it (src/aiayn/train/loop.py)."""
+    """One step of ``aiayn train`` on the CPU: the loop's own ``TrainStep`` (C kernels for the loss and
+    the attention, fused Adam, the linear maps' rows padded as the loop pads them), queued, read and
+    settled as the loop does."""
     import aiayn
+    from aiayn.data.batching import Batch
     from aiayn.train.config import TrainConfig
-    from aiayn.train.step import train_kernels
-    from aiayn.train.step import grad_norm, update
-    from aiayn.train.objective import label_smoothed_loss
+    from aiayn.train.objective import make_optimizer
+    from aiayn.train.step import TrainStep, train_kernels
 
     cfg = bl.model_config(size)
-    kernels = train_kernels(TrainConfig(), torch.device("cpu"))  # loss and attention in C, as train.c_kernels has them
+    t, cpu = TrainConfig(precision=precision, eps_ls=EPS_LS), torch.device("cpu")
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).train()
-    model.use_attention_kernels(kernels)
-    opt = _adam(model, fused=True)
+    opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
+    stepper = TrainStep(model, opt, None, t, cfg, cpu, precision, train_kernels(t, cpu))
+    model.pad_linear_rows(t.cpu_row_bits)
     src, tgt_in, tgt_out = _batch(B, S, T, 4, cfg.vocab_size, cfg.eos_id, cfg.bos_id)
+    batch = Batch(src, tgt_in, tgt_out, n_src_tokens=B * S, n_tgt_tokens=B * T, src_padded=False)
 
     def step() -> dict:
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-        with ctx:
-            logits = model(src, tgt_in)  # (B,T,V)
-        sums = label_smoothed_loss(logits, tgt_out, EPS_LS, cfg.pad_id, kernels)
-        (sums.loss / sums.n_tokens).backward()
-        norm = grad_norm(model, None)  # the loop skips a step whose gradients are not finite
-        update(model, opt, None, 0.0, norm)
-        return {"loss": sums.loss.item() / sums.n_tokens.item(), "logits_dtype": str(logits.dtype)}
+        s = stepper.read(stepper.queue([batch], 1))
+        stepper.settle(s, 1)
+        return {"loss": s.loss / s.tokens, "precision": precision}
 
     return step
 

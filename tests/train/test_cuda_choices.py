@@ -12,7 +12,6 @@ import torch
 import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.model.attention import attention_backends
-from aiayn.train import loop
 from aiayn.train import step
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
@@ -90,7 +89,7 @@ def test_skip_flag_is_a_step_not_taken():
 
 
 def test_step_not_finite_flag():
-    """``not_finite`` on the device takes ``_Run.apply``'s test on the host: loss + KL, and the norm."""
+    """``not_finite`` on the device takes ``TrainStep.settle``'s test on the host: loss + KL, and the norm."""
     def flag(loss, kl, norm):
         return float(step.not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
     assert flag(3.0, 0.0, 2.0) == 0.0
@@ -106,7 +105,7 @@ def test_update_queued_before_the_read_trains_the_same(small_data_dir, tmp_path,
     logged losses, bit for bit, as the update after the read; a NaN step skipped the same way is
     tests/train/test_step_safety.py's."""
     _train_in_process(small_data_dir, tmp_path / "early", 4, "model.p_drop=0.1")
-    monkeypatch.setattr(loop, "update_early", lambda opt, scaler: False)
+    monkeypatch.setattr(step, "update_early", lambda opt, scaler: False)
     _train_in_process(small_data_dir, tmp_path / "late", 4, "model.p_drop=0.1")
     assert _logged(tmp_path / "early") == _logged(tmp_path / "late")
     a, b = _weights(tmp_path / "early"), _weights(tmp_path / "late")

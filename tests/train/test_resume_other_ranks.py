@@ -18,16 +18,16 @@ from tests.train.test_training import _train_cmd
 RECORDER = """
 import json, os, sys
 from aiayn.cli import main
-from aiayn.train import loop
+from aiayn.train.step import TrainStep
 
-take_step = loop._Run.step
+take_step = TrainStep.queue
 
-def recorded(self, micro, elapsed):
+def recorded(self, micro, step, elapsed):
     with open(os.environ["PAIRS_LOG"] + ".rank" + os.environ.get("RANK", "0"), "a") as f:
         f.write(json.dumps([b.indices.tolist() for b in micro]) + "\\n")
-    return take_step(self, micro, elapsed)
+    return take_step(self, micro, step, elapsed)
 
-loop._Run.step = recorded
+TrainStep.queue = recorded
 sys.exit(main(sys.argv[1:]))
 """
 

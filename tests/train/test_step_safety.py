@@ -56,3 +56,62 @@ def test_non_finite_weights_are_not_checkpointed(tmp_path):
         next(model.parameters())[0, 0] = math.inf
     with pytest.raises(UserError, match="non-finite weights.*last good checkpoint"):
         check_finite_weights(model, 3, tmp_path)
+
+
+def _tiny_step(**train):
+    from aiayn.data.batching import collate
+    from aiayn.train.config import TrainConfig
+    from aiayn.train.objective import make_optimizer
+    torch.manual_seed(0)
+    cfg = aiayn.get_preset("tiny", vocab_size=40, p_drop=0.0)
+    model = aiayn.Transformer(cfg).train()
+    opt = make_optimizer(model.parameters(), 1.0, (0.9, 0.98), 1e-9, fused=True)
+    g = torch.Generator().manual_seed(1)
+    pairs = [(torch.randint(4, 40, (n,), generator=g).numpy(), torch.randint(4, 40, (n + 1,), generator=g).numpy())
+             for n in (3, 5, 4)]
+    batch = collate(pairs, cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    t = TrainConfig(eps_ls=0.1, **train)
+    return model, opt, cfg, t, batch, step.TrainStep(model, opt, None, t, cfg, torch.device("cpu"), "fp32")
+
+
+def test_train_step_is_the_step_its_parts_make():
+    """``TrainStep`` (the loop's and the benchmarks' step): Eq. 3's rate at the step, the loss over the
+    step's tokens, the update queued before the read (fused Adam): the same numbers and weights, bit
+    for bit, as its parts called by hand with the update after the read."""
+    from aiayn.train.objective import learning_rate
+    model, opt, cfg, t, batch, stepper = _tiny_step()
+    s = stepper.read(stepper.queue([batch], 3))
+    assert stepper.settle(s, 3) and s.updated
+    assert s.lr == learning_rate(3, cfg.d_model, t.warmup_steps) and s.tokens == batch.n_tgt_tokens
+    ref_model, ref_opt, *_ = _tiny_step()
+    for group in ref_opt.param_groups:
+        group["lr"] = s.lr
+    sums, _ = step.forward_backward(ref_model, [batch], t, cfg, 1, 1 / batch.n_tgt_tokens, torch.device("cpu"),
+                                    "fp32", None, None, synced=False)
+    norm = step.grad_norm(ref_model, None)
+    loss, nll, kl, tokens, _, norm_value = step.read_step(sums, norm, None, float(batch.n_tgt_tokens), 0.0, Dist(),
+                                                          torch.device("cpu"), reduce=True)
+    step.update(ref_model, ref_opt, None, t.clip_norm, norm)
+    assert (s.loss, s.nll, s.norm_value) == (loss, nll, norm_value)
+    a, b = model.state_dict(), ref_model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_step_skips_non_finite_steps_then_stops_the_run(caplog):
+    """A step whose loss is not finite leaves the weights as they were; ``max_bad_steps`` in a row
+    stop the run with an error that says what to try."""
+    model, opt, cfg, t, batch, stepper = _tiny_step(max_bad_steps=2)
+    with torch.no_grad():
+        model.src_embed.weight[batch.src[0, 0]] = math.nan  # (tied: source, target and output)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for k in (1, 2):
+        s = stepper.read(stepper.queue([batch], k))
+        assert not math.isfinite(s.loss)
+        if k == 1:
+            assert not stepper.settle(s, k)
+        else:
+            with pytest.raises(UserError, match="2 non-finite losses or gradients in a row at step 2.*lr_scale"):
+                stepper.settle(s, k)
+    after = model.state_dict()
+    assert all(torch.allclose(before[k], after[k], rtol=0, atol=0, equal_nan=True) for k in before)
+    assert opt.state_dict()["state"] == {} or all(float(v["step"]) == 0 for v in opt.state_dict()["state"].values())

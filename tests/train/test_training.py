@@ -499,7 +499,7 @@ def _run_on_a_ticking_clock(small_data_dir, run, monkeypatch, *sets: str):
     """Train the tiny preset on a clock where each step takes 10 s, with a 1-minute budget, up
     to 1000 steps and a ramp over the last half; return the summary, the time fractions the
     loop passed to learning_rate at each step, and the logged rate of each step."""
-    from aiayn.train import loop
+    from aiayn.train import loop, step
 
     class Clock:
         now = 1000.0
@@ -517,7 +517,8 @@ def _run_on_a_ticking_clock(small_data_dir, run, monkeypatch, *sets: str):
         return lr
 
     monkeypatch.setattr(loop, "time", Clock)
-    monkeypatch.setattr(loop, "learning_rate", ticking_learning_rate)
+    monkeypatch.setattr(loop, "learning_rate", ticking_learning_rate)  # (the optimizer's construction)
+    monkeypatch.setattr(step, "learning_rate", ticking_learning_rate)  # (each step's rate: ``TrainStep.queue``)
     summary = _train_in_process(small_data_dir, run, 1000, "train.max_time_min=1", "train.lr_decay_frac=0.5", *sets)
     lrs = _logged(run, "lr")
     # seen[0] is the optimizer's construction (step 1, no time); then one call per step

@@ -1,7 +1,7 @@
 """The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and ``_Run``,
 what a run holds between its steps. Each part it uses is built once, from the configuration it
-needs: the batches (``aiayn.data.stream.BatchStream``), a step's own parts, which the benchmarks
-call too (``aiayn.train.step``), validation (``aiayn.train.validation``), the run directory's state
+needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step, which the benchmarks
+take too (``aiayn.train.step.TrainStep``), validation (``aiayn.train.validation``), the run directory's state
 (``aiayn.train.checkpointing``), the moving average of the weights (``aiayn.train.ema``) and the
 outputs (``aiayn.train.monitor``).
 
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +25,6 @@ from aiayn.data.dataset import DataDir
 from aiayn.files import write_json_atomic
 from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
-from aiayn.errors import UserError
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn import checkpoint as ck
@@ -38,8 +35,7 @@ from aiayn.train.ema import WeightAverage
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import learning_rate, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
-from aiayn.train.step import (forward_backward, grad_norm, not_finite, read_numbers, step_numbers, train_kernels,
-                              update, update_early)
+from aiayn.train.step import Step, TrainStep, train_kernels
 from aiayn.train.validation import Validator, best_merit, merit
 
 log = logging.getLogger(__name__)
@@ -114,9 +110,10 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         state.epoch = run.stream.epoch
         if not batches:
             continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
-        step = run.step(batches, elapsed)
+        step = run.stepper.queue(batches, state.step + 1, elapsed)
+        state.flops += step.flops * run.dist.world_size
         run.stream.prefetch()  # the next step's batches, prepared while the device works
-        step = run.read(step)
+        step = run.stepper.read(step)
         if step.mean_clock is not None:
             elapsed = step.mean_clock
         if not run.apply(step):
@@ -143,24 +140,6 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     return state
 
 
-@dataclass
-class _Step:
-    """One optimizer step in flight (``_Run.step``), then its numbers on the host (``_Run.read``)."""
-    numbers: torch.Tensor  # (6,) ``step_numbers`` on the device
-    norm: torch.Tensor | None  # the gradient norm on the device (None under fp16)
-    summed_tokens: bool  # DDP: ``numbers`` holds the ranks' target tokens
-    local_tokens: int
-    lr: float
-    clock_s: float  # this rank's clock when the step was queued
-    updated: bool = False  # the update is queued already (``_Run.update_early``)
-    loss: float = 0.0
-    nll: float = 0.0
-    kl: float = 0.0
-    tokens: float = 0.0  # the step's target tokens over the ranks (this rank's with local SGD)
-    norm_value: float = 0.0
-    mean_clock: float | None = None  # DDP: the ranks' mean clock
-
-
 class _Run:
     """What one training run holds between its steps: the data, the model and its optimizer (restored
     from the run directory, or fresh), how the ranks train together (one process, DDP, or local SGD's
@@ -184,18 +163,13 @@ class _Run:
         if self.dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
             write_json_atomic(run_dir / "config.json", to_dict(cfg))
         self._parallel(t)
-        self.kernels = train_kernels(t, self.device)
-        # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
-        self.model.use_attention_kernels(None if self.net is not self.plain_net else self.kernels)
-        self.update_early = update_early(self.opt, self.scaler)
         self.model.pad_linear_rows(t.cpu_row_bits if self.device.type == "cpu" else 0)
         self.n_params = count_parameters(self.model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, self.precision, self.dist.world_size)
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
-        self.copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
         self.t_start = time.monotonic() - self.state.train_seconds
-        self.bad_in_row = self.pending_tokens = 0
+        self.pending_tokens = 0
 
     def _resume_or_start(self, init_from, resume_optimizer: bool) -> tuple[TrainState, dict | None]:
         """The run directory's state (resumed exactly), or a new run's (from ``init_from``'s weights);
@@ -214,26 +188,20 @@ class _Run:
         return TrainState(), None
 
     def _parallel(self, t: TrainConfig) -> None:
-        """How the ranks train together. Local SGD: every process trains its own copy (no DDP), and the
-        copies are averaged every ``period`` steps; elsewhere every step is a synchronization point."""
+        """How the ranks train together, and the step that follows from it. Local SGD: every process
+        trains its own copy (no DDP), and the copies are averaged every ``period`` steps; elsewhere
+        every step is a synchronization point."""
         self.local_sgd = self.dist.enabled and t.local_sgd_period > 0
         self.period = t.local_sgd_period if self.local_sgd else 1
         if self.local_sgd:
             rt.broadcast_parameters(list(self.model.parameters()), self.dist)
-        self.ddp = self.dist.enabled and not self.local_sgd
-        self.plain_net = rt.data_parallel(self.model, static_graph=t.accum_steps == 1 and not t.compile) \
-            if self.ddp else self.model
-        self.net = rt.compile_model(self.plain_net) if t.compile else self.plain_net
-
-    def _without_compile(self, exc: Exception) -> None:
-        """torch.compile failed (compiling happens at the first forward, and backward, of each new
-        shape): the run goes on with the plain model (and the C kernels, where it has them), after a
-        warning that says why. (Under DDP a failure in backward leaves DDP's reducer mid-step, and the
-        next forward says so: only the forward's failures are taken back there.)"""
-        log.warning("torch.compile failed (%s: %s); training without it", type(exc).__name__, str(exc)[:500])
-        self.opt.zero_grad(set_to_none=True)  # what the failed pass accumulated
-        self.net = self.plain_net
-        self.model.use_attention_kernels(self.kernels)
+        ddp = self.dist.enabled and not self.local_sgd
+        plain_net = rt.data_parallel(self.model, static_graph=t.accum_steps == 1 and not t.compile) \
+            if ddp else self.model
+        net = rt.compile_model(plain_net) if t.compile else plain_net
+        self.stepper = TrainStep(self.model, self.opt, self.scaler, t, self.cfg.model, self.device, self.precision,
+                                 train_kernels(t, self.device), self.dist, plain_net, net, self.local_sgd,
+                                 self.clock, self.run_dir)
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
@@ -243,73 +211,14 @@ class _Run:
         decisions from it (a rank that stopped alone would leave the others waiting in all_reduce)."""
         return rt.all_reduce_sum([self.clock()], self.dist, self.device)[0] / self.dist.world_size
 
-    def step(self, micro: list, elapsed: float) -> _Step:
-        """Eq. 3's rate, then the step's forward and backward passes, queued on the device (nothing
-        read back). The loss is a sum over the step's tokens divided by their count: over all ranks
-        with DDP, which averages gradients (per copy, as R-Drop's criterion divides by the doubled
-        batch's tokens); over this rank's with local SGD, whose copies are averaged. DDP's count is
-        all-reduced on the device and scales the loss there."""
-        t, m, dist, device = self.cfg.train, self.cfg.model, self.dist, self.device
-        local_tokens = sum(b.n_tgt_tokens for b in micro)
-        tokens_dev = rt.all_reduce_tensor(rt.host_to_device([float(local_tokens)], device), dist) if self.ddp else None
-        by_time = t.lr_decay_by_time or t.lr_schedule_by_time
-        time_frac = (self.clock() if self.local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
-        lr = learning_rate(self.state.step + 1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
-                           time_frac, t.lr_schedule_by_time)
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        if self.ddp:
-            grad_scale = (dist.world_size / (self.copies * tokens_dev)).float().reshape(())  # on the device
-        else:
-            grad_scale = 1 / (self.copies * float(local_tokens))
-        args = (micro, t, m, self.copies, grad_scale, device, self.precision, self.kernels, self.scaler)
-        try:
-            sums, flops = forward_backward(self.net, *args, synced=self.ddp)
-        except Exception as exc:  # compiling fails in many ways; the plain model raises real errors again
-            if self.net is self.plain_net:
-                raise
-            self._without_compile(exc)
-            sums, flops = forward_backward(self.net, *args, synced=self.ddp)
-        self.state.flops += flops * dist.world_size
-        norm = grad_norm(self.model, self.scaler)
-        clock_s = self.clock()
-        numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd)
-        s = _Step(numbers, norm, tokens_dev is not None, local_tokens, lr, clock_s)
-        if self.update_early:  # skipped on the device where the step is not finite, as ``apply`` decides
-            update(self.model, self.opt, self.scaler, t.clip_norm, norm, skip=not_finite(numbers))
-            s.updated = True
-        return s
-
-    def read(self, s: _Step) -> _Step:
-        """The step's numbers on the host: its one wait for the device (``read_numbers``)."""
-        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = read_numbers(
-            s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, reduce=not self.local_sgd)
-        s.mean_clock = mean_clock if self.ddp else None
-        return s
-
-    def apply(self, s: _Step) -> bool:
-        """The update if the step's loss (R-Drop's KL term included: it reaches the gradients too) and
-        gradient norm are finite (queued by ``step`` already with ``update_early``); else the step is
-        skipped, and too many in a row stop the run. Returns whether the step counts (a skipped one does
-        under local SGD, so the ranks average together)."""
-        t, state = self.cfg.train, self.state
-        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)  # (``not_finite`` on the device)
-        if finite:
-            self.bad_in_row = 0
-            if not s.updated:
-                update(self.model, self.opt, self.scaler, t.clip_norm, s.norm)
-        else:
-            self.bad_in_row += 1
-            if not s.updated:  # (a queued update was skipped on the device, and cleared the gradients)
-                self.opt.zero_grad(set_to_none=True)
-            log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
-                        "(%d in a row)", state.step + 1, s.loss, s.norm_value, self.bad_in_row)
-            if self.bad_in_row >= t.max_bad_steps:
-                raise UserError(f"{self.bad_in_row} non-finite losses or gradients in a row at step "
-                                f"{state.step + 1}; stopping. The last good checkpoint is {self.run_dir / 'last.pt'}; "
-                                f"try a lower lr_scale or precision=fp32")
-            if not self.local_sgd:
-                return False
+    def apply(self, s: Step) -> bool:
+        """Count the step, after ``TrainStep.settle`` took its update (or skipped it: not finite).
+        Returns whether the step counts (a skipped one does under local SGD, so the ranks average
+        together)."""
+        state = self.state
+        finite = self.stepper.settle(s, state.step + 1)
+        if not finite and not self.local_sgd:
+            return False
         state.step += 1
         if finite and self.ema is not None:
             self.ema.update()
@@ -319,14 +228,14 @@ class _Run:
         self.monitor.advance()
         return True
 
-    def log_step(self, s: _Step, last_sync_step: int) -> None:
+    def log_step(self, s: Step, last_sync_step: int) -> None:
         """Count the tokens since the last synchronization point; every ``log_every_steps`` steps a
         line of the train log and the progress bar's numbers."""
         self.state.tokens += self.pending_tokens
         self.monitor.count(self.pending_tokens)
         self.pending_tokens = 0
         if _crossed(self.cfg.train.log_every_steps, last_sync_step, self.state.step):
-            self.monitor.train_step(s.loss, s.nll, s.kl if self.copies == 2 else None, s.tokens, s.lr)
+            self.monitor.train_step(s.loss, s.nll, s.kl if self.stepper.copies == 2 else None, s.tokens, s.lr)
 
     def validate(self) -> dict | None:
         with self.ema.weights() if self.ema is not None else contextlib.nullcontext():

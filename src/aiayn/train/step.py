@@ -1,24 +1,35 @@
 """One training step (§5): the forward and backward passes over a step's batches, the update, and
-the step's numbers read back once. ``train.loop`` takes its steps through these, and so do the
-benchmarks (bench/train_throughput.py, bench/gpu_train.py), so what they time is the loop's step.
+the step's numbers read back once. ``TrainStep`` is the step: ``train.loop`` takes its steps
+through it, and so do the benchmarks (bench/train_throughput.py, bench/gpu_train.py), so what they
+time is the loop's step.
 
-In order: ``forward_backward`` (gradients accumulate over the batches; the sums stay on the
-device), ``grad_norm``, ``update`` (queued before the read where ``update_early``, with the
-device flag ``not_finite``), then ``step_numbers`` and ``read_numbers`` (or both: ``read_step``),
-the step's one wait for the device.
+Its parts, in order: Eq. 3's rate (``objective.learning_rate``), ``forward_backward`` (gradients
+accumulate over the batches; the sums stay on the device), ``grad_norm``, ``update`` (queued before
+the read where ``update_early``, with the device flag ``not_finite``), then ``step_numbers`` and
+``read_numbers`` (or both: ``read_step``), the step's one wait for the device.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 
+from aiayn.errors import UserError
 from aiayn.model.attention import attention_backends
+from aiayn.model.config import ModelConfig
 from aiayn.model.flops import train_flops
 from aiayn.train import runtime as rt
 from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import fused_loss_on
-from aiayn.train.objective import label_smoothed_loss, rdrop_kl
+from aiayn.train.objective import label_smoothed_loss, learning_rate, rdrop_kl
+
+log = logging.getLogger(__name__)
 
 
 def train_kernels(t: TrainConfig, device: torch.device):
@@ -133,7 +144,7 @@ def step_numbers(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torc
 
 def not_finite(numbers: torch.Tensor) -> torch.Tensor:
     """``update``'s ``skip`` flag for the step of ``numbers`` (``step_numbers``): 1.0 where the loss
-    + KL or the gradient norm is not finite, the test ``_Run.apply`` takes on the host."""
+    + KL or the gradient norm is not finite, the test ``TrainStep.settle`` takes on the host."""
     return (~(torch.isfinite(numbers[0] + numbers[2]) & torch.isfinite(numbers[5]))).float()
 
 
@@ -157,3 +168,130 @@ def read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.T
 def twice(x: torch.Tensor) -> torch.Tensor:
     """A batch stacked on itself along B (R-Drop's two passes in one forward): (B,...) -> (2B,...)."""
     return torch.cat([x, x])
+
+
+@dataclass
+class Step:
+    """One optimizer step in flight (``TrainStep.queue``), then its numbers on the host (``TrainStep.read``)."""
+    numbers: torch.Tensor  # (6,) ``step_numbers`` on the device
+    norm: torch.Tensor | None  # the gradient norm on the device (None under fp16)
+    summed_tokens: bool  # DDP: ``numbers`` holds the ranks' target tokens
+    local_tokens: int
+    lr: float
+    clock_s: float  # this rank's clock when the step was queued
+    flops: float  # this rank's counted FLOPs (``model.flops.train_flops``)
+    updated: bool = False  # the update is queued already (``update_early``)
+    loss: float = 0.0
+    nll: float = 0.0
+    kl: float = 0.0
+    tokens: float = 0.0  # the step's target tokens over the ranks (this rank's with local SGD)
+    norm_value: float = 0.0
+    mean_clock: float | None = None  # DDP: the ranks' mean clock
+
+
+class TrainStep:
+    """The training loop's optimizer step (§5), for one process, DDP or local SGD's copies.
+
+    ``queue`` sets Eq. 3's rate and queues the forward and backward passes (and the update, where
+    ``update_early``) on the device, nothing read back; ``read`` is the step's one wait for the
+    device; ``settle`` takes the update after the read, or skips a step whose loss or gradient norm
+    is not finite (``t.max_bad_steps`` in a row stop the run). The loss is a sum over the step's
+    tokens divided by their count: over all ranks with DDP, which averages gradients (per copy, as
+    R-Drop's criterion divides by the doubled batch's tokens); over this rank's with local SGD, whose
+    copies are averaged. DDP's count is all-reduced on the device and scales the loss there.
+
+    ``plain_net``: ``model``, or its DDP wrapper; ``net``: that, or ``plain_net`` compiled
+    (``runtime.compile_model``); a compiled net that fails is dropped for the plain one.
+    ``clock``: the run's clock in seconds (queued steps record it; local SGD's time-based
+    schedules read it).
+    """
+
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler, t: TrainConfig, m: ModelConfig,
+                 device: torch.device, precision: str, kernels=None, dist: rt.Dist | None = None,
+                 plain_net: torch.nn.Module | None = None, net: torch.nn.Module | None = None,
+                 local_sgd: bool = False, clock: Callable[[], float] = time.monotonic,
+                 run_dir: Path | None = None):
+        self.model, self.opt, self.scaler, self.t, self.m = model, opt, scaler, t, m
+        self.device, self.precision, self.kernels = device, precision, kernels
+        self.dist = dist if dist is not None else rt.Dist()
+        self.plain_net = plain_net if plain_net is not None else model
+        self.net = net if net is not None else self.plain_net
+        self.local_sgd, self.clock, self.run_dir = local_sgd, clock, run_dir
+        self.ddp = self.dist.enabled and not local_sgd
+        self.copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
+        self.update_early = update_early(opt, scaler)
+        self.bad_in_row = 0
+        # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
+        model.use_attention_kernels(None if self.net is not self.plain_net else kernels)
+
+    def queue(self, micro: list, step: int, elapsed: float = 0.0) -> Step:
+        """Optimizer step ``step`` (counted from 1) over the batches ``micro``: Eq. 3's rate, then the
+        forward and backward passes, queued on the device. ``elapsed``: the run's training seconds
+        (the ranks' mean under DDP), for the time-based schedules."""
+        t, dist, device = self.t, self.dist, self.device
+        local_tokens = sum(b.n_tgt_tokens for b in micro)
+        tokens_dev = rt.all_reduce_tensor(rt.host_to_device([float(local_tokens)], device), dist) if self.ddp else None
+        by_time = t.lr_decay_by_time or t.lr_schedule_by_time
+        time_frac = (self.clock() if self.local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
+        lr = learning_rate(step, self.m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
+                           time_frac, t.lr_schedule_by_time)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        if self.ddp:
+            grad_scale = (dist.world_size / (self.copies * tokens_dev)).float().reshape(())  # on the device
+        else:
+            grad_scale = 1 / (self.copies * float(local_tokens))
+        args = (micro, t, self.m, self.copies, grad_scale, device, self.precision, self.kernels, self.scaler)
+        try:
+            sums, flops = forward_backward(self.net, *args, synced=self.ddp)
+        except Exception as exc:  # compiling fails in many ways; the plain model raises real errors again
+            if self.net is self.plain_net:
+                raise
+            self._without_compile(exc)
+            sums, flops = forward_backward(self.net, *args, synced=self.ddp)
+        norm = grad_norm(self.model, self.scaler)
+        clock_s = self.clock()
+        numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd)
+        s = Step(numbers, norm, tokens_dev is not None, local_tokens, lr, clock_s, flops)
+        if self.update_early:  # skipped on the device where the step is not finite, as ``settle`` decides
+            update(self.model, self.opt, self.scaler, t.clip_norm, norm, skip=not_finite(numbers))
+            s.updated = True
+        return s
+
+    def _without_compile(self, exc: Exception) -> None:
+        """torch.compile failed (compiling happens at the first forward, and backward, of each new
+        shape): the run goes on with the plain model (and the C kernels, where it has them), after a
+        warning that says why. (Under DDP a failure in backward leaves DDP's reducer mid-step, and the
+        next forward says so: only the forward's failures are taken back there.)"""
+        log.warning("torch.compile failed (%s: %s); training without it", type(exc).__name__, str(exc)[:500])
+        self.opt.zero_grad(set_to_none=True)  # what the failed pass accumulated
+        self.net = self.plain_net
+        self.model.use_attention_kernels(self.kernels)
+
+    def read(self, s: Step) -> Step:
+        """The step's numbers on the host: its one wait for the device (``read_numbers``)."""
+        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = read_numbers(
+            s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, reduce=not self.local_sgd)
+        s.mean_clock = mean_clock if self.ddp else None
+        return s
+
+    def settle(self, s: Step, step: int) -> bool:
+        """The update of step ``step`` if its loss (R-Drop's KL term included: it reaches the gradients
+        too) and gradient norm are finite (queued by ``queue`` already where ``update_early``); else the
+        step is skipped, and ``t.max_bad_steps`` in a row stop the run. Returns whether it was finite."""
+        finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm_value)  # (``not_finite`` on the device)
+        if finite:
+            self.bad_in_row = 0
+            if not s.updated:
+                update(self.model, self.opt, self.scaler, self.t.clip_norm, s.norm)
+            return True
+        self.bad_in_row += 1
+        if not s.updated:  # (a queued update was skipped on the device, and cleared the gradients)
+            self.opt.zero_grad(set_to_none=True)
+        log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
+                    "(%d in a row)", step, s.loss, s.norm_value, self.bad_in_row)
+        if self.bad_in_row >= self.t.max_bad_steps:
+            last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
+            raise UserError(f"{self.bad_in_row} non-finite losses or gradients in a row at step {step}; stopping."
+                            f"{last} try a lower lr_scale or precision=fp32")
+        return False
