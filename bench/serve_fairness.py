@@ -228,6 +228,8 @@ def main() -> int:
                          "smallest")
     ap.add_argument("--concurrent-calls", type=int, help="the server's --concurrent-calls (default: its default)")
     ap.add_argument("--yield-ms", type=float, help="the server's --yield-ms (default: its default)")
+    ap.add_argument("--client-requests-per-s", type=float,
+                    help="the server's --client-requests-per-s (default: its default)")
     ap.add_argument("--checkpoint", type=Path, help="checkpoint to serve (default: a tiny one trained here)")
     ap.add_argument("--train-steps", type=int, default=50, help="steps of the tiny checkpoint (default 50)")
     ap.add_argument("--out", type=Path,
@@ -240,7 +242,8 @@ def main() -> int:
         checkpoint = args.checkpoint or make_checkpoint(work, args.train_steps)
         port = free_port()
         opts = dict(SERVER_OPTS)
-        for flag, value in (("--concurrent-calls", args.concurrent_calls), ("--yield-ms", args.yield_ms)):
+        for flag, value in (("--concurrent-calls", args.concurrent_calls), ("--yield-ms", args.yield_ms),
+                            ("--client-requests-per-s", args.client_requests_per_s)):
             if value is not None:
                 opts[flag] = str(value)
         proc = start_server(checkpoint, port, work / "server.log", opts, start_s=600)  # a busy machine

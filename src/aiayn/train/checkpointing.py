@@ -1,7 +1,8 @@
 """The run's state in its run directory (docs/checkpoints.md): ``TrainState`` (what a run counts),
 ``save`` (the step's checkpoint, ``last.pt``, ``best.pt``, ``ema.pt``, written atomically), and
 ``restore`` (model, optimizer, scaler, batch stream, RNG and counters from ``last.pt``, or from the
-newest intact step checkpoint), so that a resumed run continues exactly.
+newest intact step checkpoint), so that a resumed run continues exactly, and ``resume_or_start``,
+which restores a run directory or starts a new run (from another checkpoint's weights).
 """
 from __future__ import annotations
 
@@ -125,6 +126,24 @@ def restore(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConf
                       bad_validations=ckpt["bad_validations"], train_seconds=ckpt["train_seconds"],
                       valid_seconds=ckpt.get("valid_seconds", 0.0),
                       valid_bleu_seconds=ckpt.get("valid_bleu_seconds", 0.0)), ckpt.get("ema")
+
+
+def resume_or_start(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConfig, tokenizers: dict,
+                    dist: rt.Dist, init_from: str | Path | None = None,
+                    resume_optimizer: bool = False) -> tuple[TrainState, dict | None]:
+    """The run directory's state, resumed exactly (``restore``), or a new run's (from ``init_from``'s
+    weights, and with ``resume_optimizer`` its Adam state: ``finetune.init_from``); and the moving
+    average of the weights the run directory kept, if any."""
+    if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
+        state, saved_ema = restore(run_dir, model, opt, scaler, stream, cfg, tokenizers, dist.rank, dist.world_size)
+        log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
+        if dist.is_main:
+            print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
+        return state, saved_ema
+    if init_from is not None:
+        from aiayn.train.finetune import init_from as load_init
+        load_init(init_from, model, opt, cfg, tokenizers, resume_optimizer)
+    return TrainState(), None
 
 
 def warn_other_ranks(run_dir: Path, saved_state: dict, position: dict, saved_accum: int, accum: int,

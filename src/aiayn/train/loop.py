@@ -27,9 +27,8 @@ from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
-from aiayn import checkpoint as ck
 from aiayn.train import runtime as rt
-from aiayn.train.checkpointing import TrainState, check_finite_weights, restore, save, tokenizer_payload
+from aiayn.train.checkpointing import TrainState, check_finite_weights, resume_or_start, save, tokenizer_payload
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.ema import WeightAverage
 from aiayn.train.monitor import Monitor, summary
@@ -158,7 +157,8 @@ class _Run:
             _start_run_dir(run_dir, held)
         self.model, self.opt, self.scaler = _build(cfg, self.device, self.precision)
         self.tokenizers = tokenizer_payload(data)
-        self.state, saved_ema = self._resume_or_start(init_from, resume_optimizer)
+        self.state, saved_ema = resume_or_start(run_dir, self.model, self.opt, self.scaler, self.stream, cfg,
+                                                self.tokenizers, self.dist, init_from, resume_optimizer)
         self.ema = WeightAverage(self.model, t.ema_decay, self.device, saved_ema) if t.ema_decay else None
         if self.dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
             write_json_atomic(run_dir / "config.json", to_dict(cfg))
@@ -170,22 +170,6 @@ class _Run:
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
         self.t_start = time.monotonic() - self.state.train_seconds
         self.pending_tokens = 0
-
-    def _resume_or_start(self, init_from, resume_optimizer: bool) -> tuple[TrainState, dict | None]:
-        """The run directory's state (resumed exactly), or a new run's (from ``init_from``'s weights);
-        and the moving average of the weights the run directory kept, if any."""
-        run_dir, dist = self.run_dir, self.dist
-        if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
-            state, saved_ema = restore(run_dir, self.model, self.opt, self.scaler, self.stream, self.cfg,
-                                       self.tokenizers, dist.rank, dist.world_size)
-            log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
-            if dist.is_main:
-                print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
-            return state, saved_ema
-        if init_from is not None:
-            from aiayn.train.finetune import init_from as load_init
-            load_init(init_from, self.model, self.opt, self.cfg, self.tokenizers, resume_optimizer)
-        return TrainState(), None
 
     def _parallel(self, t: TrainConfig) -> None:
         """How the ranks train together, and the step that follows from it. Local SGD: every process
