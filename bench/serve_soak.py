@@ -54,7 +54,8 @@ DATA = Path(os.environ.get("AIAYN_SHARED_DATA", REPO.parent / "shared" / "data")
 SERVER_OPTS = {"--threads": "1", "--max-len-b": "10", "--max-sentences": "8", "--max-request-bytes": "16384",
                "--header-timeout-s": "2", "--body-timeout-s": "2", "--keep-alive-s": "2", "--max-connections": "64",
                "--request-timeout-s": "20", "--shutdown-timeout-s": "5", "--max-beam": "4",
-               "--max-connections-per-client": "64"}  # every client here is 127.0.0.1: one address
+               "--max-connections-per-client": "64", "--client-requests-per-s": "0"}  # every client here is
+# 127.0.0.1: one address, as behind a reverse proxy (bench/serve_fairness.py measures the per-client caps)
 CLIENTS = {"normal": 4, "slow_ok": 1, "slow_headers": 2, "slow_body": 1, "idle": 1, "oversized": 1,
            "disconnect": 1, "health": 1}
 

@@ -14,8 +14,9 @@ from aiayn.serve.app import create_app
 from aiayn.serve.config import ServeConfig
 
 LOCAL = "http://localhost"  # TestClient's base URL: a Host the service accepts on loopback
+# (no pace: the tests' clients share few addresses; tests/serve/test_pace.py tests the pace)
 SERVE = ServeConfig(max_sentences=4, max_sentence_tokens=40, max_request_bytes=4000, max_beam=6,
-                    batch_wait_ms=5.0, threads=1)
+                    batch_wait_ms=5.0, threads=1, client_requests_per_s=0.0)
 
 
 @pytest.fixture(scope="session")

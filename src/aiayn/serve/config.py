@@ -54,8 +54,8 @@ class ServeConfig:
         16, "open connections from one client address at most; more are answered 429 and closed at once, and do "
             "not count against max_connections; behind a reverse proxy the proxy is the one client")
     client_requests_per_s: float = param(
-        20.0, "requests per second one client address may send to /translate on average; faster ones wait (not "
-              "refused) until its pace allows, a burst of client_burst passing at once; 0 = no pacing (docs/serve.md)")
+        5.0, "requests per second one client address may send to /translate on average; faster ones wait (not "
+             "refused) until its pace allows, a burst of client_burst passing at once; 0 = no pacing (docs/serve.md)")
     client_burst: int = param(20, "requests of one client address that pass at once before pacing holds them")
     header_timeout_s: float = param(10.0, "seconds a client has to send a request's headers (then 408 and closed)")
     body_timeout_s: float = param(10.0, "seconds a client has to send a request's body after its headers (then 408)")
