@@ -38,6 +38,17 @@ def test_pacer_long_run_rate_and_off():
     assert {off.hold("a", 0.0) for _ in range(100)} == {0.0} and off.held == 0
 
 
+def test_a_refused_request_takes_no_place():
+    """A wait at or over ``limit`` is returned without taking a place in the pace: rate 1, burst 1,
+    at t = 0 one passes, a second would wait 1 s (over a limit of 0.5: refused), and a third at
+    t = 0.6 still waits only 0.4 s, as if the refused one had not come."""
+    pacer = Pacer(1.0, 1)
+    assert pacer.hold("a", 0.0, limit=0.5) == 0.0
+    assert pacer.hold("a", 0.0, limit=0.5) == pytest.approx(1.0)
+    assert pacer.hold("a", 0.6, limit=0.5) == pytest.approx(0.4)
+    assert pacer.held == 1
+
+
 def test_pace_settings_are_checked():
     with pytest.raises(ConfigError, match="client_requests_per_s"):
         ServeConfig(client_requests_per_s=-1)

@@ -306,12 +306,12 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
         t0, arrived = time.perf_counter(), time.monotonic()
         client = request.client.host if request.client else ""  # the peer address (behind a proxy: the proxy)
         deadline = arrived + cfg.request_timeout_s
-        if (held := pacer.hold(client, arrived)) > 0:  # faster than its pace: waits, before any work is spent
+        if (held := pacer.hold(client, arrived, limit=cfg.request_timeout_s)) > 0:  # faster than its pace
             metrics.events["client_paced"] += 1
             if held >= cfg.request_timeout_s:
                 raise ApiError(429, f"more than {cfg.client_requests_per_s:g} requests a second from this address; "
                                     f"retry in {held:.0f} s")
-            await asyncio.sleep(held)
+            await asyncio.sleep(held)  # before any work is spent on it
         try:
             batcher.check_client(client)  # a full share is refused before the body is read and encoded
             req, settings, ids, prefixes = await _read_request(request, cfg, base, checker, metrics)

@@ -10,7 +10,8 @@ and its rate falls to ``rate``.
 
 The rule is the generic cell rate algorithm (GCRA, ITU-T I.371), the virtual-scheduling form of a
 token bucket: each client has a theoretical arrival time ``tat``; a request arriving at ``now`` may
-pass at ``max(now, tat - (burst - 1) / rate)``, and moves ``tat`` to ``max(now, tat) + 1 / rate``.
+pass at ``max(now, tat - (burst - 1) / rate)``, and moves ``tat`` to ``max(now, tat) + 1 / rate``
+(a request refused because its wait would pass its deadline moves nothing).
 So ``burst`` requests at once pass unheld, and over any long span a client passes at most ``rate``
 a second.
 """
@@ -25,17 +26,21 @@ class Pacer:
         self._tat: dict[str, float] = {}  # client -> theoretical arrival time
         self.held = 0  # requests that were held
 
-    def hold(self, client: str, now: float) -> float:
+    def hold(self, client: str, now: float, limit: float = float("inf")) -> float:
         """Seconds the request of ``client`` arriving at ``now`` (a monotonic clock) waits before it is
-        handled (0: at once), its place in the client's pace taken."""
+        handled (0: at once), its place in the client's pace taken; a wait of ``limit`` or more is
+        returned without taking a place (the request is refused, and a refused request does not push
+        the client's later ones back)."""
         if self.rate <= 0:
             return 0.0
         interval = 1.0 / self.rate
         tat = max(now, self._tat.get(client, now))
-        passes = max(now, tat - (self.burst - 1) * interval)
+        wait = max(now, tat - (self.burst - 1) * interval) - now
+        if wait >= limit:
+            return wait
         self._tat[client] = tat + interval
         if len(self._tat) > 4096:  # forget clients whose pace is back at rest
             self._tat = {c: t for c, t in self._tat.items() if t > now}
-        if passes > now:
+        if wait > 0:
             self.held += 1
-        return passes - now
+        return wait
