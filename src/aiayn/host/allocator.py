@@ -7,7 +7,9 @@ step pays the kernel to zero and map those pages again, page faults that took a 
 ``aiayn demo``'s step (docs/training.md, "Process settings"). ``reuse_freed_memory`` turns that off with two
 ``mallopt`` calls: no mmap for large blocks, and no trimming of the heap top. The cost is
 that the heap only grows: blocks of new sizes are cut from its top, and the holes freed blocks
-leave are kept. Batches of many shapes (a large corpus has a row count for nearly every sentence
+leave are kept (torch allocates with ``posix_memalign``, and glibc before 2.38 cuts an aligned
+block only from a free one larger by the alignment: an exact hole is reused once freed neighbours
+merge with it, so a size's first few re-allocations still grow the heap). Batches of many shapes (a large corpus has a row count for nearly every sentence
 length) leave holes of many sizes, so the heap grew with the corpus (docs/history.md, "Training
 memory that grew with the corpus"). ``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the
 kernel; training calls it every ``TRIM_EVERY_STEPS`` steps and after each validation, which keeps
