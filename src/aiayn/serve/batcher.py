@@ -265,28 +265,24 @@ class Batcher:
             raise ClientBusy(f"this client has {mine} sentences waiting for the model (limit {self.max_per_client} "
                              "per client); retry when they are answered")
 
-    def _unwanted(self, job: Job, now: float) -> Exception | None:
-        """Why not to decode ``job`` (its client left: ``Expired``, which nobody reads), or None."""
-        if self._gone(job, now):
-            return Expired("the request's deadline passed before the model reached it")
-        if self._drain_until is not None and now > self._drain_until:
-            return ShuttingDown("the service shut down before the model reached it")
-        return None
-
     @staticmethod
     def _gone(job: Job, now: float) -> bool:
         """The job's client left or its deadline passed (for good: neither is undone)."""
         return job.abandoned or job.future.cancelled() or (job.deadline is not None and now > job.deadline)
 
     def _live(self, job: Job) -> bool:
-        """Whether to decode ``job``'s next sentences; a dropped job is answered (or was cancelled) here."""
+        """Whether to decode ``job``'s next sentences; a dropped job is answered (or was cancelled) here:
+        ``Expired`` past its deadline, ``ShuttingDown`` past the drain time."""
         if job.future.done() and not job.future.cancelled():
             return False  # answered already: a model call with its earlier sentences failed
-        error = self._unwanted(job, time.monotonic())
-        if error is None:
+        now = time.monotonic()
+        if self._gone(job, now):
+            if not (job.abandoned or job.future.cancelled()):  # (a client that left reads no answer)
+                job.fail(Expired("the request's deadline passed before the model reached it"))
+        elif self._drain_until is not None and now > self._drain_until:
+            job.fail(ShuttingDown("the service shut down before the model reached it"))
+        else:
             return True
-        if not (job.abandoned or job.future.cancelled()):
-            job.fail(error)
         self.skipped += 1
         return False
 
