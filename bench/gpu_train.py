@@ -54,7 +54,7 @@ import aiayn  # noqa: E402
 from aiayn.model.flops import train_flops  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
-from aiayn.train.runtime import compile_model, use_tf32  # noqa: E402
+from aiayn.train.runtime import use_tf32  # noqa: E402
 from aiayn.train.step import TrainStep  # noqa: E402
 
 EPS_LS = 0.1
@@ -131,13 +131,12 @@ def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = 
                 fused_loss: str = "auto"):
     """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own
     ``TrainStep``, queued, read and settled as the loop does."""
-    t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss)
+    t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss, compile=compile_)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
-    net = compile_model(model) if compile_ else model
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    stepper = TrainStep(model, opt, scaler, t, cfg, device, precision, net=net)
+    stepper = TrainStep.for_run(model, opt, scaler, t, cfg, device, precision)
 
     def step(k: int):
         s = stepper.read(stepper.queue([batches.aiayn[k]], k + 1))

@@ -61,15 +61,14 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     from aiayn.data.batching import Batch
     from aiayn.train.config import TrainConfig
     from aiayn.train.objective import make_optimizer
-    from aiayn.train.step import TrainStep, train_kernels
+    from aiayn.train.step import TrainStep
 
     cfg = bl.model_config(size)
     t, cpu = TrainConfig(precision=precision, eps_ls=EPS_LS), torch.device("cpu")
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).train()
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
-    stepper = TrainStep(model, opt, None, t, cfg, cpu, precision, train_kernels(t, cpu))
-    model.pad_linear_rows(t.cpu_row_bits)
+    stepper = TrainStep.for_run(model, opt, None, t, cfg, cpu, precision)
     src, tgt_in, tgt_out = _batch(B, S, T, 4, cfg.vocab_size, cfg.eos_id, cfg.bos_id)
     batch = Batch(src, tgt_in, tgt_out, n_src_tokens=B * S, n_tgt_tokens=B * T, src_padded=False)
 

@@ -115,3 +115,29 @@ def test_train_step_skips_non_finite_steps_then_stops_the_run(caplog):
     after = model.state_dict()
     assert all(torch.allclose(before[k], after[k], rtol=0, atol=0, equal_nan=True) for k in before)
     assert opt.state_dict()["state"] == {} or all(float(v["step"]) == 0 for v in opt.state_dict()["state"].values())
+
+
+def test_the_run_step_follows_the_configuration(monkeypatch):
+    """``TrainStep.for_run``, the loop's and the benchmarks' step: one process takes every step as a
+    synchronization point on the plain model; the CPU's C kernels and padded rows follow
+    ``train.c_kernels`` and ``train.cpu_row_bits``; ``train.compile`` gives a compiled net beside the
+    plain one (the fallback); local SGD, with ranks, averages every ``local_sgd_period`` steps from
+    the main rank's weights and wraps no DDP."""
+    from aiayn.train import runtime as rt
+    from aiayn.train.config import TrainConfig
+    model, opt, cfg, _, _, _ = _tiny_step()
+    cpu = torch.device("cpu")
+    plain = step.TrainStep.for_run(model, opt, None, TrainConfig(c_kernels=False, cpu_row_bits=5), cfg, cpu, "bf16")
+    assert (plain.net, plain.plain_net, plain.period, plain.local_sgd, plain.ddp) == (model, model, 1, False, False)
+    assert plain.kernels is None and model.row_bits == 5
+    compiled = object()
+    monkeypatch.setattr(rt, "compile_model", lambda net: compiled)
+    s = step.TrainStep.for_run(model, opt, None, TrainConfig(compile=True, cpu_row_bits=0), cfg, cpu, "fp32")
+    assert s.net is compiled and s.plain_net is model and model.row_bits == 0
+    broadcast = []
+    monkeypatch.setattr(rt, "broadcast_parameters", lambda params, dist: broadcast.append(len(params)))
+    monkeypatch.setattr(rt, "data_parallel", lambda *a, **k: pytest.fail("local SGD wraps no DDP"))
+    lsgd = step.TrainStep.for_run(model, opt, None, TrainConfig(local_sgd_period=4, c_kernels=False), cfg, cpu,
+                                  "fp32", Dist(rank=1, world_size=2))
+    assert (lsgd.local_sgd, lsgd.period, lsgd.ddp, lsgd.net) == (True, 4, False, model)
+    assert broadcast == [len(list(model.parameters()))]

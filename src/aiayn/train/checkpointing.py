@@ -1,8 +1,9 @@
 """The run's state in its run directory (docs/checkpoints.md): ``TrainState`` (what a run counts),
 ``save`` (the step's checkpoint, ``last.pt``, ``best.pt``, ``ema.pt``, written atomically), and
 ``restore`` (model, optimizer, scaler, batch stream, RNG and counters from ``last.pt``, or from the
-newest intact step checkpoint), so that a resumed run continues exactly, and ``resume_or_start``,
-which restores a run directory or starts a new run (from another checkpoint's weights).
+newest intact step checkpoint), so that a resumed run continues exactly, ``resume_or_start``,
+which restores a run directory or starts a new run (from another checkpoint's weights), and
+``RunCheckpoints``, which does both for the training loop.
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from aiayn.config import to_dict
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import BatchStream
 from aiayn.errors import UserError
+from aiayn.files import write_json_atomic
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, run_config_from_dict
+from aiayn.train.validation import best_merit, merit
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,43 @@ def resume_or_start(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg:
         from aiayn.train.finetune import init_from as load_init
         load_init(init_from, model, opt, cfg, tokenizers, resume_optimizer)
     return TrainState(), None
+
+
+class RunCheckpoints:
+    """One run's checkpoints in its run directory: the run resumed or started once
+    (``resume_or_start``, which also writes the run's ``config.json``), then written when due
+    (``save``). Every rank calls both; the main rank reads and writes the files."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig, tokenizers: dict, dist: rt.Dist, model, opt, scaler,
+                 stream: BatchStream):
+        self.run_dir, self.cfg, self.tokenizers, self.dist = run_dir, cfg, tokenizers, dist
+        self.model, self.opt, self.scaler, self.stream = model, opt, scaler, stream
+
+    def resume_or_start(self, init_from: str | Path | None, resume_optimizer: bool) -> tuple[TrainState, dict | None]:
+        """``resume_or_start``'s state and saved moving average; then the run's ``config.json`` (only
+        now: a refused resume leaves the run directory's as it was)."""
+        state, saved_ema = resume_or_start(self.run_dir, self.model, self.opt, self.scaler, self.stream, self.cfg,
+                                           self.tokenizers, self.dist, init_from, resume_optimizer)
+        if self.dist.is_main:
+            write_json_atomic(self.run_dir / "config.json", to_dict(self.cfg))
+        return state, saved_ema
+
+    def save(self, state: TrainState, valid: dict | None, ema=None, local_sgd: bool = False) -> None:
+        """The run's state at ``state.step``, after the validation ``valid`` (None: none at this step):
+        ``best.pt`` too where it ties or beats the best in ``train.best_metric`` (``track`` has counted
+        it already); non-finite weights refused (``check_finite_weights``). Local SGD (``local_sgd``)
+        gathers each rank's own Adam state, and a data-parallel run every rank's RNG state; old
+        BPE-dropout segmentations are pruned after. ``ema``: the run's ``WeightAverage``, or None."""
+        dist, metric = self.dist, self.cfg.train.best_metric
+        is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
+        check_finite_weights(self.model, state.step, self.run_dir)
+        rank_opts = rt.gather_to_main(self.opt.state_dict(), dist) if local_sgd else None
+        rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
+        if dist.is_main:
+            save(self.run_dir, self.model, self.opt, self.scaler, self.stream.state_dict(), state, self.cfg,
+                 self.tokenizers, self.cfg.train.keep_last, valid, is_best, rank_opts, rank_rng,
+                 ema.state_dict() if ema is not None else None)
+            self.stream.saved()
 
 
 def warn_other_ranks(run_dir: Path, saved_state: dict, position: dict, saved_accum: int, accum: int,

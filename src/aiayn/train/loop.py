@@ -1,9 +1,9 @@
 """The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and ``_Run``,
 what a run holds between its steps. Each part it uses is built once, from the configuration it
-needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step, which the benchmarks
-take too (``aiayn.train.step.TrainStep``), validation (``aiayn.train.validation``), the run directory's state
-(``aiayn.train.checkpointing``), the moving average of the weights (``aiayn.train.ema``) and the
-outputs (``aiayn.train.monitor``).
+needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step and how the ranks take it
+together, as the benchmarks build it too (``aiayn.train.step.TrainStep.for_run``), validation
+(``aiayn.train.validation``), the run directory's checkpoints (``aiayn.train.checkpointing.RunCheckpoints``),
+the moving average of the weights (``aiayn.train.ema``) and the outputs (``aiayn.train.monitor``).
 
 Per optimizer step: ``accum_steps`` token-bounded batches per device; the loss is the sum of
 label-smoothed cross-entropy over every target token of the step on every device, divided by
@@ -20,22 +20,21 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import replace, to_dict
+from aiayn.config import replace
 from aiayn.data.dataset import DataDir
-from aiayn.files import write_json_atomic
 from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import runtime as rt
-from aiayn.train.checkpointing import TrainState, check_finite_weights, resume_or_start, save, tokenizer_payload
+from aiayn.train.checkpointing import RunCheckpoints, TrainState, tokenizer_payload
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.ema import WeightAverage
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import learning_rate, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
-from aiayn.train.step import Step, TrainStep, train_kernels
-from aiayn.train.validation import Validator, best_merit, merit
+from aiayn.train.step import Step, TrainStep
+from aiayn.train.validation import Validator
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +49,6 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
                         tie_src_tgt_embeddings=False)
     return replace(cfg, model=model)
-
-
-def _build(cfg: RunConfig, device, precision: str) -> tuple:
-    """What a checkpoint restores besides the data position, freshly made: the model (seeded by
-    ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``) and fp16's gradient scaler (None
-    otherwise)."""
-    t, m = cfg.train, cfg.model
-    model = Transformer(m).to(device)
-    opt = make_optimizer(model.parameters(),
-                         learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
-                         (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
-                         fused=t.fused_adam and device.type in ("cpu", "cuda"))
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    return model, opt, scaler
 
 
 def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
@@ -131,7 +116,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         last_sync_step = state.step
         valid = run.validate() if due_valid or ((due_steps or due_time) and t.validate_at_save) else None
         if due_steps or due_time:
-            run.checkpoint(valid)
+            run.checkpoints.save(state, valid, run.ema, run.local_sgd)
             last_save = elapsed
     if run.local_sgd and state.step != last_sync_step:  # stopped between two averagings
         state.tokens += _average_copies(run.model, run.pending_tokens, run.clock(), run.dist, run.device)[0]
@@ -141,8 +126,8 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
 
 class _Run:
     """What one training run holds between its steps: the data, the model and its optimizer (restored
-    from the run directory, or fresh), how the ranks train together (one process, DDP, or local SGD's
-    copies averaged every ``period`` steps), the clock, the counters of logging and the outputs."""
+    from the run directory, or fresh), the step (one process, DDP, or local SGD's copies averaged every
+    ``period`` steps), the run directory's checkpoints, the clock, the counters of logging and the outputs."""
 
     def __init__(self, data_dir, run_dir: Path, cfg: RunConfig, progress: bool, held: contextlib.ExitStack,
                  init_from, resume_optimizer: bool):
@@ -155,37 +140,29 @@ class _Run:
         self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
-        self.model, self.opt, self.scaler = _build(cfg, self.device, self.precision)
-        self.tokenizers = tokenizer_payload(data)
-        self.state, saved_ema = resume_or_start(run_dir, self.model, self.opt, self.scaler, self.stream, cfg,
-                                                self.tokenizers, self.dist, init_from, resume_optimizer)
+        # What a checkpoint restores besides the data position, freshly made: the model (seeded by
+        # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; ``TrainStep`` sets each step's
+        # rate) and fp16's gradient scaler (None otherwise).
+        m = cfg.model
+        self.model = Transformer(m).to(self.device)
+        self.opt = make_optimizer(self.model.parameters(),
+                                  learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
+                                  (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
+                                  fused=t.fused_adam and self.device.type in ("cpu", "cuda"))
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.checkpoints = RunCheckpoints(run_dir, cfg, tokenizer_payload(data), self.dist, self.model, self.opt,
+                                          self.scaler, self.stream)
+        self.state, saved_ema = self.checkpoints.resume_or_start(init_from, resume_optimizer)
         self.ema = WeightAverage(self.model, t.ema_decay, self.device, saved_ema) if t.ema_decay else None
-        if self.dist.is_main:  # only now: a refused resume leaves the run's config.json as it was
-            write_json_atomic(run_dir / "config.json", to_dict(cfg))
-        self._parallel(t)
-        self.model.pad_linear_rows(t.cpu_row_bits if self.device.type == "cpu" else 0)
+        self.t_start = time.monotonic() - self.state.train_seconds
+        self.stepper = TrainStep.for_run(self.model, self.opt, self.scaler, t, m, self.device, self.precision,
+                                         self.dist, self.clock, run_dir)
+        self.local_sgd, self.period = self.stepper.local_sgd, self.stepper.period
         self.n_params = count_parameters(self.model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, self.precision, self.dist.world_size)
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
-        self.t_start = time.monotonic() - self.state.train_seconds
         self.pending_tokens = 0
-
-    def _parallel(self, t: TrainConfig) -> None:
-        """How the ranks train together, and the step that follows from it. Local SGD: every process
-        trains its own copy (no DDP), and the copies are averaged every ``period`` steps; elsewhere
-        every step is a synchronization point."""
-        self.local_sgd = self.dist.enabled and t.local_sgd_period > 0
-        self.period = t.local_sgd_period if self.local_sgd else 1
-        if self.local_sgd:
-            rt.broadcast_parameters(list(self.model.parameters()), self.dist)
-        ddp = self.dist.enabled and not self.local_sgd
-        plain_net = rt.data_parallel(self.model, static_graph=t.accum_steps == 1 and not t.compile) \
-            if ddp else self.model
-        net = rt.compile_model(plain_net) if t.compile else plain_net
-        self.stepper = TrainStep(self.model, self.opt, self.scaler, t, self.cfg.model, self.device, self.precision,
-                                 train_kernels(t, self.device), self.dist, plain_net, net, self.local_sgd,
-                                 self.clock, self.run_dir)
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
@@ -232,26 +209,10 @@ class _Run:
         if self.device.type == "cpu":
             release_free_memory()
 
-    def checkpoint(self, valid: dict | None) -> None:
-        """The run's state into ``run_dir`` by the main rank (every rank calls it: local SGD gathers
-        each rank's own Adam state first, and every rank's RNG state is gathered); old BPE-dropout
-        segmentations pruned."""
-        state, dist = self.state, self.dist
-        metric = self.cfg.train.best_metric  # (after ``track``: a tie with the best is the best)
-        is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
-        check_finite_weights(self.model, state.step, self.run_dir)
-        rank_opts = rt.gather_to_main(self.opt.state_dict(), dist) if self.local_sgd else None
-        rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
-        if dist.is_main:
-            save(self.run_dir, self.model, self.opt, self.scaler, self.stream.state_dict(), state, self.cfg,
-                 self.tokenizers, self.cfg.train.keep_last, valid, is_best, rank_opts, rank_rng,
-                 self.ema.state_dict() if self.ema is not None else None)
-            self.stream.saved()
-
     def finish(self, stop_reason: str) -> None:
         """The end: validate, write the final checkpoint and the summary."""
         valid = self.validate()
-        self.checkpoint(valid)
+        self.checkpoints.save(self.state, valid, self.ema, self.local_sgd)
         if self.dist.is_main:
             self.monitor.close(summary(self.state, self.cfg, self.n_params, self.dist, self.device, self.precision,
                                        stop_reason, valid))

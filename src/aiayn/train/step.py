@@ -218,11 +218,33 @@ class TrainStep:
         self.net = net if net is not None else self.plain_net
         self.local_sgd, self.clock, self.run_dir = local_sgd, clock, run_dir
         self.ddp = self.dist.enabled and not local_sgd
+        self.period = t.local_sgd_period if local_sgd else 1  # steps between two synchronization points
         self.copies = 2 if t.rdrop_alpha > 0 else 1  # R-Drop feeds every batch twice
         self.update_early = update_early(opt, scaler)
         self.bad_in_row = 0
         # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
         model.use_attention_kernels(None if self.net is not self.plain_net else kernels)
+
+    @classmethod
+    def for_run(cls, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler, t: TrainConfig, m: ModelConfig,
+                device: torch.device, precision: str, dist: rt.Dist | None = None,
+                clock: Callable[[], float] = time.monotonic, run_dir: Path | None = None) -> "TrainStep":
+        """A training run's step, from how its ranks train together: one process; DDP, where every
+        step is a synchronization point; or local SGD (``train.local_sgd_period``), where every
+        process trains its own copy of the model, from the main rank's weights, and ``train.loop``
+        averages the copies every ``period`` steps. The net compiled with ``train.compile``; on the
+        CPU the C kernels (``train.c_kernels``) and the linear maps' padded rows (``train.cpu_row_bits``).
+        The benchmarks build their step here too (one process)."""
+        dist = dist if dist is not None else rt.Dist()
+        local_sgd = dist.enabled and t.local_sgd_period > 0
+        if local_sgd:
+            rt.broadcast_parameters(list(model.parameters()), dist)
+        ddp = dist.enabled and not local_sgd
+        plain_net = rt.data_parallel(model, static_graph=t.accum_steps == 1 and not t.compile) if ddp else model
+        net = rt.compile_model(plain_net) if t.compile else plain_net
+        model.pad_linear_rows(t.cpu_row_bits if device.type == "cpu" else 0)
+        return cls(model, opt, scaler, t, m, device, precision, train_kernels(t, device), dist, plain_net, net,
+                   local_sgd, clock, run_dir)
 
     def queue(self, micro: list, step: int, elapsed: float = 0.0) -> Step:
         """Optimizer step ``step`` (counted from 1) over the batches ``micro``: Eq. 3's rate, then the
