@@ -135,7 +135,6 @@ class _Run:
         self.cfg = cfg = fit_to_data(cfg, data)
         t = cfg.train
         self.dist, self.device, self.precision = rt.start(t)
-        self.run_dir = run_dir
         self.validator = Validator(data, cfg, self.device, self.precision, self.dist)
         self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
         if self.dist.is_main:
