@@ -1,9 +1,9 @@
 """The run's state in its run directory (docs/checkpoints.md): ``TrainState`` (what a run counts),
 ``save`` (the step's checkpoint, ``last.pt``, ``best.pt``, ``ema.pt``, written atomically), and
 ``restore`` (model, optimizer, scaler, batch stream, RNG and counters from ``last.pt``, or from the
-newest intact step checkpoint), so that a resumed run continues exactly, ``resume_or_start``,
-which restores a run directory or starts a new run (from another checkpoint's weights), and
-``RunCheckpoints``, which does both for the training loop.
+newest intact step checkpoint), so that a resumed run continues exactly; and ``RunCheckpoints``,
+the training loop's: a run directory restored or a new run started (from another checkpoint's
+weights), then its checkpoints written when due.
 """
 from __future__ import annotations
 
@@ -131,24 +131,6 @@ def restore(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConf
                       valid_bleu_seconds=ckpt.get("valid_bleu_seconds", 0.0)), ckpt.get("ema")
 
 
-def resume_or_start(run_dir: Path, model, opt, scaler, stream: BatchStream, cfg: RunConfig, tokenizers: dict,
-                    dist: rt.Dist, init_from: str | Path | None = None,
-                    resume_optimizer: bool = False) -> tuple[TrainState, dict | None]:
-    """The run directory's state, resumed exactly (``restore``), or a new run's (from ``init_from``'s
-    weights, and with ``resume_optimizer`` its Adam state: ``finetune.init_from``); and the moving
-    average of the weights the run directory kept, if any."""
-    if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
-        state, saved_ema = restore(run_dir, model, opt, scaler, stream, cfg, tokenizers, dist.rank, dist.world_size)
-        log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
-        if dist.is_main:
-            print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
-        return state, saved_ema
-    if init_from is not None:
-        from aiayn.train.finetune import init_from as load_init
-        load_init(init_from, model, opt, cfg, tokenizers, resume_optimizer)
-    return TrainState(), None
-
-
 class RunCheckpoints:
     """One run's checkpoints in its run directory: the run resumed or started once
     (``resume_or_start``, which also writes the run's ``config.json``), then written when due
@@ -160,12 +142,23 @@ class RunCheckpoints:
         self.model, self.opt, self.scaler, self.stream = model, opt, scaler, stream
 
     def resume_or_start(self, init_from: str | Path | None, resume_optimizer: bool) -> tuple[TrainState, dict | None]:
-        """``resume_or_start``'s state and saved moving average; then the run's ``config.json`` (only
+        """The run directory's state, resumed exactly (``restore``), or a new run's (from ``init_from``'s
+        weights, and with ``resume_optimizer`` its Adam state: ``finetune.init_from``); and the moving
+        average of the weights the run directory kept, if any. Then the run's ``config.json`` (only
         now: a refused resume leaves the run directory's as it was)."""
-        state, saved_ema = resume_or_start(self.run_dir, self.model, self.opt, self.scaler, self.stream, self.cfg,
-                                           self.tokenizers, self.dist, init_from, resume_optimizer)
-        if self.dist.is_main:
-            write_json_atomic(self.run_dir / "config.json", to_dict(self.cfg))
+        run_dir, dist = self.run_dir, self.dist
+        state, saved_ema = TrainState(), None
+        if (run_dir / "last.pt").exists() or ck.step_checkpoints(run_dir):  # (last.pt lost: a step checkpoint)
+            state, saved_ema = restore(run_dir, self.model, self.opt, self.scaler, self.stream, self.cfg,
+                                       self.tokenizers, dist.rank, dist.world_size)
+            log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
+            if dist.is_main:
+                print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
+        elif init_from is not None:
+            from aiayn.train.finetune import init_from as load_init
+            load_init(init_from, self.model, self.opt, self.cfg, self.tokenizers, resume_optimizer)
+        if dist.is_main:
+            write_json_atomic(run_dir / "config.json", to_dict(self.cfg))
         return state, saved_ema
 
     def save(self, state: TrainState, valid: dict | None, ema=None, local_sgd: bool = False) -> None:
