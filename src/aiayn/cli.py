@@ -2,6 +2,11 @@
 
 Every command module exposes ``register(subparsers)``, which adds its parser and sets ``func``
 to the function that runs it. The list below is explicit on purpose (no registry).
+
+No parser takes an abbreviation of a long option (``allow_abbrev=False`` on each one, as
+``add_parser`` does not pass it on): ``--train`` is never read as ``--train-lines``, so a misspelt
+option, or one a later version adds, is an error instead of landing on another. ``--opt=value``
+is read as always.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need': prepare, train, translate, score, plot, serve.",
+        allow_abbrev=False,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)

@@ -32,7 +32,8 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    a = sub.add_parser("average", help="average checkpoints in float32 (§6.1: last 5 for base, last 20 for big)")
+    a = sub.add_parser("average", help="average checkpoints in float32 (§6.1: last 5 for base, last 20 for big)",
+                       allow_abbrev=False)
     a.add_argument("inputs", nargs="+", help="a run directory (with --last N) or checkpoint files")
     a.add_argument("--last", type=int, default=None,
                    help="with a run directory: average its last N step checkpoints (default 5)")

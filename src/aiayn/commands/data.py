@@ -12,17 +12,20 @@ def register(subparsers) -> None:
         description="Download a data set into a folder that --data-root then takes. Each file is checked "
                     "against its pinned SHA-256 (an MD5 where that is all that is published, said so) before "
                     "it gets its name; an interrupted download resumes "
-                    "on the next run; files already there are kept.")
+                    "on the next run; files already there are kept.",
+        allow_abbrev=False)
     which = d.add_subparsers(dest="dataset", metavar="DATASET")
     which.required = True
     m = which.add_parser("multi30k", help="Multi30k task 1 (raw and tokenized train, val, test_2016_flickr; en, de) "
-                                          "from github.com/multi30k/dataset, or $AIAYN_DATA_URL")
+                                          "from github.com/multi30k/dataset, or $AIAYN_DATA_URL",
+                         allow_abbrev=False)
     m.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache, $AIAYN_CACHE "
                         "or ~/.cache/aiayn, where `aiayn demo` looks")
     m.set_defaults(func=run_multi30k)
     w = which.add_parser("wmt14", help="the WMT14 archives of a pair (training corpora, newstest2013, newstest2014) "
-                                       "from statmt.org, or $AIAYN_WMT14_URL")
+                                       "from statmt.org, or $AIAYN_WMT14_URL",
+                         allow_abbrev=False)
     w.add_argument("--pair", choices=("en-de", "en-fr"), default="en-de",
                    help="en-de: Europarl v7, Common Crawl, News Commentary v9 (1.7 GB); en-fr: those and the UN and "
                         "10^9 corpora (6.6 GB); both with dev.tgz and test-full.tgz (default: en-de)")

@@ -29,6 +29,7 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
-                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     add_demo_arguments(p, demo.DemoConfig, "--set model.p_drop=0.2 --set train.seed=2")
     p.set_defaults(func=run)

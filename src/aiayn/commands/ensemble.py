@@ -19,7 +19,8 @@ def register(sub) -> None:
     e = sub.add_parser("ensemble", help="put several checkpoints into one file that translates with their ensemble",
                        description="One file holding the models of several checkpoints (averaged or not; they must "
                                    "share the tokenizers). `aiayn translate --checkpoint FILE` then decodes with the "
-                                   "mean of their next-token probabilities, as with several --checkpoint files.")
+                                   "mean of their next-token probabilities, as with several --checkpoint files.",
+                       allow_abbrev=False)
     e.add_argument("inputs", nargs="+", help="checkpoint files (or ensemble files)")
     e.add_argument("--out", required=True, help="output ensemble file (new, unless --overwrite)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out (in one step)")

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("estimate", help="time, device-hours and FLOPs of a recipe on N devices (Table 2's estimate)",
-                       description=estimate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=estimate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     p.add_argument("--recipe", required=True, help="recipe file (e.g. recipes/wmt14-ende-base.json)")
     p.add_argument("--gpus", dest="devices", type=int, default=8, help="devices training together (default 8)")
     p.add_argument("--device", default="p100",

@@ -73,7 +73,7 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and score it (sacreBLEU, chrF, the paper's BLEU)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--checkpoint", required=True, help="checkpoint (e.g. the average of the last 5)")
     p.add_argument("--src", help="source sentences (plain or .gz)")
     p.add_argument("--ref", help="reference translations, raw text (plain or .gz)")

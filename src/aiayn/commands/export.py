@@ -36,7 +36,8 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a checkpoint as a CTranslate2 model directory (needs ctranslate2) "
-                                      "or, with --format hf, a Hugging Face MarianMTModel directory (needs transformers)")
+                                      "or, with --format hf, a Hugging Face MarianMTModel directory (needs transformers)",
+                       allow_abbrev=False)
     p.add_argument("--checkpoint", required=True, help="aiayn checkpoint (.pt), e.g. the demo's model.pt")
     p.add_argument("--out", required=True,
                    help="output directory: new or empty, or with --overwrite an earlier export (written whole, then "

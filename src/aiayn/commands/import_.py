@@ -16,7 +16,8 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("import", help="read a Hugging Face MarianMTModel directory (e.g. an OPUS-MT model) as an "
-                                      "aiayn checkpoint (needs transformers)")
+                                      "aiayn checkpoint (needs transformers)",
+                       allow_abbrev=False)
     p.add_argument("dir", help="the model's directory: config.json, model.safetensors or pytorch_model.bin, "
                                "source.spm, target.spm, vocab.json")
     p.add_argument("--format", default="hf", choices=("hf",),

@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "parse", help="constituency parsing (§6.3): parse text; demo, prepare, train, decode, score, baseline",
         description="English constituency parsing as translation (§6.3). Without a subcommand, parse "
-                    "tokenized text (as `aiayn parse text`): `echo 'The cat sat .' | aiayn parse --checkpoint F`.")
+                    "tokenized text (as `aiayn parse text`): `echo 'The cat sat .' | aiayn parse --checkpoint F`.",
+        allow_abbrev=False)
     _add_text_arguments(p, required=False)
     p.set_defaults(func=run_text)
     sub = p.add_subparsers(dest="parse_command", metavar="PARSE_COMMAND")
@@ -48,7 +49,8 @@ def register(subparsers) -> None:
 
 def _register_demo(sub) -> None:
     p = sub.add_parser("demo", help="the NLTK WSJ sample end to end: prepare, train, average, parse, score",
-                       description=parse_demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=parse_demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     add_demo_arguments(p, parse_demo.ParseDemoConfig, "--set train.seed=2")
     p.set_defaults(func=run_demo)
 
@@ -64,7 +66,8 @@ def _register_score(sub) -> None:
         description="Score bracketed trees (one per line) the way EVALB does and print its summary "
                     "(recall, precision, F-measure, complete match, crossing, tagging accuracy; all "
                     "sentences and those within CUTOFF_LEN). Without --param the settings of "
-                    "COLLINS.prm are used.")
+                    "COLLINS.prm are used.",
+        allow_abbrev=False)
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one bracketing per line")
     p.add_argument("--test", type=Path, required=True, help="trees to score, line-aligned with --gold")
     p.add_argument("--param", type=Path, default=None, help="EVALB parameter file (default: COLLINS.prm settings)")
@@ -95,7 +98,8 @@ def _register_prepare(sub) -> None:
                     f"or a directory holding them at any depth, such as the LDC's parsed/mrg/wsj), strip empty "
                     f"elements, traces and function tags, split it by WSJ file number ({schemes}), write "
                     f"OUT/{{split}}.words, .linear, .gold, and build the data directory OUT/data from the "
-                    f"words -> linearized pairs (dev as its valid split).")
+                    f"words -> linearized pairs (dev as its valid split).",
+        allow_abbrev=False)
     p.add_argument("--treebank", type=Path, required=True, help="treebank.zip or a directory of .mrg files")
     p.add_argument("--splits", choices=list(SPLIT_SCHEMES), default="sample",
                    help="named split of WSJ files (default: sample); --train-files etc. override its ranges; "
@@ -142,7 +146,8 @@ def _register_baseline(sub) -> None:
         "baseline", help="right-branching trees over the words of a gold file",
         description="Write the right-branching tree (all constituents labeled S) over the words of "
                     "each gold tree; preterminals keep the gold tags so EVALB removes the same "
-                    "punctuation. Score it with `aiayn parse score`.")
+                    "punctuation. Score it with `aiayn parse score`.",
+        allow_abbrev=False)
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one bracketing per line")
     p.add_argument("--out", type=Path, required=True, help="file to write, one tree per line")
     p.set_defaults(func=run_baseline)
@@ -169,7 +174,8 @@ def _register_train(sub) -> None:
         "train", help="train a parser on OUT/data of `aiayn parse prepare`",
         description=f"`aiayn train` with parsing defaults: preset {PARSE_TRAIN_PRESET} and "
                     f"{' '.join('--set ' + s for s in PARSE_TRAIN_SETS)} (your --set and --max-steps "
-                    f"come after them). See `aiayn train --help` for every --set key.")
+                    f"come after them). See `aiayn train --help` for every --set key.",
+        allow_abbrev=False)
     p.add_argument("--data", type=Path, required=True, help="data directory (OUT/data of `aiayn parse prepare`)")
     p.add_argument("--out", type=Path, required=True, help="run directory; resumed if it holds last.pt")
     p.add_argument("--preset", default=PARSE_TRAIN_PRESET, choices=list(PRESETS),
@@ -197,7 +203,8 @@ def _register_decode(sub) -> None:
                     "alpha 0.3, max length = input + 300), constrained to well-formed trees over the words "
                     "unless --constrained false, rebuild each tree over the words (gold POS tags on the "
                     "leaves; ill-formed outputs repaired and counted), write the trees to --out and print "
-                    "EVALB's summary and the repair counts.")
+                    "EVALB's summary and the repair counts.",
+        allow_abbrev=False)
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint written by `aiayn parse train`")
     p.add_argument("--gold", type=Path, required=True, help="gold trees, one per line (e.g. OUT/test.gold)")
     p.add_argument("--out", type=Path, required=True, help="file for the predicted trees, one per line")
@@ -241,7 +248,8 @@ def _register_text(sub) -> None:
                     "input tokens, with ( and ) written -LRB- and -RRB- as in the treebank; preterminals are "
                     "labeled XX (the model predicts brackets, not POS tags). An empty line gives an empty line. "
                     "Decoding is §6.3's (beam 21, alpha 0.3, max length = input + 300), constrained to "
-                    "well-formed trees unless --constrained false.")
+                    "well-formed trees unless --constrained false.",
+        allow_abbrev=False)
     _add_text_arguments(p, required=True)
     p.set_defaults(func=run_text)
 

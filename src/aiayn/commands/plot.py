@@ -9,14 +9,15 @@ from aiayn.errors import UserError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plot", help="PNG figures: attention heat maps, the Eq. 3 learning rate, label smoothing",
-                              description="Write PNG figures and print their paths.")
+                              description="Write PNG figures and print their paths.", allow_abbrev=False)
     sub = p.add_subparsers(dest="figure", metavar="FIGURE")
     sub.required = True
 
     from aiayn.decode.config import DecodeConfig
     a = sub.add_parser("attention", help="heat maps of every attention layer and head for one sentence (Figures 3-5)",
                        description="Translate --src with the checkpoint, then write one PNG per attention kind "
-                                   "(encoder, decoder_self, cross) and layer, a grid of the heads, tokens on the axes.")
+                                   "(encoder, decoder_self, cross) and layer, a grid of the heads, tokens on the axes.",
+                       allow_abbrev=False)
     a.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     a.add_argument("--src", required=True, help="the source sentence")
     a.add_argument("--out", default="attention", metavar="DIR", help="output directory (default: attention)")
@@ -24,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.set_defaults(func=run_attention)
 
     lr = sub.add_parser("lr", help="learning-rate curves of Eq. 3 for (d_model, warmup) pairs",
-                        description="Plot lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3).")
+                        description="Plot lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3).",
+                        allow_abbrev=False)
     lr.add_argument("--pairs", nargs="+", default=["512:4000", "512:8000", "256:4000"], metavar="D:W",
                     help="d_model:warmup_steps pairs (default: 512:4000 512:8000 256:4000)")
     lr.add_argument("--steps", type=int, default=20000, help="last step plotted (default: 20000)")
@@ -33,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lr.set_defaults(func=run_lr)
 
     s = sub.add_parser("smoothing", help="the label-smoothed target distribution (§5.4) for a few targets",
-                       description="Heat map of smoothed_targets (the training loss's q) for --targets.")
+                       description="Heat map of smoothed_targets (the training loss's q) for --targets.",
+                       allow_abbrev=False)
     s.add_argument("--targets", nargs="+", type=int, default=[2, 1, 0, 3, 3], help="target ids (default: 2 1 0 3 3)")
     s.add_argument("--vocab-size", type=int, default=5, help="V (default: 5)")
     s.add_argument("--eps-ls", type=float, default=0.4, help="eps_ls (default: 0.4; the paper trains with 0.1)")

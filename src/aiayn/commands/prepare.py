@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         description="Train a SentencePiece model (ids pad=0 unk=1 bos=2 eos=3) on the train split, "
                     "encode every split into memory-mappable arrays, clean train, and write a "
                     "manifest. Inputs: UTF-8, one sentence per line, aligned, plain or .gz. "
-                    "Nothing is left at --out unless the whole run succeeds.")
+                    "Nothing is left at --out unless the whole run succeeds.",
+        allow_abbrev=False)
     for split in ("train", "valid", "test"):
         for side, lang in (("src", "source"), ("tgt", "target")):
             p.add_argument(f"--{split}-{side}", type=Path, default=None,

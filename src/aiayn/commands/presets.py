@@ -39,7 +39,8 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("presets", help="list the named model configurations with exact parameter counts")
+    p = sub.add_parser("presets", help="list the named model configurations with exact parameter counts",
+                       allow_abbrev=False)
     p.add_argument("--vocab-size", type=int, default=None,
                    help="shared vocabulary size to count with (default: each preset's own)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per preset")

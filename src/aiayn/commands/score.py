@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "chrF2, and the paper's tokenized BLEU with compound splitting (Moses tokenizer + "
                     "##AT## splitting, as tensor2tensor's get_ende_bleu.sh). --tokenized: text that is "
                     "already tokenized (e.g. lowercased Moses-tokenized Multi30k) is scored as "
-                    "multi-bleu.perl / fairseq-score do.")
+                    "multi-bleu.perl / fairseq-score do.",
+        allow_abbrev=False)
     p.add_argument("--ref", nargs="+", required=True, metavar="FILE", help="reference file(s), one sentence per line")
     p.add_argument("--hyp", metavar="FILE", help="translations, one per line (default: stdin)")
     p.add_argument("--tokenized", action="store_true", help="inputs are already tokenized: score whitespace tokens")

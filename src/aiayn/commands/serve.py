@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "GET /metrics (Prometheus); open / in a browser to type sentences and see translations and "
                     "attention maps. Concurrent requests share model calls. The decode options below are the "
                     f"defaults of requests that do not set them. The API key may come from ${API_KEY_ENV} "
-                    "instead of --api-key (which ps would show). See docs/serve.md.")
+                    "instead of --api-key (which ps would show). See docs/serve.md.",
+        allow_abbrev=False)
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     add_device_argument(p)
     add_arguments(p, ServeConfig)

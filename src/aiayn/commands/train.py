@@ -55,7 +55,8 @@ def register(sub) -> None:
         "train", help="train a Transformer on a prepared data directory (resumes if --out has a run)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="--set keys (section.field=value):\n" + sets_help(ModelConfig, "model") + "\n"
-               + sets_help(TrainConfig, "train"))
+               + sets_help(TrainConfig, "train"),
+        allow_abbrev=False)
     p.add_argument("--data", required=True, help="data directory written by `aiayn prepare`")
     p.add_argument("--out", required=True, help="run directory (checkpoints, logs); resumed if it holds last.pt")
     g = p.add_mutually_exclusive_group()

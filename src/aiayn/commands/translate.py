@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "An empty line gives an empty line; a line longer than --max-input-tokens is truncated "
                     "with a warning naming its line number (--long-lines: truncate, skip or error). With --nbest N > 1 each output line is "
                     "'INDEX ||| TRANSLATION ||| SCORE' (0-based input index, best first; an empty input line "
-                    "has no entries).")
+                    "has no entries).",
+        allow_abbrev=False)
     p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
                    help="checkpoint written by `aiayn train` or `aiayn average`; several (or an ensemble file from "
                         "`aiayn ensemble`) translate with their ensemble, the mean of their next-token probabilities")

@@ -22,7 +22,8 @@ def register(sub) -> None:
                                    "(docs/checkpoints.md). This rewrites one written before that (RNG states "
                                    "as numpy objects, no checksum); it reads tensors, plain values and numpy "
                                    "arrays only, never code. A file that carries a checksum is verified first: "
-                                   "a damaged or edited one is refused, never sealed again.")
+                                   "a damaged or edited one is refused, never sealed again.",
+                       allow_abbrev=False)
     u.add_argument("checkpoint", help="checkpoint or ensemble file")
     u.add_argument("--out", help="output file, new unless --overwrite (default: replace the input, atomically)")
     u.add_argument("--overwrite", action="store_true", help="replace an existing --out (in one step)")

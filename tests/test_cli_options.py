@@ -1,0 +1,72 @@
+"""No ``aiayn`` command takes an abbreviated long option: argparse's prefix matching would read
+``aiayn demo --train a.en`` as ``--train-lines a.en``, so a misspelt option, or one a later
+version adds, would land silently on another. Every parser of the tree is walked, so a command
+added later without ``allow_abbrev=False`` fails here."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from aiayn.cli import build_parser, main
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("aiayn",)):
+    """``(path, parser)`` for ``parser`` and every sub-command parser below it, depth first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def _abbreviation(option: str, taken: set[str]) -> str | None:
+    """The longest proper prefix of the long ``option`` that is no option of its own (None: every one is)."""
+    for end in range(len(option) - 1, 2, -1):
+        if option[:end] not in taken:
+            return option[:end]
+    return None
+
+
+def _long_options(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+
+
+ALL = list(_parsers(build_parser()))
+
+
+def test_the_walk_reaches_nested_commands():
+    names = {" ".join(path) for path, _ in ALL}
+    assert {"aiayn", "aiayn demo", "aiayn parse demo", "aiayn data multi30k", "aiayn plot lr"} <= names
+    assert len(ALL) > 25
+
+
+@pytest.mark.parametrize("path,parser", ALL, ids=[" ".join(path) for path, _ in ALL])
+def test_every_long_option_refuses_its_abbreviation(path, parser):
+    for action in parser._actions:  # nothing required, so the one option given is all that is judged
+        action.required = False
+    taken = set(parser._option_string_actions)
+    for option in _long_options(parser):
+        abbrev = _abbreviation(option, taken)
+        if abbrev is None:
+            continue
+        try:
+            _, extras = parser.parse_known_args([abbrev])
+        except SystemExit:  # it took the abbreviation for the option and wanted a value
+            pytest.fail(f"{' '.join(path)}: {abbrev} was read as {option}")
+        assert extras == [abbrev], f"{' '.join(path)}: {abbrev} was read as {option}"
+
+
+def test_demo_train_is_not_train_lines(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--train", "a.en"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: unrecognized arguments: --train a.en" in err
+
+
+def test_option_equals_value_is_still_read():
+    args = build_parser().parse_args(["demo", "--train-lines=5", "--out=runs/x", "--set=train.seed=2"])
+    assert (args.train_lines, args.out, args.set) == (5, "runs/x", ["train.seed=2"])
+    args = build_parser().parse_args(["parse", "demo", "--minutes=1.5"])
+    assert args.minutes == 1.5
