@@ -1,5 +1,6 @@
 """``aiayn data multi30k``: fetch Multi30k's files (``aiayn.data.multi30k``); ``aiayn data wmt14``:
-the WMT14 archives of a pair (``aiayn.data.wmt14``)."""
+the WMT14 archives of a pair (``aiayn.data.wmt14``); ``aiayn data ptb-sample``: NLTK's Penn
+Treebank sample for ``aiayn parse demo`` (``aiayn.data.ptb_sample``)."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,16 @@ def register(subparsers) -> None:
     w.add_argument("--unpack", action="store_true",
                    help="also extract the files scripts/wmt14.sh reads into DIR/wmt14 (where its --raw DIR finds them)")
     w.set_defaults(func=run_wmt14)
+    t = which.add_parser("ptb-sample", help="NLTK's Penn Treebank sample (treebank.zip: WSJ files 0001-0199), "
+                                            "what `aiayn parse demo` trains on, from github.com/nltk/nltk_data",
+                         allow_abbrev=False)
+    t.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="data root to fill (DIR/ptb-wsj-nltk-sample/treebank.zip); default: the cache, $AIAYN_CACHE "
+                        "or ~/.cache/aiayn, where `aiayn parse demo` looks")
+    t.add_argument("--base-url", default=None, metavar="URL",
+                   help="a mirror holding the repository's path packages/corpora/treebank.zip (default: "
+                        "$AIAYN_NLTK_DATA_URL, else https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/)")
+    t.set_defaults(func=run_ptb_sample)
 
 
 def run_multi30k(args: argparse.Namespace) -> int:
@@ -53,4 +64,13 @@ def run_wmt14(args: argparse.Namespace) -> int:
     print(f"wmt14 {args.pair}: {len(paths)} archives in {root / 'wmt14'}")
     if args.unpack:
         print(f"wmt14 {args.pair}: unpacked in {unpack(root, args.pair)} (scripts/wmt14.sh --raw {root})")
+    return 0
+
+
+def run_ptb_sample(args: argparse.Namespace) -> int:
+    from aiayn.data.multi30k import cache_root
+    from aiayn.data.ptb_sample import download_ptb_sample
+    root = args.out if args.out is not None else cache_root()
+    path = download_ptb_sample(root, base_url=args.base_url)
+    print(f"ptb-sample: {path} (aiayn parse demo --data-root {root})")
     return 0

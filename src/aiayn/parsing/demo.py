@@ -42,10 +42,11 @@ def _splits(cfg: "ParseDemoConfig") -> tuple[str, ...]:
 class ParseDemoConfig:
     """Options of ``aiayn parse demo``; defaults are the full run (45 minutes of training)."""
 
-    treebank: str = param("", "treebank.zip (or a directory of wsj_NNNN.mrg files); empty = "
+    treebank: str = param("", "treebank.zip (or a directory of wsj_NNNN.mrg files); empty = NLTK's sample, "
                               "ptb-wsj-nltk-sample/treebank.zip under --data-root")
-    data_root: str = param("", "folder holding ptb-wsj-nltk-sample/; empty = $AIAYN_SHARED_DATA or ../shared/data "
-                               "beside the checkout")
+    data_root: str = param("", "folder holding ptb-wsj-nltk-sample/ (`aiayn data ptb-sample --out DIR` fills one); "
+                               "empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else "
+                               "~/.cache/aiayn), else a download into the cache (docs/data.md)")
     out: str = param("runs/parse-demo", "output directory (a re-run resumes)")
     minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
@@ -64,15 +65,11 @@ class ParseDemoConfig:
 
 
 def _treebank(cfg: ParseDemoConfig) -> Path:
+    """--treebank; else NLTK's sample, found or downloaded as Multi30k is (aiayn.data.ptb_sample)."""
     if cfg.treebank:
         return Path(cfg.treebank)
-    from aiayn.data.multi30k import default_data_root
-    path = Path(cfg.data_root or default_data_root()) / "ptb-wsj-nltk-sample" / "treebank.zip"
-    if not path.exists():
-        raise UserError(f"{path}: no treebank there; give --treebank (NLTK's treebank.zip: "
-                        "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip) "
-                        "or --data-root")
-    return path
+    from aiayn.data.ptb_sample import find_ptb_sample
+    return find_ptb_sample(cfg.data_root or None)
 
 
 def _stage_prepare(cfg: ParseDemoConfig, out: Path) -> Path:
