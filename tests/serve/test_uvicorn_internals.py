@@ -2,7 +2,7 @@
 
 ``GuardedH11Protocol`` subclasses uvicorn's ``H11Protocol`` and reads its ``conn``, ``cycle``,
 ``connections``, ``transport``, ``loop`` and ``client``; ``Server`` overrides ``handle_exit`` and
-``on_tick``. uvicorn is pinned in constraints/cpu.txt; a new pin must pass this file first.
+``on_tick``. uvicorn is pinned in constraints/common.txt; a new pin must pass this file first.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints" / "cpu.txt"
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints" / "common.txt"
 
 
 class FakeTransport(asyncio.Transport):
