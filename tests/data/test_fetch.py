@@ -6,11 +6,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.server
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from aiayn.data import fetch as fetch_module
 from aiayn.data import multi30k
 from aiayn.data.fetch import Pinned, fetch, sha256_of
 from aiayn.errors import UserError
@@ -18,10 +21,11 @@ from aiayn.errors import UserError
 
 class Server:
     """Files by URL path, with byte ranges (unless ``ranges`` is false); ``cut`` maps a path to the bytes sent before the
-    connection is closed (its Content-Length still says the whole)."""
+    connection is closed (its Content-Length still says the whole); ``tail`` to bytes sent after the file, with no
+    Content-Length; ``trickle``: seconds between pieces of 1,000 bytes (0: all at once)."""
 
     def __init__(self, files: dict[str, bytes]):
-        self.files, self.cut, self.requests, self.ranges = dict(files), {}, [], True
+        self.files, self.cut, self.tail, self.requests, self.ranges, self.trickle = dict(files), {}, {}, [], True, 0.0
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -39,9 +43,19 @@ class Server:
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-                self.send_header("Content-Length", str(len(body) - start))
+                tail = outer.tail.get(self.path)
+                if tail is None:
+                    self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
-                self.wfile.write(body[start:outer.cut.pop(self.path, len(body))])
+                sent = body[start:outer.cut.pop(self.path, len(body))] + (tail or b"")
+                step = 1000 if outer.trickle else len(sent) or 1
+                try:
+                    for i in range(0, len(sent), step):
+                        self.wfile.write(sent[i:i + step])
+                        self.wfile.flush()
+                        time.sleep(outer.trickle)
+                except OSError:  # the client has gone
+                    pass
                 self.close_connection = True
 
             def log_message(self, *args):
@@ -148,6 +162,85 @@ def test_whole_part_left_is_checked_without_a_request(server, tmp_path, repo_fil
     (tmp_path / "val.de.gz.part").write_bytes(repo_files["/" + VAL_DE.remote])
     fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
     assert server.requests == [] and (tmp_path / "val.de.gz").is_file()
+
+
+def _largest_write(monkeypatch) -> list[int]:
+    """The most bytes ``fetch`` ever had in a ``.part``, as a one-element list filled as it writes."""
+    most, real_open = [0], fetch_module._open_part
+
+    def counting(part, append):
+        f = real_open(part, append)
+        write = f.write
+
+        def counted(block):
+            n = write(block)
+            most[0] = max(most[0], f.tell())
+            return n
+        f.write = counted
+        return f
+    monkeypatch.setattr(fetch_module, "_open_part", counting)
+    return most
+
+
+def test_a_server_sending_more_than_the_pinned_size_is_stopped_there(server, tmp_path, monkeypatch):
+    """A mirror that gives no Content-Length and goes on past the file: no byte past the pinned
+    size is written, and what was is removed."""
+    server.tail["/" + VAL_DE.remote] = b"x" * (1 << 20)
+    most = _largest_write(monkeypatch)
+    with pytest.raises(UserError, match=rf"^val.de.gz: {server.url}\S+ sends more than the 24,681 bytes this file "
+                                        rf"may have; nothing is kept$"):
+        fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert most[0] == VAL_DE.size and list(tmp_path.iterdir()) == []
+
+
+def test_a_file_without_a_pinned_size_is_bounded_too(server, tmp_path, monkeypatch, repo_files):
+    monkeypatch.setattr(fetch_module, "UNPINNED_MAX", 10_000)
+    url = server.url + VAL_DE.remote
+    with pytest.raises(UserError, match=r"serves 24,681 bytes, more than the 10,000 a file without a pinned size"):
+        fetch(url, tmp_path / "val.de.gz", VAL_DE.sha256, None)
+    server.tail["/" + VAL_DE.remote] = b""  # the same bytes, no Content-Length
+    most = _largest_write(monkeypatch)
+    with pytest.raises(UserError, match=r"sends more than the 10,000 bytes this file may have"):
+        fetch(url, tmp_path / "val.de.gz", VAL_DE.sha256, None)
+    assert most[0] == 10_000 and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(fetch_module, "UNPINNED_MAX", VAL_DE.size)  # exactly the file: taken
+    fetch(url, tmp_path / "val.de.gz", VAL_DE.sha256, None)
+    assert (tmp_path / "val.de.gz").read_bytes() == repo_files["/" + VAL_DE.remote]
+
+
+def test_a_trickling_server_meets_the_deadline_and_the_part_resumes(server, tmp_path, repo_files):
+    """Every read comes within the per-read timeout, but the file as a whole does not."""
+    server.trickle = 0.05
+    dest = tmp_path / "val.de.gz"
+    with pytest.raises(UserError, match=r"^val.de.gz: \S+ sent [\d,]+ bytes in 0.2 s, the time this file may take; "
+                                        r"run the same command again to resume it \(\S+val.de.gz.part is kept\)$"):
+        fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size, deadline_s=0.2)
+    kept = (tmp_path / "val.de.gz.part").stat().st_size
+    assert 0 < kept < VAL_DE.size and not dest.exists()
+    server.trickle = 0.0
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    assert dest.read_bytes() == repo_files["/" + VAL_DE.remote] and server.requests[-1][1] == f"bytes={kept}-"
+
+
+def test_a_part_that_is_a_link_is_refused_not_written_through(server, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"a file of the user's")
+    raw = tmp_path / "multi30k" / "raw"
+    raw.mkdir(parents=True)
+    part = raw / "val.de.gz.part"
+    part.symlink_to(precious)
+    with pytest.raises(UserError, match=rf"^{part}: a symbolic link; a download is written only to a file of its own"):
+        fetch(server.url + VAL_DE.remote, raw / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    assert precious.read_bytes() == b"a file of the user's" and part.is_symlink() and server.requests == []
+    with pytest.raises(UserError, match=rf"^{part}: a symbolic link"):  # one planted after the check: O_NOFOLLOW
+        fetch_module._open_part(part, append=True)
+    part.unlink()
+    os.mkfifo(part)
+    with pytest.raises(UserError, match=rf"^{part}: not a regular file"):
+        fetch(server.url + VAL_DE.remote, raw / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    with pytest.raises(UserError, match=rf"^{part}: not a regular file"):
+        fetch_module._open_part(part, append=False)
+    assert precious.read_bytes() == b"a file of the user's"
 
 
 def test_404_names_the_url(server, tmp_path):

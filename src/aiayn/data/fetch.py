@@ -8,17 +8,25 @@ to ``FILE``. A mismatch removes ``FILE.part`` and is a one-line ``UserError`` na
 both checksums, so no half-written or wrong file is ever left under the real name. A file already
 under its name is kept (it was checked when it got it) if its size is the pinned one.
 
+Bounds, whatever the server says: no more than the pinned size is written (a server that sends
+more is refused, ``FILE.part`` removed), each file has an overall deadline as well as the
+per-read timeout (at least ``MIN_RATE`` on average; ``FILE.part`` is kept to resume), and a
+``FILE.part`` that is a symbolic link or not a regular file is refused, never written through.
+
 Where no published source gives a file's size or SHA-256, the pin leaves it out: the size the
 server sends then stands in for it, a published MD5 for the SHA-256 (a weaker check), and a file
 with neither checksum is kept unverified; a warning says which, never silence.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import logging
 import os
 import socket
+import stat
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -31,6 +39,9 @@ from aiayn.progress import progress_bar
 log = logging.getLogger(__name__)
 
 BLOCK = 1 << 16  # bytes read and hashed at a time
+UNPINNED_MAX = 1 << 30  # bytes a file with no pinned size may have (WMT14's dev.tgz and test-full.tgz: a few MB)
+MIN_RATE = 1 << 16  # bytes per second a download keeps on average, else it is stopped (resumable)
+DEADLINE_BASE_S = 300.0  # seconds every file gets on top of its bytes at ``MIN_RATE``
 
 
 @dataclass(frozen=True)
@@ -86,30 +97,82 @@ def _served_size(resp) -> int | None:
     return int(length) if length and length.isdigit() else None
 
 
-def _receive(resp, part: Path, start: int, name: str, quiet: bool) -> int:
+def _part_size(part: Path) -> int:
+    """The bytes in ``part`` (0 when there is none); a link or anything but a regular file there
+    is a UserError: a download is written only to a file of its own, never through a link."""
+    try:
+        st = os.lstat(part)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise UserError(f"{part}: {what}; a download is written only to a file of its own (remove it and run again)")
+    return st.st_size
+
+
+def _open_part(part: Path, append: bool):
+    """``part`` opened to append (else truncated), never through a link (``O_NOFOLLOW``) and only
+    if it is a regular file (``O_NONBLOCK``: a FIFO planted there does not hang the open)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_APPEND if append else os.O_TRUNC)
+    try:
+        fd = os.open(part, flags, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            _part_size(part)  # names what is there
+        raise UserError(f"{part}: cannot write ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        _part_size(part)
+        raise UserError(f"{part}: not a regular file; remove it and run again")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def _deadline_s(nbytes: int) -> float:
+    """Seconds a download of ``nbytes`` may take in all: ``DEADLINE_BASE_S`` and ``MIN_RATE``'s time."""
+    return DEADLINE_BASE_S + nbytes / MIN_RATE
+
+
+def _receive(resp, part: Path, start: int, name: str, quiet: bool, limit: int, deadline_s: float) -> int:
     """Append the body of ``resp`` to ``part`` (from byte 0 when the server ignored the range);
-    returns the bytes now in ``part``. A connection that breaks ends the body early."""
+    returns the bytes now in ``part``. A connection that breaks ends the body early. At most
+    ``limit`` bytes are ever in ``part``: a body that goes on past them is a UserError (``part``
+    removed); so is one that takes more than ``deadline_s`` seconds (checked after each read;
+    ``part`` kept, to resume)."""
     if start and resp.status != 206:
         start = 0  # a 200 to a Range request: the whole file again
-    with open(part, "ab" if start else "wb") as f, \
+    read = getattr(resp, "read1", resp.read)  # one receive a call: a trickle cannot hold a read past the deadline
+    end = time.monotonic() + deadline_s
+    more, late = b"", False
+    with _open_part(part, append=bool(start)) as f, \
             progress_bar(total=_served_size(resp), initial=start, unit="B", unit_scale=True, desc=name, quiet=quiet) as bar:
         have = start
         try:
-            while block := resp.read(BLOCK):
+            while have < limit and not (late := time.monotonic() > end) and (block := read(min(BLOCK, limit - have))):
                 f.write(block)
                 have += len(block)
                 bar.update(len(block))
+            more = have >= limit and read(1)
         except (http.client.HTTPException, socket.timeout, OSError) as exc:
             log.debug("%s: read failed: %r", name, exc)
+    if more:
+        part.unlink(missing_ok=True)
+        raise UserError(f"{name}: {resp.url} sends more than the {limit:,} bytes this file may have; "
+                        f"nothing is kept")
+    if late:
+        raise UserError(f"{name}: {resp.url} sent {have - start:,} bytes in {deadline_s:g} s, the time this "
+                        f"file may take; run the same command again to resume it ({part} is kept)")
     return have
 
 
 def fetch(url: str, dest: Path, sha256: str, size: int | None, *, md5: str = "", quiet: bool = False,
-          timeout: float = 30.0, env: str = "AIAYN_DATA_URL") -> Path:
+          timeout: float = 30.0, deadline_s: float | None = None, env: str = "AIAYN_DATA_URL") -> Path:
     """``dest`` downloaded from ``url`` and checked against ``sha256`` (``md5`` where no SHA-256 is
     pinned); an existing ``dest`` is kept as it is if it has ``size`` bytes (it was checked when it
-    was written). ``size``: the pinned file's bytes (None: the server's word); a server that gives
-    another size is a mismatch (the ``.part`` removed); a longer ``.part`` is started over."""
+    was written). ``size``: the pinned file's bytes (None: the server's word, up to
+    ``UNPINNED_MAX``); a server that gives another size is a mismatch (the ``.part`` removed), one
+    that sends more is refused; a longer ``.part`` is started over. ``timeout``: seconds per read;
+    ``deadline_s``: for the whole download (default: ``DEADLINE_BASE_S`` and ``MIN_RATE``'s time)."""
     if dest.is_file():
         kept = dest.stat().st_size
         if size is not None and kept != size:
@@ -118,14 +181,19 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None, *, md5: str = "",
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    start = part.stat().st_size if part.is_file() else 0
-    if size is not None and start > size:  # not a beginning of the pinned file: start over
+    start = _part_size(part)
+    limit = size if size is not None else UNPINNED_MAX
+    if start > limit:  # not a beginning of the pinned file: start over
         part.unlink()
         start = 0
     have, total = start, size
     if size is None or start < size:
         resp = _open(url, start, timeout, env)
         served = None if resp is None else _served_size(resp)
+        if resp is not None and size is None and served is not None and served > limit:
+            resp.close()
+            raise UserError(f"{dest.name}: {url} serves {served:,} bytes, more than the {limit:,} a file without "
+                            f"a pinned size may have; nothing is kept")
         if size is not None and (resp is None or served not in (None, size)):  # another file than the pinned one
             if resp is not None:
                 resp.close()
@@ -135,7 +203,8 @@ def fetch(url: str, dest: Path, sha256: str, size: int | None, *, md5: str = "",
                             f"nothing is kept")
         if resp is not None:  # (None with no pinned size: the .part is the whole file; its checksum decides)
             with resp:
-                have = _receive(resp, part, start, dest.name, quiet)
+                deadline = deadline_s if deadline_s is not None else _deadline_s(limit - start)
+                have = _receive(resp, part, start, dest.name, quiet, limit, deadline)
             total = size if size is not None else served
     if total is not None and have < total:
         raise UserError(f"{url}: the download stopped after {have:,} of {total:,} bytes; run the same command "
