@@ -41,6 +41,43 @@ def test_tf32_is_a_cuda_setting_only(cuda_flags):
     assert torch.backends.mkldnn.matmul.fp32_precision == cpu_precision
 
 
+@pytest.mark.parametrize("capability,name,chosen", [((7, 5), "Tesla T4", "fp16"), ((7, 0), "Tesla V100-SXM2-16GB", "fp16"),
+                                                     ((8, 0), "NVIDIA A100-SXM4-40GB", "bf16"),
+                                                     ((9, 0), "NVIDIA H100 80GB HBM3", "bf16")])
+def test_auto_precision_is_bf16_only_where_the_gpu_has_it_natively(monkeypatch, capability, name, chosen):
+    """``train.precision=auto`` on CUDA: bf16 from compute capability 8.0 on, fp16 (with its loss scaler)
+    before it, whatever ``torch.cuda.is_bf16_supported`` answers (True on a T4, by emulation)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    precision, why = rt.resolve_precision("auto", CUDA)
+    assert precision == chosen
+    native = "native bf16" if chosen == "bf16" else "has no native bf16"
+    assert why == f"auto: {name}, compute capability {capability[0]}.{capability[1]}, {native}"
+    if capability == (7, 5):
+        assert rt.describe_precision(precision, why) == \
+            "precision: fp16 with loss scaling (auto: Tesla T4, compute capability 7.5, has no native bf16)"
+    assert rt.resolve_precision("fp32", CUDA) == ("fp32", "train.precision=fp32")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_on_the_cpu_follows_onednn(monkeypatch, native):
+    """On the CPU: bf16 where oneDNN has native bf16, else fp32; fp16 is an error there."""
+    monkeypatch.setattr(rt, "cpu_supports_bf16", lambda: native)
+    assert rt.resolve_precision("auto", torch.device("cpu"))[0] == ("bf16" if native else "fp32")
+    with pytest.raises(rt.UserError, match="fp16 needs CUDA"):
+        rt.resolve_precision("fp16", torch.device("cpu"))
+
+
+def test_training_logs_its_precision_and_why(caplog):
+    """The precision chosen is logged at the start of training, with its reason."""
+    from aiayn.train.config import TrainConfig
+    with caplog.at_level("INFO", logger="aiayn.train.runtime"):
+        _, device, precision = rt.start(TrainConfig(device="cpu", precision="auto"))
+    line = rt.describe_precision(*rt.resolve_precision("auto", device))
+    assert line.startswith(f"precision: {precision} (auto: ") and line in caplog.messages
+
+
 def test_training_attention_leaves_out_cudnn_unless_asked():
     """``train.cudnn_attention`` false (the default): training's attention on CUDA as decoding's, no
     cuDNN (a plan per new batch shape); true leaves PyTorch's choice alone."""

@@ -52,11 +52,14 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
 
 def start(t) -> tuple[Dist, torch.device, str]:
     """The process's place in the run (distributed or not), its device and its precision, from the
-    run's ``TrainConfig`` ``t``; ``t.threads`` applied and every generator seeded with ``t.seed``."""
+    run's ``TrainConfig`` ``t``; ``t.threads`` applied and every generator seeded with ``t.seed``. The
+    main process logs the precision and why it was chosen (``resolve_precision``)."""
     device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
     dist = init_distributed(device_type, t.dist_timeout_s)
     device = resolve_device(t.device, dist)
-    precision = resolve_precision(t.precision, device)
+    precision, why = resolve_precision(t.precision, device)
+    if dist.is_main:
+        log.info(describe_precision(precision, why))
     use_tf32(device, t.tf32)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
@@ -99,15 +102,34 @@ def cpu_supports_bf16() -> bool:
         return False
 
 
-def resolve_precision(spec: str, device: torch.device) -> str:
-    """auto -> bf16 where supported (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp32."""
+NATIVE_BF16_CAPABILITY = (8, 0)  # Ampere on: bf16 tensor cores. Before it CUDA emulates bf16.
+
+
+def resolve_precision(spec: str, device: torch.device) -> tuple[str, str]:
+    """``train.precision`` = ``spec`` on ``device``: the precision ("fp32", "bf16", "fp16") and why,
+    in words for the log. auto on CUDA: bf16 where the GPU computes it natively (compute capability
+    >= 8.0), else fp16, which trains with a gradient scaler; not ``torch.cuda.is_bf16_supported()``,
+    which answers True on a T4 (7.5) or a V100 (7.0) by emulating bf16. auto on the CPU: bf16 where
+    oneDNN has native bf16 (AVX512-BF16, AMX), else fp32."""
     if spec == "auto":
         if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if device.type == "cpu" and cpu_supports_bf16() else "fp32"
+            major, minor = torch.cuda.get_device_capability(device)
+            native = (major, minor) >= NATIVE_BF16_CAPABILITY
+            why = (f"auto: {torch.cuda.get_device_name(device)}, compute capability {major}.{minor}, "
+                   + ("native bf16" if native else "has no native bf16"))
+            return ("bf16" if native else "fp16"), why
+        if device.type == "cpu" and cpu_supports_bf16():
+            return "bf16", "auto: the CPU has native bf16 matmuls (AVX512-BF16 or AMX)"
+        return "fp32", f"auto: {device.type} without native bf16"
     if spec == "fp16" and device.type != "cuda":
         raise UserError("precision fp16 needs CUDA (it uses a gradient scaler); use bf16 or fp32 on CPU")
-    return spec
+    return spec, f"train.precision={spec}"
+
+
+def describe_precision(precision: str, why: str) -> str:
+    """The log's line for ``resolve_precision``'s answer."""
+    scaled = " with loss scaling" if precision == "fp16" else ""
+    return f"precision: {precision}{scaled} ({why})"
 
 
 def autocast(device: torch.device, precision: str):
