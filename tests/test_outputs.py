@@ -203,23 +203,19 @@ def _aged(path: Path, seconds: float = 120.0) -> Path:
 
 
 def test_leftovers_of_interrupted_writes_are_removed_by_the_next_write(tmp_path):
-    old_file = tmp_path / ".model.pt.ab12cd_9.tmp"
+    old_file = tmp_path / ".summary.json.aiayn-tmp-ab12cd_9"
     old_file.write_bytes(b"x")
-    old_dirs = [tmp_path / ".data.tmp-k2j4h5g6", tmp_path / ".data.old-q1w2e3r4"]
-    for d in old_dirs:
-        (d / "d").mkdir(parents=True)
-        (d / "d" / "train.npy").write_bytes(b"x")
-        _aged(d)
     _aged(old_file)
-    young = tmp_path / ".last.pt.zzzzzzzz.tmp"
+    young = tmp_path / ".summary.json.aiayn-tmp-zzzzzzzz"
     young.write_bytes(b"a writer may be about to lock it")
-    others = [tmp_path / n for n in (".notes.tmp", "data.tmp-k2j4h5g6", ".x.toolong12.tmp", ".cache.tmp-short")]
-    for p in others:
-        p.write_bytes(b"not ours")
-        _aged(p)
-    busy = tmp_path / ".best.pt.busybusy.tmp"
+    busy = tmp_path / ".summary.json.aiayn-tmp-busybusy"
     busy.write_bytes(b"being written")
     _aged(busy)
+    others = [tmp_path / n for n in (".notes.tmp", "summary.json.aiayn-tmp-k2j4h5g6", ".summary.json.aiayn-tmp-short",
+                                     ".summary.json.ab12cd_9.tmp", ".model.pt.aiayn-tmp-ab12cd_9")]
+    for p in others:  # not aiayn's, or another output's (its writer may still be at work)
+        p.write_bytes(b"not ours")
+        _aged(p)
     import fcntl
     with open(busy, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a writer still at work (a slow disk)
@@ -228,15 +224,48 @@ def test_leftovers_of_interrupted_writes_are_removed_by_the_next_write(tmp_path)
     assert left == sorted(["summary.json", young.name, busy.name, *(p.name for p in others)])
 
 
+def test_an_output_folder_removes_only_its_own_leftovers(tmp_path):
+    mine = [tmp_path / ".data.aiayn-tmp-k2j4h5g6", tmp_path / ".data.aiayn-old-q1w2e3r4"]
+    theirs = tmp_path / ".other.aiayn-tmp-k2j4h5g6"
+    for d in (*mine, theirs):
+        (d / "d").mkdir(parents=True)
+        (d / "d" / "train.npy").write_bytes(b"x")
+        _aged(d)
+    with files.OutputDir(tmp_path / "data", ours=lambda d: True, what="a test") as tmp:
+        (tmp / "mark").write_text("1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [theirs.name, "data"]
+
+
+def test_a_users_dot_files_beside_an_output_are_never_leftovers(corpus, tmp_path):
+    """Names a person chose that end as aiayn's temporaries once did: ``aiayn prepare --out`` in
+    a home folder kept them all, folders too, however old."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc.old-20240101").write_text("alias ll='ls -l'\n")
+    (home / ".notes.20240101.tmp").write_text("call the bank\n")
+    (home / ".config.old-20231201" / "app").mkdir(parents=True)
+    (home / ".config.old-20231201" / "app" / "settings").write_text("x=1\n")
+    for p in home.iterdir():
+        _aged(p, 3600.0)
+    assert main(["prepare", "--train-src", str(corpus.src), "--train-tgt", str(corpus.tgt), "--vocab-size", "29",
+                 "--num-workers", "1", "--out", str(home / "x")]) == 0
+    files.write_json_atomic(home / "summary.json", {"a": 1})
+    assert sorted(p.name for p in home.iterdir()) == sorted([".bashrc.old-20240101", ".notes.20240101.tmp",
+                                                             ".config.old-20231201", "x", "summary.json"])
+    assert (home / ".config.old-20231201" / "app" / "settings").read_text() == "x=1\n"
+    for name in (".bashrc.old-20240101", ".notes.20240101.tmp", ".config.old-20231201"):
+        assert not files.LEFTOVER.match(name) and not files.leftovers_of(name.split(".")[1]).match(name)
+
+
 def test_a_link_named_like_a_leftover_is_not_followed(tmp_path):
     target = tmp_path / "precious"
     (target / "d").mkdir(parents=True)
     folder = tmp_path / "out"
     folder.mkdir()
-    link = folder / ".data.tmp-k2j4h5g6"
+    link = folder / ".data.aiayn-tmp-k2j4h5g6"
     link.symlink_to(target)
     os.utime(link, (time.time() - 120,) * 2, follow_symlinks=False)
-    assert files.remove_leftovers(folder) == []
+    assert files.remove_leftovers(folder, "data") == []
     assert (target / "d").is_dir() and link.is_symlink()
 
 

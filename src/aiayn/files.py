@@ -1,10 +1,12 @@
 """Files and folders written atomically: a kill at any moment leaves the old one or the new one,
 never a torn one (data directories, checkpoints, exports, run summaries all go through here).
 
-A file is written to ``.NAME.XXXXXXXX.tmp`` beside it, a folder built in ``.NAME.tmp-XXXXXXXX``
-beside it, then renamed into place. What a killed writer leaves behind (those names, and the
-``.NAME.old-XXXXXXXX`` of a folder being replaced) is deleted by the next write in that folder
-(``remove_leftovers``). A folder is replaced only if it is empty or, when asked, one the same
+A file is written to ``.NAME.aiayn-tmp-XXXXXXXX`` beside it, a folder built in
+``.NAME.aiayn-tmp-XXXXXXXX`` beside it, then renamed into place (XXXXXXXX: tempfile's random
+token). What a killed writer leaves behind (those names, and the ``.NAME.aiayn-old-XXXXXXXX`` of
+a folder being replaced) is deleted by the next write of the same NAME (``remove_leftovers``):
+only names that carry aiayn's mark and that output's name, never a name a person chose such as
+``.bashrc.old-20240101``. A folder is replaced only if it is empty or, when asked, one the same
 command wrote (``OutputDir``): no command deletes what aiayn did not write.
 """
 from __future__ import annotations
@@ -27,10 +29,22 @@ from aiayn.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# the temporaries of atomic_write (".NAME.XXXXXXXX.tmp") and OutputDir (".NAME.tmp-XXXXXXXX",
-# ".NAME.old-XXXXXXXX"); XXXXXXXX is tempfile's 8 random characters
-LEFTOVER = re.compile(r"^\..+\.(?:[a-z0-9_]{8}\.tmp|(?:tmp|old)-[a-z0-9_]{8})$")
+# the temporaries of atomic_write and OutputDir (".NAME.aiayn-tmp-XXXXXXXX") and of a folder
+# being replaced (".NAME.aiayn-old-XXXXXXXX"); XXXXXXXX is tempfile's 8 random characters
+TMP_MARK, OLD_MARK = ".aiayn-tmp-", ".aiayn-old-"
+_TOKEN = r"[a-z0-9_]{8}"
+LEFTOVER = re.compile(rf"^\..+(?:{re.escape(TMP_MARK)}|{re.escape(OLD_MARK)}){_TOKEN}$")  # any output's
 LEFTOVER_AGE_S = 60.0  # younger temporaries may belong to a writer that has not locked them yet
+
+
+def temporary_prefix(path: str | Path, mark: str = TMP_MARK) -> str:
+    """The start of the name of a temporary of ``path`` (tempfile adds the random token)."""
+    return f".{Path(path).name}{mark}"
+
+
+def leftovers_of(name: str) -> re.Pattern:
+    """The names of the temporaries of the output ``name`` (``LEFTOVER``, for that name alone)."""
+    return re.compile(rf"^\.{re.escape(name)}(?:{re.escape(TMP_MARK)}|{re.escape(OLD_MARK)}){_TOKEN}$")
 
 
 def current_umask() -> int:
@@ -55,8 +69,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     gets the permissions ``open`` would give it (0666 less the umask), not the temporary's 0600.
     """
     path = Path(path)
-    remove_leftovers(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_leftovers(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # in use: ``remove_leftovers`` elsewhere leaves it alone
         os.fchmod(fd, 0o666 & ~current_umask())
@@ -92,14 +106,15 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def remove_leftovers(folder: str | Path, min_age_s: float = LEFTOVER_AGE_S) -> list[Path]:
-    """Delete what interrupted atomic writes left in ``folder``: entries named as ``LEFTOVER``
-    (files or folders, never links), owned by this user, unchanged for ``min_age_s`` seconds and
-    not locked by a writer still at work (every writer holds a ``flock`` on its temporary).
-    Returns what it deleted."""
+def remove_leftovers(folder: str | Path, name: str, min_age_s: float = LEFTOVER_AGE_S) -> list[Path]:
+    """Delete what interrupted atomic writes of the output ``name`` left in ``folder``: entries
+    named as ``leftovers_of(name)`` (files or folders, never links), owned by this user,
+    unchanged for ``min_age_s`` seconds and not locked by a writer still at work (every writer
+    holds a ``flock`` on its temporary). Returns what it deleted."""
     removed: list[Path] = []
+    ours = leftovers_of(name)
     try:
-        entries = [e for e in os.scandir(folder) if LEFTOVER.match(e.name)]
+        entries = [e for e in os.scandir(folder) if ours.match(e.name)]
     except OSError:
         return removed
     now = time.time()
@@ -172,7 +187,7 @@ def replace_dir(new: str | Path, out: str | Path) -> None:
     elif exchange(new, out):
         shutil.rmtree(new, ignore_errors=True)  # the old one, now at the temporary's name
     else:
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old = Path(tempfile.mkdtemp(prefix=temporary_prefix(out, OLD_MARK), dir=out.parent))
         os.replace(out, old / "d")
         os.replace(new, out)
         shutil.rmtree(old, ignore_errors=True)
@@ -238,8 +253,8 @@ class OutputDir:
     def __enter__(self) -> Path:
         self.check()
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(self.out.parent)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        remove_leftovers(self.out.parent, self.out.name)
+        self.tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(self.out), dir=self.out.parent))
         self._lock = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(self._lock, fcntl.LOCK_EX)  # in use: ``remove_leftovers`` leaves it alone
         os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 is for the temporary only
@@ -281,7 +296,7 @@ def claim_folder(out: str | Path, names: Collection[str], *, overwrite: bool = F
         if overwrite and any(out.iterdir()):
             if _holds_cwd(out):
                 raise UserError(f"{out}: holds the current directory; choose another --out")
-            fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+            fresh = Path(tempfile.mkdtemp(prefix=temporary_prefix(out), dir=out.parent))
             os.chmod(fresh, 0o777 & ~current_umask())
             replace_dir(fresh, out)
             log.info("%s: started afresh (--overwrite); the earlier run's files are deleted", out)

@@ -240,7 +240,7 @@ def test_killed_prepare_leaves_no_acceptable_directory(corpus, tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         prepare({"train": corpus.train}, tmp_path / "out", PrepareConfig(vocab_size=500, chunk_lines=500))
     assert not (tmp_path / "out").exists()
-    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".out.aiayn-tmp-")]
     assert len(leftovers) == 1 and (leftovers[0] / "spm.model").is_file()
     with pytest.raises(UserError, match="no manifest.json"):
         DataDir(leftovers[0])

@@ -197,7 +197,7 @@ def test_a_full_disk_is_a_clear_error_and_keeps_the_old_file(tmp_path, monkeypat
         ck.atomic_save(_handmade(2), path)
     monkeypatch.setattr(os, "fdopen", real_fdopen)
     assert ck.load_checkpoint(path)["step"] == 1
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob(".*.aiayn-tmp-*"))
 
 
 def test_a_full_disk_anywhere_in_training_is_a_clear_error(tmp_path, monkeypatch, capsys):
@@ -286,14 +286,14 @@ def test_run_directory_guards(small_data_dir, tiny_checkpoint, tmp_path, capsys)
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint.parent, run)  # a run of 3 steps
     config = (run / "config.json").read_text()
-    (run / ".last.pt.abc123.tmp").write_bytes(b"half")
-    (run / ".avg.pt.abc123.tmp").write_bytes(b"another command's, writing now")
+    (run / ".last.pt.aiayn-tmp-abc123de").write_bytes(b"half")
+    (run / ".avg.pt.aiayn-tmp-abc123de").write_bytes(b"another command's, writing now")
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
             "--max-steps", "2"]
     assert main(argv + ["--set", "model.d_ff=64"]) == 2
     assert "different model configuration" in capsys.readouterr().err
     assert (run / "config.json").read_text() == config
-    assert not (run / ".last.pt.abc123.tmp").exists() and (run / ".avg.pt.abc123.tmp").exists()
+    assert not (run / ".last.pt.aiayn-tmp-abc123de").exists() and (run / ".avg.pt.aiayn-tmp-abc123de").exists()
     with open(run / "train.lock", "w") as lock:  # held as a training holds it (rundir.RunLock)
         lock.write(f"{os.getpid()}\n")
         lock.flush()

@@ -425,7 +425,7 @@ def test_average_two_handmade_checkpoints(tmp_path):
     avg = average_checkpoints(paths)
     k = "decoder_layers.1.ffn.w2.weight"
     assert torch.allclose(avg["model"][k], (states[0][k] + states[1][k]) / 2)
-    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
+    assert not list(tmp_path.glob(".*.aiayn-tmp-*"))  # atomic writes leave no temp files
     # the CLI takes the same list of files (--last is for a run directory)
     out = tmp_path / "cli.pt"
     assert main(["average", *map(str, paths), "--out", str(out)]) == 0

@@ -50,16 +50,17 @@ class RunLock:
             self._fd = None
 
 
-# the temporaries of what a training writes (``atomic_write``'s ".NAME.XXXXXXXX.tmp"); another
+# the temporaries of what a training writes (``atomic_write``'s ".NAME.aiayn-tmp-XXXXXXXX"); another
 # command writing into the directory at the same time (``aiayn average RUN --out RUN/avg.pt``) keeps its own
-_TRAINING_TEMP = re.compile(r"^\.(last\.pt|best\.pt|ckpt_step\d+\.pt|config\.json|summary\.json|epoch\d+\.npz)\.\w+\.tmp$")
+_TRAINING_TEMP = re.compile(r"^\.(last\.pt|best\.pt|ckpt_step\d+\.pt|config\.json|summary\.json|epoch\d+\.npz)"
+                            r"\.aiayn-tmp-\w+$")
 
 
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
     """Delete the temporaries of atomic writes that a killed training left in ``run_dir`` (call it
     holding the ``RunLock``), and in its BPE-dropout segmentations' folder; returns them."""
     run_dir = Path(run_dir)
-    stale = [p for d in (run_dir, run_dir / "bpe_dropout") for p in d.glob(".*.tmp")
+    stale = [p for d in (run_dir, run_dir / "bpe_dropout") for p in d.glob(".*.aiayn-tmp-*")
              if p.is_file() and _TRAINING_TEMP.match(p.name)]
     for p in stale:
         p.unlink(missing_ok=True)
