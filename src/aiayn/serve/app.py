@@ -13,7 +13,8 @@
 Every error is ``{"error": MESSAGE}`` with a plain message (exceptions are logged, never echoed):
 400 body not JSON, 401 API key missing or wrong, 403 Host or Origin not allowed, 408 body too slow,
 413 body or sentence count too large, 415 not ``application/json``, 422 invalid fields, a
-sentence or a prefix too long, 429 the client's share of the queue full (a client is a peer address),
+sentence or a prefix too long, 429 the client's share of the queue full (a client is a peer address,
+an IPv6 one by its /64, or the address a trusted proxy forwards: clients.py),
 503 queue full, deadline passed or shutting down, 500 anything else (logged;
 the service keeps running). Translation runs in the ``Batcher``'s threads, shared by all
 requests, fairly between clients; a request whose client hangs up before the model reaches it is
@@ -27,6 +28,7 @@ import json
 import logging
 import math
 import time
+from typing import Sequence
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -41,6 +43,7 @@ from aiayn.decode.translator import Translator
 from aiayn.errors import InputError
 from aiayn.model.transformer import count_preset_parameters
 from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Expired, Job, Result
+from aiayn.serve.clients import Network, client_address, client_key
 from aiayn.serve.config import ServeConfig
 from aiayn.serve.guard import Guard
 from aiayn.serve.metrics import Metrics
@@ -195,6 +198,14 @@ async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, 
     return req, settings, ids, prefixes
 
 
+def _client(request: Request, trusted: Sequence[Network], ipv6_prefix: int) -> str:
+    """The key of the request's client (serve/clients.py): its peer address, or the address a trusted
+    proxy forwarded, an IPv6 one by its network of ``ipv6_prefix`` bits."""
+    peer = request.client.host if request.client else ""
+    address = client_address(peer, request.headers.getlist("x-forwarded-for"), trusted) if trusted else peer
+    return client_key(address, ipv6_prefix)
+
+
 def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0: float) -> bytes:
     """The JSON answer (run in a worker thread when it carries attention maps)."""
     out: dict = {"translations": [ts[0].text if ts else "" for ts in result.nbest]}
@@ -262,6 +273,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
                       yield_ms=cfg.yield_ms)
     metrics = Metrics()
     pacer = Pacer(cfg.client_requests_per_s, cfg.client_burst)
+    trusted = cfg.trusted_proxies
     m = translator.model.cfg
 
     @contextlib.asynccontextmanager
@@ -304,7 +316,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     @app.post("/translate")
     async def translate(request: Request) -> Response:
         t0, arrived = time.perf_counter(), time.monotonic()
-        client = request.client.host if request.client else ""  # the peer address (behind a proxy: the proxy)
+        client = _client(request, trusted, cfg.client_ipv6_prefix)
         deadline = arrived + cfg.request_timeout_s
         if (held := pacer.hold(client, arrived, limit=cfg.request_timeout_s)) > 0:  # faster than its pace
             metrics.events["client_paced"] += 1

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from aiayn.config import ConfigError, param
+from aiayn.serve.clients import Network, trusted_networks
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")  # Host header names of this machine
 
@@ -46,8 +47,8 @@ class ServeConfig:
                  "returned); sentences past it get null attention; 0 = never returned (docs/serve.md)")
     max_queue_sentences: int = param(2048, "sentences waiting for the model at most; a request beyond this gets 503")
     max_queued_per_client: int = param(
-        256, "sentences of one client address waiting at most (at least max_sentences): beyond, 429 while others "
-             "are served; behind a reverse proxy the proxy is one client")
+        256, "sentences of one client waiting at most (at least max_sentences): beyond, 429 while others are "
+             "served; behind a reverse proxy the proxy is one client unless named in forwarded_allow_ips")
     max_header_bytes: int = param(16384, "largest request head (request line and headers) in bytes (more: 431 or 400)")
     max_connections: int = param(64, "open client connections at most; more are answered 503 and closed")
     max_connections_per_client: int = param(
@@ -57,6 +58,13 @@ class ServeConfig:
         5.0, "requests per second one client address may send to /translate on average; faster ones wait (not "
              "refused) until its pace allows, a burst of client_burst passing at once; 0 = no pacing (docs/serve.md)")
     client_burst: int = param(20, "requests of one client address that pass at once before pacing holds them")
+    forwarded_allow_ips: tuple[str, ...] = param(
+        (), "addresses or networks (CIDR, comma separated) of trusted reverse proxies: a request from one of them is "
+            "the client its X-Forwarded-For names (the right-most address there that is no trusted proxy); default: "
+            "none, the header is ignored and a client is its peer address (docs/serve.md)")
+    client_ipv6_prefix: int = param(
+        64, "an IPv6 client is its address's first this many bits (a host may use any address of its /64); "
+            "128 = each address a client of its own")
     header_timeout_s: float = param(10.0, "seconds a client has to send a request's headers (then 408 and closed)")
     body_timeout_s: float = param(10.0, "seconds a client has to send a request's body after its headers (then 408)")
     keep_alive_s: float = param(5.0, "seconds an idle keep-alive connection stays open")
@@ -104,6 +112,9 @@ class ServeConfig:
         if self.max_queued_per_client < self.max_sentences:
             raise ConfigError(f"max_queued_per_client ({self.max_queued_per_client}) must be >= max_sentences "
                               f"({self.max_sentences}): a full request must fit a client's share")
+        if not 1 <= self.client_ipv6_prefix <= 128:
+            raise ConfigError(f"client_ipv6_prefix must be in [1, 128] (bits), got {self.client_ipv6_prefix}")
+        trusted_networks(self.forwarded_allow_ips)  # a ConfigError naming a bad entry
         if self.languages and not re.fullmatch(r"[A-Za-z]\w{0,15}-[A-Za-z]\w{0,15}", self.languages, re.ASCII):
             raise ConfigError(f"languages must be SRC-TGT like en-de, got {self.languages!r}")
 
@@ -114,6 +125,11 @@ class ServeConfig:
             return None
         src, tgt = self.languages.split("-")
         return src, tgt
+
+    @property
+    def trusted_proxies(self) -> tuple[Network, ...]:
+        """The networks of ``forwarded_allow_ips``: peers whose X-Forwarded-For is believed."""
+        return trusted_networks(self.forwarded_allow_ips)
 
     @property
     def allowed_hosts(self) -> tuple[str, ...]:

@@ -3,10 +3,11 @@
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a timer per connection: a client has
 ``header_timeout_s`` to send a request's headers (else 408 and the connection is closed) and
 ``body_timeout_s`` (+1 s; the app answers 408 first when it reads the body) to send its body;
-a connection beyond ``max_connections_per_client`` from one peer address is answered 429, one
-beyond ``max_connections`` in all 503, and either is closed at once, not counted among the open
-connections (so a client that keeps reconnecting holds no slots); a response sent before the
-client finished its body closes the connection (nobody reads the rest). ``Server`` starts
+a connection beyond ``max_connections_per_client`` from one peer address (an IPv6 one by its
+network, clients.py) is answered 429, one beyond ``max_connections`` in all 503, and either is
+closed at once, not counted among the open connections (so a client that keeps reconnecting
+holds no slots); a response sent before the client finished its body closes the connection
+(nobody reads the rest). ``Server`` starts
 the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives and keeps its
 listener open, answering 503, until the queue is empty or the drain time is over.
 """
@@ -22,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from aiayn.serve.batcher import Batcher
+from aiayn.serve.clients import client_key
 from aiayn.serve.config import ServeConfig
 from aiayn.serve.metrics import Metrics
 
@@ -45,7 +47,8 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             super().connection_made(transport)
             self._timer: asyncio.TimerHandle | None = None
             self._phase, self._lingering, self._counted = None, False, False
-            self._peer = self.client[0] if self.client else ""  # uvicorn's peer (host, port)
+            # uvicorn's peer (host, port), an IPv6 one by its network (clients.py)
+            self._peer = client_key(self.client[0], cfg.client_ipv6_prefix) if self.client else ""
             if per_client[self._peer] >= cfg.max_connections_per_client:
                 self._refuse(429, "Too Many Requests", "client_connection_refused",
                              f"too many connections from this address (limit {cfg.max_connections_per_client}); "
@@ -153,9 +156,11 @@ class Server(uvicorn.Server):
 
 
 def make_server(app, cfg: ServeConfig, **uvicorn_kw) -> Server:
-    """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``."""
+    """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``. uvicorn's own
+    proxy headers are off (by default it believes X-Forwarded-For from loopback peers): the app reads
+    X-Forwarded-For itself, from the proxies ``cfg.forwarded_allow_ips`` names (clients.py)."""
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, http=guarded_protocol(cfg, app.state.metrics),
-                            timeout_keep_alive=cfg.keep_alive_s, lifespan="on",
+                            timeout_keep_alive=cfg.keep_alive_s, lifespan="on", proxy_headers=False,
                             h11_max_incomplete_event_size=cfg.max_header_bytes,
                             timeout_graceful_shutdown=cfg.shutdown_timeout_s + 5, **uvicorn_kw)
     return Server(config, app.state.batcher, cfg.shutdown_timeout_s)
