@@ -3,7 +3,9 @@ plain 4xx answers for hostile bodies, the attention cap and /metrics."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import logging
 import re
 
 import pytest
@@ -11,11 +13,11 @@ from fastapi.testclient import TestClient
 
 from aiayn.config import replace
 from aiayn.serve import app as app_module
-from aiayn.serve.app import create_app
+from aiayn.serve.app import TranslateRequest, create_app
 from aiayn.serve.batcher import attention_values
 from aiayn.serve.config import ServeConfig
 
-from .conftest import LOCAL, SERVE
+from .conftest import LOCAL, SERVE, LiveServer
 
 JSON = {"content-type": "application/json"}
 
@@ -133,7 +135,10 @@ DEEP = b'{"sentences": ["a"], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     (b'{"sentences": ["a"], "alpha": "Infinity"}', 422, "alpha"),
     (b'{"sentences": ["a \\ud800 b"]}', 422, "sentences[0]: not valid Unicode"),
     (b'{"sentences": ["ok", "\\udfff"]}', 422, "sentences[1]: not valid Unicode"),
-    (b'{"sentences": ["a"], "\\ud800": 1}', 422, "body: Input should be a valid string"),
+    (b'{"sentences": ["a"], "\\ud800": 1}', 422, "body: a field name is not valid Unicode"),
+    (b'{"sentences": ["a", "b"], "prefix": ["", "x\\udc00"]}', 422, "prefix[1]: not valid Unicode"),
+    (b'{"sentences": ["a"], "prefix": "\\ud800"}', 422, "prefix: not valid Unicode"),
+    (b'{"sentences": ["a"], "x": {"y": ["\\ud800"]}}', 422, "x.y[0]: not valid Unicode"),
     (b'{"sentences": ["a"], "beam": "3"}', 422, "beam"),
     (b'{"sentences": ["a"], "beam": 2.5}', 422, "beam"),
     (b'{"sentences": ["a"], "beam": true}', 422, "beam"),
@@ -154,6 +159,42 @@ def test_hostile_bodies_get_a_plain_4xx(client, body, status, msg):
     assert msg in error
     assert "Error" not in error and "Traceback" not in error and len(error) < 400  # no echoed exception
     assert client.post("/translate", json={"sentences": ["ok"]}).status_code == 200
+
+
+def lone_surrogate_bodies() -> list[bytes]:
+    """For every field of the request, a lone surrogate as its value, as a list item and inside a
+    list item's text; and one as a field name."""
+    bad = "\ud800"
+    bodies = [json.dumps({"sentences": ["A dog."], name: value}).encode()  # (json escapes it: "\\ud800")
+              for name in TranslateRequest.model_fields for value in (bad, [bad], [f"A {bad} cat."])]
+    return [*bodies, json.dumps({"sentences": ["A dog."], bad: 1}).encode()]
+
+
+def test_a_lone_surrogate_in_any_text_field_is_a_4xx_and_logs_no_traceback(translator, caplog):
+    """Every field gets the same check: a 4xx with a message naming the field, and nothing in the
+    service's log (its own and uvicorn's loggers) carries a traceback."""
+    with LiveServer(create_app(translator, SERVE)) as server:
+        uvicorn_log = logging.getLogger("uvicorn")  # (uvicorn's loggers do not propagate to the root)
+        uvicorn_log.addHandler(caplog.handler)
+        try:
+            with caplog.at_level(logging.DEBUG):
+                answers = [post_body(server, body) for body in lone_surrogate_bodies()]
+        finally:
+            uvicorn_log.removeHandler(caplog.handler)
+    assert [status for status, _ in answers if not 400 <= status < 500] == []
+    assert "Traceback" not in caplog.text and "Exception" not in caplog.text, caplog.text
+    prefix = json.dumps({"sentences": ["A dog."], "prefix": ["\ud800"]}).encode()
+    assert answers[lone_surrogate_bodies().index(prefix)] == (422, "prefix[0]: not valid Unicode text (a lone surrogate)")
+
+
+def post_body(server: LiveServer, body: bytes) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", "/translate", body, JSON)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())["error"]
+    finally:
+        conn.close()
 
 
 def test_attention_is_off_by_default_and_capped(translator):

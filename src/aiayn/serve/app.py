@@ -120,6 +120,34 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(data: dict) -> str | None:
+    """The error message for the first string of the parsed body, a field name or a value at any
+    depth, that holds a lone surrogate (``"\\ud800"`` is valid JSON but no Unicode text: encoding it
+    fails), naming where it is (``prefix[1]: ...``); None if none does. Every text field of a request
+    gets this one check before any field is read."""
+    stack: list[tuple[object, str]] = [(data, "body")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str) and not _is_text(value):
+            return f"{where}: not valid Unicode text (a lone surrogate)"
+        if isinstance(value, dict):
+            for key in value:
+                if not _is_text(key):
+                    return f"{where}: a field name is not valid Unicode text (a lone surrogate)"
+            stack.extend(reversed([(v, k if where == "body" else f"{where}.{k}") for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(value)]))
+    return None
+
+
 def _parse(body: bytes) -> TranslateRequest:
     try:
         data = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
@@ -133,17 +161,14 @@ def _parse(body: bytes) -> TranslateRequest:
         raise ApiError(400, "the body is not JSON this service reads: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(422, 'the body must be a JSON object like {"sentences": ["..."]}')
+    if (problem := _lone_surrogate(data)) is not None:
+        raise ApiError(422, problem)
     try:
         req = TranslateRequest.model_validate(data)
     except ValidationError as exc:
         raise ApiError(422, _validation_message(exc)) from None
     except RecursionError:
         raise ApiError(400, "the body is nested too deeply") from None
-    for i, s in enumerate(req.sentences):
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ApiError(422, f"sentences[{i}]: not valid Unicode text (a lone surrogate)") from None
     return req
 
 
