@@ -90,6 +90,9 @@ def tiny_checkpoint(tmp_path_factory, small_data_dir) -> Path:
 COPY_WORDS = "a b c d e f g h i j k l".split()  # one SentencePiece piece each ("▁a"): alignment i-i is known
 
 
+CONFIDENT_MARGIN = 1.0  # nats; see confident_model
+
+
 def copy_lines(n: int, seed: int) -> list[str]:
     """n random sentences of 3-8 one-letter words (the copy task's source and target)."""
     rng = random.Random(seed)
@@ -127,6 +130,36 @@ def copy_checkpoint(tmp_path_factory, copy_data_dir) -> Path:
     out = tmp_path_factory.mktemp("copy_run")
     assert main(["train", "--data", str(copy_data_dir), "--out", str(out), "--max-steps", "200", *COPY_TRAIN]) == 0
     return out / "last.pt"
+
+
+@pytest.fixture(scope="session")
+def confident_model(copy_checkpoint):
+    """The trained copy model (float32, eval) and 5 sources (B, S) it copies with wide margins: at
+    every greedy step its best token leads the next by ``CONFIDENT_MARGIN`` nats or more (asserted).
+    For comparing paths that round differently (bfloat16, and bfloat16 emulated in float32 on CPUs
+    without its instructions): rounding that moves log-probabilities by less than half that gap
+    cannot change a decision, so such searches must agree token for token on any CPU; a random
+    model's near-ties would make agreement depend on the instruction set."""
+    from aiayn.decode.adapter import CachedDecoder
+    from aiayn.decode.loading import load_model_for_inference
+    from aiayn.decode.search import SpecialIds
+    model, src_tok, _ = load_model_for_inference(copy_checkpoint)
+    eos = SpecialIds().eos
+    rows = [src_tok.encode(line) + [eos] for line in copy_lines(5, seed=11)]
+    src = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)  # (B, S), 0 = <pad>
+    for b, row in enumerate(rows):
+        src[b, :len(row)] = torch.tensor(row)
+    with torch.inference_mode():  # greedy, teacher-forced on its own choices: the smallest lead
+        dec = CachedDecoder(model)
+        state, tokens = dec.start(src, src.size(1) + 1), torch.full((src.size(0),), SpecialIds().bos)
+        live = torch.ones(src.size(0), dtype=torch.bool)  # (B,) rows that have not ended
+        for _ in range(src.size(1)):
+            lp, state = dec.step(tokens, state)  # (B, V)
+            top2 = lp.topk(2, dim=-1).values
+            assert (top2[:, 0] - top2[:, 1])[live].min() >= CONFIDENT_MARGIN
+            tokens = lp.argmax(-1)
+            live &= tokens != eos
+    return model, src
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,12 @@ def test_argmax_rule_on_hand_made_attention():
         hard_alignment(cross, 2, 3, 3)
 
 
-@pytest.mark.parametrize("layer, share", [("-1", 0.9), ("0", 0.8)])  # the first layer aligns less sharply:
-def test_copy_task_aligns_each_token_with_itself(copy_checkpoint, tmp_path, capsys, layer, share):  # 89% on a Zen 5
+# What a trained model's attention attends to is learnt, so it moves with every rounding of its training
+# (AVX2, AVX-512 and AMX builds train different copy models: 84-91% of tokens on the diagonal, either
+# layer, 200 or 400 steps). The floor asks for what any of them has: far above chance (a random source
+# position of 3-8 words is right about 1 time in 5), with room for the spread between instruction sets.
+@pytest.mark.parametrize("layer", ["-1", "0"])
+def test_copy_task_aligns_each_token_with_itself(copy_checkpoint, tmp_path, capsys, layer, share=0.75):
     lines = copy_lines(30, seed=7)
     src = tmp_path / "src.txt"
     src.write_text("\n".join(lines) + "\n\n")  # a last empty line: " ||| "

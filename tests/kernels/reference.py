@@ -1,5 +1,7 @@
 """What the kernels' tests compare against: random cases and Eq. 1 written out for the beam step's
 attention, PyTorch's log-softmax and top-k, and the tiny model that beam search runs."""
+import math
+
 import torch
 
 from aiayn.model.attention import attention_explicit
@@ -30,7 +32,32 @@ def shared_slot_reference(q, k, v, anc, g):
     return torch.stack(rows)
 
 
+U32 = 2.0 ** -24  # float32's unit roundoff
+EXP_REL_ERR = 2e-7  # exp_nonpositive's polynomial (kernels/vexp.h), relative
+
+
+def log_softmax_tolerance(V: int) -> float:
+    """How far a float32 log-softmax of V logits may be from the exact one, from the arithmetic,
+    whatever the instruction set (so a test holds on AVX2, AVX-512 and the portable loops alike):
+
+        log p_v = (z_v - m) - log s,   s = sum_v exp(z_v - m) >= 1
+
+    - each exponential: exp_nonpositive's relative error, EXP_REL_ERR, plus the rounding of z_v - m
+      (relative u; it scales terms whose share of s is tiny, so it adds at most u to s's error);
+    - the sum of V positive terms in float32: any order of additions (PyTorch's 8- or 16-lane
+      vectors, the kernel's blocks, a plain loop) has a chain of at most V - 1 of them. The
+      worst case is (V - 1) u; with rounding errors that behave as independent, zero-mean
+      (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019, Theorem 4.6) it is lambda sqrt(V) u with
+      probability at least 1 - 2 V exp(-lambda^2 / 2): lambda = 7 leaves about 1e-7 at V = 8000;
+    - log s and the final subtraction: one rounding each of a value below log V + |log p_v|
+      (the rtol of the comparison).
+    A relative error r of s is an absolute error r of log s, so of every log p_v."""
+    return EXP_REL_ERR + U32 + 7.0 * math.sqrt(V) * U32 + 2 * U32 * math.log(V)
+
+
 def log_softmax_topk_matches_pytorch(lib, dtype, threads):
+    """The kernel's top-k log-probabilities against the exact ones (float64 from the same logits),
+    within ``log_softmax_tolerance``; the ids are those of PyTorch's top-k."""
     from aiayn.decode.search import select_topk
 
     torch.manual_seed(3)
@@ -44,12 +71,13 @@ def log_softmax_topk_matches_pytorch(lib, dtype, threads):
                 values, ids = lib.log_softmax_topk(z, k, banned)
             finally:
                 torch.set_num_threads(2)
-            lp = torch.log_softmax(z.float(), dim=-1)
+            lp = torch.log_softmax(z.double(), dim=-1)  # exact up to float64's rounding
             ref_values, ref_ids = select_topk(lp.clone(), k, banned)
-        torch.testing.assert_close(values, ref_values, atol=2e-6, rtol=1e-6)
+        tol = dict(atol=log_softmax_tolerance(V), rtol=2 * U32)
+        torch.testing.assert_close(values.double(), ref_values, **tol)
         assert not torch.isin(ids, banned).any()
         # the ids are those values' tokens (bfloat16 logits tie often; which of equal tokens comes first may differ)
-        torch.testing.assert_close(lp.gather(1, ids), ref_values, atol=2e-6, rtol=1e-6)
+        torch.testing.assert_close(lp.gather(1, ids), ref_values, **tol)
         if dtype == torch.float32:
             assert torch.equal(ids, ref_ids)
 

@@ -32,7 +32,9 @@ autocast); the AVX-512 path keeps each (batch row, head) in float32 scratch, no 
 kernel only where the AVX-512 path is (``Kernels.seq_attention_fast``).
 
 How it is built: the first ``load()`` of a process compiles the five C files with the system's C compiler
-(``$CC``, else ``cc``) for this CPU (``-march=native``) into the cache directory
+(``$CC``, else ``cc``) for this CPU (``-march=native``; ``$AIAYN_KERNELS_MARCH`` names another target, e.g.
+``x86-64-v3`` for the AVX2 + FMA loops a CPU without AVX-512 runs, or ``x86-64`` for the portable ones) into
+the cache directory
 (``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
 hashes the sources, the flags and the CPU, written atomically with the SHA-256 of its bytes beside it;
 later loads reuse the file only if it is this user's, writable by no one else, and its bytes match
@@ -71,7 +73,7 @@ from aiayn.kernels.build_cache import NOT_BUILT, CacheFolder, cache_dir
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("beam_attention.c", "int8_rows.c", "logits_topk.c", "cross_entropy.c",
+                for name in ("beam_attention.c", "int8_rows.c", "int8_gemm.c", "logits_topk.c", "cross_entropy.c",
                              "seq_attention.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "split.h", "vexp.h"))  # included; in the cache key too
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
@@ -92,17 +94,29 @@ def _cpu_signature() -> str:
     return f"{platform.machine()} {platform.processor()} {flags}"
 
 
+MARCH_ENV = "AIAYN_KERNELS_MARCH"
+
+
+def _march() -> str:
+    """The -march the kernels are built for: ``$AIAYN_KERNELS_MARCH``, else ``native``. Lets one CPU
+    build and test what another runs (x86-64-v3: AVX2 and FMA, no AVX-512)."""
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    if not all(c.isalnum() or c in "-_." for c in march):
+        raise ValueError(f"{MARCH_ENV}={march!r}: not a compiler target name")
+    return march
+
+
 def _compiler() -> str | None:
     cc = os.environ.get("CC") or "cc"
     return shutil.which(cc.split()[0]) and cc
 
 
-def _compile(cc: str, out: Path, archs: tuple[list[str], ...] = (["-march=native"], [])) -> str | None:
+def _compile(cc: str, out: Path, archs: tuple[list[str], ...] | None = None) -> str | None:
     """Compile SOURCES into ``out``, in a directory private to the caller (``load`` passes a fresh
     mkdtemp one, never the cache), with the first of ``archs`` that works (some compilers or CPUs have no
     -march=native; without it the portable loops are built); None on success, else why."""
     errors = []
-    for arch in archs:
+    for arch in archs if archs is not None else ([f"-march={_march()}"], []):
         cmd = cc.split() + [*_FLAGS, *arch, *map(str, SOURCES), "-o", str(out), "-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -134,6 +148,12 @@ class Kernels:
         self._rescale = lib.aiayn_rescale
         self._rescale.argtypes = [p, i64, i64, p, p, p, ctypes.c_int, p]
         self._rescale.restype = None
+        self._pack_int8 = lib.aiayn_int8_pack
+        self._pack_int8.argtypes = [p, i64, i64, p]
+        self._pack_int8.restype = None
+        self._int8_gemm = lib.aiayn_int8_gemm
+        self._int8_gemm.argtypes = [p, i64, i64, p, i64, p, p, p, ctypes.c_int, p, ctypes.c_int]
+        self._int8_gemm.restype = ctypes.c_int
         self._topk = lib.aiayn_log_softmax_topk
         self._topk.argtypes = [p, i64, i64, i64, ctypes.c_int, i64, p, i64, p, p, ctypes.c_int]
         self._topk.restype = None
@@ -188,6 +208,55 @@ class Kernels:
         y = torch.empty(N, O, dtype=out_dtype)
         self._rescale(acc.data_ptr(), N, O, s_x.data_ptr(), s_w.data_ptr(),
                       None if bias is None else bias.data_ptr(), _DTYPES[out_dtype], y.data_ptr())
+        return y
+
+    # -- the int8 product itself, for CPUs without VNNI (int8_gemm.c; decode/int8.py) -------------------
+
+    @staticmethod
+    def packed_int8_shape(O: int, I: int) -> tuple[int, int, int, int]:
+        """The shape of ``pack_int8``'s result for W_q (O, I): blocks of 16 outputs, pairs of inputs."""
+        return (O + 15) // 16, (I + 1) // 2, 16, 2
+
+    def pack_int8(self, w_q: Tensor) -> Tensor:
+        """W_q (O, I) int8 -> the int16 copy ``int8_mm`` and ``int8_linear`` multiply by, laid out once
+        (int8_gemm.c): (ceil(O/16), ceil(I/2), 16, 2), zeros past O and I."""
+        if w_q.dtype != torch.int8 or w_q.dim() != 2 or w_q.device.type != "cpu":
+            raise ValueError("pack_int8: a CPU (O, I) int8 weight")
+        w_q = w_q.contiguous()
+        packed = torch.empty(self.packed_int8_shape(*w_q.shape), dtype=torch.int16)
+        self._pack_int8(w_q.data_ptr(), w_q.size(0), w_q.size(1), packed.data_ptr())
+        return packed
+
+    def int8_mm(self, x_q: Tensor, w_packed: Tensor, O: int) -> Tensor:
+        """x_q (N, I) int8 · W_qᵀ, exactly: (N, O) int32, W_q (O, I) packed by ``pack_int8``."""
+        return self._gemm(x_q, w_packed, O, None, None, None, torch.int32)
+
+    def int8_linear(self, x_q: Tensor, s_x: Tensor, w_packed: Tensor, s_w: Tensor, bias: Tensor | None,
+                    out_dtype: torch.dtype) -> Tensor:
+        """``rescale(int8_mm(x_q, w_packed, O), s_x, s_w, bias, out_dtype)`` in one pass, bit for bit:
+        x_q (N, I) int8, s_x (N, 1), s_w (O,), bias (O,) float32 -> (N, O) float32 or bfloat16."""
+        O = s_w.numel()
+        if not (s_x.dtype == s_w.dtype == torch.float32 and s_x.is_contiguous() and s_w.is_contiguous()
+                and s_x.numel() == x_q.size(0) and out_dtype in _DTYPES
+                and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == O))):
+            raise ValueError("int8_linear: contiguous float32 scales (N, 1) and (O,), float32 (O,) bias, "
+                             "float32 or bfloat16 out")
+        return self._gemm(x_q, w_packed, O, s_x, s_w, bias, out_dtype)
+
+    def _gemm(self, x_q, w_packed, O, s_x, s_w, bias, out_dtype) -> Tensor:
+        if not (x_q.dtype == torch.int8 and x_q.dim() == 2 and x_q.is_contiguous() and x_q.device.type == "cpu"
+                and w_packed.dtype == torch.int16 and w_packed.is_contiguous()
+                and w_packed.shape == self.packed_int8_shape(O, x_q.size(1))):
+            raise ValueError(f"int8 product: a contiguous CPU int8 x_q (N, I) and a packed (O, I) weight, got "
+                             f"x_q {tuple(x_q.shape)} {x_q.dtype}, packed {tuple(w_packed.shape)} for O = {O}")
+        N, I = x_q.shape
+        y = torch.empty(N, O, dtype=out_dtype)
+        out = 2 if out_dtype == torch.int32 else _DTYPES[out_dtype]
+        status = self._int8_gemm(x_q.data_ptr(), N, I, w_packed.data_ptr(), O,
+                                 None if s_x is None else s_x.data_ptr(), None if s_w is None else s_w.data_ptr(),
+                                 None if bias is None else bias.data_ptr(), out, y.data_ptr(), torch.get_num_threads())
+        if status:
+            raise MemoryError("int8 product: out of memory")
         return y
 
     # -- the end of a beam-search step -----------------------------------------------------------------
@@ -392,7 +461,7 @@ def load() -> Kernels | None:
                  os.environ.get("CC") or "cc")
         return None
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _cpu_signature()]).encode())
+    key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _march(), _cpu_signature()]).encode())
     name = f"aiayn-kernels-{key.hexdigest()[:16]}.so"
     try:
         cache = CacheFolder.open(cache_dir())
