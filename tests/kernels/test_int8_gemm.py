@@ -1,0 +1,82 @@
+"""int8_gemm.c: the int8 product of Int8Linear on CPUs without VNNI, exact (aiayn/decode/int8.py)."""
+import pytest
+import torch
+
+# (N, I, O): none, some or all of them multiples of the 6-row tiles, the input pairs and the 16-output blocks
+SHAPES = [(1, 1, 1), (3, 17, 70), (17, 513, 33), (70, 3, 17), (6, 32, 16), (13, 1024, 513), (12, 64, 48)]
+
+
+@pytest.fixture(params=["native", "portable"])
+def build(request, kernels, portable):
+    return kernels if request.param == "native" else portable
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def exact(x_q, w_q):
+    return (x_q.long() @ w_q.long().T).int()
+
+
+def test_pack_int8_lays_out_pairs_in_blocks_of_16_outputs(kernels):
+    w = torch.arange(1, 18 * 3 + 1, dtype=torch.int8).view(18, 3)  # O = 18, I = 3: two blocks, two pairs
+    packed = kernels.pack_int8(w)
+    assert packed.shape == (2, 2, 16, 2) and packed.dtype == torch.int16
+    assert packed[0, 0, 0].tolist() == [1, 2] and packed[0, 1, 0].tolist() == [3, 0]  # the odd column: zero
+    assert packed[1, 0, 1].tolist() == [52, 53] and packed[1, 1, 1].tolist() == [54, 0]  # output 17
+    assert not packed[1, :, 2:].any()  # outputs 18..31 do not exist
+
+
+@pytest.mark.parametrize("N,I,O", SHAPES)
+def test_int8_mm_is_exact(build, threads, N, I, O):
+    torch.manual_seed(N * I + O)
+    x = torch.randint(-127, 128, (N, I), dtype=torch.int8)
+    w = torch.randint(-127, 128, (O, I), dtype=torch.int8)
+    acc = build.int8_mm(x, build.pack_int8(w), O)
+    assert acc.dtype == torch.int32 and torch.equal(acc, exact(x, w))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_int8_mm_extremes_do_not_saturate(build, threads, sign):
+    # ±127 everywhere: every int16 pair sum is 2 * 127² (where u8 x s8 pair sums saturate) and the row sums
+    # reach I * 127²; alternating signs cancel exactly
+    N, I, O = 7, 4099, 19
+    x = torch.full((N, I), 127, dtype=torch.int8)
+    w = torch.full((O, I), 127 * sign, dtype=torch.int8)
+    w[1::2, 1::2] *= -1
+    acc = build.int8_mm(x, build.pack_int8(w), O)
+    assert torch.equal(acc, exact(x, w))
+    assert acc[:, 0].tolist() == [sign * I * 127 ** 2] * N and acc[:, 1].tolist() == [sign * 127 ** 2] * N
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_rescales_bit_for_bit_as_the_unfused_passes(build, threads, out_dtype, bias):
+    torch.manual_seed(0)
+    N, I, O = 23, 96, 37
+    x_q = torch.randint(-127, 128, (N, I), dtype=torch.int8)
+    w_q = torch.randint(-127, 128, (O, I), dtype=torch.int8)
+    s_x = torch.rand(N, 1) * torch.logspace(-4, 2, N)[:, None]
+    s_w = torch.rand(O) / 127
+    b = torch.randn(O) if bias else None
+    y = build.int8_linear(x_q, s_x, build.pack_int8(w_q), s_w, b, out_dtype)
+    ref = (exact(x_q, w_q) * s_w).mul_(s_x)  # Int8Linear's PyTorch rescaling
+    if b is not None:
+        ref.add_(b)
+    assert y.dtype == out_dtype and torch.equal(y, ref.to(out_dtype))
+    assert torch.equal(y, build.rescale(build.int8_mm(x_q, build.pack_int8(w_q), O), s_x, s_w, b, out_dtype))
+
+
+def test_int8_products_refuse_mismatched_operands(kernels):
+    w = kernels.pack_int8(torch.ones(16, 8, dtype=torch.int8))
+    with pytest.raises(ValueError, match="packed"):
+        kernels.int8_mm(torch.ones(2, 9, dtype=torch.int8), w, 16)  # I = 9 against a packed I of 8
+    with pytest.raises(ValueError, match="packed"):
+        kernels.int8_mm(torch.ones(2, 8, dtype=torch.int8), w, 17)  # O = 17 needs two blocks
+    with pytest.raises(ValueError, match="int8"):
+        kernels.int8_mm(torch.ones(2, 8), w, 16)
