@@ -104,3 +104,41 @@ def test_a_cached_library_others_could_write_is_not_loaded(kernels, monkeypatch,
         assert k.path.parent == tmp_path / f"user-{os.getuid()}" and k.path.parent.stat().st_mode & 0o777 == 0o700
     finally:
         kernel_mod.load.cache_clear()
+
+
+def test_the_march_setting_names_the_build(monkeypatch, tmp_path):
+    # AIAYN_KERNELS_MARCH builds for another CPU (x86-64-v3: AVX2 + FMA); it is part of the cached name
+    monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86-64-v3")
+    assert kernel_mod._march() == "x86-64-v3"
+    monkeypatch.setenv(kernel_mod.MARCH_ENV, "")
+    assert kernel_mod._march() == "native"
+    monkeypatch.setenv(kernel_mod.MARCH_ENV, "native -o /etc/x")
+    with pytest.raises(ValueError, match="not a compiler target name"):
+        kernel_mod._march()
+
+
+# The C sources compiled for the CPUs aiayn's users have, whatever CPU runs the tests: plain x86-64
+# (no AVX2: the portable loops), x86-64-v3 (AVX2 + FMA), x86-64-v4 (AVX-512), and 64-bit Arm with
+# Debian's cross compiler (gcc-aarch64-linux-gnu; .ci/run installs it), so a Graviton or an Arm laptop
+# is not the first to find a compile error. Only the x86 builds this CPU can run are run
+# (test_the_portable_build_gives_the_same_numbers, and the AVX2 pass of .ci/run).
+TARGETS = [("cc", "-march=x86-64"), ("cc", "-march=x86-64-v3"), ("cc", "-march=x86-64-v4"),
+           ("aarch64-linux-gnu-gcc", "-march=armv8-a"), ("aarch64-linux-gnu-gcc", "-march=armv8.2-a+bf16")]
+
+
+@pytest.mark.parametrize("cc, march", TARGETS, ids=[m.split("=")[1] for _, m in TARGETS])
+def test_the_sources_compile_for_each_target(cc, march, tmp_path):
+    import platform
+    import shutil
+    import subprocess
+
+    if cc == "cc" and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"x86 targets on an x86 compiler; this is {platform.machine()}")
+    if shutil.which(cc) is None:
+        pytest.skip(f"no {cc} (Debian: gcc-aarch64-linux-gnu)")
+    out = tmp_path / "k.so"
+    done = subprocess.run([cc, *kernel_mod._FLAGS, march, "-Werror=implicit-function-declaration",
+                           *map(str, kernel_mod.SOURCES), "-o", str(out), "-lm"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.stat().st_size > 0
