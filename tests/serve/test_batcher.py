@@ -111,63 +111,72 @@ def test_shutdown_refuses_new_jobs_and_drops_queued_ones_after_the_drain(transla
     assert b.calls == 0 and b.queued == 0
 
 
-def _slow_steps(monkeypatch, seconds: float) -> list[int]:
-    """Every cached decoder step sleeps ``seconds`` first; returns the list its calls append to."""
+def count_steps(monkeypatch, k: int = 0, at_k=None) -> list[int]:
+    """Counts the model's decoding steps (``CachedDecoder._logits``: one per step of greedy and beam
+    search alike) in the list it returns; in step ``k`` it calls ``at_k()``, in the worker, so the
+    stop check before step k + 1 sees what it changed."""
     from aiayn.decode.adapter import CachedDecoder
-    steps, step = [], CachedDecoder.step_topk
+    steps, logits = [], CachedDecoder._logits
 
-    def slow(self, *args, **kw):
+    def counted(self, *args, **kw):
         steps.append(1)
-        time.sleep(seconds)
-        return step(self, *args, **kw)
-    monkeypatch.setattr(CachedDecoder, "step_topk", slow)
+        if len(steps) == k:
+            at_k()
+        return logits(self, *args, **kw)
+    monkeypatch.setattr(CachedDecoder, "_logits", counted)
     return steps
 
 
-def _started(job, timeout: float = 30.0) -> None:
-    t0 = time.monotonic()
-    while not job.started and time.monotonic() - t0 < timeout:
-        time.sleep(0.005)
-    assert job.started
+def leave(job) -> None:
+    job.abandon()
 
 
-def test_a_call_stops_between_steps_once_no_request_in_it_is_wanted(translator, monkeypatch):
+def pass_deadline(job) -> None:
+    job.deadline = time.monotonic() - 1.0  # as if the clock had run past it
+
+
+LONG = dict(min_len=50, max_len_b=50)  # 50 decoding steps at least
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("first, second", [(leave, leave), (pass_deadline, pass_deadline), (leave, pass_deadline)])
+def test_a_call_stops_at_the_step_after_no_request_in_it_is_wanted(translator, monkeypatch, beam, first, second):
+    """Two requests in one model call of 50 steps or more: in step 5 the first loses its client or its
+    deadline passes, and so does the second: the call makes no sixth step, and answers Expired."""
     from aiayn.serve.batcher import Expired
-    steps = _slow_steps(monkeypatch, 0.03)
-    cfg = DecodeConfig(beam_size=2, min_len=200, max_len_b=200)  # 200 steps: 6 s at least
+    cfg = DecodeConfig(beam_size=beam, **LONG)
     b = make(translator, wait_ms=50)
-    gone = b.submit(cfg, translator.encode(["A girl."]))
-    late = b.submit(cfg, translator.encode(["Two dogs play in the snow."]), deadline=time.monotonic() + 1.5)
-    b.start()  # both in one call
+    one = b.submit(cfg, translator.encode(["A girl."]), deadline=time.monotonic() + 600)
+    two = b.submit(cfg, translator.encode(["Two dogs play in the snow."]), deadline=time.monotonic() + 600)
+    steps = count_steps(monkeypatch, 5, lambda: (first(one), second(two)))
+    b.start()  # both queued already: one call
     try:
-        _started(gone)
-        gone.abandon()  # the client left; the other request's deadline passes 1.5 s in
-        with pytest.raises(Expired, match="while the model decoded it"):
-            late.future.result(timeout=30)
-        t_answer = len(steps)
+        for job, how in ((one, first), (two, second)):
+            if how is pass_deadline:
+                with pytest.raises(Expired, match="while the model decoded it; decoding stopped"):
+                    job.future.result(timeout=60)
     finally:
-        b.stop()
-    assert b.stopped == 1 and b.calls == 1
-    assert t_answer < 150  # it did not decode to the end (200 steps)
+        b.stop()  # (returns once the worker's call has ended)
+    assert len(steps) == 5 and b.stopped == 1 and b.calls == 1
 
 
 def test_a_call_goes_on_while_one_of_its_requests_is_wanted(translator, monkeypatch):
-    steps = _slow_steps(monkeypatch, 0.005)
-    cfg = DecodeConfig(beam_size=2, min_len=40, max_len_b=40)
+    """In step 5 one request's client leaves and the other's stays: the call decodes to the end, and
+    the one left gets the answer it gets alone."""
+    cfg = DecodeConfig(beam_size=2, **LONG)
     b = make(translator, wait_ms=50)
     gone = b.submit(cfg, translator.encode(["A girl."]))
-    kept = b.submit(cfg, translator.encode(["Two dogs play in the snow."]), deadline=time.monotonic() + 60)
+    kept = b.submit(cfg, translator.encode(["Two dogs play in the snow."]), deadline=time.monotonic() + 600)
+    steps = count_steps(monkeypatch, 5, lambda: leave(gone))
     b.start()
     try:
-        _started(gone)
-        gone.abandon()
         out = kept.future.result(timeout=60)
     finally:
         b.stop()
     single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate_nbest(
         ["Two dogs play in the snow."])
     assert [t.text for t in out.nbest[0]] == [t.text for t in single[0]]
-    assert b.stopped == 0 and b.calls == 1 and len(steps) >= 40
+    assert b.stopped == 0 and b.calls == 1 and len(steps) >= 50
 
 
 @pytest.mark.parametrize("yield_ms", [0.0, 5000.0])

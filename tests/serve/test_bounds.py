@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from aiayn.config import replace
+from aiayn.decode.config import DecodeConfig
 from aiayn.serve.app import create_app
 
 from .conftest import SERVE, LiveServer
@@ -168,6 +169,31 @@ def test_a_request_whose_client_left_is_not_decoded(translator):
         assert tuple(translator.encode(["Two dogs play in the snow."])[0]) not in decoded
         assert tuple(translator.encode(["A cat."])[0]) in decoded
         assert server.app.state.batcher.skipped == 1 and server.app.state.batcher.queued == 0
+
+
+def test_a_model_call_stops_at_the_next_step_when_its_client_hangs_up(translator, monkeypatch):
+    """The only request of a model call of 50 steps or more: its client hangs up while the call is in
+    its third step (held there until the service has seen it go); the call makes no fourth step."""
+    from aiayn.decode.translator import Translator
+    from aiayn.serve.batcher import Job
+
+    from .test_batcher import LONG, count_steps
+    long = Translator(translator.model, translator.src_tok, translator.tgt_tok, DecodeConfig(beam_size=2, **LONG))
+    in_step, seen_gone = threading.Event(), threading.Event()
+    abandon = Job.abandon
+    monkeypatch.setattr(Job, "abandon", lambda job: (abandon(job), seen_gone.set()))
+    steps = count_steps(monkeypatch, 3, lambda: (in_step.set(), seen_gone.wait(10)))
+    with LiveServer(create_app(long, SERVE)) as server:
+        sock = connect(server, request_bytes({"sentences": ["Two dogs play in the snow."]}))
+        assert in_step.wait(30)
+        sock.close()
+        assert seen_gone.wait(10)
+        batcher = server.app.state.batcher
+        deadline = time.monotonic() + 30
+        while batcher.calls < 1 and time.monotonic() < deadline:  # (the call ends after its third step)
+            time.sleep(0.01)
+        assert batcher.stopped == 1 and len(steps) == 3
+        assert 'event="client_gone"} 1' in metrics_text(server)
 
 
 def test_a_request_past_its_deadline_gets_503_and_is_not_decoded(translator):
