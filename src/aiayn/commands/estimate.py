@@ -11,6 +11,7 @@ from aiayn.train.config import load_recipe
 from aiayn.train.devices import DEVICES
 from aiayn.train.estimate import (DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
                                   measured_throughput, paper_model)
+from aiayn.train.memory import format_peak, peak_memory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,11 +22,20 @@ def run(args: argparse.Namespace) -> int:
         device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
     length = data_length(Path(args.data)) if args.data else args.length
     e = estimate.estimate(cfg, args.devices, thr, args.tokens_per_step, length, args.max_device_tokens)
+    # one batch on one device: the recipe's, or the per-device share of --tokens-per-step on both sides
+    src_tokens = e.per_device_tokens if args.tokens_per_step else cfg.train.max_src_tokens
+    precision = args.precision or cfg.train.precision
+    precision = "bf16" if precision == "auto" else precision  # fp16 where the GPU lacks bf16: the same bytes
+    peak = peak_memory(cfg.model, cfg.train, src_tokens, e.per_device_tokens, precision)
     if args.json:
-        print(json.dumps({k: v for k, v in vars(e).items() if k != "throughput"} | {"throughput": vars(thr)}, indent=2))
+        print(json.dumps({k: v for k, v in vars(e).items() if k != "throughput"} | {"throughput": vars(thr)}
+                         | {"peak_memory": vars(peak) | {"total": peak.total, "src_tokens": src_tokens,
+                                                         "tgt_tokens": e.per_device_tokens, "precision": precision}},
+                         indent=2))
     else:
         print(f"recipe: {args.recipe}")
         print(format_estimate(e, cfg.model, args.price))
+        print(format_peak(peak, src_tokens, e.per_device_tokens, precision))
     return 0
 
 
@@ -51,6 +61,9 @@ def register(sub) -> None:
     p.add_argument("--length", type=int, default=DEFAULT_LENGTH,
                    help=f"subword tokens per sentence, EOS included (default {DEFAULT_LENGTH}, assumed)")
     p.add_argument("--data", help="a prepared data directory: --length from its train split's mean length")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="the training precision the peak memory is estimated for (default: the recipe's "
+                        "train.precision; auto counts as bf16, 2 bytes like fp16)")
     p.add_argument("--price", type=float, default=None, help="price of one device-hour, to print the cost")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.set_defaults(func=run)
