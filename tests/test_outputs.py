@@ -278,3 +278,78 @@ def test_without_an_atomic_exchange_the_folder_is_still_replaced_whole(tmp_path,
         with files.OutputDir(out, overwrite=True, ours=lambda d: (d / "mark").is_file(), what="a test") as tmp:
             (tmp / "mark").write_text(str(n))
     assert (out / "mark").read_text() == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# -- an output that is one of the inputs ---------------------------------------------------------
+
+GOLD = "(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))\n"
+
+
+@pytest.fixture
+def inputs(tmp_path, model_file) -> dict[str, Path]:
+    """A gold tree file, a source text, a copy of the checkpoint; and other names for the gold file
+    (a symbolic link, a hard link)."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "gold.trees").write_text(GOLD)
+    (d / "src.json").write_text("a b c\n")  # a text that --attention-out could name
+    (d / "model.pt").write_bytes(model_file.read_bytes())
+    (d / "link.trees").symlink_to(d / "gold.trees")
+    os.link(d / "gold.trees", d / "hard.trees")
+    return {p.stem: p for p in d.iterdir()}
+
+
+# each command with inputs and an output file, its output named as one of its inputs: the
+# arguments (from the input files by name), the output's option and the input it names
+SAME_AS_INPUT = {
+    "parse baseline": (lambda i: ["parse", "baseline", "--gold", i["gold"], "--out", i["gold"]], "--out", "gold"),
+    "parse baseline, a link": (lambda i: ["parse", "baseline", "--gold", i["gold"], "--out", i["link"]], "--out", "link"),
+    "parse baseline, a hard link": (lambda i: ["parse", "baseline", "--gold", i["gold"], "--out", i["hard"]], "--out",
+                                    "hard"),
+    "parse decode": (lambda i: ["parse", "decode", "--checkpoint", i["model"], "--gold", i["gold"], "--out", i["gold"]],
+                     "--out", "gold"),
+    "parse text": (lambda i: ["parse", "text", "--checkpoint", i["model"], "--input", i["src"], "--output", i["src"]],
+                   "--output", "src"),
+    "evaluate": (lambda i: ["evaluate", "--checkpoint", i["model"], "--src", i["src"], "--ref", i["src"], "--out",
+                            i["src"]], "--out", "src"),
+    "evaluate, the checkpoint": (lambda i: ["evaluate", "--checkpoint", i["model"], "--src", i["src"], "--ref",
+                                            i["src"], "--out", i["model"]], "--out", "model"),
+    "translate": (lambda i: ["translate", "--checkpoint", i["model"], "--input", i["src"], "--attention-out", i["src"]],
+                  "--attention-out", "src"),
+    "average": (lambda i: ["average", i["model"], "--out", i["model"], "--overwrite"], "--out", "model"),
+    "ensemble": (lambda i: ["ensemble", i["model"], "--out", i["model"], "--overwrite"], "--out", "model"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAME_AS_INPUT))
+def test_an_output_that_is_one_of_the_inputs_is_refused(inputs, capsys, case):
+    argv, option, name = SAME_AS_INPUT[case]
+    before = {p: p.read_bytes() for p in inputs.values()}
+    assert main(argv({k: str(p) for k, p in inputs.items()})) == 2
+    err = _err(capsys).strip().splitlines()
+    assert len(err) == 1 and f"error: {option} {inputs[name]}: the same file as the input " in err[0], err
+    assert {p: p.read_bytes() for p in inputs.values()} == before and inputs["link"].is_symlink()
+
+
+def test_import_refuses_an_output_inside_the_model_it_reads(tmp_path, capsys):
+    model = tmp_path / "opus-mt"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    assert main(["import", str(model), "--out", str(model / "model.safetensors"), "--overwrite"]) == 2
+    assert "--out " + str(model / "model.safetensors") + ": the same file as the input" in _err(capsys)
+    assert (model / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_outputs_named_by_a_person_are_written_whole(inputs, tmp_path, capsys):
+    """Through the atomic writer: a link at the output's name is replaced, not written through
+    (the file it names is kept); no temporaries are left; /dev/null takes an output as it is."""
+    elsewhere = tmp_path / "elsewhere.trees"
+    elsewhere.write_text("kept\n")
+    out = tmp_path / "rb.trees"
+    out.symlink_to(elsewhere)
+    assert main(["parse", "baseline", "--gold", str(inputs["gold"]), "--out", str(out)]) == 0
+    assert not out.is_symlink() and out.read_text().startswith("(S (DT The)") and elsewhere.read_text() == "kept\n"
+    assert main(["parse", "baseline", "--gold", str(inputs["gold"]), "--out", os.devnull]) == 0
+    assert main(["parse", "baseline", "--gold", str(inputs["gold"]), "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path}: a folder; name a file to write" in _err(capsys)
+    assert not [p for p in tmp_path.iterdir() if files.LEFTOVER.match(p.name)]

@@ -23,7 +23,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Collection
+from typing import Any, BinaryIO, Callable, Collection, Iterable
 
 from aiayn.errors import UserError
 
@@ -204,6 +204,46 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> None:
         raise UserError(f"{path}: exists and is not a regular file; choose another --out")
     if not overwrite:
         raise UserError(f"{path}: already exists (pass --overwrite to replace it)")
+
+
+def refuse_input_as_output(out: str | Path | None, inputs: Iterable[str | Path | None], option: str = "--out") -> None:
+    """Refuse (a UserError) an output file that is one of the command's ``inputs``: the same file
+    by inode (``os.path.samefile``), so another path or a link to it counts. Writing it would
+    replace what the command reads. Inputs that are None or not there are passed over."""
+    if out is None or not os.path.exists(out):
+        return
+    for given in inputs:
+        if given is None:
+            continue
+        try:
+            same = os.path.samefile(out, given)
+        except OSError:
+            continue
+        if same:
+            raise UserError(f"{option} {out}: the same file as the input {given}; choose another {option}")
+
+
+def write_output(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """An output file a person named, written whole: through ``atomic_write`` (a kill leaves the
+    old file or the new one; a link there is replaced, not written through), or straight into a
+    path that names no regular file (``/dev/stdout``, a FIFO). A failure is a UserError naming
+    the file."""
+    path = Path(path)
+    try:
+        if os.path.exists(path) and not os.path.isfile(path):
+            if os.path.isdir(path):
+                raise UserError(f"{path}: a folder; name a file to write")
+            with open(path, "wb") as f:
+                write(f)
+            return
+        atomic_write(path, write)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write ({exc.strerror})") from None
+
+
+def write_text_output(path: str | Path, text: str) -> None:
+    """UTF-8 ``text`` to the output file ``path`` (``write_output``)."""
+    write_output(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _holds_cwd(path: Path) -> bool:

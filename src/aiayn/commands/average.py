@@ -4,13 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from aiayn.errors import UserError
-from aiayn.files import check_output_file
+from aiayn.files import check_output_file, refuse_input_as_output
 
 
 def run(args) -> int:
     from aiayn.checkpoint import atomic_save, average_checkpoints, step_checkpoints
-    check_output_file(args.out, args.overwrite)
     inputs = [Path(p) for p in args.inputs]
+    refuse_input_as_output(args.out, inputs)
+    check_output_file(args.out, args.overwrite)
     if args.last is not None and args.last < 1:
         raise UserError(f"--last must be at least 1, got {args.last}")
     if len(inputs) == 1 and inputs[0].is_dir():
@@ -25,6 +26,7 @@ def run(args) -> int:
         if args.last is not None and len(inputs) > 1:
             raise UserError("--last applies to a run directory, not to a list of files")
         paths = inputs
+    refuse_input_as_output(args.out, paths)  # (a run directory's: known only now)
     avg = average_checkpoints(paths)
     atomic_save(avg, args.out)
     print(f"averaged {len(paths)} checkpoint(s) into {args.out}: " + ", ".join(p.name for p in paths))

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aiayn.files import check_output_file
+from aiayn.files import check_output_file, refuse_input_as_output
 
 
 def run(args) -> int:
     from aiayn.checkpoint import atomic_save, ensemble_checkpoint
+    refuse_input_as_output(args.out, args.inputs)
     check_output_file(args.out, args.overwrite)
     ens = ensemble_checkpoint([Path(p) for p in args.inputs])
     atomic_save(ens, args.out)

@@ -17,6 +17,7 @@ from pathlib import Path
 from aiayn.config import add_arguments, from_args
 from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
+from aiayn.files import refuse_input_as_output, write_text_output
 from aiayn.progress import progress_bar
 
 
@@ -45,6 +46,7 @@ def run(args) -> int:
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
 
+    refuse_input_as_output(args.out, [args.checkpoint, args.src, args.ref, args.tok_ref])
     src, ref, source = _inputs(args)
     lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
     if args.tok_ref:
@@ -56,7 +58,7 @@ def run(args) -> int:
             hyps = translator.translate(src, source=source, progress=bar.update)
         seconds = time.perf_counter() - t0
     if args.out:
-        Path(args.out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        write_text_output(args.out, "".join(h + "\n" for h in hyps))
     results = score_all(hyps, ref, lang)
     if args.tok_ref:
         results.append(multi30k_bleu(hyps, list(read_lines(Path(args.tok_ref))), lang))

@@ -16,6 +16,7 @@ from aiayn.config import add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
 from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.errors import UserError
+from aiayn.files import refuse_input_as_output, write_text_output
 from aiayn.model.config import PRESETS
 from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
@@ -154,9 +155,10 @@ def _register_baseline(sub) -> None:
 
 
 def run_baseline(args: argparse.Namespace) -> int:
+    refuse_input_as_output(args.out, [args.gold])
     _, gold = read_gold_trees(args.gold)
     lines = [right_branching(g.words(), g.tags()).to_bracketed() for g in gold]
-    args.out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    write_text_output(args.out, "".join(line + "\n" for line in lines))
     print(f"wrote {len(lines)} right-branching trees to {args.out}")
     return 0
 
@@ -217,13 +219,14 @@ def _register_decode(sub) -> None:
 
 def run_decode(args: argparse.Namespace) -> int:
     from aiayn.decode.translator import Translator
+    refuse_input_as_output(args.out, [args.checkpoint, args.gold, args.param])
     cfg = from_args(DecodeConfig, args)
     params = read_params(args.param) if args.param else COLLINS
     gold_lines, gold = read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
     trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args))
     test_lines = [t.to_bracketed() for t in trees]
-    args.out.write_text("".join(line + "\n" for line in test_lines), encoding="utf-8")
+    write_text_output(args.out, "".join(line + "\n" for line in test_lines))
     result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold))
     print(format_summary(result), end="")
     print(f"\n{stats.summary()}")
@@ -266,6 +269,7 @@ def run_text(args: argparse.Namespace) -> int:
     if args.checkpoint is None:
         raise UserError("give --checkpoint to parse text (aiayn parse --checkpoint F < sentences), "
                         "or a subcommand (aiayn parse --help)")
+    refuse_input_as_output(args.output, [*args.checkpoint, args.input], "--output")
     cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
     source, stats = str(args.input or "<stdin>"), RepairStats()
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout

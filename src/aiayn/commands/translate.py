@@ -15,6 +15,7 @@ from aiayn.config import add_arguments, from_args
 from aiayn.data.textio import CHUNK_LINES, input_chunks
 from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
+from aiayn.files import refuse_input_as_output, write_output
 from aiayn.progress import progress_bar, progress_shown
 
 if TYPE_CHECKING:
@@ -66,9 +67,10 @@ def _total_lines(path: str | None) -> int | None:
 
 
 def _write_attention(path: Path, records: list[dict]) -> None:
+    """The attention weights of ``records`` to ``path`` (.json or .npz), written whole (``write_output``)."""
     if path.suffix == ".json":
         data = [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()} for r in records]
-        path.write_text(json.dumps(data), encoding="utf-8")
+        write_output(path, lambda f: f.write(json.dumps(data).encode("utf-8")))
         return
     arrays = {}
     for r in records:
@@ -77,7 +79,7 @@ def _write_attention(path: Path, records: list[dict]) -> None:
         arrays[f"{i}_tgt_tokens"] = np.array(r["tgt_tokens"])
         for name in ("encoder", "decoder_self", "cross"):
             arrays[f"{i}_{name}"] = r[name]
-    np.savez_compressed(path, **arrays)
+    write_output(path, lambda f: np.savez_compressed(f, **arrays))
 
 
 def _buffer_lines(args: argparse.Namespace) -> int:
@@ -140,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
+    refuse_input_as_output(att_path, [*args.checkpoint, args.input, args.prefix], "--attention-out")
     buffer = _buffer_lines(args)
     prefixes = _read_prefixes(args.prefix)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
