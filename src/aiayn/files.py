@@ -246,6 +246,30 @@ def write_text_output(path: str | Path, text: str) -> None:
     write_output(path, lambda f: f.write(text.encode("utf-8")))
 
 
+UNPACK_RATIO = 10  # bytes an archive may give per byte of its own (text compresses 3 to 5 times)
+UNPACK_SLACK = 64 << 20  # bytes every archive may give besides (a small archive of small files)
+
+
+class UnpackBound:
+    """What one archive may give when its members are extracted or read whole: ``UNPACK_RATIO``
+    times its own size and ``UNPACK_SLACK`` more, counted from the sizes the members declare,
+    before any is read (tarfile and zipfile give no more than a member declares). A member past
+    it is a UserError naming the archive and the member: a decompression bomb fills no disk and
+    no memory."""
+
+    def __init__(self, archive: str | Path):
+        self.archive = Path(archive)
+        self.left = UNPACK_RATIO * self.archive.stat().st_size + UNPACK_SLACK
+
+    def take(self, member: str, size: int) -> None:
+        """Count ``size`` bytes of ``member`` against the bound; refuse them past it."""
+        if size > self.left:
+            raise UserError(f"{self.archive}: {member} unpacks to more than the {self.left:,} bytes this archive "
+                            f"may still give ({UNPACK_RATIO} times its size and {UNPACK_SLACK >> 20} MiB in all); "
+                            f"is it the archive it should be?")
+        self.left -= size
+
+
 def _holds_cwd(path: Path) -> bool:
     try:
         here, there = Path.cwd().resolve(), path.resolve()

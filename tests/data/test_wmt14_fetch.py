@@ -207,6 +207,25 @@ def test_unpack_names_a_member_the_archive_lacks(server, pins, bodies, tmp_path,
         wmt14.unpack(tmp_path, "en-de")
 
 
+def test_unpack_refuses_an_archive_that_unpacks_to_far_more_than_it_holds(tmp_path, monkeypatch):
+    """A member that would fill the disk (here 4 MiB of zeros, gzipped to 4 KB): one line naming
+    the archive and the member, before a byte of it is written."""
+    import aiayn.files
+    monkeypatch.setattr(aiayn.files, "UNPACK_SLACK", 0)  # the bound is then 10 times the archive's size
+    archive = tmp_path / wmt14.ARCHIVES["europarl"].pinned.local
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        for member, size in (("training/europarl-v7.de-en.en", 1000), ("training/europarl-v7.de-en.de", 4 << 20)):
+            info = tarfile.TarInfo(member)
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes(size)))
+    with pytest.raises(UserError, match=rf"^{archive}: training/europarl-v7.de-en.de unpacks to more than the "
+                                        rf"{10 * archive.stat().st_size - 1000:,} bytes this archive may still give"):
+        wmt14.unpack(tmp_path, "en-de")
+    assert (tmp_path / "wmt14" / "training" / "europarl-v7.de-en.en").stat().st_size == 1000
+    assert not (tmp_path / "wmt14" / "training" / "europarl-v7.de-en.de").exists()
+
+
 def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO / "src"), **env}
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=REPO)

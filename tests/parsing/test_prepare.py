@@ -1,4 +1,5 @@
 """Parsing data options: the tree tokens become SentencePiece user symbols; splits by WSJ file."""
+import gzip
 import json
 import zipfile
 
@@ -90,3 +91,26 @@ def test_wsj_scheme_takes_the_papers_vocabulary(argv, vocab, tmp_path, monkeypat
     assert main(["parse", "prepare", "--treebank", str(tmp_path), "--out", str(tmp_path / "o"), *argv]) == 2
     assert seen["vocab"] == vocab
     assert seen["splits"] == SPLIT_SCHEMES["wsj" if argv else "sample"]
+
+
+def test_a_zip_bomb_is_refused_before_a_member_is_read(tmp_path, monkeypatch, capsys):
+    """A member that unpacks to far more than the zip holds (here 4 MiB of one tree, 0.1% of it
+    stored): one line naming the zip and the member; nothing read, nothing written."""
+    import aiayn.files
+    monkeypatch.setattr(aiayn.files, "UNPACK_SLACK", 0)  # the bound is then 10 times the zip's size
+    tree = b"( (S (NP (NNP John)) (VP (VBZ runs)) (. .)) )\n"
+    bomb = tmp_path / "treebank.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("treebank/combined/wsj_0001.mrg", tree)
+        zf.writestr("treebank/combined/wsj_0002.mrg", tree * ((4 << 20) // len(tree)))
+    out = tmp_path / "out"
+    assert main(["parse", "prepare", "--treebank", str(bomb), "--no-data", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"aiayn parse: error: {bomb}: treebank/combined/wsj_0002.mrg unpacks to more than the "
+                   f"{10 * bomb.stat().st_size - len(tree):,} bytes this archive may still give (10 times its size "
+                   f"and 0 MiB in all); is it the archive it should be?"]
+    assert not out.exists()
+    gz = tmp_path / "wsj_0001.mrg.gz"  # one gzipped file: the same bound
+    gz.write_bytes(gzip.compress(tree * ((4 << 20) // len(tree))))
+    with pytest.raises(UserError, match=rf"^{gz}: wsj_0001.mrg unpacks to more than the {10 * gz.stat().st_size:,} "):
+        read_treebank(gz)

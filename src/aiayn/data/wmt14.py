@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from aiayn.data.fetch import Pinned, fetch_all
 from aiayn.errors import UserError
+from aiayn.files import UnpackBound
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ def download_wmt14(root: Path, pair: str, *, base_url: str | None = None, quiet:
 def unpack(root: Path, pair: str) -> Path:
     """The members scripts/wmt14.sh reads, from each archive of ``pair`` under ``root``/wmt14 (as
     ``download_wmt14`` left them), extracted there with the archive's folders. An archive done for
-    this pair before (its ``.NAME.unpacked-PAIR`` marker) is skipped; an interrupted one is redone."""
+    this pair before (its ``.NAME.unpacked-PAIR`` marker) is skipped; an interrupted one is redone.
+    What one archive may give is bounded (``UnpackBound``: ten times its size and 64 MiB)."""
     out = root / "wmt14"
     x = pair.split("-")[1]
     for a in archives(pair):
@@ -120,12 +122,13 @@ def unpack(root: Path, pair: str) -> Path:
             raise UserError(f"{path}: not there; run `aiayn data wmt14 --pair {pair} --out {root}` first")
         wanted = {m.format(x=x) for m in a.members}
         log.info("%s: extracting %s", path.name, ", ".join(sorted(wanted)))
-        found = set()
+        found, bound = set(), UnpackBound(path)
         try:
             with tarfile.open(path) as tar:
                 for member in tar:
                     name = PurePosixPath(member.name).name
                     if member.isfile() and name in wanted:
+                        bound.take(member.name, member.size)
                         tar.extract(member, out, filter="data")
                         found.add(name)
         except (tarfile.TarError, EOFError, OSError) as exc:

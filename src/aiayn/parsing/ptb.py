@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 from aiayn.errors import InputError, UserError
+from aiayn.files import UnpackBound
 from aiayn.parsing.trees import BracketError, Tree, parse_bracketed
 
 log = logging.getLogger(__name__)
@@ -82,21 +83,30 @@ def read_mrg_text(text: str, file_id: str, path: str | Path) -> list[TreebankTre
 
 
 def _read_zip(path: Path) -> list[TreebankTree]:
+    """The trees of the ``wsj_NNNN.mrg`` members of the zip ``path``, each member read whole: all
+    of them together no more than ``UnpackBound`` allows, checked before each is read."""
     trees: list[TreebankTree] = []
+    bound = UnpackBound(path)
     with zipfile.ZipFile(path) as zf:
-        names = sorted(n for n in zf.namelist() if _MRG_NAME.search(n))
-        for name in names:
-            text = zf.read(name).decode("utf-8")
-            trees += read_mrg_text(text, _MRG_NAME.search(name).group(1), f"{path}:{name}")
+        members = sorted((i for i in zf.infolist() if _MRG_NAME.search(i.filename)), key=lambda i: i.filename)
+        for info in members:
+            bound.take(info.filename, info.file_size)
+            text = zf.read(info).decode("utf-8")
+            trees += read_mrg_text(text, _MRG_NAME.search(info.filename).group(1), f"{path}:{info.filename}")
     if not trees:
         raise UserError(f"{path}: no wsj_NNNN.mrg files in this zip")
     return trees
 
 
 def _read_text_file(path: Path) -> str:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read()
+    """The text of a ``.mrg`` file, or of a ``.mrg.gz`` one as ``UnpackBound`` allows."""
+    if path.suffix != ".gz":
+        return path.read_text(encoding="utf-8")
+    bound = UnpackBound(path)
+    with gzip.open(path, "rb") as f:
+        data = f.read(bound.left + 1)
+    bound.take(path.name.removesuffix(".gz"), len(data))
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
 
 
 def read_treebank(path: str | Path) -> list[TreebankTree]:
