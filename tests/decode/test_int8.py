@@ -6,13 +6,15 @@ import pytest
 import torch
 from torch import nn
 
+import aiayn.decode.int8 as int8
 import aiayn.model as M
 from aiayn.decode.adapter import CachedDecoder, RecomputeDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy, quantize_rows
 from aiayn.decode.search import SpecialIds, search
-from aiayn.decode.loading import load_model_for_inference
+from aiayn.decode.loading import load_model_for_inference, model_for_precision
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
 from tests.decode.test_adapter import V, sources
 
 
@@ -158,3 +160,53 @@ def test_int8_bf16_translator_translates_a_checkpoint(tiny_checkpoint):
     lines = ["A dog runs.", "", "Two men are sitting on a bench in the park."]
     out = tr.translate(lines)
     assert len(out) == 3 and out[1] == "" and out[0] and out[2]
+
+
+# -- where the int8 product runs: oneDNN's with VNNI, else the C kernel, else float32 products --------
+
+@pytest.mark.parametrize("flags,env,vnni", [
+    ({"avx2", "fma"}, {}, False),  # Haswell..Skylake client, Zen 1-3
+    ({"avx2", "avx512bw"}, {}, False),  # Skylake-SP: AVX-512 without VNNI
+    ({"avx2", "avx512_vnni"}, {}, True),  # Cascade Lake, Ice Lake, Zen 4
+    ({"avx2", "avx_vnni"}, {}, True),  # Alder Lake
+    ({"avx2", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),  # oneDNN held to AVX2
+    ({"avx2", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "avx512_core"}, False),
+    ({"avx2", "avx512_vnni"}, {"DNNL_MAX_CPU_ISA": "AVX2"}, False),  # the older name
+    ({"avx2", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, True),
+    ({"avx2", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, False),  # Ice Lake has no AVX-VNNI
+    ({"avx2", "avx_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, True),
+    ({"avx2", "avx_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, False),  # not above AVX2_VNNI
+    ({"avx2", "avx512_vnni", "amx_int8"}, {"ONEDNN_MAX_CPU_ISA": "DEFAULT"}, True),
+    ({"amx_int8", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, True),
+    (set(), {}, False),  # no flags to be read
+])
+def test_onednn_vnni_reads_the_cpu_flags_and_the_isa_limit(flags, env, vnni):
+    assert int8.onednn_vnni(frozenset(flags), env) is vnni
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8-bf16"])
+def test_precision_int8_is_refused_without_vnni_or_the_kernels(model, monkeypatch, precision):
+    monkeypatch.setattr(int8, "onednn_vnni", lambda: False)
+    with pytest.raises(UserError) as e:
+        model_for_precision(model, precision, kernels=None)
+    assert str(e.value).startswith(f"precision {precision} needs a CPU with VNNI")
+    assert "avx512_vnni" in str(e.value) and "fp32" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setattr(int8, "onednn_vnni", lambda: True)  # with VNNI oneDNN's product is the fast one
+    assert isinstance(model_for_precision(model, precision, kernels=None).out_proj, Int8Linear)
+
+
+def test_int8_linear_without_vnni_or_kernels_is_exact_in_float32_blocks(monkeypatch):
+    torch.manual_seed(0)
+    x = torch.randn(3, 2500)
+    x[:, 0] = 100  # quantizes to 127 in every row
+    lin = nn.Linear(2500, 7)
+    lin.weight.data[:] = torch.where(torch.rand(7, 2500) < 0.5, 1.0, -1.0)  # all ±127 after quantizing
+    ref = Int8Linear.from_linear(lin)
+    monkeypatch.setattr(int8, "onednn_vnni", lambda: False)
+    q = Int8Linear.from_linear(lin)
+    assert q.w_packed is None and not q.vnni
+    x_q, _ = quantize_rows(x)
+    acc = int8.int_mm_float(x_q, q.w_q)  # 2500 inputs: sums past 2^24, three blocks of columns
+    assert torch.equal(acc.long(), x_q.long() @ q.w_q.long().T)
+    if ref.vnni:
+        assert torch.equal(q(x), ref(x))  # torch._int_mm's, bit for bit

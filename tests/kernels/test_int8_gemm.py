@@ -2,6 +2,9 @@
 import pytest
 import torch
 
+import aiayn.decode.int8 as int8
+from aiayn.decode.int8 import Int8Linear
+
 # (N, I, O): none, some or all of them multiples of the 6-row tiles, the input pairs and the 16-output blocks
 SHAPES = [(1, 1, 1), (3, 17, 70), (17, 513, 33), (70, 3, 17), (6, 32, 16), (13, 1024, 513), (12, 64, 48)]
 
@@ -80,3 +83,25 @@ def test_int8_products_refuse_mismatched_operands(kernels):
         kernels.int8_mm(torch.ones(2, 8, dtype=torch.int8), w, 17)  # O = 17 needs two blocks
     with pytest.raises(ValueError, match="int8"):
         kernels.int8_mm(torch.ones(2, 8), w, 16)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_takes_the_kernel_without_vnni_and_gives_the_same(kernels, monkeypatch, out_dtype, bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(70, 45, bias=bias)
+    vnni = int8.onednn_vnni()
+    native = Int8Linear.from_linear(lin, out_dtype, kernels)  # torch._int_mm where it is exact (VNNI)
+    monkeypatch.setattr(int8, "onednn_vnni", lambda: False)
+    fast = Int8Linear.from_linear(lin, out_dtype, kernels)
+    plain = Int8Linear.from_linear(lin, out_dtype)  # no kernels, no VNNI: float32 products of the integers
+    assert fast.w_packed is not None and plain.w_packed is None and (native.w_packed is None) == vnni
+    x = torch.randn(5, 9, 70).to(out_dtype)
+    with torch.inference_mode():
+        y = fast(x)
+        assert y.dtype == out_dtype and y.shape == (5, 9, 45)
+        assert torch.equal(y, plain(x))
+        if vnni:
+            assert torch.equal(y, native(x))  # bit for bit oneDNN's VNNI product
+        for b in range(5):  # batched = single
+            assert torch.equal(fast(x[b, 3:4]), y[b, 3:4])

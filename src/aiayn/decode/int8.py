@@ -8,12 +8,26 @@ becomes an ``Int8Linear``:
     x ≈ s_x · x_q    x_q int8 (N, I), s_x (N,) = max_i |x[n, i]| / 127     (per row, at every call)
     y = s_x s_W ⊙ (x_q W_qᵀ) + b                                           (int32 accumulation, exact)
 
-Both scales are symmetric (no zero point), so the integer product is one ``torch._int_mm`` (oneDNN's
-int8 GEMM; VNNI on CPUs that have it). Each row of x is quantized on its own, so a sentence's
-translation does not depend on which other sentences share its batch (batched = single, tested);
-PyTorch's dynamic quantization scales the whole batch with one number and would not give that.
-Embeddings, LayerNorm, the softmax of Eq. 1 and the log-probabilities stay in float32. CPU only:
-on a GPU use ``precision bf16``. The BLEU this costs is measured in BENCHMARKS.md §4.
+Both scales are symmetric (no zero point), so the integer product x_q W_qᵀ is one int8 GEMM, which
+runs where it is fast and exact (``Int8Linear``):
+
+- on CPUs with VNNI (avx512_vnni, avx_vnni, amx_int8: Intel Cascade Lake and later, AMD Zen 4 and
+  later) ``torch._int_mm``, oneDNN's int8 GEMM on those instructions;
+- on CPUs without (AVX2 + FMA only: Intel Haswell..Skylake client, AMD Zen 1-3; CPUs that list none
+  of those flags, ARM's; also where ``ONEDNN_MAX_CPU_ISA`` holds oneDNN below them) the C kernel
+  kernels/int8_gemm.c (AVX2 loops, or plain ones where the build has no AVX2), from weights
+  packed once as int16 pairs, with the rescaling in the same pass. There oneDNN's product is a slow
+  reference loop (40x slower than float32 on a Zen 3) or, held to AVX2, saturates its int16 pair
+  sums (wrong by up to 10^5); the kernel's pair sums cannot (``onednn_vnni``);
+- on CPUs without VNNI and without the C kernels (no C compiler, ``c_kernels`` off), float32 products
+  of the integers, a block of 1024 columns at a time, exact but slower than precision fp32: decoding
+  refuses precision int8 there (``require_int8_product``).
+
+All three give the same int32 sums, so the same translations (tested). Each row of x is quantized on
+its own, so a sentence's translation does not depend on which other sentences share its batch
+(batched = single, tested); PyTorch's dynamic quantization scales the whole batch with one number
+and would not give that. Embeddings, LayerNorm, the softmax of Eq. 1 and the log-probabilities stay
+in float32. CPU only: on a GPU use ``precision bf16``. The BLEU this costs is measured in BENCHMARKS.md §4.
 
 ``precision = "int8-bf16"`` keeps the same int8 linear maps but runs everything between them in
 bfloat16: the residual stream, LayerNorm and the attention core of Eq. 1 (QKᵀ, softmax, ·V), which
@@ -24,7 +38,10 @@ for the log-probabilities. Worth it on CPUs with bf16 instructions (AVX512-BF16,
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+import functools
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -45,10 +62,70 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.div(x, s).round_().to(torch.int8), s
 
 
+# ONEDNN_MAX_CPU_ISA values under which oneDNN uses each CPU flag's int8 dot products (its ISAs are
+# partially ordered: AVX2 < AVX2_VNNI < AVX2_VNNI_2; AVX2 < AVX512_CORE < AVX512_CORE_VNNI < AVX512_CORE_BF16
+# < AVX10_1_512 < AVX10_1_512_AMX < AVX10_1_512_AMX_FP16; AVX2_VNNI < AVX10_1_512). Unset, DEFAULT or a
+# value not listed here: no limit.
+_AMX_ISAS = frozenset({"AVX10_1_512_AMX", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16"})
+_AVX10_ISAS = _AMX_ISAS | {"AVX10_1_512", "AVX512_CORE_FP16"}
+_VNNI_ISAS = {"amx_int8": _AMX_ISAS,
+              "avx512_vnni": _AVX10_ISAS | {"AVX512_CORE_VNNI", "AVX512_CORE_BF16"},
+              "avx_vnni": _AVX10_ISAS | {"AVX2_VNNI", "AVX2_VNNI_2"}}
+_ISA_LIMITS = frozenset({"SSE41", "AVX", "AVX2", "AVX512_CORE"}).union(*_VNNI_ISAS.values())
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags, as /proc/cpuinfo lists them (none where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def onednn_vnni(flags: frozenset[str] | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether oneDNN's int8 GEMM (``torch._int_mm`` on the CPU) runs on VNNI dot products, and so is
+    fast and exact: the CPU has avx512_vnni, avx_vnni or amx_int8 (``flags``, else /proc/cpuinfo's) and
+    ``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``; ``env``, else the environment) does
+    not hold oneDNN below them (AVX2 or AVX512_CORE: no VNNI). Without VNNI oneDNN's product is a slow
+    reference loop, or with AVX2 u8·s8 products (vpmaddubsw) whose int16 pair sums saturate."""
+    flags = _cpu_flags() if flags is None else flags
+    env = os.environ if env is None else env
+    limit = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return any(flag in flags and (limit not in _ISA_LIMITS or limit in allowed)
+               for flag, allowed in _VNNI_ISAS.items())
+
+
+def require_int8_product(precision: str, kernels: "Kernels | None") -> None:
+    """Refuse ``precision`` (int8, int8-bf16) where its int8 products would run slower than precision
+    fp32's float ones: no VNNI for oneDNN (``onednn_vnni``) and no C kernels to multiply instead."""
+    if kernels is None and not onednn_vnni():
+        raise UserError(f"precision {precision} needs a CPU with VNNI (avx512_vnni, avx_vnni or amx_int8) or "
+                        "aiayn's C kernels (--c-kernels false, or no C compiler found): use precision fp32")
+
+
+_FLOAT_EXACT_COLUMNS = 1024  # 1024 * 127² < 2²⁴: every partial sum of a block is an integer float32 holds
+
+
+def int_mm_float(x_q: Tensor, w_q: Tensor) -> Tensor:
+    """x_q (N, I) int8 · w_q (O, I) int8ᵀ -> (N, O) int32, exactly, from float32 products of blocks of
+    1024 columns (whose sums stay below 2²⁴, so no rounding happens in any order of summation)."""
+    acc = None
+    for i in range(0, x_q.size(1), _FLOAT_EXACT_COLUMNS):
+        cols = slice(i, i + _FLOAT_EXACT_COLUMNS)
+        part = torch.mm(x_q[:, cols].float(), w_q[:, cols].float().t()).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc if acc is not None else torch.zeros(x_q.size(0), w_q.size(0), dtype=torch.int32)
+
+
 class Int8Linear(nn.Module):
     """A linear map y = x Wᵀ + b with int8 weights and int8 row-quantized inputs (module docstring).
     With ``kernels`` (kernels/loader.py) the quantization and the rescaling are one C loop each, with
-    the same results."""
+    the same results, and on a CPU without VNNI (``onednn_vnni``) the product and the rescaling are one
+    C pass (int8_gemm.c) from weights packed here; without VNNI and without kernels, ``int_mm_float``."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype = torch.float32,
                  kernels: "Kernels | None" = None):
@@ -60,6 +137,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("w_q", w_q, persistent=False)  # (O,I) int8
         self.register_buffer("s_w", s_w.squeeze(1), persistent=False)  # (O,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
+        self.vnni = onednn_vnni()  # torch._int_mm is fast and exact here
+        packed = kernels.pack_int8(w_q) if kernels is not None and not self.vnni else None
+        self.register_buffer("w_packed", packed, persistent=False)  # (ceil(O/16), ceil(I/2), 16, 2) int16
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, out_dtype: torch.dtype = torch.float32,
@@ -72,7 +152,10 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # (N,I)
         fast = self.kernels is not None and self.kernels.supports_rows(x2)
         x_q, s_x = self.kernels.quantize_rows(x2) if fast else quantize_rows(x2)  # (N,I), (N,1)
-        acc = torch._int_mm(x_q, self.w_q.t())  # (N,O) int32, exact
+        if self.w_packed is not None:  # no VNNI: int8_gemm.c, the rescaling in the same pass
+            y = self.kernels.int8_linear(x_q, s_x, self.w_packed, self.s_w, self.bias, self.out_dtype)
+            return y.view(*lead, self.out_features)
+        acc = torch._int_mm(x_q, self.w_q.t()) if self.vnni else int_mm_float(x_q, self.w_q)  # (N,O) int32
         if fast:
             return self.kernels.rescale(acc, s_x, self.s_w, self.bias, self.out_dtype).view(*lead, self.out_features)
         y = (acc * self.s_w).mul_(s_x)  # float32

@@ -17,7 +17,7 @@ import torch
 from aiayn.config import ConfigError, from_dict
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.int8 import Int8Linear, int8_copy
+from aiayn.decode.int8 import Int8Linear, int8_copy, require_int8_product
 from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
 from aiayn.errors import UserError
 from aiayn.kernels.loader import Kernels, load as load_kernels
@@ -107,8 +107,9 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
     ``packed``, a float32 model on a CPU whose PyTorch has ``library``'s packed linear maps, "auto" as
     ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or made
     int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
-    around the int8 products), so the caller's model is left as it was. The bfloat16 copy pads the rows of
-    its linear maps to keep ``row_bits`` leading bits (``aiayn.model.linear``)."""
+    around the int8 products, and the products themselves on CPUs without VNNI, where int8 is refused
+    without them), so the caller's model is left as it was. The bfloat16 copy pads the rows of its
+    linear maps to keep ``row_bits`` leading bits (``aiayn.model.linear``)."""
     if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
         return model  # already a decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
@@ -117,6 +118,8 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
         bf16 = copy.deepcopy(model).to(torch.bfloat16)
         bf16.pad_linear_rows(row_bits)  # a bounded set of oneDNN kernels (aiayn/model/linear.py)
         return bf16
+    if precision in ("int8", "int8-bf16"):
+        require_int8_product(precision, kernels)  # slower than fp32 without VNNI or the C kernels
     if precision == "int8":
         return int8_copy(model, kernels=kernels)
     if precision == "int8-bf16":
