@@ -4,6 +4,7 @@ attention plot, on whatever machine it runs on (docs/recipe.md).
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
   2. train     the recipe (recipes/multi30k.json; multi30k-gpu.json where CUDA is present), bounded by --minutes OUT/run
+               with its 4,096 + 4,096-token steps on any process count (train.accum_steps)
                (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
                --members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
@@ -14,6 +15,9 @@ Steps (each skipped when its output already exists, so a re-run resumes):
                Moses-tokenized, the published baselines' metric); the paper's compound-split BLEU
   7. examples  a few sentences translated, one attention plot           OUT/plots
 The last three lines printed are ``model: PATH``, ``translations: PATH`` and ``plots: PATH``.
+
+Your own parallel text: ``--train SRC TGT --valid SRC TGT [--test SRC TGT]`` runs the same steps
+on it (``aiayn.demo_own``; docs/own-data.md), into runs/demo-SRC-TGT.
 """
 from __future__ import annotations
 
@@ -55,9 +59,13 @@ EXAMPLES = {
 class DemoConfig:
     """Options of ``aiayn demo``; defaults are the full run (45 minutes of training)."""
 
-    src_lang: str = param("en", "source language: en or de (the other is the target)")
-    data_root: str = param("", "folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (docs/data.md)")
-    out: str = param("runs/demo", "output directory (relative paths are under the current directory; a re-run resumes); a folder holding anything the demo did not write is refused")
+    train: tuple[str, ...] = param((), "your own parallel text instead of Multi30k: the train split's SOURCE and TARGET files (aligned, one sentence per line, plain or .gz; docs/own-data.md)")
+    valid: tuple[str, ...] = param((), "with --train: the validation split's SOURCE and TARGET files (the length penalty is chosen on it)")
+    test: tuple[str, ...] = param((), "with --train: the test split's SOURCE and TARGET files, translated and scored (sacreBLEU, chrF); none: no test scores")
+    src_lang: str = param("", "source language; Multi30k: en or de (the other is the target), empty = en; --train: empty = the source file's suffix (train.en -> en)")
+    tgt_lang: str = param("", "with --train: the target language; empty = the target file's suffix (train.de -> de)")
+    data_root: str = param("", "Multi30k only: folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (docs/data.md)")
+    out: str = param("", "output directory (relative paths are under the current directory; a re-run resumes); a folder holding anything the demo did not write is refused; empty = runs/demo for Multi30k, runs/demo-SRC-TGT with --train")
     overwrite: bool = param(False, "start afresh in --out: an earlier demo's files there are deleted (without it a re-run resumes)")
     minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
@@ -89,6 +97,27 @@ def _score_entry(score) -> dict:
     if isinstance(score, BleuResult):
         entry["length_ratio"] = round(score.length_ratio, 3)
     return entry
+
+
+DEMO_STEP_TOKENS = 4096  # source and target tokens of one step of the demo's recipes (docs/recipe.md), on any process count
+
+
+def step_sets(train_cfg, processes: int, step_tokens: int) -> list[str]:
+    """Overrides that keep a step at ``step_tokens`` + ``step_tokens`` tokens on ``processes``
+    synchronous data-parallel processes: processes x train.accum_steps x the per-process batch =
+    ``step_tokens``, the recipe's per-process batch kept where it fits (multi30k.json's 2,048: 2
+    processes, or 1 process accumulating 2 batches), else cut to ``step_tokens`` / processes.
+    None where ``step_tokens`` is 0 or under local SGD (each process then steps on its own)."""
+    if not step_tokens or (train_cfg.local_sgd_period and processes > 1):
+        return []
+    share = max(1, step_tokens // processes)  # tokens each process adds to a step
+    accum = max(1, share // train_cfg.max_tgt_tokens)
+    per_process = share // accum
+    out = [f"train.accum_steps={accum}"]
+    if per_process != train_cfg.max_tgt_tokens:
+        ratio = train_cfg.max_src_tokens / train_cfg.max_tgt_tokens
+        out += [f"train.max_src_tokens={max(1, round(per_process * ratio))}", f"train.max_tgt_tokens={per_process}"]
+    return out
 
 
 def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
@@ -200,14 +229,21 @@ def run_demo(cfg: DemoConfig) -> dict:
     """``aiayn demo`` in seven stages: prepare, train, average, choose α on validation, translate
     test_2016, score it, translate examples and plot their attention. Every stage that finished
     is skipped on a re-run (training resumes); ``out/results.json`` holds what each measured."""
-    src, tgt = cfg.src_lang, ("de" if cfg.src_lang == "en" else "en")
-    if cfg.src_lang not in LANGS:
-        raise UserError(f"--src-lang must be en or de, got {cfg.src_lang!r}")
     if cfg.members < 1 or cfg.processes < 0:
         raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
+    if cfg.train:
+        from aiayn.demo_own import run_own_demo
+        return run_own_demo(cfg)
+    given = [flag for flag, value in (("--valid", cfg.valid), ("--test", cfg.test), ("--tgt-lang", cfg.tgt_lang)) if value]
+    if given:
+        raise UserError(f"{', '.join(given)} go with --train (your own files); Multi30k's target is the other of en, de")
+    src = cfg.src_lang or "en"
+    tgt = "de" if src == "en" else "en"
+    if src not in LANGS:
+        raise UserError(f"--src-lang must be en or de for Multi30k (or give your own files with --train), got {src!r}")
     _check_scorer()
     files = find_multi30k(cfg.data_root, src, tgt)
-    out = claim_folder(cfg.out, DEMO_FILES, overwrite=cfg.overwrite, what="aiayn demo")
+    out = claim_folder(cfg.out or "runs/demo", DEMO_FILES, overwrite=cfg.overwrite, what="aiayn demo")
     files = _subset(files, out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
@@ -221,16 +257,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     _stage_alpha(cfg, translator, files, src, tgt, results)
     hyp_path = _stage_test(cfg, translator, files, out / "test_2016.hyp", src, tgt, results)
 
-    # 7. examples and an attention plot
-    examples = EXAMPLES[src]
-    results["examples"] = dict(zip(examples, translator.translate(examples)))
-    for s, t in results["examples"].items():
-        print(f"[7/7] {s}  ->  {t}", flush=True)
-    plots_dir = out / "plots"
-    if plots_dir.exists():
-        shutil.rmtree(plots_dir)
-    from aiayn.viz.attention import plot_attention
-    plot_attention(translator, examples[0], plots_dir)
+    plots_dir = _stage_examples(translator, EXAMPLES[src], out / "plots", results)
     results["seconds_total"] = round(time.monotonic() - t_all, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
     print(f"results: {out / 'results.json'}")
@@ -238,6 +265,18 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(f"translations: {hyp_path}")
     print(f"plots: {plots_dir}")
     return results
+
+
+def _stage_examples(translator, examples: list[str], plots_dir: Path, results: dict) -> Path:
+    """7. ``examples`` translated into ``results``, the first one's attention drawn in ``plots_dir``."""
+    results["examples"] = dict(zip(examples, translator.translate(examples)))
+    for s, t in results["examples"].items():
+        print(f"[7/7] {s}  ->  {t}", flush=True)
+    if plots_dir.exists():
+        shutil.rmtree(plots_dir)
+    from aiayn.viz.attention import plot_attention
+    plot_attention(translator, examples[0], plots_dir)
+    return plots_dir
 
 
 def _check_scorer() -> None:
@@ -251,15 +290,17 @@ def _check_scorer() -> None:
 
 
 def _stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
-    """1. The shared BPE and the binarized splits in ``data_dir``, unless a run prepared them
-    already (with the same options: other ones are an error, not a silent reuse)."""
+    """1. The shared BPE and the binarized splits of ``files`` ("raw.SPLIT.SIDE", SIDE ``src`` or
+    ``tgt``; train and valid, test where given) in ``data_dir``, unless a run prepared them already
+    (with the same options: other ones are an error, not a silent reuse). Unaligned files are an
+    error naming the file and line (``read_pairs``)."""
     from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
     prep_cfg = PrepareConfig(vocab_size=cfg.vocab_size, lowercase=cfg.lowercase,
                              character_coverage=cfg.character_coverage)
     if not (data_dir / "manifest.json").exists():
         t0 = time.monotonic()
-        prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"]) for s in ("train", "valid", "test")},
-                data_dir, prep_cfg)
+        prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"])
+                 for s in ("train", "valid", "test") if f"raw.{s}.{src}" in files}, data_dir, prep_cfg)
         results["prepare_seconds"] = round(time.monotonic() - t0, 1)
     else:
         had = json.loads((data_dir / "manifest.json").read_text())["options"]
@@ -294,8 +335,11 @@ def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], r
     if (run_dir / "summary.json").exists():
         return
     processes = processes or auto_processes()
-    print(f"{stage} training {recipe.name} for up to {run_cfg.train.max_time_min:g} minutes into {run_dir}"
-          + (f" with {processes} processes" if processes > 1 else ""), flush=True)
+    t = run_cfg.train
+    print(f"{stage} training {recipe.name} for up to {t.max_time_min:g} minutes into {run_dir}"
+          + (f" with {processes} processes" if processes > 1 else "")
+          + (f", {t.accum_steps} batches of {t.max_tgt_tokens:,} tokens a step per process" if t.accum_steps > 1 else ""),
+          flush=True)
     if processes > 1:
         train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
     else:
@@ -312,7 +356,11 @@ def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) 
     run_cfg = apply_sets(load_recipe(recipe), sets)
     if cfg.members == 1:
         member_dirs = [run_dir]
-        train_recipe(data_dir, run_dir, recipe, sets, run_cfg, cfg.processes, "[2/7]")
+        processes = cfg.processes or auto_processes()
+        own_step = bool(cfg.recipe or cfg.quick or any(s.strip().startswith("train.accum_steps") for s in sets))
+        step = step_sets(run_cfg.train, processes, 0 if own_step else DEMO_STEP_TOKENS)
+        sets, run_cfg = sets + step, apply_sets(run_cfg, step)
+        train_recipe(data_dir, run_dir, recipe, sets, run_cfg, processes, "[2/7]")
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
         if not all((d / "summary.json").exists() for d in member_dirs):

@@ -15,9 +15,10 @@ def config_with_sets(cls, args):
     return dataclasses.replace(cfg, sets=",".join(args.set)) if args.set else cfg
 
 
-def add_demo_arguments(p, cls, set_example: str) -> None:
-    """Every field of the demo configuration ``cls`` as an option, ``sets`` as a repeatable --set."""
-    add_arguments(p, cls, only=tuple(f.name for f in dataclasses.fields(cls) if f.name != "sets"))
+def add_demo_arguments(p, cls, set_example: str, skip: tuple[str, ...] = ()) -> None:
+    """Every field of the demo configuration ``cls`` as an option (but ``skip``), ``sets`` as a
+    repeatable --set."""
+    add_arguments(p, cls, only=tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("sets", *skip)))
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                    help=f"override a field of the recipe (repeatable), e.g. {set_example}")
 
@@ -27,9 +28,16 @@ def run(args) -> int:
     return 0
 
 
+OWN_FILES = ("train", "valid", "test")  # DemoConfig's fields of two files each: --train SOURCE TARGET
+
+
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="Multi30k end to end: prepare, train, average, translate, score, plot",
+    p = sub.add_parser("demo", help="Multi30k, or your own parallel text (--train, --valid, --test), end to end: "
+                                    "prepare, train, average, translate, score, plot",
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
-    add_demo_arguments(p, demo.DemoConfig, "--set model.p_drop=0.2 --set train.seed=2")
+    add_demo_arguments(p, demo.DemoConfig, "--set model.p_drop=0.2 --set train.seed=2", skip=OWN_FILES)
+    help_of = {f.name: f.metadata["help"] for f in dataclasses.fields(demo.DemoConfig)}
+    for name in OWN_FILES:
+        p.add_argument(f"--{name}", nargs=2, metavar=("SOURCE", "TARGET"), default=(), help=help_of[name])
     p.set_defaults(func=run)

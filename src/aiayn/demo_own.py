@@ -1,0 +1,166 @@
+"""``aiayn demo --train SRC TGT --valid SRC TGT [--test SRC TGT]``: the Multi30k demo's steps
+(``aiayn.demo``) on your own parallel text, from raw files to a scored, averaged model
+(docs/own-data.md).
+
+Steps (each skipped when its output already exists, so a re-run resumes):
+  1. prepare   the demo's shared BPE (--vocab-size 8000, character coverage 1.0)      OUT/data
+  2. train     the demo's recipe, 4,096 + 4,096-token steps on any process count      OUT/run
+  3. average   the last --average-last checkpoints (§6.1)                              OUT/model.pt
+  4. tune α    length penalty chosen on --valid by sacreBLEU (never on test)
+  5. translate --test with beam search                                                 OUT/test.hyp
+  6. score     sacreBLEU and chrF on the raw text (Multi30k's tokenized BLEU is Multi30k's alone)
+  7. examples  the first validation sentences translated, one attention plot            OUT/plots
+Languages come from the files' suffixes (train.en -> en) or --src-lang / --tgt-lang; they name
+the output folder (runs/demo-SRC-TGT) and the direction in results.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+
+from aiayn.data.corpora import check_lang
+from aiayn.data.textio import check_readable, read_lines
+from aiayn.errors import UserError
+from aiayn.files import claim_folder
+from aiayn.progress import progress_bar
+
+OWN_FILES = ("subset", "data", "run", "model.pt", "test.hyp", "plots", "results.json")  # all it writes in --out
+SPLITS = ("train", "valid", "test")
+N_EXAMPLES = 3  # validation sentences translated at the end; the first one's attention is drawn
+_SUFFIX_LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")  # en, deu, pt-BR, zh_Hant
+NOT_LANGS = {"src", "tgt", "trg", "txt", "tok", "raw", "out", "hyp", "ref"}  # suffixes that name no language
+
+
+def lang_of(path: str, flag: str) -> str:
+    """The language a file's suffix names (train.en, train.en.gz -> en); an error asking for
+    ``flag`` when it names none."""
+    name = Path(path).name
+    stem = name[:-3] if name.endswith(".gz") else name
+    suffix = Path(stem).suffix[1:]
+    if not _SUFFIX_LANG.fullmatch(suffix) or suffix.lower() in NOT_LANGS:
+        raise UserError(f"{path}: cannot tell the language from the file name (no suffix such as .en or .de); "
+                        f"give {flag}")
+    return suffix
+
+
+def own_files(cfg) -> tuple[dict[str, Path], str, str]:
+    """The files of ``cfg``'s --train, --valid and --test by "raw.SPLIT.SIDE" (SIDE src or tgt),
+    each checked to exist, and the source and target languages."""
+    if cfg.data_root:
+        raise UserError("--data-root is where Multi30k is; with --train your own files are the data: drop one of them")
+    if not cfg.valid:
+        raise UserError("--train needs --valid SOURCE TARGET: the length penalty is chosen on it")
+    files = {}
+    for split in SPLITS:
+        pair = getattr(cfg, split)
+        if pair and len(pair) != 2:
+            raise UserError(f"--{split} takes two files, SOURCE and TARGET; got {len(pair)}")
+        for side, what, path in zip(("src", "tgt"), ("source", "target"), pair):
+            check_readable(Path(path), f"--{split} {what}")
+            files[f"raw.{split}.{side}"] = Path(path)
+    src = cfg.src_lang or lang_of(cfg.train[0], "--src-lang")
+    tgt = cfg.tgt_lang or lang_of(cfg.train[1], "--tgt-lang")
+    check_lang(src, "--src-lang")
+    check_lang(tgt, "--tgt-lang")
+    if src == tgt and not (cfg.src_lang and cfg.tgt_lang):
+        raise UserError(f"{cfg.train[0]} and {cfg.train[1]}: both files' suffixes say {src!r}; "
+                        f"give --src-lang and --tgt-lang")
+    return files, src, tgt
+
+
+def _lines(path: Path) -> list[str]:
+    """A split's lines as ``aiayn prepare`` read them (plain or gzip, stripped)."""
+    return list(read_lines(path))
+
+
+def run_own_demo(cfg) -> dict:
+    """The demo on ``cfg.train``/``valid``/``test`` (a ``DemoConfig``): prepare, train, average,
+    choose α on validation, translate and score test, translate examples and plot their attention.
+    Every stage that finished is skipped on a re-run; ``out/results.json`` holds what each measured."""
+    from aiayn import demo
+    files, src, tgt = own_files(cfg)
+    out = claim_folder(cfg.out or f"runs/demo-{src}-{tgt}", OWN_FILES, overwrite=cfg.overwrite, what="aiayn demo")
+    files = demo._subset(files, out / "subset", cfg)
+    t_all = time.monotonic()
+    results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
+    data_dir = demo._stage_prepare(cfg, files, out / "data", "src", "tgt", results)
+    run_dir = out / "run"
+    member_dirs = demo._stage_train(cfg, data_dir, run_dir, results)
+    model_path = demo._stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
+
+    from aiayn.decode.translator import Translator
+    translator = Translator.from_checkpoint(model_path, device=cfg.device)
+    val_src = _stage_alpha(cfg, translator, files, tgt, results)
+    hyp_path = _stage_test(cfg, translator, files, out / "test.hyp", results) if cfg.test else None
+    examples = [line for line in val_src if line][:N_EXAMPLES]
+    plots_dir = demo._stage_examples(translator, examples, out / "plots", results)
+    results["seconds_total"] = round(time.monotonic() - t_all, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    print(f"results: {out / 'results.json'}")
+    print(f"model: {model_path}")
+    if hyp_path is not None:
+        print(f"translations: {hyp_path}")
+    print(f"plots: {plots_dir}")
+    return results
+
+
+def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dict) -> list[str]:
+    """4. The length penalty α chosen on the validation set by sacreBLEU (-lc with --lowercase), with
+    the Multi30k demo's rule (``choose_alpha``: §6.1's 0.6 unless another α wins a paired bootstrap
+    over 13a tokens, sacreBLEU's); set on ``translator``. Returns the validation sources."""
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+    from aiayn.evaluate.bleu import chrf, sacre_bleu
+    val_src, val_ref = _lines(files["raw.valid.src"]), _lines(files["raw.valid.tgt"])
+    tok_13a = Tokenizer13a()
+
+    def tokenize(lines: list[str]) -> list[str]:  # as sacreBLEU scores: 13a tokens, lowercased with --lowercase
+        return [tok_13a(line.lower() if cfg.lowercase else line) for line in lines]
+
+    tuning, translations = tune_alpha(
+        translator, val_src, val_ref, tgt, cfg.alphas, cfg.beam_size, key="valid_sacrebleu",
+        score=lambda hyps: sacre_bleu(hyps, val_ref, lowercase=cfg.lowercase),
+        report=lambda a, r: print(f"[4/7] valid α={a}: sacreBLEU{' -lc' if cfg.lowercase else ''} "
+                                  f"{r['valid_sacrebleu']:.2f} (length ratio {r['length_ratio']:.3f})", flush=True))
+    best_alpha, p_values = choose_alpha(translations, tokenize(val_ref), tgt, cfg.alpha_significance, tokenize=tokenize)
+    for a, p in p_values.items():
+        tuning[a]["p_vs_first"] = round(p, 3)
+    print(f"[4/7] α {best_alpha} for test" + (f" (p against α {next(iter(tuning))}: "
+          + ", ".join(f"{a} {p:.3f}" for a, p in p_values.items()) + ")" if p_values else ""), flush=True)
+    results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
+    results["alpha"] = best_alpha
+    translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)
+    hyps = translations[best_alpha]  # translated while tuning; the same cfg gives the same lines
+    bleu = sacre_bleu(hyps, val_ref)
+    results["valid"] = {"sacrebleu": round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3),
+                        "chrf": round(chrf(hyps, val_ref).score, 2)}
+    if cfg.lowercase:
+        results["valid"]["sacrebleu_lc"] = round(sacre_bleu(hyps, val_ref, lowercase=True).score, 2)
+    return val_src
+
+
+def _stage_test(cfg, translator, files: dict[str, Path], hyp_path: Path, results: dict) -> Path:
+    """5-6. The test split translated into ``hyp_path`` (one line per source line) and scored on the
+    raw text: sacreBLEU (and -lc with --lowercase) and chrF."""
+    from aiayn.demo import _score_entry
+    from aiayn.evaluate.bleu import chrf, sacre_bleu
+    test_src, ref = _lines(files["raw.test.src"]), _lines(files["raw.test.tgt"])
+    t0 = time.monotonic()
+    with progress_bar(len(test_src), unit=" lines", desc="test") as bar:
+        hyps = translator.translate(test_src, progress=bar.update)
+    results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
+    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    print(f"[5/7] translated {len(hyps)} test sentences in {results['test_translate_seconds']} s", flush=True)
+    scores = [sacre_bleu(hyps, ref), *([sacre_bleu(hyps, ref, lowercase=True)] if cfg.lowercase else []),
+              chrf(hyps, ref)]
+    results["test"] = {s.label: _score_entry(s) for s in scores}
+    for s in scores:
+        ratio = results["test"][s.label].get("length_ratio")
+        print(f"[6/7] test {s.label}: {s.score:.2f}" + (f" (length ratio {ratio:.3f})" if ratio is not None else "")
+              + f"   {s.signature}", flush=True)
+    return hyp_path

@@ -1,0 +1,126 @@
+"""``aiayn demo --train SRC TGT --valid SRC TGT --test SRC TGT``: the demo's steps on a user's
+own parallel text (the copy task of conftest), with the demo's recipe made tiny by --set; and
+the demo's 4,096-token steps on any number of processes (``step_sets``)."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from tests.conftest import copy_lines
+
+# the demo's recipe (recipes/multi30k.json: its batches, schedule, checkpoints) with a tiny model
+TINY = ["--set", "model.n_layers=1", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_heads=2",
+        "--set", "model.d_k=16", "--set", "model.d_v=16", "--set", "train.warmup_steps=20",
+        "--set", "train.lr_scale=0.5", "--set", "train.save_every_steps=5", "--set", "train.save_every_min=0",
+        "--set", "train.precision=fp32", "--max-steps", "20", "--threads", "1", "--vocab-size", "29",
+        "--alphas", "0.6,1.0"]
+
+
+def _write(path, lines):
+    text = "".join(line + "\n" for line in lines)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _corpus(d, n_train=400):
+    """The copy task as en -> de files (train gzipped, as a user's may be)."""
+    d.mkdir()
+    out = {}
+    for split, n, seed, suffix in (("train", n_train, 1, ".gz"), ("valid", 40, 2, ""), ("test", 30, 3, "")):
+        lines = copy_lines(n, seed)
+        out[split] = [_write(d / f"{split}.en{suffix}", lines), _write(d / f"{split}.de{suffix}", lines)]
+    return out
+
+
+@pytest.mark.slow
+def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    files = _corpus(tmp_path / "corpus")
+    argv = ["demo", "--train", *files["train"], "--valid", *files["valid"], "--test", *files["test"],
+            "--processes", "1", *TINY]
+    assert main(argv) == 0
+    out = Path("runs/demo-en-de")  # under the current directory; the languages from train.en.gz, train.de.gz
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3:] == [f"model: {out / 'model.pt'}", f"translations: {out / 'test.hyp'}", f"plots: {out / 'plots'}"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["direction"] == "en-de"
+    # prepared as the demo prepares: shared BPE covering every character
+    options = json.loads((out / "data" / "manifest.json").read_text())["options"]
+    assert options["character_coverage"] == 1.0 and options["shared_vocab"] and options["vocab_size"] == 29
+    # the demo's 4,096-token steps in one process: 2 batches of the recipe's 2,048 tokens a step
+    run_cfg = json.loads((out / "run" / "config.json").read_text())
+    assert (run_cfg["train"]["accum_steps"], run_cfg["train"]["max_tgt_tokens"]) == (2, 2048)
+    assert run_cfg["train"]["weight_decay"] == 0.2 and run_cfg["model"]["d_model"] == 32  # the recipe, --set on top
+    assert results["train"]["steps"] == 20
+    assert results["averaged"] == [f"ckpt_step{s:08d}.pt" for s in (5, 10, 15, 20)]  # the last 5 there are
+    # α chosen on validation by sacreBLEU; test scored by sacreBLEU and chrF (no Multi30k metric)
+    assert set(results["alpha_tuning"]) == {"0.6", "1.0"} and results["alpha"] in (0.6, 1.0)
+    assert all("valid_sacrebleu" in r for r in results["alpha_tuning"].values())
+    assert set(results["test"]) == {"sacreBLEU", "chrF2"}
+    assert all(isinstance(s["score"], float) for s in results["test"].values())
+    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 30
+    assert len(results["examples"]) == 3 and list((out / "plots").glob("*.png"))
+    # a re-run resumes: nothing is prepared or trained again
+    mtime = (out / "run" / "summary.json").stat().st_mtime
+    assert main(argv) == 0
+    assert "training" not in capsys.readouterr().out
+    assert (out / "run" / "summary.json").stat().st_mtime == mtime
+
+
+def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
+    """Unaligned files name the file and line (as `aiayn prepare`), before any training; flags of
+    Multi30k and of your own files are not mixed; languages come from suffixes or flags."""
+    files = _corpus(tmp_path / "corpus", n_train=10)
+    short = _write(tmp_path / "corpus" / "short.de", copy_lines(9, 1))
+    own = ["--valid", *files["valid"], "--out", str(tmp_path / "out")]
+
+    def refused(argv) -> str:
+        assert main(["demo", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        return err[0]
+
+    assert f"{short}:10: source and target line counts differ" in refused(["--train", files["train"][0], short, *own])
+    assert not (tmp_path / "out" / "run").exists()
+    assert "--data-root" in refused(["--train", *files["train"], *own, "--data-root", str(tmp_path)])
+    assert "--train needs --valid" in refused(["--train", *files["train"], "--out", str(tmp_path / "out")])
+    assert "--valid, --tgt-lang go with --train" in refused(["--valid", *files["valid"], "--tgt-lang", "fr"])
+    assert "--src-lang must be en or de for Multi30k" in refused(["--src-lang", "fr"])
+    (tmp_path / "corpus" / "train.src").write_text("a\n")
+    (tmp_path / "corpus" / "train.tgt").write_text("a\n")
+    pair = [str(tmp_path / "corpus" / "train.src"), str(tmp_path / "corpus" / "train.tgt")]
+    assert "give --src-lang" in refused(["--train", *pair, *own])
+    assert "both files' suffixes say 'en'" in refused(["--train", files["train"][0], files["valid"][0], *own])
+    assert "no such file (--test source)" in refused(["--train", *files["train"], *own, "--test", "nope.en", "nope.de"])
+
+
+@pytest.mark.parametrize("name", ["train.en", "train.en.gz", "dir/corpus.pt-BR", "x.zh_Hant.gz"])
+def test_language_from_suffix(name):
+    from aiayn.demo_own import lang_of
+    assert lang_of(name, "--src-lang") == name.split("/")[-1].removesuffix(".gz").split(".")[-1]
+
+
+@pytest.mark.parametrize("per_process, local_sgd, processes, expected", [
+    (2048, 0, 2, ["train.accum_steps=1"]),   # multi30k.json as the demo runs it on 2 cores
+    (2048, 0, 1, ["train.accum_steps=2"]),   # one process: 2 batches a step
+    (2048, 0, 4, ["train.accum_steps=1", "train.max_src_tokens=1024", "train.max_tgt_tokens=1024"]),
+    (4096, 0, 1, ["train.accum_steps=1"]),   # multi30k-gpu.json on one GPU
+    (4096, 0, 2, ["train.accum_steps=1", "train.max_src_tokens=2048", "train.max_tgt_tokens=2048"]),
+    (2048, 8, 2, []),                        # local SGD: each process steps on its own
+    (2048, 8, 1, ["train.accum_steps=2"]),
+])
+def test_step_sets_keep_the_demos_step_on_any_process_count(per_process, local_sgd, processes, expected):
+    from aiayn.demo import DEMO_STEP_TOKENS, step_sets
+    from aiayn.train.config import TrainConfig
+    cfg = TrainConfig(max_src_tokens=per_process, max_tgt_tokens=per_process, local_sgd_period=local_sgd)
+    assert step_sets(cfg, processes, DEMO_STEP_TOKENS) == expected
+    assert step_sets(cfg, processes, 0) == []
