@@ -18,12 +18,14 @@ from tests.train.test_training import _train_in_process
 
 
 def test_read_step_golden():
-    """One process: the sums as given, its own tokens and clock, the gradient norm (0 without one)."""
+    """One process: the sums as given, its own tokens and clock, the gradient norm (0 without one),
+    its own counted FLOPs."""
     sums = torch.tensor([12.5, 10.0, 0.25], dtype=torch.float64)
-    got = step.read_step(sums, torch.tensor(3.0), None, 40.0, 7.5, Dist(), torch.device("cpu"), reduce=True)
-    assert got == (12.5, 10.0, 0.25, 40.0, 7.5, 3.0)
+    got = step.read_step(sums, torch.tensor(3.0), None, 40.0, 7.5, Dist(), torch.device("cpu"), reduce=True,
+                         flops=2.5e9)
+    assert got == (12.5, 10.0, 0.25, 40.0, 7.5, 3.0, 2.5e9)
     got = step.read_step(sums, None, None, 40.0, 7.5, Dist(), torch.device("cpu"), reduce=True)
-    assert got[-1] == 0.0
+    assert got[-2:] == (0.0, 0.0)
 
 
 def test_a_nan_gradient_behind_a_finite_loss_is_skipped(small_data_dir, tmp_path, monkeypatch):
@@ -89,7 +91,7 @@ def test_train_step_is_the_step_its_parts_make():
     sums, _ = step.forward_backward(ref_model, [batch], t, cfg, 1, 1 / batch.n_tgt_tokens, torch.device("cpu"),
                                     "fp32", None, None, synced=False)
     norm = step.grad_norm(ref_model, None)
-    loss, nll, kl, tokens, _, norm_value = step.read_step(sums, norm, None, float(batch.n_tgt_tokens), 0.0, Dist(),
+    loss, nll, kl, tokens, _, norm_value, _ = step.read_step(sums, norm, None, float(batch.n_tgt_tokens), 0.0, Dist(),
                                                           torch.device("cpu"), reduce=True)
     step.update(ref_model, ref_opt, None, t.clip_norm, norm)
     assert (s.loss, s.nll, s.norm_value) == (loss, nll, norm_value)

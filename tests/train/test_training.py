@@ -658,3 +658,64 @@ def test_compiled_training_is_plain_training(small_data_dir, tmp_path):
     for k in a["model"]:  # key biases: no gradient, so Adam moves them by rounding noise (_without_key_biases)
         x, y = (_without_key_biases(k, c["model"][k], a["model_config"]) for c in (a, b))
         assert torch.allclose(x, y, atol=1e-4), k
+
+
+def test_schedule_and_stop_measured_in_counted_flops(small_data_dir, tmp_path, monkeypatch):
+    """train.max_flops: with each step counted as 1e9 FLOPs, a budget of 6e9 runs 6 steps, and
+    train.lr_schedule_by_time follows the budget as it follows the clock: the budget fractions
+    passed to the rate are 0, 1/6, ..., 5/6, Eq. 3 is taken at step' = max(step, fraction x 1000)
+    and the ramp over the last half scales it by 1, 1, 1, 1, 2/3, 1/3 (the same numbers as the
+    ticking clock's above)."""
+    from aiayn.train import step
+
+    monkeypatch.setattr(step, "train_flops", lambda *args: 1e9)  # one batch a step: 1e9 a step
+    seen = []
+
+    def recording_learning_rate(*args, **kwargs):
+        seen.append(args[6])
+        return learning_rate(*args, **kwargs)
+
+    monkeypatch.setattr(step, "learning_rate", recording_learning_rate)
+    run = tmp_path / "run"
+    summary = _train_in_process(small_data_dir, run, 1000, "train.max_flops=6e9", "train.lr_decay_frac=0.5",
+                                "train.lr_schedule_by_time=true")
+    assert summary["stop_reason"] == "max_flops" and summary["steps"] == 6 and summary["counted_flops"] == 6e9
+    assert seen == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
+    lrs = _logged(run, "lr")
+    step_ = [1, 1000 / 6, 2000 / 6, 500, 4000 / 6, 5000 / 6]
+    ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
+    for s in range(1, 7):
+        assert lrs[s] == pytest.approx(noam_lr(step_[s - 1], 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s
+
+
+def test_a_flops_budget_config_is_checked():
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    with pytest.raises(ConfigError, match="max_flops must be >= 0"):
+        TrainConfig(max_flops=-1)
+    assert TrainConfig(lr_schedule_by_time=True, max_flops=1e12).lr_schedule_by_time  # a budget without a clock
+    assert TrainConfig(lr_decay_by_time=True, lr_decay_frac=0.5, max_flops=1e12).lr_decay_by_time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "local_sgd"])
+def test_two_processes_stop_together_at_the_flops_budget(small_data_dir, tmp_path, mode):
+    """Each rank counts the FLOPs of its own batches; the budget is checked on their sum, which
+    every rank has (all-reduced with the step's numbers under DDP, at each averaging under local
+    SGD), so both stop after the same step: one process with 2 batches a step (DDP's batches) counts
+    the same FLOPs, and a budget just under its 4 steps' stops the 2 processes after step 4."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = tmp_path / "one"
+    subprocess.run(_train_cmd(small_data_dir, one, 4, ["--set", "train.accum_steps=2"]), check=True, env=env,
+                   capture_output=True)
+    flops_4 = json.loads((one / "summary.json").read_text())["counted_flops"]
+    sets = ["--set", f"train.max_flops={flops_4 * 0.999!r}"]
+    if mode == "local_sgd":
+        sets += ["--set", "train.local_sgd_period=2"]
+    two = tmp_path / "two"
+    res = subprocess.run(_torchrun_cmd(small_data_dir, two, 1000, sets), env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_flops" and summary["steps"] == 4
+    assert summary["counted_flops"] == pytest.approx(flops_4, rel=1e-12)

@@ -24,8 +24,8 @@ class TrainConfig:
     warmup_steps: int = param(4000, "warmup_steps of Eq. 3")
     lr_scale: float = param(1.0, "factor on Eq. 3 (1 = the paper); the peak rate is lr_scale * d_model^-0.5 * warmup^-0.5")
     lr_decay_frac: float = param(0.0, "multiply Eq. 3 by a linear ramp from 1 to 0 over the last fraction of max_steps (0 = off, the paper); for short fixed-budget runs")
-    lr_decay_by_time: bool = param(False, "measure the lr_decay_frac ramp in max_time_min as well as in max_steps (whichever is further along), so a wall-time-bounded run ends its ramp on any machine")
-    lr_schedule_by_time: bool = param(False, "take Eq. 3 and the lr_decay_frac ramp at max(step, elapsed / max_time_min * max_steps): a machine too slow to reach max_steps in the budget runs the whole schedule, compressed (docs/recipe.md)")
+    lr_decay_by_time: bool = param(False, "measure the lr_decay_frac ramp in the run's budget (max_time_min, max_flops) as well as in max_steps (whichever is further along), so a budget-bounded run ends its ramp on any machine")
+    lr_schedule_by_time: bool = param(False, "take Eq. 3 and the lr_decay_frac ramp at max(step, b * max_steps), b the share of the budget spent (elapsed / max_time_min or FLOPs / max_flops, the larger): a machine too slow to reach max_steps in the budget runs the whole schedule, compressed (docs/recipe.md)")
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
     clip_norm: float = param(0.0, "clip the gradient norm to this value; 0 = off (the paper does not clip)")
     fused_adam: bool = param(True, "Adam's update of all parameters in one fused kernel (CPU, CUDA); the same math as PyTorch's per-tensor loop (False) without its many small operations per tensor")
@@ -46,6 +46,7 @@ class TrainConfig:
     max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K)")
     max_epochs: int = param(0, "stop after this many epochs; 0 = no limit")
     max_time_min: float = param(0.0, "stop after this many minutes of training wall time; 0 = no limit")
+    max_flops: float = param(0.0, "stop after this many counted training FLOPs, all processes together (aiayn.model.flops: 3 x the forward's matmuls); 0 = no limit. A budget that means the same on every machine: the time-based schedules follow it as they follow max_time_min (docs/recipe.md)")
     # checkpoints (§6.1: written at 10-minute intervals)
     save_every_steps: int = param(0, "write a checkpoint every N optimizer steps; 0 = off")
     save_every_min: float = param(10.0, "write a checkpoint every M minutes of wall time; 0 = off")
@@ -106,12 +107,15 @@ class TrainConfig:
             raise ConfigError("keep_last must be >= 0 (0 keeps every step checkpoint)")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
-        if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and self.max_time_min > 0):
-            raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min > 0 "
+        if self.max_flops < 0:
+            raise ConfigError("max_flops must be >= 0 (0 = no limit)")
+        budget = self.max_time_min > 0 or self.max_flops > 0
+        if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and budget):
+            raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min or max_flops > 0 "
                               "(for a run without a time budget, set train.lr_decay_by_time=false)")
-        if self.lr_schedule_by_time and not self.max_time_min > 0:
-            raise ConfigError("lr_schedule_by_time needs max_time_min > 0 "
-                              "(for a run without a time budget, set train.lr_schedule_by_time=false)")
+        if self.lr_schedule_by_time and not budget:
+            raise ConfigError("lr_schedule_by_time needs max_time_min or max_flops > 0 "
+                              "(for a run without a budget, set train.lr_schedule_by_time=false)")
 
 
 @dataclass(frozen=True)

@@ -94,10 +94,13 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         state.epoch = run.stream.epoch
         if not batches:
             continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
-        step = run.stepper.queue(batches, state.step + 1, elapsed)
-        state.flops += step.flops * run.dist.world_size
+        step = run.stepper.queue(batches, state.step + 1, elapsed, state.flops)
         run.stream.prefetch()  # the next step's batches, prepared while the device works
         step = run.stepper.read(step)
+        if run.local_sgd:  # counted at the next averaging, so that the ranks agree on the budget
+            run.pending_flops += step.flops
+        else:  # DDP: the ranks' sum, all-reduced with the step's numbers
+            state.flops += step.flops_sum
         if step.mean_clock is not None:
             elapsed = step.mean_clock
         if not run.apply(step):
@@ -107,8 +110,9 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         if state.step % run.period:
             continue  # local SGD between two averagings: no logging, checkpoint or validation
         if run.local_sgd:
-            run.pending_tokens, elapsed = _average_copies(run.model, run.pending_tokens, run.clock(), run.dist,
-                                                          run.device)
+            run.pending_tokens, elapsed, flops = _average_copies(run.model, run.pending_tokens, run.pending_flops,
+                                                                 run.clock(), run.dist, run.device)
+            state.flops, run.pending_flops = state.flops + flops, 0.0
         run.log_step(step, last_sync_step)
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
@@ -119,7 +123,9 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
             run.checkpoints.save(state, valid, run.ema, run.local_sgd)
             last_save = elapsed
     if run.local_sgd and state.step != last_sync_step:  # stopped between two averagings
-        state.tokens += _average_copies(run.model, run.pending_tokens, run.clock(), run.dist, run.device)[0]
+        tokens, _, flops = _average_copies(run.model, run.pending_tokens, run.pending_flops, run.clock(), run.dist,
+                                           run.device)
+        state.tokens, state.flops = state.tokens + tokens, state.flops + flops
     run.finish(stop_reason)
     return state
 
@@ -162,6 +168,7 @@ class _Run:
                  self.device, self.precision, self.dist.world_size)
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
         self.pending_tokens = 0
+        self.pending_flops = 0.0  # local SGD: this rank's counted FLOPs since the last averaging
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
@@ -220,10 +227,12 @@ class _Run:
 
 
 def _stop_reason(t: TrainConfig, state: TrainState, elapsed: float) -> str | None:
-    """Why training stops before its next step ("max_time", "max_epochs", "patience"), or None.
+    """Why training stops before its next step ("max_time", "max_flops", "max_epochs", "patience"), or None.
     Checked before every step, so a finished run that is started again stops at once."""
     if t.max_time_min and elapsed >= 60 * t.max_time_min:
         return "max_time"
+    if t.max_flops and state.flops >= t.max_flops:
+        return "max_flops"
     if t.max_epochs and state.epoch >= t.max_epochs:
         return "max_epochs"
     if t.patience and state.bad_validations >= t.patience:
@@ -237,11 +246,12 @@ def _crossed(every: int, since: int, step: int) -> bool:
     return every > 0 and step // every > since // every
 
 
-def _average_copies(model, tokens: int, seconds: float, dist, device) -> tuple[int, float]:
+def _average_copies(model, tokens: int, flops: float, seconds: float, dist, device) -> tuple[int, float, float]:
     """Local SGD's averaging: every rank's copy of the model becomes the copies' mean; returns the
-    ranks' target tokens since the last averaging, summed, and their mean training time."""
+    ranks' target tokens since the last averaging, summed, their mean training time, and their
+    counted FLOPs since the last averaging, summed."""
     rt.average_parameters(list(model.parameters()), dist)
-    tokens_sum, seconds_sum = rt.all_reduce_sum([float(tokens), seconds], dist, device)
-    return int(tokens_sum), seconds_sum / dist.world_size
+    tokens_sum, seconds_sum, flops_sum = rt.all_reduce_sum([float(tokens), seconds, flops], dist, device)
+    return int(tokens_sum), seconds_sum / dist.world_size, flops_sum
 
 

@@ -126,20 +126,22 @@ def update(model, opt, scaler, clip_norm: float, norm: torch.Tensor | None = Non
 
 
 def step_numbers(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
-                 clock_s: float, dist, device, reduce: bool) -> torch.Tensor:
-    """The step's numbers as one (6,) float64 vector on the device, not read here: the loss, NLL and
-    KL sums (summed over the ranks with ``reduce`` and data parallelism, the ranks' clocks in the
-    same all-reduce), the clocks' sum (0 without that all-reduce), the ranks' target tokens
-    ``tokens_dev`` (0 without) and the gradient norm (0 where none was taken). The one host value
-    sent, the clock, goes without a wait (``host_to_device``)."""
+                 clock_s: float, dist, device, reduce: bool, flops: float = 0.0) -> torch.Tensor:
+    """The step's numbers as one (7,) float64 vector on the device, not read here: the loss, NLL and
+    KL sums (summed over the ranks with ``reduce`` and data parallelism, the ranks' clocks and counted
+    FLOPs in the same all-reduce), the clocks' sum (0 without that all-reduce), the ranks' target tokens
+    ``tokens_dev`` (0 without), the gradient norm (0 where none was taken) and the FLOPs (the ranks'
+    sum, or this rank's ``flops`` without the all-reduce). The host values sent, the clock and the
+    FLOPs, go without a wait (``host_to_device``)."""
     zero = sums.new_zeros(1)
     if reduce and dist.enabled:
-        packed = rt.all_reduce_tensor(torch.cat([sums, rt.host_to_device([clock_s], device)]), dist)  # (4,)
+        packed = rt.all_reduce_tensor(torch.cat([sums, rt.host_to_device([clock_s, flops], device)]), dist)  # (5,)
+        head, flops_t = packed[:4], packed[4:]
     else:
-        packed = torch.cat([sums, zero])
+        head, flops_t = torch.cat([sums, zero]), rt.host_to_device([flops], device)
     tail = [tokens_dev if tokens_dev is not None else zero,
             norm.detach().double().view(1) if norm is not None else zero]
-    return torch.cat([packed] + tail)
+    return torch.cat([head] + tail + [flops_t.to(sums.dtype)])
 
 
 def not_finite(numbers: torch.Tensor) -> torch.Tensor:
@@ -151,18 +153,28 @@ def not_finite(numbers: torch.Tensor) -> torch.Tensor:
 def read_numbers(numbers: torch.Tensor, summed_tokens: bool, local_tokens: float, clock_s: float, dist,
                  reduce: bool) -> tuple[float, ...]:
     """``step_numbers`` on the host, the step's one wait for the device: (loss, nll, kl, tokens, mean
-    clock, norm), the tokens over the ranks where ``summed_tokens`` (else this rank's ``local_tokens``),
-    the ranks' mean clock where it was all-reduced (else ``clock_s``)."""
-    loss, nll, kl, clock_sum, tokens, norm_value = numbers.tolist()
+    clock, norm, flops), the tokens over the ranks where ``summed_tokens`` (else this rank's ``local_tokens``),
+    the ranks' mean clock where it was all-reduced (else ``clock_s``), the FLOPs summed where they were."""
+    loss, nll, kl, clock_sum, tokens, norm_value, flops = numbers.tolist()
     mean_clock = clock_sum / dist.world_size if reduce and dist.enabled else clock_s
-    return loss, nll, kl, tokens if summed_tokens else local_tokens, mean_clock, norm_value
+    return loss, nll, kl, tokens if summed_tokens else local_tokens, mean_clock, norm_value, flops
 
 
 def read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
-              local_tokens: float, clock_s: float, dist, device, reduce: bool) -> tuple[float, ...]:
+              local_tokens: float, clock_s: float, dist, device, reduce: bool, flops: float = 0.0) -> tuple[float, ...]:
     """``step_numbers`` then ``read_numbers``: the step's numbers on the host, in one wait."""
-    numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce)
+    numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce, flops)
     return read_numbers(numbers, tokens_dev is not None, local_tokens, clock_s, dist, reduce)
+
+
+def budget_fraction(t, elapsed: float, flops: float) -> float:
+    """How much of the run's budget is spent: the larger of the wall time's share of ``max_time_min``
+    and the counted FLOPs' share of ``max_flops`` (each 0 where it is not set). The time-based
+    schedules (``lr_decay_by_time``, ``lr_schedule_by_time``) follow it, so a run bounded by FLOPs
+    runs the same schedule on any machine, and one bounded by time runs it compressed on a slow one."""
+    time_frac = elapsed / (60 * t.max_time_min) if t.max_time_min > 0 else 0.0
+    flops_frac = flops / t.max_flops if t.max_flops > 0 else 0.0
+    return max(time_frac, flops_frac)
 
 
 def twice(x: torch.Tensor) -> torch.Tensor:
@@ -173,7 +185,7 @@ def twice(x: torch.Tensor) -> torch.Tensor:
 @dataclass
 class Step:
     """One optimizer step in flight (``TrainStep.queue``), then its numbers on the host (``TrainStep.read``)."""
-    numbers: torch.Tensor  # (6,) ``step_numbers`` on the device
+    numbers: torch.Tensor  # (7,) ``step_numbers`` on the device
     norm: torch.Tensor | None  # the gradient norm on the device (None under fp16)
     summed_tokens: bool  # DDP: ``numbers`` holds the ranks' target tokens
     local_tokens: int
@@ -187,6 +199,7 @@ class Step:
     tokens: float = 0.0  # the step's target tokens over the ranks (this rank's with local SGD)
     norm_value: float = 0.0
     mean_clock: float | None = None  # DDP: the ranks' mean clock
+    flops_sum: float = 0.0  # DDP: the ranks' counted FLOPs, summed (else this rank's)
 
 
 class TrainStep:
@@ -246,17 +259,18 @@ class TrainStep:
         return cls(model, opt, scaler, t, m, device, precision, train_kernels(t, device), dist, plain_net, net,
                    local_sgd, clock, run_dir)
 
-    def queue(self, micro: list, step: int, elapsed: float = 0.0) -> Step:
+    def queue(self, micro: list, step: int, elapsed: float = 0.0, flops: float = 0.0) -> Step:
         """Optimizer step ``step`` (counted from 1) over the batches ``micro``: Eq. 3's rate, then the
         forward and backward passes, queued on the device. ``elapsed``: the run's training seconds
-        (the ranks' mean under DDP), for the time-based schedules."""
+        (the ranks' mean under DDP), ``flops``: its counted FLOPs over all ranks so far, for the
+        schedules measured in the run's budget (``budget_fraction``)."""
         t, dist, device = self.t, self.dist, self.device
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         tokens_dev = rt.all_reduce_tensor(rt.host_to_device([float(local_tokens)], device), dist) if self.ddp else None
-        by_time = t.lr_decay_by_time or t.lr_schedule_by_time
-        time_frac = (self.clock() if self.local_sgd else elapsed) / (60 * t.max_time_min) if by_time else 0.0
+        by_budget = t.lr_decay_by_time or t.lr_schedule_by_time
+        budget_frac = budget_fraction(t, self.clock() if self.local_sgd else elapsed, flops) if by_budget else 0.0
         lr = learning_rate(step, self.m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
-                           time_frac, t.lr_schedule_by_time)
+                           budget_frac, t.lr_schedule_by_time)
         for group in self.opt.param_groups:
             group["lr"] = lr
         if self.ddp:
@@ -273,7 +287,7 @@ class TrainStep:
             sums, flops = forward_backward(self.net, *args, synced=self.ddp)
         norm = grad_norm(self.model, self.scaler)
         clock_s = self.clock()
-        numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd)
+        numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce=not self.local_sgd, flops=flops)
         s = Step(numbers, norm, tokens_dev is not None, local_tokens, lr, clock_s, flops)
         if self.update_early:  # skipped on the device where the step is not finite, as ``settle`` decides
             update(self.model, self.opt, self.scaler, t.clip_norm, norm, skip=not_finite(numbers))
@@ -292,7 +306,7 @@ class TrainStep:
 
     def read(self, s: Step) -> Step:
         """The step's numbers on the host: its one wait for the device (``read_numbers``)."""
-        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value = read_numbers(
+        s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value, s.flops_sum = read_numbers(
             s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, reduce=not self.local_sgd)
         s.mean_clock = mean_clock if self.ddp else None
         return s
