@@ -1,13 +1,14 @@
 """The batching worker: one model call per settings group, answers in order, failures contained."""
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
-from aiayn.serve.batcher import Batcher, Busy
+from aiayn.serve.batcher import Batcher, Busy, max_output_tokens
 
 SENTS = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl.", ""]
 
@@ -250,3 +251,35 @@ def test_small_requests_of_a_client_that_used_the_model_more_get_no_priority(tra
     beside = sum(1 for rows, t in steps if rows == 2 and mine[0] < t < mine[-1])
     # waiting for each small call (about 0.25 s) before each of its 60 steps would take 15 s
     assert len(mine) >= 60 and beside >= 20 and took < 5.0, (len(mine), beside, took)
+
+
+def test_a_call_with_two_parts_of_a_request_whose_client_left_keeps_the_worker(translator, caplog):
+    """Two clients share a call's tokens: A's four sentences go in as two parts (its share is two),
+    B's between them. Both clients leave after the call took their sentences, before it decodes
+    them: nothing is decoded, nothing is logged, and the one worker serves the next request."""
+    cfg = DecodeConfig(beam_size=1, max_len_b=4)
+    x = translator.encode(["A girl."])[0]
+    cost = len(x) + max_output_tokens(cfg, len(x))
+    b = make(translator, wait_ms=50, batch_tokens=5 * cost, concurrent_calls=1)  # share: 2 of A's sentences
+    real, taken = b._answer, []
+
+    def clients_leave(call_cfg, parts):
+        taken.append([(p.job.client, p.start, p.end) for p in parts])
+        for part in parts:
+            part.job.abandon()
+        return real(call_cfg, parts)
+
+    b._answer = clients_leave
+    a, other = b.submit(cfg, [x] * 4, client="A"), b.submit(cfg, [x], client="B")
+    b.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (taken and b.queued == 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        b._answer = real
+        later = b.submit(cfg, [x], client="C")
+        assert later.future.result(timeout=10).nbest[0]  # the worker is still there
+    finally:
+        b.stop()
+    assert taken[0] == [("A", 0, 2), ("B", 0, 1), ("A", 2, 4)] and b.calls == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -116,16 +116,20 @@ class Job:
 
     def begin(self) -> bool:
         """Whether a model call should decode the job's next sentences (False: cancelled, left by its
-        client after it started, or answered already); the first call marks its future running."""
+        client after it started, or answered already); the first call marks its future running. (A
+        future takes ``set_running_or_notify_cancel`` once when cancelled: a second call raises, and
+        one call may hold two parts of a job whose client left after they were taken.)"""
         if self.started:
             return not (self.abandoned or self.future.done())
+        if self.future.cancelled():
+            return False
         self.started = self.future.set_running_or_notify_cancel()
         return self.started
 
     def fail(self, exc: BaseException) -> None:
         """Answer with ``exc``, unless the job was answered or cancelled already."""
         if not self.started:
-            if not self.future.set_running_or_notify_cancel():
+            if self.future.cancelled() or not self.future.set_running_or_notify_cancel():
                 return
             self.started = True
         if not self.future.done():
