@@ -6,21 +6,26 @@
 #
 #   bash bench/gpu_check.sh pack                  # here: Multi30k + the sacremoses wheel -> gpu_pack/
 #   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
-#   bash bench/gpu_check.sh demo --minutes 6
+#   bash bench/gpu_check.sh demo                  # the GPU recipe as written: 8 minutes of training
 #   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (about 5 minutes)
 #   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #
-# Stages (H100/H200; each fits one 10-minute call, the times are estimates until measured):
-#   env        the device, torch, triton, sacremoses                                  ~0.5 min
-#   tests      the CUDA tests (tests/gpu) and the CPU halves of the GPU paths (150 s cap) ~2 min
+# Stages (H100/H200; each fits one 10-minute call; the times are an H200's, 2026-11-27, where measured):
+#   env        the device, torch, triton, sacremoses                                  5 s
+#   tests      the CUDA tests (tests/gpu) and the CPU halves of the GPU paths (150 s cap) 28 s
 #   train      training tok/s, synthetic batches, base and big, bf16: aiayn against HF Marian and
-#              torch.nn.Transformer, and a profile of aiayn's step                       ~5 min
-#   compile    aiayn plain, under torch.compile, and with the unfused loss, base and big ~6 min
+#              torch.nn.Transformer, and a profile of aiayn's step                       66 s
+#   compile    aiayn plain, under torch.compile, and with the unfused loss, base and big ~6 min (not run)
 #   real       Multi30k prepared from gpu_pack/, then real length-bucketed batches (base, bf16):
-#              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile ~7 min
-#   translate  beam search against HF generate, fp32 and bf16, base and big             ~3 min
-#   demo       `aiayn demo --minutes M` (default 6: M + 4 minutes fit a 10-minute call) on gpu_pack's
-#              Multi30k, then test_2016 translated in fp32 and bf16, timed                ~M + 2.5 min
+#              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile
+#              68 s, then up to 300 s
+#   translate  beam search against HF generate and CTranslate2 (aiayn's own model, exported), fp32
+#              and bf16, base and big                                 69 s without CTranslate2
+#   memory     torch.cuda.max_memory_allocated of aiayn's step, base and big at 3,125 and 25,000
+#              tokens a batch, beside `aiayn estimate`'s peak (aiayn/train/memory.py)  ~1 min (not run)
+#   demo       `aiayn demo --minutes M` (default 8, the recipe's own) on gpu_pack's Multi30k, against
+#              the target test_2016 >= 42.0 in <= 10 minutes; then test_2016 translated in fp32 and
+#              bf16, timed, where the call has time left                 M + 0.6 min, then 0.5 min
 #
 # Results go to $RESULTS (default bench/results/<device>-<date>/) as they come: a log per stage and
 # the benchmarks' JSON, written after every measurement, so a stage stopped at its limit keeps what it
@@ -34,7 +39,7 @@ if [ -z "${PY:-}" ]; then
 fi
 PACK=${PACK:-$ROOT/gpu_pack}
 W=${WORK:-/tmp/aiayn-gpu}
-MINUTES=6
+MINUTES=8
 SMOKE=0
 STAGES=()
 while [ $# -gt 0 ]; do
@@ -42,14 +47,14 @@ while [ $# -gt 0 ]; do
     --minutes) MINUTES=$2; shift 2 ;;
     --minutes=*) MINUTES=${1#*=}; shift ;;
     cpu-smoke) SMOKE=1; shift ;;
-    all) STAGES+=(env tests train compile real translate demo); shift ;;
-    pack|env|tests|train|compile|real|translate|demo) STAGES+=("$1"); shift ;;
-    *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate demo all cpu-smoke;" \
+    all) STAGES+=(env tests train compile real translate memory demo); shift ;;
+    pack|env|tests|train|compile|real|translate|memory|demo) STAGES+=("$1"); shift ;;
+    *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate memory demo all cpu-smoke;" \
             "option: --minutes M)" >&2; exit 2 ;;
   esac
 done
-[ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,31p' "$0"; exit 2; }
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(env tests train compile real translate demo)  # cpu-smoke alone: all
+[ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(env tests train compile real translate memory demo)  # cpu-smoke alone: all
 
 export PYTHONPATH=$ROOT/src:$ROOT/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 SHARED=${AIAYN_SHARED_DATA:-$ROOT/../shared/data}  # what `pack` copies (the folder holding multi30k/)
@@ -63,7 +68,9 @@ if [ "$SMOKE" = 1 ]; then
   W=$W-cpu-smoke
   TRAIN_SIZES=(--sizes tiny --vocab 500 --batch 8 --len 12 --steps 2 --rounds 2 --warmup 1 --device cpu)
   REAL_SIZES=(--sizes tiny --batch-tokens 600 --real-batches 6 --steps 2 --rounds 2 --warmup 1 --device cpu)
-  TRANSLATE_SIZES=(--sizes tiny --batch 4 --out-len 8 --vocab 300 --rounds 2 --device cpu)
+  TRANSLATE_SIZES=(--sizes tiny --batch 4 --out-len 8 --vocab 300 --rounds 2 --device cpu
+                   --systems aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16,ct2-fp32)  # CTranslate2 has no bf16 on this CPU
+  MEMORY_SIZES=(--sizes tiny --tokens 240 --vocab 500 --steps 2 --device cpu)
 else
   DEVICE=cuda
   if [ -z "${RESULTS:-}" ] && [ "${STAGES[*]}" != pack ]; then
@@ -73,6 +80,7 @@ else
   TRAIN_SIZES=(--sizes base,big --steps 10 --rounds 3 --warmup 3)
   REAL_SIZES=(--sizes base --batch-tokens 12500 --real-batches 40 --steps 10 --rounds 3 --warmup 3)
   TRANSLATE_SIZES=(--sizes base,big --rounds 3)
+  MEMORY_SIZES=(--sizes base,big --tokens 3125,25000)
 fi
 export BENCH_RESULTS=${RESULTS:-}
 
@@ -154,19 +162,41 @@ stage_translate() {
   timeout 300 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}"
 }
 
+stage_memory() {
+  timeout 300 $PY bench/gpu_memory.py "${MEMORY_SIZES[@]}"
+}
+
+demo_target() {  # $1: the demo's results.json, $2: its seconds end to end
+  $PY - "$1" "$2" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+bleu = next(v["score"] for k, v in r["test"].items() if k.startswith("Multi30k tokenized BLEU"))
+s = int(sys.argv[2])
+met = bleu >= 42.0 and s <= 600
+print(f"target test_2016 tokenized BLEU >= 42.0 in <= 600 s end to end: {bleu:.2f} in {s} s, {'met' if met else 'NOT met'}")
+EOF
+}
+
 stage_demo() {
   local out=$W/demo args=(--minutes "$MINUTES") rc=0 p model
   [ "$SMOKE" = 1 ] && args=(--quick --minutes 0.2 --max-steps 6 --train-lines 1500 --eval-lines 20 --alphas 1.0
                            --vocab-size 1000 --processes 1 --threads 1 --average-last 1)
   rm -rf "$out"
   SECONDS=0
-  timeout $(( ${MINUTES%.*} * 60 + 150 )) $A demo --out "$out" --data-root "$DATA_ROOT" "${args[@]}" --device $DEVICE \
+  # preparing, averaging, translating and plotting took 34 s beside 240 s of training on an H200
+  timeout $(( ${MINUTES%.*} * 60 + 90 )) $A demo --out "$out" --data-root "$DATA_ROOT" "${args[@]}" --device $DEVICE \
     2>&1 | grep --line-buffered -v '%|'  # (the stages run under pipefail: the demo's exit status)
   rc=$?
-  echo "demo: ${SECONDS}s end to end, exit $rc"
+  local took=$SECONDS
+  echo "demo: ${took}s end to end, exit $rc"
   cp "$out/results.json" "$RESULTS/demo_results.json" 2>/dev/null
+  [ -f "$out/results.json" ] && demo_target "$out/results.json" "$took"
   model=$out/model.pt
   [ -f "$model" ] || return 1
+  if [ "$SMOKE" = 0 ] && [ "$took" -gt 500 ]; then
+    echo "test_2016 in fp32 and bf16 not timed: the call's 10 minutes would not hold them (rerun with --minutes 6)"
+    return $rc
+  fi
   zcat "$DATA_ROOT/multi30k/raw/test_2016_flickr.en.gz" > "$W/test.en"
   [ "$SMOKE" = 1 ] && { head -n 20 "$W/test.en" > "$W/test.en.20"; mv "$W/test.en.20" "$W/test.en"; }
   for p in fp32 bf16; do

@@ -7,20 +7,28 @@ of decoder steps on the same rows (as bench/translate_throughput.py does on the 
           with the cached decoder, as ``Translator`` decodes; fp32, and bf16 (``precision=bf16``:
           the weights cast to bfloat16, log-probabilities in float32)
   HF      MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L), fp32 and bf16 weights
+  CT2     CTranslate2 on aiayn's own model (the same weights, written by ``aiayn export``'s ``write_ct2``):
+          translate_batch(beam_size=4, min_decoding_length=L, max_decoding_length=L), compute types
+          float32 and bfloat16, on the same device (CUDA needs CTranslate2's libcublas.so.12, loaded
+          from the nvidia-cublas-cu12 package where one is installed)
 Interleaved rounds, median round; target tokens/s = batch * L / time.
 
     python bench/gpu_translate.py --sizes base,big
-    python bench/gpu_translate.py --sizes tiny --batch 4 --out-len 8 --vocab 300   # CPU smoke
+    python bench/gpu_translate.py --sizes tiny --batch 4 --out-len 8 --vocab 300 --device cpu \
+        --systems aiayn-fp32,hf-fp32,ct2-fp32                                   # CPU smoke
 
 Results: ``$BENCH_RESULTS/gpu_translate.json``, written again after every size.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import glob
 import json
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -65,6 +73,40 @@ def hf_system(cfg, dtype: torch.dtype, src_aiayn: torch.Tensor, L: int, K: int, 
     return run
 
 
+def load_cublas12() -> None:
+    """CTranslate2's CUDA build opens libcublas.so.12 by name; a torch of another CUDA brings another
+    cuBLAS, so load the nvidia-cublas-cu12 package's copy first where one is installed."""
+    for path in sys.path:
+        for lib in glob.glob(os.path.join(path, "nvidia", "cublas", "lib", "libcublas.so.12")):
+            ctypes.CDLL(os.path.join(os.path.dirname(lib), "libcublasLt.so.12"), mode=ctypes.RTLD_GLOBAL)
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+def ct2_system(cfg, compute_type: str, src: torch.Tensor, L: int, K: int, device, workdir: Path):
+    """CTranslate2's beam search on the model ``aiayn_system`` decodes (seed 0), exported as ``aiayn export`` does."""
+    import ctranslate2
+    from aiayn.exporters.ct2 import write_ct2
+    if device.type == "cuda":
+        load_cublas12()
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).eval()
+    tokens = [f"w{i}" for i in range(cfg.vocab_size)]
+    tokens[cfg.pad_id], tokens[1], tokens[cfg.bos_id], tokens[cfg.eos_id] = "<pad>", "<unk>", "<s>", "</s>"
+    folder = workdir / f"ct2-{cfg.d_model}-{cfg.vocab_size}"
+    if not (folder / "model.bin").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        write_ct2(model, tokens, tokens, folder)
+    tr = ctranslate2.Translator(str(folder), device=device.type, compute_type=compute_type)
+    batch = [[tokens[i] for i in row] for row in src.tolist()]
+
+    def run():
+        out = tr.translate_batch(batch, beam_size=K, min_decoding_length=L, max_decoding_length=L,
+                                 suppress_sequences=[["<pad>"], ["<s>"]])
+        return sum(len(r.hypotheses[0]) for r in out)
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="base,big")
@@ -74,7 +116,7 @@ def main() -> int:
     ap.add_argument("--out-len", type=int, default=69, help="tokens generated per sentence (input + 50 for 19 words)")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--systems", default="aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16")
+    ap.add_argument("--systems", default="aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16,ct2-fp32,ct2-bf16")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -82,6 +124,7 @@ def main() -> int:
     out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "gpu_translate.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     cases = []
+    workdir = Path(tempfile.mkdtemp(prefix="gpu-translate-"))
     for size in args.sizes.split(","):
         cfg = aiayn.get_preset(size, vocab_size=args.vocab)
         g = torch.Generator().manual_seed(1)
@@ -91,7 +134,9 @@ def main() -> int:
         builders = {"aiayn-fp32": lambda: aiayn_system(cfg, "fp32", src, args.out_len, args.beam, device),
                     "aiayn-bf16": lambda: aiayn_system(cfg, "bf16", src, args.out_len, args.beam, device),
                     "hf-fp32": lambda: hf_system(cfg, torch.float32, src, args.out_len, args.beam, device),
-                    "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device)}
+                    "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device),
+                    "ct2-fp32": lambda: ct2_system(cfg, "float32", src, args.out_len, args.beam, device, workdir),
+                    "ct2-bf16": lambda: ct2_system(cfg, "bfloat16", src, args.out_len, args.beam, device, workdir)}
         runs, tokens, failed = {}, {}, {}
         for sys_name in args.systems.split(","):
             try:
@@ -109,7 +154,8 @@ def main() -> int:
             res[k] = {"tgt_tok_s": round(args.batch * args.out_len / t), "seconds": round(t, 4),
                       "tokens_generated": tokens[k], "rounds_s": [round(x, 4) for x in ts]}
             print(f"{size:5s} {k:11s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
-        for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32")):
+        for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32"),
+                     ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16")):
             if a in res and b in res:
                 print(f"{size:5s} {a} / {b}: {res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
         cases.append({"size": size, "systems": res, "failed": failed})
