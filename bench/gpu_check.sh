@@ -7,7 +7,7 @@
 #   bash bench/gpu_check.sh pack                  # here: Multi30k + the sacremoses wheel -> gpu_pack/
 #   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
 #   bash bench/gpu_check.sh demo                  # the GPU recipe as written: 8 minutes of training
-#   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (about 5 minutes)
+#   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (4.3 CPU-minutes)
 #   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #
 # Stages (H100/H200; each fits one 10-minute call; the times are an H200's, 2026-11-27, where measured):
