@@ -67,6 +67,21 @@ def test_length_penalty_changes_the_winner():
     assert [h.tokens for h in hyps] == [(A,)] and hyps[0].score == pytest.approx(math.log(0.3), rel=1e-6)
 
 
+def test_power_length_norm_is_transformers_length_penalty():
+    # length_norm power divides by |Y|^α (transformers' length_penalty = α): at α 0.6 the longer
+    # [B C EOS] wins, ln .27 / 3^0.6 = -0.677 against ln .3 / 2^0.6 = -0.794, where GNMT's picks [A EOS]
+    assert length_penalty(3.0, 0.6, "power") == pytest.approx(3 ** 0.6)
+    cfg = DecodeConfig(beam_size=2, alpha=0.6, nbest=2, length_norm="power")
+    hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), cfg, IDS)[0]
+    assert [h.tokens for h in hyps] == [(B, C), (A,)]
+    assert hyps[0].score == pytest.approx(math.log(0.27) / 3 ** 0.6, rel=1e-6)
+    assert hyps[1].score == pytest.approx(math.log(0.3) / 2 ** 0.6, rel=1e-6)
+    greedy = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=1, alpha=1.0, length_norm="power"), IDS)
+    assert greedy[0][0].score == pytest.approx(math.log(0.3) / 2, rel=1e-6)  # [A EOS]
+    with pytest.raises(ConfigError, match="length_norm"):
+        DecodeConfig(length_norm="linear")
+
+
 def test_eos_at_first_step_and_greedy():
     table = {1: {(): {EOS: 0.6, A: 0.4}, (A,): {EOS: 1.0}}}
     cfg = DecodeConfig(beam_size=1, alpha=0.6)

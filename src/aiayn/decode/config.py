@@ -13,6 +13,7 @@ from aiayn.model.linear import ROW_BITS
 
 PACKED_LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library besides "auto" (decode/packed.py)
 LONG_LINES = ("truncate", "skip", "error")  # DecodeConfig.long_lines
+LENGTH_NORMS = ("gnmt", "power")  # DecodeConfig.length_norm (decode/search.py: length_penalty)
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class DecodeConfig:
 
     beam_size: int = param(4, "beam size K (§6.1: 4 for translation, 21 for parsing §6.3); 1 = greedy search")
     alpha: float = param(0.6, "length penalty α of the GNMT form lp(Y) = ((5 + |Y|) / 6)^α, score = sum log p / lp(Y); |Y| counts EOS as tensor2tensor does (§6.1: 0.6; parsing 0.3); 0 = no normalization")
+    length_norm: str = param("gnmt", "the form of the length penalty lp(Y) that alpha is the exponent of: gnmt, ((5 + |Y|) / 6)^α (§6.1), or power, |Y|^α (transformers' length_penalty = α; an imported Marian model's setting, docs/import.md)")
     max_len_a: float = param(1.0, "maximum output length = floor(a * |x| + b) tokens, EOS included; |x| = non-pad source tokens as fed to the encoder (§6.1: |x| + 50)")
     max_len_b: int = param(50, "b of the maximum output length a * |x| + b (§6.1: 50; parsing §6.3: 300)")
     min_len: int = param(0, "EOS is forbidden until this many tokens have been generated (min_len = max length forces a fixed output length, for benchmarks)")
@@ -47,6 +49,8 @@ class DecodeConfig:
             raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
         if self.alpha < 0:
             raise ConfigError(f"alpha must be >= 0 (the early-stop bound assumes it), got {self.alpha}")
+        if self.length_norm not in LENGTH_NORMS:
+            raise ConfigError(f"length_norm must be {' or '.join(LENGTH_NORMS)}, got {self.length_norm!r}")
         if self.nbest < 1 or (not self.sampling and self.nbest > self.beam_size):
             raise ConfigError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
         if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b < 1):
@@ -76,6 +80,11 @@ class DecodeConfig:
 # The defaults of `aiayn translate` and `aiayn evaluate`: a job goes on past an overlong line, as
 # fairseq's and Marian's do (the line truncated, with a warning naming it).
 TRANSLATE_DECODE = replace(DecodeConfig(), long_lines="truncate")
+
+# The DecodeConfig fields a checkpoint may carry (its ``decode`` entry: an imported Marian model's
+# generation settings, aiayn/hf_import.py), which `aiayn translate` decodes with unless given as flags.
+CHECKPOINT_FIELDS = ("beam_size", "alpha", "length_norm", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram",
+                     "sampling", "temperature", "top_k", "top_p")
 
 
 def add_device_argument(p) -> None:

@@ -21,7 +21,8 @@ structure in the reorder's indices would take.)
 
 Definitions (documented choices):
 - |Y| counts generated tokens *including* EOS, as tensor2tensor does; the score of a finished
-  hypothesis is sum(log p) / lp(|Y|) with the GNMT penalty lp(L) = ((5 + L) / 6)^α.
+  hypothesis is sum(log p) / lp(|Y|) with the GNMT penalty lp(L) = ((5 + L) / 6)^α, or with
+  ``length_norm`` "power" lp(L) = L^α (transformers' length_penalty, which counts |Y| alike).
 - The maximum output length is max_len = min(floor(a * |x| + b), cap) tokens, EOS included;
   |x| is the number of non-pad source tokens. A hypothesis that reaches max_len tokens without
   EOS is finished as it stands (flag ``eos=False``), with |Y| = max_len.
@@ -138,9 +139,11 @@ def _check_stop(stop: Stop | None, t: int, T: int) -> None:
         raise Stopped(f"search stopped by its caller before step {t} of at most {T}")
 
 
-def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
-    """GNMT length penalty lp(L) = ((5 + L) / 6)^α (Wu et al. 2016; §6.1 with α = 0.6)."""
-    return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length: Tensor | float, alpha: float, norm: str = "gnmt") -> Tensor | float:
+    """GNMT length penalty lp(L) = ((5 + L) / 6)^α (Wu et al. 2016; §6.1 with α = 0.6), or with
+    ``norm`` "power" L^α (transformers' beam scores; L >= 1). Both grow with L for α >= 0, which
+    the early stop needs."""
+    return length ** alpha if norm == "power" else ((5.0 + length) / 6.0) ** alpha
 
 
 def max_output_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, cap: int | None = None) -> Tensor:
@@ -319,7 +322,7 @@ def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         flags = done.tolist()  # the step's one read
         if any(flags):
             d, keep = _split(done, flags)
-            score = total[d] / length_penalty(float(t), cfg.alpha)
+            score = total[d] / length_penalty(float(t), cfg.alpha, cfg.length_norm)
             res.write(rows[d], seqs[d, None, :t], score[:, None], total[d, None], t, is_eos[d, None])
             if keep.numel() == 0:
                 break
@@ -360,13 +363,15 @@ class _Pool:
         self.length = torch.zeros(N, F, dtype=torch.long, device=device)
         self.eos = torch.zeros(N, F, dtype=torch.bool, device=device)
 
-    def merge(self, tokens: Tensor, log_prob: Tensor, ends: Tensor, is_eos: Tensor, t: int, alpha: float) -> None:
-        """Add candidates (N, K) that end at step t; keep the F best per sentence.
+    def merge(self, tokens: Tensor, log_prob: Tensor, ends: Tensor, is_eos: Tensor, t: int, alpha: float,
+              norm: str = "gnmt") -> None:
+        """Add candidates (N, K) that end at step t (scored with ``length_penalty(t, alpha, norm)``);
+        keep the F best per sentence.
 
         A stable sort keeps earlier-finished hypotheses ahead of later ties.
         """
         F = self.score.size(1)
-        cand = torch.where(ends, log_prob / length_penalty(float(t), alpha), NEG_INF)  # (N, K)
+        cand = torch.where(ends, log_prob / length_penalty(float(t), alpha, norm), NEG_INF)  # (N, K)
         score = torch.cat([self.score, cand], dim=1)  # (N, F + K)
         best = score.sort(dim=1, descending=True, stable=True).indices[:, :F]  # (N, F)
         T = self.tokens.size(2)
@@ -390,7 +395,7 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (N,)
     T = int(max_len.max())
     res = _Results(B, F, T, dev)
-    lp_max = length_penalty(max_len.double(), cfg.alpha)  # (N,) for the early-stop bound
+    lp_max = length_penalty(max_len.double(), cfg.alpha, cfg.length_norm)  # (N,) for the early-stop bound
     state = decoder.start(src, T).reorder(torch.arange(B, device=dev).repeat_interleave(K))
     rows = torch.arange(B, device=dev)
     rows_host = list(range(B))  # the same, on the host
@@ -436,7 +441,7 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
         is_eos = tok == ids.eos
         ends = is_eos | (max_len <= t)[:, None]  # (N, K); -inf candidates stay -inf in the pool
         if merge_always or bool(ends.any()):
-            pool.merge(seqs, top_lp, ends, is_eos & ends, t, cfg.alpha)
+            pool.merge(seqs, top_lp, ends, is_eos & ends, t, cfg.alpha, cfg.length_norm)
         live = top_lp.masked_fill(ends, NEG_INF)
         bound = live.max(dim=1).values / lp_max  # (N,) best reachable normalized score
         done = pool.score[:, F - 1] >= bound  # also true when no live hypothesis is left
