@@ -18,7 +18,9 @@ import torch
 
 import aiayn
 from aiayn.cli import main
-from aiayn.decode.config import DecodeConfig
+from aiayn.checkpoint import load_checkpoint
+from aiayn.config import replace
+from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig
 from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
 from aiayn.data.vocab import Tokenizer, joint_vocabulary
@@ -27,7 +29,7 @@ from aiayn.errors import UserError
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
 from aiayn.exporters.hf import export_hf, marian_config, marian_state_dict  # noqa: E402
-from aiayn.hf_import import import_hf  # noqa: E402
+from aiayn.hf_import import SENTENCEPIECE_UNK, ImportConfig, import_hf  # noqa: E402
 from aiayn.marian_vocab import Specials, aiayn_pieces, id_order, segmenter  # noqa: E402
 from tests.conftest import copy_lines  # noqa: E402
 
@@ -308,7 +310,7 @@ def test_export_then_import_gives_the_same_tensors(shared_data, tmp_path, over, 
         with torch.no_grad():
             model.out_bias.normal_()
     export_hf(model, src_tok, tgt_tok, tmp_path / "hf")
-    ckpt = import_hf(tmp_path / "hf")
+    ckpt = import_hf(tmp_path / "hf", ImportConfig(unk_output=SENTENCEPIECE_UNK))  # <unk> as aiayn's models write it
     want = model.state_dict()
     assert set(ckpt["model"]) == set(want)
     for k, v in want.items():
@@ -360,7 +362,8 @@ def test_imported_checkpoint_translates_evaluates_exports_and_fine_tunes(shared_
     capsys.readouterr()
     assert main(["translate", "--checkpoint", str(imported), "--input", str(tmp_path / "in.en"), "--beam-size", "1",
                  "--alpha", "0"]) == 0
-    with Translator.from_checkpoint(imported, DecodeConfig(beam_size=1, alpha=0.0)) as tr:
+    settings = {**load_checkpoint(imported)["decode"], "beam_size": 1, "alpha": 0.0}  # the model's, but the flags'
+    with Translator.from_checkpoint(imported, replace(TRANSLATE_DECODE, **settings)) as tr:
         assert capsys.readouterr().out.splitlines() == tr.translate(en)
     assert main(["evaluate", "--checkpoint", str(imported), "--src", str(tmp_path / "in.en"),
                  "--ref", str(tmp_path / "ref.de"), "--beam-size", "1", "--json"]) == 0

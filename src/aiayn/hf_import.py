@@ -1,12 +1,13 @@
 """``aiayn import --format hf DIR --out FILE.pt``: a Hugging Face ``MarianMTModel`` as an aiayn checkpoint.
 
     aiayn import --format hf opus-mt-en-de --out runs/en-de/model.pt
-    aiayn translate --checkpoint runs/en-de/model.pt --alpha 0 < input.en
+    aiayn translate --checkpoint runs/en-de/model.pt < input.en
 
 DIR is what ``save_pretrained`` writes and OPUS-MT's models ship: ``config.json``, the weights in
 ``model.safetensors`` or ``pytorch_model.bin``, ``source.spm`` / ``target.spm`` and ``vocab.json``
-(and ``target_vocab.json`` for separate vocabularies). The checkpoint translates, serves,
-exports and fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.exporters.hf``:
+(and ``target_vocab.json`` for separate vocabularies), ``generation_config.json``. Every file is
+checked before it is used (``aiayn.marian_dir``). The checkpoint translates, serves, exports and
+fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.exporters.hf``:
 
 - Marian is the paper's post-norm model with biases everywhere; its heads split d_model
   (d_k = d_v = d_model / h) and its positions are §3.5's sinusoids laid out in halves, which the
@@ -18,17 +19,18 @@ exports and fine-tunes (``train --init-from``) as one aiayn trained. It inverts 
 - ids and SentencePiece models are mapped as ``aiayn.marian_vocab`` says; a joint vocabulary
   with two SentencePiece models keeps one shared embedding (the checkpoint's two tokenizers
   then number the same pieces alike: ``aiayn.data.vocab.joint_vocabulary``);
+- the generation settings (``generation_config.json``: beams, length penalty, maximum length...)
+  become the checkpoint's ``decode`` entry, the DecodeConfig fields ``aiayn translate`` decodes
+  with unless given (``decode_settings``);
 - refused, with every difference named (``marian_refusals``): a model other than MarianMTModel,
   unequal head counts or FFN widths of the two stacks, another activation, an odd d_model,
   positional weights that are not the sinusoids, weights Marian does not have or lacks.
-Not carried: LayerDrop (training only; a warning) and the generation settings (beam size,
-length penalty, banned tokens beyond <pad>): aiayn's search takes its own (``DecodeConfig``).
-With ``--alpha 0`` (transformers' ``length_penalty=0``) greedy outputs are transformers'
-token for token; beams can differ on close calls (``aiayn.exporters.hf``'s module docstring).
+Not carried: LayerDrop (training only; a warning) and the generation settings aiayn's search has
+no equivalent of (a warning names them). Greedy outputs are transformers' token for token; beams
+can differ on close calls (``aiayn.exporters.hf``'s module docstring).
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,82 +38,32 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.config import ConfigError, param, replace
 from aiayn.errors import UserError
 from aiayn.exporters.hf import MARIAN_LAYER_NORM_EPS, model_permutation
-from aiayn.marian_vocab import Specials, aiayn_pieces, id_order, segmenter
+from aiayn.marian_dir import MarianDir, read_marian_dir, weight_refusals
+from aiayn.marian_vocab import UNKNOWN_RUNS, Specials, aiayn_pieces, id_order, segmenter
 from aiayn.model import ModelConfig, Transformer
-from aiayn.model.positional import sinusoidal_table
 
 log = logging.getLogger(__name__)
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # transformers' name -> aiayn's
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+SENTENCEPIECE_UNK = " \u2047 "  # SentencePiece's own text for <unk> (TrainerSpec.unk_surface's default)
 
 
-@dataclass
-class MarianDir:
-    """What an import reads from a Marian directory."""
-    path: Path
-    config: dict  # MarianConfig.to_dict(): transformers' defaults filled in
-    state: dict[str, Tensor]  # the weights as saved (float32)
-    src_vocab: dict[str, int]
-    tgt_vocab: dict[str, int]  # src_vocab itself unless the vocabularies are separate
-    spm: dict[str, bytes]  # "src", "tgt": source.spm, target.spm
-    tokens: dict[str, str]  # "unk", "eos", "pad": MarianTokenizer's special pieces
+@dataclass(frozen=True)
+class ImportConfig:
+    """How ``aiayn import`` writes a Marian model's tokenizers (docs/import.md)."""
 
+    unknown_runs: str = param("marian", "a run of characters the source SentencePiece model does not know: marian "
+                                        "(one <unk>, or the vocabulary's piece of the whole run, as transformers' "
+                                        "MarianTokenizer gives) or chars (each character the vocabulary has is its "
+                                        "own piece)")
+    unk_output: str = param("", "the text an <unk> of a translation becomes: '' drops it, as transformers' "
+                                "decode(skip_special_tokens=True) does; SentencePiece writes ' \u2047 '")
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: cannot read ({exc})") from exc
-
-
-def _weights(path: Path) -> dict[str, Tensor]:
-    for name in WEIGHT_FILES:
-        f = path / name
-        if f.is_file():
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-                state = load_file(f)
-            else:
-                state = torch.load(f, map_location="cpu", weights_only=True)  # no code from the file runs
-            return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-    raise UserError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)}; sharded weights are not read)")
-
-
-def _token(value, default: str) -> str:
-    """A special token of tokenizer_config.json: a string, or an AddedToken's dict."""
-    if isinstance(value, dict):
-        return value.get("content", default)
-    return value if isinstance(value, str) else default
-
-
-def read_marian_dir(path: str | Path) -> MarianDir:
-    """Config (transformers' ``MarianConfig``, for its defaults), weights, vocabularies, SentencePiece models."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path}: no config.json (a directory that MarianMTModel.save_pretrained wrote?)")
-    try:
-        from transformers import MarianConfig
-    except ImportError as exc:
-        raise UserError("aiayn import --format hf needs transformers: pip install transformers (aiayn[hf])") from exc
-    raw = _read_json(path / "config.json")
-    if raw.get("model_type") != "marian":
-        raise UserError(f"{path}: a {raw.get('model_type')!r} model; aiayn imports Marian models (MarianMTModel)")
-    config = MarianConfig.from_pretrained(str(path)).to_dict()
-    tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
-    tokens = {k: _token(tok_cfg.get(f"{k}_token"), d) for k, d in (("unk", "<unk>"), ("eos", "</s>"), ("pad", "<pad>"))}
-    files = {"src": path / "source.spm", "tgt": path / "target.spm", "vocab": path / "vocab.json"}
-    missing = [f.name for f in files.values() if not f.is_file()]
-    if missing:
-        raise UserError(f"{path}: no {', '.join(missing)} (MarianTokenizer's files)")
-    src_vocab = _read_json(files["vocab"])
-    separate = bool(tok_cfg.get("separate_vocabs")) or not config.get("share_encoder_decoder_embeddings", True)
-    tgt_vocab = src_vocab
-    if separate and (path / "target_vocab.json").is_file():
-        tgt_vocab = _read_json(path / "target_vocab.json")
-    return MarianDir(path, config, _weights(path), src_vocab, tgt_vocab,
-                     {"src": files["src"].read_bytes(), "tgt": files["tgt"].read_bytes()}, tokens)
+    def __post_init__(self) -> None:
+        if self.unknown_runs not in UNKNOWN_RUNS:
+            raise ConfigError(f"unknown_runs must be {' or '.join(UNKNOWN_RUNS)}, got {self.unknown_runs!r}")
 
 
 def marian_refusals(c: dict) -> list[str]:
@@ -151,50 +103,6 @@ def model_config(c: dict, src_size: int, tgt_size: int | None, *, tie_src_tgt: b
         layer_norm_eps=MARIAN_LAYER_NORM_EPS)
 
 
-def _layer_keys(c: dict) -> set[str]:
-    """The names of MarianMTModel's layer weights under config ``c``."""
-    def attn(prefix: str) -> list[str]:
-        return [f"{prefix}.{p}_proj.{w}" for p in ("q", "k", "v", "out") for w in ("weight", "bias")]
-
-    def sub(prefix: str, names: list[str]) -> list[str]:
-        return [f"{prefix}.{n}.{w}" for n in names for w in ("weight", "bias")]
-
-    keys: list[str] = []
-    for i in range(c["encoder_layers"]):
-        p = f"model.encoder.layers.{i}"
-        keys += attn(f"{p}.self_attn") + sub(p, ["self_attn_layer_norm", "fc1", "fc2", "final_layer_norm"])
-    for i in range(c["decoder_layers"]):
-        p = f"model.decoder.layers.{i}"
-        keys += attn(f"{p}.self_attn") + attn(f"{p}.encoder_attn") + sub(
-            p, ["self_attn_layer_norm", "encoder_attn_layer_norm", "fc1", "fc2", "final_layer_norm"])
-    return set(keys)
-
-
-EMBEDDING_KEYS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                  "lm_head.weight", "final_logits_bias")
-POSITION_KEYS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
-
-
-def weight_refusals(d: MarianDir) -> list[str]:
-    """Weights the Marian config does not account for, or lacks; positions that are not its sinusoids."""
-    c, state = d.config, d.state
-    layers = _layer_keys(c)
-    out = []
-    missing = sorted(layers - set(state))
-    if missing:
-        out.append(f"{len(missing)} weights missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    extra = sorted(set(state) - layers - set(EMBEDDING_KEYS) - set(POSITION_KEYS))
-    if extra:
-        out.append(f"weights MarianMTModel does not have: {', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}")
-    D = c["d_model"]
-    for key in POSITION_KEYS:
-        if key in state and D % 2 == 0:
-            table = sinusoidal_table(state[key].size(0), D)[:, model_permutation(D)]
-            if state[key].shape != table.shape or not torch.allclose(state[key], table, atol=1e-4):
-                out.append(f"{key} is not Marian's sinusoidal table (learned positions?)")
-    return out
-
-
 def _embeddings(d: MarianDir) -> tuple[Tensor, Tensor, Tensor]:
     """The encoder's and decoder's embedding matrices and the pre-softmax projection, as
     transformers ties them: all one (``model.shared``) when shared and tied, else as saved."""
@@ -210,11 +118,15 @@ def _embeddings(d: MarianDir) -> tuple[Tensor, Tensor, Tensor]:
         return found
 
     enc, dec = pick("model.encoder.embed_tokens.weight"), pick("model.decoder.embed_tokens.weight")
-    if tie_out:
-        return enc, dec, dec
-    if "lm_head.weight" not in s:
+    if not tie_out and "lm_head.weight" not in s:
         raise UserError(f"{d.path}: tie_word_embeddings is false and there is no lm_head.weight")
-    return enc, dec, s["lm_head.weight"]
+    out_w = dec if tie_out else s["lm_head.weight"]
+    bias = s.get("final_logits_bias")
+    if out_w.size(0) != dec.size(0) or (bias is not None and bias.numel() != dec.size(0)):
+        raise UserError(f"{d.weights_file}: the decoder's embedding has {dec.size(0)} rows, the output projection "
+                        f"{out_w.size(0)}, final_logits_bias {'none' if bias is None else bias.numel()}: one target "
+                        f"vocabulary gives them all")
+    return enc, dec, out_w
 
 
 def id_orders(d: MarianDir, src_rows: int, tgt_rows: int) -> tuple[list[int], list[int]]:
@@ -225,7 +137,8 @@ def id_orders(d: MarianDir, src_rows: int, tgt_rows: int) -> tuple[list[int], li
             raise UserError(f"{d.path}: {side} lacks {t['unk']} or {t['eos']}")
     tgt = Specials(pad=c["pad_token_id"], unk=d.tgt_vocab[t["unk"]], start=c["decoder_start_token_id"],
                    eos=c["eos_token_id"])
-    tgt_order = id_order(d.tgt_vocab, tgt, tgt_rows, f"{d.path}: the target vocabulary")
+    tgt_file = "vocab.json" if d.src_vocab is d.tgt_vocab else "target_vocab.json"
+    tgt_order = id_order(d.tgt_vocab, tgt, tgt_rows, f"{d.path / tgt_file} (with config.json's ids)")
     if d.src_vocab is d.tgt_vocab:
         if d.src_vocab[t["eos"]] != tgt.eos:
             raise UserError(f"{d.path}: the tokenizer ends a source with {t['eos']} = {d.src_vocab[t['eos']]}, "
@@ -234,7 +147,7 @@ def id_orders(d: MarianDir, src_rows: int, tgt_rows: int) -> tuple[list[int], li
     pad = d.src_vocab.get(t["pad"], c["pad_token_id"])
     start = {i: p for p, i in d.tgt_vocab.items()}.get(tgt.start)  # a source never holds it: its row, if any
     src = Specials(pad=pad, unk=d.src_vocab[t["unk"]], start=d.src_vocab.get(start, pad), eos=d.src_vocab[t["eos"]])
-    return id_order(d.src_vocab, src, src_rows, f"{d.path}: vocab.json"), tgt_order
+    return id_order(d.src_vocab, src, src_rows, f"{d.path / 'vocab.json'}"), tgt_order
 
 
 def aiayn_state(d: MarianDir, cfg: ModelConfig, src_order: list[int], tgt_order: list[int],
@@ -293,12 +206,15 @@ def aiayn_state(d: MarianDir, cfg: ModelConfig, src_order: list[int], tgt_order:
     return out
 
 
-def _tokenizers(d: MarianDir, src_order: list[int], tgt_order: list[int]) -> dict:
-    """The checkpoint's ``tokenizers`` entry: each side's SentencePiece model in aiayn's ids (``marian_vocab``)."""
+def _tokenizers(d: MarianDir, src_order: list[int], tgt_order: list[int], opts: ImportConfig) -> dict:
+    """The checkpoint's ``tokenizers`` entry: each side's SentencePiece model in aiayn's ids
+    (``marian_vocab``), unknown runs and <unk>'s text as ``opts`` says."""
     models = {}
     for side, vocab, order, source in (("src", d.src_vocab, src_order, True), ("tgt", d.tgt_vocab, tgt_order, False)):
         name = f"{d.path / ('source.spm' if source else 'target.spm')}"
-        seg = segmenter(d.spm[side], aiayn_pieces(vocab, order), source=source, name=name)
+        seg = segmenter(d.spm[side], aiayn_pieces(vocab, order), source=source, name=name,
+                        unknown_runs=opts.unknown_runs if source else None,
+                        unk_surface=None if opts.unk_output == SENTENCEPIECE_UNK else opts.unk_output)
         if seg.dropped:
             log.warning("%s: %d of its pieces are not in the vocabulary (transformers writes <unk> for them; aiayn "
                         "segments around them), e.g. %s", name, len(seg.dropped), ", ".join(seg.dropped[:5]))
@@ -310,26 +226,76 @@ def _tokenizers(d: MarianDir, src_order: list[int], tgt_order: list[int]) -> dic
             "tgt_sha256": toks["tgt"].sha256, "shared": models["src"] == models["tgt"]}
 
 
-def _generation_notes(d: MarianDir) -> None:
-    """Say which of transformers' generation settings the checkpoint does not carry."""
-    path = d.path / "generation_config.json"
-    g = _read_json(path) if path.is_file() else {}
-    aiayns = ([d.config["pad_token_id"]], [d.config["decoder_start_token_id"]])  # aiayn's search bans these
-    banned = [ids for ids in g.get("bad_words_ids") or d.config.get("bad_words_ids") or [] if ids not in aiayns]
-    if banned:
-        log.warning("%s bans %s besides <pad>: aiayn's search does not (it bans <pad> and the decoder's start)",
-                    path.name, banned)
-    if g:
-        log.info("transformers' generation settings (not carried): num_beams %s, length_penalty %s, max_length %s; "
-                 "aiayn translate's --alpha 0 is length_penalty 0", g.get("num_beams", 1), g.get("length_penalty", 1.0),
-                 g.get("max_length"))
+# transformers' generate defaults (GenerationConfig) of the settings the import carries, and what each must be
+GENERATE_DEFAULTS = {"num_beams": (1, "count"), "length_penalty": (1.0, "number"), "max_length": (20, "count"),
+                     "max_new_tokens": (None, "count"), "min_length": (0, "size"), "min_new_tokens": (None, "size"),
+                     "no_repeat_ngram_size": (0, "size"), "do_sample": (False, "flag"), "temperature": (1.0, "number"),
+                     "top_k": (50, "size"), "top_p": (1.0, "number")}
+_KIND = {"count": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
+         "size": ("an integer >= 0", lambda v: type(v) is int and v >= 0),
+         "number": ("a number", lambda v: type(v) in (int, float)),
+         "flag": ("true or false", lambda v: type(v) is bool)}
+# settings of generate whose effect aiayn's search has without being told (ids, output options)
+SAME_EFFECT = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version",
+               "_from_model_config", "use_cache", "output_attentions", "output_hidden_states", "output_scores",
+               "output_logits", "return_dict_in_generate", "bad_words_ids", "num_return_sequences"}
+# settings aiayn's search has no equivalent of, whose effect is small: close calls of a beam, the last token at the
+# maximum length (docs/import.md)
+MINOR = {"early_stopping", "renormalize_logits", "forced_eos_token_id"}
 
 
-def import_hf(path: str | Path) -> dict:
+def decode_settings(g: dict, name: str | Path, pad: int, start: int) -> dict:
+    """The DecodeConfig fields of transformers' generation settings ``g`` (generation_config.json,
+    named ``name``) as ``generate`` reads them, its defaults where ``g`` has none: num_beams is
+    beam_size; length_penalty is alpha with length_norm power (|Y|^α); max_new_tokens, else
+    max_length less the decoder's start, is the maximum length (max_len_a 0); min_new_tokens,
+    else min_length less the start, is min_len; no_repeat_ngram_size; do_sample with temperature,
+    top_k and top_p. What is not carried is named in a log line (``MINOR``: info; else a warning)."""
+    for key, (_, kind) in GENERATE_DEFAULTS.items():
+        what, ok = _KIND[kind]
+        if g.get(key) is not None and not ok(g[key]):
+            raise UserError(f"{name}: {key} = {g[key]!r}: not {what}")
+    v = {k: default if g.get(k) is None else g[k] for k, (default, _) in GENERATE_DEFAULTS.items()}
+    forced_eos = 1 if g.get("forced_eos_token_id") is not None else 0  # its last token is EOS, which aiayn drops
+    out = {"beam_size": v["num_beams"], "alpha": float(v["length_penalty"]), "length_norm": "power", "max_len_a": 0.0,
+           "max_len_b": max(1, (v["max_new_tokens"] if v["max_new_tokens"] is not None else v["max_length"] - 1)
+                            - forced_eos),
+           "min_len": v["min_new_tokens"] if v["min_new_tokens"] is not None else max(0, v["min_length"] - 1),
+           "no_repeat_ngram": v["no_repeat_ngram_size"]}
+    if v["do_sample"]:
+        out.update(sampling=True, temperature=float(v["temperature"]), top_k=v["top_k"], top_p=float(v["top_p"]))
+    try:
+        from aiayn.decode.config import TRANSLATE_DECODE
+        replace(TRANSLATE_DECODE, **out)
+    except ConfigError as exc:
+        raise UserError(f"{name}: aiayn's search cannot take it: {exc}") from None
+    _not_carried(g, name, pad, start)
+    return out
+
+
+def _not_carried(g: dict, name: str | Path, pad: int, start: int) -> None:
+    """Log the settings of ``g`` that ``decode_settings`` does not carry and that change an output."""
+    banned = [ids for ids in g.get("bad_words_ids") or [] if ids not in ([pad], [start])]  # aiayn's search bans these
+    left = {k: x for k, x in g.items() if k not in GENERATE_DEFAULTS and k not in SAME_EFFECT
+            and x not in (None, False, 0, 0.0, 1, 1.0, [], {})}
+    major = {k: x for k, x in left.items() if k not in MINOR} | ({"bad_words_ids": banned} if banned else {})
+    minor = {k: x for k, x in left.items() if k in MINOR}
+    if g.get("do_sample") and g.get("num_beams", 1) > 1:
+        major["num_beams with do_sample"] = "beam sampling: aiayn samples one path"
+    if major:
+        log.warning("%s: not carried (aiayn's search has no equivalent; outputs can differ): %s", name,
+                    ", ".join(f"{k} {x}" for k, x in major.items()))
+    if minor:
+        log.info("%s: not carried (docs/import.md: they change close calls of a beam or the last token at the "
+                 "maximum length): %s", name, ", ".join(f"{k} {x}" for k, x in minor.items()))
+
+
+def import_hf(path: str | Path, opts: ImportConfig = ImportConfig()) -> dict:
     """The aiayn checkpoint dict of the Marian directory ``path`` (module docstring); refused with
     every difference named when aiayn's model cannot compute what Marian's does."""
     from aiayn.checkpoint import FORMAT
     from aiayn.config import to_dict
+    from aiayn.model.config import check_limits
     from aiayn.train.config import RunConfig
 
     d = read_marian_dir(path)
@@ -345,15 +311,24 @@ def import_hf(path: str | Path) -> dict:
     src_order, tgt_order = id_orders(d, enc.size(0), dec.size(0))
     joint = aiayn_pieces(d.src_vocab, src_order) == aiayn_pieces(d.tgt_vocab, tgt_order)  # as joint_vocabulary
     bias = d.state.get("final_logits_bias")
-    cfg = model_config(c, len(src_order), None if joint else len(tgt_order),
-                       tie_src_tgt=joint and torch.equal(enc[src_order], dec[tgt_order]),
-                       tie_out=torch.equal(out_w, dec), bias=bias is not None and bool(bias.any()))
+    try:
+        cfg = model_config(c, len(src_order), None if joint else len(tgt_order),
+                           tie_src_tgt=joint and torch.equal(enc[src_order], dec[tgt_order]),
+                           tie_out=torch.equal(out_w, dec), bias=bias is not None and bool(bias.any()))
+        check_limits(to_dict(cfg))  # what every load of the checkpoint checks
+    except ConfigError as exc:
+        raise UserError(f"{d.path}: cannot import: model_config.{exc}") from None
     model = Transformer(cfg)
     model.load_state_dict(aiayn_state(d, cfg, src_order, tgt_order, enc, dec, out_w))
-    _generation_notes(d)
+    settings = decode_settings(d.generation, d.generation_file, c["pad_token_id"], c["decoder_start_token_id"]) \
+        if d.generation else {}
     log.info("imported %s: %d+%d layers, d_model %d, h %d, d_ff %d, activation %s, vocabulary %d%s, output bias %s",
              d.path, cfg.n_layers, cfg.decoder_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.activation,
              cfg.vocab_size, "" if joint else f"/{cfg.target_vocab_size}", cfg.output_bias)
+    if settings:
+        log.info("%s: translate decodes with %s unless told otherwise", d.generation_file.name,
+                 ", ".join(f"{k} {x}" for k, x in settings.items()))
     return {"format": FORMAT, "run_config": to_dict(RunConfig(model=cfg)), "model_config": to_dict(cfg),
-            "model": model.state_dict(), "tokenizers": _tokenizers(d, src_order, tgt_order),
-            "step": 0, "epoch": 0, "imported_from": {"format": "hf", "path": str(d.path)}}
+            "model": model.state_dict(), "tokenizers": _tokenizers(d, src_order, tgt_order, opts),
+            **({"decode": settings} if settings else {}), "step": 0, "epoch": 0,
+            "imported_from": {"format": "hf", "path": str(d.path), "generation_config": d.generation}}

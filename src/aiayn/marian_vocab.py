@@ -21,10 +21,14 @@ its piece i is the vocabulary's piece of aiayn id i, each keeping its type and s
 - a piece of the vocabulary that this side's model lacks (the other side's pieces, in a joint
   vocabulary) becomes UNUSED in a unigram model (never produced by encoding, which leaves the
   segmentation unchanged, and decoded as its text, as transformers does) and CONTROL in a BPE
-  model (where UNUSED pieces would still take part in the merges: decoded as nothing); but a
-  single character this side's model does not know becomes a normal piece: SentencePiece
-  segments it as <unk> with the character as its surface, which ``MarianTokenizer`` then finds
-  in the vocabulary (a run of such characters is one <unk> there, one piece each here);
+  model (where UNUSED pieces would still take part in the merges: decoded as nothing);
+- characters this side's model does not know: SentencePiece segments a run of them as one <unk>
+  whose surface is the run, which ``MarianTokenizer`` then looks up in the vocabulary (<unk>
+  unless the vocabulary has the run as a piece). With ``unknown_runs`` "marian" (the source side
+  by default) the model is left so, and aiayn's ``Tokenizer`` looks the run up among the pieces
+  the model does not produce (``Tokenizer.encode``): the same ids. With "chars" (the target side,
+  whose decoding then writes such characters) each single character the vocabulary has becomes
+  a normal piece, so a run is one piece per character;
 - a piece of the model the vocabulary lacks is left out: where transformers writes <unk> for it,
   aiayn's model segments the text with the pieces it has (a unigram model's best path without it;
   a BPE model without that merge); ``Segmenter.dropped`` counts them;
@@ -46,6 +50,7 @@ Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 LANGUAGE_TOKEN = re.compile(r">>.+<<")  # MarianTokenizer's target-language tokens, e.g. >>fra<<
 _PRODUCED = (Piece.NORMAL, Piece.USER_DEFINED, Piece.BYTE)  # the types encoding can output
 _KEPT = (*_PRODUCED, Piece.UNUSED)
+UNKNOWN_RUNS = ("marian", "chars")  # segmenter's unknown_runs (module docstring)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ def id_order(vocab: dict[str, int], specials: Specials, size: int, name: str) ->
         raise UserError(f"{name}: its {len(vocab)} entries do not number the embedding's {size} rows 0..{size - 1} "
                         f"once each")
     s = specials
+    if not all(type(i) is int and 0 <= i < size for i in (s.pad, s.unk, s.start, s.eos)):
+        raise UserError(f"{name}: pad {s.pad}, unk {s.unk}, decoder start {s.start} and eos {s.eos} must be ids of "
+                        f"its {size} rows")
     if s.start in (s.unk, s.eos) or len({s.pad, s.unk, s.eos}) < 3:
         raise UserError(f"{name}: pad {s.pad}, unk {s.unk}, decoder start {s.start} and eos {s.eos} must be "
                         f"distinct (the start may be pad)")
@@ -92,11 +100,16 @@ class Segmenter:
     foreign: int  # pieces of the vocabulary the model lacks (the other side's)
 
 
-def segmenter(model_bytes: bytes, pieces: list[str], *, source: bool, name: str) -> Segmenter:
+def segmenter(model_bytes: bytes, pieces: list[str], *, source: bool, name: str, unknown_runs: str | None = None,
+              unk_surface: str | None = None) -> Segmenter:
     """``model_bytes`` (one side's SentencePiece model) with piece i = ``pieces[i]`` (module
     docstring): <pad>, <unk>, <s>, </s> at 0-3 as aiayn's ``Tokenizer`` wants them, each other piece
     with its own type and score, foreign ones UNUSED (unigram) or CONTROL (BPE), target-language
-    tokens user-defined on the ``source`` side."""
+    tokens user-defined on the ``source`` side, unknown characters as ``unknown_runs`` says (None:
+    "marian" on the source side, "chars" on the target side).
+    ``unk_surface``: the text decoding writes for <unk> (None: the model's own, SentencePiece's
+    " \u2047 " unless it says otherwise)."""
+    unknown_runs = unknown_runs or ("marian" if source else "chars")
     proto = sentencepiece_model_pb2.ModelProto()
     try:
         proto.ParseFromString(model_bytes)
@@ -122,7 +135,7 @@ def segmenter(model_bytes: bytes, pieces: list[str], *, source: bool, name: str)
             out.pieces.add(piece=piece, score=0.0, type=Piece.CONTROL)
         elif LANGUAGE_TOKEN.fullmatch(piece.removeprefix(WORD_BOUNDARY)) and source:
             out.pieces.add(piece=piece, score=0.0, type=Piece.USER_DEFINED)
-        elif len(piece) == 1 and piece not in known:  # what MarianTokenizer finds for an unknown character
+        elif unknown_runs == "chars" and len(piece) == 1 and piece not in known:  # one character MarianTokenizer finds
             out.pieces.add(piece=piece, score=floor, type=Piece.NORMAL)
         else:
             foreign += 1
@@ -131,6 +144,8 @@ def segmenter(model_bytes: bytes, pieces: list[str], *, source: bool, name: str)
     spec.vocab_size = len(pieces)
     spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id = 0, 1, 2, 3
     spec.pad_piece, spec.unk_piece, spec.bos_piece, spec.eos_piece = pieces[:4]
+    if unk_surface is not None:
+        spec.unk_surface = unk_surface
     wanted = set(pieces)
     dropped = tuple(p.piece for p in proto.pieces if p.type in _PRODUCED and p.piece not in wanted)
     data = out.SerializeToString()

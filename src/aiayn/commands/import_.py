@@ -4,15 +4,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from aiayn.checkpoint import atomic_save
+from aiayn.config import add_arguments, from_args
 from aiayn.files import check_output_file, refuse_input_as_output
-from aiayn.hf_import import import_hf
+from aiayn.hf_import import ImportConfig, import_hf
 
 
 def run(args) -> int:
     model_dir = Path(args.dir)
     refuse_input_as_output(args.out, model_dir.iterdir() if model_dir.is_dir() else [])
     check_output_file(args.out, args.overwrite)  # before the work
-    ckpt = import_hf(args.dir)
+    ckpt = import_hf(args.dir, from_args(ImportConfig, args))
     atomic_save(ckpt, args.out)
     print(f"aiayn checkpoint: {args.out}")
     return 0
@@ -28,4 +29,5 @@ def register(sub) -> None:
                    help="hf: a MarianMTModel as save_pretrained writes it (aiayn/hf_import.py)")
     p.add_argument("--out", required=True, help="the checkpoint to write (.pt; written whole, in one step)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
+    add_arguments(p, ImportConfig)
     p.set_defaults(func=run)

@@ -9,7 +9,11 @@ Special ids are fixed for every model this toolkit trains or loads, and match ``
     eos = 3   end of sentence, appended to every source and target
 
 ``Tokenizer.encode`` adds neither bos nor eos (``aiayn.data.batching.collate`` does), and
-``Tokenizer.decode`` drops pad/bos/eos. A model with other ids is refused on load.
+``Tokenizer.decode`` drops pad/bos/eos. A model with other ids is refused on load. An <unk>
+(a run of characters the model does not know) whose text is a piece the model holds but never
+produces (UNUSED, or CONTROL beyond the four specials: an imported Marian model's pieces of its
+vocabulary, ``aiayn.marian_vocab``) is that piece, as transformers' MarianTokenizer looks it up;
+a model that SentencePiece trained has no such pieces.
 Text goes through SentencePiece's nmt_nfkc normalization, so ``decode(encode(line))`` is the
 line NFKC-normalized with runs of whitespace collapsed (identical for ordinary text). A model
 trained with ``lowercase=True`` instead carries a rule that maps every character to the
@@ -64,8 +68,10 @@ class Tokenizer:
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(model_bytes)
         self._model_type = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
-        user = sentencepiece_model_pb2.ModelProto.SentencePiece.Type.USER_DEFINED
-        self._user_symbols = frozenset(p.piece for p in proto.pieces if p.type == user)
+        kind = sentencepiece_model_pb2.ModelProto.SentencePiece.Type
+        self._user_symbols = frozenset(p.piece for p in proto.pieces if p.type == kind.USER_DEFINED)
+        self._unproduced = {p.piece: i for i, p in enumerate(proto.pieces)
+                            if p.type == kind.UNUSED or (p.type == kind.CONTROL and i not in SPECIAL_IDS.values())}
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -94,11 +100,21 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Subword ids of ``text``, without bos/eos."""
-        return self._sp.encode(text, out_type=int)
+        return self._look_up_unknown(text, self._sp.encode(text, out_type=int))
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """``encode`` over many lines, using SentencePiece's own thread pool."""
-        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+        texts = list(texts)
+        return [self._look_up_unknown(t, ids)
+                for t, ids in zip(texts, self._sp.encode(texts, out_type=int, num_threads=num_threads))]
+
+    def _look_up_unknown(self, text: str, ids: list[int]) -> list[int]:
+        """``ids`` of ``text`` with each <unk> whose text is an unproduced piece of the model made
+        that piece (module docstring); as they were when the model has none."""
+        if not self._unproduced or UNK_ID not in ids:
+            return ids
+        pieces = self._sp.encode(text, out_type=str)  # the same segmentation: <unk>'s piece is its text
+        return [self._unproduced.get(p, UNK_ID) if i == UNK_ID else i for i, p in zip(ids, pieces)]
 
     def encode_dropout(self, texts: Sequence[str], p: float, num_threads: int = 1) -> list[list[int]]:
         """Subword ids of each line segmented with BPE-dropout (Provilkov et al., 2020): each merge
