@@ -105,8 +105,8 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """``encode`` over many lines, using SentencePiece's own thread pool."""
         texts = list(texts)
-        return [self._look_up_unknown(t, ids)
-                for t, ids in zip(texts, self._sp.encode(texts, out_type=int, num_threads=num_threads))]
+        batch = self._sp.encode(texts, out_type=int, num_threads=num_threads)
+        return [self._look_up_unknown(t, ids) for t, ids in zip(texts, batch)] if self._unproduced else batch
 
     def _look_up_unknown(self, text: str, ids: list[int]) -> list[int]:
         """``ids`` of ``text`` with each <unk> whose text is an unproduced piece of the model made
