@@ -3,7 +3,9 @@ attention plot, on whatever machine it runs on (docs/recipe.md).
 
 Steps (each skipped when its output already exists, so a re-run resumes):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
-  2. train     the recipe (recipes/multi30k.json; multi30k-gpu.json where CUDA is present), bounded by --minutes OUT/run
+  2. train     the recipe sized to this machine (aiayn.demo_sizing: multi30k-small.json or
+               multi30k.json by the FLOPs it trains in the minutes; multi30k-gpu.json where CUDA is
+               present), bounded by --minutes                                          OUT/run
                with its 4,096 + 4,096-token steps on any process count (train.accum_steps)
                (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
                --members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
@@ -42,7 +44,7 @@ from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
-DEMO_FILES = ("subset", "data", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
+DEMO_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data (recipes/ in the checkout links here)
 LANGS = ("en", "de")
 EXAMPLES = {
@@ -74,7 +76,7 @@ class DemoConfig:
     processes: int = param(0, "data-parallel processes training the one model, each on threads/processes threads (docs/training.md); 0 = one per GPU, or 2 on a CPU with 2 or more cores; 1 = one process")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")
-    recipe: str = param("", "training recipe JSON; empty = recipes/multi30k.json on a CPU, recipes/multi30k-gpu.json where CUDA is present, recipes/multi30k-quick.json with --quick")
+    recipe: str = param("", "training recipe JSON; empty = the one sized to this machine on a CPU (recipes/multi30k-small.json or multi30k.json, by the training FLOPs it predicts in the minutes: docs/recipe.md), recipes/multi30k-gpu.json where CUDA is present, recipes/multi30k-quick.json with --quick")
     sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
     character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover; 1.0 keeps every one (below it, rare characters such as some digits become <unk>)")
@@ -351,7 +353,7 @@ def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) 
     resumed there; returns the members' run directories."""
     from aiayn.config import apply_sets
     from aiayn.train.config import load_recipe
-    recipe = Path(cfg.recipe) if cfg.recipe else default_recipe(cfg.quick)
+    recipe = Path(cfg.recipe) if cfg.recipe else _sized_recipe(cfg, run_dir.parent, results)
     sets = recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps, cfg.threads)
     run_cfg = apply_sets(load_recipe(recipe), sets)
     if cfg.members == 1:
@@ -374,6 +376,23 @@ def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) 
     print(f"[2/7] trained: {', '.join(str(t['steps']) for t in summaries)} steps, "
           f"{results['train']['train_seconds']:.0f} s", flush=True)
     return member_dirs
+
+
+def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
+    """The default recipe: multi30k-gpu.json where CUDA is present; on a CPU the one sized to this
+    machine's budget of training FLOPs in the demo's minutes (aiayn.demo_sizing), printed with why."""
+    from aiayn.demo_sizing import QUICK_SIZES, SIZES, describe, sized_recipe
+    from aiayn.train.config import load_recipe
+    if default_recipe(cfg.quick).name == "multi30k-gpu.json":
+        return default_recipe(cfg.quick)
+    first = load_recipe(RECIPES / (QUICK_SIZES if cfg.quick else SIZES)[0].recipe).train
+    minutes = cfg.minutes or first.max_time_min
+    processes = (cfg.processes or auto_processes()) if cfg.members == 1 else 1
+    threads = max(1, (cfg.threads or first.threads or os.cpu_count() or 1) // (processes * cfg.members))
+    recipe, record = sized_recipe(RECIPES, cfg.quick, minutes, processes, threads, out)
+    results["sizing"] = record
+    print(f"[2/7] sized to this machine: {describe(record)}", flush=True)
+    return recipe
 
 
 def _stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:

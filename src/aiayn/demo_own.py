@@ -27,7 +27,7 @@ from aiayn.errors import UserError
 from aiayn.files import claim_folder
 from aiayn.progress import progress_bar
 
-OWN_FILES = ("subset", "data", "run", "model.pt", "test.hyp", "plots", "results.json")  # all it writes in --out
+OWN_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test.hyp", "plots", "results.json")  # all it writes in --out
 SPLITS = ("train", "valid", "test")
 N_EXAMPLES = 3  # validation sentences translated at the end; the first one's attention is drawn
 _SUFFIX_LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")  # en, deu, pt-BR, zh_Hant
