@@ -19,7 +19,9 @@ PyTorch writes the (N, V) log-probabilities, masks the banned tokens and reads t
 ``logits_topk.c`` finds the k best and the log-normalizer in two passes over each row of logits, writing
 only (N, k). Around each int8 product (``Int8Linear``,
 decode/int8.py) PyTorch spends six or so small operations quantizing the input rows and rescaling
-the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-identical, tested).
+the result; ``int8_rows.c`` does each in one loop, with the same roundings (bit-identical, tested). On
+CPUs without VNNI, where oneDNN's int8 product is a slow reference loop or (held to AVX2) saturates,
+``int8_gemm.c`` is the product itself, exact (int16 pair sums), with the rescaling in the same pass.
 In training, the label-smoothed loss reads the (N, V) logits forward and writes their gradient backward;
 PyTorch's operations passed over each block six or seven times; ``cross_entropy.c`` reads each row once
 forward and once backward and writes the gradient once (``train.c_kernels``; BENCHMARKS.md §2, "The demo's
@@ -31,7 +33,7 @@ autocast); the AVX-512 path keeps each (batch row, head) in float32 scratch, no 
 "The demo's training step"). Its plain loops (other builds and head sizes) are slower than PyTorch's, so the model takes the
 kernel only where the AVX-512 path is (``Kernels.seq_attention_fast``).
 
-How it is built: the first ``load()`` of a process compiles the five C files with the system's C compiler
+How it is built: the first ``load()`` of a process compiles the six C files with the system's C compiler
 (``$CC``, else ``cc``) for this CPU (``-march=native``; ``$AIAYN_KERNELS_MARCH`` names another target, e.g.
 ``x86-64-v3`` for the AVX2 + FMA loops a CPU without AVX-512 runs, or ``x86-64`` for the portable ones) into
 the cache directory
@@ -133,8 +135,8 @@ class Kernels:
     """The compiled library. ``self_attention`` and ``cross_attention`` return (N, H*Dv): the heads
     concatenated, in the input's dtype, ready for W^O; ``log_softmax_topk`` is the search's selection
     from the logits; ``quantize_rows`` and ``rescale`` are the two halves of ``Int8Linear``'s work
-    around ``torch._int_mm``. Copying or pickling one (a decoding copy
-    of a model holds it) gives the loaded library of the receiving process."""
+    around ``torch._int_mm``, and ``pack_int8`` with ``int8_linear`` its product without VNNI. Copying or
+    pickling one (a decoding copy of a model holds it) gives the loaded library of the receiving process."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path):
         self.path = path
