@@ -168,7 +168,14 @@ def test_translator_beam_search_with_and_without_the_kernel(request, kernels, mo
     for name in ("self_attention", "cross_attention", "log_softmax_topk"):
         fn = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
+    from aiayn.decode.int8 import onednn_vnni
+    from aiayn.errors import UserError
+
     model, src = (tiny_model(), sources()) if precision == "fp32" else request.getfixturevalue("confident_model")
+    if precision != "fp32" and not onednn_vnni():  # (AVX2): int8 products need the kernels; none without them
+        with pytest.raises(UserError, match="needs a CPU with VNNI"):
+            tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, precision=precision, c_kernels=False)).decoder
+        return
     out = {}
     for on in (True, False):
         t = tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, precision=precision, c_kernels=on))
