@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from aiayn.demo import RECIPES
+from aiayn.train.config import load_recipe
+
 from aiayn.cli import main
 from tests.conftest import copy_lines
 
@@ -58,7 +61,9 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     # the demo's 4,096-token steps in one process: 2 batches of the recipe's 2,048 tokens a step
     run_cfg = json.loads((out / "run" / "config.json").read_text())
     assert (run_cfg["train"]["accum_steps"], run_cfg["train"]["max_tgt_tokens"]) == (2, 2048)
-    assert run_cfg["train"]["weight_decay"] == 0.2 and run_cfg["model"]["d_model"] == 32  # the recipe, --set on top
+    # the recipe sized to this machine (aiayn.demo_sizing), --set on top
+    sized = load_recipe(RECIPES / results["sizing"]["recipe"])
+    assert run_cfg["train"]["weight_decay"] == sized.train.weight_decay and run_cfg["model"]["d_model"] == 32
     assert results["train"]["steps"] == 20
     assert results["averaged"] == [f"ckpt_step{s:08d}.pt" for s in (5, 10, 15, 20)]  # the last 5 there are
     # α chosen on validation by sacreBLEU; test scored by sacreBLEU and chrF (no Multi30k metric)

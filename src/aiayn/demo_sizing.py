@@ -96,5 +96,5 @@ def describe(record: dict) -> str:
     sizes = ", ".join(f"{s['recipe']} from {s['from_flops']:.2g}" for s in record["sizes"])
     return (f"{record['recipe']}: this machine's fp32 matmuls run at {record['matmul_tflops_per_process'] * 1e3:.0f} "
             f"GFLOP/s a process, so {record['minutes']:g} minutes x {record['processes']} processes x "
-            f"{record['utilization']:.0%} of it is a budget of about {record['predicted_flops']:.2g} training FLOPs "
+            f"{record['utilization']:.0%} of it is a budget of about {record['predicted_flops']:.2g} counted FLOPs "
             f"(recipes by budget: {sizes}; --recipe forces one)")

@@ -22,10 +22,10 @@ from aiayn.train.step import TrainStep
 
 take_step = TrainStep.queue
 
-def recorded(self, micro, step, elapsed):
+def recorded(self, micro, *args):
     with open(os.environ["PAIRS_LOG"] + ".rank" + os.environ.get("RANK", "0"), "a") as f:
         f.write(json.dumps([b.indices.tolist() for b in micro]) + "\\n")
-    return take_step(self, micro, step, elapsed)
+    return take_step(self, micro, *args)
 
 TrainStep.queue = recorded
 sys.exit(main(sys.argv[1:]))
