@@ -49,11 +49,12 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     files = _corpus(tmp_path / "corpus")
     argv = ["demo", "--train", *files["train"], "--valid", *files["valid"], "--test", *files["test"],
             "--processes", "1", *TINY]
-    assert main(argv) == 0
+    assert main([*argv, "--results-to", "bench/demo.json"]) == 0
     out = Path("runs/demo-en-de")  # under the current directory; the languages from train.en.gz, train.de.gz
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-3:] == [f"model: {out / 'model.pt'}", f"translations: {out / 'test.hyp'}", f"plots: {out / 'plots'}"]
     results = json.loads((out / "results.json").read_text())
+    assert json.loads(Path("bench/demo.json").read_text()) == results  # the copy for a results folder
     assert results["direction"] == "en-de"
     # prepared as the demo prepares: shared BPE covering every character
     options = json.loads((out / "data" / "manifest.json").read_text())["options"]

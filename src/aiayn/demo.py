@@ -87,6 +87,7 @@ class DemoConfig:
     alpha_significance: float = param(0.05, "keep the first of --alphas (§6.1's 0.6) unless another scores higher on validation at this p-level of a paired bootstrap; 0 = the highest-scoring α (docs/recipe.md)")
     train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
+    results_to: str = param("", "also write results.json to this file, e.g. bench/results/FOLDER/demo.json when the run is one BENCHMARKS.md cites; empty = only OUT/results.json")
 
 
 
@@ -261,12 +262,24 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     plots_dir = _stage_examples(translator, EXAMPLES[src], out / "plots", results)
     results["seconds_total"] = round(time.monotonic() - t_all, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
-    print(f"results: {out / 'results.json'}")
+    write_results(cfg, out, results)
     print(f"model: {model_path}")
     print(f"translations: {hyp_path}")
     print(f"plots: {plots_dir}")
     return results
+
+
+def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
+    """``out/results.json``, and the same file at ``--results-to`` (written whole; a results folder's
+    copy for BENCHMARKS.md)."""
+    from aiayn.files import write_output
+    text = json.dumps(results, indent=2, ensure_ascii=False).encode()
+    (out / "results.json").write_bytes(text)
+    print(f"results: {out / 'results.json'}")
+    if cfg.results_to:
+        Path(cfg.results_to).parent.mkdir(parents=True, exist_ok=True)
+        write_output(cfg.results_to, lambda f: f.write(text))
+        print(f"results: {cfg.results_to}")
 
 
 def _stage_examples(translator, examples: list[str], plots_dir: Path, results: dict) -> Path:

@@ -98,8 +98,7 @@ def run_own_demo(cfg) -> dict:
     examples = [line for line in val_src if line][:N_EXAMPLES]
     plots_dir = demo._stage_examples(translator, examples, out / "plots", results)
     results["seconds_total"] = round(time.monotonic() - t_all, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
-    print(f"results: {out / 'results.json'}")
+    demo.write_results(cfg, out, results)
     print(f"model: {model_path}")
     if hyp_path is not None:
         print(f"translations: {hyp_path}")
