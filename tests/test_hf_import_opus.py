@@ -26,7 +26,7 @@ from aiayn.errors import UserError
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from aiayn.commands.translate import _decode_config  # noqa: E402
+from aiayn.commands.decode_settings import decode_config  # noqa: E402
 from aiayn.hf_import import SENTENCEPIECE_UNK, ImportConfig, import_hf  # noqa: E402
 from aiayn.marian_dir import POSITION_KEYS  # noqa: E402
 from tests.test_hf_import import (imported, imported_order, marian_dir, marian_spm, opus_vocab,  # noqa: E402, F401
@@ -132,23 +132,27 @@ def test_generation_settings_are_translates_defaults_and_flags_override_them(imp
     assert stored == {"beam_size": 4, "alpha": 1.0, "length_norm": "power", "max_len_a": 0.0,
                       "max_len_b": 126, "min_len": 0, "no_repeat_ngram": 0}  # 128 less the start and the forced EOS
     parse = build_parser().parse_args
-    with caplog.at_level("INFO", logger="aiayn.commands.translate"):
-        cfg = _decode_config(parse(["translate", "--checkpoint", str(imported)]))
+    with caplog.at_level("INFO", logger="aiayn.commands.decode_settings"):
+        cfg = _cfg(parse(["translate", "--checkpoint", str(imported)]))
     assert cfg == replace(TRANSLATE_DECODE, **stored)
     assert "decoding with its model's settings beam_size 4, alpha 1.0, length_norm power" in caplog.text
     caplog.clear()
-    with caplog.at_level("INFO", logger="aiayn.commands.translate"):
-        cfg = _decode_config(parse(["translate", "--checkpoint", str(imported), "--beam-size", "4", "--alpha", "0.6",
+    with caplog.at_level("INFO", logger="aiayn.commands.decode_settings"):
+        cfg = _cfg(parse(["translate", "--checkpoint", str(imported), "--beam-size", "4", "--alpha", "0.6",
                                     "--length-norm", "gnmt"]))
     assert cfg == replace(TRANSLATE_DECODE, **{**stored, "alpha": 0.6, "length_norm": "gnmt"})
     assert "settings beam_size" not in caplog.text and "max_len_b 126" in caplog.text
-    two = _decode_config(parse(["translate", "--checkpoint", str(imported), str(imported)]))
+    two = _cfg(parse(["translate", "--checkpoint", str(imported), str(imported)]))
     assert two == TRANSLATE_DECODE  # an ensemble: no one model's settings
+
+
+def _cfg(args):
+    return decode_config(args, args.checkpoint)
 
 
 def test_a_checkpoint_without_generation_settings_decodes_with_translates_defaults(tiny_checkpoint):
     assert "decode" not in load_checkpoint(tiny_checkpoint)
-    assert _decode_config(build_parser().parse_args(["translate", "--checkpoint", str(tiny_checkpoint)])) \
+    assert _cfg(build_parser().parse_args(["translate", "--checkpoint", str(tiny_checkpoint)])) \
         == TRANSLATE_DECODE
 
 
@@ -224,3 +228,20 @@ def test_opus_folder_translates_as_generate_with_its_own_settings(shared_data, o
     assert 0 < sum(n == 38 for n in lengths) < len(lines)  # 40 less the start and the forced EOS
     with Translator.from_checkpoint(path, TRANSLATE_DECODE) as tr:  # aiayn's defaults: other translations
         assert tr.translate(lines) != ours
+
+
+def test_evaluate_decodes_with_the_models_settings_too(imported, tmp_path, caplog):
+    """aiayn evaluate reads the same settings as translate: the model's, unless a flag gives one."""
+    from aiayn.cli import main
+
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    ref.write_text("a b c\n", encoding="utf-8")
+    with caplog.at_level("INFO", logger="aiayn.commands.decode_settings"):
+        assert main(["evaluate", "--checkpoint", str(imported), "--src", str(src), "--ref", str(ref)]) == 0
+    assert "decoding with its model's settings beam_size 4, alpha 1.0, length_norm power" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="aiayn.commands.decode_settings"):
+        assert main(["evaluate", "--checkpoint", str(imported), "--src", str(src), "--ref", str(ref),
+                     "--beam-size", "2"]) == 0
+    assert "settings beam_size" not in caplog.text and "alpha 1.0" in caplog.text

@@ -14,8 +14,9 @@ import json
 import time
 from pathlib import Path
 
-from aiayn.config import add_arguments, from_args
-from aiayn.decode.config import TRANSLATE_DECODE, DecodeConfig, add_device_argument
+from aiayn.config import add_arguments
+from aiayn.commands.decode_settings import decode_config
+from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.files import refuse_input_as_output, write_text_output
 from aiayn.progress import progress_bar
@@ -51,7 +52,7 @@ def run(args) -> int:
     lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
     if args.tok_ref:
         check_readable(Path(args.tok_ref), "evaluation input")
-    decode_cfg = from_args(DecodeConfig, args)
+    decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
         with progress_bar(len(src), unit=" lines", desc="evaluate") as bar:
@@ -90,4 +91,4 @@ def register(sub) -> None:
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="JSON output")
     add_arguments(p, DecodeConfig, defaults=TRANSLATE_DECODE)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, **{name: None for name in CHECKPOINT_FIELDS})  # None: not given (``decode_config``)

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aiayn.config import ConfigError, add_arguments, replace
+from aiayn.config import add_arguments
 from aiayn.data.textio import CHUNK_LINES, input_chunks
+from aiayn.commands.decode_settings import decode_config
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.files import refuse_input_as_output, write_output
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="decoder layer whose attention (averaged over heads) gives --alignments: 0 is the first, "
                         "-1 (default) the last")
     add_arguments(p, DecodeConfig, defaults=TRANSLATE_DECODE)
-    p.set_defaults(func=run, **{name: None for name in CHECKPOINT_FIELDS})  # None: not given (``_decode_config``)
+    p.set_defaults(func=run, **{name: None for name in CHECKPOINT_FIELDS})  # None: not given (``decode_config``)
 
 
 def _total_lines(path: str | None) -> int | None:
@@ -138,56 +139,9 @@ def _write_chunk(translator: Translator, ids: list[list[int]], hyps: list, first
             records.append({"line": first - 1 + k, **translator.attention(ids[k], hs[0].tokens, hs[0].eos)})
 
 
-def _stored_settings(paths: list[str]) -> dict:
-    """The ``decode`` entry of one checkpoint (``CHECKPOINT_FIELDS``: an imported model's generation
-    settings), {} for several or none. Only that entry is read (the tensors are mapped, not read);
-    the Translator's load then verifies the whole file."""
-    import torch
-
-    from aiayn.checkpoint import check_torch
-    if len(paths) != 1 or not Path(paths[0]).is_file():
-        return {}
-    check_torch()
-    try:
-        ckpt = torch.load(paths[0], map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a checkpoint, or an older file format: the Translator's load says which
-        return {}
-    settings = ckpt.get("decode") if isinstance(ckpt, dict) else None
-    if settings is None:
-        return {}
-    kinds = {f: DecodeConfig.__dataclass_fields__[f].type for f in CHECKPOINT_FIELDS}
-    ok = {"int": lambda v: type(v) is int, "float": lambda v: type(v) in (int, float),
-          "bool": lambda v: type(v) is bool, "str": lambda v: type(v) is str}
-    bad = ([f"{k} = {v!r}" for k, v in settings.items() if k not in kinds or not ok[kinds[k]](v)]
-           if isinstance(settings, dict) else [repr(settings)])
-    if bad:
-        raise UserError(f"{paths[0]}: its decode entry holds {', '.join(bad[:3])}, not settings of "
-                        f"{', '.join(kinds)}")
-    try:
-        replace(TRANSLATE_DECODE, **settings)
-    except ConfigError as exc:
-        raise UserError(f"{paths[0]}: its decode entry: {exc}") from None
-    return settings
-
-
-def _decode_config(args: argparse.Namespace) -> DecodeConfig:
-    """The flags given; for the fields a checkpoint may carry (``CHECKPOINT_FIELDS``) that no flag
-    gives, the checkpoint's own settings, logged, else translate's defaults (``TRANSLATE_DECODE``)."""
-    values = {name: getattr(args, name) for name in DecodeConfig.__dataclass_fields__}
-    given = {k for k in CHECKPOINT_FIELDS if values[k] is not None}
-    stored = {k: v for k, v in _stored_settings(args.checkpoint).items() if k not in given}
-    if stored:
-        log.info("%s: decoding with its model's settings %s (a flag overrides each)", args.checkpoint[0],
-                 ", ".join(f"{k} {v}" for k, v in stored.items()))
-    for k in CHECKPOINT_FIELDS:
-        if values[k] is None:
-            values[k] = stored.get(k, getattr(TRANSLATE_DECODE, k))
-    return replace(TRANSLATE_DECODE, **values)
-
-
 def run(args: argparse.Namespace) -> int:
     from aiayn.decode.translator import Translator
-    cfg = _decode_config(args)
+    cfg = decode_config(args, args.checkpoint)
     att_path = Path(args.attention_out) if args.attention_out else None
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
