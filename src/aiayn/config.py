@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -186,7 +185,3 @@ def from_args(cls: type[T], ns: argparse.Namespace, base: T | None = None) -> T:
     base = base if base is not None else cls()
     vals = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
     return replace(base, **vals)
-
-
-def dumps(cfg: Any) -> str:
-    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)

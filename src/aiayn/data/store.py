@@ -70,9 +70,6 @@ class NpyAppender:
                       + text + b" " * pad + b"\n")
         self._f.close()
 
-    def abort(self) -> None:
-        self._f.close()
-
 
 def is_data_dir(path: Path) -> bool:
     """Whether ``path`` is a data directory (its manifest written): what ``--overwrite`` may replace."""

@@ -70,10 +70,6 @@ class DecoderCache:
     def shared_slots(self) -> bool:
         return self.ancestors is not None
 
-    @property
-    def batch_size(self) -> int:
-        return self.src_pad.size(0) * self.group
-
     def attention(self) -> list["CachedLayer"]:
         """Each layer's attention at this step (``CachedLayer``), sharing one source key mask."""
         mask = key_mask(self.src_pad)  # (N/g,1,1,S)

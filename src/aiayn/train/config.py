@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiayn.config import ConfigError, apply_sets, from_dict, param, replace, to_dict
+from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.model.linear import ROW_BITS
 
@@ -155,10 +155,6 @@ def load_recipe(path: str | Path) -> RunConfig:
         return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
 
     return apply_sets(base, sets, where)
-
-
-def run_config_to_dict(cfg: RunConfig) -> dict:
-    return to_dict(cfg)
 
 
 def run_config_from_dict(data: dict) -> RunConfig:
