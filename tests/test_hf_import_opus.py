@@ -245,3 +245,25 @@ def test_evaluate_decodes_with_the_models_settings_too(imported, tmp_path, caplo
         assert main(["evaluate", "--checkpoint", str(imported), "--src", str(src), "--ref", str(ref),
                      "--beam-size", "2"]) == 0
     assert "settings beam_size" not in caplog.text and "alpha 1.0" in caplog.text
+
+
+def test_serve_decodes_with_the_models_settings_too(imported, monkeypatch):
+    """aiayn serve's request defaults are the model's settings where no flag gives one."""
+    from aiayn.cli import main
+    from aiayn.serve import app as app_mod
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def create_app(translator, cfg):
+        seen.append(translator.cfg)
+        raise Stop
+
+    monkeypatch.setattr(app_mod, "create_app", create_app)
+    stored = load_checkpoint(imported)["decode"]
+    for flags, expect in (([], stored), (["--beam-size", "2"], {**stored, "beam_size": 2})):
+        with pytest.raises(Stop):
+            main(["serve", "--checkpoint", str(imported), *flags])
+        assert {k: getattr(seen[-1], k) for k in stored} == expect

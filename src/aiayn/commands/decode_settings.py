@@ -46,16 +46,18 @@ def stored_settings(paths: list[str]) -> dict:
     return settings
 
 
-def decode_config(args: argparse.Namespace, checkpoints: list[str]) -> DecodeConfig:
-    """The flags given; for the fields a checkpoint may carry (``CHECKPOINT_FIELDS``) that no flag
-    gives, the checkpoint's own settings, logged, else translate's defaults (``TRANSLATE_DECODE``)."""
-    values = {name: getattr(args, name) for name in DecodeConfig.__dataclass_fields__}
-    given = {k for k in CHECKPOINT_FIELDS if values[k] is not None}
+def decode_config(args: argparse.Namespace, checkpoints: list[str], base: DecodeConfig = TRANSLATE_DECODE
+                  ) -> DecodeConfig:
+    """The flags given (the fields of ``DecodeConfig`` the command has); for the fields a checkpoint
+    may carry (``CHECKPOINT_FIELDS``) that no flag gives, the checkpoint's own settings, logged, else
+    ``base``'s (translate's defaults, ``TRANSLATE_DECODE``, unless the command has its own)."""
+    values = {name: getattr(args, name) for name in DecodeConfig.__dataclass_fields__ if hasattr(args, name)}
+    given = {k for k in CHECKPOINT_FIELDS if values.get(k) is not None}
     stored = {k: v for k, v in stored_settings(checkpoints).items() if k not in given}
     if stored:
         log.info("%s: decoding with its model's settings %s (a flag overrides each)", checkpoints[0],
                  ", ".join(f"{k} {v}" for k, v in stored.items()))
     for k in CHECKPOINT_FIELDS:
-        if values[k] is None:
-            values[k] = stored.get(k, getattr(TRANSLATE_DECODE, k))
-    return replace(TRANSLATE_DECODE, **values)
+        if values.get(k) is None:
+            values[k] = stored.get(k, getattr(base, k))
+    return replace(base, **values)

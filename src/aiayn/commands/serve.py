@@ -7,12 +7,16 @@ import os
 from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, replace
-from aiayn.decode.config import DecodeConfig, add_device_argument
+from aiayn.commands.decode_settings import decode_config
+from aiayn.decode.config import CHECKPOINT_FIELDS, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "AIAYN_API_KEY"
+
+
+SERVE_DECODE = ("beam_size", "alpha", "max_len_a", "max_len_b", "no_repeat_ngram")  # the request's defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     add_device_argument(p)
     add_arguments(p, ServeConfig)
-    add_arguments(p, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b", "no_repeat_ngram"))
-    p.set_defaults(func=run)
+    add_arguments(p, DecodeConfig, only=SERVE_DECODE)
+    p.set_defaults(func=run, **{name: None for name in SERVE_DECODE if name in CHECKPOINT_FIELDS})  # (``decode_config``)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.decode.translator import Translator
-    cfg, decode = from_args(ServeConfig, args), from_args(DecodeConfig, args)
+    # the flags, else the model's own settings (an imported model's generation settings), else the defaults
+    cfg, decode = from_args(ServeConfig, args), decode_config(args, [args.checkpoint], base=DecodeConfig())
     if not cfg.api_key and os.environ.get(API_KEY_ENV):
         cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
     if not cfg.model_name:
