@@ -129,19 +129,19 @@ def step_numbers(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torc
                  clock_s: float, dist, device, reduce: bool, flops: float = 0.0) -> torch.Tensor:
     """The step's numbers as one (7,) float64 vector on the device, not read here: the loss, NLL and
     KL sums (summed over the ranks with ``reduce`` and data parallelism, the ranks' clocks and counted
-    FLOPs in the same all-reduce), the clocks' sum (0 without that all-reduce), the ranks' target tokens
-    ``tokens_dev`` (0 without), the gradient norm (0 where none was taken) and the FLOPs (the ranks'
-    sum, or this rank's ``flops`` without the all-reduce). The host values sent, the clock and the
-    FLOPs, go without a wait (``host_to_device``)."""
+    ``flops`` in the same all-reduce), the clocks' sum (0 without that all-reduce), the ranks' target
+    tokens ``tokens_dev`` (0 without), the gradient norm (0 where none was taken) and the FLOPs' sum (0
+    without the all-reduce: ``read_numbers`` then takes this rank's from the host). The host values
+    sent, the clock and the FLOPs, go without a wait (``host_to_device``)."""
     zero = sums.new_zeros(1)
     if reduce and dist.enabled:
         packed = rt.all_reduce_tensor(torch.cat([sums, rt.host_to_device([clock_s, flops], device)]), dist)  # (5,)
         head, flops_t = packed[:4], packed[4:]
     else:
-        head, flops_t = torch.cat([sums, zero]), rt.host_to_device([flops], device)
+        head, flops_t = torch.cat([sums, zero]), zero
     tail = [tokens_dev if tokens_dev is not None else zero,
             norm.detach().double().view(1) if norm is not None else zero]
-    return torch.cat([head] + tail + [flops_t.to(sums.dtype)])
+    return torch.cat([head] + tail + [flops_t])
 
 
 def not_finite(numbers: torch.Tensor) -> torch.Tensor:
@@ -151,20 +151,22 @@ def not_finite(numbers: torch.Tensor) -> torch.Tensor:
 
 
 def read_numbers(numbers: torch.Tensor, summed_tokens: bool, local_tokens: float, clock_s: float, dist,
-                 reduce: bool) -> tuple[float, ...]:
+                 reduce: bool, flops: float = 0.0) -> tuple[float, ...]:
     """``step_numbers`` on the host, the step's one wait for the device: (loss, nll, kl, tokens, mean
     clock, norm, flops), the tokens over the ranks where ``summed_tokens`` (else this rank's ``local_tokens``),
-    the ranks' mean clock where it was all-reduced (else ``clock_s``), the FLOPs summed where they were."""
-    loss, nll, kl, clock_sum, tokens, norm_value, flops = numbers.tolist()
-    mean_clock = clock_sum / dist.world_size if reduce and dist.enabled else clock_s
-    return loss, nll, kl, tokens if summed_tokens else local_tokens, mean_clock, norm_value, flops
+    the ranks' mean clock and summed FLOPs where they were all-reduced (else ``clock_s`` and ``flops``)."""
+    loss, nll, kl, clock_sum, tokens, norm_value, flops_sum = numbers.tolist()
+    reduced = reduce and dist.enabled
+    mean_clock = clock_sum / dist.world_size if reduced else clock_s
+    return (loss, nll, kl, tokens if summed_tokens else local_tokens, mean_clock, norm_value,
+            flops_sum if reduced else flops)
 
 
 def read_step(sums: torch.Tensor, norm: torch.Tensor | None, tokens_dev: torch.Tensor | None,
               local_tokens: float, clock_s: float, dist, device, reduce: bool, flops: float = 0.0) -> tuple[float, ...]:
     """``step_numbers`` then ``read_numbers``: the step's numbers on the host, in one wait."""
     numbers = step_numbers(sums, norm, tokens_dev, clock_s, dist, device, reduce, flops)
-    return read_numbers(numbers, tokens_dev is not None, local_tokens, clock_s, dist, reduce)
+    return read_numbers(numbers, tokens_dev is not None, local_tokens, clock_s, dist, reduce, flops)
 
 
 def budget_fraction(t, elapsed: float, flops: float) -> float:
@@ -307,7 +309,7 @@ class TrainStep:
     def read(self, s: Step) -> Step:
         """The step's numbers on the host: its one wait for the device (``read_numbers``)."""
         s.loss, s.nll, s.kl, s.tokens, mean_clock, s.norm_value, s.flops_sum = read_numbers(
-            s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, reduce=not self.local_sgd)
+            s.numbers, s.summed_tokens, float(s.local_tokens), s.clock_s, self.dist, not self.local_sgd, s.flops)
         s.mean_clock = mean_clock if self.ddp else None
         return s
 
