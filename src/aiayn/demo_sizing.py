@@ -21,11 +21,11 @@ run. The scores by budget and the commands: BENCHMARKS.md, "The demo by budget".
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.errors import UserError
+from aiayn.files import write_json_atomic
 
 UTILIZATION = 0.45  # counted training FLOPs / fp32 matmul rate, 2 processes: 0.49 (demo) and 0.36 (quick), Zen 3
 
@@ -85,9 +85,7 @@ def sized_recipe(recipes: Path, quick: bool, minutes: float, processes: int, thr
               "processes": processes, "threads_per_process": threads, "minutes": minutes,
               "utilization": UTILIZATION,
               "sizes": [{"recipe": s.recipe, "from_flops": s.from_flops} for s in sizes]}
-    tmp = record_path.with_name(f".{record_path.name}.aiayn-tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, record_path)
+    write_json_atomic(record_path, record)
     return recipes / size.recipe, record
 
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from aiayn.errors import UserError
+from aiayn.files import TMP_MARK
 
 log = logging.getLogger(__name__)
 LOCK_NAME = "train.lock"
@@ -53,14 +54,14 @@ class RunLock:
 # the temporaries of what a training writes (``atomic_write``'s ".NAME.aiayn-tmp-XXXXXXXX"); another
 # command writing into the directory at the same time (``aiayn average RUN --out RUN/avg.pt``) keeps its own
 _TRAINING_TEMP = re.compile(r"^\.(last\.pt|best\.pt|ckpt_step\d+\.pt|config\.json|summary\.json|epoch\d+\.npz)"
-                            r"\.aiayn-tmp-\w+$")
+                            + re.escape(TMP_MARK) + r"\w+$")
 
 
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
     """Delete the temporaries of atomic writes that a killed training left in ``run_dir`` (call it
     holding the ``RunLock``), and in its BPE-dropout segmentations' folder; returns them."""
     run_dir = Path(run_dir)
-    stale = [p for d in (run_dir, run_dir / "bpe_dropout") for p in d.glob(".*.aiayn-tmp-*")
+    stale = [p for d in (run_dir, run_dir / "bpe_dropout") for p in d.glob(f".*{TMP_MARK}*")
              if p.is_file() and _TRAINING_TEMP.match(p.name)]
     for p in stale:
         p.unlink(missing_ok=True)
