@@ -458,24 +458,35 @@ def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, 
         results["valid"]["sacrebleu_lc"] = sacre_bleu(hyps_val, val_raw, lowercase=True).score
 
 
+def translate_test(translator, lines: list[str], hyp_path: Path, name: str, results: dict) -> list[str]:
+    """5. The test split ``name``'s ``lines`` translated into ``hyp_path`` (one line per source line),
+    the seconds it took in ``results``."""
+    t0 = time.monotonic()
+    with progress_bar(len(lines), unit=" lines", desc=name) as bar:
+        hyps = translator.translate(lines, progress=bar.update)
+    results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
+    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    print(f"[5/7] translated {len(hyps)} {name} sentences in {results['test_translate_seconds']} s", flush=True)
+    return hyps
+
+
+def report_test_scores(scores: list, name: str, results: dict) -> None:
+    """6. The test split ``name``'s scores into ``results["test"]``, and printed."""
+    results["test"] = {s.label: _score_entry(s) for s in scores}
+    for s in scores:
+        ratio = results["test"][s.label].get("length_ratio")
+        shown = f" (length ratio {ratio:.3f})" if ratio is not None else ""
+        print(f"[6/7] {name} {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
+
+
 def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: Path, src: str, tgt: str,
                 results: dict) -> Path:
     """5-6. test_2016 translated into ``hyp_path`` (one line per source line) and scored: the
     published baselines' tokenized BLEU, sacreBLEU and chrF, the paper's compound-split BLEU."""
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
-    test_src = read_text(files[f"raw.test.{src}"])
-    t0 = time.monotonic()
-    with progress_bar(len(test_src), unit=" lines", desc="test_2016") as bar:
-        hyps = translator.translate(test_src, progress=bar.update)
-    results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
-    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    print(f"[5/7] translated {len(hyps)} test_2016 sentences in {results['test_translate_seconds']} s", flush=True)
+    hyps = translate_test(translator, read_text(files[f"raw.test.{src}"]), hyp_path, "test_2016", results)
     ref_raw, ref_tok = read_text(files[f"raw.test.{tgt}"]), read_text(files[f"tok.test.{tgt}"])
     scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
-    results["test"] = {s.label: _score_entry(s) for s in scores}
-    for s in scores:
-        ratio = results["test"][s.label].get("length_ratio")
-        shown = f" (length ratio {ratio:.3f})" if ratio is not None else ""
-        print(f"[6/7] test_2016 {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
+    report_test_scores(scores, "test_2016", results)
     return hyp_path

@@ -16,7 +16,6 @@ the output folder (runs/demo-SRC-TGT) and the direction in results.json.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from pathlib import Path
@@ -25,7 +24,6 @@ from aiayn.data.corpora import check_lang
 from aiayn.data.textio import check_readable, read_lines
 from aiayn.errors import UserError
 from aiayn.files import claim_folder
-from aiayn.progress import progress_bar
 
 OWN_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test.hyp", "plots", "results.json")  # all it writes in --out
 SPLITS = ("train", "valid", "test")
@@ -146,20 +144,11 @@ def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dic
 def _stage_test(cfg, translator, files: dict[str, Path], hyp_path: Path, results: dict) -> Path:
     """5-6. The test split translated into ``hyp_path`` (one line per source line) and scored on the
     raw text: sacreBLEU (and -lc with --lowercase) and chrF."""
-    from aiayn.demo import _score_entry
+    from aiayn.demo import report_test_scores, translate_test
     from aiayn.evaluate.bleu import chrf, sacre_bleu
-    test_src, ref = _lines(files["raw.test.src"]), _lines(files["raw.test.tgt"])
-    t0 = time.monotonic()
-    with progress_bar(len(test_src), unit=" lines", desc="test") as bar:
-        hyps = translator.translate(test_src, progress=bar.update)
-    results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
-    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    print(f"[5/7] translated {len(hyps)} test sentences in {results['test_translate_seconds']} s", flush=True)
+    ref = _lines(files["raw.test.tgt"])
+    hyps = translate_test(translator, _lines(files["raw.test.src"]), hyp_path, "test", results)
     scores = [sacre_bleu(hyps, ref), *([sacre_bleu(hyps, ref, lowercase=True)] if cfg.lowercase else []),
               chrf(hyps, ref)]
-    results["test"] = {s.label: _score_entry(s) for s in scores}
-    for s in scores:
-        ratio = results["test"][s.label].get("length_ratio")
-        print(f"[6/7] test {s.label}: {s.score:.2f}" + (f" (length ratio {ratio:.3f})" if ratio is not None else "")
-              + f"   {s.signature}", flush=True)
+    report_test_scores(scores, "test", results)
     return hyp_path
