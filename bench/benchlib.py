@@ -106,6 +106,10 @@ def _lscpu() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines()) if v}
 
 
+ISA_HOLD_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                      "AIAYN_KERNELS_MARCH", "CT2_FORCE_CPU_ISA")
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     """What the numbers were measured on: CPU model, cores, ISA features, library versions."""
     import torch
@@ -125,6 +129,8 @@ def machine_info(threads: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "threads": threads,
         "loadavg_start": os.getloadavg(),
+        # instruction sets held below the CPU's own (bench/run_all.sh HOLD_ISA=avx2)
+        "isa_held": {k: os.environ[k] for k in ISA_HOLD_VARIABLES if k in os.environ},
     }
     for mod in ("transformers", "ctranslate2", "numpy"):
         try:

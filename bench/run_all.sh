@@ -6,6 +6,8 @@
 #   FORCE=1 bash bench/run_all.sh         # rerun parts whose JSON already exists
 #   SMOKE=1 bash bench/run_all.sh         # harness check: tiny shapes, 1 thread, under a minute;
 #                                         # results in a temporary folder, never in bench/results
+#   HOLD_ISA=avx2 bash bench/run_all.sh   # every system held to AVX2 arithmetic on a newer CPU:
+#                                         # PyTorch, oneDNN, MKL, aiayn's C kernels and CTranslate2
 #
 # Parts, in order: matmul train_small train_base translate_small translate_base attention.
 # Resumable: a part whose JSON is already in the results folder is skipped, so after an
@@ -23,6 +25,15 @@ if [ ! -x "$PY" ]; then
   echo "no python at $PY: run bash bench/setup_rivals.sh first (or set PY)" >&2
   exit 2
 fi
+
+case "${HOLD_ISA:-}" in
+  "") ;;
+  avx2)
+    # CTranslate2 picks its own instruction set at run time: held too, or its rows would run AVX-512
+    export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+      AIAYN_KERNELS_MARCH=x86-64-v3 CT2_FORCE_CPU_ISA=AVX2 ;;
+  *) echo "HOLD_ISA=$HOLD_ISA: only avx2 is known" >&2; exit 2 ;;
+esac
 
 if [ "${SMOKE:-0}" = "1" ]; then
   export BENCH_RESULTS="${BENCH_RESULTS:-$(mktemp -d -t bench_smoke.XXXXXX)}"
@@ -66,7 +77,7 @@ BENCH_RESULTS="$(cd "$BENCH_RESULTS" && pwd)"
 export BENCH_RESULTS
 LOG="$BENCH_RESULTS/logs/run_all.log"
 say() { echo "[run_all $(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
-say "results in $BENCH_RESULTS; python $PY; threads $BENCH_THREADS; load $(cut -d' ' -f1-3 /proc/loadavg)"
+say "results in $BENCH_RESULTS; python $PY; threads $BENCH_THREADS; instruction set held to ${HOLD_ISA:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 T0=$SECONDS
 FAILED=()
 for part in "${PARTS[@]}"; do

@@ -52,6 +52,9 @@ def machine_section(parts: dict) -> list[str]:
              f"{m.get('transformers')}, ctranslate2 {m.get('ctranslate2')}; {m['threads']} threads per system.",
              "Every system runs in its own process; systems are interleaved (A B C A B C ...); numbers are "
              "medians over the measured rounds (n below). Random weights; synthetic token ids."]
+    if m.get("isa_held"):
+        lines += ["", "**Held to a narrower instruction set than the CPU's**: "
+                  + " ".join(f"`{k}={v}`" for k, v in m["isa_held"].items()) + "."]
     sizes = {p.get("size") for p in parts.values() if p and "size" in p}
     threads = {p["machine"]["threads"] for p in parts.values() if p and "machine" in p}
     if "tiny" in sizes:
