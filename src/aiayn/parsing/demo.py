@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.config import param, replace
-from aiayn.demo import recipe_sets, train_recipe
+from aiayn.demo.stages import recipe_sets, train_recipe
 from aiayn.errors import UserError
 from aiayn.files import claim_folder
 

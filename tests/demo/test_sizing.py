@@ -1,11 +1,11 @@
-"""aiayn.demo_sizing: the demo's recipe chosen by the budget of training FLOPs this machine counts
+"""aiayn.demo.sizing: the demo's recipe chosen by the budget of training FLOPs this machine counts
 in the demo's minutes, and kept for a re-run."""
 import json
 
 import pytest
 
-from aiayn.demo import RECIPES
-from aiayn.demo_sizing import QUICK_SIZES, SIZES, UTILIZATION, Size, choose_size, describe, predicted_budget, sized_recipe
+from aiayn.demo.config import RECIPES
+from aiayn.demo.sizing import QUICK_SIZES, SIZES, UTILIZATION, Size, choose_size, describe, predicted_budget, sized_recipe
 from aiayn.errors import UserError
 from aiayn.train.config import load_recipe
 
@@ -52,13 +52,14 @@ def test_the_choice_is_printed_kept_and_resumed(tmp_path):
 
 
 def test_the_demo_sizes_its_default_recipe_and_says_why(tmp_path, capsys, monkeypatch):
-    from aiayn import demo
+    from aiayn.demo import stages
+    from aiayn.demo.config import DemoConfig
 
-    monkeypatch.setattr(demo, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-quick.json")  # no CUDA
+    monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-quick.json")  # no CUDA
     results = {}
-    recipe = demo._sized_recipe(demo.DemoConfig(quick=True), tmp_path, results)  # measures this machine (1 s)
+    recipe = stages._sized_recipe(DemoConfig(quick=True), tmp_path, results)  # measures this machine (1 s)
     assert recipe == RECIPES / QUICK_SIZES[0].recipe and results["sizing"]["minutes"] == 4
     assert results["sizing"]["processes"] >= 1 and results["sizing"]["matmul_tflops_per_process"] > 0
     assert "[2/7] sized to this machine: multi30k-quick.json" in capsys.readouterr().out
-    monkeypatch.setattr(demo, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-gpu.json")  # CUDA
-    assert demo._sized_recipe(demo.DemoConfig(), tmp_path / "gpu", {}) == RECIPES / "multi30k-gpu.json"
+    monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-gpu.json")  # CUDA
+    assert stages._sized_recipe(DemoConfig(), tmp_path / "gpu", {}) == RECIPES / "multi30k-gpu.json"
