@@ -92,7 +92,7 @@ def _train_cmd(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], pro
 
 def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
     """The recipe without --recipe: multi30k-quick.json with --quick; else multi30k-gpu.json where CUDA
-    is present (one process, the same 4,096-token steps, 8 minutes) and multi30k.json on a CPU."""
+    is present (one process, the same 4,096-token steps, a shorter clock) and multi30k.json on a CPU."""
     if quick:
         return RECIPES / "multi30k-quick.json"
     if cuda is None:
