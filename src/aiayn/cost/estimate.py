@@ -17,8 +17,8 @@ Throughput per device, in model FLOP/s, is taken from the first of:
 
 Time = steps x step FLOPs / (devices x throughput). Table 2's own estimate of the training cost
 is training time x number of devices x the device's sustained TFLOPS figure (the paper's 9.5 for
-P100), printed beside the paper's 3.3e18 (base) and 2.3e19 (big), which is that product for
-12 hours and 3.5 days on 8 P100.
+P100), printed beside the paper's 3.3e18 (base) and 2.3e19 (big), which is that product for its
+training times on 8 P100 (§5.2; ``PAPER_TABLE2``).
 
 The command also prints one device's peak memory for a batch of the recipe (or of the
 per-device share of ``--tokens-per-step``): ``aiayn.train.memory``, from the model's shapes.

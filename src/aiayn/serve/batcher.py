@@ -14,7 +14,8 @@ progress: a worker passes over the clients in another worker's calls, so with tw
 client's long calls never hold up the other clients; and a call gives way to a smaller call beside
 it: before each decoding step it waits (up to ``yield_ms`` a step) while a call of fewer tokens
 runs whose clients have not used the model more than twice what its own have (each step's time is
-charged to the call's clients by their shares of its tokens, forgotten with a half-life of 30 s).
+charged to the call's clients by their shares of its tokens, forgotten with a half-life of
+``SERVED_HALF_LIFE_S``).
 So short requests beside a long one run at nearly the speed of an idle service, and a client that
 floods small requests gets no priority; under a steady load of short requests a long one may
 reach its deadline (503). A failure answers the requests of its group with the
