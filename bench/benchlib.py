@@ -142,7 +142,7 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 def multi30k_eval_sets(src_lang: str, data_root: str = "", threads: int = 2) -> dict[str, Any]:
     """For the scripts that re-score finished ``aiayn demo`` runs: the ``aiayn`` command's process settings
-    and ``threads`` threads, then the Multi30k evaluation text ``aiayn demo`` reads (aiayn.demo's files;
+    and ``threads`` threads, then the Multi30k evaluation text ``aiayn demo`` reads (aiayn.demo.multi30k's files;
     ``data_root`` empty = its default): the target language, validation source and tokenized
     references, test_2016 source, tokenized and raw references."""
     import torch

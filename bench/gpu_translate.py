@@ -86,7 +86,7 @@ def load_cublas12() -> None:
 def ct2_system(cfg, compute_type: str, src: torch.Tensor, L: int, K: int, device, workdir: Path):
     """CTranslate2's beam search on the model ``aiayn_system`` decodes (seed 0), exported as ``aiayn export`` does."""
     import ctranslate2
-    from aiayn.exporters.ct2 import write_ct2
+    from aiayn.interop.ct2_export import write_ct2
     if device.type == "cuda":
         load_cublas12()
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ from pathlib import Path
 import benchlib as bl
 
 from aiayn.host import hugepages
-from aiayn.demo import RECIPES
+from aiayn.demo.config import RECIPES
 
 
 def one_run(data: Path, recipe: Path, steps: int, threads: int, setting: str) -> dict:

@@ -30,8 +30,8 @@ def marian_pad(cfg: ModelConfig) -> int:
 
 def marian_config(cfg: ModelConfig):
     """A MarianConfig with the shapes of ``cfg`` (d_k = d_model / heads must hold for Marian): the
-    exporter's (``aiayn.exporters.hf.marian_config``) with Marian's own special ids."""
-    from aiayn.exporters.hf import marian_config as exported
+    exporter's (``aiayn.interop.hf_export.marian_config``) with Marian's own special ids."""
+    from aiayn.interop.hf_export import marian_config as exported
 
     if cfg.n_heads * cfg.d_k != cfg.d_model or cfg.d_k != cfg.d_v:
         raise ValueError(f"Marian needs d_k = d_v = d_model / n_heads; got d_k={cfg.d_k}, d_v={cfg.d_v}")

@@ -2,7 +2,7 @@
 
     python bench/real_translate.py --checkpoint runs/demo/model.pt [--alpha 1.4] [--src-lang en]
 
-The checkpoint is exported with ``aiayn export`` (aiayn/exporters/ct2.py) into a temporary folder.
+The checkpoint is exported with ``aiayn export`` (aiayn/interop/ct2_export.py) into a temporary folder.
 Every system translates all of Multi30k test_2016 (1,000 sentences) per call, from raw text
 to raw text (SentencePiece encoding and decoding included), beam 4, maximum length |x| + 50:
   aiayn-fp32     Translator, DecodeConfig(beam 4, α, batches of 4,096 padded source tokens

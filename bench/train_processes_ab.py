@@ -24,7 +24,7 @@ from pathlib import Path
 
 import benchlib as bl
 
-from aiayn.demo import RECIPES
+from aiayn.demo.config import RECIPES
 
 RECIPE = RECIPES / "multi30k.json"
 

@@ -133,7 +133,7 @@ test_side() {  # plain-name lang sgm-name out
 }
 
 # §5.1's batch on DEVICES devices: at most TOKENS_PER_GPU tokens in one batch, ACCUM batches per
-# step (the rule of aiayn.train.estimate.paper_batch, which `aiayn estimate --tokens-per-step` uses)
+# step (the rule of aiayn.cost.estimate.paper_batch, which `aiayn estimate --tokens-per-step` uses)
 DEVICES=$(( GPUS > 0 ? GPUS : 1 ))
 MAX_PER_DEVICE=${TOKENS_PER_GPU:-$(sed -n 's/.*"max_tgt_tokens": *\([0-9]*\).*/\1/p' "$RECIPE")}
 [ "${MAX_PER_DEVICE:-0}" -gt 0 ] 2>/dev/null || die "--tokens-per-gpu must be a positive number"

@@ -59,7 +59,7 @@ def test_train_out_of_memory_names_the_token_budgets(monkeypatch, capsys, tmp_pa
 
 
 def test_demo_prepare_and_average_out_of_memory(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr("aiayn.demo.run_demo", _raiser(MemoryError()))
+    monkeypatch.setattr("aiayn.demo.multi30k.run_demo", _raiser(MemoryError()))
     assert main(["demo", "--quick"]) == 2
     assert "out of memory in RAM: halve train.max_src_tokens and train.max_tgt_tokens (now " in _error_line(capsys)
     monkeypatch.setattr("aiayn.commands.prepare.prepare", _raiser(MemoryError()))

@@ -165,22 +165,24 @@ def _stop_at_prepare(*args, **kwargs):
 
 def test_demo_refuses_a_folder_it_did_not_write(tmp_path, monkeypatch):
     pytest.importorskip("sacremoses")
-    from aiayn import demo
-    monkeypatch.setattr(demo, "_stage_prepare", _stop_at_prepare)
+    from aiayn.demo import stages
+    from aiayn.demo.config import DemoConfig
+    from aiayn.demo.multi30k import run_demo
+    monkeypatch.setattr(stages, "stage_prepare", _stop_at_prepare)
     out = _foreign(tmp_path / "out")
     for overwrite in (False, True):
         with pytest.raises(UserError, match=f"{out}: holds files that aiayn demo did not write \\(notes.txt\\)"):
-            demo.run_demo(demo.DemoConfig(out=str(out), overwrite=overwrite))
+            run_demo(DemoConfig(out=str(out), overwrite=overwrite))
     assert _kept(out)
     # its own folder resumes, or with --overwrite starts afresh
     own = tmp_path / "own"
     (own / "run").mkdir(parents=True)
     (own / "results.json").write_text("{}")
     with pytest.raises(_Reached):
-        demo.run_demo(demo.DemoConfig(out=str(own)))
+        run_demo(DemoConfig(out=str(own)))
     assert (own / "results.json").exists()
     with pytest.raises(_Reached):
-        demo.run_demo(demo.DemoConfig(out=str(own), overwrite=True))
+        run_demo(DemoConfig(out=str(own), overwrite=True))
     assert own.is_dir() and list(own.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "own"]
 

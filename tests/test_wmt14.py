@@ -111,8 +111,8 @@ def test_en_fr_prepares_a_shared_unigram_vocabulary_from_five_corpora(tmp_path, 
 
 @pytest.mark.parametrize("gpus,tokens", [(0, ""), (1, ""), (3, ""), (8, ""), (16, ""), (2, "12500"), (8, "5000")])
 def test_plan_splits_the_batch_as_estimate_does(tmp_path, gpus, tokens):
-    """The script's batch split (bash arithmetic) is aiayn.train.estimate.paper_batch's."""
-    from aiayn.train.estimate import paper_batch
+    """The script's batch split (bash arithmetic) is aiayn.cost.estimate.paper_batch's."""
+    from aiayn.cost.estimate import paper_batch
     args = ["--work", str(tmp_path), "--stages", "plan", "--gpus", str(gpus)] + (["--tokens-per-gpu", tokens] if tokens else [])
     proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, check=True)
     assert tuple(map(int, proc.stdout.split())) == paper_batch(max(gpus, 1), int(tokens or 3125))

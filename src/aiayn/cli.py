@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from aiayn import progress
     from aiayn.config import ConfigError
-    from aiayn.oom import is_out_of_memory, out_of_memory_message
+    from aiayn.commands.oom import is_out_of_memory, out_of_memory_message
     progress.QUIET = getattr(args, "quiet", False)
     try:
         rc = args.func(args)

@@ -306,15 +306,15 @@ def test_cli_data_multi30k_and_a_corrupt_mirror(server, tmp_path, monkeypatch, c
 
 def test_demo_downloads_where_multi30k_is_nowhere(server, no_local_data, monkeypatch, tmp_path):
     """``aiayn demo`` goes through the same lookup: here it downloads, then prepares from the cache."""
-    from aiayn import demo
     from aiayn.cli import main
+    from aiayn.demo import stages
     monkeypatch.setenv("AIAYN_DATA_URL", server.url)
     seen = {}
 
     def stop(cfg, files, *args):
         seen.update(files)
         raise UserError("stop after the data")
-    monkeypatch.setattr(demo, "_stage_prepare", stop)
+    monkeypatch.setattr(stages, "stage_prepare", stop)
     assert main(["demo", "--out", str(tmp_path / "demo")]) == 2
     assert seen["raw.train.en"] == no_local_data / "multi30k/raw/train.en.gz" and len(server.requests) == 12
 

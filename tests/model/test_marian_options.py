@@ -1,5 +1,5 @@
 """The model options an imported Marian model needs: the FFN's activation and a bias on the
-pre-softmax projection (ModelConfig.activation, ModelConfig.output_bias; aiayn/hf_import.py)."""
+pre-softmax projection (ModelConfig.activation, ModelConfig.output_bias; aiayn/interop/hf_import.py)."""
 from __future__ import annotations
 
 import pytest

@@ -8,7 +8,8 @@ import pytest
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
-from aiayn.serve.batcher import Batcher, Busy, max_output_tokens
+from aiayn.serve.batcher import Batcher, Busy
+from aiayn.serve.job import max_output_tokens
 
 SENTS = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl.", ""]
 

@@ -175,7 +175,7 @@ def test_a_model_call_stops_at_the_next_step_when_its_client_hangs_up(translator
     """The only request of a model call of 50 steps or more: its client hangs up while the call is in
     its third step (held there until the service has seen it go); the call makes no fourth step."""
     from aiayn.decode.translator import Translator
-    from aiayn.serve.batcher import Job
+    from aiayn.serve.job import Job
 
     from .test_batcher import LONG, count_steps
     long = Translator(translator.model, translator.src_tok, translator.tgt_tok, DecodeConfig(beam_size=2, **LONG))

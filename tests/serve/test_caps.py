@@ -11,7 +11,8 @@ from aiayn.config import replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.serve.app import create_app
-from aiayn.serve.batcher import Batcher, Job, attention_values
+from aiayn.serve.batcher import Batcher, attention_values
+from aiayn.serve.job import Job
 
 from .conftest import LOCAL, SERVE
 

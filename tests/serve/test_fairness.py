@@ -18,7 +18,8 @@ from aiayn.config import replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.serve.app import create_app
-from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Job, rescored
+from aiayn.serve.batcher import Batcher, Busy, ClientBusy, rescored
+from aiayn.serve.job import Job
 
 from .conftest import LOCAL, SERVE, LiveServer
 from .test_bounds import Gate, metrics_text, read_refusal

@@ -133,7 +133,7 @@ def test_gpu_recipe_is_the_cpu_recipe_in_one_process():
     CUDA is present and no recipe is named."""
     import dataclasses
 
-    from aiayn.demo import default_recipe
+    from aiayn.demo.stages import default_recipe
     cpu, gpu = load_recipe(RECIPES / "multi30k.json"), load_recipe(RECIPES / "multi30k-gpu.json")
     assert gpu.model == cpu.model
     same = ("max_src_tokens", "max_tgt_tokens", "max_time_min", "save_every_min", "log_every_steps", "threads")
@@ -149,7 +149,7 @@ def test_recipes_ship_inside_the_package():
     """The recipes are package data (an installed aiayn runs `aiayn demo` without a checkout);
     recipes/ in the checkout is the same folder."""
     import aiayn
-    from aiayn.demo import RECIPES
+    from aiayn.demo.config import RECIPES
     assert RECIPES == Path(aiayn.__file__).resolve().parent / "recipes"
     assert {p.name for p in RECIPES.glob("*.json")} == {p.name for p in (RECIPES.parents[2] / "recipes").glob("*.json")}
     assert (RECIPES / "multi30k.json").is_file() and (RECIPES / "multi30k-gpu.json").is_file()

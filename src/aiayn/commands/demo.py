@@ -1,12 +1,13 @@
-"""``aiayn demo``: Multi30k end to end (``aiayn.demo``); the options of both demos, this one and
+"""``aiayn demo``: Multi30k end to end (``aiayn.demo.multi30k``); the options of both demos, this one and
 ``aiayn parse demo``, come from their configuration's fields."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-from aiayn import demo
 from aiayn.config import add_arguments, from_args
+from aiayn.demo import multi30k
+from aiayn.demo.config import DemoConfig
 
 
 def config_with_sets(cls, args):
@@ -24,7 +25,7 @@ def add_demo_arguments(p, cls, set_example: str, skip: tuple[str, ...] = ()) -> 
 
 
 def run(args) -> int:
-    demo.run_demo(config_with_sets(demo.DemoConfig, args))
+    multi30k.run_demo(config_with_sets(DemoConfig, args))
     return 0
 
 
@@ -34,10 +35,10 @@ OWN_FILES = ("train", "valid", "test")  # DemoConfig's fields of two files each:
 def register(sub) -> None:
     p = sub.add_parser("demo", help="Multi30k, or your own parallel text (--train, --valid, --test), end to end: "
                                     "prepare, train, average, translate, score, plot",
-                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=multi30k.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
-    add_demo_arguments(p, demo.DemoConfig, "--set model.p_drop=0.2 --set train.seed=2", skip=OWN_FILES)
-    help_of = {f.name: f.metadata["help"] for f in dataclasses.fields(demo.DemoConfig)}
+    add_demo_arguments(p, DemoConfig, "--set model.p_drop=0.2 --set train.seed=2", skip=OWN_FILES)
+    help_of = {f.name: f.metadata["help"] for f in dataclasses.fields(DemoConfig)}
     for name in OWN_FILES:
         p.add_argument(f"--{name}", nargs=2, metavar=("SOURCE", "TARGET"), default=(), help=help_of[name])
     p.set_defaults(func=run)

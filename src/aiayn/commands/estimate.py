@@ -1,4 +1,4 @@
-"""``aiayn estimate``: what a recipe costs in time and device-hours (``aiayn.train.estimate``)."""
+"""``aiayn estimate``: what a recipe costs in time and device-hours (``aiayn.cost.estimate``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from aiayn.errors import UserError
-from aiayn.train import estimate
+from aiayn.cost import estimate
 from aiayn.train.config import load_recipe
-from aiayn.train.devices import DEVICES
-from aiayn.train.estimate import (DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
+from aiayn.cost.devices import DEVICES
+from aiayn.cost.estimate import (DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
                                   measured_throughput, paper_model)
 from aiayn.train.memory import format_peak, peak_memory
 

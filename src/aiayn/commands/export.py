@@ -1,17 +1,17 @@
-"""``aiayn export``: a checkpoint as a CTranslate2 model directory (``aiayn.exporters.ct2``) or a
-Hugging Face MarianMTModel directory (``aiayn.exporters.hf``)."""
+"""``aiayn export``: a checkpoint as a CTranslate2 model directory (``aiayn.interop.ct2_export``) or a
+Hugging Face MarianMTModel directory (``aiayn.interop.hf_export``)."""
 from __future__ import annotations
 
 import json
 
 from aiayn.errors import UserError
-from aiayn.exporters import RECORD, ExportDir
-from aiayn.exporters.ct2 import export_ct2, pieces
+from aiayn.interop.export_dir import RECORD, ExportDir
+from aiayn.interop.ct2_export import export_ct2, pieces
 
 
 def run(args) -> int:
     from aiayn.decode.loading import load_model_for_inference
-    from aiayn.exporters.hf import export_hf
+    from aiayn.interop.hf_export import export_hf
 
     ExportDir(args.out, args.overwrite).check()  # before the work: a folder it may not replace
     model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)  # a bad file is named first
@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
     p.add_argument("--format", default="ct2", choices=("ct2", "hf"),
                    help="ct2: a CTranslate2 model (default); hf: a Hugging Face MarianMTModel with its MarianTokenizer "
-                        "(aiayn/exporters/hf.py; post-norm models with d_k = d_v = d_model / h and sinusoidal positions)")
+                        "(aiayn/interop/hf_export.py; post-norm models with d_k = d_v = d_model / h and sinusoidal positions)")
     p.add_argument("--quantization", default="",
                    help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default: float32)")
     p.set_defaults(func=run)

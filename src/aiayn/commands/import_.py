@@ -1,4 +1,4 @@
-"""``aiayn import``: a Hugging Face MarianMTModel directory as an aiayn checkpoint (``aiayn.hf_import``)."""
+"""``aiayn import``: a Hugging Face MarianMTModel directory as an aiayn checkpoint (``aiayn.interop.hf_import``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 from aiayn.checkpoint import atomic_save
 from aiayn.config import add_arguments, from_args
 from aiayn.files import check_output_file, refuse_input_as_output
-from aiayn.hf_import import ImportConfig, import_hf
+from aiayn.interop.hf_import import ImportConfig, import_hf
 
 
 def run(args) -> int:
@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("dir", help="the model's directory: config.json, model.safetensors or pytorch_model.bin, "
                                "source.spm, target.spm, vocab.json")
     p.add_argument("--format", default="hf", choices=("hf",),
-                   help="hf: a MarianMTModel as save_pretrained writes it (aiayn/hf_import.py)")
+                   help="hf: a MarianMTModel as save_pretrained writes it (aiayn/interop/hf_import.py)")
     p.add_argument("--out", required=True, help="the checkpoint to write (.pt; written whole, in one step)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     add_arguments(p, ImportConfig)

@@ -12,7 +12,7 @@ Special ids are fixed for every model this toolkit trains or loads, and match ``
 ``Tokenizer.decode`` drops pad/bos/eos. A model with other ids is refused on load. An <unk>
 (a run of characters the model does not know) whose text is a piece the model holds but never
 produces (UNUSED, or CONTROL beyond the four specials: an imported Marian model's pieces of its
-vocabulary, ``aiayn.marian_vocab``) is that piece, as transformers' MarianTokenizer looks it up;
+vocabulary, ``aiayn.interop.marian_vocab``) is that piece, as transformers' MarianTokenizer looks it up;
 a model that SentencePiece trained has no such pieces.
 Text goes through SentencePiece's nmt_nfkc normalization, so ``decode(encode(line))`` is the
 line NFKC-normalized with runs of whitespace collapsed (identical for ordinary text). A model
@@ -156,7 +156,7 @@ class Tokenizer:
 
 def joint_vocabulary(src: Tokenizer, tgt: Tokenizer) -> bool:
     """Whether two SentencePiece models number one vocabulary: the same piece at every id. One
-    model for both sides is; so are an imported Marian model's two (``aiayn.marian_vocab``),
+    model for both sides is; so are an imported Marian model's two (``aiayn.interop.marian_vocab``),
     which segment each language its own way into one joint vocabulary."""
     if src.sha256 == tgt.sha256:
         return True

@@ -82,7 +82,7 @@ class DecodeConfig:
 TRANSLATE_DECODE = replace(DecodeConfig(), long_lines="truncate")
 
 # The DecodeConfig fields a checkpoint may carry (its ``decode`` entry: an imported Marian model's
-# generation settings, aiayn/hf_import.py), which `aiayn translate` decodes with unless given as flags.
+# generation settings, aiayn/interop/hf_import.py), which `aiayn translate` decodes with unless given as flags.
 CHECKPOINT_FIELDS = ("beam_size", "alpha", "length_norm", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram",
                      "sampling", "temperature", "top_k", "top_p")
 

@@ -17,10 +17,9 @@ runs where it is fast and exact (``Int8Linear``):
   of those flags, ARM's; also where ``ONEDNN_MAX_CPU_ISA`` holds oneDNN below them) the C kernel
   kernels/int8_gemm.c (AVX2 loops, or plain ones where the build has no AVX2), from weights
   packed once as int16 pairs, with the rescaling in the same pass. There oneDNN's product is a slow
-  reference loop (int8 decoding 12.6x slower than fp32 on an AVX2 Zen 3,
-  bench/results/amd-epyc-zen3-avx2-2026-11-28) or, held to AVX2, saturates its int16 pair sums
-  (wrong by up to 10^5); the kernel's pair sums cannot (``onednn_vnni``). Held to AVX2, int8
-  decoding with the kernel ran 1.25x faster than fp32 (bench/results/amd-epyc-zen4-avx2-2026-11-28);
+  reference loop or, held to AVX2, saturates its int16 pair sums (wrong by up to 10^5); the
+  kernel's pair sums cannot (``onednn_vnni``), and with it int8 decoding is faster than fp32
+  there (measured in docs/kernels.md, "The int8 product without VNNI");
 - on CPUs without VNNI and without the C kernels (no C compiler, ``c_kernels`` off), float32 products
   of the integers, a block of 1024 columns at a time, exact but slower than precision fp32: decoding
   refuses precision int8 there (``require_int8_product``).

@@ -7,15 +7,11 @@ holds a few thousand. PyTorch's CPU allocator can page-align blocks of 2 MB and 
 environment variable ``THP_MEM_ALLOC_ENABLE=1`` is set. It reads the variable once, at the
 first CPU allocation of the process, so it must be set before any tensor exists.
 
-Measured on this 2-core CPU (``aiayn demo``'s recipe, bf16, 2,000 steps from scratch, the same
-batches): 11,957 target tokens/s with huge pages against 11,335 without (+5.5%), and +8-10% in
-the last 600 steps: both runs slow as they go, the one without huge pages from 12.1k to 10.5k
-tok/s, the one with them from 12.9k to 11.6k. Over a whole 45-minute ``aiayn demo`` the gain is
-smaller: 10,344 tok/s against 10,258 for the same recipe without them (+0.8%, one run each, the
-first with a few minutes of other load; both settle near 10k tok/s after 2,000 steps).
-``bench/hugepages_ab.py`` re-measures it. The numbers computed are unchanged (same validation loss, to the digit):
-this is where memory lives, not what is computed. The alternatives were slower: glibc's own
-huge-page tunable (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``) about 3x, jemalloc 0.94x.
+Fewer TLB misses make the demo's training step faster (BENCHMARKS.md §2, "Transparent huge pages",
+where ``bench/hugepages_ab.py``'s measurements and the alternatives tried are). The numbers computed
+are unchanged (same validation loss, to the digit): this is where memory lives, not what is
+computed. The alternatives, glibc's own huge-page tunable (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``)
+and jemalloc, were slower.
 
 It is a process setting, like the allocator's (``aiayn.host.allocator``) and the denormals'
 (``aiayn.host.denormals``):

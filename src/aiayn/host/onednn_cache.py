@@ -8,8 +8,8 @@ values of M over its epochs, each with a dozen or more products forward and back
 maps, their input and weight gradients, the output layer). That is more than 1,024 kernels, so an
 LRU cache cycling through them keeps missing, and every miss generates a kernel again. With room
 for all of them (16,384 entries) ``aiayn demo`` trains faster (BENCHMARKS.md §2, "The demo's training
-step"), with the same validation loss to the digit (where code lives, not what is computed), and its
-resident memory did not grow (2,351 MB against 2,444 MB at step 800).
+step"), with the same validation loss to the digit (where code lives, not what is computed), and
+without more resident memory.
 
 Each entry holds megabytes, so what bounds the cache's memory is the set of shapes, not its
 capacity: training and bfloat16 decoding pad the rows of their linear maps to a few row counts

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.config import param, replace
-from aiayn.demo import recipe_sets, train_recipe
+from aiayn.demo.config import MINUTES
+from aiayn.demo.stages import recipe_sets, train_recipe
 from aiayn.errors import UserError
 from aiayn.files import claim_folder
 
@@ -40,7 +41,7 @@ def _splits(cfg: "ParseDemoConfig") -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ParseDemoConfig:
-    """Options of ``aiayn parse demo``; defaults are the full run (45 minutes of training)."""
+    """Options of ``aiayn parse demo``; defaults are the full run (``MINUTES`` of training, as ``aiayn demo``)."""
 
     treebank: str = param("", "treebank.zip (or a directory of wsj_NNNN.mrg files); empty = NLTK's sample, "
                               "ptb-wsj-nltk-sample/treebank.zip under --data-root")
@@ -48,7 +49,7 @@ class ParseDemoConfig:
                                "empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else "
                                "~/.cache/aiayn), else a download into the cache (docs/data.md)")
     out: str = param("runs/parse-demo", "output directory (a re-run resumes)")
-    minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45)")
+    minutes: float = param(0.0, f"training wall-time budget in minutes; 0 = the recipe's ({MINUTES:g})")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     processes: int = param(0, "data-parallel training processes, each on its share of the threads; 0 = one per "
                               "GPU, or 2 on a CPU with 2 or more cores")

@@ -42,7 +42,8 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import InputError
 from aiayn.model.transformer import count_preset_parameters
-from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Expired, Job, Result
+from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Expired
+from aiayn.serve.job import Job, Result
 from aiayn.serve.clients import Network, client_address, client_key
 from aiayn.serve.config import ServeConfig
 from aiayn.serve.guard import Guard

@@ -14,7 +14,8 @@ progress: a worker passes over the clients in another worker's calls, so with tw
 client's long calls never hold up the other clients; and a call gives way to a smaller call beside
 it: before each decoding step it waits (up to ``yield_ms`` a step) while a call of fewer tokens
 runs whose clients have not used the model more than twice what its own have (each step's time is
-charged to the call's clients by their shares of its tokens, forgotten with a half-life of 30 s).
+charged to the call's clients by their shares of its tokens, forgotten with a half-life of
+``SERVED_HALF_LIFE_S``).
 So short requests beside a long one run at nearly the speed of an idle service, and a client that
 floods small requests gets no priority; under a steady load of short requests a long one may
 reach its deadline (503). A failure answers the requests of its group with the
@@ -34,12 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -50,6 +48,7 @@ from aiayn.decode.search import Hypothesis, Stopped, length_penalty
 from aiayn.decode.translator import Translation, Translator
 from aiayn.model import ModelConfig, Transformer
 from aiayn.serve.fair import FairQueue, Part, turn_end
+from aiayn.serve.job import Job, Result
 
 log = logging.getLogger(__name__)
 SERVED_HALF_LIFE_S = 30.0  # how fast a client's use of the model is forgotten, for giving way
@@ -69,77 +68,6 @@ class ShuttingDown(Busy):
 
 class Expired(Exception):
     """The request's deadline passed before the model reached it; it was not decoded (HTTP 503)."""
-
-
-@dataclass
-class Result:
-    nbest: list[list[Translation]]  # per sentence, best first ([] for an empty sentence)
-    attention: list[dict | None] | None  # per sentence: Translator.attention of the best output
-
-
-@dataclass(eq=False)
-class Job:
-    """One request waiting for the model; its ``future`` gives a ``Result``."""
-
-    cfg: DecodeConfig
-    ids: list[list[int]]  # source ids + EOS per sentence ([] when empty)
-    attention: bool
-    attention_values: int | None = None  # most attention weights to return (None: no limit)
-    deadline: float | None = None  # time.monotonic() after which the job is not decoded
-    abandoned: bool = False  # the client left: not decoded, no attention computed
-    prefixes: list[list[int]] | None = None  # forced target ids per sentence ([] for none)
-    client: str = ""  # the client's address: its place in the fair queue
-    future: Future = field(default_factory=Future)
-    costs: list[int] = field(init=False)  # per sentence: what it spends of a model call's batch_tokens
-    next: int = field(default=0, init=False)  # sentences handed to the model so far
-    hyps: list = field(init=False)  # per sentence: its hypotheses, once its model call has ended
-    decoded: int = field(default=0, init=False)
-    started: bool = field(default=False, init=False)
-
-    def __post_init__(self) -> None:
-        prefixes = self.prefixes or [[]] * len(self.ids)
-        self.costs = [len(x) + max_output_tokens(self.cfg, len(x), len(p)) if x else 0
-                      for x, p in zip(self.ids, prefixes)]
-        self.hyps = [None] * len(self.ids)
-
-    def abandon(self) -> None:
-        """The client will not read the answer: drop the job if it has not started (and the rest of
-        it if it has)."""
-        self.abandoned = True
-        self.future.cancel()
-
-    @property
-    def n_tokens(self) -> int:
-        """What the job spends of a model call's ``batch_tokens``: every sentence's source tokens
-        plus the most output tokens its search may produce (``max_output_tokens``)."""
-        return sum(self.costs)
-
-    def begin(self) -> bool:
-        """Whether a model call should decode the job's next sentences (False: cancelled, left by its
-        client after it started, or answered already); the first call marks its future running. (A
-        future takes ``set_running_or_notify_cancel`` once when cancelled: a second call raises, and
-        one call may hold two parts of a job whose client left after they were taken.)"""
-        if self.started:
-            return not (self.abandoned or self.future.done())
-        if self.future.cancelled():
-            return False
-        self.started = self.future.set_running_or_notify_cancel()
-        return self.started
-
-    def fail(self, exc: BaseException) -> None:
-        """Answer with ``exc``, unless the job was answered or cancelled already."""
-        if not self.started:
-            if self.future.cancelled() or not self.future.set_running_or_notify_cancel():
-                return
-            self.started = True
-        if not self.future.done():
-            self.future.set_exception(exc)
-
-
-def max_output_tokens(cfg: DecodeConfig, src_len: int, prefix_len: int = 0) -> int:
-    """The search's output limit for a source of ``src_len`` tokens (EOS included): floor(a * |x| + b),
-    at least 1, raised to a forced prefix's length + 1 (``aiayn.decode.search.max_output_lengths``)."""
-    return max(1, math.floor(cfg.max_len_a * src_len + cfg.max_len_b), prefix_len + 1)
 
 
 def attention_values(m: ModelConfig, src_len: int, tgt_len: int) -> int:

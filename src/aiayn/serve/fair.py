@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Container
+from typing import Container
 
-if TYPE_CHECKING:
-    from aiayn.serve.batcher import Job
+from aiayn.serve.job import Job
 
 
 @dataclass(eq=False)

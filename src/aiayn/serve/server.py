@@ -2,7 +2,7 @@
 
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a timer per connection: a client has
 ``header_timeout_s`` to send a request's headers (else 408 and the connection is closed) and
-``body_timeout_s`` (+1 s; the app answers 408 first when it reads the body) to send its body;
+``body_timeout_s`` (+ ``BODY_GRACE_S``; the app answers 408 first when it reads the body) to send its body;
 a connection beyond ``max_connections_per_client`` from one peer address (an IPv6 one by its
 network, clients.py) is answered 429, one beyond ``max_connections`` in all 503, and either is
 closed at once, not counted among the open connections (so a client that keeps reconnecting
@@ -28,6 +28,8 @@ from aiayn.serve.config import ServeConfig
 from aiayn.serve.metrics import Metrics
 
 log = logging.getLogger(__name__)
+BODY_GRACE_S = 1.0  # past body_timeout_s before the protocol closes: the app answers 408 first
+LINGER_S = 1.0  # how long a connection answered early still reads (and drops) what the client sends
 
 
 def raw_response(status: int, reason: str, message: str) -> bytes:
@@ -92,7 +94,7 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
 
         def _linger(self) -> None:
             """Close after the answer, reading (and dropping) what the client still sends for up to
-            1 s: closing with unread data would reset the connection and lose the answer."""
+            ``LINGER_S``: closing with unread data would reset the connection and lose the answer."""
             self._lingering = True
             try:
                 if self.transport.can_write_eof():
@@ -100,7 +102,7 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             except OSError:  # the client is gone already
                 self.transport.close()
                 return
-            self._arm(1.0, "")
+            self._arm(LINGER_S, "")
 
         def _follow(self) -> None:
             """Re-arm the timer when the client's side moves: waiting for headers, then for a body."""
@@ -111,7 +113,7 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             if state is h11.IDLE:
                 self._arm(cfg.header_timeout_s, "header_timeout")
             elif state is h11.SEND_BODY:
-                self._arm(cfg.body_timeout_s + 1.0, "body_timeout")
+                self._arm(cfg.body_timeout_s + BODY_GRACE_S, "body_timeout")
             else:
                 self._arm(None)
 

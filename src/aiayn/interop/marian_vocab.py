@@ -14,7 +14,7 @@ unk 1, bos 2, eos 3 (``aiayn.data.vocab``). The mapping (``id_order``):
     Marian id  pad   unk   decoder start     eos   the other ids, in increasing order
 
 The embedding rows (and the output projection's rows and bias) are gathered in that order
-(``aiayn.hf_import``); where the decoder starts from <pad> its row serves twice (ids 0 and 2,
+(``aiayn.interop.hf_import``); where the decoder starts from <pad> its row serves twice (ids 0 and 2,
 neither of which a search generates, as transformers' ``bad_words_ids`` bans <pad>), so aiayn's
 vocabulary is one larger. Each side's SentencePiece model is rewritten (``segmenter``) so that
 its piece i is the vocabulary's piece of aiayn id i, each keeping its type and score:

@@ -22,7 +22,7 @@ The mapping (CTranslate2's ``TransformerSpec``; every weight copied, nothing re-
   decoder starts from <s> (BOS) and the source ends with </s> (EOS), as in aiayn's batches.
 The folder is built beside ``--out`` and put in place whole; an existing ``--out`` must be empty
 or, with ``--overwrite``, an earlier export (``ExportDir``). Limits: d_k = d_v = d_model / h (CTranslate2 splits d_model across heads), one vocabulary
-(shared) or two (separate); ``tests/test_export.py`` checks that CTranslate2's greedy and beam
+(shared) or two (separate); ``tests/interop/test_ct2_export.py`` checks that CTranslate2's greedy and beam
 outputs equal aiayn's.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from aiayn.errors import UserError
-from aiayn.exporters import ExportDir
+from aiayn.interop.export_dir import ExportDir
 from aiayn.model import Transformer
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from aiayn.errors import UserError
-from aiayn.exporters import ExportDir
+from aiayn.interop.export_dir import ExportDir
 from aiayn.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)

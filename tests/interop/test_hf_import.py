@@ -1,5 +1,5 @@
 """aiayn import --format hf: a MarianMTModel directory as OPUS-MT ships one becomes an aiayn
-checkpoint that computes and translates as transformers does (aiayn/hf_import.py, aiayn/marian_vocab.py).
+checkpoint that computes and translates as transformers does (aiayn/interop/hf_import.py, aiayn/interop/marian_vocab.py).
 
 The directories are built here, without a network: SentencePiece models trained on a few hundred
 Multi30k lines, one per side as OPUS-MT's (<unk> 0, <s> 1, </s> 2, no <pad>), a joint vocab.json
@@ -28,9 +28,9 @@ from aiayn.errors import UserError
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from aiayn.exporters.hf import export_hf, marian_config, marian_state_dict  # noqa: E402
-from aiayn.hf_import import SENTENCEPIECE_UNK, ImportConfig, import_hf  # noqa: E402
-from aiayn.marian_vocab import Specials, aiayn_pieces, id_order, segmenter  # noqa: E402
+from aiayn.interop.hf_export import export_hf, marian_config, marian_state_dict  # noqa: E402
+from aiayn.interop.hf_import import SENTENCEPIECE_UNK, ImportConfig, import_hf  # noqa: E402
+from aiayn.interop.marian_vocab import Specials, aiayn_pieces, id_order, segmenter  # noqa: E402
 from tests.conftest import copy_lines  # noqa: E402
 
 

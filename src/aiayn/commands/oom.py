@@ -41,7 +41,7 @@ def _train(args: argparse.Namespace) -> str:
 
 def _demo(args: argparse.Namespace) -> str:
     from aiayn.config import apply_sets
-    from aiayn.demo import default_recipe
+    from aiayn.demo.stages import default_recipe
     from aiayn.train.config import load_recipe
     recipe = args.recipe or default_recipe(args.quick)
     return _train_sets(apply_sets(load_recipe(recipe), list(args.set or []))) + "; the same command resumes"

@@ -10,15 +10,15 @@ Throughput per device, in model FLOP/s, is taken from the first of:
 1. a measurement: ``--device NAME`` where ``bench/results/NAME/train_base.json`` exists (the
    base model trained by ``bench/train_throughput.py`` on that machine; its aiayn-bf16 figure,
    else aiayn-fp32), or ``--measured FILE`` for such a file elsewhere;
-2. ``aiayn.train.devices``: aiayn's own figure for the base or big model on that device where
+2. ``aiayn.cost.devices``: aiayn's own figure for the base or big model on that device where
    one was measured (H200; the H100 takes it as its own, an assumption);
 3. the device's dense peak x a utilization from published runs of these models by other code
    (``--utilization`` replaces it and 2; an assumption, printed as one).
 
 Time = steps x step FLOPs / (devices x throughput). Table 2's own estimate of the training cost
 is training time x number of devices x the device's sustained TFLOPS figure (the paper's 9.5 for
-P100), printed beside the paper's 3.3e18 (base) and 2.3e19 (big), which is that product for
-12 hours and 3.5 days on 8 P100.
+P100), printed beside the paper's 3.3e18 (base) and 2.3e19 (big), which is that product for its
+training times on 8 P100 (§5.2; ``PAPER_TABLE2``).
 
 The command also prints one device's peak memory for a batch of the recipe (or of the
 per-device share of ``--tokens-per-step``): ``aiayn.train.memory``, from the model's shapes.
@@ -34,7 +34,7 @@ from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig, get_preset
 from aiayn.model.flops import forward_flops, train_flops
 from aiayn.train.config import RunConfig
-from aiayn.train.devices import DEVICES
+from aiayn.cost.devices import DEVICES
 
 PAPER_TOKENS_PER_STEP = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
 PAPER_TABLE2 = {"base": (3.3e18, "12 h x 8 P100 x 9.5 TFLOP/s"), "big": (2.3e19, "3.5 days x 8 P100 x 9.5 TFLOP/s")}
@@ -89,7 +89,7 @@ def measured_throughput(path: Path) -> Throughput:
 def device_throughput(name: str, utilization: float | None = None, results: Path = BENCH_RESULTS,
                       model: str | None = None) -> Throughput:
     """A measured figure for ``name`` (a bench/results folder) if there is one; else aiayn's own
-    figure for ``model`` ("base", "big") on that device (``aiayn.train.devices``); else peak x
+    figure for ``model`` ("base", "big") on that device (``aiayn.cost.devices``); else peak x
     utilization (the device's default when None)."""
     measured = results / name / "train_base.json"
     if measured.is_file():

@@ -1,9 +1,9 @@
 """aiayn import as OPUS-MT's models are used: weights saved in fp16 with their position tables, a
 run of unknown characters read as MarianTokenizer reads it, <unk> written as transformers'
 decode writes it, and the folder's generation settings as translate's defaults, so that `aiayn
-translate` gives what `generate` gives (aiayn/hf_import.py, aiayn/marian_dir.py).
+translate` gives what `generate` gives (aiayn/interop/hf_import.py, aiayn/interop/marian_dir.py).
 
-The folders are built here as in tests/test_hf_import.py (SentencePiece models trained on 300
+The folders are built here as in tests/interop/test_hf_import.py (SentencePiece models trained on 300
 Multi30k lines per side, vocabularies numbered as OPUS-MT's, ``save_pretrained``).
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from aiayn.errors import UserError
 pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
 from aiayn.commands.decode_settings import decode_config  # noqa: E402
-from aiayn.hf_import import SENTENCEPIECE_UNK, ImportConfig, import_hf  # noqa: E402
-from aiayn.marian_dir import POSITION_KEYS  # noqa: E402
-from tests.test_hf_import import (imported, imported_order, marian_dir, marian_spm, opus_vocab,  # noqa: E402, F401
+from aiayn.interop.hf_import import SENTENCEPIECE_UNK, ImportConfig, import_hf  # noqa: E402
+from aiayn.interop.marian_dir import POSITION_KEYS  # noqa: E402
+from tests.interop.test_hf_import import (imported, imported_order, marian_dir, marian_spm, opus_vocab,  # noqa: E402, F401
                                    read_lines)
 
 

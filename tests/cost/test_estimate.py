@@ -10,7 +10,7 @@ from aiayn.cli import main
 from aiayn.errors import UserError
 from aiayn.model.config import get_preset
 from aiayn.train.config import load_recipe
-from aiayn.train.estimate import (Throughput, device_throughput, estimate, measured_throughput, paper_batch,
+from aiayn.cost.estimate import (Throughput, device_throughput, estimate, measured_throughput, paper_batch,
                                   paper_model, step_flops)
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"

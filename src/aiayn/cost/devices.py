@@ -7,21 +7,16 @@ TFLOPS" Table 2 of the paper multiplies by time and device count (2.8 K80, 3.7 K
 9.5 P100); for devices the paper did not use it is the peak, Table 2's convention carried over.
 
 ``aiayn_tflops`` is aiayn's own training throughput where it was measured on the device, per
-Table 3 model: on one H200 (BENCHMARKS.md, "GPU training and decoding": bf16, 780 x 32 + 780 x 32
-tokens per batch) base ran at 152.8 model TFLOP/s (15.4% of the peak) and big at 293.8 (29.7%),
-1.23x and 1.07x Hugging Face's Marian on the same batches. The H100 has the H200's compute and less memory bandwidth; its figures are the H200's,
-an assumption. (CPU measurements live in bench/results and are read from there.)
+Table 3 model (``_H200_AIAYN``: one H200, BENCHMARKS.md §7). The H100 has the H200's compute and
+less memory bandwidth; its figures are the H200's, an assumption. (CPU measurements live in
+bench/results and are read from there.)
 
 Elsewhere a throughput is ``peak_tflops x utilization``, model FLOP/s over the peak, taken from
 published runs of the same models by other code (model FLOPs by ``aiayn.model.flops`` with
-31-token sentences), so an upper bound more than a forecast for aiayn:
-
-* P100 (and the older K80, K40, M40): the paper's own timing: base at 0.4 s per 25,000-token
-  step on 8 P100 is 2.98 TFLOP/s per device, 28% of 10.6 (big at 1.0 s: 4.03, 38%);
-* V100: NVIDIA's DeepLearningExamples Transformer (fairseq, Transformer big, fp16, 5,120
-  tokens per GPU): 235,077 tokens/s on 8 V100, about 38 TFLOP/s per device, 30% of 125;
-* A100: FlagPerf's run of that code on 8 A100-40GB, 312,422 tokens/s: about 50 TFLOP/s, 16% of 312;
-* H100, H200, for models other than base and big: the A100's 16%.
+31-token sentences), so an upper bound more than a forecast for aiayn: for the P100 (and the
+older K80, K40, M40) the paper's own step time (§5.2), for the V100 NVIDIA's DeepLearningExamples
+Transformer, for the A100 FlagPerf's run of that code, for the H100 and H200 (models other than
+base and big) the A100's. docs/wmt14.md, "Time and cost", derives each figure.
 
 ``utilization`` is a default: ``aiayn estimate --utilization`` replaces it.
 """

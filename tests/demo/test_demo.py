@@ -136,7 +136,7 @@ def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tm
     assert "training 2 members" not in capsys.readouterr().out
     assert [(out / "run" / f"member{i}" / "summary.json").stat().st_mtime for i in (1, 2)] == mtimes
     # a member that fails stops the run and names its log
-    from aiayn.demo import _train_members
+    from aiayn.demo.stages import _train_members
     from aiayn.errors import UserError
     from aiayn.train.config import load_recipe
     bad = [tmp_path / "bad" / "member1", tmp_path / "bad" / "member2"]

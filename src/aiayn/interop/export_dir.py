@@ -1,11 +1,5 @@
-"""Exporters: an aiayn checkpoint in another toolkit's format, every weight copied.
-
-- ``aiayn.exporters.ct2``: a CTranslate2 model directory (``aiayn export``);
-- ``aiayn.exporters.hf``: a Hugging Face ``MarianMTModel`` directory (``aiayn export --format hf``).
-
-Both write through ``ExportDir``, so an export is put in place whole and replaces only an
-earlier export. (The way back, a Marian directory read as a checkpoint, is ``aiayn.hf_import``.)
-"""
+"""The output folder of an export (``ct2_export``, ``hf_export``): put in place whole, replacing
+only an earlier export."""
 from __future__ import annotations
 
 import json

@@ -1,29 +1,11 @@
-"""``aiayn demo``: Multi30k (Elliott et al. 2016) from raw text to scored translations and an
-attention plot, on whatever machine it runs on (docs/recipe.md).
-
-Steps (each skipped when its output already exists, so a re-run resumes):
-  1. prepare   shared BPE over both languages, binarized corpus      OUT/data
-  2. train     the recipe sized to this machine (aiayn.demo_sizing: multi30k-small.json or
-               multi30k.json by the FLOPs it trains in the minutes; multi30k-gpu.json where CUDA is
-               present), bounded by --minutes                                          OUT/run
-               with its 4,096 + 4,096-token steps on any process count (train.accum_steps)
-               (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
-               --members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
-  3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
-               (--members N: each member's, then one ensemble file of the N averages)
-  4. tune α    length penalty chosen on the validation set (never on test)
-  5. translate test_2016 with beam search                              OUT/test_2016.hyp
-  6. score     sacreBLEU + chrF on raw cased text; Multi30k tokenized BLEU (lowercased,
-               Moses-tokenized, the published baselines' metric); the paper's compound-split BLEU
-  7. examples  a few sentences translated, one attention plot           OUT/plots
-The last three lines printed are ``model: PATH``, ``translations: PATH`` and ``plots: PATH``.
-
-Your own parallel text: ``--train SRC TGT --valid SRC TGT [--test SRC TGT]`` runs the same steps
-on it (``aiayn.demo_own``; docs/own-data.md), into runs/demo-SRC-TGT.
+"""The stages both demos share (``aiayn.demo.multi30k`` on Multi30k, ``aiayn.demo.own`` on your
+own parallel text), and ``aiayn parse demo``'s training: the first N lines (``subset``), the shared
+BPE (``stage_prepare``), the recipe trained in one or several processes or as several members
+(``stage_train``), the last checkpoints averaged (``stage_average``), the test split translated and
+its scores reported, examples translated and one attention plot (``stage_examples``), results.json.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -32,65 +14,14 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import param
-from aiayn.data.multi30k import find_multi30k, read_text
+from aiayn.data.multi30k import read_text
+from aiayn.demo.config import DEMO_STEP_TOKENS, RECIPES, DemoConfig
 from aiayn.errors import UserError
-from aiayn.evaluate.alpha import choose_alpha, tune_alpha
-from aiayn.files import claim_folder
 from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
-
-DEMO_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
-RECIPES = Path(__file__).resolve().parent / "recipes"  # package data (recipes/ in the checkout links here)
-LANGS = ("en", "de")
-EXAMPLES = {
-    "en": ["A man in a blue shirt is riding a bicycle down the street.",
-           "Two dogs are playing in the snow.",
-           "A little girl in a pink dress is eating an ice cream cone."],
-    "de": ["Ein Mann in einem blauen Hemd fährt mit dem Fahrrad die Straße hinunter.",
-           "Zwei Hunde spielen im Schnee.",
-           "Ein kleines Mädchen in einem rosa Kleid isst ein Eis."],
-}
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """Options of ``aiayn demo``; defaults are the full run (45 minutes of training)."""
-
-    train: tuple[str, ...] = param((), "your own parallel text instead of Multi30k: the train split's SOURCE and TARGET files (aligned, one sentence per line, plain or .gz; docs/own-data.md)")
-    valid: tuple[str, ...] = param((), "with --train: the validation split's SOURCE and TARGET files (the length penalty is chosen on it)")
-    test: tuple[str, ...] = param((), "with --train: the test split's SOURCE and TARGET files, translated and scored (sacreBLEU, chrF); none: no test scores")
-    src_lang: str = param("", "source language; Multi30k: en or de (the other is the target), empty = en; --train: empty = the source file's suffix (train.en -> en)")
-    tgt_lang: str = param("", "with --train: the target language; empty = the target file's suffix (train.de -> de)")
-    data_root: str = param("", "Multi30k only: folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (docs/data.md)")
-    out: str = param("", "output directory (relative paths are under the current directory; a re-run resumes); a folder holding anything the demo did not write is refused; empty = runs/demo for Multi30k, runs/demo-SRC-TGT with --train")
-    overwrite: bool = param(False, "start afresh in --out: an earlier demo's files there are deleted (without it a re-run resumes)")
-    minutes: float = param(0.0, "training wall-time budget in minutes; 0 = the recipe's (45 for the full run, 4 for --quick)")
-    max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
-    threads: int = param(0, "CPU threads for training; 0 = the recipe's")
-    members: int = param(1, "train this many models at once, each on threads/members threads with seed train.seed + i, each averaged, translating as one ensemble (docs/training.md); 1 = one model on all the threads")
-    processes: int = param(0, "data-parallel processes training the one model, each on threads/processes threads (docs/training.md); 0 = one per GPU, or 2 on a CPU with 2 or more cores; 1 = one process")
-    quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
-    device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")
-    recipe: str = param("", "training recipe JSON; empty = the one sized to this machine on a CPU (recipes/multi30k-small.json or multi30k.json, by the training FLOPs it predicts in the minutes: docs/recipe.md), recipes/multi30k-gpu.json where CUDA is present, recipes/multi30k-quick.json with --quick")
-    sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
-    vocab_size: int = param(8000, "shared BPE vocabulary size")
-    character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover; 1.0 keeps every one (below it, rare characters such as some digits become <unk>)")
-    lowercase: bool = param(False, "train on lowercased text (as the published Multi30k baselines do): translations come out lowercase; sacreBLEU -lc is reported beside cased sacreBLEU (docs/recipe.md)")
-    average_last: int = param(5, "average this many last checkpoints (§6.1: 5 for base)")
-    beam_size: int = param(4, "beam size (§6.1: 4)")
-    alphas: str = param("0.6,1.0,1.4,1.8", "length penalties α tried on the validation set; the first is the reference (§6.1's 0.6), kept unless validation prefers another (see --alpha-significance)")
-    alpha_significance: float = param(0.05, "keep the first of --alphas (§6.1's 0.6) unless another scores higher on validation at this p-level of a paired bootstrap; 0 = the highest-scoring α (docs/recipe.md)")
-    train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
-    eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
-    results_to: str = param("", "also write results.json to this file, e.g. bench/results/FOLDER/demo.json when the run is one BENCHMARKS.md cites; empty = only OUT/results.json")
-
-
-
 
 
 def _score_entry(score) -> dict:
@@ -100,9 +31,6 @@ def _score_entry(score) -> dict:
     if isinstance(score, BleuResult):
         entry["length_ratio"] = round(score.length_ratio, 3)
     return entry
-
-
-DEMO_STEP_TOKENS = 4096  # source and target tokens of one step of the demo's recipes (docs/recipe.md), on any process count
 
 
 def step_sets(train_cfg, processes: int, step_tokens: int) -> list[str]:
@@ -123,7 +51,7 @@ def step_sets(train_cfg, processes: int, step_tokens: int) -> list[str]:
     return out
 
 
-def _subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
+def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
     """Write the first N lines of each file when --train-lines / --eval-lines ask for it."""
     if not cfg.train_lines and not cfg.eval_lines:
         return files
@@ -164,7 +92,7 @@ def _train_cmd(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], pro
 
 def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
     """The recipe without --recipe: multi30k-quick.json with --quick; else multi30k-gpu.json where CUDA
-    is present (one process, the same 4,096-token steps, 8 minutes) and multi30k.json on a CPU."""
+    is present (one process, the same 4,096-token steps, a shorter clock) and multi30k.json on a CPU."""
     if quick:
         return RECIPES / "multi30k-quick.json"
     if cuda is None:
@@ -228,47 +156,6 @@ def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: 
                 proc.wait()
 
 
-def run_demo(cfg: DemoConfig) -> dict:
-    """``aiayn demo`` in seven stages: prepare, train, average, choose α on validation, translate
-    test_2016, score it, translate examples and plot their attention. Every stage that finished
-    is skipped on a re-run (training resumes); ``out/results.json`` holds what each measured."""
-    if cfg.members < 1 or cfg.processes < 0:
-        raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
-    if cfg.train:
-        from aiayn.demo_own import run_own_demo
-        return run_own_demo(cfg)
-    given = [flag for flag, value in (("--valid", cfg.valid), ("--test", cfg.test), ("--tgt-lang", cfg.tgt_lang)) if value]
-    if given:
-        raise UserError(f"{', '.join(given)} go with --train (your own files); Multi30k's target is the other of en, de")
-    src = cfg.src_lang or "en"
-    tgt = "de" if src == "en" else "en"
-    if src not in LANGS:
-        raise UserError(f"--src-lang must be en or de for Multi30k (or give your own files with --train), got {src!r}")
-    _check_scorer()
-    files = find_multi30k(cfg.data_root, src, tgt)
-    out = claim_folder(cfg.out or "runs/demo", DEMO_FILES, overwrite=cfg.overwrite, what="aiayn demo")
-    files = _subset(files, out / "subset", cfg)
-    t_all = time.monotonic()
-    results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
-    data_dir = _stage_prepare(cfg, files, out / "data", src, tgt, results)
-    run_dir = out / "run"
-    member_dirs = _stage_train(cfg, data_dir, run_dir, results)
-    model_path = _stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
-
-    from aiayn.decode.translator import Translator
-    translator = Translator.from_checkpoint(model_path, device=cfg.device)
-    _stage_alpha(cfg, translator, files, src, tgt, results)
-    hyp_path = _stage_test(cfg, translator, files, out / "test_2016.hyp", src, tgt, results)
-
-    plots_dir = _stage_examples(translator, EXAMPLES[src], out / "plots", results)
-    results["seconds_total"] = round(time.monotonic() - t_all, 1)
-    write_results(cfg, out, results)
-    print(f"model: {model_path}")
-    print(f"translations: {hyp_path}")
-    print(f"plots: {plots_dir}")
-    return results
-
-
 def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
     """``out/results.json``, and the same file at ``--results-to`` (written whole; a results folder's
     copy for BENCHMARKS.md)."""
@@ -282,7 +169,7 @@ def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
         print(f"results: {cfg.results_to}")
 
 
-def _stage_examples(translator, examples: list[str], plots_dir: Path, results: dict) -> Path:
+def stage_examples(translator, examples: list[str], plots_dir: Path, results: dict) -> Path:
     """7. ``examples`` translated into ``results``, the first one's attention drawn in ``plots_dir``."""
     results["examples"] = dict(zip(examples, translator.translate(examples)))
     for s, t in results["examples"].items():
@@ -294,17 +181,7 @@ def _stage_examples(translator, examples: list[str], plots_dir: Path, results: d
     return plots_dir
 
 
-def _check_scorer() -> None:
-    """The tokenized BLEU of stages 4 and 6 (``evaluate.multi30k``) needs sacremoses: said before the
-    training, not after it."""
-    try:
-        import sacremoses  # noqa: F401
-    except ImportError as exc:
-        raise UserError(f"aiayn demo scores with sacremoses (Multi30k's tokenized BLEU), which does not import "
-                        f"({exc}); pip install sacremoses") from exc
-
-
-def _stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
+def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
     """1. The shared BPE and the binarized splits of ``files`` ("raw.SPLIT.SIDE", SIDE ``src`` or
     ``tgt``; train and valid, test where given) in ``data_dir``, unless a run prepared them already
     (with the same options: other ones are an error, not a silent reuse). Unaligned files are an
@@ -361,7 +238,7 @@ def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], r
         train(data_dir, run_dir, run_cfg, progress=True)
 
 
-def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -> list[Path]:
+def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -> list[Path]:
     """2. The recipe trained into ``run_dir`` (``--members`` > 1: one sub-directory a member), or
     resumed there; returns the members' run directories."""
     from aiayn.config import apply_sets
@@ -393,8 +270,8 @@ def _stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) 
 
 def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
     """The default recipe: multi30k-gpu.json where CUDA is present; on a CPU the one sized to this
-    machine's budget of training FLOPs in the demo's minutes (aiayn.demo_sizing), printed with why."""
-    from aiayn.demo_sizing import QUICK_SIZES, SIZES, describe, sized_recipe
+    machine's budget of training FLOPs in the demo's minutes (aiayn.demo.sizing), printed with why."""
+    from aiayn.demo.sizing import QUICK_SIZES, SIZES, describe, sized_recipe
     from aiayn.train.config import load_recipe
     if default_recipe(cfg.quick).name == "multi30k-gpu.json":
         return default_recipe(cfg.quick)
@@ -408,7 +285,7 @@ def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
     return recipe
 
 
-def _stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:
+def stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:
     """3. Each member's last ``average_last`` checkpoints averaged (§6.1); one member straight
     into ``model_path``, several into an ensemble file there."""
     from aiayn.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
@@ -427,35 +304,6 @@ def _stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, mode
         print(f"[3/7] averaged the last {cfg.average_last} checkpoints of each member; their ensemble -> {model_path}",
               flush=True)
     return model_path
-
-
-def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, tgt: str, results: dict) -> None:
-    """4. The length penalty α chosen on the validation set (``choose_alpha``), set on
-    ``translator``; validation scored at that α."""
-    from aiayn.decode.config import DecodeConfig
-    from aiayn.evaluate.bleu import sacre_bleu
-    from aiayn.evaluate.multi30k import multi30k_bleu
-    val_src, val_tok = read_text(files[f"raw.valid.{src}"]), read_text(files[f"tok.valid.{tgt}"])
-    tuning, val_translations = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
-                                          report=lambda a, r: print(
-                                              f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
-                                              f" (length ratio {r['length_ratio']:.3f})", flush=True))
-    best_alpha, p_values = choose_alpha(val_translations, val_tok, tgt, cfg.alpha_significance)
-    for a, p in p_values.items():
-        tuning[a]["p_vs_first"] = round(p, 3)
-    why = (f"p against α {next(iter(tuning))}, paired bootstrap: " + ", ".join(f"{a} {p:.3f}" for a, p in p_values.items())
-           + f"; significant below {cfg.alpha_significance}") if p_values else "the highest-scoring"
-    print(f"[4/7] α {best_alpha} for test ({why})", flush=True)
-    results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
-    results["alpha"] = best_alpha
-    translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)
-    hyps_val = val_translations[best_alpha]  # translated while tuning; the same cfg gives the same lines
-    val_raw = read_text(files[f"raw.valid.{tgt}"])
-    val_bleu = multi30k_bleu(hyps_val, val_tok, tgt)
-    results["valid"] = {"multi30k_bleu": val_bleu.score, "length_ratio": round(val_bleu.length_ratio, 3),
-                        "sacrebleu": sacre_bleu(hyps_val, val_raw).score}
-    if cfg.lowercase:
-        results["valid"]["sacrebleu_lc"] = sacre_bleu(hyps_val, val_raw, lowercase=True).score
 
 
 def translate_test(translator, lines: list[str], hyp_path: Path, name: str, results: dict) -> list[str]:
@@ -479,14 +327,3 @@ def report_test_scores(scores: list, name: str, results: dict) -> None:
         print(f"[6/7] {name} {s.label}: {s.score:.2f}{shown}   {s.signature}", flush=True)
 
 
-def _stage_test(cfg: DemoConfig, translator, files: dict[str, Path], hyp_path: Path, src: str, tgt: str,
-                results: dict) -> Path:
-    """5-6. test_2016 translated into ``hyp_path`` (one line per source line) and scored: the
-    published baselines' tokenized BLEU, sacreBLEU and chrF, the paper's compound-split BLEU."""
-    from aiayn.evaluate.bleu import score_all
-    from aiayn.evaluate.multi30k import multi30k_bleu
-    hyps = translate_test(translator, read_text(files[f"raw.test.{src}"]), hyp_path, "test_2016", results)
-    ref_raw, ref_tok = read_text(files[f"raw.test.{tgt}"]), read_text(files[f"tok.test.{tgt}"])
-    scores = [multi30k_bleu(hyps, ref_tok, tgt), *score_all(hyps, ref_raw, tgt, lowercase=cfg.lowercase)]
-    report_test_scores(scores, "test_2016", results)
-    return hyp_path

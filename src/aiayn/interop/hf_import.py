@@ -6,8 +6,8 @@
 DIR is what ``save_pretrained`` writes and OPUS-MT's models ship: ``config.json``, the weights in
 ``model.safetensors`` or ``pytorch_model.bin``, ``source.spm`` / ``target.spm`` and ``vocab.json``
 (and ``target_vocab.json`` for separate vocabularies), ``generation_config.json``. Every file is
-checked before it is used (``aiayn.marian_dir``). The checkpoint translates, serves, exports and
-fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.exporters.hf``:
+checked before it is used (``aiayn.interop.marian_dir``). The checkpoint translates, serves, exports and
+fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.interop.hf_export``:
 
 - Marian is the paper's post-norm model with biases everywhere; its heads split d_model
   (d_k = d_v = d_model / h) and its positions are §3.5's sinusoids laid out in halves, which the
@@ -16,7 +16,7 @@ fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.expo
   (``activation``: OPUS-MT's swish, or gelu), the final-logits bias (``output_bias``), LayerNorm's
   epsilon 1e-5 (``layer_norm_eps``), unscaled embeddings (``scale_embeddings``), untied or
   unshared matrices (``tie_embeddings``, ``tie_src_tgt_embeddings``), unequal depths;
-- ids and SentencePiece models are mapped as ``aiayn.marian_vocab`` says; a joint vocabulary
+- ids and SentencePiece models are mapped as ``aiayn.interop.marian_vocab`` says; a joint vocabulary
   with two SentencePiece models keeps one shared embedding (the checkpoint's two tokenizers
   then number the same pieces alike: ``aiayn.data.vocab.joint_vocabulary``);
 - the generation settings (``generation_config.json``: beams, length penalty, maximum length...)
@@ -27,7 +27,7 @@ fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.expo
   positional weights that are not the sinusoids, weights Marian does not have or lacks.
 Not carried: LayerDrop (training only; a warning) and the generation settings aiayn's search has
 no equivalent of (a warning names them). Greedy outputs are transformers' token for token; beams
-can differ on close calls (``aiayn.exporters.hf``'s module docstring).
+can differ on close calls (``aiayn.interop.hf_export``'s module docstring).
 """
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ from torch import Tensor
 
 from aiayn.config import ConfigError, param, replace
 from aiayn.errors import UserError
-from aiayn.exporters.hf import MARIAN_LAYER_NORM_EPS, model_permutation
-from aiayn.marian_dir import MarianDir, read_marian_dir, weight_refusals
-from aiayn.marian_vocab import UNKNOWN_RUNS, Specials, aiayn_pieces, id_order, segmenter
+from aiayn.interop.hf_export import MARIAN_LAYER_NORM_EPS, model_permutation
+from aiayn.interop.marian_dir import MarianDir, read_marian_dir, weight_refusals
+from aiayn.interop.marian_vocab import UNKNOWN_RUNS, Specials, aiayn_pieces, id_order, segmenter
 from aiayn.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.demo import RECIPES
+from aiayn.demo.config import RECIPES
 from aiayn.train.config import load_recipe
 
 from aiayn.cli import main
@@ -62,7 +62,7 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     # the demo's 4,096-token steps in one process: 2 batches of the recipe's 2,048 tokens a step
     run_cfg = json.loads((out / "run" / "config.json").read_text())
     assert (run_cfg["train"]["accum_steps"], run_cfg["train"]["max_tgt_tokens"]) == (2, 2048)
-    # the recipe sized to this machine (aiayn.demo_sizing), --set on top
+    # the recipe sized to this machine (aiayn.demo.sizing), --set on top
     sized = load_recipe(RECIPES / results["sizing"]["recipe"])
     assert run_cfg["train"]["weight_decay"] == sized.train.weight_decay and run_cfg["model"]["d_model"] == 32
     assert results["train"]["steps"] == 20
@@ -111,7 +111,7 @@ def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["train.en", "train.en.gz", "dir/corpus.pt-BR", "x.zh_Hant.gz"])
 def test_language_from_suffix(name):
-    from aiayn.demo_own import lang_of
+    from aiayn.demo.own import lang_of
     assert lang_of(name, "--src-lang") == name.split("/")[-1].removesuffix(".gz").split(".")[-1]
 
 
@@ -125,7 +125,8 @@ def test_language_from_suffix(name):
     (2048, 8, 1, ["train.accum_steps=2"]),
 ])
 def test_step_sets_keep_the_demos_step_on_any_process_count(per_process, local_sgd, processes, expected):
-    from aiayn.demo import DEMO_STEP_TOKENS, step_sets
+    from aiayn.demo.config import DEMO_STEP_TOKENS
+    from aiayn.demo.stages import step_sets
     from aiayn.train.config import TrainConfig
     cfg = TrainConfig(max_src_tokens=per_process, max_tgt_tokens=per_process, local_sgd_period=local_sgd)
     assert step_sets(cfg, processes, DEMO_STEP_TOKENS) == expected

@@ -8,7 +8,7 @@ import aiayn.model as M
 from aiayn.decode.adapter import CachedDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import SpecialIds, search
-from aiayn.exporters.ct2 import export_ct2
+from aiayn.interop.ct2_export import export_ct2
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # installed with aiayn[ct2]; .ci/run installs it
 

@@ -1,7 +1,7 @@
-"""aiayn import trusts no file of the directory (aiayn/marian_dir.py): sizes beyond the limits every
+"""aiayn import trusts no file of the directory (aiayn/interop/marian_dir.py): sizes beyond the limits every
 checkpoint load applies are refused before the weights are read, and bad input of any file ends
 in one line naming it, never a traceback. Each case edits a copy of the OPUS-MT-style directory
-of tests/test_hf_import.py."""
+of tests/interop/test_hf_import.py."""
 from __future__ import annotations
 
 import argparse
@@ -18,8 +18,8 @@ from aiayn.model.config import LIMITS
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from aiayn.hf_import import import_hf  # noqa: E402
-from tests.test_hf_import import marian_dir  # noqa: E402, F401 (the fixture)
+from aiayn.interop.hf_import import import_hf  # noqa: E402
+from tests.interop.test_hf_import import marian_dir  # noqa: E402, F401 (the fixture)
 
 
 def copy_of(marian_dir: Path, tmp_path: Path) -> Path:
@@ -115,7 +115,7 @@ def test_sizes_beyond_the_checkpoint_limits_are_refused_before_the_weights_are_r
 
     def unread(*args):
         raise AssertionError("the weights were read before config.json's sizes were checked")
-    monkeypatch.setattr("aiayn.marian_dir.read_weights", unread)
+    monkeypatch.setattr("aiayn.interop.marian_dir.read_weights", unread)
     with pytest.raises(UserError) as err:
         import_hf(d)
     assert str(err.value).startswith(f"{d / 'config.json'}: ") and says in str(err.value), str(err.value)

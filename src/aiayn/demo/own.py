@@ -1,5 +1,5 @@
 """``aiayn demo --train SRC TGT --valid SRC TGT [--test SRC TGT]``: the Multi30k demo's steps
-(``aiayn.demo``) on your own parallel text, from raw files to a scored, averaged model
+(``aiayn.demo.multi30k``) on your own parallel text, from raw files to a scored, averaged model
 (docs/own-data.md).
 
 Steps (each skipped when its output already exists, so a re-run resumes):
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiayn.data.corpora import check_lang
 from aiayn.data.textio import check_readable, read_lines
+from aiayn.demo import stages
 from aiayn.errors import UserError
 from aiayn.files import claim_folder
 
@@ -78,25 +79,24 @@ def run_own_demo(cfg) -> dict:
     """The demo on ``cfg.train``/``valid``/``test`` (a ``DemoConfig``): prepare, train, average,
     choose α on validation, translate and score test, translate examples and plot their attention.
     Every stage that finished is skipped on a re-run; ``out/results.json`` holds what each measured."""
-    from aiayn import demo
     files, src, tgt = own_files(cfg)
     out = claim_folder(cfg.out or f"runs/demo-{src}-{tgt}", OWN_FILES, overwrite=cfg.overwrite, what="aiayn demo")
-    files = demo._subset(files, out / "subset", cfg)
+    files = stages.subset(files, out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
-    data_dir = demo._stage_prepare(cfg, files, out / "data", "src", "tgt", results)
+    data_dir = stages.stage_prepare(cfg, files, out / "data", "src", "tgt", results)
     run_dir = out / "run"
-    member_dirs = demo._stage_train(cfg, data_dir, run_dir, results)
-    model_path = demo._stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
+    member_dirs = stages.stage_train(cfg, data_dir, run_dir, results)
+    model_path = stages.stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
 
     from aiayn.decode.translator import Translator
     translator = Translator.from_checkpoint(model_path, device=cfg.device)
     val_src = _stage_alpha(cfg, translator, files, tgt, results)
     hyp_path = _stage_test(cfg, translator, files, out / "test.hyp", results) if cfg.test else None
     examples = [line for line in val_src if line][:N_EXAMPLES]
-    plots_dir = demo._stage_examples(translator, examples, out / "plots", results)
+    plots_dir = stages.stage_examples(translator, examples, out / "plots", results)
     results["seconds_total"] = round(time.monotonic() - t_all, 1)
-    demo.write_results(cfg, out, results)
+    stages.write_results(cfg, out, results)
     print(f"model: {model_path}")
     if hyp_path is not None:
         print(f"translations: {hyp_path}")
@@ -144,11 +144,10 @@ def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dic
 def _stage_test(cfg, translator, files: dict[str, Path], hyp_path: Path, results: dict) -> Path:
     """5-6. The test split translated into ``hyp_path`` (one line per source line) and scored on the
     raw text: sacreBLEU (and -lc with --lowercase) and chrF."""
-    from aiayn.demo import report_test_scores, translate_test
     from aiayn.evaluate.bleu import chrf, sacre_bleu
     ref = _lines(files["raw.test.tgt"])
-    hyps = translate_test(translator, _lines(files["raw.test.src"]), hyp_path, "test", results)
+    hyps = stages.translate_test(translator, _lines(files["raw.test.src"]), hyp_path, "test", results)
     scores = [sacre_bleu(hyps, ref), *([sacre_bleu(hyps, ref, lowercase=True)] if cfg.lowercase else []),
               chrf(hyps, ref)]
-    report_test_scores(scores, "test", results)
+    stages.report_test_scores(scores, "test", results)
     return hyp_path

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from aiayn.config import ConfigError
 from aiayn.errors import UserError
-from aiayn.exporters.hf import model_permutation
+from aiayn.interop.hf_export import model_permutation
 from aiayn.model.config import check_limits
 from aiayn.model.positional import sinusoidal_table
 

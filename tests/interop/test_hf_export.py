@@ -1,4 +1,4 @@
-"""aiayn export --format hf: a Hugging Face MarianMTModel that computes and translates as aiayn (aiayn/exporters/hf.py)."""
+"""aiayn export --format hf: a Hugging Face MarianMTModel that computes and translates as aiayn (aiayn/interop/hf_export.py)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,7 @@ from aiayn.errors import UserError
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from aiayn.exporters.hf import marian_model, model_permutation  # noqa: E402
+from aiayn.interop.hf_export import marian_model, model_permutation  # noqa: E402
 
 SENTENCES = ["a b c d e f g h", "l k j i", "a a b b c c", "h", "",
              "l k j i h g f e d c b a l k",  # longer than any training sentence: the model errs
@@ -85,7 +85,7 @@ def test_no_repeat_ngram_greedy_is_transformers(n):
     generates them; at most N tokens, no forced EOS)."""
     from aiayn.decode.adapter import CachedDecoder
     from aiayn.decode.search import SpecialIds, search
-    from aiayn.exporters.hf import MARIAN_LAYER_NORM_EPS
+    from aiayn.interop.hf_export import MARIAN_LAYER_NORM_EPS
     torch.manual_seed(1)
     m = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=40, layer_norm_eps=MARIAN_LAYER_NORM_EPS)).eval()
     hf, cfg = marian_model(m), m.cfg

@@ -1,0 +1,72 @@
+"""aiayn.demo.sizing: the demo's recipe chosen by the budget of training FLOPs this machine counts
+in the demo's minutes, and kept for a re-run."""
+import json
+
+import pytest
+
+from aiayn.demo.config import MINUTES, QUICK_MINUTES, RECIPES
+from aiayn.demo.sizing import QUICK_SIZES, SIZES, UTILIZATION, Size, choose_size, describe, predicted_budget, sized_recipe
+from aiayn.errors import UserError
+from aiayn.train.config import load_recipe
+
+
+def test_choose_size_takes_the_last_size_the_budget_reaches():
+    sizes = (Size("a.json", 0.0), Size("b.json", 3e14), Size("c.json", 7e14))
+    assert [choose_size(sizes, b).recipe for b in (0, 1.7e14, 3e14, 6.9e14, 7e14, 1e16)] == \
+        ["a.json", "a.json", "b.json", "b.json", "c.json", "c.json"]
+
+
+def test_predicted_budget_golden():
+    # the demo's minutes x 60 s x 2 processes x 0.062 TFLOP/s (a Zen 3 core) x UTILIZATION
+    budget, tflops = predicted_budget(MINUTES, 2, 1, measure=lambda: 0.062)
+    assert tflops == 0.062
+    assert budget == pytest.approx(MINUTES * 60 * 2 * 0.062e12 * UTILIZATION, rel=1e-12)
+    assert 1.3e14 < budget < 1.7e14  # the Zen 3's demo counted 1.66e14 at 49%
+
+
+def test_the_demos_recipes_train_for_the_demos_minutes():
+    """``MINUTES`` says how long the demo trains; the recipes are plain data and hold it too."""
+    for size in SIZES:
+        assert load_recipe(RECIPES / size.recipe).train.max_time_min == MINUTES, size.recipe
+    for size in QUICK_SIZES:
+        assert load_recipe(RECIPES / size.recipe).train.max_time_min == QUICK_MINUTES, size.recipe
+    assert load_recipe(RECIPES / "parse-sample.json").train.max_time_min == MINUTES  # aiayn parse demo's
+
+
+def test_the_sizes_are_recipes_in_increasing_budget():
+    for sizes in (SIZES, QUICK_SIZES):
+        assert sizes[0].from_flops == 0 and list(sizes) == sorted(sizes, key=lambda s: s.from_flops)
+        for s in sizes:
+            load_recipe(RECIPES / s.recipe)  # a valid recipe of the package
+
+
+def test_the_choice_is_printed_kept_and_resumed(tmp_path):
+    slow, fast = (lambda: 0.062), (lambda: 1.0)
+    recipe, record = sized_recipe(RECIPES, False, MINUTES, 2, 1, tmp_path, measure=slow)
+    assert recipe == RECIPES / SIZES[0].recipe and record["predicted_flops"] < SIZES[-1].from_flops
+    line = describe(record)
+    assert SIZES[0].recipe in line and "62 GFLOP/s" in line and "--recipe forces one" in line
+    # a re-run keeps the first choice, whatever the machine measures now
+    again, _ = sized_recipe(RECIPES, False, MINUTES, 2, 1, tmp_path, measure=fast)
+    assert again == recipe
+    assert json.loads((tmp_path / "sizing.json").read_text())["recipe"] == SIZES[0].recipe
+    other = tmp_path / "fast"
+    other.mkdir()
+    assert sized_recipe(RECIPES, False, MINUTES, 2, 1, other, measure=fast)[0] == RECIPES / SIZES[-1].recipe
+    (other / "sizing.json").write_text("[]")
+    with pytest.raises(UserError, match="not the demo's sizing record"):
+        sized_recipe(RECIPES, False, MINUTES, 2, 1, other, measure=fast)
+
+
+def test_the_demo_sizes_its_default_recipe_and_says_why(tmp_path, capsys, monkeypatch):
+    from aiayn.demo import stages
+    from aiayn.demo.config import DemoConfig
+
+    monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-quick.json")  # no CUDA
+    results = {}
+    recipe = stages._sized_recipe(DemoConfig(quick=True), tmp_path, results)  # measures this machine (1 s)
+    assert recipe == RECIPES / QUICK_SIZES[0].recipe and results["sizing"]["minutes"] == QUICK_MINUTES
+    assert results["sizing"]["processes"] >= 1 and results["sizing"]["matmul_tflops_per_process"] > 0
+    assert "[2/7] sized to this machine: multi30k-quick.json" in capsys.readouterr().out
+    monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-gpu.json")  # CUDA
+    assert stages._sized_recipe(DemoConfig(), tmp_path / "gpu", {}) == RECIPES / "multi30k-gpu.json"
