@@ -13,7 +13,7 @@ tokens per batch) base ran at 152.8 model TFLOP/s (15.4% of the peak) and big at
 an assumption. (CPU measurements live in bench/results and are read from there.)
 
 Elsewhere a throughput is ``peak_tflops x utilization``, model FLOP/s over the peak, taken from
-published runs of the same models by other code (model FLOPs by ``aiayn.model.flops`` with
+published runs of the same models by other code (model FLOPs by ``aiayn.train.flops`` with
 31-token sentences), so an upper bound more than a forecast for aiayn:
 
 * P100 (and the older K80, K40, M40): the paper's own timing: base at 0.4 s per 25,000-token
