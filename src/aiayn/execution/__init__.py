@@ -32,7 +32,6 @@ from aiayn.model.positional import ScaledEmbedding
 
 if TYPE_CHECKING:
     from aiayn.kernels.loader import Kernels
-    from aiayn.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -44,8 +43,8 @@ class Execution:
     row_bits: int | None = None  # pad the linear maps' rows to keep this many leading bits; None = leave them
 
 
-def training(t: "TrainConfig", device: torch.device, kernels: "Kernels | None") -> Execution:
-    """A training run's execution (``TrainConfig``): its C kernels (``train.c_kernels``, None where
+def training(t, device: torch.device, kernels: "Kernels | None") -> Execution:
+    """A training run's execution, from its ``aiayn.train.config.TrainConfig`` ``t``: its C kernels (``train.c_kernels``, None where
     the net is compiled: torch.compile traces PyTorch's attention), ``train.attn_fp32``,
     ``train.fast_dropout``, and on the CPU ``train.cpu_row_bits`` (elsewhere 0)."""
     return Execution(kernels, t.attn_fp32, t.fast_dropout, t.cpu_row_bits if device.type == "cpu" else 0)

@@ -113,20 +113,13 @@ class Transformer(nn.Module):
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
         return PreSoftmax(h.to(dtype), weight.to(dtype))
 
-    def _source_mask(self, src_pad: Tensor, padded: bool, need_weights: bool) -> Tensor | None:
-        """The attention mask of the source keys (B,1,1,S) (``attention.key_mask``), made once for every
-        layer: None where the caller knows the batch holds no padding (the fused attention may then take
-        its flash kernel)."""
-        if not padded:
-            return None
-        return key_mask(src_pad)
-
     # -- encoder ------------------------------------------------------------------------
     def encode(self, src: Tensor, need_weights: bool = False, padded: bool = True) -> EncoderOutput:
         """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S)). ``padded=False``: the caller
-        knows that src holds no padding (``Batch.src_padded``), so no attention takes a key mask."""
+        knows that src holds no padding (``Batch.src_padded``), so no attention takes a key mask (the
+        fused attention may then take its flash kernel)."""
         src_pad = src.eq(self.cfg.pad_id)
-        mask = self._source_mask(src_pad, padded, need_weights)  # (B,1,1,S) or None
+        mask = key_mask(src_pad) if padded else None  # (B,1,1,S), made once for every layer
         x = self._embed(src, self.src_embed, self.src_pos, 0)
         weights = [] if need_weights else None
         for layer in self.encoder_layers:
@@ -155,7 +148,7 @@ class Transformer(nn.Module):
         if cache is None:
             if enc is None:
                 raise ValueError("decode needs the encoder output or a cache")
-            memory_mask = self._source_mask(enc.src_pad, enc.padded, need_weights)  # (B,1,1,S) or None
+            memory_mask = key_mask(enc.src_pad) if enc.padded else None  # (B,1,1,S)
             kv = [TeacherForced(*layer.cross_attn.project_kv(enc.memory), memory_mask) for layer in self.decoder_layers]
             start = 0
         else:
