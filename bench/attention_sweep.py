@@ -10,7 +10,7 @@ and the FFN stays constant while the attention core grows with n:
                    through scaled_dot_product_attention, W^O)
   attention core   attention_fast(q, k, v) alone (QK^T, softmax, .V)
   FFN              FeedForward (Eq. 2)
-FLOPs: aiayn.model.flops.self_attention_flops(n, ...) x B (projections 2*n*(D*H*(2K+Dv) + H*Dv*D),
+FLOPs: aiayn.train.flops.self_attention_flops(n, ...) x B (projections 2*n*(D*H*(2K+Dv) + H*Dv*D),
 core 2*H*n^2*(K+Dv)); FFN 4*n*D*d_ff per sequence. The FLOP crossovers are n = D*H*(2K+Dv) +
 H*Dv*D over H*(K+Dv) (core = projections; 2*D = 1024 for base) and n = 2*D*d_ff / (H*(K+Dv))
 (core = FFN; 2048 for base). Writes results/attention_sweep.json.
@@ -48,7 +48,7 @@ def first_n(rows: list[dict], key_a: str, key_b: str) -> int | None:
 @torch.inference_mode()
 def sweep(cfg, ns: list[int], tokens: int, warmup: int, reps: int) -> list[dict]:
     from aiayn.model.attention import MultiHeadAttention, attention_fast
-    from aiayn.model.flops import self_attention_flops
+    from aiayn.train.flops import self_attention_flops
     from aiayn.model.layers import FeedForward
 
     D, H, K, Dv, F = cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.d_ff

@@ -22,7 +22,7 @@ Rounds: every system runs ``--steps`` steps per round on the same batches, syste
 ``--rounds`` rounds (round r takes batches r * steps, r * steps + 1, ... of those cycled through,
 after ``--warmup`` untimed steps on the first ones); a round's tokens and FLOPs are those of the
 batches it timed, and the median round's rates are reported. Model FLOPs are
-``aiayn.model.flops.train_flops``; the fraction of peak is against the device's dense bf16/fp16 peak
+``aiayn.train.flops.train_flops``; the fraction of peak is against the device's dense bf16/fp16 peak
 (``PEAK_TFLOPS``, by device name) and against an 8192^3 matmul measured in the same run.
 
     python bench/gpu_train.py --sizes base,big --precisions bf16 --systems aiayn,aiayn-compile,hf-marian
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiayn  # noqa: E402
-from aiayn.model.flops import train_flops  # noqa: E402
+from aiayn.train.flops import train_flops  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
 from aiayn.train.runtime import use_tf32  # noqa: E402

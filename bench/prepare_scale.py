@@ -21,7 +21,7 @@ For each size, three child processes, each with its own peak RSS (``wait4``'s ru
    start to its first logged step (train_log.jsonl, polled every 0.1 s), its resident memory at
    steps 1, 10, N/2 and N (the log's rss_mb), its peak RSS and its median tokens/s. Batches of a
    larger corpus come in more shapes (a row count for nearly every sentence length), which is what
-   made a training process grow with its corpus (aiayn/model/linear.py, aiayn/host/allocator.py);
+   made a training process grow with its corpus (aiayn/execution/linear.py, aiayn/host/allocator.py);
    --train-src runs another revision's src/ on the same data for comparison, --reuse-data skips
    preparing again.
 

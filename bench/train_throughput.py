@@ -6,7 +6,7 @@
 Systems, each in its own process, run interleaved (A B C A B C ...), 2 threads each:
   aiayn-fp32   aiayn.Transformer, float32
   aiayn-bf16   the same under torch.autocast("cpu", bfloat16); the attention core stays in
-               float32 (ModelConfig.attn_fp32, on by default)
+               float32 (train.attn_fp32, on by default)
   hf-fp32      transformers.MarianMTModel with the same shapes, random weights, float32
 Every step: one synthetic batch of --batch sentences, --src-len source and --tgt-len target
 tokens each (default 128 x 32 = 4,096 target tokens, no padding), label-smoothed loss
@@ -14,8 +14,8 @@ tokens each (default 128 x 32 = 4,096 target tokens, no padding), label-smoothed
 Adam(0.9, 0.98, 1e-9) (aiayn: fused, as its training loop; HF: PyTorch's per-tensor loop, as
 the reference rival measurements did), zero_grad(set_to_none).
 
-Model FLOPs per step: ``aiayn.model.flops.train_flops`` = 3 x forward matmul FLOPs (formula
-in src/aiayn/model/flops.py), the same for every system since the shapes are the same;
+Model FLOPs per step: ``aiayn.train.flops.train_flops`` = 3 x forward matmul FLOPs (formula
+in src/aiayn/train/flops.py), the same for every system since the shapes are the same;
 fraction of peak = (FLOPs / median step time) / matmul_peak.json's 2048^3 median of the
 system's dtype. Writes results/train_<size>.json.
 """
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     bl.fill_defaults(args, DEFAULTS[args.size])
     bl.setup_logging()
-    from aiayn.model.flops import train_flops
+    from aiayn.train.flops import train_flops
 
     cfg = bl.model_config(args.size)
     machine = bl.machine_info(args.threads)
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     bl.write_result(args.name or f"train_{args.size}", {
         "bench": "train_throughput", "size": args.size, "model_config": cfg.__dict__, "machine": machine,
         "args": vars(args), "tgt_tokens_per_step": tokens, "model_flops_per_step": flops,
-        "flop_formula": "aiayn.model.flops.train_flops = 3 x forward_flops(cfg, B, S, T) (matmuls only; "
+        "flop_formula": "aiayn.train.flops.train_flops = 3 x forward_flops(cfg, B, S, T) (matmuls only; "
                         "causal attention counted in full)",
         "systems": res, "ratios": ratios})
     return 0

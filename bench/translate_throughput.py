@@ -14,7 +14,7 @@ then), so all do the same number of decoder steps on the same number of rows:
 The default L = 69 is the rivals' setting (the reference rival measurements: max length = input + 50).
 
 Systems (each in its own process, interleaved, 2 threads each): aiayn-fp32; aiayn-bf16
-(search under torch.autocast bfloat16; attention core in float32 by ModelConfig.attn_fp32);
+(search under torch.autocast bfloat16; attention core in float32 by train.attn_fp32);
 aiayn-bf16w (weights cast to bfloat16, no autocast); aiayn-int8 (int8 linear maps,
 aiayn/decode/int8.py, as DecodeConfig(precision="int8") decodes); aiayn-int8bf16 (the same int8 linear
 maps, bfloat16 between them: precision "int8-bf16"); hf-fp32; ct2-fp32; ct2-int8; ct2-fp32-inter
@@ -64,7 +64,7 @@ DEFAULTS = {
 
 def beam_flops(cfg, B: int, S: int, L: int, K: int) -> int:
     """Forward matmul FLOPs of beam search with K beams for L steps on B sentences of S tokens."""
-    from aiayn.model.flops import forward_flops
+    from aiayn.train.flops import forward_flops
 
     D, F, H, dk, dv, V = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.target_vocab_size
     N = B * K
@@ -123,6 +123,9 @@ def build_aiayn(size: str, mode: str, B: int, S: int, L: int, K: int, share_slot
     kernels = decoding_kernels(dcfg, model)
     from aiayn.decode.loading import model_for_precision
     model = model_for_precision(model, precision, kernels, packed, library)  # the decoding copy Translator makes
+    if mode == "bf16":  # autocast: Eq. 1 in float32 (train.attn_fp32, as training's validation has it)
+        from aiayn.execution import Execution, apply
+        apply(model, Execution(attn_fp32=True))
     decoder = CachedDecoder(model, share_slots=share_slots, kernels=kernels)
 
     def run() -> dict:

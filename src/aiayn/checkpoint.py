@@ -149,8 +149,33 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
         raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
     verify(ckpt, path)
     for n, member in enumerate(ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]):
+        upgrade_model_sections(member)
         check_model_config(member, f"{path} (member {n})" if ckpt["format"] == ENSEMBLE_FORMAT else str(path))
     return ckpt
+
+
+# Settings that checkpoints of older versions kept in their model sections: how a run computes, not
+# what; they are the run's now (TrainConfig.fast_dropout, TrainConfig.attn_fp32; aiayn.execution).
+EXECUTION_FIELDS = ("fast_dropout", "attn_fp32")
+
+
+def upgrade(section: dict) -> tuple[dict, dict]:
+    """A model section as any version wrote it -> (its ModelConfig fields, the ``EXECUTION_FIELDS`` it held)."""
+    return ({k: v for k, v in section.items() if k not in EXECUTION_FIELDS},
+            {k: v for k, v in section.items() if k in EXECUTION_FIELDS})
+
+
+def upgrade_model_sections(ckpt: dict) -> None:
+    """A checkpoint of an older version, in place (``load_checkpoint``): the execution settings its
+    model sections held (``EXECUTION_FIELDS``) leave them, and join the run's training section where
+    it does not set them itself."""
+    if isinstance(ckpt.get("model_config"), dict):
+        ckpt["model_config"] = upgrade(ckpt["model_config"])[0]
+    run = ckpt.get("run_config")
+    if isinstance(run, dict) and isinstance(run.get("model"), dict):
+        run["model"], execution = upgrade(run["model"])
+        if execution and isinstance(run.get("train"), dict):
+            run["train"] = {**execution, **run["train"]}
 
 
 def check_model_config(ckpt: dict, label: str) -> None:

@@ -6,6 +6,7 @@ import torch
 
 import aiayn.model as M
 from aiayn.decode.adapter import CachedDecoder, RecomputeDecoder
+from aiayn.decode.cache import init_cache
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import SpecialIds, search
 
@@ -94,7 +95,7 @@ def test_beams_of_a_sentence_share_its_encoder_rows(model):
     with torch.inference_mode():
         state = dec.start(src, 5).reorder(torch.arange(3).repeat_interleave(K))
         assert state.cache.group == K and state.cache.layers[0].cross_k.size(0) == 3
-        plain = model.init_cache(model.encode(src), 5).reorder(torch.arange(3).repeat_interleave(K))
+        plain = init_cache(model, model.encode(src), 5).reorder(torch.arange(3).repeat_interleave(K))
         assert plain.group == 1 and plain.layers[0].cross_k.size(0) == 3 * K
         tokens = torch.randint(4, V, (3 * K,), generator=torch.Generator().manual_seed(3))
         a = model.decode(tokens[:, None], cache=state.cache, need_weights=True)

@@ -66,9 +66,9 @@ def test_a_decoding_copy_is_not_copied_again(tiny_checkpoint, precision):
 
 
 def test_bf16_padded_rows_translate_the_same(tiny_checkpoint):
-    """The bf16 copy pads its linear maps' rows (``cpu_row_bits``, aiayn/model/linear.py); with the
+    """The bf16 copy pads its linear maps' rows (``cpu_row_bits``, aiayn/execution/linear.py); with the
     padding off the same batches give the same hypotheses and the same scores."""
-    from aiayn.model.linear import Linear
+    from aiayn.execution.linear import RowPaddedLinear as Linear
     model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
     lines = [f"A dog number {i} runs in the park with {i % 7} men." for i in range(40)] + ["Two men sit."]
     results = {}

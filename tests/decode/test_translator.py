@@ -48,6 +48,18 @@ def ckpt(tmp_path, spm_bytes) -> str:
     return make_checkpoint(tmp_path / "tiny.pt", spm_bytes)
 
 
+def test_an_older_checkpoint_with_execution_settings_in_its_model_config_translates(tmp_path, spm_bytes, ckpt):
+    """A checkpoint of an older version, whose model_config held ``fast_dropout`` and ``attn_fp32``
+    (the run's settings now), loads and translates as today's."""
+    old = torch.load(ckpt, weights_only=True)
+    old.pop("sha256", None)
+    old["model_config"] = {**old["model_config"], "fast_dropout": True, "attn_fp32": False}
+    atomic_save(old, tmp_path / "old.pt")
+    cfg = DecodeConfig(max_len_b=3)
+    assert Translator.from_checkpoint(str(tmp_path / "old.pt"), cfg).translate(LINES) == \
+        Translator.from_checkpoint(ckpt, cfg).translate(LINES)
+
+
 def test_translate_keeps_input_order_and_matches_one_by_one(ckpt):
     cfg = DecodeConfig(max_len_b=3, batch_tokens=16)  # several batches
     tr = Translator.from_checkpoint(ckpt, cfg)

@@ -152,11 +152,12 @@ def test_unpadded_batch_on_cuda_without_mask_is_the_masked_one():
         unmasked = model(src, tgt, src_padded=False).float()
     assert torch.allclose(masked, unmasked, atol=3e-2)
     src[2, 7:] = cfg.pad_id
+    from aiayn.execution.attention import additive_key_mask
     from aiayn.model.attention import key_mask
     enc_bool = model.encoder_layers[0]
     x = torch.randn(6, 11, cfg.d_model, device=CUDA)
     a = enc_bool(x, key_mask(src.eq(cfg.pad_id)))[0]
-    b = enc_bool(x, key_mask(src.eq(cfg.pad_id), torch.float32))[0]
+    b = enc_bool(x, additive_key_mask(key_mask(src.eq(cfg.pad_id)), torch.float32))[0]
     assert torch.allclose(a, b, atol=1e-5)
 
 

@@ -100,7 +100,7 @@ def test_bad_shapes_are_errors(kernels):
 def test_the_kernels_append_is_the_caches(kernels, K, dtype):
     # self_attention with the step's new keys/values on DecoderCache.slots writes what DecoderCache.append
     # writes and returns what it returns after append, bit for bit, over steps that grow the cache
-    from aiayn.model.cache import LayerCache, share_slots
+    from aiayn.decode.cache import LayerCache, share_slots
 
     Bs, g, H = 3, 4, 2
 

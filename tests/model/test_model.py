@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import aiayn
+from aiayn.decode.cache import init_cache
 from aiayn.model.attention import attention_explicit
 from aiayn.model.positional import sinusoidal_table
 
@@ -83,7 +84,7 @@ def test_cached_decoding_equals_teacher_forced(pre_norm, learned):
     tgt = torch.tensor([[2, 11, 12, 13, 14, 15], [2, 16, 17, 18, 19, 20]])
     enc = model.encode(src)
     full = model.decode(tgt, enc).logits
-    cache = model.init_cache(enc, max_len=3)  # smaller than needed: the cache must grow
+    cache = init_cache(model, enc, max_len=3)  # smaller than needed: the cache must grow
     steps = []
     for t in range(tgt.size(1)):
         out = model.decode(tgt[:, t:t + 1], cache=cache)
@@ -99,7 +100,7 @@ def test_cached_chunk_then_steps_equals_full():
     tgt = torch.tensor([[2, 11, 12, 13, 14]])
     enc = model.encode(src)
     full = model.decode(tgt, enc).logits
-    cache = model.init_cache(enc, max_len=8)
+    cache = init_cache(model, enc, max_len=8)
     first = model.decode(tgt[:, :3], cache=cache).logits
     rest = model.decode(tgt[:, 3:], cache=cache).logits
     assert torch.allclose(torch.cat([first, rest], 1), full, atol=1e-10)
@@ -110,7 +111,7 @@ def test_cache_reorder_equals_recomputing_reordered_prefixes():
     src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0], [10, 3, 0, 0]])
     prefix = torch.tensor([[2, 11, 12], [2, 13, 14], [2, 15, 16]])
     enc = model.encode(src)
-    cache = model.init_cache(enc, max_len=6)
+    cache = init_cache(model, enc, max_len=6)
     model.decode(prefix, cache=cache)
     order = torch.tensor([2, 0, 0, 1])
     cache = cache.reorder(order)
@@ -190,162 +191,3 @@ def test_public_api_unknown_override_is_an_error():
         aiayn.get_preset("base", d_modle=3)
     with pytest.raises(ValueError, match="unknown preset"):
         aiayn.get_preset("huge")
-
-
-class _Counting:
-    """A Kernels stand-in that counts the attention calls it passes on to the real library."""
-
-    def __init__(self, lib):
-        self.lib, self.forward, self.backward = lib, 0, 0
-
-    def seq_attention_fast(self, d_k, d_v):
-        return self.lib.seq_attention_fast(d_k, d_v)
-
-    def supports_heads(self, *a):
-        return self.lib.supports_heads(*a)
-
-    def seq_attention_forward(self, *a):
-        self.forward += 1
-        return self.lib.seq_attention_forward(*a)
-
-    def seq_attention_backward(self, *a):
-        self.backward += 1
-        return self.lib.seq_attention_backward(*a)
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_attention_kernels_are_pytorchs_attention(precision):
-    """train.c_kernels' attention (seq_attention.c through Transformer.use_attention_kernels) is a fast
-    path: every attention of the model's forward goes through it (encoder, masked decoder, encoder-decoder),
-    and the loss and every parameter's gradient are PyTorch's, up to rounding, in float32 and under bf16
-    autocast (whose attention is computed in float32 either way)."""
-    from aiayn.kernels.loader import load
-    from aiayn.train import runtime as rt
-
-    lib = load()
-    if lib is None or not lib.seq_attention_fast(32, 32):
-        pytest.skip("no C compiler or no AVX-512: training uses PyTorch's attention")
-    torch.manual_seed(0)
-    model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=2, d_model=64, d_ff=96, n_heads=2, d_k=32, d_v=32,
-                                    p_drop=0.0))
-    src, tgt = torch.randint(4, 60, (4, 9)), torch.randint(4, 60, (4, 7))
-    src[1, 6:] = 0  # source padding: masked keys
-    tgt[2, 4:] = 0
-    counting = _Counting(lib)
-    results = []
-    for k in (counting, None):
-        model.use_attention_kernels(k)
-        model.zero_grad()
-        with rt.autocast(torch.device("cpu"), precision):
-            logits = model(src, tgt)
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 60), tgt.view(-1), ignore_index=0)
-        loss.backward()
-        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    assert counting.forward == 3 * 2 and counting.backward == 3 * 2  # 2 layers: encoder self, decoder self and cross
-    (l1, g1), (l2, g2) = results
-    tol = 1e-5 if precision == "fp32" else 2e-2
-    assert l1 == pytest.approx(l2, rel=tol)
-    for name in g1:
-        torch.testing.assert_close(g1[name], g2[name], atol=tol * g2[name].abs().max().item() + 1e-7, rtol=tol)
-
-
-def test_attention_kernels_step_aside():
-    """Where the kernels do not apply, PyTorch's attention: weights asked for, attention dropout in
-    training, heads the AVX-512 path lacks, and a module with no kernels."""
-    from aiayn.kernels.loader import load
-
-    lib = load()
-    if lib is None:
-        pytest.skip("no C compiler")
-    model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=1, d_model=64, d_ff=96, n_heads=2, d_k=32, d_v=32,
-                                    p_drop=0.0, p_drop_attn=0.1))
-    counting = _Counting(lib)
-    model.use_attention_kernels(counting)
-    src, tgt = torch.randint(4, 60, (2, 5)), torch.randint(4, 60, (2, 4))
-    model.train()
-    model(src, tgt)  # attention dropout in training
-    assert counting.forward == 0
-    model.eval()
-    model.encode(src, need_weights=True)
-    assert counting.forward == 0
-    model(src, tgt)  # evaluation: no dropout, so the kernels (where this build has them)
-    assert counting.forward == (3 if lib.seq_attention_fast(32, 32) else 0)
-    odd = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=1, d_model=64, d_ff=96, n_heads=2, d_k=16, d_v=16))
-    odd.use_attention_kernels(counting)
-    odd.eval()(src, tgt)
-    assert counting.forward == (3 if lib.seq_attention_fast(32, 32) else 0)  # d_k 16: not taken
-
-
-def test_attn_fp32_upcasts_on_the_cpu_only():
-    """``attn_fp32``: under CPU bf16 autocast the attention core is float32 (the same numbers as
-    attending the same bf16 heads in float32 by hand); on CUDA it is not upcast, since the fused
-    kernels keep the softmax in float32 themselves (a stand-in for a CUDA tensor: only its device
-    type and dtype are read)."""
-    from types import SimpleNamespace
-
-    from aiayn.model.attention import MultiHeadAttention
-    torch.manual_seed(0)
-    mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8, p_drop_attn=0.0, self_attention=True).eval()
-    x = torch.randn(2, 5, 16)
-    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        q, k, v = mha.project_qkv(x)
-        assert q.dtype == torch.bfloat16 and mha._upcast(q)
-        out, _ = mha.attend(q, k, v, mask)
-        want = attention_explicit(q.float(), k.float(), v.float(), mask)[0]
-        want = mha.out_proj(want.transpose(1, 2).reshape(2, 5, 16).to(torch.bfloat16))
-    assert torch.allclose(out.float(), want.float(), atol=1e-2)  # (one bf16 rounding of the output apart)
-    cuda_heads = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16)
-    cuda_heads.device = SimpleNamespace(type="cuda")
-    assert not mha._upcast(cuda_heads)
-    mha.attn_fp32 = False
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not mha._upcast(mha.project_qkv(x)[0])
-
-
-@pytest.mark.parametrize("kernels", [False, True])
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("S,T", [(9, 7), (40, 33)])
-def test_no_key_mask_for_a_source_without_padding(kernels, precision, S, T):
-    """``src_padded=False`` (``Batch.src_padded``: the batch is known to hold no padding) gives the
-    attention no key mask, so the fused kernels may take flash; on the CPU the same logits and gradients,
-    bit for bit, as the all-true mask, through PyTorch's attention and through the C kernels."""
-    from aiayn.kernels.loader import load
-    from aiayn.train import runtime as rt
-
-    lib = load() if kernels else None
-    if kernels and (lib is None or not lib.seq_attention_fast(32, 32)):
-        pytest.skip("no C compiler or no AVX-512")
-    torch.manual_seed(0)
-    model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=2, d_model=64, d_ff=96, n_heads=2, d_k=32,
-                                                d_v=32, p_drop=0.0))
-    model.use_attention_kernels(lib)
-    src, tgt = torch.randint(4, 60, (3, S)), torch.randint(4, 60, (3, T))
-    results = []
-    for padded in (True, False):
-        model.zero_grad()
-        with rt.autocast(torch.device("cpu"), precision):
-            logits = model(src, tgt, src_padded=padded)
-        logits.float().square().mean().backward()
-        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-    (a, ga), (b, gb) = results
-    assert torch.equal(a, b)
-    assert all(torch.equal(x, y) for x, y in zip(ga, gb))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_additive_key_mask_equals_the_boolean_one(dtype):
-    """``key_mask`` with a dtype (what CUDA's training gets, made once for every layer): 0 at tokens,
-    -inf at padding, its rows 16 entries apart (no copy by the memory-efficient kernel), and the same
-    attention as the boolean mask."""
-    from aiayn.model.attention import MultiHeadAttention, key_mask
-    src_pad = torch.tensor([[False] * 7, [False] * 4 + [True] * 3])
-    additive = key_mask(src_pad, dtype)
-    assert additive.shape == (2, 1, 1, 7) and additive.dtype == dtype and additive.stride()[0] % 16 == 0
-    assert additive[1, 0, 0].tolist() == [0.0] * 4 + [float("-inf")] * 3
-    torch.manual_seed(0)
-    mha = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=8, p_drop_attn=0.0, self_attention=True).to(dtype)
-    q, k, v = mha.project_qkv(torch.randn(2, 7, 16, dtype=dtype))
-    plain, _ = mha.attend(q, k, v, key_mask(src_pad))
-    fast, _ = mha.attend(q, k, v, additive)
-    torch.testing.assert_close(fast, plain, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-2)

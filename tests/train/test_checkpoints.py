@@ -328,3 +328,29 @@ def test_two_process_resume_with_dropout_is_exact(small_data_dir, tmp_path):
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     assert not torch.equal(b["rank_rng"][0]["torch"], b["rank_rng"][1]["torch"])  # the ranks' generators differ
+
+
+def test_an_older_checkpoint_s_execution_settings_move_to_the_training_section(tmp_path):
+    """Checkpoints of older versions kept ``fast_dropout`` and ``attn_fp32`` in their model sections:
+    loaded, the model sections are today's ModelConfig, and the settings are the run's training
+    section's (where it does not set them itself)."""
+    from aiayn.config import from_dict
+    from aiayn.model import ModelConfig
+    from aiayn.train.config import RunConfig, run_config_from_dict
+    old = _handmade()
+    old["model_config"] = {**old["model_config"], "fast_dropout": False, "attn_fp32": False}
+    run = to_dict(RunConfig(model=aiayn.get_preset("tiny", vocab_size=10)))
+    for name in ("fast_dropout", "attn_fp32"):
+        del run["train"][name]
+    run["model"] = {**run["model"], "fast_dropout": False, "attn_fp32": False}
+    old["run_config"] = run
+    ck.atomic_save(old, tmp_path / "old.pt")
+    ckpt = ck.load_checkpoint(tmp_path / "old.pt")
+    assert from_dict(ModelConfig, ckpt["model_config"]) == aiayn.get_preset("tiny", vocab_size=10)
+    cfg = run_config_from_dict(ckpt["run_config"])
+    assert cfg.model == aiayn.get_preset("tiny", vocab_size=10)
+    assert (cfg.train.fast_dropout, cfg.train.attn_fp32) == (False, False)
+    old["run_config"]["train"]["attn_fp32"] = True  # the training section's own setting stays
+    ck.atomic_save(old, tmp_path / "mixed.pt")
+    cfg = run_config_from_dict(ck.load_checkpoint(tmp_path / "mixed.pt")["run_config"])
+    assert (cfg.train.fast_dropout, cfg.train.attn_fp32) == (False, True)

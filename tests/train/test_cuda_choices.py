@@ -11,7 +11,7 @@ import torch
 
 import aiayn
 from aiayn.checkpoint import load_checkpoint
-from aiayn.model.attention import attention_backends
+from aiayn.execution.attention import attention_backends
 from aiayn.train import step
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
@@ -211,13 +211,13 @@ def test_data_parallel_options(tmp_path):
 def test_compiled_model_compiles_one_graph_per_padding_case_over_bucket_shapes():
     """``train.compile`` (``compile_model``) on length-bucketed batches: new (B, S, T) shapes reuse
     the graph; only a batch with a source mask and one without give two graphs. Dropout as on CUDA
-    (``fast_dropout`` off: the CPU's thresholded draw is not traced). A counting backend stands in
+    (the model's own, without ``train.fast_dropout``'s CPU draw, which is not traced). A counting backend stands in
     for inductor: what is counted is dynamo's graphs, as on a GPU."""
     import random
 
     from aiayn.model import ModelConfig
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=300, d_model=32, n_heads=4, d_k=8, d_v=8, d_ff=64, n_layers=2, fast_dropout=False)
+    cfg = ModelConfig(vocab_size=300, d_model=32, n_heads=4, d_k=8, d_v=8, d_ff=64, n_layers=2)
     graphs = []
 
     def backend(gm, example_inputs):

@@ -18,6 +18,7 @@ import aiayn
 from aiayn.cli import main
 from aiayn.errors import UserError
 from aiayn.checkpoint import atomic_save, average_checkpoints, load_checkpoint
+from aiayn.decode.cache import init_cache
 from aiayn.train.objective import label_smoothed_loss, learning_rate, noam_lr
 
 FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=0",
@@ -51,7 +52,7 @@ def test_copy_task_loss_goes_near_zero():
     model.eval()
     body = torch.tensor([[5, 9, 4, 11, 7, 7, 6, 10]])
     enc = model.encode(torch.cat([body, torch.tensor([[cfg.eos_id]])], 1))
-    cache = model.init_cache(enc, 10)
+    cache = init_cache(model, enc, 10)
     tok, out = torch.tensor([[cfg.bos_id]]), []
     with torch.no_grad():
         for _ in range(8):
@@ -181,6 +182,7 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
 def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int, accum: int) -> dict:
     from aiayn.data.batching import TokenBatchSampler, collate
     from aiayn.data.dataset import DataDir
+    from aiayn import execution
     from aiayn.model import ModelConfig
     from aiayn.train import runtime as rt
     from aiayn.train.config import run_config_from_dict
@@ -207,8 +209,8 @@ def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, 
 
     streams = [rank_batches(r) for r in range(ranks)]
     kernels = train_kernels(t, torch.device("cpu"))  # loss and attention as the run computed them (train.c_kernels)
-    for model in models:
-        model.use_attention_kernels(kernels)
+    for model in models:  # as the loop's step computes (train.c_kernels, train.fast_dropout, ...)
+        execution.apply(model, execution.training(t, torch.device("cpu"), kernels))
     for step in range(1, steps + 1):
         lr = learning_rate(step, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac)
         for model, opt, stream in zip(models, opts, streams):

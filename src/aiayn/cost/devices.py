@@ -12,7 +12,7 @@ less memory bandwidth; its figures are the H200's, an assumption. (CPU measureme
 bench/results and are read from there.)
 
 Elsewhere a throughput is ``peak_tflops x utilization``, model FLOP/s over the peak, taken from
-published runs of the same models by other code (model FLOPs by ``aiayn.model.flops`` with
+published runs of the same models by other code (model FLOPs by ``aiayn.train.flops`` with
 31-token sentences), so an upper bound more than a forecast for aiayn: for the P100 (and the
 older K80, K40, M40) the paper's own step time (§5.2), for the V100 NVIDIA's DeepLearningExamples
 Transformer, for the A100 FlagPerf's run of that code, for the H100 and H200 (models other than

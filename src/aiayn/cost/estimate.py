@@ -2,7 +2,7 @@
 
 Per step (§5.1): ``tokens`` target tokens and as many source tokens, in sentences of ``length``
 subword tokens (EOS included) on both sides, so ``tokens / length`` sentences; the training
-FLOPs are ``aiayn.model.flops.train_flops`` of one such sentence times that count (3x the
+FLOPs are ``aiayn.train.flops.train_flops`` of one such sentence times that count (3x the
 forward matmul FLOPs, padding ignored: batches of similar lengths pad little, §5.1).
 
 Throughput per device, in model FLOP/s, is taken from the first of:
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig, get_preset
-from aiayn.model.flops import forward_flops, train_flops
+from aiayn.train.flops import forward_flops, train_flops
 from aiayn.train.config import RunConfig
 from aiayn.cost.devices import DEVICES
 

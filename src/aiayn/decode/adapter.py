@@ -21,8 +21,8 @@ from torch import Tensor
 from aiayn.kernels.loader import Kernels
 from aiayn.decode.search import beam_rows, reads_wait, reorder_state
 from aiayn.decode.topk import select_topk
-from aiayn.model import DecoderCache, EncoderOutput, Transformer
-from aiayn.model.cache import LayerCache, share_slots
+from aiayn.decode.cache import DecoderCache, LayerCache, init_cache, share_slots
+from aiayn.model import EncoderOutput, Transformer
 
 
 def _log_softmax(logits: Tensor) -> Tensor:
@@ -198,7 +198,7 @@ class CachedDecoder:
 
     def start(self, src: Tensor, max_len: int) -> CachedState:
         """src (B, S) -> a cache of B rows with room for max_len decoder positions."""
-        cache = self.model.init_cache(self.model.encode(src), max_len)
+        cache = init_cache(self.model, self.model.encode(src), max_len)
         cache.kernels = self.kernels
         return CachedState(cache, torch.arange(src.size(0), device=src.device), None, self.share_slots)
 

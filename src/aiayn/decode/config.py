@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiayn.config import ConfigError, param, replace
-from aiayn.model.linear import ROW_BITS
+from aiayn.execution.linear import ROW_BITS
 
 
 PACKED_LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library besides "auto" (decode/packed.py)

@@ -22,7 +22,8 @@ from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
 from aiayn.errors import UserError
 from aiayn.kernels.loader import Kernels, load as load_kernels
 from aiayn.model import ModelConfig, Transformer
-from aiayn.model.linear import ROW_BITS
+from aiayn.execution import pad_linear_rows
+from aiayn.execution.linear import ROW_BITS
 
 
 def _tokenizer_from_checkpoint(toks: dict, side: str, path: Path) -> Tokenizer:
@@ -109,14 +110,14 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
     int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
     around the int8 products, and the products themselves on CPUs without VNNI, where int8 is refused
     without them), so the caller's model is left as it was. The bfloat16 copy pads the rows of its
-    linear maps to keep ``row_bits`` leading bits (``aiayn.model.linear``)."""
+    linear maps to keep ``row_bits`` leading bits (``aiayn.execution.linear``)."""
     if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
         return model  # already a decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
         if next(model.parameters()).dtype == torch.bfloat16:
             return model  # already a bfloat16 decoding copy (as above; casting a copy again changes nothing)
         bf16 = copy.deepcopy(model).to(torch.bfloat16)
-        bf16.pad_linear_rows(row_bits)  # a bounded set of oneDNN kernels (aiayn/model/linear.py)
+        pad_linear_rows(bf16, row_bits)  # a bounded set of oneDNN kernels (aiayn/execution/linear.py)
         return bf16
     if precision in ("int8", "int8-bf16"):
         require_int8_product(precision, kernels)  # slower than fp32 without VNNI or the C kernels

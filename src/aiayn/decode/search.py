@@ -57,7 +57,7 @@ from torch import Tensor
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.ngram import ban_repeated_ngrams
 from aiayn.decode.topk import select_topk, topk_rows  # noqa: F401 (topk_rows: part of this module's interface)
-from aiayn.model.attention import attention_backends
+from aiayn.execution.attention import attention_backends
 
 NEG_INF = float("-inf")
 

@@ -4,7 +4,7 @@ The demo trains for a fixed wall time, so the number of updates it gets depends 
 with AVX2 counts about a sixth of a Zen 5's training FLOPs in the same minutes). One recipe cannot
 suit both: a model sized for the fast machine is still warming up when the slow one stops. So before
 training the demo predicts the budget, the training FLOPs this machine counts in the demo's minutes
-(``aiayn.model.flops``: 3 x the forward's matmuls, as ``train.max_flops`` counts them):
+(``aiayn.train.flops``: 3 x the forward's matmuls, as ``train.max_flops`` counts them):
 
     budget = minutes x 60 x processes x R x UTILIZATION
 

@@ -13,7 +13,7 @@ without more resident memory.
 
 Each entry holds megabytes, so what bounds the cache's memory is the set of shapes, not its
 capacity: training and bfloat16 decoding pad the rows of their linear maps to a few row counts
-(``aiayn.model.linear``), without which a large corpus, with a row count for nearly every sentence
+(``aiayn.execution.linear``), without which a large corpus, with a row count for nearly every sentence
 length, filled the room with thousands of kernels and the process grew with the corpus.
 
 It is a process setting, like ``aiayn.host.hugepages``: oneDNN reads the variable when it creates its

@@ -26,7 +26,7 @@ In training, the label-smoothed loss reads the (N, V) logits forward and writes 
 PyTorch's operations passed over each block six or seven times; ``cross_entropy.c`` reads each row once
 forward and once backward and writes the gradient once (``train.c_kernels``; BENCHMARKS.md §2, "The demo's
 training step"). Training's attention over whole sequences
-(``seq_attention.c``, forward and backward; ``Transformer.use_attention_kernels``, also ``train.c_kernels``): each
+(``seq_attention.c``, forward and backward; ``aiayn.execution.use_attention_kernels``, also ``train.c_kernels``): each
 (batch row, head) of ``aiayn demo``'s training is a few dozen queries against a few dozen keys of 32 values, where
 PyTorch's fused attention ran far below the CPU's FLOP rate (and copied to float32 and back under bf16
 autocast); the AVX-512 path keeps each (batch row, head) in float32 scratch, no copies (BENCHMARKS.md §2,

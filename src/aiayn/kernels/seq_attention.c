@@ -2,7 +2,7 @@
  * attention of training (encoder self-attention, masked decoder self-attention, encoder-decoder attention).
  *
  * Compiled and loaded with the decoding kernels by aiayn/kernels/loader.py, which says why it exists and how
- * it is tested; used by aiayn/model/attention.py (_KernelAttention). Each (batch row, head) is a product of
+ * it is tested; used by aiayn/execution/attention.py (_KernelAttention). Each (batch row, head) is a product of
  * a few dozen queries with a few dozen keys of d_k = 32 or 64 values: PyTorch's fused attention spent 1.2-1.3 ms
  * forward and 1.7 ms backward on each of ``aiayn demo``'s calls (2,048 tokens, 4 heads), where the arithmetic
  * is 26 MFLOP. Here each (b, h) is read once into float32 scratch (the keys, and backward the values, also

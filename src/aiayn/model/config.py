@@ -41,8 +41,6 @@ class ModelConfig:
     pad_id: int = param(0, "padding token id (never attended to, never predicted)")
     bos_id: int = param(2, "beginning-of-sentence id, the decoder's first input")
     eos_id: int = param(3, "end-of-sentence id")
-    fast_dropout: bool = param(True, "on the CPU, dropout masks by thresholding random_() integers instead of F.dropout's bernoulli_: the same Bernoulli law, cheaper (docs/training.md); CUDA always uses F.dropout")
-    attn_fp32: bool = param(True, "on the CPU under bf16 autocast, the attention core (QK^T, softmax, .V) in float32: the same math, a faster backward; CUDA's fused kernels keep the softmax in float32 anyway")
 
     def __post_init__(self) -> None:
         if self.d_model <= 0 or self.n_heads <= 0 or self.d_k <= 0 or self.d_v <= 0:

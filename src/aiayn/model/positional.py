@@ -78,3 +78,7 @@ class ScaledEmbedding(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B,L) -> (B,L,D)."""
         return nn.functional.embedding(tokens, self.weight, padding_idx=self.pad_id) * self.scale
+
+    def transposed(self, h: Tensor, bias: Tensor | None = None) -> Tensor:
+        """The pre-softmax linear transformation with this matrix (§3.4, tied): h (B,T,D) -> h W^T + b (B,T,V)."""
+        return nn.functional.linear(h, self.weight, bias)

@@ -6,18 +6,23 @@ Token tensors are batch-first ids; ``cfg.pad_id`` marks padding.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.model.attention import MultiHeadAttention, key_mask
-from aiayn.model.cache import DecoderCache, LayerCache
+from aiayn.model.attention import key_mask
 from aiayn.model.config import ModelConfig
-from aiayn.model.dropout import dropout
-from aiayn.model.layers import DecoderLayer, EncoderLayer, TeacherForced
-from aiayn.model.linear import Linear, row_padded_linear
+from aiayn.model.layers import DecoderLayer, EncoderLayer, KeysValues, TeacherForced
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding, SinusoidalPositions
+
+
+class IncrementalState(Protocol):
+    """What ``Transformer.decode`` reads of a decoding cache (``aiayn.decode.cache.DecoderCache``): each
+    layer's keys and values at this step, and the position of the step's first token."""
+    length: int
+
+    def attention(self) -> list[KeysValues]: ...
 
 
 class EncoderOutput(NamedTuple):
@@ -29,7 +34,7 @@ class EncoderOutput(NamedTuple):
 
 class DecoderOutput(NamedTuple):
     logits: Tensor  # (B,T,V)
-    cache: DecoderCache | None
+    cache: IncrementalState | None
     self_weights: list[Tensor] | None = None  # per layer (B,H,T,T')
     cross_weights: list[Tensor] | None = None  # per layer (B,H,T,S)
 
@@ -65,10 +70,10 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.out_proj = None  # pre-softmax projection = target embedding matrix (§3.4)
         else:
-            self.out_proj = Linear(D, cfg.target_vocab_size, bias=False)
+            self.out_proj = nn.Linear(D, cfg.target_vocab_size, bias=False)
         # Marian's final_logits_bias (ModelConfig.output_bias); the paper's projection has none
         self.out_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.output_bias else None
-        self.row_bits = 0  # pad_linear_rows
+        self.dropout = nn.Dropout(cfg.p_drop)  # on the sums of embeddings and positional encodings (§5.4)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -81,34 +86,17 @@ class Transformer(nn.Module):
         if self.out_proj is not None:
             nn.init.normal_(self.out_proj.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
 
-    def use_attention_kernels(self, kernels) -> None:
-        """Attend through the C kernels (``aiayn.kernels.loader.Kernels``, seq_attention.c) where they apply
-        (``MultiHeadAttention._use_kernels``), or through PyTorch's attention with None. Training sets them
-        with ``train.c_kernels``; decoding with a cache has kernels of its own (``DecoderCache.kernels``)."""
-        for module in self.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.kernels = kernels
-
-    def pad_linear_rows(self, bits: int) -> None:
-        """Pad the rows of every linear map (the output layer's too) to keep ``bits`` leading bits of
-        their count on the CPU in reduced precision, 0 for never (``aiayn.model.linear``: the same
-        outputs, oneDNN kernels for few shapes). Set by ``train.cpu_row_bits`` and ``DecodeConfig.cpu_row_bits``."""
-        self.row_bits = int(bits)
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.row_bits = self.row_bits
-
     # -- embeddings ---------------------------------------------------------------------
     def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:
         """Embedding * sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4)."""
         x = embed(tokens) + pos(start, tokens.size(1)).to(embed.weight.dtype)  # (B,L,D)
-        return dropout(x, self.cfg.p_drop, self.training, self.cfg.fast_dropout)
+        return self.dropout(x)
 
     def output_logits(self, h: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4), plus ``out_bias`` where the model has one: (B,T,D) -> (B,T,V).
         (A decoding copy may put its own ``out_proj`` over the tied matrix: the bias is still added here.)"""
         if self.out_proj is None:
-            return row_padded_linear(h, self.tgt_embed.weight, self.out_bias, self.row_bits)
+            return self.tgt_embed.transposed(h, self.out_bias)
         logits = self.out_proj(h)
         return logits if self.out_bias is None else logits + self.out_bias
 
@@ -121,28 +109,17 @@ class Transformer(nn.Module):
         if self.out_bias is not None:
             h = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # (B,T,D+1)
             weight = torch.cat([weight, self.out_bias[:, None].to(weight.dtype)], dim=1)  # (V,D+1)
-        kind = h.device.type
+        kind = h.device.type  # autocast's state is per kind of device
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
         return PreSoftmax(h.to(dtype), weight.to(dtype))
-
-    def _source_mask(self, src_pad: Tensor, padded: bool, need_weights: bool) -> Tensor | None:
-        """The attention mask of the source keys (B,1,1,S) (``attention.key_mask``): None where the
-        caller knows the batch holds no padding (the fused attention may then take its flash kernel);
-        on CUDA additive, in the dtype the heads will have, made once for every layer; else boolean."""
-        if not padded:
-            return None
-        if src_pad.device.type != "cuda" or need_weights:
-            return key_mask(src_pad)
-        kind = src_pad.device.type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.src_embed.weight.dtype
-        return key_mask(src_pad, dtype)
 
     # -- encoder ------------------------------------------------------------------------
     def encode(self, src: Tensor, need_weights: bool = False, padded: bool = True) -> EncoderOutput:
         """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S)). ``padded=False``: the caller
-        knows that src holds no padding (``Batch.src_padded``), so no attention takes a key mask."""
+        knows that src holds no padding (``Batch.src_padded``), so no attention takes a key mask (the
+        fused attention may then take its flash kernel)."""
         src_pad = src.eq(self.cfg.pad_id)
-        mask = self._source_mask(src_pad, padded, need_weights)  # (B,1,1,S) or None
+        mask = key_mask(src_pad) if padded else None  # (B,1,1,S), made once for every layer
         x = self._embed(src, self.src_embed, self.src_pos, 0)
         weights = [] if need_weights else None
         for layer in self.encoder_layers:
@@ -152,21 +129,7 @@ class Transformer(nn.Module):
         return EncoderOutput(self.encoder_norm(x), src_pad, weights, padded)
 
     # -- decoder ------------------------------------------------------------------------
-    def init_cache(self, enc: EncoderOutput, max_len: int) -> DecoderCache:
-        """Compute encoder-decoder keys/values once and preallocate self-attention buffers."""
-        layers = []
-        N = enc.memory.size(0)
-        for layer in self.decoder_layers:
-            k, v = layer.cross_attn.project_kv(enc.memory)
-            H = layer.self_attn.n_heads
-            # Unwritten positions are never read (attention takes the filled part), so nothing is zeroed;
-            # beam search replaces these buffers with shared slots before its first step anyway.
-            self_k = k.new_empty(N, H, max_len, layer.self_attn.d_k)
-            self_v = v.new_empty(N, H, max_len, layer.self_attn.d_v)
-            layers.append(LayerCache(self_k, self_v, k, v))
-        return DecoderCache(layers, enc.src_pad, 0)
-
-    def decode(self, tgt_in: Tensor, enc: EncoderOutput | None = None, cache: DecoderCache | None = None,
+    def decode(self, tgt_in: Tensor, enc: EncoderOutput | None = None, cache: IncrementalState | None = None,
                need_weights: bool = False) -> DecoderOutput:
         """Decoder stack and output projection.
 
@@ -178,14 +141,14 @@ class Transformer(nn.Module):
         x, w_self, w_cross = self._decoder_stack(tgt_in, enc, cache, need_weights)
         return DecoderOutput(self.output_logits(x), cache, w_self, w_cross)
 
-    def _decoder_stack(self, tgt_in: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None,
+    def _decoder_stack(self, tgt_in: Tensor, enc: EncoderOutput | None, cache: IncrementalState | None,
                        need_weights: bool) -> tuple[Tensor, list | None, list | None]:
         """``decode`` up to the pre-softmax projection: the normalized states (B,T,D) and the
         attention weights when asked for; advances ``cache`` where given."""
         if cache is None:
             if enc is None:
                 raise ValueError("decode needs the encoder output or a cache")
-            memory_mask = self._source_mask(enc.src_pad, enc.padded, need_weights)  # (B,1,1,S) or None
+            memory_mask = key_mask(enc.src_pad) if enc.padded else None  # (B,1,1,S)
             kv = [TeacherForced(*layer.cross_attn.project_kv(enc.memory), memory_mask) for layer in self.decoder_layers]
             start = 0
         else:

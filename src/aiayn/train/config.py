@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
-from aiayn.model.linear import ROW_BITS
+from aiayn.execution.linear import ROW_BITS
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class TrainConfig:
     c_kernels: bool = param(True, "the loss and (AVX-512, d_k = d_v of 32 or 64) the attention in C on the CPU (docs/kernels.md): the same sums up to rounding, faster; false, no C compiler or a GPU = PyTorch's operations")
     fused_loss: str = param("auto", "auto | on | off: the output projection (§3.4) and the loss (§5.4) a chunk of rows at a time, never holding the whole logits (Triton on CUDA); auto = on for CUDA where triton imports (docs/gpu.md)")
     cpu_row_bits: int = param(ROW_BITS, "CPU, bf16/fp16: pad each linear map's rows with zero rows to a count that keeps this many leading bits, so oneDNN keeps kernels for few row counts and memory stays flat (docs/training.md); 0 = off")
+    fast_dropout: bool = param(True, "on the CPU, dropout masks by thresholding random_() integers instead of F.dropout's bernoulli_: the same Bernoulli law, cheaper (docs/training.md); CUDA always uses F.dropout")
+    attn_fp32: bool = param(True, "on the CPU under bf16 autocast, the attention core (QK^T, softmax, .V) in float32: the same math, a faster backward; CUDA's fused kernels keep the softmax in float32 anyway")
     # regularization (§5.4)
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
     bpe_dropout: float = param(0.0, "BPE-dropout (Provilkov et al., 2020): re-segment the training pairs at every epoch, skipping each BPE merge with this probability; 0 = off (the paper segments once, §5.1); needs a BPE vocabulary")
@@ -46,7 +48,7 @@ class TrainConfig:
     max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K)")
     max_epochs: int = param(0, "stop after this many epochs; 0 = no limit")
     max_time_min: float = param(0.0, "stop after this many minutes of training wall time; 0 = no limit")
-    max_flops: float = param(0.0, "stop after this many counted training FLOPs, all processes together (aiayn.model.flops: 3 x the forward's matmuls); 0 = no limit. A budget that means the same on every machine: the time-based schedules follow it as they follow max_time_min (docs/recipe.md)")
+    max_flops: float = param(0.0, "stop after this many counted training FLOPs, all processes together (aiayn.train.flops: 3 x the forward's matmuls); 0 = no limit. A budget that means the same on every machine: the time-based schedules follow it as they follow max_time_min (docs/recipe.md)")
     # checkpoints (§6.1: written at 10-minute intervals)
     save_every_steps: int = param(0, "write a checkpoint every N optimizer steps; 0 = off")
     save_every_min: float = param(10.0, "write a checkpoint every M minutes of wall time; 0 = off")

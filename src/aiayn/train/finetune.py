@@ -30,7 +30,7 @@ from aiayn.train.config import RunConfig, run_config_from_dict
 log = logging.getLogger(__name__)
 
 # ModelConfig fields a fine-tuning run may set differently from the checkpoint it starts from.
-REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn", "fast_dropout", "attn_fp32")
+REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn")
 
 
 def run_config_of(path: str | Path) -> RunConfig:

@@ -20,12 +20,13 @@ from typing import Callable
 
 import torch
 
+from aiayn import execution
 from aiayn.errors import UserError
-from aiayn.model.attention import attention_backends
+from aiayn.execution.attention import attention_backends
 from aiayn.model.config import ModelConfig
-from aiayn.model.flops import train_flops
 from aiayn.train import runtime as rt
 from aiayn.train.config import TrainConfig
+from aiayn.train.flops import train_flops
 from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.objective import label_smoothed_loss, learning_rate, rdrop_kl
 
@@ -193,7 +194,7 @@ class Step:
     local_tokens: int
     lr: float
     clock_s: float  # this rank's clock when the step was queued
-    flops: float  # this rank's counted FLOPs (``model.flops.train_flops``)
+    flops: float  # this rank's counted FLOPs (``train.flops.train_flops``)
     updated: bool = False  # the update is queued already (``update_early``)
     loss: float = 0.0
     nll: float = 0.0
@@ -238,7 +239,7 @@ class TrainStep:
         self.update_early = update_early(opt, scaler)
         self.bad_in_row = 0
         # torch.compile traces PyTorch's attention; the C kernels' calls would break its graphs
-        model.use_attention_kernels(None if self.net is not self.plain_net else kernels)
+        execution.apply(model, execution.training(t, device, None if self.net is not self.plain_net else kernels))
 
     @classmethod
     def for_run(cls, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler, t: TrainConfig, m: ModelConfig,
@@ -257,7 +258,6 @@ class TrainStep:
         ddp = dist.enabled and not local_sgd
         plain_net = rt.data_parallel(model, static_graph=t.accum_steps == 1 and not t.compile) if ddp else model
         net = rt.compile_model(plain_net) if t.compile else plain_net
-        model.pad_linear_rows(t.cpu_row_bits if device.type == "cpu" else 0)
         return cls(model, opt, scaler, t, m, device, precision, train_kernels(t, device), dist, plain_net, net,
                    local_sgd, clock, run_dir)
 
@@ -304,7 +304,7 @@ class TrainStep:
         log.warning("torch.compile failed (%s: %s); training without it", type(exc).__name__, str(exc)[:500])
         self.opt.zero_grad(set_to_none=True)  # what the failed pass accumulated
         self.net = self.plain_net
-        self.model.use_attention_kernels(self.kernels)
+        execution.use_attention_kernels(self.model, self.kernels)
 
     def read(self, s: Step) -> Step:
         """The step's numbers on the host: its one wait for the device (``read_numbers``)."""

@@ -15,7 +15,7 @@ import torch
 from aiayn.data.batching import TokenBatchSampler, collate
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import check_positions, to_device
-from aiayn.model.attention import attention_backends
+from aiayn.execution.attention import attention_backends
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.objective import label_smoothed_loss

@@ -1,4 +1,4 @@
-"""Row-padded linear maps (aiayn/model/linear.py): which row counts reach the matmul, and that the
+"""Row-padded linear maps (aiayn/execution/linear.py): which row counts reach the matmul, and that the
 padded model computes what the unpadded one does."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import aiayn
-from aiayn.model import linear as lin
-from aiayn.model.linear import Linear, row_padded_linear
+from aiayn.execution import linear as lin, pad_linear_rows
+from aiayn.execution.linear import RowPaddedLinear as Linear, row_padded_linear
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_padded_model_equals_unpadded_under_bf16(tied):
     results = []
     for bits in (0, 3):
         model = _model(tied)
-        model.pad_linear_rows(bits)
+        pad_linear_rows(model, bits)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(src, tgt)
         logits.float().pow(2).mean().backward()
@@ -99,7 +99,7 @@ def test_padded_model_equals_unpadded_under_bf16(tied):
 def test_pad_linear_rows_reaches_every_product(seen_rows):
     """Every linear map of the model, the tied output layer included, sees a padded row count."""
     model = _model(tied=True)
-    model.pad_linear_rows(2)
+    pad_linear_rows(model, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 5)))  # 21 -> 24 rows, 15 -> 16
     assert seen_rows and set(seen_rows) == {24, 16}

@@ -1,5 +1,6 @@
 """Dropout (§5.4: "we apply dropout to the output of each sub-layer ... and to the sums of the
-embeddings and the positional encodings"), with a faster mask on CPU.
+embeddings and the positional encodings"), with a faster mask on CPU: ``FastDropout``, which
+``aiayn.execution.apply`` puts in place of the model's ``nn.Dropout`` modules (``train.fast_dropout``).
 
 ``F.dropout`` on CPU draws its mask with ``bernoulli_``, which a profile of ``aiayn demo``'s
 training step found among its costliest operations (17 calls a step). ``dropout(..., fast=True)`` draws the same law from the same generator
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 _BITS = 2 ** 31  # random_() on int32 is uniform on [0, 2^31)
 
@@ -35,3 +36,10 @@ def dropout(x: Tensor, p: float, training: bool, fast: bool = True) -> Tensor:
     bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()  # uniform [0, 2^31)
     mask = bits.ge_(round(p * _BITS)).to(x.dtype).mul_(1.0 / (1.0 - p))  # 0 or 1/(1-p)
     return x * mask
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` (the same p) through ``dropout(..., fast=True)``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training, fast=True)

@@ -1,4 +1,5 @@
-"""The decoder's incremental state: an explicit object, passed in and returned (never hidden in module attributes).
+"""The decoder's incremental state (``init_cache``): an explicit object, passed in and returned (never hidden
+in module attributes); ``Transformer.decode(tokens, cache=cache)`` takes a step with it.
 
 Shapes: N rows (sentences x beams), H heads, S source length, K d_k, Dv d_v, Tmax capacity.
 
@@ -26,6 +27,7 @@ from aiayn.model.attention import MultiHeadAttention, key_mask
 
 if TYPE_CHECKING:
     from aiayn.kernels.loader import Kernels
+    from aiayn.model.transformer import EncoderOutput, Transformer
 
 
 @dataclass
@@ -272,3 +274,19 @@ def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity:
         out.append(LayerCache(self_k, self_v, lc.cross_k, lc.cross_v))
     ancestors = torch.zeros(Bs, group, capacity, dtype=torch.long, device=src_pad.device)
     return DecoderCache(out, src_pad, 0, group, ancestors, kernels)
+
+
+def init_cache(model: "Transformer", enc: "EncoderOutput", max_len: int) -> DecoderCache:
+    """An empty cache for ``model``'s decoder over ``enc``: encoder-decoder keys/values computed once,
+    self-attention buffers preallocated for ``max_len`` positions (grown when needed)."""
+    layers = []
+    N = enc.memory.size(0)
+    for layer in model.decoder_layers:
+        k, v = layer.cross_attn.project_kv(enc.memory)
+        H = layer.self_attn.n_heads
+        # Unwritten positions are never read (attention takes the filled part), so nothing is zeroed;
+        # beam search replaces these buffers with shared slots before its first step anyway.
+        self_k = k.new_empty(N, H, max_len, layer.self_attn.d_k)
+        self_v = v.new_empty(N, H, max_len, layer.self_attn.d_v)
+        layers.append(LayerCache(self_k, self_v, k, v))
+    return DecoderCache(layers, enc.src_pad, 0)

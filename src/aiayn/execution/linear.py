@@ -1,4 +1,5 @@
-"""The model's linear maps, with their rows rounded up on the CPU in reduced precision.
+"""The model's linear maps, with their rows rounded up on the CPU in reduced precision (``pad_linear_rows``
+in ``aiayn.execution`` puts ``RowPaddedLinear`` and ``RowPaddedEmbedding`` in place of the model's maps).
 
 On the CPU under bfloat16 (or float16) PyTorch multiplies through oneDNN, which builds and keeps a
 kernel, megabytes each, for every row count M = B x L it sees; token-bounded batches (§5.1) bring a
@@ -14,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aiayn.model.positional import ScaledEmbedding
 
 
 ROW_BITS = 6  # the default of train.cpu_row_bits and DecodeConfig.cpu_row_bits
@@ -50,11 +53,38 @@ def row_padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, bits: int)
     return y.reshape(*lead, y.size(-1))
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` (the same parameters and state-dict keys) through ``row_padded_linear``;
-    ``row_bits`` is 0 (off) until ``Transformer.pad_linear_rows`` sets it."""
+class RowPaddedLinear(nn.Linear):
+    """``nn.Linear`` (the same parameters and state-dict keys) through ``row_padded_linear``."""
 
     row_bits: int = 0
 
+    @classmethod
+    def of(cls, linear: nn.Linear, bits: int) -> "RowPaddedLinear":
+        """The map of ``linear``, its very parameters (made on the meta device: no draw from the generator)."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        new.weight, new.bias = linear.weight, linear.bias
+        new.row_bits = bits
+        return new
+
     def forward(self, x: Tensor) -> Tensor:
         return row_padded_linear(x, self.weight, self.bias, self.row_bits)
+
+
+class RowPaddedEmbedding(ScaledEmbedding):
+    """A ``ScaledEmbedding`` whose pre-softmax use (``transposed``, §3.4 tied) pads its rows as
+    ``RowPaddedLinear`` does; the lookup is the embedding's."""
+
+    row_bits: int = 0
+
+    @classmethod
+    def of(cls, embed: ScaledEmbedding, bits: int) -> "RowPaddedEmbedding":
+        """The embedding ``embed``, its very weight (made on the meta device: no draw from the generator)."""
+        vocab, d_model = embed.weight.shape
+        with torch.device("meta"):
+            new = cls(vocab, d_model, embed.pad_id, False)
+        new.weight, new.scale = embed.weight, embed.scale
+        new.row_bits = bits
+        return new
+
+    def transposed(self, h: Tensor, bias: Tensor | None = None) -> Tensor:
+        return row_padded_linear(h, self.weight, bias, self.row_bits)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import aiayn
-from aiayn.model.dropout import dropout
+from aiayn.execution import Execution, apply
+from aiayn.execution.dropout import FastDropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
@@ -54,8 +55,10 @@ def test_model_fast_and_torch_dropout_agree_in_eval_and_in_expectation():
     # many masks of a scalar statistic of the logits matches for both mask generators.
     cfg = aiayn.get_preset("tiny", vocab_size=50, p_drop=0.3)
     torch.manual_seed(0)
-    fast = aiayn.Transformer(cfg)
-    slow = aiayn.Transformer(aiayn.model.config.replace(cfg, fast_dropout=False))
+    fast = apply(aiayn.Transformer(cfg), Execution(fast_dropout=True))
+    slow = aiayn.Transformer(cfg)
+    assert any(isinstance(m, FastDropout) for m in fast.modules())
+    assert not any(isinstance(m, FastDropout) for m in slow.modules())
     slow.load_state_dict(fast.state_dict())
     src = torch.randint(4, 50, (3, 6))
     tgt = torch.randint(4, 50, (3, 5))
