@@ -12,6 +12,7 @@ import torch
 import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.model.attention import attention_backends
+from aiayn.checkpoint.run import Learner
 from aiayn.train import step
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
@@ -71,9 +72,9 @@ def test_auto_precision_on_the_cpu_follows_onednn(monkeypatch, native):
 
 def test_training_logs_its_precision_and_why(caplog):
     """The precision chosen is logged at the start of training, with its reason."""
-    from aiayn.train.config import TrainConfig
     with caplog.at_level("INFO", logger="aiayn.train.runtime"):
-        _, device, precision = rt.start(TrainConfig(device="cpu", precision="auto"))
+        place = rt.start(device="cpu", precision="auto", timeout_s=120.0, tf32=True, threads=0, seed=1)
+        device, precision = place.device, place.precision
     line = rt.describe_precision(*rt.resolve_precision("auto", device))
     assert line.startswith(f"precision: {precision} (auto: ") and line in caplog.messages
 
@@ -102,7 +103,7 @@ def _adam_after(flags: list[float | None]) -> tuple[torch.Tensor, dict]:
             opt.zero_grad(set_to_none=True)
             continue
         skip = None if flag is None else torch.tensor(flag)
-        step.update(model, opt, None, 1.0, None, skip=skip)
+        step.update(Learner(model, opt), 1.0, None, skip=skip)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt.state_dict()["state"]
 
 
@@ -121,12 +122,12 @@ def test_skip_flag_is_a_step_not_taken():
     with pytest.raises(ValueError, match="fused"):
         model = torch.nn.Linear(2, 2)
         model.weight.grad = torch.zeros(2, 2)
-        step.update(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9), None, 0.0, None,
-                     skip=torch.tensor(0.0))
+        step.update(Learner(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9)), 0.0, None,
+                    skip=torch.tensor(0.0))
 
 
 def test_step_not_finite_flag():
-    """``not_finite`` on the device takes ``TrainStep.settle``'s test on the host: loss + KL, and the norm."""
+    """``not_finite`` on the device takes ``TrainStep.step``'s test on the host: loss + KL, and the norm."""
     def flag(loss, kl, norm):
         return float(step.not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
     assert flag(3.0, 0.0, 2.0) == 0.0

@@ -13,7 +13,7 @@ from aiayn.cli import main
 from aiayn.config import ConfigError
 from aiayn.data.dataset import DataDir
 from aiayn.train import validation
-from aiayn.train.checkpointing import TrainState
+from aiayn.checkpoint.run import TrainState
 from aiayn.train.config import TrainConfig
 from aiayn.train.ema import WeightAverage
 

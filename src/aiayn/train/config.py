@@ -157,5 +157,14 @@ def load_recipe(path: str | Path) -> RunConfig:
     return apply_sets(base, sets, where)
 
 
+def train_kernels(t: TrainConfig, device):
+    """The C kernels for the loss and the attention (``train.c_kernels``, CPU only), or None for
+    PyTorch's operations."""
+    if not t.c_kernels or device.type != "cpu":
+        return None
+    from aiayn.kernels.loader import load
+    return load()
+
+
 def run_config_from_dict(data: dict) -> RunConfig:
     return from_dict(RunConfig, data)

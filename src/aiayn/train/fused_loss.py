@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from aiayn.model.transformer import PreSoftmax
-from aiayn.train.objective import LossSums, acc_dtype, smoothed_row_losses
+from aiayn.train.rows import LossSums, acc_dtype, smoothed_row_losses
 
 log = logging.getLogger(__name__)
 

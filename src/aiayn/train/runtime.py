@@ -36,6 +36,15 @@ class Dist:
         return self.world_size > 1
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where this process trains: its place among the ranks (``dist``), its device and its precision
+    ("fp32", "bf16" or "fp16"; ``resolve_precision``)."""
+    dist: Dist
+    device: torch.device
+    precision: str
+
+
 def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on
     CPU. A collective (or the start-up) that waits ``timeout_s`` for another rank is an error
@@ -50,21 +59,22 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     return Dist(rank, world, local)
 
 
-def start(t) -> tuple[Dist, torch.device, str]:
-    """The process's place in the run (distributed or not), its device and its precision, from the
-    run's ``TrainConfig`` ``t``; ``t.threads`` applied and every generator seeded with ``t.seed``. The
-    main process logs the precision and why it was chosen (``resolve_precision``)."""
-    device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
-    dist = init_distributed(device_type, t.dist_timeout_s)
-    device = resolve_device(t.device, dist)
-    precision, why = resolve_precision(t.precision, device)
+def start(*, device: str, precision: str, timeout_s: float, tf32: bool, threads: int, seed: int) -> Place:
+    """The process's place in the run (distributed or not), its device and its precision, from
+    ``train.device``, ``train.precision``, ``train.dist_timeout_s`` and ``train.tf32``; ``threads``
+    applied (0: torch's default) and every generator seeded with ``seed``. The main process logs the
+    precision and why it was chosen (``resolve_precision``)."""
+    device_type = "cuda" if (device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())) else "cpu"
+    dist = init_distributed(device_type, timeout_s)
+    where = resolve_device(device, dist)
+    chosen, why = resolve_precision(precision, where)
     if dist.is_main:
-        log.info(describe_precision(precision, why))
-    use_tf32(device, t.tf32)
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
-    seed_everything(t.seed)
-    return dist, device, precision
+        log.info(describe_precision(chosen, why))
+    use_tf32(where, tf32)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    seed_everything(seed)
+    return Place(dist, where, chosen)
 
 
 def timed_out(exc: BaseException) -> bool:

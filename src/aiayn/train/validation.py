@@ -17,9 +17,9 @@ from aiayn.data.dataset import DataDir
 from aiayn.data.stream import check_positions, to_device
 from aiayn.model.attention import attention_backends
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.config import RunConfig, TrainConfig, train_kernels
 from aiayn.train.objective import label_smoothed_loss
-from aiayn.train.step import train_kernels
+from aiayn.checkpoint.run import best_merit, merit
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,9 @@ class Validator:
     references. Called with the model and the run's ``TrainState``: ``validate``, then the bests and
     the count of validations without a gain in ``train.best_metric``, logged through ``log_scalars``."""
 
-    def __init__(self, data: DataDir, cfg: RunConfig, device, precision: str, dist):
+    def __init__(self, data: DataDir, cfg: RunConfig, place: rt.Place):
         t = cfg.train
-        self.cfg, self.device, self.precision, self.dist = cfg, device, precision, dist
+        self.cfg, self.device, self.precision, self.dist = cfg, place.device, place.precision, place.dist
         self.data = data.split("valid") if "valid" in data.splits else None
         self.tokenizers = (data.src_tokenizer, data.tgt_tokenizer)
         self.references = None
@@ -139,16 +139,6 @@ class Validator:
                  valid["valid_nll"], valid["valid_ppl"],
                  f" BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else "", valid["valid_seconds"])
         return valid
-
-
-def merit(valid: dict, best_metric: str) -> float:
-    """A validation's value in ``train.best_metric``, higher better: BLEU, or the loss negated."""
-    return valid["valid_bleu"] if best_metric == "bleu" else -valid["valid_loss"]
-
-
-def best_merit(state, best_metric: str) -> float:
-    """The run's best ``merit`` so far (``state``: a ``TrainState``)."""
-    return state.best_valid_bleu if best_metric == "bleu" else -state.best_valid_loss
 
 
 def track(valid: dict, state, best_metric: str) -> None:

@@ -1,0 +1,215 @@
+"""A run directory's checkpoints (docs/checkpoints.md): ``TrainState`` (what a run counts), ``save``
+(the step's checkpoint, ``last.pt``, ``best.pt``, ``ema.pt``, written atomically) and
+``RunCheckpoints``, the training loop's: the run directory resumed exactly (model, optimizer, scaler,
+batch stream, RNG and counters from ``last.pt``, or from the newest intact step checkpoint), then its
+checkpoints written when due. Every key written is a field of ``contents.Contents``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint.contents import Contents
+from aiayn.checkpoint.format import (TRAINING_STATE, atomic_copy, atomic_save, load_checkpoint, prune,
+                                     step_checkpoints, tokenizer_hashes)
+from aiayn.data.dataset import DataDir
+from aiayn.errors import UserError
+from aiayn.files import write_json_atomic
+from aiayn.train import runtime as rt
+from aiayn.train.config import run_config_from_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """What a run counts between its steps, kept in every checkpoint (``Contents``' fields of the
+    same names)."""
+    step: int = 0
+    epoch: int = 0
+    tokens: int = 0  # target tokens trained on (all devices)
+    flops: float = 0.0
+    best_valid_loss: float = math.inf
+    best_valid_bleu: float = -math.inf
+    bad_validations: int = 0  # in a row without a gain in train.best_metric
+    train_seconds: float = 0.0
+    valid_seconds: float = 0.0  # of train_seconds, spent validating (loss and valid_bleu)
+    valid_bleu_seconds: float = 0.0  # of valid_seconds, spent translating for valid_bleu
+    history: list = field(default_factory=list)  # (step, loss per token) of every step; not saved
+
+    def counters(self) -> dict:
+        """The counters a checkpoint keeps (all but ``history``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "history"}
+
+    @classmethod
+    def of(cls, saved: Contents) -> "TrainState":
+        return cls(**{k: getattr(saved, k) for k in cls().counters()})
+
+
+@dataclass(frozen=True)
+class Keeping:
+    """What a run's checkpoints follow: its configuration as a dict (``to_dict(RunConfig)``, written
+    into every checkpoint and ``config.json``), ``train.keep_last``, ``train.best_metric`` and
+    ``train.ema_decay`` (written into ``ema.pt``)."""
+    run_config: dict
+    keep_last: int
+    best_metric: str
+    ema_decay: float
+
+
+@dataclass
+class Learner:
+    """What a step changes and a checkpoint restores besides the data position: the model, its
+    optimizer and fp16's gradient scaler (None otherwise)."""
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None = None
+
+
+def tokenizer_payload(data: DataDir) -> dict:
+    """The tokenizer model(s), stored inside every checkpoint so it is self-contained."""
+    src, tgt = data.src_tokenizer, data.tgt_tokenizer
+    return {"src": src.model_bytes, "tgt": tgt.model_bytes, "src_sha256": src.sha256,
+            "tgt_sha256": tgt.sha256, "shared": data.shared_vocab}
+
+
+def save(run_dir: Path, saved: Contents, keeping: Keeping, best: bool) -> None:
+    """Checkpoint the run (main rank): the step's checkpoint, ``ema.pt`` where ``saved`` holds a moving
+    average, ``best.pt`` if ``best`` (the weights validated: ``ema.pt``'s with one), ``last.pt``."""
+    ckpt = saved.to_dict()
+    step_path = run_dir / f"ckpt_step{saved.step:08d}.pt"
+    atomic_save(ckpt, step_path)  # serialized and checksummed once; the others are copies
+    if saved.ema is not None:  # the averaged weights as a checkpoint of their own, for translate and evaluate
+        inference = {k: v for k, v in ckpt.items() if k not in (*TRAINING_STATE, "ema")}
+        atomic_save({**inference, "model": saved.ema, "ema_decay": keeping.ema_decay}, run_dir / "ema.pt")
+    if best:  # the weights validated: the moving average where there is one
+        atomic_copy(run_dir / "ema.pt" if saved.ema is not None else step_path, run_dir / "best.pt")
+    atomic_copy(step_path, run_dir / "last.pt")  # last, so a resume always finds a complete state
+    prune(run_dir, keeping.keep_last)
+
+
+def resume_checkpoint(run_dir: Path) -> dict:
+    """``last.pt``, or if it is damaged (or unreadable) the newest intact step checkpoint, with a
+    warning; the error of ``last.pt`` if none is intact."""
+    try:
+        return load_checkpoint(run_dir / "last.pt")
+    except UserError as exc:
+        for path in reversed(step_checkpoints(run_dir)):
+            try:
+                ckpt = load_checkpoint(path)
+            except UserError as other:
+                log.warning("%s", other)
+                continue
+            log.warning("%s; resuming from %s (step %d) instead", exc, path, ckpt["step"])
+            return ckpt
+        raise
+
+
+def merit(valid: dict, best_metric: str) -> float:
+    """A validation's value in ``train.best_metric``, higher better: BLEU, or the loss negated."""
+    return valid["valid_bleu"] if best_metric == "bleu" else -valid["valid_loss"]
+
+
+def best_merit(state: TrainState, best_metric: str) -> float:
+    """The run's best ``merit`` so far."""
+    return state.best_valid_bleu if best_metric == "bleu" else -state.best_valid_loss
+
+
+class RunCheckpoints:
+    """One run's checkpoints in its run directory: the run resumed once (``resume``), its
+    ``config.json`` written (``start``), then checkpoints written when due (``save``). Every rank
+    calls them; the main rank reads and writes the files."""
+
+    def __init__(self, run_dir: Path, keeping: Keeping, tokenizers: dict, dist: rt.Dist, learner: Learner, stream):
+        self.run_dir, self.keeping, self.tokenizers, self.dist = run_dir, keeping, tokenizers, dist
+        self.learner, self.stream = learner, stream
+
+    def resume(self) -> tuple[TrainState, dict | None] | None:
+        """The run directory's state restored into the model, optimizer, scaler, batch stream and
+        generators, exactly; and the moving average of the weights it kept, if any. None where the
+        run directory holds no checkpoint (a new run)."""
+        run_dir, dist = self.run_dir, self.dist
+        if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
+            return None
+        saved = Contents.from_dict(resume_checkpoint(run_dir))
+        ours = run_config_from_dict(self.keeping.run_config)
+        if run_config_from_dict(saved.run_config).model != ours.model:
+            raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
+                            f"use a new --out or the same settings")
+        if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(self.tokenizers):
+            raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
+        learner, ranks = self.learner, saved.rank_optimizers
+        learner.model.load_state_dict(saved.model)
+        learner.opt.load_state_dict(_own(ranks, dist) or saved.optimizer)
+        if learner.scaler is not None and saved.scaler:
+            learner.scaler.load_state_dict(saved.scaler)
+        self.stream.load_state_dict(saved.sampler)
+        rt.set_rng_state(_own(saved.rank_rng, dist) or saved.rng)
+        if dist.is_main and saved.sampler["num_replicas"] != dist.world_size:
+            warn_other_ranks(run_dir, saved, self.stream.state_dict(), ours.train.accum_steps, dist.world_size)
+        state = TrainState.of(saved)
+        log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
+        if dist.is_main:
+            print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
+        return state, saved.ema
+
+    def start(self) -> None:
+        """The run's ``config.json`` (only once resumed: a refused resume leaves the run directory's as it was)."""
+        if self.dist.is_main:
+            write_json_atomic(self.run_dir / "config.json", self.keeping.run_config)
+
+    def save(self, state: TrainState, valid: dict | None, ema=None, rank_optimizers: list | None = None) -> None:
+        """The run's state at ``state.step``, after the validation ``valid`` (None: none at this step):
+        ``best.pt`` too where it ties or beats the best in ``train.best_metric`` (``Validator`` has
+        counted it already); non-finite weights refused (``check_finite_weights``). ``rank_optimizers``:
+        local SGD's every rank's own Adam state, in rank order, so that each rank resumes with its own
+        moments (None: the ranks share one); a data-parallel run gathers every rank's generator states
+        (each rank's dropout masks are its own). Old BPE-dropout segmentations are pruned after.
+        ``ema``: the run's ``WeightAverage``, or None."""
+        dist, metric, learner = self.dist, self.keeping.best_metric, self.learner
+        is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
+        check_finite_weights(learner.model, state.step, self.run_dir)
+        rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
+        if dist.is_main:
+            saved = Contents(
+                run_config=self.keeping.run_config, model_config=self.keeping.run_config["model"],
+                model=learner.model.state_dict(),
+                optimizer=rank_optimizers[0] if rank_optimizers else learner.opt.state_dict(),
+                rank_optimizers=rank_optimizers,
+                scaler=learner.scaler.state_dict() if learner.scaler is not None else None,
+                sampler=self.stream.state_dict(), rng=rank_rng[0] if rank_rng else rt.rng_state(),
+                rank_rng=rank_rng, tokenizers=self.tokenizers, valid=valid,
+                ema=ema.state_dict() if ema is not None else None, **state.counters())
+            save(self.run_dir, saved, self.keeping, is_best)
+            self.stream.saved()
+
+
+def _own(per_rank: list | None, dist: rt.Dist):
+    """This rank's entry of a per-rank list saved by as many ranks as there are now, else None."""
+    return per_rank[dist.rank] if per_rank and len(per_rank) == dist.world_size else None
+
+
+def warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
+    """The one warning of a resume on another number of processes: what cannot carry over
+    (``position``: the data position resumed from, on these ranks)."""
+    ranks = int(saved.sampler["num_replicas"])
+    saved_accum = run_config_from_dict(saved.run_config).train.accum_steps
+    log.warning("%s: trained by %d process(es), resumed by %d: the rest of epoch %d (from batch %d of %d of its "
+                "order) is dealt out to %d rank(s); every rank starts from the main rank's generator states%s "
+                "(dropout masks differ from the saved run's); a step holds %d batches, was %d (train.accum_steps)",
+                run_dir, ranks, world_size, position["epoch"], position["batches_done"],
+                position["n_batches_total"], world_size, " and Adam moments (local SGD kept one per rank)"
+                if saved.rank_optimizers else "", world_size * accum, ranks * saved_accum)
+
+
+def check_finite_weights(model, step: int, run_dir: Path) -> None:
+    """Refuse to checkpoint non-finite weights: the files already written stay the last good ones."""
+    finite = torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()
+    if not bool(finite):
+        raise UserError(f"step {step}: the model holds non-finite weights; not checkpointing them. "
+                        f"The last good checkpoint is {run_dir / 'last.pt'}")
