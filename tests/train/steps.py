@@ -2,6 +2,8 @@
 (``TrainStep.passes``) of one process, without the C kernels or padded rows, and its numbers read."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from aiayn.checkpoint.run import Learner
@@ -17,7 +19,8 @@ def passes(model, batches: list, t, scale, device: torch.device, precision: str)
     objective times ``scale``, gradients accumulated in ``model`` (``t``: its ``TrainConfig``)."""
     place = Place(Dist(), device, precision)
     loss = SmoothedLoss(t.eps_ls, model.cfg.pad_id, None, fused_loss_on(t.fused_loss, device))
-    stepper = TrainStep(Learner(model, torch.optim.SGD(model.parameters(), lr=0.0)), loss, OneProcess(place), None)
+    no_optimizer = SimpleNamespace(defaults={})  # the passes take no step (and build no optimizer, which imports triton)
+    stepper = TrainStep(Learner(model, no_optimizer), loss, OneProcess(place), None)
     return stepper.passes(batches, scale)
 
 

@@ -13,7 +13,7 @@ import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.model.attention import attention_backends
 from aiayn.checkpoint.run import Learner
-from aiayn.train import step
+from aiayn.train import parallel, step
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
 from tests.train.test_training import _logged, _train_in_process
@@ -196,15 +196,15 @@ def test_a_model_that_fails_to_compile_trains_as_the_plain_one(small_data_dir, t
 
 def test_data_parallel_options(tmp_path):
     """DDP with gradients as views of its buckets, without re-sending the buffers at every forward,
-    and with a static graph where asked (not with accumulation: ``rt.data_parallel``)."""
+    and with a static graph where asked (not with accumulation: ``parallel.data_parallel``)."""
     import torch.distributed as tdist
     tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         model = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=30))
-        ddp = rt.data_parallel(model, static_graph=True)
+        ddp = parallel.data_parallel(model, static_graph=True)
         assert ddp.gradient_as_bucket_view and ddp.static_graph
         assert not getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True))
-        assert not rt.data_parallel(model, static_graph=False).static_graph
+        assert not parallel.data_parallel(model, static_graph=False).static_graph
     finally:
         tdist.destroy_process_group()
 
@@ -224,7 +224,7 @@ def test_compiled_model_compiles_one_graph_per_padding_case_over_bucket_shapes()
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
-    net = rt.compile_model(aiayn.Transformer(cfg), backend=backend)
+    net = parallel.compile_model(aiayn.Transformer(cfg), backend=backend)
     rng = random.Random(0)
     for i in range(16):
         B, S, T = rng.choice([(40, 10, 10), (33, 12, 14), (20, 20, 19), (25, 16, 16), (18, 23, 26), (50, 8, 9)])

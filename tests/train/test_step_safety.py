@@ -128,7 +128,6 @@ def test_the_run_step_follows_the_configuration(monkeypatch):
     plain one (the fallback); local SGD, with ranks, averages every ``local_sgd_period`` steps from
     the main rank's weights and wraps no DDP; ``train.rdrop_alpha`` wraps the loss."""
     from aiayn.train import parallel
-    from aiayn.train import runtime as rt
     from aiayn.train.config import RunConfig, TrainConfig
     from aiayn.train.loop import make_step
     from aiayn.train.loss import RDrop
@@ -143,12 +142,12 @@ def test_the_run_step_follows_the_configuration(monkeypatch):
     assert plain.loss.kernels is None and model.row_bits == 5
     assert isinstance(made(rdrop_alpha=0.5, c_kernels=False).loss, RDrop)
     compiled = object()
-    monkeypatch.setattr(rt, "compile_model", lambda net: compiled)
+    monkeypatch.setattr(parallel, "compile_model", lambda net: compiled)
     s = made(compile=True, cpu_row_bits=0)
     assert s.net is compiled and s.plain_net is model and model.row_bits == 0
     broadcast = []
-    monkeypatch.setattr(rt, "broadcast_parameters", lambda params, dist: broadcast.append(len(params)))
-    monkeypatch.setattr(rt, "data_parallel", lambda *a, **k: pytest.fail("local SGD wraps no DDP"))
+    monkeypatch.setattr(parallel, "broadcast_parameters", lambda params, dist: broadcast.append(len(params)))
+    monkeypatch.setattr(parallel, "data_parallel", lambda *a, **k: pytest.fail("local SGD wraps no DDP"))
     lsgd = made(Place(Dist(rank=1, world_size=2), cpu, "fp32"), local_sgd_period=4, c_kernels=False)
     assert type(lsgd.strategy) is parallel.LocalSGD and (lsgd.strategy.period, lsgd.net) == (4, model)
     assert broadcast == [len(list(model.parameters()))]

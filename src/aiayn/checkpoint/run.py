@@ -6,11 +6,13 @@ checkpoints written when due. Every key written is a field of ``contents.Content
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,6 +22,7 @@ from aiayn.checkpoint.format import (TRAINING_STATE, atomic_copy, atomic_save, l
 from aiayn.data.dataset import DataDir
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
+from aiayn.model.config import ModelConfig
 from aiayn.train import runtime as rt
 from aiayn.train.config import run_config_from_dict
 
@@ -65,10 +68,42 @@ class Keeping:
 @dataclass
 class Learner:
     """What a step changes and a checkpoint restores besides the data position: the model, its
-    optimizer and fp16's gradient scaler (None otherwise)."""
+    optimizer, fp16's gradient scaler and the moving average of the weights (``train.ema_decay``,
+    an ``aiayn.train.ema.WeightAverage``; each None where the run has none)."""
     model: torch.nn.Module
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None = None
+    ema: Any = None
+
+    def averaged(self):
+        """The weights a validation reads: the moving average's inside the block, where there is one."""
+        return self.ema.weights() if self.ema is not None else contextlib.nullcontext()
+
+
+    def restore(self, saved: Contents, dist: rt.Dist) -> None:
+        """The weights, the optimizer (this rank's own, where local SGD kept one per rank), the scaler
+        and this process's generators (its own, where every rank's were kept) from ``saved``."""
+        self.model.load_state_dict(saved.model)
+        self.opt.load_state_dict(_own(saved.rank_optimizers, dist) or saved.optimizer)
+        if self.scaler is not None and saved.scaler:
+            self.scaler.load_state_dict(saved.scaler)
+        rt.set_rng_state(_own(saved.rank_rng, dist) or saved.rng)
+
+
+def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Contents | None:
+    """The checkpoint a run directory resumes from (``resume_checkpoint``), or None where it holds none
+    (a new run). Refused where its model configuration is not ``model`` or its tokenizers are not
+    ``tokenizers`` (``tokenizer_payload``)."""
+    if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
+        return None
+    saved = Contents.from_dict(resume_checkpoint(run_dir))
+    if run_config_from_dict(saved.run_config).model != model:
+        raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
+                        f"use a new --out or the same settings")
+    if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(tokenizers):
+        raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
+    log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", saved.step, saved.epoch)
+    return saved
 
 
 def tokenizer_payload(data: DataDir) -> dict:
@@ -121,56 +156,22 @@ def best_merit(state: TrainState, best_metric: str) -> float:
 
 
 class RunCheckpoints:
-    """One run's checkpoints in its run directory: the run resumed once (``resume``), its
-    ``config.json`` written (``start``), then checkpoints written when due (``save``). Every rank
-    calls them; the main rank reads and writes the files."""
+    """One run's checkpoints in its run directory: its ``config.json``, written when they are made,
+    then checkpoints written when due (``save``). Every rank calls them; the main rank writes the files."""
 
     def __init__(self, run_dir: Path, keeping: Keeping, tokenizers: dict, dist: rt.Dist, learner: Learner, stream):
         self.run_dir, self.keeping, self.tokenizers, self.dist = run_dir, keeping, tokenizers, dist
         self.learner, self.stream = learner, stream
+        if dist.is_main:  # made once resumed: a refused resume leaves the run directory's config.json as it was
+            write_json_atomic(run_dir / "config.json", keeping.run_config)
 
-    def resume(self) -> tuple[TrainState, dict | None] | None:
-        """The run directory's state restored into the model, optimizer, scaler, batch stream and
-        generators, exactly; and the moving average of the weights it kept, if any. None where the
-        run directory holds no checkpoint (a new run)."""
-        run_dir, dist = self.run_dir, self.dist
-        if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
-            return None
-        saved = Contents.from_dict(resume_checkpoint(run_dir))
-        ours = run_config_from_dict(self.keeping.run_config)
-        if run_config_from_dict(saved.run_config).model != ours.model:
-            raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
-                            f"use a new --out or the same settings")
-        if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(self.tokenizers):
-            raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
-        learner, ranks = self.learner, saved.rank_optimizers
-        learner.model.load_state_dict(saved.model)
-        learner.opt.load_state_dict(_own(ranks, dist) or saved.optimizer)
-        if learner.scaler is not None and saved.scaler:
-            learner.scaler.load_state_dict(saved.scaler)
-        self.stream.load_state_dict(saved.sampler)
-        rt.set_rng_state(_own(saved.rank_rng, dist) or saved.rng)
-        if dist.is_main and saved.sampler["num_replicas"] != dist.world_size:
-            warn_other_ranks(run_dir, saved, self.stream.state_dict(), ours.train.accum_steps, dist.world_size)
-        state = TrainState.of(saved)
-        log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", state.step, state.epoch)
-        if dist.is_main:
-            print(f"resuming from {run_dir / 'last.pt'} at step {state.step}", flush=True)
-        return state, saved.ema
-
-    def start(self) -> None:
-        """The run's ``config.json`` (only once resumed: a refused resume leaves the run directory's as it was)."""
-        if self.dist.is_main:
-            write_json_atomic(self.run_dir / "config.json", self.keeping.run_config)
-
-    def save(self, state: TrainState, valid: dict | None, ema=None, rank_optimizers: list | None = None) -> None:
+    def save(self, state: TrainState, valid: dict | None, rank_optimizers: list | None = None) -> None:
         """The run's state at ``state.step``, after the validation ``valid`` (None: none at this step):
         ``best.pt`` too where it ties or beats the best in ``train.best_metric`` (``Validator`` has
         counted it already); non-finite weights refused (``check_finite_weights``). ``rank_optimizers``:
         local SGD's every rank's own Adam state, in rank order, so that each rank resumes with its own
         moments (None: the ranks share one); a data-parallel run gathers every rank's generator states
-        (each rank's dropout masks are its own). Old BPE-dropout segmentations are pruned after.
-        ``ema``: the run's ``WeightAverage``, or None."""
+        (each rank's dropout masks are its own). Old BPE-dropout segmentations are pruned after."""
         dist, metric, learner = self.dist, self.keeping.best_metric, self.learner
         is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
         check_finite_weights(learner.model, state.step, self.run_dir)
@@ -184,7 +185,7 @@ class RunCheckpoints:
                 scaler=learner.scaler.state_dict() if learner.scaler is not None else None,
                 sampler=self.stream.state_dict(), rng=rank_rng[0] if rank_rng else rt.rng_state(),
                 rank_rng=rank_rng, tokenizers=self.tokenizers, valid=valid,
-                ema=ema.state_dict() if ema is not None else None, **state.counters())
+                ema=learner.ema.state_dict() if learner.ema is not None else None, **state.counters())
             save(self.run_dir, saved, self.keeping, is_best)
             self.stream.saved()
 
@@ -194,9 +195,17 @@ def _own(per_rank: list | None, dist: rt.Dist):
     return per_rank[dist.rank] if per_rank and len(per_rank) == dist.world_size else None
 
 
-def warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
-    """The one warning of a resume on another number of processes: what cannot carry over
-    (``position``: the data position resumed from, on these ranks)."""
+def resumed(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
+    """The one warning of a resume on another number of processes (the main rank's): what cannot
+    carry over (``position``: the data position resumed from, on these ranks); then the line that
+    says the run resumes."""
+    ranks = int(saved.sampler["num_replicas"])
+    if ranks != world_size:
+        _warn_other_ranks(run_dir, saved, position, accum, world_size)
+    print(f"resuming from {run_dir / 'last.pt'} at step {saved.step}", flush=True)
+
+
+def _warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
     ranks = int(saved.sampler["num_replicas"])
     saved_accum = run_config_from_dict(saved.run_config).train.accum_steps
     log.warning("%s: trained by %d process(es), resumed by %d: the rest of epoch %d (from batch %d of %d of its "

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint.run import Keeping, Learner, RunCheckpoints, TrainState, tokenizer_payload
+from aiayn.checkpoint.run import (Keeping, Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload,
+                                 resumed)
 from aiayn.config import replace, to_dict
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import BatchStream
@@ -32,7 +33,7 @@ from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig, train_kernels
 from aiayn.train.ema import WeightAverage
 from aiayn.train.fused_loss import fused_loss_on
-from aiayn.train.loss import RDrop, SmoothedLoss
+from aiayn.train.loss import make_loss
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import Schedule, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
@@ -69,9 +70,7 @@ def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.mono
     ``train.local_sgd_period``); the net compiled with ``train.compile``; on the CPU the C kernels
     (``train.c_kernels``) and the linear maps' padded rows (``train.cpu_row_bits``)."""
     t, m, device = cfg.train, cfg.model, place.device
-    loss = SmoothedLoss(t.eps_ls, m.pad_id, train_kernels(t, device), fused=fused_loss_on(t.fused_loss, device))
-    if t.rdrop_alpha > 0:
-        loss = RDrop(loss, t.rdrop_alpha)
+    loss = make_loss(t.eps_ls, m.pad_id, train_kernels(t, device), fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
     rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
                       static_graph=t.accum_steps == 1 and not t.compile,
                       row_bits=t.cpu_row_bits if device.type == "cpu" else 0)
@@ -102,7 +101,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
            resume_optimizer: bool = False) -> TrainState:
     """§5's loop: draw a step's batches, take the step, log, validate and checkpoint when due."""
     run = _Run(data_dir, Path(run_dir), cfg, progress, held, init_from, resume_optimizer)
-    t, state, ranks = run.cfg.train, run.state, run.stepper.strategy
+    t, state, ranks = cfg.train, run.state, run.stepper.strategy
     elapsed = last_save = run.mean_clock()
     last_sync_step, stop_reason = state.step, "max_steps"
     run.learner.model.train()
@@ -131,7 +130,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         if state.step % ranks.period:
             continue  # between two synchronization points: no logging, checkpoint or validation
         elapsed = run.synchronize(elapsed)
-        run.log_step(step, last_sync_step)
+        run.log_step(step, _crossed(t.log_every_steps, last_sync_step, state.step))
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
@@ -143,7 +142,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     if state.step != last_sync_step:  # stopped between two synchronization points
         run.synchronize(elapsed)
         state.tokens, run.pending_tokens = state.tokens + run.pending_tokens, 0
-    run.finish(stop_reason)
+    run.finish(stop_reason, t.best_metric)
     return state
 
 
@@ -155,15 +154,18 @@ class _Run:
     def __init__(self, data_dir, run_dir: Path, cfg: RunConfig, progress: bool, held: contextlib.ExitStack,
                  init_from, resume_optimizer: bool):
         data = DataDir(data_dir)
-        self.cfg = cfg = fit_to_data(cfg, data)
+        cfg = fit_to_data(cfg, data)
+        run_config = to_dict(cfg)  # written into config.json and every checkpoint
         t, m = cfg.train, cfg.model
         self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
                                       tf32=t.tf32, threads=t.threads, seed=t.seed)
         self.dist, self.device = place.dist, place.device
         self.validator = Validator(data, cfg, place)
-        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
+        tokenizers = tokenizer_payload(data)
+        saved = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
+        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device, saved.sampler if saved else None)
         # What a checkpoint restores besides the data position, freshly made: the model (seeded by
         # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; the step sets each step's rate)
         # and fp16's gradient scaler (None otherwise).
@@ -172,15 +174,18 @@ class _Run:
                              t.weight_decay, fused=t.fused_adam and self.device.type in ("cpu", "cuda"))
         scaler = torch.amp.GradScaler("cuda") if place.precision == "fp16" else None
         self.learner = Learner(model, opt, scaler)
-        tokenizers = tokenizer_payload(data)
-        self.checkpoints = RunCheckpoints(run_dir, Keeping(to_dict(cfg), t.keep_last, t.best_metric, t.ema_decay),
-                                          tokenizers, self.dist, self.learner, self.stream)
-        resumed = self.checkpoints.resume()
-        if resumed is None and init_from is not None:
+        if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)
+            self.learner.restore(saved, self.dist)
+            if self.dist.is_main:
+                resumed(run_dir, saved, self.stream.state_dict(), t.accum_steps, self.dist.world_size)
+        elif init_from is not None:
             finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
-        self.state, saved_ema = resumed or (TrainState(), None)
-        self.checkpoints.start()
-        self.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema) if t.ema_decay else None
+        self.state = TrainState.of(saved) if saved is not None else TrainState()
+        saved_ema = saved.ema if saved is not None else None
+        self.checkpoints = RunCheckpoints(run_dir, Keeping(run_config, t.keep_last, t.best_metric, t.ema_decay),
+                                          tokenizers, self.dist, self.learner, self.stream)
+        if t.ema_decay:
+            self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
         self.stepper = make_step(self.learner, cfg, place, self.clock, run_dir)
         self.n_params = count_parameters(model)
@@ -204,8 +209,6 @@ class _Run:
         if not s.finite and not self.stepper.strategy.counts_skipped:
             return False
         state.step += 1
-        if s.finite and self.ema is not None:
-            self.ema.update()
         self.pending_tokens += int(s.tokens) if s.finite else 0
         state.train_seconds = self.clock()
         state.history.append((state.step, s.loss / s.tokens))
@@ -220,35 +223,34 @@ class _Run:
         self.state.flops += flops
         return elapsed if mean_clock is None else mean_clock
 
-    def log_step(self, s: Step, last_sync_step: int) -> None:
-        """Count the tokens since the last synchronization point; every ``log_every_steps`` steps a
-        line of the train log and the progress bar's numbers."""
+    def log_step(self, s: Step, due: bool) -> None:
+        """Count the tokens since the last synchronization point; where ``due`` (every
+        ``train.log_every_steps`` steps) a line of the train log and the progress bar's numbers."""
         self.state.tokens += self.pending_tokens
         self.monitor.count(self.pending_tokens)
         self.pending_tokens = 0
-        if _crossed(self.cfg.train.log_every_steps, last_sync_step, self.state.step):
-            self.monitor.train_step(s.loss, s.nll, s.kl if self.stepper.loss.kl_logged else None, s.tokens, s.lr)
+        if due:
+            self.monitor.train_step(s.loss, s.nll, s.kl if s.kl_logged else None, s.tokens, s.lr)
 
     def validate(self) -> dict | None:
-        with self.ema.weights() if self.ema is not None else contextlib.nullcontext():
-            valid = self.validator(self.learner.model, self.state, self.monitor.scalars)
+        valid = self.validator(self.learner, self.state, self.monitor.scalars)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
         return valid
 
     def save(self, valid: dict | None) -> None:
-        self.checkpoints.save(self.state, valid, self.ema, self.stepper.strategy.rank_optimizers(self.learner.opt))
+        self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt))
 
     def release_host_memory(self) -> None:
         """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
         if self.device.type == "cpu":
             release_free_memory()
 
-    def finish(self, stop_reason: str) -> None:
+    def finish(self, stop_reason: str, best_metric: str) -> None:
         """The end: validate, write the final checkpoint and the summary."""
         valid = self.validate()
         self.save(valid)
         if self.dist.is_main:
-            self.monitor.close(summary(self.state, self.cfg.train.best_metric, self.n_params, self.place,
+            self.monitor.close(summary(self.state, best_metric, self.n_params, self.place,
                                        stop_reason, valid))
         if self.dist.enabled:
             torch.distributed.barrier()

@@ -68,3 +68,9 @@ class RDrop:
         objective = sums.loss + self.alpha * kl
         return Terms(objective, torch.stack([sums.loss.detach().double() / 2, sums.nll.detach().double() / 2,
                                              kl.detach().double()]))
+
+
+def make_loss(eps_ls: float, pad_id: int, kernels, fused: bool, rdrop_alpha: float) -> SmoothedLoss | RDrop:
+    """§5.4's loss (``train.eps_ls``), wrapped by R-Drop where ``rdrop_alpha`` > 0 (``train.rdrop_alpha``)."""
+    loss = SmoothedLoss(eps_ls, pad_id, kernels, fused)
+    return RDrop(loss, rdrop_alpha) if rdrop_alpha > 0 else loss

@@ -13,11 +13,59 @@ not all-reduced); ``read`` is the step's one wait for the device.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.train import runtime as rt
+
+
+def average_parameters(params: list[torch.Tensor], dist: rt.Dist) -> None:
+    """Set every rank's parameters to their mean over the ranks, in one all-reduce of a flat
+    float32 copy: local SGD's averaging step (``train.local_sgd_period``)."""
+    if not dist.enabled:
+        return
+    flat = torch.cat([p.detach().reshape(-1).float() for p in params])
+    tdist.all_reduce(flat)
+    flat /= dist.world_size
+    offset = 0
+    for p in params:
+        p.detach().copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def data_parallel(model: torch.nn.Module, static_graph: bool) -> torch.nn.Module:
+    """``model`` wrapped in DistributedDataParallel: the gradients are views of the all-reduce buckets
+    (no copy between them), and the buffers are not re-sent at every forward (the model's only
+    buffer, the sinusoid table, never changes). ``static_graph``: the same parameters and the same
+    graph at every step, which lets DDP order its buckets once; not with accumulation (``no_sync``),
+    with which PyTorch's static graph mis-reduces (pytorch/pytorch#143580)."""
+    buffers = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+               else "broadcast_buffers")  # (the name from torch 2.13 on)
+    return DistributedDataParallel(model, gradient_as_bucket_view=True, static_graph=static_graph, **{buffers: False})
+
+
+def compile_model(net: torch.nn.Module, **options) -> torch.nn.Module:
+    """``torch.compile`` with every dimension dynamic (``train.compile``): length-bucketed batches
+    bring a new (B, S, T) nearly every step, and a graph compiled for one shape would be compiled
+    again for the next; dynamic from the start, the model compiles one graph per padding case
+    (``src_padded`` true or false: a source mask or none), tested over bucket shapes. Duck sizing
+    is turned off for the process: with it, a first batch whose sources and targets have one
+    length (common in bucketed batches) gives a graph for S == T only, compiled again at S != T.
+    ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401  (loads the shape settings below)
+    torch.fx.experimental._config.use_duck_shape = False
+    return torch.compile(net, dynamic=True, **options)
+
+
+def broadcast_parameters(params: list[torch.Tensor], dist: rt.Dist) -> None:
+    """Give every rank rank 0's parameters (what DDP does when it wraps a model)."""
+    if dist.enabled:
+        for p in params:
+            tdist.broadcast(p.detach(), 0)
 
 
 @dataclass
@@ -53,8 +101,14 @@ class OneProcess:
     def __init__(self, place: rt.Place):
         self.place = place
 
-    def prepare(self, model: torch.nn.Module, static_graph: bool) -> torch.nn.Module:
-        """The net the step runs (``static_graph``: the same graph at every step, DDP's option)."""
+    def prepare(self, model: torch.nn.Module, static_graph: bool, compile: bool) -> tuple[torch.nn.Module, ...]:
+        """The net the step runs, plain (``wrap``) and compiled with ``compile`` (``train.compile``;
+        else the plain one again)."""
+        plain = self.wrap(model, static_graph)
+        return plain, compile_model(plain) if compile else plain
+
+    def wrap(self, model: torch.nn.Module, static_graph: bool) -> torch.nn.Module:
+        """``model`` for the ranks (``static_graph``: the same graph at every step, DDP's option)."""
         return model
 
     def no_sync(self, net, last: bool):
@@ -104,8 +158,8 @@ class DataParallel(OneProcess):
     with the step's sums, clocks and FLOPs (no wait for the host). Every rank takes the stop, save
     and learning-rate decisions from the ranks' mean clock."""
 
-    def prepare(self, model, static_graph):
-        return rt.data_parallel(model, static_graph=static_graph)
+    def wrap(self, model, static_graph):
+        return data_parallel(model, static_graph=static_graph)
 
     def no_sync(self, net, last):
         return net.no_sync() if not last else contextlib.nullcontext()
@@ -140,8 +194,8 @@ class LocalSGD(OneProcess):
         super().__init__(place)
         self.period, self.pending_flops = period, 0.0
 
-    def prepare(self, model, static_graph):
-        rt.broadcast_parameters(list(model.parameters()), self.place.dist)
+    def wrap(self, model, static_graph):
+        broadcast_parameters(list(model.parameters()), self.place.dist)
         return model
 
     def budget_seconds(self, elapsed, clock):
@@ -157,7 +211,7 @@ class LocalSGD(OneProcess):
     def synchronize(self, model, tokens, clock):
         """The copies averaged (every rank's becomes their mean)."""
         dist, seconds = self.place.dist, clock()
-        rt.average_parameters(list(model.parameters()), dist)
+        average_parameters(list(model.parameters()), dist)
         tokens_sum, seconds_sum, flops_sum = rt.all_reduce_sum([float(tokens), seconds, self.pending_flops], dist,
                                                                self.place.device)
         self.pending_flops = 0.0

@@ -20,7 +20,6 @@ from aiayn.checkpoint.run import Learner
 from aiayn.errors import UserError
 from aiayn.model.attention import attention_backends
 from aiayn.model.flops import train_flops
-from aiayn.train import runtime as rt
 from aiayn.train.objective import Schedule
 from aiayn.train.parallel import OneProcess, Read
 
@@ -30,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StepRules:
     """What a step follows besides its rate and loss: the ``train`` fields of the same names; DDP's
-    ``static_graph`` (``runtime.data_parallel``); ``row_bits``: ``train.cpu_row_bits`` on the CPU, else 0."""
+    ``static_graph`` (``parallel.data_parallel``); ``row_bits``: ``train.cpu_row_bits`` on the CPU, else 0."""
     clip_norm: float = 0.0
     max_bad_steps: int = 5
     cudnn_attention: bool = False
@@ -56,11 +55,10 @@ def grad_norm(model, scaler) -> torch.Tensor | None:
 
 def update(learner: Learner, clip_norm: float, norm: torch.Tensor | None = None,
            skip: torch.Tensor | None = None) -> None:
-    """The optimizer step on the accumulated gradients (unscaled first under fp16's loss scaling,
-    clipped to ``clip_norm`` if > 0, with ``norm`` from ``grad_norm`` where given), then the gradients
-    cleared. ``skip`` (fused Adam, no scaler): a float32 flag on the device, 1 = leave the parameters,
-    Adam's moments and its step count as they are (the fused step's ``found_inf``, which fp16's
-    scaler sets the same way), so the update is queued unread."""
+    """The optimizer step on the accumulated gradients (unscaled first under fp16's loss scaling, clipped
+    to ``clip_norm`` if > 0, with ``norm`` from ``grad_norm`` where given), then the gradients cleared.
+    ``skip`` (fused Adam, no scaler): a float32 flag on the device, 1 = leave the parameters, Adam's
+    moments and step count as they are (the fused step's ``found_inf``): the update is queued unread."""
     model, opt, scaler = learner.model, learner.opt, learner.scaler
     if scaler is not None:
         scaler.unscale_(opt)
@@ -93,17 +91,17 @@ def not_finite(numbers: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Step(Read):
-    """A step's numbers on the host (``parallel.Read``), its rate and whether it was finite (updated)."""
+    """A step's numbers on the host (``parallel.Read``), its rate, whether it was finite (updated)."""
     lr: float = 0.0
     finite: bool = True
+    kl_logged: bool = False  # its loss has a KL term to log (R-Drop's)
 
 
 class TrainStep:
-    """The training loop's optimizer step (§5). The loss is a sum over the step's tokens divided by
-    their count (``strategy.grad_scale``: over the tokens of the ranks whose gradients are averaged;
-    per pass, as R-Drop's criterion divides by the doubled batch's tokens). A step whose loss or
-    gradient norm is not finite is skipped, and ``rules.max_bad_steps`` in a row stop the run.
-    ``clock``: the run's clock in seconds."""
+    """The training loop's optimizer step (§5). The loss is a sum over the step's tokens divided by their
+    count (``strategy.grad_scale``: the tokens of the ranks whose gradients are averaged; per pass, as
+    R-Drop's criterion divides by the doubled batch's tokens). A non-finite step is skipped, and
+    ``rules.max_bad_steps`` in a row stop the run. ``clock``: the run's clock in seconds."""
 
     def __init__(self, learner: Learner, loss, strategy: OneProcess, schedule: Schedule,
                  rules: StepRules = StepRules(), clock: Callable[[], float] = time.monotonic,
@@ -111,9 +109,8 @@ class TrainStep:
         self.learner, self.loss, self.strategy, self.schedule, self.rules = learner, loss, strategy, schedule, rules
         self.clock, self.run_dir, self.bad_in_row = clock, run_dir, 0
         self.update_early = update_early(learner.opt, learner.scaler)
-        # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``runtime.compile_model``)
-        self.plain_net = strategy.prepare(learner.model, rules.static_graph)
-        self.net = rt.compile_model(self.plain_net) if rules.compile else self.plain_net
+        # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``parallel.compile_model``)
+        self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
         # the one place the model is prepared for its device: the linear maps' padded rows on the CPU, and
         # the C kernels' attention (torch.compile traces PyTorch's; the kernels' calls would break its graphs)
         learner.model.pad_linear_rows(rules.row_bits)
@@ -146,8 +143,11 @@ class TrainStep:
             update(learner, self.rules.clip_norm, norm, skip=not_finite(numbers))
         if while_busy is not None:
             while_busy()
-        s = Step(**vars(strategy.read(numbers, local_tokens, clock_s, step_flops)), lr=lr)
+        s = Step(**vars(strategy.read(numbers, local_tokens, clock_s, step_flops)), lr=lr,
+                 kl_logged=self.loss.kl_logged)
         s.finite = self._settle(s, n, norm)
+        if s.finite and learner.ema is not None:
+            learner.ema.update()  # the moving average of the weights, after the update
         return s
 
     def passes(self, micro: list, scale) -> tuple[torch.Tensor, float]:

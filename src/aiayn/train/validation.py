@@ -128,11 +128,13 @@ class Validator:
         warn_long_pairs("valid", self.data, t)
         check_positions(cfg.model, {"valid": self.data})
 
-    def __call__(self, model, state, log_scalars) -> dict | None:
+    def __call__(self, learner, state, log_scalars) -> dict | None:
+        """Validate ``learner``'s weights (its moving average's, where it keeps one: ``Learner.averaged``)."""
         if self.data is None:
             return None
-        valid = validate(model, self.data, self.cfg, self.device, self.precision, self.tokenizers,
-                         self.references, self.dist)
+        with learner.averaged():
+            valid = validate(learner.model, self.data, self.cfg, self.device, self.precision, self.tokenizers,
+                             self.references, self.dist)
         track(valid, state, self.cfg.train.best_metric)
         log_scalars(valid)
         log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s (%.1f s)", state.step, valid["valid_loss"],
