@@ -70,7 +70,7 @@ class Schedule:
 
     def first(self) -> float:
         """The rate of step 1 (the optimizer's construction)."""
-        return learning_rate(1, self.d_model, self.warmup_steps, self.lr_scale, self.max_steps, self.lr_decay_frac)
+        return self.rate(1)
 
     def rate(self, step: int, elapsed: float = 0.0, flops: float = 0.0) -> float:
         """The rate of optimizer step ``step`` (from 1), after ``elapsed`` training seconds and ``flops``
