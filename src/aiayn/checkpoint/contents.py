@@ -44,16 +44,16 @@ class Contents:
     step: int = _key("optimizer steps taken")
     epoch: int = _key("the epoch of the last step's batches")
     tokens: int = _key("target tokens trained on, all processes")
-    flops: float = _key("counted training FLOPs, all processes (`train.max_flops`)")
+    flops: float = _key("counted training FLOPs, all processes (what a FLOPs budget counts)")
     train_seconds: float = _key("training wall time, validation included")
     best_valid_loss: float = _key("the best validation loss so far")
     best_valid_bleu: float = _key("the best validation BLEU so far (`train.valid_bleu`)", -math.inf)
-    bad_validations: int = _key("validations in a row without a gain in `train.best_metric` (`train.patience`)")
+    bad_validations: int = _key("validations in a row without a gain in the metric `best.pt` follows (what patience "
+                                "counts)")
     valid: dict | None = _key("the last validation's metrics, or None")
     valid_seconds: float = _key("of `train_seconds`, spent validating", 0.0)
     valid_bleu_seconds: float = _key("of `valid_seconds`, spent translating for `valid_bleu`", 0.0)
-    ema: dict | None = _key("the moving average of the weights (`train.ema_decay`), or None; `ema.pt` holds it as "
-                            "its `model`", None)
+    ema: dict | None = _key("the moving average of the weights, or None; `ema.pt` holds it as its `model`", None)
 
     def to_dict(self) -> dict:
         """The file's dict, keys in field order (the tensors themselves, not copies)."""

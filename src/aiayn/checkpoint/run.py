@@ -20,11 +20,11 @@ from aiayn.checkpoint.contents import Contents
 from aiayn.checkpoint.format import (TRAINING_STATE, atomic_copy, atomic_save, load_checkpoint, prune,
                                      step_checkpoints, tokenizer_hashes)
 from aiayn.data.dataset import DataDir
+from aiayn.config import from_dict
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
 from aiayn.model.config import ModelConfig
 from aiayn.train import runtime as rt
-from aiayn.train.config import run_config_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Cont
     if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
         return None
     saved = Contents.from_dict(resume_checkpoint(run_dir))
-    if run_config_from_dict(saved.run_config).model != model:
+    if from_dict(ModelConfig, saved.run_config["model"]) != model:
         raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
                         f"use a new --out or the same settings")
     if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(tokenizers):
@@ -207,7 +207,7 @@ def resumed(run_dir: Path, saved: Contents, position: dict, accum: int, world_si
 
 def _warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
     ranks = int(saved.sampler["num_replicas"])
-    saved_accum = run_config_from_dict(saved.run_config).train.accum_steps
+    saved_accum = saved.run_config["train"].get("accum_steps", 1)  # (1: a run of before the field)
     log.warning("%s: trained by %d process(es), resumed by %d: the rest of epoch %d (from batch %d of %d of its "
                 "order) is dealt out to %d rank(s); every rank starts from the main rank's generator states%s "
                 "(dropout masks differ from the saved run's); a step holds %d batches, was %d (train.accum_steps)",

@@ -25,20 +25,11 @@ from aiayn.config import to_dict
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig
 from aiayn import checkpoint as ck
-from aiayn.train.config import RunConfig, run_config_from_dict
 
 log = logging.getLogger(__name__)
 
 # ModelConfig fields a fine-tuning run may set differently from the checkpoint it starts from.
 REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn", "fast_dropout", "attn_fp32")
-
-
-def run_config_of(path: str | Path) -> RunConfig:
-    """The run configuration a checkpoint was trained with (the default of a fine-tuning run)."""
-    ckpt = ck.load_checkpoint(path)
-    if "run_config" not in ckpt:
-        raise UserError(f"{path}: the checkpoint has no run_config; give --preset or --recipe")
-    return run_config_from_dict(ckpt["run_config"])
 
 
 def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:

@@ -28,9 +28,9 @@ from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
-from aiayn.train import finetune, parallel
+from aiayn.train import finetune
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig, train_kernels
+from aiayn.train.config import RunConfig, TrainConfig, ranks_strategy, train_kernels
 from aiayn.train.ema import WeightAverage
 from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.loss import make_loss
@@ -66,16 +66,15 @@ def schedule_of(cfg: RunConfig) -> Schedule:
 def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
               run_dir: Path | None = None) -> TrainStep:
     """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
-    with ``train.rdrop_alpha``; how the ranks train together (one process; DDP; local SGD with
-    ``train.local_sgd_period``); the net compiled with ``train.compile``; on the CPU the C kernels
+    with ``train.rdrop_alpha``; how the ranks train together (``config.ranks_strategy``); the net compiled with ``train.compile``; on the CPU the C kernels
     (``train.c_kernels``) and the linear maps' padded rows (``train.cpu_row_bits``)."""
     t, m, device = cfg.train, cfg.model, place.device
-    loss = make_loss(t.eps_ls, m.pad_id, train_kernels(t, device), fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
+    kernels, ranks = train_kernels(t, device), ranks_strategy(t, place)
+    loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
     rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
                       static_graph=t.accum_steps == 1 and not t.compile,
                       row_bits=t.cpu_row_bits if device.type == "cpu" else 0)
-    return TrainStep(learner, loss, parallel.for_place(place, t.local_sgd_period), schedule_of(cfg), rules, clock,
-                     run_dir)
+    return TrainStep(learner, loss, ranks, schedule_of(cfg), rules, clock, run_dir)
 
 
 def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
