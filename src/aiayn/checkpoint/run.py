@@ -1,8 +1,10 @@
-"""A run directory's checkpoints (docs/checkpoints.md): ``TrainState`` (what a run counts), ``save``
-(the step's checkpoint, ``last.pt``, ``best.pt``, ``ema.pt``, written atomically) and
-``RunCheckpoints``, the training loop's: the run directory resumed exactly (model, optimizer, scaler,
-batch stream, RNG and counters from ``last.pt``, or from the newest intact step checkpoint), then its
-checkpoints written when due. Every key written is a field of ``contents.Contents``.
+"""A run directory's checkpoints (docs/checkpoints.md): ``TrainState`` (what a run counts); the resume,
+in three parts: ``last_checkpoint`` (``last.pt``, or the newest intact step checkpoint, checked against
+the run), the batch stream started at its data position, and ``Learner.restore`` (model, optimizer,
+scaler and generators; the moving average is made from the saved one), so that a resumed run
+continues exactly; ``save`` (the step's checkpoint, ``last.pt``, ``best.pt``, ``ema.pt``, written
+atomically) and ``RunCheckpoints``, the training loop's, which writes them when due. Every key
+written is a field of ``contents.Contents``.
 """
 from __future__ import annotations
 
@@ -78,7 +80,6 @@ class Learner:
     def averaged(self):
         """The weights a validation reads: the moving average's inside the block, where there is one."""
         return self.ema.weights() if self.ema is not None else contextlib.nullcontext()
-
 
     def restore(self, saved: Contents, dist: rt.Dist) -> None:
         """The weights, the optimizer (this rank's own, where local SGD kept one per rank), the scaler
@@ -196,9 +197,9 @@ def _own(per_rank: list | None, dist: rt.Dist):
 
 
 def resumed(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
-    """The one warning of a resume on another number of processes (the main rank's): what cannot
-    carry over (``position``: the data position resumed from, on these ranks); then the line that
-    says the run resumes."""
+    """The main rank's lines of a resume: on another number of processes, the one warning of what
+    cannot carry over (``position``: the data position resumed from, on these ranks); then the line
+    that says the run resumes."""
     ranks = int(saved.sampler["num_replicas"])
     if ranks != world_size:
         _warn_other_ranks(run_dir, saved, position, accum, world_size)
