@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.model.transformer import Transformer
     from aiayn.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     from aiayn.train.config import run_config_from_dict
+    from aiayn.train.runtime import Dist, Place
     from aiayn.train.validation import validate
 
     ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = run_config_from_dict(ckpt["run_config"])
             model = Transformer(cfg.model)
             model.load_state_dict(ckpt["model"])
-            loss = validate(model, valid, cfg, torch.device("cpu"), "fp32")
+            loss = validate(model, valid, cfg, Place(Dist(), torch.device("cpu"), "fp32"))
             tuning, val_hyps = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)
             val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
             alpha = choose_alpha(val_hyps, ev["val_tok"], tgt, args.p_level)[0]

@@ -52,10 +52,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiayn  # noqa: E402
 from aiayn.train.flops import train_flops  # noqa: E402
-from aiayn.train.config import TrainConfig  # noqa: E402
+from aiayn.checkpoint.run import Learner  # noqa: E402
+from aiayn.train.config import RunConfig, TrainConfig  # noqa: E402
+from aiayn.train.loop import make_step  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
-from aiayn.train.runtime import use_tf32  # noqa: E402
-from aiayn.train.step import TrainStep  # noqa: E402
+from aiayn.train.runtime import Dist, Place, use_tf32  # noqa: E402
 
 EPS_LS = 0.1
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s, without sparsity), by a word of the device's name.
@@ -130,17 +131,16 @@ def autocast(device, precision: str):
 def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = False, cudnn: bool = False,
                 fused_loss: str = "auto"):
     """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own
-    ``TrainStep``, queued, read and settled as the loop does."""
+    ``TrainStep`` (``loop.make_step``), stepped as the loop steps it."""
     t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss, compile=compile_)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    stepper = TrainStep.for_run(model, opt, scaler, t, cfg, device, precision)
+    stepper = make_step(Learner(model, opt, scaler), RunConfig(cfg, t), Place(Dist(), device, precision))
 
     def step(k: int):
-        s = stepper.read(stepper.queue([batches.aiayn[k]], k + 1))
-        stepper.settle(s, k + 1)
+        stepper.step([batches.aiayn[k]], k + 1)
     return step
 
 

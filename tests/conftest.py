@@ -171,7 +171,7 @@ def untrained_checkpoint(tmp_path_factory) -> Path:
     from aiayn.config import to_dict
     from aiayn.data.dataset import DataDir
     from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
-    from aiayn.train.checkpointing import tokenizer_payload
+    from aiayn.checkpoint.run import tokenizer_payload
     d = tmp_path_factory.mktemp("untrained")
     (d / "train.txt").write_text("\n".join(copy_lines(300, 1)) + "\n", encoding="utf-8")
     prepare({"train": SplitFiles(d / "train.txt", d / "train.txt")}, d / "data",

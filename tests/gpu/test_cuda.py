@@ -12,10 +12,11 @@ import torch
 import aiayn
 from aiayn.data.batching import collate
 from aiayn.data.stream import to_device
+from aiayn.checkpoint.run import Learner
 from aiayn.train import step
+from tests.train.steps import passes, read_step
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
-from aiayn.train.runtime import Dist
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -39,10 +40,9 @@ def _step_grads(cfg, batch, device, precision):
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
     b = to_device(batch, device)
-    sums, _ = step.forward_backward(model, [b], TrainConfig(), cfg, 1, 1 / batch.n_tgt_tokens, device, precision,
-                                     None, None, synced=False)
+    sums, _ = passes(model, [b], TrainConfig(), 1 / batch.n_tgt_tokens, device, precision)
     norm = step.grad_norm(model, None)
-    values = step.read_step(sums, norm, None, float(batch.n_tgt_tokens), 0.0, Dist(), device, reduce=True)
+    values = read_step(sums, norm, float(batch.n_tgt_tokens), device)
     return values, {n: p.grad.float().cpu() for n, p in model.named_parameters()}
 
 
@@ -169,10 +169,10 @@ def test_update_queued_before_the_read_on_cuda():
     opt = make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9, fused=True)
     before = [p.detach().clone() for p in model.parameters()]
     model(torch.randn(3, 8, device=CUDA)).sum().backward()
-    step.update(model, opt, None, 0.0, None, skip=torch.ones((), device=CUDA))
+    step.update(Learner(model, opt), 0.0, None, skip=torch.ones((), device=CUDA))
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     model(torch.randn(3, 8, device=CUDA)).sum().backward()
-    step.update(model, opt, None, 0.0, None, skip=torch.zeros((), device=CUDA))
+    step.update(Learner(model, opt), 0.0, None, skip=torch.zeros((), device=CUDA))
     assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     from aiayn.train import runtime as rt
     assert rt.host_to_device([1.5, 2.0], CUDA).tolist() == [1.5, 2.0]

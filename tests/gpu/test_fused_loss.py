@@ -8,7 +8,7 @@ import torch
 import aiayn
 from aiayn.model import PreSoftmax
 from aiayn.data.stream import to_device
-from aiayn.train import step
+from tests.train.steps import passes
 from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
 from tests.train.test_fused_loss import PAD, _assert_same, _batch, _fused, _plain, _sums_and_grads
@@ -84,8 +84,7 @@ def test_training_step_fused_equals_plain_on_cuda(kernel, precision):
     for setting in ("off", "auto"):
         torch.manual_seed(0)
         model = aiayn.Transformer(cfg).to(CUDA).train()
-        sums, _ = step.forward_backward(model, [batch], TrainConfig(fused_loss=setting), cfg, 1,
-                                         1 / batch.n_tgt_tokens, CUDA, precision, None, None, synced=False)
+        sums, _ = passes(model, [batch], TrainConfig(fused_loss=setting), 1 / batch.n_tgt_tokens, CUDA, precision)
         results.append((sums.cpu(), {n: p.grad.float().cpu() for n, p in model.named_parameters()}))
     (plain_sums, plain_g), (fused_sums, fused_g) = results
     rtol = 1e-4 if precision == "fp32" else 2e-2

@@ -120,6 +120,35 @@ def test_an_older_checkpoint_is_refused_with_the_way_to_convert_it(tmp_path, cap
     ck.load_checkpoint(old)
 
 
+def test_an_older_training_checkpoint_resumes_with_the_fields_it_lacks(tmp_path):
+    """A training checkpoint of before ``best_valid_bleu``, ``valid_seconds`` and ``valid_bleu_seconds``
+    (and of one process: no per-rank states) reads as ``Contents`` with their defaults, and
+    ``aiayn upgrade-checkpoint`` writes them in."""
+    from aiayn.checkpoint.contents import Contents
+    from aiayn.checkpoint.run import TrainState
+    cfg = aiayn.get_preset("tiny", vocab_size=50)
+    old = {"format": ck.FORMAT, "run_config": {}, "model_config": to_dict(cfg), "model": aiayn.Transformer(cfg).state_dict(),
+           "optimizer": {"state": {}},
+           "sampler": {}, "rng": rt.rng_state(), "tokenizers": {}, "step": 7, "epoch": 1, "tokens": 70,
+           "flops": 1.0, "train_seconds": 3.0, "best_valid_loss": 2.5, "bad_validations": 0, "valid": None}
+    saved = Contents.from_dict(old)
+    assert (saved.best_valid_bleu, saved.valid_seconds, saved.rank_optimizers, saved.ema) == (-float("inf"), 0.0,
+                                                                                             None, None)
+    assert TrainState.of(saved) == TrainState(step=7, epoch=1, tokens=70, flops=1.0, train_seconds=3.0,
+                                              best_valid_loss=2.5)
+    torch.save(old, tmp_path / "old.pt")
+    assert main(["upgrade-checkpoint", str(tmp_path / "old.pt")]) == 0
+    assert list(ck.load_checkpoint(tmp_path / "old.pt"))[:-1] == list(Contents.from_dict(old).to_dict())
+
+
+def test_the_docs_table_is_the_checkpoint_fields():
+    """docs/checkpoints.md's table of keys is ``Contents``' fields with their help, in order."""
+    from aiayn.checkpoint.contents import docs_table
+    text = (Path(__file__).parents[2] / "docs" / "checkpoints.md").read_text()
+    start = text.index("| key | what |")
+    assert text[start:text.index("\n\n", start)] == docs_table()
+
+
 def test_rng_state_round_trips_every_generator():
     state = rt.rng_state()
     want = torch.rand(3), np.random.rand(3), random.random()
@@ -148,7 +177,7 @@ def test_rng_state_round_trips_the_cuda_generator():
 
 
 def test_resume_falls_back_to_the_newest_intact_step_checkpoint(tmp_path, caplog):
-    from aiayn.train.checkpointing import resume_checkpoint
+    from aiayn.checkpoint.run import resume_checkpoint
     for step in (2, 4):
         ck.atomic_save(_handmade(step), tmp_path / f"ckpt_step{step:08d}.pt")
     assert resume_checkpoint(tmp_path)["step"] == 4  # last.pt lost (killed before its copy)
@@ -268,7 +297,7 @@ def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
     shapes = []
     forward = model.forward
     model.forward = lambda src, tgt_in, *a, **k: (shapes.append((src.shape, tgt_in.shape)), forward(src, tgt_in, *a, **k))[1]
-    out = validate(model, Split(), cfg, torch.device("cpu"), "fp32")
+    out = validate(model, Split(), cfg, rt.Place(rt.Dist(), torch.device("cpu"), "fp32"))
     assert max(s.numel() for s, _ in shapes) <= 64 and max(t.numel() for _, t in shapes) <= 48
     assert max(s[1] for s, _ in shapes) == 64 and max(t[1] for _, t in shapes) == 48  # the cut pair: 63 + EOS, BOS + 47
     assert np.isfinite(out["valid_loss"])

@@ -12,7 +12,8 @@ import torch
 import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.execution.attention import attention_backends
-from aiayn.train import step
+from aiayn.checkpoint.run import Learner
+from aiayn.train import parallel, step
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
 from tests.train.test_training import _logged, _train_in_process
@@ -71,9 +72,9 @@ def test_auto_precision_on_the_cpu_follows_onednn(monkeypatch, native):
 
 def test_training_logs_its_precision_and_why(caplog):
     """The precision chosen is logged at the start of training, with its reason."""
-    from aiayn.train.config import TrainConfig
     with caplog.at_level("INFO", logger="aiayn.train.runtime"):
-        _, device, precision = rt.start(TrainConfig(device="cpu", precision="auto"))
+        place = rt.start(device="cpu", precision="auto", timeout_s=120.0, tf32=True, threads=0, seed=1)
+        device, precision = place.device, place.precision
     line = rt.describe_precision(*rt.resolve_precision("auto", device))
     assert line.startswith(f"precision: {precision} (auto: ") and line in caplog.messages
 
@@ -102,7 +103,7 @@ def _adam_after(flags: list[float | None]) -> tuple[torch.Tensor, dict]:
             opt.zero_grad(set_to_none=True)
             continue
         skip = None if flag is None else torch.tensor(flag)
-        step.update(model, opt, None, 1.0, None, skip=skip)
+        step.update(Learner(model, opt), 1.0, None, skip=skip)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt.state_dict()["state"]
 
 
@@ -121,12 +122,12 @@ def test_skip_flag_is_a_step_not_taken():
     with pytest.raises(ValueError, match="fused"):
         model = torch.nn.Linear(2, 2)
         model.weight.grad = torch.zeros(2, 2)
-        step.update(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9), None, 0.0, None,
-                     skip=torch.tensor(0.0))
+        step.update(Learner(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9)), 0.0, None,
+                    skip=torch.tensor(0.0))
 
 
 def test_step_not_finite_flag():
-    """``not_finite`` on the device takes ``TrainStep.settle``'s test on the host: loss + KL, and the norm."""
+    """``not_finite`` on the device takes ``TrainStep.step``'s test on the host: loss + KL, and the norm."""
     def flag(loss, kl, norm):
         return float(step.not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
     assert flag(3.0, 0.0, 2.0) == 0.0
@@ -195,15 +196,15 @@ def test_a_model_that_fails_to_compile_trains_as_the_plain_one(small_data_dir, t
 
 def test_data_parallel_options(tmp_path):
     """DDP with gradients as views of its buckets, without re-sending the buffers at every forward,
-    and with a static graph where asked (not with accumulation: ``rt.data_parallel``)."""
+    and with a static graph where asked (not with accumulation: ``parallel.data_parallel``)."""
     import torch.distributed as tdist
     tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         model = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=30))
-        ddp = rt.data_parallel(model, static_graph=True)
+        ddp = parallel.data_parallel(model, static_graph=True)
         assert ddp.gradient_as_bucket_view and ddp.static_graph
         assert not getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True))
-        assert not rt.data_parallel(model, static_graph=False).static_graph
+        assert not parallel.data_parallel(model, static_graph=False).static_graph
     finally:
         tdist.destroy_process_group()
 
@@ -223,7 +224,7 @@ def test_compiled_model_compiles_one_graph_per_padding_case_over_bucket_shapes()
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
-    net = rt.compile_model(aiayn.Transformer(cfg), backend=backend)
+    net = parallel.compile_model(aiayn.Transformer(cfg), backend=backend)
     rng = random.Random(0)
     for i in range(16):
         B, S, T = rng.choice([(40, 10, 10), (33, 12, 14), (20, 20, 19), (25, 16, 16), (18, 23, 26), (50, 8, 9)])

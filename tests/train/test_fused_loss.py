@@ -18,7 +18,7 @@ import aiayn
 from aiayn.config import ConfigError
 from aiayn.data.batching import collate
 from aiayn.model import PreSoftmax
-from aiayn.train import step
+from tests.train.steps import passes
 from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
 from aiayn.train.objective import label_smoothed_loss
@@ -143,8 +143,7 @@ def test_model_pre_softmax_gives_the_plain_step(tie, precision):
     for setting in ("off", "on"):
         torch.manual_seed(0)
         model = aiayn.Transformer(cfg).train()
-        sums, _ = step.forward_backward(model, [batch], TrainConfig(fused_loss=setting), cfg, 1, 0.5,
-                                         torch.device("cpu"), precision, None, None, synced=False)
+        sums, _ = passes(model, [batch], TrainConfig(fused_loss=setting), 0.5, torch.device("cpu"), precision)
         results.append((sums, {n: p.grad for n, p in model.named_parameters()}))
     (plain_sums, plain_g), (fused_sums, fused_g) = results
     rtol = 1e-5 if precision == "fp32" else 2e-2
@@ -168,10 +167,10 @@ def test_pre_softmax_takes_the_autocast_dtype():
 
 def test_the_cpu_step_never_imports_triton():
     """A training step on the CPU with the default (auto) loads no triton, installed or not."""
-    code = ("import sys, torch, aiayn; from aiayn.train import step; from aiayn.train.config import TrainConfig; "
+    code = ("import sys, torch, aiayn; from tests.train.steps import passes; from aiayn.train.config import TrainConfig; "
             "from tests.train.test_fused_loss import _batch, _tiny; cfg = _tiny(); "
-            "step.forward_backward(aiayn.Transformer(cfg), [_batch(cfg)], TrainConfig(), cfg, 1, 1.0, "
-            "torch.device('cpu'), 'fp32', None, None, synced=False); assert 'triton' not in sys.modules")
+            "passes(aiayn.Transformer(cfg), [_batch(cfg)], TrainConfig(), 1.0, "
+            "torch.device('cpu'), 'fp32'); assert 'triton' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
 

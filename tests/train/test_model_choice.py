@@ -13,7 +13,7 @@ from aiayn.cli import main
 from aiayn.config import ConfigError
 from aiayn.data.dataset import DataDir
 from aiayn.train import validation
-from aiayn.train.checkpointing import TrainState
+from aiayn.checkpoint.run import TrainState
 from aiayn.train.config import TrainConfig
 from aiayn.train.ema import WeightAverage
 
@@ -125,5 +125,6 @@ def test_two_processes_share_the_validation_translations(small_data_dir, tmp_pat
     from aiayn.decode.loading import load_model_for_inference
     model, src_tok, tgt_tok = load_model_for_inference(run / "last.pt")
     data = DataDir(small_data_dir)
-    alone = validation.valid_bleu(model, data.split("valid"), (src_tok, tgt_tok), 15, None, 2, data.references("valid"))
+    alone = validation.valid_bleu(model, data.split("valid"), validation.Bleu((src_tok, tgt_tok), data.references("valid")),
+                                  15, None, 2)
     assert gathered == pytest.approx(alone, abs=1e-9)

@@ -169,21 +169,29 @@ def test_linear_decay_measured_in_wall_time_golden():
     assert learning_rate(200, 256, 1000, 1.5, 1000, 0.0, time_frac=0.9) == pytest.approx(eq3_200, rel=1e-12)  # ramp off
 
 
+def _whole_by_time(step: int, max_steps: int, decay_frac: float, time_frac: float, whole: bool = True) -> float:
+    """``Schedule.rate`` with d_model 256, warmup 1000, scale 1.5, a budget of 1 minute of which
+    ``time_frac`` is gone, and ``train.lr_schedule_by_time`` = ``whole``."""
+    from aiayn.train.objective import Schedule
+    schedule = Schedule(256, 1000, 1.5, max_steps, decay_frac, by_budget=True, whole_by_time=whole, max_time_min=1.0,
+                        max_flops=0.0)
+    return schedule.rate(step, elapsed=60 * time_frac)
+
+
 def test_whole_schedule_measured_in_wall_time_golden():
     # lr_schedule_by_time: Eq. 3 at step' = max(step, time_frac * max_steps), the ramp at step' / max_steps.
     # d_model 256, warmup 1000, scale 1.5, max_steps 1000, decay over the last 40%.
-    from aiayn.train.objective import learning_rate
     # step 200, half the time gone: step' = 500, Eq. 3 = 1.5 * 256^-0.5 * 500 * 1000^-1.5 = 1.4823e-3, no ramp yet
-    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, 0.5, True) == pytest.approx(1.482317653203928e-03, rel=1e-9)
+    assert _whole_by_time(200, 1000, 0.4, 0.5) == pytest.approx(1.482317653203928e-03, rel=1e-9)
     # 80% of the time gone: step' = 800, Eq. 3 = 2.3717e-3, ramp (1 - 0.8) / 0.4 = 0.5
-    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, 0.8, True) == pytest.approx(0.5 * 2.3717082451262845e-03, rel=1e-9)
+    assert _whole_by_time(200, 1000, 0.4, 0.8) == pytest.approx(0.5 * 2.3717082451262845e-03, rel=1e-9)
     # time behind the steps: step' = step, the plain schedule (Eq. 3 at 200 = 5.9293e-4)
-    assert learning_rate(200, 256, 1000, 1.5, 1000, 0.4, 0.1, True) == pytest.approx(5.929270612815711e-04, rel=1e-9)
+    assert _whole_by_time(200, 1000, 0.4, 0.1) == pytest.approx(5.929270612815711e-04, rel=1e-9)
     # past the warmup: max_steps 4000, step 300, half the time: step' = 2000,
     # Eq. 3 = 1.5 * 256^-0.5 * 2000^-0.5 = 2.0963e-3 (ramp off)
-    assert learning_rate(300, 256, 1000, 1.5, 4000, 0.0, 0.5, True) == pytest.approx(2.096313728906e-03, rel=1e-9)
-    assert learning_rate(300, 256, 1000, 1.5, 4000, 0.0, 0.5, False) == pytest.approx(noam_lr(300, 256, 1000, 1.5), rel=1e-12)
-    assert learning_rate(1000, 256, 1000, 1.5, 1000, 0.4, 1.2, True) == 0.0  # past the budget
+    assert _whole_by_time(300, 4000, 0.0, 0.5) == pytest.approx(2.096313728906e-03, rel=1e-9)
+    assert _whole_by_time(300, 4000, 0.0, 0.5, whole=False) == pytest.approx(noam_lr(300, 256, 1000, 1.5), rel=1e-12)
+    assert _whole_by_time(1000, 1000, 0.4, 1.2) == 0.0  # past the budget
 
 
 def test_lr_schedule_by_time_needs_a_budget():

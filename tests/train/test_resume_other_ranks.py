@@ -20,14 +20,14 @@ import json, os, sys
 from aiayn.cli import main
 from aiayn.train.step import TrainStep
 
-take_step = TrainStep.queue
+take_step = TrainStep.step
 
-def recorded(self, micro, *args):
+def recorded(self, micro, *args, **kwargs):
     with open(os.environ["PAIRS_LOG"] + ".rank" + os.environ.get("RANK", "0"), "a") as f:
         f.write(json.dumps([b.indices.tolist() for b in micro]) + "\\n")
-    return take_step(self, micro, *args)
+    return take_step(self, micro, *args, **kwargs)
 
-TrainStep.queue = recorded
+TrainStep.step = recorded
 sys.exit(main(sys.argv[1:]))
 """
 

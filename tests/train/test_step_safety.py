@@ -10,10 +10,15 @@ import torch
 
 import aiayn
 from aiayn.errors import UserError
-from aiayn.train.checkpointing import check_finite_weights
-from aiayn.train import step
+from aiayn.checkpoint.run import check_finite_weights
 from aiayn.checkpoint import load_checkpoint
-from aiayn.train.runtime import Dist
+from aiayn.checkpoint.run import Learner
+from aiayn.train import loss as loss_mod
+from aiayn.train import step
+from aiayn.train.loss import SmoothedLoss
+from aiayn.train.parallel import OneProcess
+from aiayn.train.runtime import Dist, Place
+from tests.train.steps import passes, read_step
 from tests.train.test_training import _train_in_process
 
 
@@ -21,10 +26,9 @@ def test_read_step_golden():
     """One process: the sums as given, its own tokens and clock, the gradient norm (0 without one),
     its own counted FLOPs."""
     sums = torch.tensor([12.5, 10.0, 0.25], dtype=torch.float64)
-    got = step.read_step(sums, torch.tensor(3.0), None, 40.0, 7.5, Dist(), torch.device("cpu"), reduce=True,
-                         flops=2.5e9)
+    got = read_step(sums, torch.tensor(3.0), 40.0, torch.device("cpu"), 7.5, flops=2.5e9)
     assert got == (12.5, 10.0, 0.25, 40.0, 7.5, 3.0, 2.5e9)
-    got = step.read_step(sums, None, None, 40.0, 7.5, Dist(), torch.device("cpu"), reduce=True)
+    got = read_step(sums, None, 40.0, torch.device("cpu"), 7.5)
     assert got[-2:] == (0.0, 0.0)
 
 
@@ -33,7 +37,7 @@ def test_a_nan_gradient_behind_a_finite_loss_is_skipped(small_data_dir, tmp_path
     is skipped (the old loop applied it and every later loss was NaN), the run ends with finite
     weights, and the step is not counted."""
     calls = []
-    real = step.label_smoothed_loss
+    real = loss_mod.label_smoothed_loss
 
     def poisoned(logits, *args, **kwargs):
         calls.append(1)
@@ -41,7 +45,7 @@ def test_a_nan_gradient_behind_a_finite_loss_is_skipped(small_data_dir, tmp_path
             logits.register_hook(lambda g: torch.full_like(g, math.nan))
         return real(logits, *args, **kwargs)
 
-    monkeypatch.setattr(step, "label_smoothed_loss", poisoned)
+    monkeypatch.setattr(loss_mod, "label_smoothed_loss", poisoned)
     summary = _train_in_process(small_data_dir, tmp_path / "run", 6)
     assert summary["steps"] == 6
     ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
@@ -62,7 +66,8 @@ def test_non_finite_weights_are_not_checkpointed(tmp_path):
 
 def _tiny_step(**train):
     from aiayn.data.batching import collate
-    from aiayn.train.config import TrainConfig
+    from aiayn.train.config import RunConfig, TrainConfig
+    from aiayn.train.loop import schedule_of
     from aiayn.train.objective import make_optimizer
     torch.manual_seed(0)
     cfg = aiayn.get_preset("tiny", vocab_size=40, p_drop=0.0)
@@ -73,28 +78,29 @@ def _tiny_step(**train):
              for n in (3, 5, 4)]
     batch = collate(pairs, cfg.pad_id, cfg.bos_id, cfg.eos_id)
     t = TrainConfig(eps_ls=0.1, **train)
-    return model, opt, cfg, t, batch, step.TrainStep(model, opt, None, t, cfg, torch.device("cpu"), "fp32")
+    place = Place(Dist(), torch.device("cpu"), "fp32")
+    stepper = step.TrainStep(Learner(model, opt), SmoothedLoss(t.eps_ls, cfg.pad_id), OneProcess(place),
+                             schedule_of(RunConfig(cfg, t)), step.StepRules(t.clip_norm, t.max_bad_steps))
+    return model, opt, cfg, t, batch, stepper
 
 
 def test_train_step_is_the_step_its_parts_make():
-    """``TrainStep`` (the loop's and the benchmarks' step): Eq. 3's rate at the step, the loss over the
-    step's tokens, the update queued before the read (fused Adam): the same numbers and weights, bit
-    for bit, as its parts called by hand with the update after the read."""
+    """``TrainStep.step`` (the loop's and the benchmarks' step): Eq. 3's rate at the step, the loss over
+    the step's tokens, the update queued before the read (fused Adam): the same numbers and weights,
+    bit for bit, as its parts called by hand with the update after the read."""
     from aiayn.train.objective import learning_rate
     model, opt, cfg, t, batch, stepper = _tiny_step()
-    s = stepper.read(stepper.queue([batch], 3))
-    assert stepper.settle(s, 3) and s.updated
+    s = stepper.step([batch], 3)
+    assert s.finite and stepper.update_early
     assert s.lr == learning_rate(3, cfg.d_model, t.warmup_steps) and s.tokens == batch.n_tgt_tokens
     ref_model, ref_opt, *_ = _tiny_step()
     for group in ref_opt.param_groups:
         group["lr"] = s.lr
-    sums, _ = step.forward_backward(ref_model, [batch], t, cfg, 1, 1 / batch.n_tgt_tokens, torch.device("cpu"),
-                                    "fp32", None, None, synced=False)
+    sums, _ = passes(ref_model, [batch], t, 1 / batch.n_tgt_tokens, torch.device("cpu"), "fp32")
     norm = step.grad_norm(ref_model, None)
-    loss, nll, kl, tokens, _, norm_value, _ = step.read_step(sums, norm, None, float(batch.n_tgt_tokens), 0.0, Dist(),
-                                                          torch.device("cpu"), reduce=True)
-    step.update(ref_model, ref_opt, None, t.clip_norm, norm)
-    assert (s.loss, s.nll, s.norm_value) == (loss, nll, norm_value)
+    loss, nll, kl, tokens, _, norm_value, _ = read_step(sums, norm, float(batch.n_tgt_tokens), torch.device("cpu"))
+    step.update(Learner(ref_model, ref_opt), t.clip_norm, norm)
+    assert (s.loss, s.nll, s.norm) == (loss, nll, norm_value)
     a, b = model.state_dict(), ref_model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -106,14 +112,10 @@ def test_train_step_skips_non_finite_steps_then_stops_the_run(caplog):
     with torch.no_grad():
         model.src_embed.weight[batch.src[0, 0]] = math.nan  # (tied: source, target and output)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    for k in (1, 2):
-        s = stepper.read(stepper.queue([batch], k))
-        assert not math.isfinite(s.loss)
-        if k == 1:
-            assert not stepper.settle(s, k)
-        else:
-            with pytest.raises(UserError, match="2 non-finite losses or gradients in a row at step 2.*lr_scale"):
-                stepper.settle(s, k)
+    s = stepper.step([batch], 1)
+    assert not math.isfinite(s.loss) and not s.finite
+    with pytest.raises(UserError, match="2 non-finite losses or gradients in a row at step 2.*lr_scale"):
+        stepper.step([batch], 2)
     after = model.state_dict()
     assert all(torch.allclose(before[k], after[k], rtol=0, atol=0, equal_nan=True) for k in before)
     assert opt.state_dict()["state"] == {} or all(float(v["step"]) == 0 for v in opt.state_dict()["state"].values())
@@ -126,26 +128,32 @@ def row_bits(model) -> set[int]:
 
 
 def test_the_run_step_follows_the_configuration(monkeypatch):
-    """``TrainStep.for_run``, the loop's and the benchmarks' step: one process takes every step as a
+    """``loop.make_step``, the loop's and the benchmarks' step: one process takes every step as a
     synchronization point on the plain model; the CPU's C kernels and padded rows follow
     ``train.c_kernels`` and ``train.cpu_row_bits``; ``train.compile`` gives a compiled net beside the
     plain one (the fallback); local SGD, with ranks, averages every ``local_sgd_period`` steps from
-    the main rank's weights and wraps no DDP."""
-    from aiayn.train import runtime as rt
-    from aiayn.train.config import TrainConfig
+    the main rank's weights and wraps no DDP; ``train.rdrop_alpha`` wraps the loss."""
+    from aiayn.train import parallel
+    from aiayn.train.config import RunConfig, TrainConfig
+    from aiayn.train.loop import make_step
+    from aiayn.train.loss import RDrop
     model, opt, cfg, _, _, _ = _tiny_step()
-    cpu = torch.device("cpu")
-    plain = step.TrainStep.for_run(model, opt, None, TrainConfig(c_kernels=False, cpu_row_bits=5), cfg, cpu, "bf16")
-    assert (plain.net, plain.plain_net, plain.period, plain.local_sgd, plain.ddp) == (model, model, 1, False, False)
-    assert plain.kernels is None and row_bits(model) == {5}
+    cpu, learner = torch.device("cpu"), Learner(model, opt)
+
+    def made(place=Place(Dist(), cpu, "fp32"), **train):
+        return make_step(learner, RunConfig(cfg, TrainConfig(**train)), place)
+    plain = made(Place(Dist(), cpu, "bf16"), c_kernels=False, cpu_row_bits=5)
+    assert (plain.net, plain.plain_net, plain.strategy.period) == (model, model, 1)
+    assert type(plain.strategy) is parallel.OneProcess and type(plain.loss) is SmoothedLoss
+    assert plain.loss.kernels is None and row_bits(model) == {5}
+    assert isinstance(made(rdrop_alpha=0.5, c_kernels=False).loss, RDrop)
     compiled = object()
-    monkeypatch.setattr(rt, "compile_model", lambda net: compiled)
-    s = step.TrainStep.for_run(model, opt, None, TrainConfig(compile=True, cpu_row_bits=0), cfg, cpu, "fp32")
+    monkeypatch.setattr(parallel, "compile_model", lambda net: compiled)
+    s = made(compile=True, cpu_row_bits=0)
     assert s.net is compiled and s.plain_net is model and row_bits(model) == {0}
     broadcast = []
-    monkeypatch.setattr(rt, "broadcast_parameters", lambda params, dist: broadcast.append(len(params)))
-    monkeypatch.setattr(rt, "data_parallel", lambda *a, **k: pytest.fail("local SGD wraps no DDP"))
-    lsgd = step.TrainStep.for_run(model, opt, None, TrainConfig(local_sgd_period=4, c_kernels=False), cfg, cpu,
-                                  "fp32", Dist(rank=1, world_size=2))
-    assert (lsgd.local_sgd, lsgd.period, lsgd.ddp, lsgd.net) == (True, 4, False, model)
+    monkeypatch.setattr(parallel, "broadcast_parameters", lambda params, dist: broadcast.append(len(params)))
+    monkeypatch.setattr(parallel, "data_parallel", lambda *a, **k: pytest.fail("local SGD wraps no DDP"))
+    lsgd = made(Place(Dist(rank=1, world_size=2), cpu, "fp32"), local_sgd_period=4, c_kernels=False)
+    assert type(lsgd.strategy) is parallel.LocalSGD and (lsgd.strategy.period, lsgd.net) == (4, model)
     assert broadcast == [len(list(model.parameters()))]

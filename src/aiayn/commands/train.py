@@ -7,7 +7,7 @@ import errno
 from aiayn.config import apply_sets, sets_help
 from aiayn.errors import UserError
 from aiayn.model.config import PRESETS, ModelConfig
-from aiayn.train.config import TrainConfig, load_recipe, run_config_from_preset
+from aiayn.train.config import RunConfig, TrainConfig, load_recipe, run_config_from_dict, run_config_from_preset
 
 
 def resolve_run_config(args):
@@ -15,7 +15,6 @@ def resolve_run_config(args):
     if args.recipe:
         cfg = load_recipe(args.recipe)
     elif args.preset is None and getattr(args, "init_from", None):
-        from aiayn.train.finetune import run_config_of
         cfg = run_config_of(args.init_from)  # fine-tuning: the checkpoint's own recipe
     else:
         cfg = run_config_from_preset(args.preset or "base")
@@ -23,6 +22,15 @@ def resolve_run_config(args):
     if args.max_steps is not None:
         sets.append(f"train.max_steps={args.max_steps}")
     return apply_sets(cfg, sets)
+
+
+def run_config_of(path: str) -> RunConfig:
+    """The run configuration a checkpoint was trained with (the default of a fine-tuning run)."""
+    from aiayn.checkpoint import load_checkpoint
+    ckpt = load_checkpoint(path)
+    if "run_config" not in ckpt:
+        raise UserError(f"{path}: the checkpoint has no run_config; give --preset or --recipe")
+    return run_config_from_dict(ckpt["run_config"])
 
 
 def run(args) -> int:

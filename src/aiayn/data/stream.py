@@ -69,9 +69,10 @@ class BatchStream:
     """This rank's training batches, one optimizer step at a time (module docstring). ``cfg`` is the
     run's configuration (``RunConfig``: its ``train`` bounds, seed, epochs and BPE-dropout; its
     ``model`` ids and positions); ``dist`` this process's place in the run (rank, world size);
-    ``run_dir`` keeps BPE-dropout's segmentations."""
+    ``run_dir`` keeps BPE-dropout's segmentations; ``start``: a data position to continue from
+    (``load_state_dict``; None: the first batch)."""
 
-    def __init__(self, data: DataDir, cfg, run_dir: Path, dist, device: torch.device):
+    def __init__(self, data: DataDir, cfg, run_dir: Path, dist, device: torch.device, start: dict | None = None):
         t, self.m = cfg.train, cfg.model
         self.accum_steps, self.max_epochs = t.accum_steps, t.max_epochs
         self.run_dir, self.dist, self.device = run_dir, dist, device
@@ -93,6 +94,8 @@ class BatchStream:
         self._it = None  # the sampler's epoch being drawn (None: not begun)
         self._ahead: _Draw | None = None
         self._state = self.sampler.state_dict()
+        if start is not None:
+            self.load_state_dict(start)
 
     def state_dict(self) -> dict:
         """The data position after the batches handed out (the sampler's state then)."""

@@ -11,6 +11,8 @@ from pathlib import Path
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.execution.linear import ROW_BITS
+from aiayn.train.parallel import OneProcess, for_place
+from aiayn.train.runtime import Place
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,21 @@ def load_recipe(path: str | Path) -> RunConfig:
         return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
 
     return apply_sets(base, sets, where)
+
+
+def train_kernels(t: TrainConfig, device):
+    """The C kernels for the loss and the attention (``train.c_kernels``, CPU only), or None for
+    PyTorch's operations."""
+    if not t.c_kernels or device.type != "cpu":
+        return None
+    from aiayn.kernels.loader import load
+    return load()
+
+
+def ranks_strategy(t: TrainConfig, place: Place) -> OneProcess:
+    """How the processes train together (``aiayn.train.parallel``): one process; DDP; or, with
+    ``train.local_sgd_period`` > 0 and several processes, local SGD's copies averaged that often."""
+    return for_place(place, t.local_sgd_period)
 
 
 def run_config_from_dict(data: dict) -> RunConfig:

@@ -25,20 +25,11 @@ from aiayn.config import to_dict
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig
 from aiayn import checkpoint as ck
-from aiayn.train.config import RunConfig, run_config_from_dict
 
 log = logging.getLogger(__name__)
 
 # ModelConfig fields a fine-tuning run may set differently from the checkpoint it starts from.
 REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn")
-
-
-def run_config_of(path: str | Path) -> RunConfig:
-    """The run configuration a checkpoint was trained with (the default of a fine-tuning run)."""
-    ckpt = ck.load_checkpoint(path)
-    if "run_config" not in ckpt:
-        raise UserError(f"{path}: the checkpoint has no run_config; give --preset or --recipe")
-    return run_config_from_dict(ckpt["run_config"])
 
 
 def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
@@ -52,11 +43,11 @@ def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
                         f"tokenizer: aiayn prepare --tokenizer-from {path} ...")
 
 
-def check_model(ckpt: dict, path: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
+def check_model(ckpt: dict, path: Path, model_config: ModelConfig, model: torch.nn.Module) -> None:
     """The run's model configuration and parameter shapes must be the checkpoint's (up to
     ``REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
     saved = {**to_dict(ModelConfig()), **(ckpt.get("model_config") or {})}  # fields it predates: their defaults
-    here = to_dict(cfg.model)
+    here = to_dict(model_config)
     fields = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in here.items()
               if k not in REGULARIZATION_FIELDS and saved.get(k) != v]
     if fields:
@@ -72,14 +63,14 @@ def check_model(ckpt: dict, path: Path, cfg: RunConfig, model: torch.nn.Module) 
                         + (f" (and {len(shapes) - 5} more)" if len(shapes) > 5 else ""))
 
 
-def init_from(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: RunConfig,
+def init_from(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, model_config: ModelConfig,
               tokenizers: dict, resume_optimizer: bool = False) -> None:
     """Load the weights of checkpoint ``path`` into ``model`` (and, with ``resume_optimizer``, its
     Adam state into ``opt``) after checking tokenizers and shapes (module docstring)."""
     path = Path(path)
     ckpt = ck.load_checkpoint(path)
     check_tokenizers(ckpt, path, tokenizers)
-    check_model(ckpt, path, cfg, model)
+    check_model(ckpt, path, model_config, model)
     model.load_state_dict(ckpt["model"])
     if resume_optimizer:
         if not ckpt.get("optimizer"):

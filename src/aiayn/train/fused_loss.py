@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from aiayn.model.transformer import PreSoftmax
-from aiayn.train.objective import LossSums, acc_dtype, smoothed_row_losses
+from aiayn.train.rows import LossSums, acc_dtype, smoothed_row_losses
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def fused_label_smoothed_loss(pre: PreSoftmax, target: Tensor, eps_ls: float, pa
     chunk = chunk_rows or max(1, _CHUNK_ELEMENTS // W.size(0))
     grad_on = torch.is_grad_enabled()
     need = (grad_on and h.requires_grad, grad_on and W.requires_grad)
-    loss, nll = _FusedSmoothedCrossEntropy.apply(h, W, tgt, float(eps_ls), int(pad_id), rows, chunk, need)
+    loss, nll = _FusedSmoothedCrossEntropy.apply(h, W, tgt, (float(eps_ls), int(pad_id)), (rows, chunk), need)
     return LossSums(loss, nll, tgt.ne(pad_id).sum())
 
 
@@ -102,8 +102,10 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     of rows; the gradients w.r.t. h and W are computed here, in forward, where ``need`` asks."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, W: Tensor, tgt: Tensor, eps_ls: float, pad_id: int, rows: Rows, chunk: int,
+    def forward(ctx, h: Tensor, W: Tensor, tgt: Tensor, smoothing: tuple[float, int], plan: tuple[Rows, int],
                 need: tuple[bool, bool]):
+        """``smoothing``: (eps_ls, pad_id); ``plan``: (the chunk's ``Rows`` function, rows per chunk)."""
+        (eps_ls, pad_id), (rows, chunk) = smoothing, plan
         N = h.size(0)
         acc = acc_dtype(h)
         loss = torch.empty(N, dtype=acc, device=h.device)
@@ -130,4 +132,4 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll: Tensor):
         grads = [None if g is None else (g * g_loss).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
-        return *grads, None, None, None, None, None, None
+        return *grads, None, None, None, None

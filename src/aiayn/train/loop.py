@@ -1,8 +1,8 @@
 """The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and ``_Run``,
 what a run holds between its steps. Each part it uses is built once, from the configuration it
-needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step and how the ranks take it
-together, as the benchmarks build it too (``aiayn.train.step.TrainStep.for_run``), validation
-(``aiayn.train.validation``), the run directory's checkpoints (``aiayn.train.checkpointing.RunCheckpoints``),
+needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step (``make_step``: its loss, and how
+the ranks take it together, ``aiayn.train.parallel``; the benchmarks build it here too), validation
+(``aiayn.train.validation``), the run directory's checkpoints (``aiayn.checkpoint.run.RunCheckpoints``),
 the moving average of the weights (``aiayn.train.ema``) and the outputs (``aiayn.train.monitor``).
 
 Per optimizer step: ``accum_steps`` token-bounded batches per device; the loss is the sum of
@@ -20,20 +20,25 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import replace
+from aiayn.checkpoint.run import (Keeping, Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload,
+                                 resumed)
+from aiayn.config import replace, to_dict
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
+from aiayn.execution import training
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
+from aiayn.train import finetune
 from aiayn.train import runtime as rt
-from aiayn.train.checkpointing import RunCheckpoints, TrainState, tokenizer_payload
-from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.config import RunConfig, TrainConfig, ranks_strategy, train_kernels
 from aiayn.train.ema import WeightAverage
+from aiayn.train.fused_loss import fused_loss_on
+from aiayn.train.loss import make_loss
 from aiayn.train.monitor import Monitor, summary
-from aiayn.train.objective import learning_rate, make_optimizer
+from aiayn.train.objective import Schedule, make_optimizer
 from aiayn.train.rundir import RunLock, remove_stale_temps
-from aiayn.train.step import Step, TrainStep
+from aiayn.train.step import Step, StepRules, TrainStep
 from aiayn.train.validation import Validator
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,28 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
                         tie_src_tgt_embeddings=False)
     return replace(cfg, model=model)
+
+
+def schedule_of(cfg: RunConfig) -> Schedule:
+    """The run's learning rate (Eq. 3 and the ``train`` fields that change it)."""
+    t = cfg.train
+    return Schedule(cfg.model.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
+                    by_budget=t.lr_decay_by_time or t.lr_schedule_by_time, whole_by_time=t.lr_schedule_by_time,
+                    max_time_min=t.max_time_min, max_flops=t.max_flops)
+
+
+def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
+              run_dir: Path | None = None) -> TrainStep:
+    """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
+    with ``train.rdrop_alpha``; how the ranks train together (``config.ranks_strategy``); the net compiled
+    with ``train.compile``; how the model computes on its device (``aiayn.execution.training``)."""
+    t, m, device = cfg.train, cfg.model, place.device
+    kernels, ranks = train_kernels(t, device), ranks_strategy(t, place)
+    loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
+    rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
+                      static_graph=t.accum_steps == 1 and not t.compile,
+                      execution=training(t, device, kernels))
+    return TrainStep(learner, loss, ranks, schedule_of(cfg), rules, clock, run_dir)
 
 
 def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
@@ -74,18 +101,16 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
            resume_optimizer: bool = False) -> TrainState:
     """§5's loop: draw a step's batches, take the step, log, validate and checkpoint when due."""
     run = _Run(data_dir, Path(run_dir), cfg, progress, held, init_from, resume_optimizer)
-    t, state = run.cfg.train, run.state
+    t, state, ranks = cfg.train, run.state, run.stepper.strategy
     elapsed = last_save = run.mean_clock()
     last_sync_step, stop_reason = state.step, "max_steps"
-    run.model.train()
+    run.learner.model.train()
     # Batches are drawn one step ahead (``BatchStream.prefetch``): the next step's are collated and on
     # their way to the device while the device computes this one.
     run.stream.prefetch()
     while state.step < t.max_steps:
-        if not run.dist.enabled:
-            elapsed = run.clock()
-        # (data parallel: `elapsed` is the ranks' mean clock, all-reduced with the last step's sums;
-        # local SGD: the mean clock of the last averaging, so the ranks stop together)
+        # (one process: its clock; the ranks: their mean clock at the last synchronization, so they stop together)
+        elapsed = ranks.elapsed(elapsed, run.clock)
         stop = _stop_reason(t, state, elapsed)
         if stop:
             stop_reason = stop
@@ -94,81 +119,80 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         state.epoch = run.stream.epoch
         if not batches:
             continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
-        step = run.stepper.queue(batches, state.step + 1, elapsed, state.flops)
-        run.stream.prefetch()  # the next step's batches, prepared while the device works
-        step = run.stepper.read(step)
-        if run.local_sgd:  # counted at the next averaging, so that the ranks agree on the budget
-            run.pending_flops += step.flops
-        else:  # DDP: the ranks' sum, all-reduced with the step's numbers
-            state.flops += step.flops_sum
+        step = run.stepper.step(batches, state.step + 1, elapsed, state.flops, while_busy=run.stream.prefetch)
+        state.flops += ranks.counted_flops(step.flops)
         if step.mean_clock is not None:
             elapsed = step.mean_clock
         if not run.apply(step):
-            continue  # a non-finite step, skipped (local SGD counts it, so the ranks average together)
+            continue  # a non-finite step, skipped (unless the ranks count it, to synchronize together)
         if state.step % TRIM_EVERY_STEPS == 0:
             run.release_host_memory()
-        if state.step % run.period:
-            continue  # local SGD between two averagings: no logging, checkpoint or validation
-        if run.local_sgd:
-            run.pending_tokens, elapsed, flops = _average_copies(run.model, run.pending_tokens, run.pending_flops,
-                                                                 run.clock(), run.dist, run.device)
-            state.flops, run.pending_flops = state.flops + flops, 0.0
-        run.log_step(step, last_sync_step)
+        if state.step % ranks.period:
+            continue  # between two synchronization points: no logging, checkpoint or validation
+        elapsed = run.synchronize(elapsed)
+        run.log_step(step, _crossed(t.log_every_steps, last_sync_step, state.step))
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step = state.step
         valid = run.validate() if due_valid or ((due_steps or due_time) and t.validate_at_save) else None
         if due_steps or due_time:
-            run.checkpoints.save(state, valid, run.ema, run.local_sgd)
+            run.save(valid)
             last_save = elapsed
-    if run.local_sgd and state.step != last_sync_step:  # stopped between two averagings
-        tokens, _, flops = _average_copies(run.model, run.pending_tokens, run.pending_flops, run.clock(), run.dist,
-                                           run.device)
-        state.tokens, state.flops = state.tokens + tokens, state.flops + flops
-    run.finish(stop_reason)
+    if state.step != last_sync_step:  # stopped between two synchronization points
+        run.synchronize(elapsed)
+        state.tokens, run.pending_tokens = state.tokens + run.pending_tokens, 0
+    run.finish(stop_reason, t.best_metric)
     return state
 
 
 class _Run:
     """What one training run holds between its steps: the data, the model and its optimizer (restored
-    from the run directory, or fresh), the step (one process, DDP, or local SGD's copies averaged every
-    ``period`` steps), the run directory's checkpoints, the clock, the counters of logging and the outputs."""
+    from the run directory, or fresh), the step, the run directory's checkpoints, the clock, the
+    counters of logging and the outputs."""
 
     def __init__(self, data_dir, run_dir: Path, cfg: RunConfig, progress: bool, held: contextlib.ExitStack,
                  init_from, resume_optimizer: bool):
         data = DataDir(data_dir)
-        self.cfg = cfg = fit_to_data(cfg, data)
-        t = cfg.train
-        self.dist, self.device, self.precision = rt.start(t)
-        self.validator = Validator(data, cfg, self.device, self.precision, self.dist)
-        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device)
+        cfg = fit_to_data(cfg, data)
+        run_config = to_dict(cfg)  # written into config.json and every checkpoint
+        t, m = cfg.train, cfg.model
+        self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
+                                      tf32=t.tf32, threads=t.threads, seed=t.seed)
+        self.dist, self.device = place.dist, place.device
+        self.validator = Validator(data, cfg, place)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
+        tokenizers = tokenizer_payload(data)
+        saved = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
+        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device, saved.sampler if saved else None)
         # What a checkpoint restores besides the data position, freshly made: the model (seeded by
-        # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; ``TrainStep`` sets each step's
-        # rate) and fp16's gradient scaler (None otherwise).
-        m = cfg.model
-        self.model = Transformer(m).to(self.device)
-        self.opt = make_optimizer(self.model.parameters(),
-                                  learning_rate(1, m.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac),
-                                  (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
-                                  fused=t.fused_adam and self.device.type in ("cpu", "cuda"))
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
-        self.checkpoints = RunCheckpoints(run_dir, cfg, tokenizer_payload(data), self.dist, self.model, self.opt,
-                                          self.scaler, self.stream)
-        self.state, saved_ema = self.checkpoints.resume_or_start(init_from, resume_optimizer)
-        self.ema = WeightAverage(self.model, t.ema_decay, self.device, saved_ema) if t.ema_decay else None
+        # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; the step sets each step's rate)
+        # and fp16's gradient scaler (None otherwise).
+        model = Transformer(m).to(self.device)
+        opt = make_optimizer(model.parameters(), schedule_of(cfg).first(), (t.adam_beta1, t.adam_beta2), t.adam_eps,
+                             t.weight_decay, fused=t.fused_adam and self.device.type in ("cpu", "cuda"))
+        scaler = torch.amp.GradScaler("cuda") if place.precision == "fp16" else None
+        self.learner = Learner(model, opt, scaler)
+        if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)
+            self.learner.restore(saved, self.dist)
+            if self.dist.is_main:
+                resumed(run_dir, saved, self.stream.state_dict(), t.accum_steps, self.dist.world_size)
+        elif init_from is not None:
+            finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
+        self.state = TrainState.of(saved) if saved is not None else TrainState()
+        saved_ema = saved.ema if saved is not None else None
+        self.checkpoints = RunCheckpoints(run_dir, Keeping(run_config, t.keep_last, t.best_metric, t.ema_decay),
+                                          tokenizers, self.dist, self.learner, self.stream)
+        if t.ema_decay:
+            self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
-        self.stepper = TrainStep.for_run(self.model, self.opt, self.scaler, t, m, self.device, self.precision,
-                                         self.dist, self.clock, run_dir)
-        self.local_sgd, self.period = self.stepper.local_sgd, self.stepper.period
-        self.n_params = count_parameters(self.model)
+        self.stepper = make_step(self.learner, cfg, place, self.clock, run_dir)
+        self.n_params = count_parameters(model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
-                 self.device, self.precision, self.dist.world_size)
+                 self.device, place.precision, self.dist.world_size)
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
-        self.pending_tokens = 0
-        self.pending_flops = 0.0  # local SGD: this rank's counted FLOPs since the last averaging
+        self.pending_tokens = 0  # this rank's target tokens since the last synchronization point
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
@@ -179,48 +203,54 @@ class _Run:
         return rt.all_reduce_sum([self.clock()], self.dist, self.device)[0] / self.dist.world_size
 
     def apply(self, s: Step) -> bool:
-        """Count the step, after ``TrainStep.settle`` took its update (or skipped it: not finite).
-        Returns whether the step counts (a skipped one does under local SGD, so the ranks average
-        together)."""
+        """Count the step, after ``TrainStep.step`` took its update (or skipped it: not finite).
+        Returns whether the step counts."""
         state = self.state
-        finite = self.stepper.settle(s, state.step + 1)
-        if not finite and not self.local_sgd:
+        if not s.finite and not self.stepper.strategy.counts_skipped:
             return False
         state.step += 1
-        if finite and self.ema is not None:
-            self.ema.update()
-        self.pending_tokens += int(s.tokens) if finite else 0
+        self.pending_tokens += int(s.tokens) if s.finite else 0
         state.train_seconds = self.clock()
         state.history.append((state.step, s.loss / s.tokens))
         self.monitor.advance()
         return True
 
-    def log_step(self, s: Step, last_sync_step: int) -> None:
-        """Count the tokens since the last synchronization point; every ``log_every_steps`` steps a
-        line of the train log and the progress bar's numbers."""
+    def synchronize(self, elapsed: float) -> float:
+        """A synchronization point of the ranks (``parallel``): the tokens since the last one, summed
+        over the ranks, the FLOPs counted; returns the run's training seconds."""
+        self.pending_tokens, mean_clock, flops = self.stepper.strategy.synchronize(
+            self.learner.model, self.pending_tokens, self.clock)
+        self.state.flops += flops
+        return elapsed if mean_clock is None else mean_clock
+
+    def log_step(self, s: Step, due: bool) -> None:
+        """Count the tokens since the last synchronization point; where ``due`` (every
+        ``train.log_every_steps`` steps) a line of the train log and the progress bar's numbers."""
         self.state.tokens += self.pending_tokens
         self.monitor.count(self.pending_tokens)
         self.pending_tokens = 0
-        if _crossed(self.cfg.train.log_every_steps, last_sync_step, self.state.step):
-            self.monitor.train_step(s.loss, s.nll, s.kl if self.stepper.copies == 2 else None, s.tokens, s.lr)
+        if due:
+            self.monitor.train_step(s.loss, s.nll, s.kl if s.kl_logged else None, s.tokens, s.lr)
 
     def validate(self) -> dict | None:
-        with self.ema.weights() if self.ema is not None else contextlib.nullcontext():
-            valid = self.validator(self.model, self.state, self.monitor.scalars)
+        valid = self.validator(self.learner, self.state, self.monitor.scalars)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
         return valid
+
+    def save(self, valid: dict | None) -> None:
+        self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt))
 
     def release_host_memory(self) -> None:
         """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
         if self.device.type == "cpu":
             release_free_memory()
 
-    def finish(self, stop_reason: str) -> None:
+    def finish(self, stop_reason: str, best_metric: str) -> None:
         """The end: validate, write the final checkpoint and the summary."""
         valid = self.validate()
-        self.checkpoints.save(self.state, valid, self.ema, self.local_sgd)
+        self.save(valid)
         if self.dist.is_main:
-            self.monitor.close(summary(self.state, self.cfg, self.n_params, self.dist, self.device, self.precision,
+            self.monitor.close(summary(self.state, best_metric, self.n_params, self.place,
                                        stop_reason, valid))
         if self.dist.enabled:
             torch.distributed.barrier()
@@ -244,14 +274,3 @@ def _crossed(every: int, since: int, step: int) -> bool:
     """Whether a multiple of ``every`` (0 = never) lies in (since, step]: a step-count event
     fell between the last synchronization point and this one (every step, unless local SGD)."""
     return every > 0 and step // every > since // every
-
-
-def _average_copies(model, tokens: int, flops: float, seconds: float, dist, device) -> tuple[int, float, float]:
-    """Local SGD's averaging: every rank's copy of the model becomes the copies' mean; returns the
-    ranks' target tokens since the last averaging, summed, their mean training time, and their
-    counted FLOPs since the last averaging, summed."""
-    rt.average_parameters(list(model.parameters()), dist)
-    tokens_sum, seconds_sum, flops_sum = rt.all_reduce_sum([float(tokens), seconds, flops], dist, device)
-    return int(tokens_sum), seconds_sum / dist.world_size, flops_sum
-
-

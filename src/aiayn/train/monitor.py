@@ -10,8 +10,7 @@ from pathlib import Path
 
 from aiayn.files import write_json_atomic
 from aiayn.train import runtime as rt
-from aiayn.train.checkpointing import TrainState
-from aiayn.train.config import RunConfig
+from aiayn.checkpoint.run import TrainState
 
 
 class Monitor:
@@ -86,18 +85,20 @@ class Monitor:
         print(summary_text(summary), flush=True)
 
 
-def summary(state: TrainState, cfg: RunConfig, n_params: int, dist, device, precision, stop_reason, valid) -> dict:
+def summary(state: TrainState, best_metric: str, n_params: int, place: rt.Place, stop_reason: str,
+            valid: dict | None) -> dict:
     """Run summary with the paper's training-cost estimate (Table 2) beside the counted FLOPs."""
+    dist, device = place.dist, place.device
     peak = rt.matmul_tflops(device)
     hours = state.train_seconds / 3600
     return {
         "steps": state.step, "epochs": state.epoch, "stop_reason": stop_reason,
         "target_tokens": state.tokens, "train_seconds": round(state.train_seconds, 1),
         "tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
-        "params": n_params, "devices": dist.world_size, "device": str(device), "precision": precision,
+        "params": n_params, "devices": dist.world_size, "device": str(device), "precision": place.precision,
         "valid": valid, "best_valid_loss": state.best_valid_loss,
         **({"best_valid_bleu": state.best_valid_bleu} if math.isfinite(state.best_valid_bleu) else {}),
-        "best_metric": cfg.train.best_metric,
+        "best_metric": best_metric,
         "valid_seconds": round(state.valid_seconds, 1), "valid_bleu_seconds": round(state.valid_bleu_seconds, 1),
         "counted_flops": state.flops,
         "device_fp32_matmul_tflops": round(peak, 4),

@@ -4,12 +4,14 @@ Shapes: B batch, T target length, V vocabulary.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from aiayn.model.transformer import PreSoftmax
+from aiayn.train.fused_loss import fused_label_smoothed_loss
+from aiayn.train.rows import LossSums, acc_dtype, smoothed_row_losses
 
 
 def noam_lr(step: float, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
@@ -21,9 +23,8 @@ def noam_lr(step: float, d_model: int, warmup_steps: int, scale: float = 1.0) ->
     return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
-def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0,
-                  max_steps: int = 0, decay_frac: float = 0.0, time_frac: float = 0.0,
-                  whole_by_time: bool = False) -> float:
+def learning_rate(step: float, d_model: int, warmup_steps: int, scale: float = 1.0,
+                  max_steps: int = 0, decay_frac: float = 0.0, time_frac: float = 0.0) -> float:
     """Eq. 3 (``noam_lr``), optionally times a linear ramp to zero over the run's last part.
 
     With ``decay_frac`` f > 0 (a deviation, off by default) the rate is multiplied by
@@ -33,21 +34,55 @@ def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0
     fixed-budget runs end nearer a minimum this way than with Eq. 3's slow step^-0.5 tail
     (budgeted training). ``time_frac`` makes the ramp end with a wall-time budget on a
     machine slower than the one ``max_steps`` was chosen for (``train.lr_decay_by_time``).
-
-    ``whole_by_time`` (``train.lr_schedule_by_time``) measures Eq. 3 itself in the same
-    progress: it is evaluated at step' = p * max_steps = max(step, time_frac * max_steps)
-    instead of ``step``. A slower machine then runs the whole schedule that ``max_steps``
-    describes (warmup to the peak, the step^-0.5 decay, the ramp) in fewer updates, so its
-    warmup ends at the same fraction of the budget instead of late or never. A run that
-    reaches ``max_steps`` before the budget has step' = step: nothing changes.
+    ``Schedule.rate`` also measures Eq. 3 itself in the budget (``train.lr_schedule_by_time``).
     """
-    if whole_by_time and max_steps > 0:
-        step = max(float(step), time_frac * max_steps)
     lr = noam_lr(step, d_model, warmup_steps, scale)
     if decay_frac > 0 and (max_steps > 0 or time_frac > 0):
         progress = max(step / max_steps if max_steps > 0 else 0.0, time_frac)
         lr *= max(0.0, min(1.0, (1.0 - progress) / decay_frac))
     return lr
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The run's learning rate (Eq. 3 and its named deviations): ``model.d_model`` and the
+    ``train`` fields of the same names. ``by_budget``: ``train.lr_decay_by_time`` or
+    ``train.lr_schedule_by_time``, the schedules that follow the budget (``budget_fraction``);
+    ``whole_by_time``: ``train.lr_schedule_by_time``."""
+    d_model: int
+    warmup_steps: int
+    lr_scale: float
+    max_steps: int
+    lr_decay_frac: float
+    by_budget: bool
+    whole_by_time: bool
+    max_time_min: float
+    max_flops: float
+
+    def budget_fraction(self, elapsed: float, flops: float) -> float:
+        """How much of the run's budget is spent: the larger of the wall time's share of
+        ``max_time_min`` and the counted FLOPs' share of ``max_flops`` (each 0 where it is not set).
+        A run bounded by FLOPs runs the same schedule on any machine, and one bounded by time runs
+        it compressed on a slow one."""
+        time_frac = elapsed / (60 * self.max_time_min) if self.max_time_min > 0 else 0.0
+        flops_frac = flops / self.max_flops if self.max_flops > 0 else 0.0
+        return max(time_frac, flops_frac)
+
+    def first(self) -> float:
+        """The rate of step 1 (the optimizer's construction)."""
+        return self.rate(1)
+
+    def rate(self, step: int, elapsed: float = 0.0, flops: float = 0.0) -> float:
+        """The rate of optimizer step ``step`` (from 1), after ``elapsed`` training seconds and ``flops``
+        counted FLOPs. ``whole_by_time`` takes Eq. 3 at step' = max(step, p * max_steps), p the budget's
+        share spent: a slower machine then runs the whole schedule that ``max_steps`` describes (warmup
+        to the peak, the step^-0.5 decay, the ramp) in fewer updates, so its warmup ends at the same
+        fraction of the budget instead of late or never; a run that reaches ``max_steps`` first has
+        step' = step."""
+        frac = self.budget_fraction(elapsed, flops) if self.by_budget else 0.0
+        at = max(float(step), frac * self.max_steps) if self.whole_by_time and self.max_steps > 0 else step
+        return learning_rate(at, self.d_model, self.warmup_steps, self.lr_scale, self.max_steps, self.lr_decay_frac,
+                             frac)
 
 
 def make_optimizer(params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0,
@@ -61,12 +96,6 @@ def make_optimizer(params, lr: float, betas: tuple[float, float], eps: float, we
     """
     cls = torch.optim.AdamW if weight_decay > 0 else torch.optim.Adam
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
-
-
-class LossSums(NamedTuple):
-    loss: Tensor  # sum over non-pad targets of the label-smoothed cross-entropy
-    nll: Tensor  # sum of -log p(gold)
-    n_tokens: Tensor  # non-pad targets
 
 
 def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int) -> Tensor:
@@ -102,7 +131,6 @@ def label_smoothed_loss(logits: Tensor | PreSoftmax, target: Tensor, eps_ls: flo
     path). Other devices and dtypes, or None, take the PyTorch path.
     """
     if isinstance(logits, PreSoftmax):
-        from aiayn.train.fused_loss import fused_label_smoothed_loss
         return fused_label_smoothed_loss(logits, target, eps_ls, pad_id)
     V = logits.size(-1)
     z = logits.reshape(-1, V)  # (N,V)
@@ -126,19 +154,6 @@ def _block_rows(z: Tensor) -> int:
     either way, so the sums do not depend on it."""
     elements = _BLOCK_ELEMENTS_CUDA if z.device.type == "cuda" else _BLOCK_ELEMENTS
     return max(1, elements // z.size(-1))
-
-
-def acc_dtype(z: Tensor) -> torch.dtype:
-    return torch.float64 if z.dtype == torch.float64 else torch.float32
-
-
-def smoothed_row_losses(log_z: Tensor, sum_z: Tensor, z_gold: Tensor, z_pad: Tensor, eps_ls: float,
-                        V: int) -> tuple[Tensor, Tensor]:
-    """Per row, from log Z, sum_v z_v, z_gold and z_pad (N,): the loss against ``smoothed_targets``
-    and the NLL (N,), padding rows not masked (``_SmoothedCrossEntropy`` says how)."""
-    eps_o = eps_ls / (V - 2)
-    nll = log_z - z_gold
-    return log_z - (1.0 - eps_ls) * z_gold - eps_o * (sum_z - z_gold - z_pad), nll
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):

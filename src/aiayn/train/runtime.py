@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import os
 import random
@@ -14,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as tdist
-from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.errors import UserError
 
@@ -36,6 +34,15 @@ class Dist:
         return self.world_size > 1
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where this process trains: its place among the ranks (``dist``), its device and its precision
+    ("fp32", "bf16" or "fp16"; ``resolve_precision``)."""
+    dist: Dist
+    device: torch.device
+    precision: str
+
+
 def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on
     CPU. A collective (or the start-up) that waits ``timeout_s`` for another rank is an error
@@ -50,21 +57,22 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     return Dist(rank, world, local)
 
 
-def start(t) -> tuple[Dist, torch.device, str]:
-    """The process's place in the run (distributed or not), its device and its precision, from the
-    run's ``TrainConfig`` ``t``; ``t.threads`` applied and every generator seeded with ``t.seed``. The
-    main process logs the precision and why it was chosen (``resolve_precision``)."""
-    device_type = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
-    dist = init_distributed(device_type, t.dist_timeout_s)
-    device = resolve_device(t.device, dist)
-    precision, why = resolve_precision(t.precision, device)
+def start(*, device: str, precision: str, timeout_s: float, tf32: bool, threads: int, seed: int) -> Place:
+    """The process's place in the run (distributed or not), its device and its precision, from
+    ``train.device``, ``train.precision``, ``train.dist_timeout_s`` and ``train.tf32``; ``threads``
+    applied (0: torch's default) and every generator seeded with ``seed``. The main process logs the
+    precision and why it was chosen (``resolve_precision``)."""
+    device_type = "cuda" if (device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())) else "cpu"
+    dist = init_distributed(device_type, timeout_s)
+    where = resolve_device(device, dist)
+    chosen, why = resolve_precision(precision, where)
     if dist.is_main:
-        log.info(describe_precision(precision, why))
-    use_tf32(device, t.tf32)
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
-    seed_everything(t.seed)
-    return dist, device, precision
+        log.info(describe_precision(chosen, why))
+    use_tf32(where, tf32)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    seed_everything(seed)
+    return Place(dist, where, chosen)
 
 
 def timed_out(exc: BaseException) -> bool:
@@ -207,51 +215,6 @@ def gather_to_main(obj, dist: Dist) -> list | None:
     out = [None] * dist.world_size if dist.is_main else None
     tdist.gather_object(obj, out, dst=0)
     return out
-
-
-def average_parameters(params: list[torch.Tensor], dist: Dist) -> None:
-    """Set every rank's parameters to their mean over the ranks, in one all-reduce of a flat
-    float32 copy: local SGD's averaging step (``train.local_sgd_period``)."""
-    if not dist.enabled:
-        return
-    flat = torch.cat([p.detach().reshape(-1).float() for p in params])
-    tdist.all_reduce(flat)
-    flat /= dist.world_size
-    offset = 0
-    for p in params:
-        p.detach().copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-
-
-def data_parallel(model: torch.nn.Module, static_graph: bool) -> torch.nn.Module:
-    """``model`` wrapped in DistributedDataParallel: the gradients are views of the all-reduce buckets
-    (no copy between them), and the buffers are not re-sent at every forward (the model's only
-    buffer, the sinusoid table, never changes). ``static_graph``: the same parameters and the same
-    graph at every step, which lets DDP order its buckets once; not with accumulation (``no_sync``),
-    with which PyTorch's static graph mis-reduces (pytorch/pytorch#143580)."""
-    buffers = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-               else "broadcast_buffers")  # (the name from torch 2.13 on)
-    return DistributedDataParallel(model, gradient_as_bucket_view=True, static_graph=static_graph, **{buffers: False})
-
-
-def compile_model(net: torch.nn.Module, **options) -> torch.nn.Module:
-    """``torch.compile`` with every dimension dynamic (``train.compile``): length-bucketed batches
-    bring a new (B, S, T) nearly every step, and a graph compiled for one shape would be compiled
-    again for the next; dynamic from the start, the model compiles one graph per padding case
-    (``src_padded`` true or false: a source mask or none), tested over bucket shapes. Duck sizing
-    is turned off for the process: with it, a first batch whose sources and targets have one
-    length (common in bucketed batches) gives a graph for S == T only, compiled again at S != T.
-    ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401  (loads the shape settings below)
-    torch.fx.experimental._config.use_duck_shape = False
-    return torch.compile(net, dynamic=True, **options)
-
-
-def broadcast_parameters(params: list[torch.Tensor], dist: Dist) -> None:
-    """Give every rank rank 0's parameters (what DDP does when it wraps a model)."""
-    if dist.enabled:
-        for p in params:
-            tdist.broadcast(p.detach(), 0)
 
 
 def resident_mb() -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -17,9 +18,9 @@ from aiayn.data.dataset import DataDir
 from aiayn.data.stream import check_positions, to_device
 from aiayn.execution.attention import attention_backends
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.config import RunConfig, TrainConfig, train_kernels
 from aiayn.train.objective import label_smoothed_loss
-from aiayn.train.step import train_kernels
+from aiayn.checkpoint.run import best_merit, merit
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,18 @@ def warn_long_pairs(name: str, data, t: TrainConfig) -> None:
                     t.max_src_tokens, t.max_tgt_tokens, src_cap, tgt_cap, shown)
 
 
+class Bleu(NamedTuple):
+    """What ``valid_bleu`` scores against: the (source, target) tokenizers and the raw reference
+    lines (``DataDir.references``; None: the detokenized reference ids)."""
+    tokenizers: tuple
+    references: list[str] | None = None
+
+
 @torch.no_grad()
-def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple | None = None,
-             references: list[str] | None = None, dist=None) -> dict:
+def validate(model, data, cfg: RunConfig, place: rt.Place, bleu: Bleu | None = None) -> dict:
     """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout); with
-    ``train.valid_bleu`` and ``tokenizers``, its sacreBLEU too (``valid_bleu``); and the seconds each took."""
+    ``train.valid_bleu`` and ``bleu``, its sacreBLEU too (``valid_bleu``); and the seconds each took."""
+    device, precision = place.device, place.precision
     t0 = time.monotonic()
     model.eval()
     t = cfg.train
@@ -68,10 +76,9 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
     loss, nll, n = totals.tolist()
     n = max(n, 1)
     out = {"valid_loss": loss / n, "valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50))}
-    if t.valid_bleu and tokenizers is not None:
+    if t.valid_bleu and bleu is not None:
         t1 = time.monotonic()
-        out["valid_bleu"] = valid_bleu(model, data, tokenizers, t.valid_bleu_max_lines, src_cap, t.valid_beam,
-                                       references, dist)
+        out["valid_bleu"] = valid_bleu(model, data, bleu, t.valid_bleu_max_lines, src_cap, t.valid_beam, place.dist)
         out["valid_bleu_seconds"] = time.monotonic() - t1
     model.train()
     out["valid_seconds"] = time.monotonic() - t0
@@ -79,18 +86,17 @@ def validate(model, data, cfg: RunConfig, device, precision, tokenizers: tuple |
 
 
 @torch.no_grad()
-def valid_bleu(model, data, tokenizers: tuple, max_lines: int = 0, src_cap: int | None = None, beam: int = 4,
-               references: list[str] | None = None, dist=None) -> float:
+def valid_bleu(model, data, bleu: Bleu, max_lines: int = 0, src_cap: int | None = None, beam: int = 4,
+               dist=None) -> float:
     """sacreBLEU of the first ``max_lines`` validation pairs (0 = all) translated as ``aiayn
     translate`` would (§6.1: beam search of ``beam``, alpha 0.6, max length |x| + 50), against
-    ``references`` (the raw target lines, ``DataDir.references``) or, without them, the
-    detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``). In a data-parallel
+    ``bleu.references`` (the raw target lines) or, without them, the detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``). In a data-parallel
     run (``dist``) each rank translates every G-th line and the translations are gathered, so
     every rank scores the same text in 1/G of the time."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import sacre_bleu
-    src_tok, tgt_tok = tokenizers
+    (src_tok, tgt_tok), references = bleu
     n = min(len(data), max_lines) if max_lines else len(data)
     translator = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=beam))
     rank, world = (dist.rank, dist.world_size) if dist is not None and dist.enabled else (0, 1)
@@ -114,41 +120,32 @@ class Validator:
     references. Called with the model and the run's ``TrainState``: ``validate``, then the bests and
     the count of validations without a gain in ``train.best_metric``, logged through ``log_scalars``."""
 
-    def __init__(self, data: DataDir, cfg: RunConfig, device, precision: str, dist):
+    def __init__(self, data: DataDir, cfg: RunConfig, place: rt.Place):
         t = cfg.train
-        self.cfg, self.device, self.precision, self.dist = cfg, device, precision, dist
+        self.cfg, self.place = cfg, place
         self.data = data.split("valid") if "valid" in data.splits else None
-        self.tokenizers = (data.src_tokenizer, data.tgt_tokenizer)
-        self.references = None
+        references = None
         if self.data is not None and t.valid_bleu:
-            self.references = data.references("valid")
-            if self.references is None:
+            references = data.references("valid")
+            if references is None:
                 log.warning("%s: the validation target file prepare read is gone or changed; valid_bleu scores "
                             "against the detokenized reference ids instead", data.path)
+        self.bleu = Bleu((data.src_tokenizer, data.tgt_tokenizer), references)
         warn_long_pairs("valid", self.data, t)
         check_positions(cfg.model, {"valid": self.data})
 
-    def __call__(self, model, state, log_scalars) -> dict | None:
+    def __call__(self, learner, state, log_scalars) -> dict | None:
+        """Validate ``learner``'s weights (its moving average's, where it keeps one: ``Learner.averaged``)."""
         if self.data is None:
             return None
-        valid = validate(model, self.data, self.cfg, self.device, self.precision, self.tokenizers,
-                         self.references, self.dist)
+        with learner.averaged():
+            valid = validate(learner.model, self.data, self.cfg, self.place, self.bleu)
         track(valid, state, self.cfg.train.best_metric)
         log_scalars(valid)
         log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s (%.1f s)", state.step, valid["valid_loss"],
                  valid["valid_nll"], valid["valid_ppl"],
                  f" BLEU {valid['valid_bleu']:.2f}" if "valid_bleu" in valid else "", valid["valid_seconds"])
         return valid
-
-
-def merit(valid: dict, best_metric: str) -> float:
-    """A validation's value in ``train.best_metric``, higher better: BLEU, or the loss negated."""
-    return valid["valid_bleu"] if best_metric == "bleu" else -valid["valid_loss"]
-
-
-def best_merit(state, best_metric: str) -> float:
-    """The run's best ``merit`` so far (``state``: a ``TrainState``)."""
-    return state.best_valid_bleu if best_metric == "bleu" else -state.best_valid_loss
 
 
 def track(valid: dict, state, best_metric: str) -> None:

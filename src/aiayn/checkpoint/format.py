@@ -1,16 +1,10 @@
-"""Checkpoints that describe themselves (config, step, optimizer, RNG states, tokenizers), written atomically, and averaging.
+"""The checkpoint file: sealed with a content checksum, written atomically, loaded without running
+code (``weights_only``), averaged (§6.1), gathered into an ensemble file, upgraded from older formats.
 
-A checkpoint is a torch file holding a dict of tensors and plain values only (it loads with
-``weights_only``: no code runs; docs/checkpoints.md):
-  format: "aiayn-checkpoint-1"
-  run_config: RunConfig as a dict (model + train sections); model_config: the model section
-  model: state dict of the unwrapped module (float32 for averages)
-  step, epoch, optimizer, scaler, sampler (data position), rng (torch/cuda/numpy/python, as
-  tensors: ``runtime.rng_state``), rank_rng (every rank's rng in rank order, data-parallel runs)
-  tokenizers: {"src": bytes, "tgt": bytes, "src_sha256": str, "tgt_sha256": str, "shared": bool}
-  best_valid_loss, valid (last validation metrics)
-  sha256: the checksum of everything else (``content_sha256``), verified by every load
-Files in a run directory: ckpt_step00001234.pt (kept: the last K; 0 keeps all), last.pt, best.pt.
+A checkpoint is a torch file holding a dict of tensors and plain values only (docs/checkpoints.md):
+the keys of ``contents.Contents`` plus ``sha256``, the checksum of everything else
+(``content_sha256``), verified by every load. Files in a run directory: ckpt_step00001234.pt (kept:
+the last K; 0 keeps all), last.pt, best.pt.
 
 An ensemble file (``ensemble_checkpoint``) holds several models for translation only:
   format: "aiayn-ensemble-1"; members: a list of checkpoints as above, without training state
@@ -29,11 +23,11 @@ from typing import Any
 
 import torch
 
-from aiayn.files import atomic_write
+from aiayn.checkpoint.contents import FORMAT, with_defaults
 from aiayn.errors import UserError
+from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
-FORMAT = "aiayn-checkpoint-1"
 ENSEMBLE_FORMAT = "aiayn-ensemble-1"
 TRAINING_STATE = ("optimizer", "rank_optimizers", "scaler", "rng", "rank_rng", "sampler")
 CHECKSUM = "sha256"  # the key of the content checksum (``content_sha256``) in every file's dict
@@ -307,7 +301,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
 def tokenizer_hashes(tokenizers: dict | None) -> tuple:
     """The source and target tokenizer models' SHA-256 of a checkpoint's ``tokenizers`` entry
     (None where it has none): what says two checkpoints (or a checkpoint and a data directory,
-    ``aiayn.train.checkpointing.tokenizer_payload``) share their vocabularies."""
+    ``aiayn.checkpoint.run.tokenizer_payload``) share their vocabularies."""
     toks = tokenizers or {}
     return toks.get("src_sha256"), toks.get("tgt_sha256")
 
@@ -347,7 +341,8 @@ def ensemble_checkpoint(paths: list[str | Path]) -> dict:
 
 def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     """A checkpoint or ensemble file of an older aiayn, rewritten in today's format into ``out``:
-    numpy RNG states become tensors (``rng_state_from_legacy``) and the checksum is added.
+    numpy RNG states become tensors (``rng_state_from_legacy``), the keys a training checkpoint of
+    its time lacked are added at their defaults (``contents.with_defaults``) and the checksum is added.
     It is read with ``weights_only`` plus numpy's array reconstruction only: still no code runs.
     A file that carries a checksum is verified first: a damaged or edited file is refused, not
     sealed again (a new seal would make it verify)."""
@@ -372,6 +367,8 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     for c in ckpt.get("members") or [ckpt]:
         if isinstance(c.get("rng"), dict) and isinstance(c["rng"].get("numpy"), tuple):
             c["rng"] = rng_state_from_legacy(c["rng"])
+    if "members" not in ckpt:
+        ckpt = with_defaults(ckpt)  # the keys an older training checkpoint lacks (``contents.Contents``)
     atomic_save(ckpt, out)
     return load_checkpoint(out, ensemble_ok=True)
 
