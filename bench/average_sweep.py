@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = run_config_from_dict(ckpt["run_config"])
             model = Transformer(cfg.model)
             model.load_state_dict(ckpt["model"])
-            loss = validate(model, valid, cfg, Place(Dist(), torch.device("cpu"), "fp32"))
+            loss = validate(model, valid, cfg.train, Place(Dist(), torch.device("cpu"), "fp32"))
             tuning, val_hyps = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)
             val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
             alpha = choose_alpha(val_hyps, ev["val_tok"], tgt, args.p_level)[0]

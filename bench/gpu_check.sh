@@ -22,7 +22,7 @@
 #   translate  beam search against HF generate and CTranslate2 (aiayn's own model, exported), fp32
 #              and bf16, base and big                                 69 s without CTranslate2
 #   memory     torch.cuda.max_memory_allocated of aiayn's step, base and big at 3,125 and 25,000
-#              tokens a batch, beside `aiayn estimate`'s peak (aiayn/train/memory.py)  ~1 min (not run)
+#              tokens a batch, beside `aiayn estimate`'s peak (aiayn/cost/memory.py)  ~1 min (not run)
 #   demo       `aiayn demo --minutes M` (default 8, the recipe's own) on gpu_pack's Multi30k, against
 #              the target test_2016 >= 42.0 in <= 10 minutes; then test_2016 translated in fp32 and
 #              bf16, timed, where the call has time left                 M + 0.6 min, then 0.5 min

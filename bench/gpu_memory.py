@@ -1,10 +1,10 @@
-"""Peak GPU memory of aiayn's training step beside ``aiayn estimate``'s (aiayn/train/memory.py).
+"""Peak GPU memory of aiayn's training step beside ``aiayn estimate``'s (aiayn/cost/memory.py).
 
 Per model size and batch: B = tokens // L synthetic sentences of L source and L target tokens (no
 padding, as bench/gpu_train.py's), the training loop's own step (``gpu_train.build_aiayn``: fused Adam,
 the fused loss where triton imports), ``--steps`` steps from a freshly reset allocator, then
 ``torch.cuda.max_memory_allocated`` (and ``max_memory_reserved``, what the caching allocator held)
-beside ``aiayn.train.memory.peak_memory`` of the same batch, total and parts. On the CPU (smoke) the
+beside ``aiayn.cost.memory.peak_memory`` of the same batch, total and parts. On the CPU (smoke) the
 steps run and no peak is read.
 
     python bench/gpu_memory.py --sizes base,big --tokens 3125,25000
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aiayn  # noqa: E402
 from aiayn.train.config import TrainConfig  # noqa: E402
 from aiayn.train.fused_loss import fused_loss_on  # noqa: E402
-from aiayn.train.memory import GiB, peak_memory  # noqa: E402
+from aiayn.cost.memory import GiB, peak_memory  # noqa: E402
 from gpu_train import EPS_LS, build_aiayn, sync, synthetic_batches  # noqa: E402
 
 

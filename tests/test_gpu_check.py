@@ -11,7 +11,7 @@ import pytest
 
 from aiayn.model.config import get_preset
 from aiayn.train.config import TrainConfig
-from aiayn.train.memory import peak_memory
+from aiayn.cost.memory import peak_memory
 
 REPO = Path(__file__).resolve().parents[1]
 

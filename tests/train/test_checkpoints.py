@@ -297,7 +297,7 @@ def test_validation_cuts_a_pair_longer_than_a_batch(tmp_path, caplog):
     shapes = []
     forward = model.forward
     model.forward = lambda src, tgt_in, *a, **k: (shapes.append((src.shape, tgt_in.shape)), forward(src, tgt_in, *a, **k))[1]
-    out = validate(model, Split(), cfg, rt.Place(rt.Dist(), torch.device("cpu"), "fp32"))
+    out = validate(model, Split(), cfg.train, rt.Place(rt.Dist(), torch.device("cpu"), "fp32"))
     assert max(s.numel() for s, _ in shapes) <= 64 and max(t.numel() for _, t in shapes) <= 48
     assert max(s[1] for s, _ in shapes) == 64 and max(t[1] for _, t in shapes) == 48  # the cut pair: 63 + EOS, BOS + 47
     assert np.isfinite(out["valid_loss"])

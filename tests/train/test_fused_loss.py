@@ -152,13 +152,14 @@ def test_model_pre_softmax_gives_the_plain_step(tie, precision):
         torch.testing.assert_close(fused_g[name], g, rtol=rtol, atol=rtol * g.abs().max().item() + 1e-7, msg=name)
 
 
-def test_pre_softmax_takes_the_autocast_dtype():
-    """Under bf16 autocast the projection's inputs come back in bf16, so the chunks' logits are the
-    plain projection's; without autocast they keep the model's dtype."""
+def test_autocast_inputs_take_the_autocast_dtype():
+    """Under bf16 autocast the projection's inputs are cast to bf16 (``autocast_inputs``), so the
+    chunks' logits are the plain projection's; the model gives them in its own dtype."""
+    from aiayn.train.fused_loss import autocast_inputs
     model = aiayn.Transformer(_tiny())
     batch = _batch(model.cfg)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        pre = model(batch.src, batch.tgt_in, project=False)
+        pre = autocast_inputs(model(batch.src, batch.tgt_in, project=False))
         logits = model(batch.src, batch.tgt_in)
     assert pre.h.dtype == pre.weight.dtype == logits.dtype == torch.bfloat16
     torch.testing.assert_close(pre.h @ pre.weight.t(), logits)

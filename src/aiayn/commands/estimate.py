@@ -11,7 +11,7 @@ from aiayn.train.config import load_recipe
 from aiayn.cost.devices import DEVICES
 from aiayn.cost.estimate import (DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
                                   measured_throughput, paper_model)
-from aiayn.train.memory import format_peak, peak_memory
+from aiayn.cost.memory import format_peak, peak_memory
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ P100), printed beside the paper's 3.3e18 (base) and 2.3e19 (big), which is that 
 training times on 8 P100 (§5.2; ``PAPER_TABLE2``).
 
 The command also prints one device's peak memory for a batch of the recipe (or of the
-per-device share of ``--tokens-per-step``): ``aiayn.train.memory``, from the model's shapes.
+per-device share of ``--tokens-per-step``): ``aiayn.cost.memory``, from the model's shapes.
 """
 from __future__ import annotations
 

@@ -102,16 +102,14 @@ class Transformer(nn.Module):
 
     def pre_softmax(self, h: Tensor) -> PreSoftmax:
         """``output_logits``'s inputs instead of its product, for a loss that takes the logits a
-        chunk of rows at a time (``aiayn.train.fused_loss``): h (B,T,D) and W (V,D) cast to the
-        dtype the product would use (autocast's, where it is on). A bias b (``output_bias``) rides
-        as one more column: [h, 1] [W, b]^T = h W^T + b, so the product stays bias-free."""
+        chunk of rows at a time (``aiayn.train.fused_loss``): h (B,T,D) and W (V,D), as the model
+        holds them (the loss casts them to autocast's dtype). A bias b (``output_bias``) rides as one
+        more column: [h, 1] [W, b]^T = h W^T + b, so the product stays bias-free."""
         weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
         if self.out_bias is not None:
             h = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # (B,T,D+1)
             weight = torch.cat([weight, self.out_bias[:, None].to(weight.dtype)], dim=1)  # (V,D+1)
-        kind = h.device.type  # autocast's state is per kind of device
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
-        return PreSoftmax(h.to(dtype), weight.to(dtype))
+        return PreSoftmax(h, weight.to(h.dtype))
 
     # -- encoder ------------------------------------------------------------------------
     def encode(self, src: Tensor, need_weights: bool = False, padded: bool = True) -> EncoderOutput:

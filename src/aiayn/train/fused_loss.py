@@ -12,7 +12,7 @@ time; the logits are never stored nor computed twice (the approach of Liger-Kern
 cross-entropy, whose smoothing, PyTorch's, gives the gold token 1 - eps + eps/V and padding eps/V,
 so it cannot take §5.4's q of ``smoothed_targets``).
 
-Each chunk's logits are taken in the dtype the plain projection would use (``Transformer.pre_softmax``:
+Each chunk's logits are taken in the dtype the plain projection would use (``autocast_inputs``:
 bf16 under bf16 autocast), their statistics in float32 as in ``objective._SmoothedCrossEntropy``, and
 grad_W accumulates in float32 over the chunks; the sums and gradients equal the plain path's up to
 rounding (tests/train/test_fused_loss.py; tests/gpu/test_fused_loss.py on CUDA).
@@ -74,6 +74,16 @@ def torch_rows(z: Tensor, tgt: Tensor, eps_ls: float, pad_id: int, loss: Tensor,
         p[:, pad_id] += eps_o  # q_pad = 0
         p.scatter_add_(1, tgt[:, None], p.new_full((p.size(0), 1), eps_o - (1.0 - eps_ls)))  # q_gold = 1 - eps
         z.copy_(p.mul_(w[:, None]))
+
+
+def autocast_inputs(pre: PreSoftmax) -> PreSoftmax:
+    """``pre`` (``Transformer.pre_softmax``) in the dtype the plain projection takes under the autocast
+    in force, inside its region (bf16 under bf16 autocast), so the chunks' logits are its logits."""
+    kind = pre.h.device.type  # autocast's state is per kind of device
+    if not torch.is_autocast_enabled(kind):
+        return pre
+    dtype = torch.get_autocast_dtype(kind)
+    return PreSoftmax(pre.h.to(dtype), pre.weight.to(dtype))
 
 
 def fused_label_smoothed_loss(pre: PreSoftmax, target: Tensor, eps_ls: float, pad_id: int,

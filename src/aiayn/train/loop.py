@@ -160,7 +160,7 @@ class _Run:
         self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
                                       tf32=t.tf32, threads=t.threads, seed=t.seed)
         self.dist, self.device = place.dist, place.device
-        self.validator = Validator(data, cfg, place)
+        self.validator = Validator(data, cfg.train, cfg.model, place)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
         tokenizers = tokenizer_payload(data)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from aiayn.train import runtime as rt
+from aiayn.train.fused_loss import autocast_inputs
 from aiayn.train.objective import label_smoothed_loss, rdrop_kl
 
 
@@ -44,6 +45,7 @@ class SmoothedLoss:
     def __call__(self, net, b, place: rt.Place) -> Terms:
         with rt.autocast(place.device, place.precision):
             logits = net(b.src, b.tgt_in, project=not self.fused, src_padded=b.src_padded)  # (B,T,V), or PreSoftmax
+            logits = autocast_inputs(logits) if self.fused else logits
         sums = self.sums(logits, b.tgt_out)
         zero = torch.zeros((), dtype=torch.float64, device=place.device)
         return Terms(sums.loss, torch.stack([sums.loss.detach().double(), sums.nll.detach().double(), zero]))

@@ -238,8 +238,8 @@ class _SymmetricKL(torch.autograd.Function):
     With d = log p1 - log p2, KL12 = sum_v p1 d and KL21 = -sum_v p2 d, per row:
       f = (KL12 + KL21) / 2,  df/dz1 = (p1 (d - KL12 + 1) - p2) / 2,  df/dz2 = (p2 (-d - KL21 + 1) - p1) / 2.
     Forward writes both gradients in the same pass over each block of rows (training always
-    needs them), so each (N,V) statistic is read once; the autograd form read them about five
-    times and took 2-3x as long. Float32 statistics (float64 for float64 logits).
+    needs them), so each (N,V) statistic is read once, where the autograd form reads each several
+    times. Float32 statistics (float64 for float64 logits).
     """
 
     @staticmethod

@@ -46,7 +46,7 @@ class Place:
 def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on
     CPU. A collective (or the start-up) that waits ``timeout_s`` for another rank is an error
-    (``train.dist_timeout_s``), not a wait of PyTorch's 30 minutes."""
+    (``train.dist_timeout_s``), not PyTorch's default wait, which is far longer."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()

@@ -18,7 +18,8 @@ from aiayn.data.dataset import DataDir
 from aiayn.data.stream import check_positions, to_device
 from aiayn.execution.attention import attention_backends
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig, train_kernels
+from aiayn.model.config import ModelConfig
+from aiayn.train.config import TrainConfig, train_kernels
 from aiayn.train.objective import label_smoothed_loss
 from aiayn.checkpoint.run import best_merit, merit
 
@@ -53,17 +54,17 @@ class Bleu(NamedTuple):
 
 
 @torch.no_grad()
-def validate(model, data, cfg: RunConfig, place: rt.Place, bleu: Bleu | None = None) -> dict:
-    """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout); with
-    ``train.valid_bleu`` and ``bleu``, its sacreBLEU too (``valid_bleu``); and the seconds each took."""
+def validate(model, data, t: TrainConfig, place: rt.Place, bleu: Bleu | None = None) -> dict:
+    """Label-smoothed loss, NLL and per-token perplexity on a split (no dropout), batched by the training
+    section ``t``; with ``train.valid_bleu`` and ``bleu``, its sacreBLEU too (``valid_bleu``); and the
+    seconds each took."""
     device, precision = place.device, place.precision
     t0 = time.monotonic()
     model.eval()
-    t = cfg.train
     src_cap, tgt_cap = valid_caps(t)
     sampler = TokenBatchSampler(np.minimum(data.src_lens, src_cap) + 1, np.minimum(data.tgt_lens, tgt_cap) + 1,
                                 t.max_src_tokens, t.max_tgt_tokens, shuffle=False)
-    m = cfg.model
+    m = model.cfg
     kernels = train_kernels(t, device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for idx in sampler:
@@ -120,9 +121,8 @@ class Validator:
     references. Called with the model and the run's ``TrainState``: ``validate``, then the bests and
     the count of validations without a gain in ``train.best_metric``, logged through ``log_scalars``."""
 
-    def __init__(self, data: DataDir, cfg: RunConfig, place: rt.Place):
-        t = cfg.train
-        self.cfg, self.place = cfg, place
+    def __init__(self, data: DataDir, t: TrainConfig, m: ModelConfig, place: rt.Place):
+        self.t, self.place = t, place
         self.data = data.split("valid") if "valid" in data.splits else None
         references = None
         if self.data is not None and t.valid_bleu:
@@ -132,15 +132,15 @@ class Validator:
                             "against the detokenized reference ids instead", data.path)
         self.bleu = Bleu((data.src_tokenizer, data.tgt_tokenizer), references)
         warn_long_pairs("valid", self.data, t)
-        check_positions(cfg.model, {"valid": self.data})
+        check_positions(m, {"valid": self.data})
 
     def __call__(self, learner, state, log_scalars) -> dict | None:
         """Validate ``learner``'s weights (its moving average's, where it keeps one: ``Learner.averaged``)."""
         if self.data is None:
             return None
         with learner.averaged():
-            valid = validate(learner.model, self.data, self.cfg, self.place, self.bleu)
-        track(valid, state, self.cfg.train.best_metric)
+            valid = validate(learner.model, self.data, self.t, self.place, self.bleu)
+        track(valid, state, self.t.best_metric)
         log_scalars(valid)
         log.info("step %d: valid loss %.4f nll %.4f ppl %.2f%s (%.1f s)", state.step, valid["valid_loss"],
                  valid["valid_nll"], valid["valid_ppl"],

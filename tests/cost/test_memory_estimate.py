@@ -1,4 +1,4 @@
-"""The peak-memory estimate of ``aiayn estimate`` (aiayn/train/memory.py) against hand-computed bytes."""
+"""The peak-memory estimate of ``aiayn estimate`` (aiayn/cost/memory.py) against hand-computed bytes."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from aiayn.cli import main
 from aiayn.model.config import ModelConfig
 from aiayn.train.config import TrainConfig
-from aiayn.train.memory import activation_bytes, loss_bytes, parameter_counts, peak_memory
+from aiayn.cost.memory import activation_bytes, loss_bytes, parameter_counts, peak_memory
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TINY = ModelConfig(vocab_size=10, n_layers=1, d_model=8, d_ff=16, n_heads=2, d_k=4, d_v=4, p_drop=0.1, max_positions=16)
