@@ -52,7 +52,7 @@ from aiayn.config import ConfigError, param, replace, to_dict
 from aiayn.data.corpora import Corpus, check_corpora, check_lang
 from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyAppender, array_files, token_dtype
 from aiayn.data.textio import check_readable, read_pairs
-from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, Tokenizer, train_sentencepiece
+from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, SentencePieceSpec, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
 from aiayn.progress import progress_bar
@@ -164,15 +164,16 @@ def _scan(files: SplitFiles | Corpus, sample: _Reservoir | None, name: str = "")
 
 def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConfig) -> dict[str, str]:
     """Train the SentencePiece model(s) into ``tmp``; return the model file name per side."""
-    opts = dict(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
-                character_coverage=cfg.character_coverage, num_threads=cfg.threads,
-                user_symbols=cfg.user_symbols, lowercase=cfg.lowercase)
+    spec = SentencePieceSpec(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
+                             character_coverage=cfg.character_coverage, user_symbols=cfg.user_symbols,
+                             lowercase=cfg.lowercase)
     if cfg.shared_vocab:
-        path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", **opts)
+        path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", spec, num_threads=cfg.threads)
         return {"src": path.name, "tgt": path.name}
     names = {}
     for k, side in enumerate(SIDES):
-        names[side] = train_sentencepiece((p[k] for p in sample), tmp / f"spm.{side}.model", **opts).name
+        names[side] = train_sentencepiece((p[k] for p in sample), tmp / f"spm.{side}.model", spec,
+                                           num_threads=cfg.threads).name
     return names
 
 
