@@ -265,15 +265,27 @@ def _encode_chunk(chunk: list[tuple[int, str, str]], toks: dict[str, Tokenizer],
     writers["tgt"].append(tgt)
 
 
-def _encode_split(split: str, parts: Sequence[Corpus], toks: dict[str, Tokenizer], tmp: Path,
-                  cfg: PrepareConfig, clean: bool, lines: int | None = None, listed: bool = False) -> dict[str, Any]:
-    """Encode one split, its corpora ``parts`` one after another, into ``tmp`` (cleaning it if
-    ``clean``); return its manifest entry, which lists the corpora if ``listed`` (else its one
-    corpus's files are its ``inputs``). ``lines``: the split's line count, for the progress bar."""
+@dataclasses.dataclass(frozen=True)
+class _SplitPlan:
+    """One split as ``prepare`` encodes it: its name, its corpora in order, its line count (for the
+    progress bar), whether the cleaning rules apply (the train split only) and whether its manifest
+    entry lists its corpora (a train split of several) rather than one corpus's files."""
+    name: str
+    parts: Sequence[Corpus]
+    lines: int | None = None
+    clean: bool = False
+    listed: bool = False
+
+
+def _encode_split(plan: _SplitPlan, toks: dict[str, Tokenizer], tmp: Path, cfg: PrepareConfig) -> dict[str, Any]:
+    """Encode one split, its corpora ``plan.parts`` one after another, into ``tmp`` (cleaning it if
+    ``plan.clean``); return its manifest entry, which lists the corpora if ``plan.listed`` (else its
+    one corpus's files are its ``inputs``)."""
+    split, parts, clean, listed = plan.name, plan.parts, plan.clean, plan.listed
     writers = {side: _SideWriter(tmp, split, side, toks[side].vocab_size) for side in SIDES}
     counts = {"input": 0, "empty": 0, "too_long": 0, "bad_ratio": 0, "kept": 0}
     corpora = []
-    with progress_bar(lines, unit=" lines", desc=f"{split}: encode") as bar:
+    with progress_bar(plan.lines, unit=" lines", desc=f"{split}: encode") as bar:
         for part in parts:
             before = dict(counts)
             prefix = "".join(t + " " for t in part.source_tokens(cfg.target_lang_token))
@@ -393,8 +405,8 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             "vocab": {"shared": shared, "model_type": toks["src"].model_type,
                       **{side: {"model": names[side], "sha256": toks[side].sha256,
                                 "vocab_size": toks[side].vocab_size} for side in SIDES}},
-            "splits": {split: _encode_split(split, ps, toks, tmp, cfg, clean=(split == "train"), lines=lines[split],
-                                            listed=bool(corpora) and split == "train")
+            "splits": {split: _encode_split(_SplitPlan(split, ps, lines=lines[split], clean=(split == "train"),
+                                                       listed=bool(corpora) and split == "train"), toks, tmp, cfg)
                        for split, ps in parts.items()},
             "options": to_dict(cfg),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
