@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+    from aiayn.evaluate.alpha import ValidationSet, choose_alpha, tune_alpha
     from aiayn.evaluate.multi30k import multi30k_bleu
 
     ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for demo_dir in args.demo_dirs:
         tr = Translator.from_checkpoint(Path(demo_dir) / "model.pt")
-        tuning, val_hyps = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)
+        tuning, val_hyps = tune_alpha(tr, ValidationSet(ev["val_src"], ev["val_tok"], tgt), args.alphas, 4)
         best, _ = choose_alpha(val_hyps, ev["val_tok"], tgt, 0.0)
         paired, p = choose_alpha(val_hyps, ev["val_tok"], tgt, args.p_level)
         test = {}

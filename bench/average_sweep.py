@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiayn.data.dataset import DataDir
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+    from aiayn.evaluate.alpha import ValidationSet, choose_alpha, tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.model.transformer import Transformer
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             model = Transformer(cfg.model)
             model.load_state_dict(ckpt["model"])
             loss = validate(model, valid, cfg.train, Place(Dist(), torch.device("cpu"), "fp32"))
-            tuning, val_hyps = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)
+            tuning, val_hyps = tune_alpha(tr, ValidationSet(ev["val_src"], ev["val_tok"], tgt), args.alphas, 4)
             val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
             alpha = choose_alpha(val_hyps, ev["val_tok"], tgt, args.p_level)[0]
             tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.alpha import tune_alpha
+    from aiayn.evaluate.alpha import ValidationSet, tune_alpha
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     from aiayn.checkpoint import atomic_save, average_checkpoints
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             avg = Path(tmp) / "avg.pt"
             atomic_save(average_checkpoints(within), avg)
             tr = Translator.from_checkpoint(avg)
-        tuning = tune_alpha(tr, ev["val_src"], ev["val_tok"], tgt, args.alphas, 4)[0]
+        tuning = tune_alpha(tr, ValidationSet(ev["val_src"], ev["val_tok"], tgt), args.alphas, 4)[0]
         val = {a: r["valid_multi30k_bleu"] for a, r in tuning.items()}
         alpha = max(val, key=val.get)
         tr.cfg = DecodeConfig(beam_size=4, alpha=alpha)

@@ -3,6 +3,7 @@ repository's paths, built from ../shared/data/multi30k: whole files, a wrong che
 truncated ``.part`` resumed, a server that stops mid-file, a 404, and the data root lookup."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import http.server
@@ -100,9 +101,9 @@ def test_pins_match_the_shared_copies(repo_files):
 
 def test_good_file_then_kept(server, tmp_path):
     dest = tmp_path / "val.de.gz"
-    assert fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size) == dest
+    assert fetch(server.url + VAL_DE.remote, dest, VAL_DE) == dest
     assert sha256_of(dest) == VAL_DE.sha256 and not (tmp_path / "val.de.gz.part").exists()
-    fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE)
     assert len(server.requests) == 1  # present: not fetched again
 
 
@@ -111,7 +112,7 @@ def test_wrong_checksum_is_one_line_and_leaves_nothing(server, tmp_path):
     server.files[path] = server.files[path][:-1] + b"X"
     dest = tmp_path / "val.de.gz"
     with pytest.raises(UserError) as err:
-        fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+        fetch(server.url + VAL_DE.remote, dest, VAL_DE)
     msg = str(err.value)
     assert "\n" not in msg and "val.de.gz" in msg and VAL_DE.sha256 in msg
     assert hashlib.sha256(server.files[path]).hexdigest() in msg
@@ -121,7 +122,7 @@ def test_wrong_checksum_is_one_line_and_leaves_nothing(server, tmp_path):
 def test_truncated_part_is_resumed(server, tmp_path, repo_files):
     body = repo_files["/" + VAL_DE.remote]
     (tmp_path / "val.de.gz.part").write_bytes(body[:1000])
-    dest = fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    dest = fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert dest.read_bytes() == body
     assert server.requests == [("/" + VAL_DE.remote, "bytes=1000-")]
 
@@ -130,9 +131,9 @@ def test_server_stopping_mid_file_then_resume(server, tmp_path, repo_files):
     server.cut["/" + VAL_DE.remote] = 5000
     dest = tmp_path / "val.de.gz"
     with pytest.raises(UserError, match=r"stopped after 5,000 of 24,681 bytes; run the same command again"):
-        fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+        fetch(server.url + VAL_DE.remote, dest, VAL_DE)
     assert not dest.exists() and (tmp_path / "val.de.gz.part").stat().st_size == 5000
-    fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE)
     assert dest.read_bytes() == repo_files["/" + VAL_DE.remote]
     assert server.requests[-1][1] == "bytes=5000-"
 
@@ -140,7 +141,7 @@ def test_server_stopping_mid_file_then_resume(server, tmp_path, repo_files):
 def test_server_without_ranges_sends_the_whole_file_again(server, tmp_path, repo_files):
     server.ranges = False
     (tmp_path / "val.de.gz.part").write_bytes(b"x" * 1000)
-    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert (tmp_path / "val.de.gz").read_bytes() == repo_files["/" + VAL_DE.remote]
 
 
@@ -148,19 +149,19 @@ def test_server_with_a_shorter_file_than_the_part(server, tmp_path, repo_files):
     server.files["/" + VAL_DE.remote] = repo_files["/" + VAL_DE.remote][:500]
     (tmp_path / "val.de.gz.part").write_bytes(repo_files["/" + VAL_DE.remote][:1000])
     with pytest.raises(UserError, match=r"val.de.gz: .* serves fewer than 1,000 bytes, expected 24,681 with SHA-256"):
-        fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+        fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_longer_part_is_started_over(server, tmp_path, repo_files):
     (tmp_path / "val.de.gz.part").write_bytes(b"x" * (VAL_DE.size + 1))
-    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert server.requests[0][1] is None and (tmp_path / "val.de.gz").read_bytes() == repo_files["/" + VAL_DE.remote]
 
 
 def test_whole_part_left_is_checked_without_a_request(server, tmp_path, repo_files):
     (tmp_path / "val.de.gz.part").write_bytes(repo_files["/" + VAL_DE.remote])
-    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert server.requests == [] and (tmp_path / "val.de.gz").is_file()
 
 
@@ -189,7 +190,7 @@ def test_a_server_sending_more_than_the_pinned_size_is_stopped_there(server, tmp
     most = _largest_write(monkeypatch)
     with pytest.raises(UserError, match=rf"^val.de.gz: {server.url}\S+ sends more than the 24,681 bytes this file "
                                         rf"may have; nothing is kept$"):
-        fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+        fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert most[0] == VAL_DE.size and list(tmp_path.iterdir()) == []
 
 
@@ -197,14 +198,14 @@ def test_a_file_without_a_pinned_size_is_bounded_too(server, tmp_path, monkeypat
     monkeypatch.setattr(fetch_module, "UNPINNED_MAX", 10_000)
     url = server.url + VAL_DE.remote
     with pytest.raises(UserError, match=r"serves 24,681 bytes, more than the 10,000 a file without a pinned size"):
-        fetch(url, tmp_path / "val.de.gz", VAL_DE.sha256, None)
+        fetch(url, tmp_path / "val.de.gz", dataclasses.replace(VAL_DE, size=None))
     server.tail["/" + VAL_DE.remote] = b""  # the same bytes, no Content-Length
     most = _largest_write(monkeypatch)
     with pytest.raises(UserError, match=r"sends more than the 10,000 bytes this file may have"):
-        fetch(url, tmp_path / "val.de.gz", VAL_DE.sha256, None)
+        fetch(url, tmp_path / "val.de.gz", dataclasses.replace(VAL_DE, size=None))
     assert most[0] == 10_000 and list(tmp_path.iterdir()) == []
     monkeypatch.setattr(fetch_module, "UNPINNED_MAX", VAL_DE.size)  # exactly the file: taken
-    fetch(url, tmp_path / "val.de.gz", VAL_DE.sha256, None)
+    fetch(url, tmp_path / "val.de.gz", dataclasses.replace(VAL_DE, size=None))
     assert (tmp_path / "val.de.gz").read_bytes() == repo_files["/" + VAL_DE.remote]
 
 
@@ -214,11 +215,11 @@ def test_a_trickling_server_meets_the_deadline_and_the_part_resumes(server, tmp_
     dest = tmp_path / "val.de.gz"
     with pytest.raises(UserError, match=r"^val.de.gz: \S+ sent [\d,]+ bytes in 0.2 s, the time this file may take; "
                                         r"run the same command again to resume it \(\S+val.de.gz.part is kept\)$"):
-        fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size, deadline_s=0.2)
+        fetch(server.url + VAL_DE.remote, dest, VAL_DE, deadline_s=0.2)
     kept = (tmp_path / "val.de.gz.part").stat().st_size
     assert 0 < kept < VAL_DE.size and not dest.exists()
     server.trickle = 0.0
-    fetch(server.url + VAL_DE.remote, dest, VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE)
     assert dest.read_bytes() == repo_files["/" + VAL_DE.remote] and server.requests[-1][1] == f"bytes={kept}-"
 
 
@@ -230,14 +231,14 @@ def test_a_part_that_is_a_link_is_refused_not_written_through(server, tmp_path):
     part = raw / "val.de.gz.part"
     part.symlink_to(precious)
     with pytest.raises(UserError, match=rf"^{part}: a symbolic link; a download is written only to a file of its own"):
-        fetch(server.url + VAL_DE.remote, raw / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+        fetch(server.url + VAL_DE.remote, raw / "val.de.gz", VAL_DE)
     assert precious.read_bytes() == b"a file of the user's" and part.is_symlink() and server.requests == []
     with pytest.raises(UserError, match=rf"^{part}: a symbolic link"):  # one planted after the check: O_NOFOLLOW
         fetch_module._open_part(part, append=True)
     part.unlink()
     os.mkfifo(part)
     with pytest.raises(UserError, match=rf"^{part}: not a regular file"):
-        fetch(server.url + VAL_DE.remote, raw / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+        fetch(server.url + VAL_DE.remote, raw / "val.de.gz", VAL_DE)
     with pytest.raises(UserError, match=rf"^{part}: not a regular file"):
         fetch_module._open_part(part, append=False)
     assert precious.read_bytes() == b"a file of the user's"
@@ -246,13 +247,13 @@ def test_a_part_that_is_a_link_is_refused_not_written_through(server, tmp_path):
 def test_404_names_the_url(server, tmp_path):
     url = server.url + "data/task1/raw/nope.en.gz"
     with pytest.raises(UserError, match=rf"{url}: HTTP 404"):
-        fetch(url, tmp_path / "nope.en.gz", "0" * 64, 10)
+        fetch(url, tmp_path / "nope.en.gz", Pinned("nope", "nope", 10, "0" * 64))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_no_server_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match=r"http://127.0.0.1:9/x: cannot connect .*AIAYN_DATA_URL"):
-        fetch("http://127.0.0.1:9/x", tmp_path / "x", "0" * 64, 10, timeout=2)
+        fetch("http://127.0.0.1:9/x", tmp_path / "x", Pinned("x", "x", 10, "0" * 64), timeout=2)
 
 
 @pytest.fixture
@@ -330,7 +331,7 @@ def test_progress_bar_on_a_terminal(server, tmp_path, monkeypatch):
             return True
     monkeypatch.setattr(sys, "stderr", Terminal())
     monkeypatch.setattr(progress, "QUIET", False)
-    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE.sha256, VAL_DE.size)
+    fetch(server.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE)
     assert "val.de.gz:" in sys.stderr.getvalue() and "B/s" in sys.stderr.getvalue()
 
 

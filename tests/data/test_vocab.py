@@ -92,9 +92,10 @@ def test_bpe_dropout_segments_the_same_text_more_finely(tok, train_lines):
 
 
 def test_bpe_dropout_needs_a_bpe_model(tmp_path, train_lines):
-    from aiayn.data.vocab import train_sentencepiece
-    path = train_sentencepiece(train_lines[0][:500], tmp_path / "uni.model", vocab_size=300, model_type="unigram",
-                               character_coverage=1.0, num_threads=1)
+    from aiayn.data.vocab import SentencePieceSpec, train_sentencepiece
+    path = train_sentencepiece(train_lines[0][:500], tmp_path / "uni.model",
+                               SentencePieceSpec(vocab_size=300, model_type="unigram", character_coverage=1.0),
+                               num_threads=1)
     uni = Tokenizer.load(path)
     assert uni.model_type == "unigram"
     with pytest.raises(UserError, match="uni.model: BPE-dropout needs a BPE model, this one is unigram"):

@@ -145,9 +145,9 @@ def test_server_stopping_mid_file_then_resume(server, pins, bodies, tmp_path, na
     server.cut["/" + pin.remote] = 700
     dest = tmp_path / pin.local
     with pytest.raises(UserError, match=rf"stopped after 700 of {len(bodies[name]):,} bytes; run the same command"):
-        fetch(server.url + pin.remote, dest, pin.sha256, pin.size, quiet=True)
+        fetch(server.url + pin.remote, dest, pin, quiet=True)
     assert dest.with_name(dest.name + ".part").stat().st_size == 700 and not dest.exists()
-    fetch(server.url + pin.remote, dest, pin.sha256, pin.size, quiet=True)
+    fetch(server.url + pin.remote, dest, pin, quiet=True)
     assert dest.read_bytes() == bodies[name] and server.requests[-1] == ("/" + pin.remote, "bytes=700-")
 
 
@@ -157,7 +157,7 @@ def test_whole_part_of_an_unpublished_size_is_checked(server, pins, bodies, tmp_
     dest = tmp_path / pin.local
     dest.parent.mkdir()
     dest.with_name("dev.tgz.part").write_bytes(bodies["dev"])
-    fetch(server.url + pin.remote, dest, pin.sha256, None, quiet=True)
+    fetch(server.url + pin.remote, dest, dataclasses.replace(pin, size=None), quiet=True)
     assert dest.read_bytes() == bodies["dev"]
 
 
@@ -172,7 +172,8 @@ def test_404_names_the_url_and_a_missing_server_the_variable(server, pins, tmp_p
 
 def test_a_file_with_no_published_checksum_is_kept_and_said_unverified(server, pins, bodies, tmp_path, caplog):
     pin = pins["dev"]
-    fetch(server.url + pin.remote, tmp_path / "dev.tgz", "", None, quiet=True)
+    unpinned = dataclasses.replace(pin, size=None, sha256="", md5="")
+    fetch(server.url + pin.remote, tmp_path / "dev.tgz", unpinned, quiet=True)
     assert (tmp_path / "dev.tgz").read_bytes() == bodies["dev"]
     assert "dev.tgz: no checksum is published for it; kept UNVERIFIED" in caplog.text
 

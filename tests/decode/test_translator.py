@@ -13,7 +13,7 @@ import torch
 import aiayn.model as M
 from aiayn.cli import main
 from aiayn.config import to_dict
-from aiayn.data.vocab import Tokenizer, train_sentencepiece
+from aiayn.data.vocab import SentencePieceSpec, Tokenizer, train_sentencepiece
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
@@ -28,8 +28,9 @@ def spm_bytes(tmp_path_factory) -> bytes:
     rnd = random.Random(0)
     words = "the a house cat mat sat on is in small big today dog garden red".split()
     sents = [" ".join(rnd.choice(words) for _ in range(rnd.randint(3, 9))) for _ in range(300)]
-    path = train_sentencepiece(sents, tmp_path_factory.mktemp("spm") / "spm", vocab_size=64,
-                               model_type="bpe", character_coverage=1.0, num_threads=1)
+    path = train_sentencepiece(sents, tmp_path_factory.mktemp("spm") / "spm",
+                               SentencePieceSpec(vocab_size=64, model_type="bpe", character_coverage=1.0),
+                               num_threads=1)
     return path.read_bytes()
 
 

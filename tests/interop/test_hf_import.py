@@ -297,12 +297,12 @@ def test_trained_model_translates_as_generate_greedy_and_beam(copy_checkpoint, t
     ({}, "unigram"), ({"tie_src_tgt_embeddings": False}, "unigram"),
     ({"activation": "swish", "output_bias": True, "scale_embeddings": False, "n_dec_layers": 1}, "bpe")])
 def test_export_then_import_gives_the_same_tensors(shared_data, tmp_path, over, model_type):
-    from aiayn.data.vocab import train_sentencepiece
+    from aiayn.data.vocab import SentencePieceSpec, train_sentencepiece
     en, de = read_lines(shared_data, "train.en.gz", 300), read_lines(shared_data, "train.de.gz", 300)
-    opts = dict(vocab_size=100, model_type=model_type, character_coverage=1.0, num_threads=1)
-    src_tok = Tokenizer.load(train_sentencepiece(en + de, tmp_path / "src.model", **opts))
+    spec = SentencePieceSpec(vocab_size=100, model_type=model_type, character_coverage=1.0)
+    src_tok = Tokenizer.load(train_sentencepiece(en + de, tmp_path / "src.model", spec, num_threads=1))
     separate = over.get("tie_src_tgt_embeddings") is False
-    tgt_tok = Tokenizer.load(train_sentencepiece(de, tmp_path / "tgt.model", **opts)) if separate else src_tok
+    tgt_tok = Tokenizer.load(train_sentencepiece(de, tmp_path / "tgt.model", spec, num_threads=1)) if separate else src_tok
     cfg = aiayn.get_preset("tiny", vocab_size=src_tok.vocab_size, d_model=32, d_ff=64, n_heads=4, d_k=8, d_v=8,
                            tgt_vocab_size=tgt_tok.vocab_size if separate else None, **over)
     model = aiayn.Transformer(cfg)

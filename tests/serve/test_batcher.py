@@ -15,7 +15,7 @@ SENTS = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl.", 
 
 
 def make(translator, **kw) -> Batcher:
-    return Batcher(translator.model, translator.src_tok, translator.tgt_tok, **kw)
+    return Batcher(translator, **kw)
 
 
 def test_requests_waiting_together_share_one_call_per_settings(translator):

@@ -68,7 +68,7 @@ def test_output_tokens_count_in_a_model_calls_budget(tiny):
     assert Job(cfg, [[5] * 4, []], False).n_tokens == 4 + 10  # floor(1 * 4 + 6); an empty line costs nothing
     assert Job(cfg, [[5] * 4], False, prefixes=[[6] * 20]).n_tokens == 4 + 21  # the prefix's length + 1
     # two requests whose sources fit one call's budget, but not with their outputs: two calls
-    batcher = Batcher(tiny.models, tiny.src_tok, tiny.tgt_tok, wait_ms=300, batch_tokens=30).start()
+    batcher = Batcher(tiny, wait_ms=300, batch_tokens=30).start()
     try:
         jobs = [batcher.submit(cfg, [[5, 6, 3]], prefixes=[[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
                 for _ in range(2)]

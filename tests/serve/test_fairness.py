@@ -29,7 +29,7 @@ GREEDY = DecodeConfig(max_len_b=4, beam_size=1)
 
 
 def make(translator, **kw) -> Batcher:
-    return Batcher(translator.model, translator.src_tok, translator.tgt_tok, **kw)
+    return Batcher(translator, **kw)
 
 
 def record_calls(batcher: Batcher) -> list[list[tuple[str, int, int]]]:

@@ -165,14 +165,16 @@ def _receive(resp, part: Path, start: int, name: str, quiet: bool, limit: int, d
     return have
 
 
-def fetch(url: str, dest: Path, sha256: str, size: int | None, *, md5: str = "", quiet: bool = False,
-          timeout: float = 30.0, deadline_s: float | None = None, env: str = "AIAYN_DATA_URL") -> Path:
-    """``dest`` downloaded from ``url`` and checked against ``sha256`` (``md5`` where no SHA-256 is
-    pinned); an existing ``dest`` is kept as it is if it has ``size`` bytes (it was checked when it
-    was written). ``size``: the pinned file's bytes (None: the server's word, up to
+def fetch(url: str, dest: Path, pinned: Pinned, *, quiet: bool = False, timeout: float = 30.0,
+          deadline_s: float | None = None, env: str = "AIAYN_DATA_URL") -> Path:
+    """``dest`` downloaded from ``url`` and checked against ``pinned.sha256`` (``pinned.md5`` where
+    no SHA-256 is pinned; ``pinned``'s own paths are not read: ``url`` and ``dest`` are the full
+    ones); an existing ``dest`` is kept as it is if it has ``pinned.size`` bytes (it was checked
+    when it was written). ``pinned.size``: the file's bytes (None: the server's word, up to
     ``UNPINNED_MAX``); a server that gives another size is a mismatch (the ``.part`` removed), one
     that sends more is refused; a longer ``.part`` is started over. ``timeout``: seconds per read;
     ``deadline_s``: for the whole download (default: ``DEADLINE_BASE_S`` and ``MIN_RATE``'s time)."""
+    sha256, size, md5 = pinned.sha256, pinned.size, pinned.md5
     if dest.is_file():
         kept = dest.stat().st_size
         if size is not None and kept != size:
@@ -234,4 +236,4 @@ def fetch_all(base_url: str, files: list[Pinned], root: Path, *, quiet: bool = F
     """Every one of ``files`` under ``root``, each from ``base_url`` + its remote path (``env``: the
     variable that replaces ``base_url``, named when there is no connection)."""
     base = base_url if base_url.endswith("/") else base_url + "/"
-    return [fetch(base + f.remote, root / f.local, f.sha256, f.size, md5=f.md5, quiet=quiet, env=env) for f in files]
+    return [fetch(base + f.remote, root / f.local, f, quiet=quiet, env=env) for f in files]

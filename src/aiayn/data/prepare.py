@@ -52,7 +52,7 @@ from aiayn.config import ConfigError, param, replace, to_dict
 from aiayn.data.corpora import Corpus, check_corpora, check_lang
 from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyAppender, array_files, token_dtype
 from aiayn.data.textio import check_readable, read_pairs
-from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, Tokenizer, train_sentencepiece
+from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, SentencePieceSpec, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
 from aiayn.progress import progress_bar
@@ -164,15 +164,16 @@ def _scan(files: SplitFiles | Corpus, sample: _Reservoir | None, name: str = "")
 
 def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConfig) -> dict[str, str]:
     """Train the SentencePiece model(s) into ``tmp``; return the model file name per side."""
-    opts = dict(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
-                character_coverage=cfg.character_coverage, num_threads=cfg.threads,
-                user_symbols=cfg.user_symbols, lowercase=cfg.lowercase)
+    spec = SentencePieceSpec(vocab_size=cfg.vocab_size, model_type=cfg.model_type,
+                             character_coverage=cfg.character_coverage, user_symbols=cfg.user_symbols,
+                             lowercase=cfg.lowercase)
     if cfg.shared_vocab:
-        path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", **opts)
+        path = train_sentencepiece(chain.from_iterable(sample), tmp / "spm.model", spec, num_threads=cfg.threads)
         return {"src": path.name, "tgt": path.name}
     names = {}
     for k, side in enumerate(SIDES):
-        names[side] = train_sentencepiece((p[k] for p in sample), tmp / f"spm.{side}.model", **opts).name
+        names[side] = train_sentencepiece((p[k] for p in sample), tmp / f"spm.{side}.model", spec,
+                                           num_threads=cfg.threads).name
     return names
 
 
@@ -264,15 +265,27 @@ def _encode_chunk(chunk: list[tuple[int, str, str]], toks: dict[str, Tokenizer],
     writers["tgt"].append(tgt)
 
 
-def _encode_split(split: str, parts: Sequence[Corpus], toks: dict[str, Tokenizer], tmp: Path,
-                  cfg: PrepareConfig, clean: bool, lines: int | None = None, listed: bool = False) -> dict[str, Any]:
-    """Encode one split, its corpora ``parts`` one after another, into ``tmp`` (cleaning it if
-    ``clean``); return its manifest entry, which lists the corpora if ``listed`` (else its one
-    corpus's files are its ``inputs``). ``lines``: the split's line count, for the progress bar."""
+@dataclasses.dataclass(frozen=True)
+class _SplitPlan:
+    """One split as ``prepare`` encodes it: its name, its corpora in order, its line count (for the
+    progress bar), whether the cleaning rules apply (the train split only) and whether its manifest
+    entry lists its corpora (a train split of several) rather than one corpus's files."""
+    name: str
+    parts: Sequence[Corpus]
+    lines: int | None = None
+    clean: bool = False
+    listed: bool = False
+
+
+def _encode_split(plan: _SplitPlan, toks: dict[str, Tokenizer], tmp: Path, cfg: PrepareConfig) -> dict[str, Any]:
+    """Encode one split, its corpora ``plan.parts`` one after another, into ``tmp`` (cleaning it if
+    ``plan.clean``); return its manifest entry, which lists the corpora if ``plan.listed`` (else its
+    one corpus's files are its ``inputs``)."""
+    split, parts, clean, listed = plan.name, plan.parts, plan.clean, plan.listed
     writers = {side: _SideWriter(tmp, split, side, toks[side].vocab_size) for side in SIDES}
     counts = {"input": 0, "empty": 0, "too_long": 0, "bad_ratio": 0, "kept": 0}
     corpora = []
-    with progress_bar(lines, unit=" lines", desc=f"{split}: encode") as bar:
+    with progress_bar(plan.lines, unit=" lines", desc=f"{split}: encode") as bar:
         for part in parts:
             before = dict(counts)
             prefix = "".join(t + " " for t in part.source_tokens(cfg.target_lang_token))
@@ -392,8 +405,8 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             "vocab": {"shared": shared, "model_type": toks["src"].model_type,
                       **{side: {"model": names[side], "sha256": toks[side].sha256,
                                 "vocab_size": toks[side].vocab_size} for side in SIDES}},
-            "splits": {split: _encode_split(split, ps, toks, tmp, cfg, clean=(split == "train"), lines=lines[split],
-                                            listed=bool(corpora) and split == "train")
+            "splits": {split: _encode_split(_SplitPlan(split, ps, lines=lines[split], clean=(split == "train"),
+                                                       listed=bool(corpora) and split == "train"), toks, tmp, cfg)
                        for split, ps in parts.items()},
             "options": to_dict(cfg),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

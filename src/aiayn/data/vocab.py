@@ -29,6 +29,7 @@ import logging
 import os
 import tempfile
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -187,39 +188,50 @@ def lowercase_rules() -> str:
     return "".join(rows)
 
 
-def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int, model_type: str,
-                        character_coverage: float, num_threads: int, user_symbols: Sequence[str] = (),
-                        lowercase: bool = False) -> Path:
-    """Train a SentencePiece model on ``sentences`` (already sampled) and write it to ``path``.
+@dataclass(frozen=True)
+class SentencePieceSpec:
+    """What a SentencePiece model is trained to be (§5.1: a shared byte-pair vocabulary): the
+    options the model file records and that decide its pieces. The thread count is not one of
+    them (``train_sentencepiece`` resets it), so it stays outside."""
+    vocab_size: int
+    model_type: str
+    character_coverage: float
+    user_symbols: Sequence[str] = ()
+    lowercase: bool = False
 
-    The file depends only on the sentences and the model options: the thread count, which
+
+def train_sentencepiece(sentences: Iterable[str], path: Path, spec: SentencePieceSpec, *, num_threads: int) -> Path:
+    """Train a SentencePiece model as ``spec`` says on ``sentences`` (already sampled) and write it
+    to ``path``.
+
+    The file depends only on the sentences and ``spec``: the thread count, which
     SentencePiece records in the model, is reset to 1, so the sha256 is reproducible.
 
-    ``user_symbols`` are space-separated words to keep as one piece each (e.g. ``(NP``). They
+    ``spec.user_symbols`` are space-separated words to keep as one piece each (e.g. ``(NP``). They
     become SentencePiece ``user_defined_symbols`` with the word-boundary mark in front (``▁(NP``:
     a bare ``(NP`` would still cost two pieces, ``▁`` + ``(NP``), in the order given, right after
     the special ids. Their characters become ``required_chars``: SentencePiece never sees the
     text a user symbol covers, so without them a word that only resembles one (``(WHADJP`` when
     ``(WHADJP`` is not a symbol) would lose ``(`` to <unk> instead of being spelled out.
 
-    ``lowercase`` builds ``lowercase_rules`` into the model in place of nmt_nfkc.
+    ``spec.lowercase`` builds ``lowercase_rules`` into the model in place of nmt_nfkc.
     """
     symbols: dict[str, object] = {}
     rules = None
-    if lowercase:
+    if spec.lowercase:
         rules = tempfile.NamedTemporaryFile("w", suffix=".tsv", encoding="utf-8", delete=False)
         rules.write(lowercase_rules())
         rules.close()
         symbols["normalization_rule_tsv"] = rules.name
-    if user_symbols:
-        symbols |= {"user_defined_symbols": [WORD_BOUNDARY + s for s in user_symbols],
-                    "required_chars": "".join(sorted(set("".join(user_symbols))))}
+    if spec.user_symbols:
+        symbols |= {"user_defined_symbols": [WORD_BOUNDARY + s for s in spec.user_symbols],
+                    "required_chars": "".join(sorted(set("".join(spec.user_symbols))))}
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_writer=buf,
-            vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, num_threads=max(1, num_threads),
+            vocab_size=spec.vocab_size, model_type=spec.model_type,
+            character_coverage=spec.character_coverage, num_threads=max(1, num_threads),
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
             input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2, **symbols,
@@ -232,7 +244,7 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, *, vocab_size: int
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(buf.getvalue())
     proto.trainer_spec.num_threads = 1
-    if lowercase:  # the rules are compiled into precompiled_charsmap; the temporary file's name is noise
+    if spec.lowercase:  # the rules are compiled into precompiled_charsmap; the temporary file's name is noise
         proto.normalizer_spec.ClearField("normalization_rule_tsv")
         proto.normalizer_spec.name = "nfkc_lowercase"
     path.write_bytes(proto.SerializeToString())

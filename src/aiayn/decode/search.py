@@ -48,7 +48,7 @@ Definitions (documented choices):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, runtime_checkable
 
 import torch
@@ -132,6 +132,17 @@ class Stopped(Exception):
 
 
 Stop = Callable[[], bool]  # asked before every step: True ends the search (``Stopped``)
+
+
+@dataclass(frozen=True)
+class _Constraints:
+    """What every hypothesis of a batch must satisfy besides its ``DecodeConfig`` (module
+    docstring): at most ``max_len_cap`` tokens, EOS included (the model's positions); begin with
+    its sentence's forced ``prefix`` (B, P; -1 after a sentence's prefix); take at each step only
+    the tokens ``allowed`` gives. None everywhere: unconstrained."""
+    max_len_cap: int | None = None
+    prefix: Tensor | None = None
+    allowed: Allowed | None = None
 
 
 def _check_stop(stop: Stop | None, t: int, T: int) -> None:
@@ -287,10 +298,12 @@ class _Results:
 
 
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 choose: Callable[[Tensor], Tensor], cap: int | None, prefix: Tensor | None = None,
-                 allowed: Allowed | None = None, stop: Stop | None = None) -> _Results:
+                 choose: Callable[[Tensor], Tensor], constraints: _Constraints | None = None,
+                 stop: Stop | None = None) -> _Results:
     """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length. A step
     reads one value back, its end check: which rows are done."""
+    constraints = constraints or _Constraints()
+    cap, prefix, allowed = constraints.max_len_cap, constraints.prefix, constraints.allowed
     B, dev = src.size(0), src.device
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (B,)
     T = int(max_len.max())
@@ -387,10 +400,11 @@ class _Pool:
 
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 cap: int | None, prefix: Tensor | None = None, allowed: Allowed | None = None,
-                 stop: Stop | None = None) -> _Results:
+                 constraints: _Constraints | None = None, stop: Stop | None = None) -> _Results:
     """Beam search with exact early stopping (module docstring); K = beam size, F = nbest. A step
     reads one value back: which sentences are done."""
+    constraints = constraints or _Constraints()
+    cap, prefix, allowed = constraints.max_len_cap, constraints.prefix, constraints.allowed
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (N,)
     T = int(max_len.max())
@@ -482,12 +496,11 @@ def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds
     if prefix is not None:
         prefix = prefix.to(src.device)
     with attention_backends(src.device):
-        return _search(decoder, src, cfg, ids, max_len_cap, generator, prefix, allowed, stop)
+        return _search(decoder, src, cfg, ids, _Constraints(max_len_cap, prefix, allowed), generator, stop)
 
 
-def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, max_len_cap: int | None,
-            generator: torch.Generator | None, prefix: Tensor | None,
-            allowed: Allowed | None, stop: Stop | None) -> list[list[Hypothesis]]:
+def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, constraints: _Constraints,
+            generator: torch.Generator | None, stop: Stop | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)
 
@@ -495,13 +508,14 @@ def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialId
             probs = filter_logits(log_probs, cfg).softmax(dim=-1)
             return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
-        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, max_len_cap,
-                           None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0), allowed, stop)
+        prefix = constraints.prefix
+        repeated = replace(constraints, prefix=None if prefix is None else prefix.repeat_interleave(cfg.nbest, dim=0))
+        res = _path_search(decoder, src.repeat_interleave(cfg.nbest, dim=0), cfg, ids, draw, repeated, stop)
         flat = res.hypotheses()
         return [sorted((h for hs in flat[b * cfg.nbest:(b + 1) * cfg.nbest] for h in hs),
                        key=lambda h: -h.score) for b in range(src.size(0))]
     if cfg.beam_size == 1:
-        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), max_len_cap, prefix, allowed, stop)
+        res = _path_search(decoder, src, cfg, ids, lambda lp: lp.argmax(dim=-1), constraints, stop)
     else:
-        res = _beam_search(decoder, src, cfg, ids, max_len_cap, prefix, allowed, stop)
+        res = _beam_search(decoder, src, cfg, ids, constraints, stop)
     return res.hypotheses()

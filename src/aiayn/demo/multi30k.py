@@ -32,7 +32,7 @@ from aiayn.demo import stages
 from aiayn.demo.config import DemoConfig
 from aiayn.demo.own import run_own_demo
 from aiayn.errors import UserError
-from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+from aiayn.evaluate.alpha import ValidationSet, choose_alpha, tune_alpha
 from aiayn.files import claim_folder
 
 DEMO_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
@@ -104,7 +104,7 @@ def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, 
     from aiayn.evaluate.bleu import sacre_bleu
     from aiayn.evaluate.multi30k import multi30k_bleu
     val_src, val_tok = read_text(files[f"raw.valid.{src}"]), read_text(files[f"tok.valid.{tgt}"])
-    tuning, val_translations = tune_alpha(translator, val_src, val_tok, tgt, cfg.alphas, cfg.beam_size,
+    tuning, val_translations = tune_alpha(translator, ValidationSet(val_src, val_tok, tgt), cfg.alphas, cfg.beam_size,
                                           report=lambda a, r: print(
                                               f"[4/7] valid α={a}: Multi30k BLEU {r['valid_multi30k_bleu']:.2f}"
                                               f" (length ratio {r['length_ratio']:.3f})", flush=True))

@@ -111,7 +111,7 @@ def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dic
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
     from aiayn.decode.config import DecodeConfig
-    from aiayn.evaluate.alpha import choose_alpha, tune_alpha
+    from aiayn.evaluate.alpha import ValidationSet, choose_alpha, tune_alpha
     from aiayn.evaluate.bleu import chrf, sacre_bleu
     val_src, val_ref = _lines(files["raw.valid.src"]), _lines(files["raw.valid.tgt"])
     tok_13a = Tokenizer13a()
@@ -120,7 +120,7 @@ def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dic
         return [tok_13a(line.lower() if cfg.lowercase else line) for line in lines]
 
     tuning, translations = tune_alpha(
-        translator, val_src, val_ref, tgt, cfg.alphas, cfg.beam_size, key="valid_sacrebleu",
+        translator, ValidationSet(val_src, val_ref, tgt), cfg.alphas, cfg.beam_size, key="valid_sacrebleu",
         score=lambda hyps: sacre_bleu(hyps, val_ref, lowercase=cfg.lowercase),
         report=lambda a, r: print(f"[4/7] valid α={a}: sacreBLEU{' -lc' if cfg.lowercase else ''} "
                                   f"{r['valid_sacrebleu']:.2f} (length ratio {r['length_ratio']:.3f})", flush=True))

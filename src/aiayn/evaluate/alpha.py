@@ -4,26 +4,37 @@ in Koehn's (2004) paired bootstrap."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from aiayn.progress import progress_bar
 
 
-def tune_alpha(translator, src_lines: list[str], tok_refs: list[str], tgt: str, alphas: str, beam_size: int,
+@dataclass(frozen=True)
+class ValidationSet:
+    """The held-out sentences α is chosen on (§6.1: on validation, never on test): the source
+    lines to translate, the references they are scored against (tokenized as the scorer expects,
+    Multi30k's ``lc_norm_tok`` by default) and the target language code."""
+    src_lines: list[str]
+    tok_refs: list[str]
+    tgt: str
+
+
+def tune_alpha(translator, valid: ValidationSet, alphas: str, beam_size: int,
                report=lambda alpha, result: None, score=None,
                key: str = "valid_multi30k_bleu") -> tuple[dict[float, dict], dict[float, list[str]]]:
-    """Translate ``src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."). Returns,
-    per α, the Multi30k tokenized BLEU against ``tok_refs`` (or ``score(hyps)``, a BleuResult,
+    """Translate ``valid.src_lines`` once per length penalty in ``alphas`` ("0.6,1.0,..."). Returns,
+    per α, the Multi30k tokenized BLEU against ``valid.tok_refs`` (or ``score(hyps)``, a BleuResult,
     under ``key``), the length ratio (hypothesis / reference tokens, the brevity penalty's input)
     and the seconds taken; and, per α, the translations. Leaves ``translator.cfg`` at the last α."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.evaluate.multi30k import multi30k_bleu
-    score = score or (lambda hyps: multi30k_bleu(hyps, tok_refs, tgt))
+    score = score or (lambda hyps: multi30k_bleu(hyps, valid.tok_refs, valid.tgt))
     tuning, translations = {}, {}
     for alpha in [float(a) for a in alphas.split(",")]:
         translator.cfg = DecodeConfig(beam_size=beam_size, alpha=alpha)
         t0 = time.monotonic()
-        with progress_bar(len(src_lines), unit=" lines", desc=f"valid α={alpha}") as bar:
-            translations[alpha] = hyps = translator.translate(src_lines, progress=bar.update)
+        with progress_bar(len(valid.src_lines), unit=" lines", desc=f"valid α={alpha}") as bar:
+            translations[alpha] = hyps = translator.translate(valid.src_lines, progress=bar.update)
         bleu = score(hyps)
         tuning[alpha] = {key: round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3),
                          "seconds": round(time.monotonic() - t0, 1)}

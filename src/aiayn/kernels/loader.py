@@ -405,7 +405,6 @@ class Kernels:
         slot r of position n-1 of k and v (what ``DecoderCache.append`` copies there; ``DecoderCache.slots``
         gives k and v without the copy), as it attends."""
         N, H, _, K = q.shape
-        Bs, n = N // g, k.size(2) // g
         if ancestors.dtype != torch.int64 or ancestors.stride(-1) != 1:
             raise ValueError("ancestors must be int64 with a contiguous last dimension")
         anc = (ancestors.data_ptr(), ancestors.stride(0), ancestors.stride(1))
@@ -416,20 +415,23 @@ class Kernels:
                 raise ValueError(f"beam attention: new keys/values {None if new_k is None else tuple(new_k.shape)}, "
                                  f"{None if new_v is None else tuple(new_v.shape)} for q {tuple(q.shape)}")
             new = (new_k, new_v)
-        return self._run(q, k, v, g, Bs, n, k.stride(2), v.stride(2), anc, None, new)
+        return self._run(q, k, v, g, anc, None, new)
 
     def cross_attention(self, q: Tensor, k: Tensor, v: Tensor, src_pad: Tensor, g: int) -> Tensor:
         """Encoder-decoder attention: q (N,H,1,K), rows s*g..s*g+g-1 attend to sentence s of k (Bs,H,S,K),
         v (Bs,H,S,Dv), except where src_pad (Bs,S) bool is True."""
-        N, H, _, K = q.shape
-        Bs, S = k.size(0), k.size(2)
         if src_pad.dtype != torch.bool or src_pad.stride(-1) != 1:
             raise ValueError("src_pad must be bool with a contiguous last dimension")
-        return self._run(q, k, v, g, Bs, S, k.stride(2), v.stride(2), None, src_pad, None)
+        return self._run(q, k, v, g, None, src_pad, None)
 
-    def _run(self, q, k, v, g, Bs, n, kt, vt, anc, pad, new) -> Tensor:
+    def _run(self, q, k, v, g, anc, pad, new) -> Tensor:
+        """The beam attention kernel on q (N,H,1,K), k and v of Bs = N / g sentences: with ``anc``
+        (ancestors' pointer and strides), self-attention over shared slots (k holds n*g of them);
+        with ``pad``, cross-attention over the n = S source positions; ``new``: the step's own keys
+        and values, or None."""
         N, H, t, K = q.shape
-        Dv = v.size(-1)
+        Bs, Dv = k.size(0), v.size(-1)
+        n, kt, vt = k.size(2) // g if anc is not None else k.size(2), k.stride(2), v.stride(2)
         if t != 1 or N != Bs * g or k.size(0) != Bs or v.size(0) != Bs or k.size(1) != H or k.size(-1) != K:
             raise ValueError(f"beam attention: bad shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {g}")
         out = torch.empty(N, H * Dv, dtype=q.dtype)

@@ -293,7 +293,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
     # workers = 1: the service decodes in its own process (its parallelism is batching across requests)
     base = replace(translator.cfg, max_input_tokens=cfg.max_sentence_tokens, batch_tokens=cfg.batch_tokens, workers=1)
     checker = Translator(translator.models, translator.src_tok, translator.tgt_tok, base)  # encodes + length check
-    batcher = Batcher(translator.models, translator.src_tok, translator.tgt_tok, wait_ms=cfg.batch_wait_ms,
+    batcher = Batcher(translator, wait_ms=cfg.batch_wait_ms,
                       batch_tokens=cfg.batch_tokens, max_queue_sentences=cfg.max_queue_sentences,
                       max_queued_per_client=cfg.max_queued_per_client, concurrent_calls=cfg.concurrent_calls,
                       yield_ms=cfg.yield_ms)

@@ -38,15 +38,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Sequence
 
 import torch
 
-from aiayn.data.vocab import Tokenizer
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, Stopped, length_penalty
 from aiayn.decode.translator import Translation, Translator
-from aiayn.model import ModelConfig, Transformer
+from aiayn.model import ModelConfig
 from aiayn.serve.fair import FairQueue, Part, turn_end
 from aiayn.serve.job import Job, Result
 
@@ -100,12 +98,13 @@ def rescored(hyps: list[list[Hypothesis]], alpha: float, device: torch.device) -
 
 class Batcher:
     """Collects requests for ``wait_ms`` (up to ``batch_tokens`` tokens), fairly between clients, into
-    one model call per settings; ``concurrent_calls`` workers."""
+    one model call per settings; ``concurrent_calls`` workers. Every call decodes with
+    ``translator``'s models (its decoding copies) and tokenizers, under the call's own settings."""
 
-    def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer, *, wait_ms: float = 5.0,
-                 batch_tokens: int = 4096, max_queue_sentences: int = 2048, max_queued_per_client: int | None = None,
+    def __init__(self, translator: Translator, *, wait_ms: float = 5.0, batch_tokens: int = 4096,
+                 max_queue_sentences: int = 2048, max_queued_per_client: int | None = None,
                  concurrent_calls: int = 2, yield_ms: float = 250.0):
-        self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
+        self.model, self.src_tok, self.tgt_tok = translator.models, translator.src_tok, translator.tgt_tok
         self.wait_s, self.batch_tokens, self.max_queue = wait_ms / 1000.0, batch_tokens, max_queue_sentences
         self.max_per_client = max_queue_sentences if max_queued_per_client is None else max_queued_per_client
         self._waiting = FairQueue()  # sentences submitted and not yet taken by the model
