@@ -21,7 +21,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,8 @@ import torch
 STEPS = 20
 
 
-def aiayn(*argv: str, processes: int = 1) -> None:
+def aiayn(*argv: str, processes: int = 1) -> str:
+    """Run the ``aiayn`` command (in ``processes`` processes under torchrun); its standard output."""
     cmd = [sys.executable, "-m", "aiayn.cli", *argv]
     if processes > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
@@ -40,6 +40,7 @@ def aiayn(*argv: str, processes: int = 1) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"aiayn {' '.join(argv)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def head(src: Path, dst: Path, n: int) -> Path:
@@ -100,13 +101,9 @@ def train(data: Path, run: Path, steps: int, *sets: str) -> dict:
 
 
 def translate(ckpt: Path, src: Path, precision: str) -> str:
-    with tempfile.NamedTemporaryFile("r", suffix=".txt") as out:
-        aiayn_out = subprocess.run(
-            [sys.executable, "-m", "aiayn.cli", "translate", "--checkpoint", str(ckpt), "--input", str(src), "--beam-size", "4",
-             "--precision", precision, "--nbest", "4", "--min-len", "3", "--quiet"], capture_output=True, text=True)
-        if aiayn_out.returncode != 0:
-            raise SystemExit(f"translate --precision {precision} failed:\n{aiayn_out.stderr[-3000:]}")
-        return hashlib.sha256(aiayn_out.stdout.encode()).hexdigest()[:16]
+    out = aiayn("translate", "--checkpoint", str(ckpt), "--input", str(src), "--beam-size", "4",
+                "--precision", precision, "--nbest", "4", "--min-len", "3", "--quiet")
+    return hashlib.sha256(out.encode()).hexdigest()[:16]
 
 
 def main() -> None:
