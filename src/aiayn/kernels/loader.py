@@ -33,7 +33,7 @@ autocast); the AVX-512 path keeps each (batch row, head) in float32 scratch, no 
 "The demo's training step"). Its plain loops (other builds and head sizes) are slower than PyTorch's, so the model takes the
 kernel only where the AVX-512 path is (``Kernels.seq_attention_fast``).
 
-How it is built: the first ``load()`` of a process compiles the six C files with the system's C compiler
+How it is built: the first ``load()`` of a process compiles the seven C files with the system's C compiler
 (``$CC``, else ``cc``) for this CPU (``-march=native``; ``$AIAYN_KERNELS_MARCH`` names another target, e.g.
 ``x86-64-v3`` for the AVX2 + FMA loops a CPU without AVX-512 runs, or ``x86-64`` for the portable ones) into
 the cache directory
@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("beam_attention.c", "int8_rows.c", "int8_gemm.c", "logits_topk.c", "cross_entropy.c",
-                             "seq_attention.c"))
+                             "seq_attention.c", "team.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "split.h", "vexp.h"))  # included; in the cache key too
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
 _FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -176,6 +176,20 @@ class Kernels:
         self._sa_fast = lib.aiayn_seq_attention_fast
         self._sa_fast.argtypes = [i64, i64]
         self._sa_fast.restype = ctypes.c_int
+        self._use_team = lib.aiayn_use_team
+        self._use_team.argtypes = [p, p, p]
+        self._use_team.restype = None
+        self.team = False  # whose threads run the kernels' work: use_team
+        self.use_team(True)
+
+    def use_team(self, on: bool) -> bool:
+        """Run the kernels' work on PyTorch's own OpenMP threads (``on``, where ``openmp_team`` finds
+        them), else on threads the kernels start (split.h says why the team); the same results either
+        way. Returns whether the team is in use."""
+        entries = openmp_team() if on else None
+        self._use_team(*(entries or (None, None, None)))
+        self.team = entries is not None
+        return self.team
 
     def __reduce__(self):
         return load, ()
@@ -448,6 +462,22 @@ class Kernels:
         if status:
             raise MemoryError("beam attention kernel: out of memory")
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def openmp_team() -> tuple[int, int, int] | None:
+    """The addresses of GOMP_parallel, omp_get_thread_num and omp_get_num_threads in the OpenMP runtime
+    PyTorch's CPU operations run on, where its parallel backend is OpenMP and the process can see them
+    (PyTorch loads its runtime into the global namespace); else None."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        process = ctypes.CDLL(None)
+        entries = tuple(ctypes.cast(getattr(process, name), ctypes.c_void_p).value
+                        for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads"))
+    except (AttributeError, OSError):
+        return None
+    return entries if all(entries) else None
 
 
 @functools.lru_cache(maxsize=None)
