@@ -195,6 +195,22 @@ def test_precision_int8_is_refused_without_vnni_or_the_kernels(model, monkeypatc
     assert isinstance(model_for_precision(model, precision, kernels=None).out_proj, Int8Linear)
 
 
+@pytest.mark.parametrize("vector", [True, False])
+def test_precision_int8_without_vnni_needs_the_kernels_avx2_loop(model, monkeypatch, vector):
+    # a build of the kernels with only int8_gemm.c's plain loops (no AVX2: an old x86-64, an Arm CPU)
+    # multiplies slower than float32 does: refused there, in one line that says why
+    class Built:
+        int8_vector = vector
+
+    monkeypatch.setattr(int8, "onednn_vnni", lambda: False)
+    if vector:
+        int8.require_int8_product("int8", Built())
+        return
+    with pytest.raises(UserError) as e:
+        int8.require_int8_product("int8", Built())
+    assert "AVX2" in str(e.value) and "plain loops" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_int8_linear_without_vnni_or_kernels_is_exact_in_float32_blocks(monkeypatch):
     torch.manual_seed(0)
     x = torch.randn(3, 2500)

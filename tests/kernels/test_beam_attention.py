@@ -175,6 +175,9 @@ def test_translator_beam_search_with_and_without_the_kernel(request, kernels, mo
     if precision != "fp32" and not onednn_vnni():  # (AVX2): int8 products need the kernels; none without them
         with pytest.raises(UserError, match="needs a CPU with VNNI"):
             tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, precision=precision, c_kernels=False)).decoder
+        if not kernels.int8_vector:  # nor with a build of plain loops (no AVX2)
+            with pytest.raises(UserError, match="needs a CPU with VNNI"):
+                tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, precision=precision)).decoder
         return
     out = {}
     for on in (True, False):

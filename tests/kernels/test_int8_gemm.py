@@ -105,3 +105,13 @@ def test_int8_linear_takes_the_kernel_without_vnni_and_gives_the_same(kernels, m
             assert torch.equal(y, native(x))  # bit for bit oneDNN's VNNI product
         for b in range(5):  # batched = single
             assert torch.equal(fast(x[b, 3:4]), y[b, 3:4])
+
+
+def test_the_build_says_whether_it_has_the_avx2_loop(kernels, portable):
+    # decode/int8.py refuses precision int8 without VNNI where the product would be the plain loops
+    from aiayn.decode.int8 import _cpu_flags
+    from aiayn.kernels.loader import _march
+
+    assert not portable.int8_vector  # built without -march: no AVX2
+    if "avx2" in _cpu_flags() and _march() in ("native", "x86-64-v3", "x86-64-v4"):
+        assert kernels.int8_vector

@@ -13,16 +13,16 @@ runs where it is fast and exact (``Int8Linear``):
 
 - on CPUs with VNNI (avx512_vnni, avx_vnni, amx_int8: Intel Cascade Lake and later, AMD Zen 4 and
   later) ``torch._int_mm``, oneDNN's int8 GEMM on those instructions;
-- on CPUs without (AVX2 + FMA only: Intel Haswell..Skylake client, AMD Zen 1-3; CPUs that list none
-  of those flags, ARM's; also where ``ONEDNN_MAX_CPU_ISA`` holds oneDNN below them) the C kernel
-  kernels/int8_gemm.c (AVX2 loops, or plain ones where the build has no AVX2), from weights
-  packed once as int16 pairs, with the rescaling in the same pass. There oneDNN's product is a slow
+- on CPUs without, but with AVX2 (Intel Haswell..Skylake client, AMD Zen 1-3; also where
+  ``ONEDNN_MAX_CPU_ISA`` holds oneDNN below VNNI) the C kernel kernels/int8_gemm.c's AVX2 loop,
+  from weights packed once as int16 pairs, with the rescaling in the same pass. There oneDNN's product is a slow
   reference loop or, held to AVX2, saturates its int16 pair sums (wrong by up to 10^5); the
   kernel's pair sums cannot (``onednn_vnni``), and with it int8 decoding is faster than fp32
   there (measured in docs/kernels.md, "The int8 product without VNNI");
-- on CPUs without VNNI and without the C kernels (no C compiler, ``c_kernels`` off), float32 products
-  of the integers, a block of 1024 columns at a time, exact but slower than precision fp32: decoding
-  refuses precision int8 there (``require_int8_product``).
+- on CPUs without VNNI and without the C kernels' AVX2 loop (no C compiler, ``c_kernels`` off, or a
+  CPU without AVX2: an x86-64 before 2013, an Arm CPU), float32 products of the integers (a block of
+  1024 columns at a time) or the kernel's plain loops, exact but slower than precision fp32: decoding
+  refuses precision int8 there (``require_int8_product``), naming what is missing.
 
 All three give the same int32 sums, so the same translations (tested). Each row of x is quantized on
 its own, so a sentence's translation does not depend on which other sentences share its batch
@@ -102,10 +102,15 @@ def onednn_vnni(flags: frozenset[str] | None = None, env: Mapping[str, str] | No
 
 def require_int8_product(precision: str, kernels: "Kernels | None") -> None:
     """Refuse ``precision`` (int8, int8-bf16) where its int8 products would run slower than precision
-    fp32's float ones: no VNNI for oneDNN (``onednn_vnni``) and no C kernels to multiply instead."""
-    if kernels is None and not onednn_vnni():
-        raise UserError(f"precision {precision} needs a CPU with VNNI (avx512_vnni, avx_vnni or amx_int8) or "
-                        "aiayn's C kernels (--c-kernels false, or no C compiler found): use precision fp32")
+    fp32's float ones: no VNNI for oneDNN (``onednn_vnni``), and no C kernels with their AVX2 product
+    to multiply instead (none at all, or a build with only the plain loops: a CPU without AVX2, an Arm
+    CPU)."""
+    if onednn_vnni() or (kernels is not None and kernels.int8_vector):
+        return
+    why = ("aiayn's C kernels are off or could not be built (c_kernels, a C compiler)" if kernels is None
+           else "this CPU has neither: its int8 products would be plain loops, slower than fp32's")
+    raise UserError(f"precision {precision} needs a CPU with VNNI (avx512_vnni, avx_vnni or amx_int8) or with AVX2 "
+                    f"and aiayn's C kernels; {why}: use precision fp32")
 
 
 _FLOAT_EXACT_COLUMNS = 1024  # 1024 * 127² < 2²⁴: every partial sum of a block is an integer float32 holds

@@ -32,6 +32,16 @@
 
 enum { OUT_F32 = 0, OUT_BF16 = 1, OUT_I32 = 2 }; /* 0 and 1 as loader.py's _DTYPES */
 
+/* Whether this build has the AVX2 tile loop (1) or only the plain loops (0), which are slower than
+ * float32's products: decode/int8.py refuses precision int8 there. */
+int aiayn_int8_gemm_vector(void) {
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* The packed size in int16 values (see above). */
 int64_t aiayn_int8_packed_size(int64_t O, int64_t I) { return (O + OB - 1) / OB * ((I + 1) / 2) * OB * 2; }
 

@@ -156,6 +156,7 @@ class Kernels:
         self._int8_gemm = lib.aiayn_int8_gemm
         self._int8_gemm.argtypes = [p, i64, i64, p, i64, p, p, p, ctypes.c_int, p, ctypes.c_int]
         self._int8_gemm.restype = ctypes.c_int
+        self.int8_vector = bool(lib.aiayn_int8_gemm_vector())  # int8_gemm.c's AVX2 tile loop, not the plain loops
         self._topk = lib.aiayn_log_softmax_topk
         self._topk.argtypes = [p, i64, i64, i64, ctypes.c_int, i64, p, i64, p, p, ctypes.c_int]
         self._topk.restype = None
