@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
 from aiayn.data.corpora import corpus_mix
 from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.errors import UserError
@@ -85,8 +85,8 @@ class BatchStream:
         check_positions(self.m, {"train": train})
         self.mix = corpus_mix(data, train, t.seed)  # corpora of weights other than 1: an epoch's draw
         self.data = self.mix if self.mix is not None else train
-        self.sampler = TokenBatchSampler(self.data.src_lens + 1, self.data.tgt_lens + 1, t.max_src_tokens,
-                                         t.max_tgt_tokens, seed=t.seed, shuffle=True,
+        self.sampler = TokenBatchSampler(self.data.src_lens + 1, self.data.tgt_lens + 1,
+                                         TokenBounds(t.max_src_tokens, t.max_tgt_tokens), seed=t.seed, shuffle=True,
                                          num_replicas=dist.world_size, rank=dist.rank)
         if len(self.sampler) == 0:
             raise UserError(f"{data.path}: too few training batches for {dist.world_size} device(s)")
