@@ -110,10 +110,10 @@ def synthetic_batches(cfg, B: int, S: int, T: int, device) -> Batches:
 
 def real_batches(cfg, data_dir: str, tokens: int, n: int, device) -> Batches:
     """The first ``n`` batches of epoch 0 of the training split, as ``aiayn train`` cuts them."""
-    from aiayn.data.batching import TokenBatchSampler, collate
+    from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
     from aiayn.data.dataset import DataDir
     data = DataDir(data_dir).split("train")
-    sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, tokens, tokens, seed=1, shuffle=True)
+    sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, TokenBounds(tokens, tokens), seed=1, shuffle=True)
     out = []
     for idx in sampler:
         out.append(collate([data[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id).to(device))

@@ -152,12 +152,12 @@ def loader(data_dir: Path, n_batches: int, tokens: int) -> dict:
     t0 = time.perf_counter()
     points = {"start": {"s": 0.0, **memory_kb()}}
     import torch  # noqa: F401  (the training process has it loaded; count its memory before the data)
-    from aiayn.data.batching import TokenBatchSampler, collate
+    from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
     from aiayn.data.dataset import DataDir
     points["imports"] = {"s": time.perf_counter() - t0, **memory_kb()}
     data = DataDir(data_dir).split("train")
     points["opened"] = {"s": time.perf_counter() - t0, **memory_kb()}
-    sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, tokens, tokens, seed=1, shuffle=True)
+    sampler = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, TokenBounds(tokens, tokens), seed=1, shuffle=True)
     points["sampler"] = {"s": time.perf_counter() - t0, **memory_kb()}
     it = iter(sampler)
     collate([data[i] for i in next(it)])

@@ -10,10 +10,17 @@ from aiayn.cli import main
 from aiayn.errors import UserError
 from aiayn.model.config import get_preset
 from aiayn.train.config import load_recipe
-from aiayn.cost.estimate import (Throughput, device_throughput, estimate, measured_throughput, paper_batch,
-                                  paper_model, step_flops)
+from aiayn.cost.estimate import (StepBatch, Throughput, device_throughput, estimate, measured_throughput,
+                                  paper_batch, paper_model, step_batch, step_flops)
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def paper_step_estimate(recipe: str, devices: int, thr: Throughput):
+    """The estimate of ``recipe``'s steps at the paper's 25,000 tokens a step on ``devices`` devices."""
+    cfg = load_recipe(RECIPES / recipe)
+    t = cfg.train
+    return estimate(cfg.model, t.max_steps, step_batch(devices, t.max_tgt_tokens, t.accum_steps, 25_000), thr)
 
 
 def test_base_flops_per_token_by_hand():
@@ -45,10 +52,9 @@ def test_p100_estimate_of_the_base_recipe_is_the_papers_12_hours():
     """8 P100 at 28% of 10.6 TFLOP/s = 2.968 TFLOP/s each: 9.5333376e12 / (8 * 2.968e12) = 0.401505 s per
     step, 40,150.5 s (11.15 h, 89.2 device-hours) for 100K steps (the paper: 0.4 s, 12 h); Table 2's
     estimate 40,150.5 s * 8 * 9.5e12 = 3.0514e18 FLOPs (the paper: 3.3e18)."""
-    cfg = load_recipe(RECIPES / "wmt14-ende-base.json")
     thr = device_throughput("p100")
     assert (thr.tflops, thr.table2_tflops, thr.measured) == (pytest.approx(2.968), 9.5, False)
-    e = estimate(cfg, 8, thr, tokens_per_step=25_000)
+    e = paper_step_estimate("wmt14-ende-base.json", 8, thr)
     assert (e.per_device_tokens, e.accum_steps, e.tokens_per_step) == (3125, 1, 25_000)
     assert e.seconds_per_step == pytest.approx(0.401505, rel=1e-5)
     assert e.seconds == pytest.approx(40_150.5, rel=1e-5)
@@ -56,9 +62,17 @@ def test_p100_estimate_of_the_base_recipe_is_the_papers_12_hours():
     assert e.table2_flops == pytest.approx(3.0514e18, rel=1e-4)
     assert e.model_flops == pytest.approx(9.5333376e17, rel=1e-12)
     # one device with 8 accumulated batches: the same FLOPs per step, 8 times the time per step
-    one = estimate(cfg, 1, thr, tokens_per_step=25_000)
+    one = paper_step_estimate("wmt14-ende-base.json", 1, thr)
     assert (one.per_device_tokens, one.accum_steps) == (3125, 8)
     assert one.seconds == pytest.approx(8 * e.seconds) and one.device_hours == pytest.approx(e.device_hours)
+
+
+def test_step_batch_is_the_recipes_or_the_papers():
+    """Without tokens per step, the recipe's batch as written; with, ``paper_batch`` of it (at most the
+    recipe's per-device tokens in one batch, or ``max_device_tokens``)."""
+    assert step_batch(4, 3125, 2) == StepBatch(3125, 4, 2) and StepBatch(3125, 4, 2).tokens == 25_000
+    assert step_batch(1, 3125, 2, tokens_per_step=25_000) == StepBatch(3125, 1, 8)
+    assert step_batch(1, 3125, 2, tokens_per_step=25_000, max_device_tokens=6250) == StepBatch(6250, 1, 4)
 
 
 def test_measured_throughput_is_read_and_named(tmp_path):
@@ -110,5 +124,5 @@ def test_aiayn_own_gpu_figure_is_used_for_base_and_big():
     assert device_throughput("h100").tflops == pytest.approx(0.16 * 989)
     assert device_throughput("h200", 0.5, model="base").tflops == pytest.approx(494.5)
     # 100K base steps on 8 H200: 9.5333376e12 / (8 * 152.8e12) = 0.0077989 s per step, 779.89 s
-    e = estimate(load_recipe(RECIPES / "wmt14-ende-base.json"), 8, h200, tokens_per_step=25_000)
+    e = paper_step_estimate("wmt14-ende-base.json", 8, h200)
     assert e.seconds == pytest.approx(779.887, rel=1e-5)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.data.batching import Batch, TokenBatchSampler, batches, collate
+from aiayn.data.batching import Batch, TokenBatchSampler, TokenBounds, batches, collate
 from aiayn.errors import UserError
 
 
@@ -23,7 +23,7 @@ def padded(lens, batch):
 def test_golden_cut_without_shuffle():
     # sorted lengths 1..6, bound 8: [1,2] (2*2=4; adding 3 gives 9), [3,4] (2*4=8), [5] (2*6=12 > 8), [6]
     lens = [3, 1, 4, 2, 6, 5]
-    s = TokenBatchSampler(lens, lens, 8, 8, shuffle=False)
+    s = TokenBatchSampler(lens, lens, TokenBounds(8, 8), shuffle=False)
     assert list(s) == [[1, 3], [0, 2], [5], [4]]
     assert len(s) == 4
 
@@ -31,14 +31,14 @@ def test_golden_cut_without_shuffle():
 @pytest.mark.parametrize("max_src,max_tgt", [(200, 200), (300, 120), (64, 400)])
 def test_every_batch_respects_both_bounds(max_src, max_tgt):
     src, tgt = random_lens()
-    s = TokenBatchSampler(src, tgt, max_src, max_tgt, seed=3)
+    s = TokenBatchSampler(src, tgt, TokenBounds(max_src, max_tgt), seed=3)
     for b in s:
         assert padded(src, b) <= max_src and padded(tgt, b) <= max_tgt
 
 
 def test_each_example_once_per_epoch():
     src, tgt = random_lens()
-    s = TokenBatchSampler(src, tgt, 250, 250)
+    s = TokenBatchSampler(src, tgt, TokenBounds(250, 250))
     for epoch in (0, 1):
         s.set_epoch(epoch)
         seen = sorted(i for b in s for i in b)
@@ -47,7 +47,7 @@ def test_each_example_once_per_epoch():
 
 def test_batches_group_similar_lengths():
     src, tgt = random_lens(n=2000)
-    s = TokenBatchSampler(src, tgt, 400, 400)
+    s = TokenBatchSampler(src, tgt, TokenBounds(400, 400))
     sorted_pad = sum(padded(tgt, b) - sum(tgt[i] for i in b) for b in s)
     rng = np.random.default_rng(0)
     perm, random_pad, k = rng.permutation(len(src)), 0, 0
@@ -61,22 +61,22 @@ def test_batches_group_similar_lengths():
 def test_oversize_example_is_own_batch_or_dropped():
     src = [5, 50, 5, 5]
     tgt = [5, 5, 5, 5]
-    keep = TokenBatchSampler(src, tgt, 20, 20, shuffle=False)
+    keep = TokenBatchSampler(src, tgt, TokenBounds(20, 20), shuffle=False)
     assert keep.n_oversize == 1
     assert sorted(sorted(b) for b in keep) == [[0, 2, 3], [1]]
-    drop = TokenBatchSampler(src, tgt, 20, 20, shuffle=False, drop_oversize=True)
+    drop = TokenBatchSampler(src, tgt, TokenBounds(20, 20, drop_oversize=True), shuffle=False)
     assert sorted(sorted(b) for b in drop) == [[0, 2, 3]]
 
 
 def test_same_seed_same_batches_other_epoch_other_order():
     src, tgt = random_lens()
-    a = list(TokenBatchSampler(src, tgt, 250, 250, seed=7))
-    b = list(TokenBatchSampler(src, tgt, 250, 250, seed=7))
+    a = list(TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=7))
+    b = list(TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=7))
     assert a == b
-    s = TokenBatchSampler(src, tgt, 250, 250, seed=7)
+    s = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=7)
     s.set_epoch(1)
     assert list(s) != a
-    assert list(TokenBatchSampler(src, tgt, 250, 250, seed=8)) != a
+    assert list(TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=8)) != a
 
 
 def test_four_ranks_disjoint_equal_and_few_dropped():
@@ -86,16 +86,17 @@ def test_four_ranks_disjoint_equal_and_few_dropped():
     for epoch in (0, 1, 2):
         per_rank = []
         for rank in range(R):
-            s = TokenBatchSampler(src, tgt, 250, 250, seed=5, num_replicas=R, rank=rank)
+            s = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=5, num_replicas=R, rank=rank)
             s.set_epoch(epoch)
             per_rank.append([tuple(b) for b in s])
-        total = TokenBatchSampler(src, tgt, 250, 250).n_batches_total
+        total = TokenBatchSampler(src, tgt, TokenBounds(250, 250)).n_batches_total
         assert total % R != 0  # so that something is dropped
         assert {len(r) for r in per_rank} == {total // R}
-        assert all(len(r) == len(TokenBatchSampler(src, tgt, 250, 250, num_replicas=R, rank=0)) for r in per_rank)
+        first = TokenBatchSampler(src, tgt, TokenBounds(250, 250), num_replicas=R, rank=0)
+        assert all(len(r) == len(first) for r in per_rank)
         flat = [i for r in per_rank for b in r for i in b]
         assert len(flat) == len(set(flat))  # disjoint
-        single = TokenBatchSampler(src, tgt, 250, 250, seed=5)
+        single = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=5)
         single.set_epoch(epoch)
         all_batches = {tuple(b) for b in single}
         used = {b for r in per_rank for b in r}
@@ -109,16 +110,16 @@ def test_four_ranks_disjoint_equal_and_few_dropped():
 @pytest.mark.parametrize("stop", [0, 1, 5])
 def test_resume_mid_epoch_gives_the_remaining_batches(stop):
     src, tgt = random_lens()
-    full = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    full = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=2, num_replicas=2, rank=1)
     full.set_epoch(3)
     expected = list(full)
-    run = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    run = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=2, num_replicas=2, rank=1)
     run.set_epoch(3)
     it = iter(run)
     seen = [next(it) for _ in range(stop)]
     state = run.state_dict()
     assert state["epoch"] == 3 and state["batches_done"] == 2 * stop  # both ranks' batches
-    resumed = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    resumed = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=2, num_replicas=2, rank=1)
     resumed.load_state_dict(state)
     resumed.set_epoch(3)  # a training loop re-entering the saved epoch keeps the position
     assert seen + list(resumed) == expected
@@ -129,9 +130,9 @@ def test_resume_mid_epoch_gives_the_remaining_batches(stop):
 
 def test_resume_rejects_a_different_setup():
     src, tgt = random_lens()
-    state = TokenBatchSampler(src, tgt, 250, 250, num_replicas=2).state_dict()
+    state = TokenBatchSampler(src, tgt, TokenBounds(250, 250), num_replicas=2).state_dict()
     with pytest.raises(UserError, match="saved seed=1, now 3"):
-        TokenBatchSampler(src, tgt, 250, 250, seed=3, num_replicas=4).load_state_dict(state)
+        TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=3, num_replicas=4).load_state_dict(state)
 
 
 def test_collate_golden():
@@ -162,7 +163,7 @@ def test_collate_other_special_ids():
 def test_batches_over_real_data(prepared):
     from aiayn.data.dataset import DataDir
     data = DataDir(prepared).split("valid")
-    s = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, 1024, 1024)
+    s = TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, TokenBounds(1024, 1024))
     n = 0
     for b in batches(data, s):
         assert b.src.numel() <= 1024 and b.tgt_out.numel() <= 1024
@@ -173,15 +174,14 @@ def test_batches_over_real_data(prepared):
     assert n == len(data)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(src_lens=[1, 2], tgt_lens=[1]), "entries"),
-    (dict(max_src_tokens=0), "positive"),
-    (dict(num_replicas=2, rank=2), "rank"),
+@pytest.mark.parametrize("make,message", [
+    (lambda: TokenBatchSampler([1, 2], [1], TokenBounds(10, 10)), "entries"),
+    (lambda: TokenBatchSampler([1, 2], [1, 2], TokenBounds(0, 10)), "positive"),
+    (lambda: TokenBatchSampler([1, 2], [1, 2], TokenBounds(10, 10), num_replicas=2, rank=2), "rank"),
 ])
-def test_sampler_argument_errors(kwargs, message):
-    args = dict(src_lens=[1, 2], tgt_lens=[1, 2], max_src_tokens=10, max_tgt_tokens=10) | kwargs
+def test_sampler_argument_errors(make, message):
     with pytest.raises(ValueError, match=message):
-        TokenBatchSampler(**args)
+        make()
 
 
 def test_collate_empty_batch():
@@ -193,11 +193,11 @@ def test_set_lengths_cuts_as_a_new_sampler_would():
     src, tgt = random_lens()
     rng = np.random.default_rng(5)
     src2, tgt2 = src + rng.integers(0, 15, len(src)), tgt + rng.integers(0, 15, len(tgt))  # a BPE-dropout epoch
-    run = TokenBatchSampler(src, tgt, 250, 250, seed=2, num_replicas=2, rank=1)
+    run = TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=2, num_replicas=2, rank=1)
     before = len(run)
     run.set_epoch(3)
     run.set_lengths(src2, tgt2)
-    fresh = TokenBatchSampler(src2, tgt2, 250, 250, seed=2, num_replicas=2, rank=1)
+    fresh = TokenBatchSampler(src2, tgt2, TokenBounds(250, 250), seed=2, num_replicas=2, rank=1)
     fresh.set_epoch(3)
     assert len(run) == len(fresh) > before
     assert list(run) == list(fresh)
@@ -215,9 +215,9 @@ def test_cut_in_chunks_equals_one_pass(monkeypatch):
     src, tgt = rng.integers(1, 40, 1000), rng.integers(1, 40, 1000)
     src[[5, 500]] = 90  # over the bound
     for drop in (False, True):
-        whole = TokenBatchSampler(src, tgt, 80, 70, drop_oversize=drop)
+        whole = TokenBatchSampler(src, tgt, TokenBounds(80, 70, drop_oversize=drop))
         monkeypatch.setattr(batching, "_CUT_CHUNK", 7)
-        chunked = TokenBatchSampler(src, tgt, 80, 70, drop_oversize=drop)
+        chunked = TokenBatchSampler(src, tgt, TokenBounds(80, 70, drop_oversize=drop))
         monkeypatch.undo()
         assert chunked._slices == whole._slices and chunked.n_oversize == whole.n_oversize == 2
         assert [b.tolist() for b in chunked.epoch_batches(2)] == [b.tolist() for b in whole.epoch_batches(2)]
@@ -231,7 +231,7 @@ def test_compact_lengths_give_the_int64_order(big):
     if big:
         src = src.copy()
         src[7] = 40000  # past int16: int32 lengths, an oversize pair on its own
-    s = TokenBatchSampler(src, tgt, 50000 if big else 400, 400, seed=9, shuffle=True)
+    s = TokenBatchSampler(src, tgt, TokenBounds(50000 if big else 400, 400), seed=9, shuffle=True)
     assert s.src_lens.dtype == (np.int32 if big else np.int16) and s.tgt_lens.dtype == np.int16
     batches_ = s.epoch_batches(1)
     assert all(b.dtype == np.int32 for b in batches_)

@@ -10,7 +10,7 @@ import pytest
 
 from aiayn.cli import main
 from aiayn.config import ConfigError, replace
-from aiayn.data.batching import TokenBatchSampler
+from aiayn.data.batching import TokenBatchSampler, TokenBounds
 from aiayn.data.corpora import Corpus, CorpusMix, check_corpora, corpus_mix, parse_corpus
 from aiayn.data.dataset import DataDir
 from aiayn.data.prepare import SplitFiles, _Reservoir, prepare
@@ -146,7 +146,7 @@ def test_single_corpus_prepare_and_batches_unchanged(tmp_path, small_train, prep
     one_train = one.split("train")
     assert corpus_mix(one, one_train, seed=1) is None
     assert np.array_equal(one_train.src_lens, train.src_lens) and np.array_equal(one_train.tgt_lens, train.tgt_lens)
-    make = lambda data: TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, 600, 600, seed=1)  # noqa: E731
+    make = lambda data: TokenBatchSampler(data.src_lens + 1, data.tgt_lens + 1, TokenBounds(600, 600), seed=1)  # noqa: E731
     for epoch in (0, 1):
         ref, got = make(train), make(one_train)
         ref.set_epoch(epoch)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiayn.data.batching import TokenBatchSampler, batches
+from aiayn.data.batching import TokenBatchSampler, TokenBounds, batches
 from aiayn.data.dataset import DataDir
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
 from tests.data.conftest import read_gz
@@ -43,7 +43,7 @@ def test_full_multi30k_test_set_round_trip(full, multi30k):
 
 def test_full_multi30k_padding_at_4096_tokens(full):
     train = full.split("train")
-    sampler = TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, 4096, 4096)
+    sampler = TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, TokenBounds(4096, 4096))
     slots = {"src": 0, "tgt": 0}
     real = {"src": 0, "tgt": 0}
     for b in batches(train, sampler):

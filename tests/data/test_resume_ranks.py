@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from aiayn.data.batching import TokenBatchSampler
+from aiayn.data.batching import TokenBatchSampler, TokenBounds
 from aiayn.errors import UserError
 
 LENS = [3, 5, 4, 6, 2, 7, 5, 3] * 4
 
 
 def _sampler(ranks: int, rank: int = 0) -> TokenBatchSampler:
-    return TokenBatchSampler(LENS, LENS, 12, 12, seed=1, num_replicas=ranks, rank=rank)
+    return TokenBatchSampler(LENS, LENS, TokenBounds(12, 12), seed=1, num_replicas=ranks, rank=rank)
 
 
 def _handed(sampler: TokenBatchSampler, k: int | None = None) -> list[list[int]]:
@@ -61,6 +61,6 @@ def test_a_position_saved_per_rank_still_resumes():
 
 def test_batches_cut_on_other_bounds_are_refused():
     state = _sampler(2).state_dict()
-    other = TokenBatchSampler(LENS, LENS, 20, 20, seed=1, num_replicas=2)
+    other = TokenBatchSampler(LENS, LENS, TokenBounds(20, 20), seed=1, num_replicas=2)
     with pytest.raises(UserError, match="cut into other batches"):
         other.load_state_dict(state)

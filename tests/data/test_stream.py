@@ -10,7 +10,8 @@ from aiayn.data.corpora import Corpus
 from aiayn.data.dataset import DataDir
 from aiayn.data.prepare import SplitFiles, prepare
 from aiayn.data.stream import BatchStream
-from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.model.config import ModelConfig
+from aiayn.train.config import TrainConfig, batching
 from aiayn.train.runtime import Dist
 from tests.data.conftest import SMALL, write_lines
 
@@ -32,8 +33,7 @@ def mixed(tmp_path_factory, train_lines):
 
 
 def _stream(data_dir, run_dir, **train) -> BatchStream:
-    cfg = RunConfig(train=replace(TRAIN, **train))
-    return BatchStream(DataDir(data_dir), cfg, run_dir, Dist(), CPU)
+    return BatchStream(DataDir(data_dir), batching(replace(TRAIN, **train)), ModelConfig(), run_dir, Dist(), CPU)
 
 
 def _steps(stream: BatchStream, n: int, prefetch: bool = True) -> list[list[list[int]]]:

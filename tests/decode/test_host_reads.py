@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import aiayn
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import SpecialIds, search
+from aiayn.decode.search import Constraints, SpecialIds, search
 
 search_module = importlib.import_module("aiayn.decode.search")  # (aiayn.decode.search is also the function)
 adapter_module = importlib.import_module("aiayn.decode.adapter")
@@ -126,7 +126,7 @@ def test_a_search_step_reads_the_device_once(counted, case, ensemble):
     decoder = EnsembleDecoder([CachedDecoder(model), CachedDecoder(model)]) if ensemble else CachedDecoder(model)
     steps = StepCounts(decoder, counted)
     with counted:
-        search(steps, SRC, cfg, IDS, prefix=prefix)
+        search(steps, SRC, cfg, IDS, Constraints(prefix=prefix))
     assert len(steps.rows) >= 6 and len(set(steps.rows)) >= 3  # sentences finished at several steps
     assert all(reads <= 1 for reads, _ in steps.per_step()), steps.per_step()
     assert all(copies == 0 for _, copies in steps.per_step()), steps.per_step()
@@ -154,7 +154,7 @@ def test_the_gpu_path_gives_the_cpu_path_s_hypotheses(monkeypatch, case, share_s
     moved), the same hypotheses, bit for bit, as the CPU's choices."""
     cfg, prefix = CASES[case]
     model = _model()
-    cpu = search(CachedDecoder(model, share_slots=share_slots), SRC, cfg, IDS, prefix=prefix)
+    cpu = search(CachedDecoder(model, share_slots=share_slots), SRC, cfg, IDS, Constraints(prefix=prefix))
     monkeypatch.setattr(search_module, "reads_wait", lambda device: True)
     monkeypatch.setattr(adapter_module, "reads_wait", lambda device: True)
-    assert search(CachedDecoder(model, share_slots=share_slots), SRC, cfg, IDS, prefix=prefix) == cpu
+    assert search(CachedDecoder(model, share_slots=share_slots), SRC, cfg, IDS, Constraints(prefix=prefix)) == cpu

@@ -16,7 +16,7 @@ from aiayn.config import ConfigError, replace
 from aiayn.decode.adapter import CachedDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.ngram import ban_repeated_ngrams
-from aiayn.decode.search import SpecialIds, length_penalty, search
+from aiayn.decode.search import Constraints, SpecialIds, length_penalty, search
 from aiayn.decode.translator import Translator
 from aiayn.kernels.loader import load as load_kernels
 from tests.decode.stub import BOS, EOS, PAD, TableDecoder
@@ -177,7 +177,7 @@ def test_greedy_matches_the_reference_on_a_tiny_model(n, use_prefix):
     prefix = PREFIX if use_prefix else None
     cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=6, no_repeat_ngram=n)
     for name, dec in decoders(model).items():
-        out = search(dec, SRC, cfg, IDS, prefix=prefix)
+        out = search(dec, SRC, cfg, IDS, Constraints(prefix=prefix))
         for b in range(SRC.size(0)):
             forced = forced_of(prefix, b)
             max_len = max(int((SRC[b] != PAD).sum()) + 6, len(forced) + 1)
@@ -194,7 +194,7 @@ def test_beam_matches_the_reference_on_a_tiny_model(K, F, n, use_prefix):
     prefix = PREFIX if use_prefix else None
     cfg = DecodeConfig(beam_size=K, nbest=F, alpha=0.6, max_len_a=1.0, max_len_b=4, no_repeat_ngram=n)
     for name, dec in decoders(model).items():
-        out = search(dec, SRC, cfg, IDS, prefix=prefix)
+        out = search(dec, SRC, cfg, IDS, Constraints(prefix=prefix))
         for b in range(SRC.size(0)):
             forced = forced_of(prefix, b)
             max_len = max(int((SRC[b] != PAD).sum()) + 4, len(forced) + 1)
@@ -247,9 +247,10 @@ def test_a_forced_prefix_counts_in_the_history(beam):
                  (A, B, A, B): {EOS: 1.0}}}
     prefix = torch.tensor([[A, B]])
     cfg = DecodeConfig(beam_size=beam, nbest=beam, alpha=0.0)
-    free = search(TableDecoder(table), torch.tensor([[1, 7]]), cfg, IDS, prefix=prefix)[0]
+    free = search(TableDecoder(table), torch.tensor([[1, 7]]), cfg, IDS, Constraints(prefix=prefix))[0]
     assert (A, B, A, B) in [h.tokens for h in free]
-    hyps = search(TableDecoder(table), torch.tensor([[1, 7]]), replace(cfg, no_repeat_ngram=2), IDS, prefix=prefix)[0]
+    hyps = search(TableDecoder(table), torch.tensor([[1, 7]]), replace(cfg, no_repeat_ngram=2), IDS,
+                  Constraints(prefix=prefix))[0]
     assert (A, B, A, B) not in [h.tokens for h in hyps]
     if beam == 1:  # (the forced A and B: uniform over the 8 tokens)
         assert hyps[0].tokens == (A, B, A, C)
@@ -264,7 +265,7 @@ def test_forced_tokens_are_never_banned(beam):
     dec = TableDecoder(default={A: 0.5, B: 0.3, EOS: 0.2})
     prefix = torch.tensor([[A, B, A, B]])
     hyps = search(dec, torch.tensor([[1, 7]]), DecodeConfig(beam_size=beam, alpha=0.0, no_repeat_ngram=2), IDS,
-                  prefix=prefix)[0]
+                  Constraints(prefix=prefix))[0]
     tail = (B,) if beam == 1 else ()
     assert hyps[0].tokens == (A, B, A, B, *tail) and hyps[0].eos
     assert hyps[0].log_prob == pytest.approx(math.log(0.5 * 0.3 * 0.5 * 0.3 * 0.3 ** len(tail) * 0.2), rel=1e-6)
@@ -279,10 +280,10 @@ def test_forced_tokens_are_never_banned(beam):
 def test_batched_equals_one_by_one(cfg):
     model = tiny_model()
     dec = CachedDecoder(model, kernels=load_kernels())
-    together = search(dec, SRC, cfg, IDS, prefix=PREFIX)
+    together = search(dec, SRC, cfg, IDS, Constraints(prefix=PREFIX))
     for b in range(SRC.size(0)):
         row = SRC[b:b + 1, : int((SRC[b] != PAD).sum())]
-        alone = search(dec, row, cfg, IDS, prefix=PREFIX[b:b + 1])[0]
+        alone = search(dec, row, cfg, IDS, Constraints(prefix=PREFIX[b:b + 1]))[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[b]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[b]], abs=1e-5)
     tables = search(TableDecoder(V=9, random_vocab=True), SRC, cfg, IDS)
@@ -316,12 +317,12 @@ class FusedCounts:
                                  DecodeConfig(sampling=True, nbest=2)])
 def test_n_zero_never_reaches_the_ban(cfg, monkeypatch):
     model = tiny_model()
-    before = [search(CachedDecoder(model), SRC, cfg, IDS, prefix=p) for p in (None, PREFIX)]
+    before = [search(CachedDecoder(model), SRC, cfg, IDS, Constraints(prefix=p)) for p in (None, PREFIX)]
 
     def fail(*args, **kwargs):
         raise AssertionError("the ban ran with no_repeat_ngram = 0")
     monkeypatch.setattr(search_module, "ban_repeated_ngrams", fail)
-    assert [search(CachedDecoder(model), SRC, cfg, IDS, prefix=p) for p in (None, PREFIX)] == before
+    assert [search(CachedDecoder(model), SRC, cfg, IDS, Constraints(prefix=p)) for p in (None, PREFIX)] == before
     counted = FusedCounts(CachedDecoder(model, kernels=load_kernels()))
     search(counted, SRC, cfg, IDS)
     assert set(counted.calls) == ({"step_topk"} if cfg.beam_size > 1 and not cfg.sampling else {"step"})
@@ -339,7 +340,8 @@ def test_an_n_longer_than_every_output_changes_nothing(cfg):
     model = tiny_model()
     dec = CachedDecoder(model, kernels=load_kernels())
     long = replace(cfg, no_repeat_ngram=100)
-    assert search(dec, SRC, long, IDS, prefix=PREFIX) == search(dec, SRC, cfg, IDS, prefix=PREFIX)
+    forced = Constraints(prefix=PREFIX)
+    assert search(dec, SRC, long, IDS, forced) == search(dec, SRC, cfg, IDS, forced)
 
 
 # ---------------------------------------------------------------------------------------------

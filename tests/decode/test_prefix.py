@@ -1,4 +1,4 @@
-"""Forced target prefixes: search(prefix=...), Translator, translate --prefix (aiayn/decode/search.py)."""
+"""Forced target prefixes: search's Constraints.prefix, Translator, translate --prefix (aiayn/decode/search.py)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from aiayn.cli import main
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import search
+from aiayn.decode.search import Constraints, search
 from aiayn.decode.translator import Translator
 
 from .stub import TableDecoder
@@ -50,12 +50,12 @@ def test_prefix_in_the_search_forces_tokens_of_the_stub():
     src = torch.tensor([[4, 3], [4, 3]])
     for beam in (1, 3):
         cfg = DecodeConfig(beam_size=beam, alpha=0.0)
-        hyps = search(TableDecoder(tables), src, cfg, prefix=torch.tensor([[6], [-1]]))
+        hyps = search(TableDecoder(tables), src, cfg, constraints=Constraints(prefix=torch.tensor([[6], [-1]])))
         assert hyps[0][0].tokens == (6, 7) and hyps[0][0].log_prob == pytest.approx(torch.tensor(0.4 * 0.7).log().item())
         assert hyps[1][0].tokens == (5, 5)
     # a prefix longer than the maximum output length still fits (max length raised to |prefix| + 1)
     cfg = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=1)
-    hyps = search(TableDecoder(tables), src[:1], cfg, prefix=torch.tensor([[6, 7]]))
+    hyps = search(TableDecoder(tables), src[:1], cfg, constraints=Constraints(prefix=torch.tensor([[6, 7]])))
     assert hyps[0][0].tokens == (6, 7) and hyps[0][0].eos
 
 

@@ -8,7 +8,7 @@ import torch
 
 from aiayn.config import ConfigError
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import (SpecialIds, filter_logits, length_penalty, max_output_lengths,
+from aiayn.decode.search import (Constraints, SpecialIds, filter_logits, length_penalty, max_output_lengths,
                                  search, topk_rows)
 from tests.decode.stub import BOS, EOS, PAD, TableDecoder
 
@@ -367,7 +367,7 @@ def test_allowed_masks_tokens_before_the_choice(beam):
         return mask
 
     hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=beam, alpha=0.6), IDS,
-                  allowed=allowed)[0]
+                  Constraints(allowed=allowed))[0]
     assert [h.tokens for h in hyps] == [(B, C)]
     assert hyps[0].log_prob == pytest.approx(math.log(0.27), rel=1e-6)
     assert seen[0] == ([0] * beam, 0) and seen[1] == ([0] * beam, 1)
@@ -378,7 +378,7 @@ def test_allowing_everything_changes_nothing(cfg):
     src = torch.tensor([[11, 7, 7, 7], [12, 7, 0, 0], [13, 7, 7, 0]])
     plain = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS)
     everything = search(TableDecoder(V=9, random_vocab=True), src, cfg, IDS,
-                        allowed=lambda rows, prefix: torch.ones(rows.size(0), 9, dtype=torch.bool))
+                        Constraints(allowed=lambda rows, prefix: torch.ones(rows.size(0), 9, dtype=torch.bool)))
     assert everything == plain
 
 

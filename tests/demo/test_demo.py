@@ -143,7 +143,7 @@ def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tm
     bad[0].mkdir(parents=True)
     (bad[0] / "summary.json").write_text("{}")  # finished: skipped
     with pytest.raises(UserError, match="member2: training failed .*member2.log"):
-        _train_members(tmp_path / "no-data", bad, recipe, [], load_recipe(recipe))
+        _train_members(tmp_path / "no-data", bad, recipe, [], load_recipe(recipe).train)
 
 
 def test_demo_without_sacremoses_stops_before_training(tmp_path, monkeypatch, capsys):

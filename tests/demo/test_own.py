@@ -127,7 +127,7 @@ def test_language_from_suffix(name):
 def test_step_sets_keep_the_demos_step_on_any_process_count(per_process, local_sgd, processes, expected):
     from aiayn.demo.config import DEMO_STEP_TOKENS
     from aiayn.demo.stages import step_sets
-    from aiayn.train.config import TrainConfig
-    cfg = TrainConfig(max_src_tokens=per_process, max_tgt_tokens=per_process, local_sgd_period=local_sgd)
-    assert step_sets(cfg, processes, DEMO_STEP_TOKENS) == expected
-    assert step_sets(cfg, processes, 0) == []
+    from aiayn.train.config import TrainConfig, batching
+    b = batching(TrainConfig(max_src_tokens=per_process, max_tgt_tokens=per_process))
+    assert step_sets(b, local_sgd > 0, processes, DEMO_STEP_TOKENS) == expected
+    assert step_sets(b, local_sgd > 0, processes, 0) == []

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from aiayn.config import replace
-from aiayn.decode.search import SpecialIds, max_output_lengths, search
+from aiayn.decode.search import Constraints, SpecialIds, max_output_lengths, search
 from aiayn.errors import UserError
 from aiayn.parsing.constrain import TreeConstraint, TreeVocab, WordPieces
 from aiayn.parsing.decode import PARSE_DECODE
@@ -96,7 +96,7 @@ def test_every_output_is_a_tree_over_exactly_the_words(B, beam, scale, favourite
     cfg = replace(PARSE_DECODE, beam_size=beam, max_len_b=max_len_b)
     budget = max_output_lengths(src, cfg, 0) - 1
     hyps = search(RandomDecoder(len(PIECES), beam, scale, favourite), src, cfg, SpecialIds(),
-                  allowed=TreeConstraint(VOCAB, n_words, budget))
+                  Constraints(allowed=TreeConstraint(VOCAB, n_words, budget)))
     for n, hs in zip(n_words.tolist(), hyps):
         assert hs and hs[0].eos and hs[0].score > float("-inf")
         words = [f"w{i}" for i in range(n)]
@@ -166,7 +166,7 @@ def test_every_words_output_is_a_tree_copying_exactly_the_words(B, beam, scale, 
     cfg = replace(PARSE_DECODE, beam_size=beam, max_len_b=40)
     budget = max_output_lengths(src, cfg, 0) - 1
     hyps = search(RandomDecoder(len(PIECES_W), beam, scale, favourite), src, cfg, SpecialIds(),
-                  allowed=TreeConstraint(VOCAB_W, torch.tensor([len(s) for s in sentences]), budget, words))
+                  Constraints(allowed=TreeConstraint(VOCAB_W, torch.tensor([len(s) for s in sentences]), budget, words)))
     for sentence, hs in zip(sentences, hyps):
         assert hs and hs[0].eos and hs[0].score > float("-inf")
         text = "".join(PIECES_W[t] for t in hs[0].tokens).replace("▁", " ").split()

@@ -180,7 +180,7 @@ def _local_sgd_reference(data_dir: Path, ckpt: dict, steps: int, period: int, ra
 
 
 def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, ranks: int, accum: int) -> dict:
-    from aiayn.data.batching import TokenBatchSampler, collate
+    from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
     from aiayn.data.dataset import DataDir
     from aiayn import execution
     from aiayn.model import ModelConfig
@@ -200,7 +200,7 @@ def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, 
     train = DataDir(data_dir).split("train")
 
     def rank_batches(r: int):
-        sampler = TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, t.max_src_tokens, t.max_tgt_tokens,
+        sampler = TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, TokenBounds(t.max_src_tokens, t.max_tgt_tokens),
                                     seed=t.seed, num_replicas=ranks, rank=r)
         for epoch in range(1000):
             sampler.set_epoch(epoch)
@@ -305,11 +305,11 @@ def test_two_process_local_sgd_accumulates_batches(small_data_dir, tmp_path):
 def test_max_epochs_stops_at_the_boundary_and_a_rerun_stays_stopped(small_data_dir, tmp_path):
     """train.max_epochs=1 trains every batch of epoch 0 once and stops before drawing from epoch 1;
     the same command again trains nothing more; a higher limit then trains epoch 1 whole."""
-    from aiayn.data.batching import TokenBatchSampler
+    from aiayn.data.batching import TokenBatchSampler, TokenBounds
     from aiayn.data.dataset import DataDir
     big = ("train.max_src_tokens=4000", "train.max_tgt_tokens=4000")
     train = DataDir(small_data_dir).split("train")
-    per_epoch = len(TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, 4000, 4000, shuffle=True))
+    per_epoch = len(TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, TokenBounds(4000, 4000), shuffle=True))
     run = tmp_path / "run"
     first = _train_in_process(small_data_dir, run, 10_000, *big, "train.max_epochs=1")
     assert first["stop_reason"] == "max_epochs" and first["steps"] == per_epoch and first["epochs"] == 1

@@ -10,23 +10,25 @@ from aiayn.cost import estimate
 from aiayn.train.config import load_recipe
 from aiayn.cost.devices import DEVICES
 from aiayn.cost.estimate import (DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
-                                  measured_throughput, paper_model)
+                                  measured_throughput, paper_model, step_batch)
 from aiayn.cost.memory import format_peak, peak_memory
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_recipe(args.recipe)
+    t = cfg.train
     if args.devices < 1:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
     thr = measured_throughput(Path(args.measured)) if args.measured else \
         device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
     length = data_length(Path(args.data)) if args.data else args.length
-    e = estimate.estimate(cfg, args.devices, thr, args.tokens_per_step, length, args.max_device_tokens)
+    batch = step_batch(args.devices, t.max_tgt_tokens, t.accum_steps, args.tokens_per_step, args.max_device_tokens)
+    e = estimate.estimate(cfg.model, t.max_steps, batch, thr, length)
     # one batch on one device: the recipe's, or the per-device share of --tokens-per-step on both sides
-    src_tokens = e.per_device_tokens if args.tokens_per_step else cfg.train.max_src_tokens
-    precision = args.precision or cfg.train.precision
+    src_tokens = e.per_device_tokens if args.tokens_per_step else t.max_src_tokens
+    precision = args.precision or t.precision
     precision = "bf16" if precision == "auto" else precision  # fp16 where the GPU lacks bf16: the same bytes
-    peak = peak_memory(cfg.model, cfg.train, src_tokens, e.per_device_tokens, precision)
+    peak = peak_memory(cfg.model, t, src_tokens, e.per_device_tokens, precision)
     if args.json:
         print(json.dumps({k: v for k, v in vars(e).items() if k != "throughput"} | {"throughput": vars(thr)}
                          | {"peak_memory": vars(peak) | {"total": peak.total, "src_tokens": src_tokens,

@@ -7,7 +7,10 @@ PyTorch says it with ``torch.cuda.OutOfMemoryError`` (a ``RuntimeError``) on CUD
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from aiayn.data.stream import Batching
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -26,25 +29,28 @@ def _batch_tokens(args: argparse.Namespace) -> str:
     return f"lower --batch-tokens (now {n}): halve it, --batch-tokens {max(1, n // 2)}, and again if it still runs out"
 
 
-def _train_sets(cfg) -> str:
-    t = cfg.train
-    return (f"halve train.max_src_tokens and train.max_tgt_tokens (now {t.max_src_tokens} and {t.max_tgt_tokens}) "
-            f"and double train.accum_steps (now {t.accum_steps}) to keep the batch: "
-            f"--set train.max_src_tokens={max(1, t.max_src_tokens // 2)} "
-            f"--set train.max_tgt_tokens={max(1, t.max_tgt_tokens // 2)} --set train.accum_steps={2 * t.accum_steps}")
+def _train_sets(b: Batching) -> str:
+    """Smaller batches, as many tokens a step: the run's batching ``b`` with half the tokens a batch
+    and twice the batches a step."""
+    return (f"halve train.max_src_tokens and train.max_tgt_tokens (now {b.max_src_tokens} and {b.max_tgt_tokens}) "
+            f"and double train.accum_steps (now {b.accum_steps}) to keep the batch: "
+            f"--set train.max_src_tokens={max(1, b.max_src_tokens // 2)} "
+            f"--set train.max_tgt_tokens={max(1, b.max_tgt_tokens // 2)} --set train.accum_steps={2 * b.accum_steps}")
 
 
 def _train(args: argparse.Namespace) -> str:
     from aiayn.commands.train import resolve_run_config
-    return _train_sets(resolve_run_config(args)) + "; the same command resumes from the last checkpoint"
+    from aiayn.train.config import batching
+    return _train_sets(batching(resolve_run_config(args).train)) + "; the same command resumes from the last checkpoint"
 
 
 def _demo(args: argparse.Namespace) -> str:
     from aiayn.config import apply_sets
     from aiayn.demo.stages import default_recipe
-    from aiayn.train.config import load_recipe
+    from aiayn.train.config import batching, load_recipe
     recipe = args.recipe or default_recipe(args.quick)
-    return _train_sets(apply_sets(load_recipe(recipe), list(args.set or []))) + "; the same command resumes"
+    t = apply_sets(load_recipe(recipe), list(args.set or [])).train
+    return _train_sets(batching(t)) + "; the same command resumes"
 
 
 def _prepare(args: argparse.Namespace) -> str:

@@ -33,7 +33,6 @@ from pathlib import Path
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig, get_preset
 from aiayn.train.flops import forward_flops, train_flops
-from aiayn.train.config import RunConfig
 from aiayn.cost.devices import DEVICES
 
 PAPER_TOKENS_PER_STEP = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
@@ -51,6 +50,30 @@ def paper_batch(devices: int, max_per_device: int, tokens: int = PAPER_TOKENS_PE
                         f"{max_per_device}, {tokens}")
     accum = math.ceil(tokens / (devices * max_per_device))
     return tokens // (devices * accum), accum
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One optimizer step's target (and source) tokens (§5.1): ``per_device_tokens`` in a batch on each
+    of ``devices`` devices, ``accum_steps`` batches accumulated."""
+
+    per_device_tokens: int
+    devices: int
+    accum_steps: int
+
+    @property
+    def tokens(self) -> int:
+        return self.per_device_tokens * self.devices * self.accum_steps
+
+
+def step_batch(devices: int, per_device_tokens: int, accum_steps: int, tokens_per_step: int | None = None,
+               max_device_tokens: int | None = None) -> StepBatch:
+    """A recipe's step on ``devices`` devices: its ``per_device_tokens`` x devices x ``accum_steps``
+    (``train.max_tgt_tokens``, ``train.accum_steps``), or ``tokens_per_step`` reached with
+    ``paper_batch`` (at most ``max_device_tokens``, default the recipe's per-device tokens, in one batch)."""
+    if tokens_per_step:
+        per_device_tokens, accum_steps = paper_batch(devices, max_device_tokens or per_device_tokens, tokens_per_step)
+    return StepBatch(per_device_tokens, devices, accum_steps)
 
 
 def step_flops(m: ModelConfig, tokens: float, length: int) -> float:
@@ -149,28 +172,21 @@ class Estimate:
         return self.per_device_tokens * self.devices * self.accum_steps
 
 
-def estimate(cfg: RunConfig, devices: int, thr: Throughput, tokens_per_step: int | None = None,
-             length: int = DEFAULT_LENGTH, max_device_tokens: int | None = None) -> Estimate:
-    """Time and cost of ``cfg``'s ``max_steps`` on ``devices`` devices of throughput ``thr``.
-    Tokens per step: ``tokens_per_step`` reached with ``paper_batch`` (at most ``max_device_tokens``,
-    default the recipe's per-device tokens, in one batch), else the recipe's per-device tokens x
-    devices x accum_steps."""
-    t = cfg.train
+def estimate(m: ModelConfig, steps: int, batch: StepBatch, thr: Throughput, length: int = DEFAULT_LENGTH) -> Estimate:
+    """Time and cost of ``steps`` optimizer steps (a recipe's ``train.max_steps``) of the model ``m``,
+    each of ``batch`` (``step_batch``), on devices of throughput ``thr``, in sentences of ``length``
+    tokens."""
     if length < 1:
         raise UserError(f"length must be >= 1, got {length}")
-    if tokens_per_step:
-        per_device, accum = paper_batch(devices, max_device_tokens or t.max_tgt_tokens, tokens_per_step)
-    else:
-        per_device, accum = t.max_tgt_tokens, t.accum_steps
-    tokens = per_device * devices * accum
-    per_step = step_flops(cfg.model, tokens, length)
+    devices, tokens = batch.devices, batch.tokens
+    per_step = step_flops(m, tokens, length)
     seconds_per_step = per_step / (devices * thr.tflops * 1e12)
-    seconds = seconds_per_step * t.max_steps
-    return Estimate(steps=t.max_steps, devices=devices, per_device_tokens=per_device, accum_steps=accum,
-                    length=length, flops_per_token=per_step / tokens, flops_per_step=per_step,
-                    seconds_per_step=seconds_per_step, seconds=seconds, device_hours=seconds * devices / 3600,
-                    model_flops=per_step * t.max_steps, table2_flops=seconds * devices * thr.table2_tflops * 1e12,
-                    throughput=thr)
+    seconds = seconds_per_step * steps
+    return Estimate(steps=steps, devices=devices, per_device_tokens=batch.per_device_tokens,
+                    accum_steps=batch.accum_steps, length=length, flops_per_token=per_step / tokens,
+                    flops_per_step=per_step, seconds_per_step=seconds_per_step, seconds=seconds,
+                    device_hours=seconds * devices / 3600, model_flops=per_step * steps,
+                    table2_flops=seconds * devices * thr.table2_tflops * 1e12, throughput=thr)
 
 
 def _duration(seconds: float) -> str:

@@ -2,9 +2,9 @@
 
 §5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch
 contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
-tokens." ``TokenBatchSampler`` bounds the padded size of each batch: B * max length in the batch
-<= max_src_tokens (source) and <= max_tgt_tokens (target), counting the lengths the caller passes
-(the model's view: ids + 1 for the EOS on the source / the BOS or EOS on the target).
+tokens." ``TokenBatchSampler`` bounds the padded size of each batch (``TokenBounds``): B * max
+length in the batch <= max_src_tokens (source) and <= max_tgt_tokens (target), counting the lengths
+the caller passes (the model's view: ids + 1 for the EOS on the source / the BOS or EOS on the target).
 
 Rules, all per epoch from (seed, epoch) only, so every rank and every resumed run agrees:
 
@@ -14,7 +14,7 @@ Rules, all per epoch from (seed, epoch) only, so every rank and every resumed ru
 * cut: walk that order and close a batch when adding the next pair would break a bound;
   batch boundaries depend only on the lengths, so the number of batches is the same every epoch;
 * an example that alone breaks a bound is its own batch (default: no pair is ever lost, which
-  valid/test need), or is dropped with ``drop_oversize=True``;
+  valid/test need), or is dropped with ``TokenBounds.drop_oversize``;
 * batch order is shuffled (``shuffle=True``), else kept shortest first (translation);
 * data parallel: with ``num_replicas`` R the last ``n_batches % R`` batches of the (shuffled)
   order are dropped, so fewer than R batches (less than one per rank) go unused per epoch, and
@@ -46,23 +46,36 @@ from aiayn.errors import UserError
 _CUT_CHUNK = 1 << 16  # pairs whose lengths TokenBatchSampler._cut holds as Python ints at a time
 
 
-class TokenBatchSampler:
-    """Yields lists of example indices; see the module docstring for the rules."""
+@dataclasses.dataclass(frozen=True)
+class TokenBounds:
+    """How the sorted pairs are cut into batches (module docstring): a batch's padded size, B * max
+    length, at most ``max_src_tokens`` on the source side and ``max_tgt_tokens`` on the target side
+    (§5.1); a pair that alone breaks a bound is its own batch, or dropped with ``drop_oversize``."""
 
-    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_src_tokens: int,
-                 max_tgt_tokens: int, seed: int = 1, shuffle: bool = True, num_replicas: int = 1,
-                 rank: int = 0, drop_oversize: bool = False):
+    max_src_tokens: int
+    max_tgt_tokens: int
+    drop_oversize: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_src_tokens <= 0 or self.max_tgt_tokens <= 0:
+            raise ValueError("max_src_tokens and max_tgt_tokens must be positive")
+
+
+class TokenBatchSampler:
+    """Yields lists of example indices; see the module docstring for the rules. ``bounds``: how the
+    batches are cut; ``seed`` and ``shuffle``: their order; ``num_replicas`` and ``rank``: this
+    rank's share of them."""
+
+    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], bounds: TokenBounds, *,
+                 seed: int = 1, shuffle: bool = True, num_replicas: int = 1, rank: int = 0):
         src_lens, tgt_lens = _compact(src_lens), _compact(tgt_lens)
         if src_lens.shape != tgt_lens.shape:
             raise ValueError(f"src_lens has {len(src_lens)} entries, tgt_lens {len(tgt_lens)}")
-        if max_src_tokens <= 0 or max_tgt_tokens <= 0:
-            raise ValueError("max_src_tokens and max_tgt_tokens must be positive")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} not in [0, {num_replicas})")
-        self.max_src_tokens, self.max_tgt_tokens = int(max_src_tokens), int(max_tgt_tokens)
+        self.bounds = bounds
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.num_replicas, self.rank = int(num_replicas), int(rank)
-        self.drop_oversize = bool(drop_oversize)
         self.epoch = 0
         self._position = 0  # batches of this epoch handed to this rank by the current iteration
         self._start = 0  # batches of the epoch's order (all ranks) before the current iteration's first
@@ -87,7 +100,7 @@ class TokenBatchSampler:
         walked in chunks of ``_CUT_CHUNK`` (Python lists of a whole WMT-sized corpus would hold
         ~70 MB more for nothing)."""
         order = np.lexsort((self.src_lens, self.tgt_lens, np.maximum(self.src_lens, self.tgt_lens)))
-        max_s, max_t = self.max_src_tokens, self.max_tgt_tokens
+        max_s, max_t = int(self.bounds.max_src_tokens), int(self.bounds.max_tgt_tokens)
         slices: list[tuple[int, int]] = []
         start, ms, mt, oversize = 0, 0, 0, 0
         for c0 in range(0, len(order), _CUT_CHUNK):
@@ -97,7 +110,7 @@ class TokenBatchSampler:
                     if k > start:
                         slices.append((start, k))
                     oversize += 1
-                    if not self.drop_oversize:
+                    if not self.bounds.drop_oversize:
                         slices.append((k, k + 1))
                     start, ms, mt = k + 1, 0, 0
                     continue

@@ -1,10 +1,12 @@
 """The training batches as one stream (§5.1): ``BatchStream`` hands the training loop each optimizer
 step's batches and the data position a checkpoint keeps, and holds everything behind them.
 
+* what the batches follow: ``Batching``, the ``train`` fields of the same names (the training
+  configuration's section for the stream, ``aiayn.train.config.batching``);
 * the token-bounded sampler of this rank's share (``aiayn.data.batching``) and its epochs: a step
-  holds ``train.accum_steps`` batches; an epoch that ends mid-step closes the step early; at the
-  start of epoch ``train.max_epochs`` (0 = no limit) a step holds none, and the sampler stands at
-  its first batch, so a run resumed with a higher limit trains that epoch whole;
+  holds ``accum_steps`` batches; an epoch that ends mid-step closes the step early; at the start
+  of epoch ``max_epochs`` (0 = no limit) a step holds none, and the sampler stands at its first
+  batch, so a run resumed with a higher limit trains that epoch whole;
 * each epoch's pairs: the corpus mix draws them from (seed, epoch) (``aiayn.data.corpora``);
   BPE-dropout samples the epoch's segmentation on the main rank and saves it in the run directory
   before any rank uses it (``aiayn.data.dataset.Segmentation``), so ranks and resumed runs agree;
@@ -26,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
 from aiayn.data.corpora import corpus_mix
 from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
 from aiayn.errors import UserError
+from aiayn.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,27 @@ def to_device(b, device: torch.device):
     return b.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else b
 
 
+@dataclass(frozen=True)
+class Batching:
+    """What the training batches follow: the ``train`` fields of the same names, whose help texts say
+    what each means (``aiayn.train.config.batching`` cuts this section out of them). §5.1's token
+    bounds of a batch on one device, the batches of an optimizer step, the seed of their order, the
+    epoch limit (0: none) and BPE-dropout's probability (0: off) and sides."""
+
+    max_src_tokens: int
+    max_tgt_tokens: int
+    accum_steps: int
+    seed: int
+    max_epochs: int
+    bpe_dropout: float
+    bpe_dropout_target: bool
+
+    @property
+    def bounds(self) -> TokenBounds:
+        """How the sampler cuts the batches: at the token bounds, no pair dropped."""
+        return TokenBounds(self.max_src_tokens, self.max_tgt_tokens)
+
+
 @dataclass
 class _Draw:
     """One optimizer step's batches, drawn ahead of their step."""
@@ -66,28 +90,27 @@ class _Draw:
 
 
 class BatchStream:
-    """This rank's training batches, one optimizer step at a time (module docstring). ``cfg`` is the
-    run's configuration (``RunConfig``: its ``train`` bounds, seed, epochs and BPE-dropout; its
-    ``model`` ids and positions); ``dist`` this process's place in the run (rank, world size);
-    ``run_dir`` keeps BPE-dropout's segmentations; ``start``: a data position to continue from
-    (``load_state_dict``; None: the first batch)."""
+    """This rank's training batches, one optimizer step at a time (module docstring). ``batching``:
+    what they follow; ``m``: the model's configuration (its ids and positions); ``dist`` this
+    process's place in the run (rank, world size); ``run_dir`` keeps BPE-dropout's segmentations;
+    ``start``: a data position to continue from (``load_state_dict``; None: the first batch)."""
 
-    def __init__(self, data: DataDir, cfg, run_dir: Path, dist, device: torch.device, start: dict | None = None):
-        t, self.m = cfg.train, cfg.model
-        self.accum_steps, self.max_epochs = t.accum_steps, t.max_epochs
+    def __init__(self, data: DataDir, batching: Batching, m: ModelConfig, run_dir: Path, dist,
+                 device: torch.device, start: dict | None = None):
+        b, self.m = batching, m
+        self.accum_steps, self.max_epochs = b.accum_steps, b.max_epochs
         self.run_dir, self.dist, self.device = run_dir, dist, device
         train = data.split("train")
         self.bpe = None
-        if t.bpe_dropout > 0:
+        if b.bpe_dropout > 0:
             self.bpe = train = BpeDropoutData(
-                train, data.src_tokenizer, data.tgt_tokenizer, t.bpe_dropout,
-                num_threads=torch.get_num_threads(), sides=("src", "tgt") if t.bpe_dropout_target else ("src",))
+                train, data.src_tokenizer, data.tgt_tokenizer, b.bpe_dropout,
+                num_threads=torch.get_num_threads(), sides=("src", "tgt") if b.bpe_dropout_target else ("src",))
         check_positions(self.m, {"train": train})
-        self.mix = corpus_mix(data, train, t.seed)  # corpora of weights other than 1: an epoch's draw
+        self.mix = corpus_mix(data, train, b.seed)  # corpora of weights other than 1: an epoch's draw
         self.data = self.mix if self.mix is not None else train
-        self.sampler = TokenBatchSampler(self.data.src_lens + 1, self.data.tgt_lens + 1, t.max_src_tokens,
-                                         t.max_tgt_tokens, seed=t.seed, shuffle=True,
-                                         num_replicas=dist.world_size, rank=dist.rank)
+        self.sampler = TokenBatchSampler(self.data.src_lens + 1, self.data.tgt_lens + 1, b.bounds, seed=b.seed,
+                                         shuffle=True, num_replicas=dist.world_size, rank=dist.rank)
         if len(self.sampler) == 0:
             raise UserError(f"{data.path}: too few training batches for {dist.world_size} device(s)")
         self.epoch = 0  # of the batches handed out last

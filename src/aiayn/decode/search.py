@@ -32,7 +32,7 @@ Definitions (documented choices):
   Those ending in EOS (or reaching max_len) move to the finished pool and leave the beam; the
   next step refills all K slots from the remaining live ones. So beam size 1 is greedy search.
   (tensor2tensor instead finishes EOS candidates from the top 2K; ours is OpenNMT's choice.)
-- A forced target prefix (``search(prefix=...)``; interactive and post-editing tools) makes every
+- A forced target prefix (``Constraints.prefix``; interactive and post-editing tools) makes every
   hypothesis of a sentence begin with the given tokens: at step t <= its length, every other
   token's log-probability is -inf, and the forced token's own counts in the score. Its maximum
   output length is at least the prefix's length + 1. (While a prefix is forced, beam search takes
@@ -135,7 +135,7 @@ Stop = Callable[[], bool]  # asked before every step: True ends the search (``St
 
 
 @dataclass(frozen=True)
-class _Constraints:
+class Constraints:
     """What every hypothesis of a batch must satisfy besides its ``DecodeConfig`` (module
     docstring): at most ``max_len_cap`` tokens, EOS included (the model's positions); begin with
     its sentence's forced ``prefix`` (B, P; -1 after a sentence's prefix); take at each step only
@@ -182,7 +182,7 @@ class _BannedSets:
 
 
 class _Forced:
-    """Where a forced target prefix (``search(prefix=...)``) has a token, known on the host.
+    """Where a forced target prefix (``Constraints.prefix``) has a token, known on the host.
 
     ``prefix`` (B, P) holds each sentence's forced tokens, -1 after its prefix; the (B, P) flags
     are read once, at the start."""
@@ -298,11 +298,11 @@ class _Results:
 
 
 def _path_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 choose: Callable[[Tensor], Tensor], constraints: _Constraints | None = None,
+                 choose: Callable[[Tensor], Tensor], constraints: Constraints | None = None,
                  stop: Stop | None = None) -> _Results:
     """Extend each row by ``choose(log_probs) -> tokens (N,)`` until EOS or its max length. A step
     reads one value back, its end check: which rows are done."""
-    constraints = constraints or _Constraints()
+    constraints = constraints or Constraints()
     cap, prefix, allowed = constraints.max_len_cap, constraints.prefix, constraints.allowed
     B, dev = src.size(0), src.device
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (B,)
@@ -400,10 +400,10 @@ class _Pool:
 
 
 def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds,
-                 constraints: _Constraints | None = None, stop: Stop | None = None) -> _Results:
+                 constraints: Constraints | None = None, stop: Stop | None = None) -> _Results:
     """Beam search with exact early stopping (module docstring); K = beam size, F = nbest. A step
     reads one value back: which sentences are done."""
-    constraints = constraints or _Constraints()
+    constraints = constraints or Constraints()
     cap, prefix, allowed = constraints.max_len_cap, constraints.prefix, constraints.allowed
     B, K, F, dev = src.size(0), cfg.beam_size, cfg.nbest, src.device
     max_len = _prefix_lengths(max_output_lengths(src, cfg, ids.pad, cap), prefix, cap).to(dev)  # (N,)
@@ -481,25 +481,25 @@ def _beam_search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: Spec
 
 @torch.inference_mode()
 def search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds = SpecialIds(),
-           max_len_cap: int | None = None, generator: torch.Generator | None = None,
-           prefix: Tensor | None = None, allowed: Allowed | None = None,
+           constraints: Constraints = Constraints(), generator: torch.Generator | None = None,
            stop: Stop | None = None) -> list[list[Hypothesis]]:
     """Decode a batch src (B, S): per sentence, up to ``cfg.nbest`` hypotheses, best first.
 
     Beam search when beam_size > 1, greedy search when 1, sampling when ``cfg.sampling``
-    (then nbest independent samples per sentence, sorted by score). ``prefix`` (B, P): target
-    tokens each sentence's hypotheses must begin with, -1 after a sentence's prefix (module docstring).
-    ``allowed`` (module docstring) restricts every step's choice; with sampling its rows index the
-    repeated batch. ``stop()``, where given, is asked before every step (a Python call, no device
-    read); when it says True the search raises ``Stopped``.
+    (then nbest independent samples per sentence, sorted by score). ``constraints``: the maximum
+    length's cap; ``prefix`` (B, P), target tokens each sentence's hypotheses must begin with, -1
+    after a sentence's prefix (module docstring); ``allowed`` (module docstring), which restricts
+    every step's choice (with sampling its rows index the repeated batch). ``stop()``, where given,
+    is asked before every step (a Python call, no device read); when it says True the search
+    raises ``Stopped``.
     """
-    if prefix is not None:
-        prefix = prefix.to(src.device)
+    if constraints.prefix is not None:
+        constraints = replace(constraints, prefix=constraints.prefix.to(src.device))
     with attention_backends(src.device):
-        return _search(decoder, src, cfg, ids, _Constraints(max_len_cap, prefix, allowed), generator, stop)
+        return _search(decoder, src, cfg, ids, constraints, generator, stop)
 
 
-def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, constraints: _Constraints,
+def _search(decoder: StepDecoder, src: Tensor, cfg: DecodeConfig, ids: SpecialIds, constraints: Constraints,
             generator: torch.Generator | None, stop: Stop | None) -> list[list[Hypothesis]]:
     if cfg.sampling:
         gen = generator if generator is not None else torch.Generator(device=src.device).manual_seed(cfg.seed)

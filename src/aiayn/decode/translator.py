@@ -31,7 +31,7 @@ from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.loading import decoding_kernels, load_models_for_inference, model_for_precision
-from aiayn.decode.search import Hypothesis, SpecialIds, Stop, Stopped, search
+from aiayn.decode.search import Constraints, Hypothesis, SpecialIds, Stop, Stopped, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
 from aiayn.kernels.loader import Kernels
@@ -188,8 +188,7 @@ class Translator:
         else:
             gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.sampling else None
             results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
-                              max_len_cap=self.output_cap, generator=gen, prefix=self._prefix(prefixes, batch),
-                              stop=stop)
+                              Constraints(self.output_cap, self._prefix(prefixes, batch)), gen, stop)
                        for batch in batches)
         if progress is not None:
             progress(sum(1 for x in ids if not x))  # empty lines: done already

@@ -15,11 +15,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiayn.data.multi30k import read_text
 from aiayn.demo.config import DEMO_STEP_TOKENS, RECIPES, DemoConfig
 from aiayn.errors import UserError
 from aiayn.progress import progress_bar
+
+if TYPE_CHECKING:
+    from aiayn.data.stream import Batching
+    from aiayn.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +38,21 @@ def _score_entry(score) -> dict:
     return entry
 
 
-def step_sets(train_cfg, processes: int, step_tokens: int) -> list[str]:
-    """Overrides that keep a step at ``step_tokens`` + ``step_tokens`` tokens on ``processes``
-    synchronous data-parallel processes: processes x train.accum_steps x the per-process batch =
-    ``step_tokens``, the recipe's per-process batch kept where it fits (multi30k.json's 2,048: 2
-    processes, or 1 process accumulating 2 batches), else cut to ``step_tokens`` / processes.
-    None where ``step_tokens`` is 0 or under local SGD (each process then steps on its own)."""
-    if not step_tokens or (train_cfg.local_sgd_period and processes > 1):
+def step_sets(b: Batching, local_sgd: bool, processes: int, step_tokens: int) -> list[str]:
+    """Overrides of the recipe's batching ``b`` that keep a step at ``step_tokens`` + ``step_tokens``
+    tokens on ``processes`` synchronous data-parallel processes: processes x train.accum_steps x the
+    per-process batch = ``step_tokens``, the recipe's per-process batch kept where it fits
+    (multi30k.json's 2,048: 2 processes, or 1 process accumulating 2 batches), else cut to
+    ``step_tokens`` / processes. None where ``step_tokens`` is 0 or under local SGD (``local_sgd``:
+    each process then steps on its own)."""
+    if not step_tokens or (local_sgd and processes > 1):
         return []
     share = max(1, step_tokens // processes)  # tokens each process adds to a step
-    accum = max(1, share // train_cfg.max_tgt_tokens)
+    accum = max(1, share // b.max_tgt_tokens)
     per_process = share // accum
     out = [f"train.accum_steps={accum}"]
-    if per_process != train_cfg.max_tgt_tokens:
-        ratio = train_cfg.max_src_tokens / train_cfg.max_tgt_tokens
+    if per_process != b.max_tgt_tokens:
+        ratio = b.max_src_tokens / b.max_tgt_tokens
         out += [f"train.max_src_tokens={max(1, round(per_process * ratio))}", f"train.max_tgt_tokens={per_process}"]
     return out
 
@@ -109,9 +115,11 @@ def auto_processes() -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
-def train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], run_cfg, processes: int) -> None:
-    """Train one model with ``processes`` data-parallel processes, each on its share of the threads."""
-    threads = max(1, (run_cfg.train.threads or os.cpu_count() or 1) // processes)
+def train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], t: TrainConfig,
+                        processes: int) -> None:
+    """Train one model of ``recipe`` and ``sets`` (whose train section is ``t``) with ``processes``
+    data-parallel processes, each on its share of the threads."""
+    threads = max(1, (t.threads or os.cpu_count() or 1) // processes)
     proc = _run_training(_train_cmd(data_dir, run_dir, recipe, [*sets, f"train.threads={threads}"], processes),
                          None, env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # (torchrun's default is 1)
     try:
@@ -123,20 +131,21 @@ def train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[
             proc.wait()
 
 
-def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: list[str], run_cfg) -> None:
-    """Train one model per directory at once, each in its own ``aiayn train`` process with its
-    share of the threads and seed train.seed + i. The first shows its progress bar; the others
+def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: list[str], t: TrainConfig) -> None:
+    """Train one model of ``recipe`` and ``sets`` (whose train section is ``t``) per directory at once,
+    each in its own ``aiayn train`` process with its share of the threads and seed train.seed + i.
+    The first shows its progress bar; the others
     write to MEMBER.log beside their directory. Finished members are skipped, interrupted ones
     resume; if one fails, the others are stopped.
     """
     n = len(member_dirs)
-    threads = max(1, (run_cfg.train.threads or os.cpu_count() or 1) // n)
+    threads = max(1, (t.threads or os.cpu_count() or 1) // n)
     procs: list[tuple[Path, subprocess.Popen, Path | None]] = []
     try:
         for i, d in enumerate(member_dirs):
             if (d / "summary.json").exists():
                 continue
-            cmd = _train_cmd(data_dir, d, recipe, [*sets, f"train.seed={run_cfg.train.seed + i}", f"train.threads={threads}"])
+            cmd = _train_cmd(data_dir, d, recipe, [*sets, f"train.seed={t.seed + i}", f"train.threads={threads}"])
             log_path = None if i == 0 else d.parent / f"{d.name}.log"
             procs.append((d, _run_training(cmd, log_path), log_path))
         running = list(procs)
@@ -218,22 +227,23 @@ def recipe_sets(sets: str, minutes: float, max_steps: int, threads: int = 0) -> 
     return out
 
 
-def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], run_cfg, processes: int,
-                 stage: str) -> None:
-    """One model of ``recipe`` trained into ``run_dir`` unless it finished there (resumed if it
-    started): in ``processes`` data-parallel processes (0 = ``auto_processes()``) or in this one.
-    ``stage`` (e.g. "[2/7]") starts the line it prints."""
+def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], processes: int, stage: str) -> None:
+    """One model of ``recipe`` with the overrides ``sets`` trained into ``run_dir`` unless it finished
+    there (resumed if it started): in ``processes`` data-parallel processes (0 = ``auto_processes()``)
+    or in this one. ``stage`` (e.g. "[2/7]") starts the line it prints."""
+    from aiayn.config import apply_sets
+    from aiayn.train.config import batching, load_recipe
     from aiayn.train.loop import train
+    run_cfg = apply_sets(load_recipe(recipe), sets)
     if (run_dir / "summary.json").exists():
         return
     processes = processes or auto_processes()
-    t = run_cfg.train
+    t, b = run_cfg.train, batching(run_cfg.train)
+    step = f", {b.accum_steps} batches of {b.max_tgt_tokens:,} tokens a step per process" if b.accum_steps > 1 else ""
     print(f"{stage} training {recipe.name} for up to {t.max_time_min:g} minutes into {run_dir}"
-          + (f" with {processes} processes" if processes > 1 else "")
-          + (f", {t.accum_steps} batches of {t.max_tgt_tokens:,} tokens a step per process" if t.accum_steps > 1 else ""),
-          flush=True)
+          + (f" with {processes} processes" if processes > 1 else "") + step, flush=True)
     if processes > 1:
-        train_data_parallel(data_dir, run_dir, recipe, sets, run_cfg, processes)
+        train_data_parallel(data_dir, run_dir, recipe, sets, t, processes)
     else:
         train(data_dir, run_dir, run_cfg, progress=True)
 
@@ -242,23 +252,22 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
     """2. The recipe trained into ``run_dir`` (``--members`` > 1: one sub-directory a member), or
     resumed there; returns the members' run directories."""
     from aiayn.config import apply_sets
-    from aiayn.train.config import load_recipe
+    from aiayn.train.config import batching, load_recipe
     recipe = Path(cfg.recipe) if cfg.recipe else _sized_recipe(cfg, run_dir.parent, results)
     sets = recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps, cfg.threads)
-    run_cfg = apply_sets(load_recipe(recipe), sets)
+    t = apply_sets(load_recipe(recipe), sets).train
     if cfg.members == 1:
         member_dirs = [run_dir]
         processes = cfg.processes or auto_processes()
         own_step = bool(cfg.recipe or cfg.quick or any(s.strip().startswith("train.accum_steps") for s in sets))
-        step = step_sets(run_cfg.train, processes, 0 if own_step else DEMO_STEP_TOKENS)
-        sets, run_cfg = sets + step, apply_sets(run_cfg, step)
-        train_recipe(data_dir, run_dir, recipe, sets, run_cfg, processes, "[2/7]")
+        step = step_sets(batching(t), t.local_sgd_period > 0, processes, 0 if own_step else DEMO_STEP_TOKENS)
+        train_recipe(data_dir, run_dir, recipe, sets + step, processes, "[2/7]")
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
         if not all((d / "summary.json").exists() for d in member_dirs):
             print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
-                  f"{run_cfg.train.max_time_min:g} minutes into {run_dir}", flush=True)
-            _train_members(data_dir, member_dirs, recipe, sets, run_cfg)
+                  f"{t.max_time_min:g} minutes into {run_dir}", flush=True)
+            _train_members(data_dir, member_dirs, recipe, sets, t)
     summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
     results["train"] = summaries[0]
     if cfg.members > 1:

@@ -17,7 +17,7 @@ import torch
 
 from aiayn.config import param, replace
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import max_output_lengths, search
+from aiayn.decode.search import Constraints, max_output_lengths, search
 from aiayn.errors import InputError
 from aiayn.parsing.constrain import SPACE, TreeConstraint, TreeVocab, WordPieces, linearization_of
 from aiayn.parsing.linearize import Delinearized, RepairStats, delinearize
@@ -64,8 +64,8 @@ def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
         words = None if vocab.word >= 0 else WordPieces.from_lists(spelled, dev)
         allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget, words,
                                  word_mass)
-        hyps = search(translator.decoder, src, translator.cfg, translator.ids, max_len_cap=translator.output_cap,
-                      allowed=allowed)
+        hyps = search(translator.decoder, src, translator.cfg, translator.ids,
+                      Constraints(translator.output_cap, allowed=allowed))
         for b, (i, hs) in enumerate(zip(batch, hyps)):  # (none only if every allowed piece had probability 0)
             if hs:
                 out[i] = _tree_tokens(translator.tgt_tok, vocab, hs[0].tokens, sentences[i], spelled[b])

@@ -93,11 +93,9 @@ def _stage_prepare(cfg: ParseDemoConfig, out: Path) -> Path:
 
 def _stage_train(cfg: ParseDemoConfig, data_dir: Path, run_dir: Path, results: dict) -> None:
     """2. The recipe trained into ``run_dir`` (or resumed there), data parallel over the cores."""
-    from aiayn.config import apply_sets
-    from aiayn.train.config import load_recipe
     recipe = Path(cfg.recipe) if cfg.recipe else RECIPE
     sets = recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)
-    train_recipe(data_dir, run_dir, recipe, sets, apply_sets(load_recipe(recipe), sets), cfg.processes, "[2/5]")
+    train_recipe(data_dir, run_dir, recipe, sets, cfg.processes, "[2/5]")
     results["train"] = json.loads((run_dir / "summary.json").read_text())
     print(f"[2/5] trained: {results['train']['steps']} steps, {results['train']['train_seconds']:.0f} s", flush=True)
 

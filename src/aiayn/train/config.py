@@ -1,6 +1,8 @@
 """Training configuration (§5): one frozen dataclass, plus the run configuration that
 combines it with the model's. The CLI's ``--set section.field=value``, recipe files, the
-run directory's ``config.json`` and every checkpoint derive from these fields.
+run directory's ``config.json`` and every checkpoint derive from these fields. The parts of a run
+receive only what they need of it: a section cut out here (``batching``: the training batches'
+fields; ``train_kernels``, ``ranks_strategy``), the ``TrainConfig`` or a few of its values.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
+from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.execution.linear import ROW_BITS
 from aiayn.train.parallel import OneProcess, for_place
@@ -159,6 +162,13 @@ def load_recipe(path: str | Path) -> RunConfig:
         return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
 
     return apply_sets(base, sets, where)
+
+
+def batching(t: TrainConfig) -> Batching:
+    """What the training batches follow (``aiayn.data.stream.BatchStream``): the fields of the same names."""
+    return Batching(max_src_tokens=t.max_src_tokens, max_tgt_tokens=t.max_tgt_tokens, accum_steps=t.accum_steps,
+                    seed=t.seed, max_epochs=t.max_epochs, bpe_dropout=t.bpe_dropout,
+                    bpe_dropout_target=t.bpe_dropout_target)
 
 
 def train_kernels(t: TrainConfig, device):

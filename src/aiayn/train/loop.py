@@ -31,7 +31,7 @@ from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig, ranks_strategy, train_kernels
+from aiayn.train.config import RunConfig, TrainConfig, batching, ranks_strategy, train_kernels
 from aiayn.train.ema import WeightAverage
 from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.loss import make_loss
@@ -165,7 +165,8 @@ class _Run:
             _start_run_dir(run_dir, held)
         tokenizers = tokenizer_payload(data)
         saved = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
-        self.stream = BatchStream(data, cfg, run_dir, self.dist, self.device, saved.sampler if saved else None)
+        self.stream = BatchStream(data, batching(t), m, run_dir, self.dist, self.device,
+                                  saved.sampler if saved else None)
         # What a checkpoint restores besides the data position, freshly made: the model (seeded by
         # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; the step sets each step's rate)
         # and fp16's gradient scaler (None otherwise).

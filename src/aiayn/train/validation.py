@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import check_positions, to_device
 from aiayn.execution.attention import attention_backends
@@ -63,7 +63,7 @@ def validate(model, data, t: TrainConfig, place: rt.Place, bleu: Bleu | None = N
     model.eval()
     src_cap, tgt_cap = valid_caps(t)
     sampler = TokenBatchSampler(np.minimum(data.src_lens, src_cap) + 1, np.minimum(data.tgt_lens, tgt_cap) + 1,
-                                t.max_src_tokens, t.max_tgt_tokens, shuffle=False)
+                                TokenBounds(t.max_src_tokens, t.max_tgt_tokens), shuffle=False)
     m = model.cfg
     kernels = train_kernels(t, device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
