@@ -186,7 +186,7 @@ def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, 
     from aiayn.model import ModelConfig
     from aiayn.train import runtime as rt
     from aiayn.train.config import run_config_from_dict
-    from aiayn.train.config import train_kernels
+    from aiayn.kernels.loader import for_training
     from aiayn.train.objective import make_optimizer
     cfg = run_config_from_dict(ckpt["run_config"])
     m, t = ModelConfig(**ckpt["model_config"]), cfg.train
@@ -208,7 +208,7 @@ def _local_sgd_written_out(data_dir: Path, ckpt: dict, steps: int, period: int, 
                 yield collate([train[i] for i in idx], m.pad_id, m.bos_id, m.eos_id)
 
     streams = [rank_batches(r) for r in range(ranks)]
-    kernels = train_kernels(t, torch.device("cpu"))  # loss and attention as the run computed them (train.c_kernels)
+    kernels = for_training(t.c_kernels, torch.device("cpu"))  # loss and attention as the run computed them (train.c_kernels)
     for model in models:  # as the loop's step computes (train.c_kernels, train.fast_dropout, ...)
         execution.apply(model, execution.training(t, torch.device("cpu"), kernels))
     for step in range(1, steps + 1):

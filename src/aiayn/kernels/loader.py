@@ -481,6 +481,12 @@ def openmp_team() -> tuple[int, int, int] | None:
     return entries if all(entries) else None
 
 
+def for_training(c_kernels: bool, device: torch.device) -> Kernels | None:
+    """The kernels for training's loss and attention where ``train.c_kernels`` asks for them (CPU only), or
+    None for PyTorch's operations."""
+    return load() if c_kernels and device.type == "cpu" else None
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> Kernels | None:
     """The kernels, compiled on first use (module docstring); None, logged once, if they cannot be had.

@@ -2,7 +2,7 @@
 combines it with the model's. The CLI's ``--set section.field=value``, recipe files, the
 run directory's ``config.json`` and every checkpoint derive from these fields. The parts of a run
 receive only what they need of it: a section cut out here (``batching``: the training batches'
-fields; ``train_kernels``, ``ranks_strategy``), the ``TrainConfig`` or a few of its values.
+fields), the ``TrainConfig`` or a few of its values.
 """
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.execution.linear import ROW_BITS
-from aiayn.train.parallel import OneProcess, for_place
-from aiayn.train.runtime import Place
 
 
 @dataclass(frozen=True)
@@ -169,21 +167,6 @@ def batching(t: TrainConfig) -> Batching:
     return Batching(max_src_tokens=t.max_src_tokens, max_tgt_tokens=t.max_tgt_tokens, accum_steps=t.accum_steps,
                     seed=t.seed, max_epochs=t.max_epochs, bpe_dropout=t.bpe_dropout,
                     bpe_dropout_target=t.bpe_dropout_target)
-
-
-def train_kernels(t: TrainConfig, device):
-    """The C kernels for the loss and the attention (``train.c_kernels``, CPU only), or None for
-    PyTorch's operations."""
-    if not t.c_kernels or device.type != "cpu":
-        return None
-    from aiayn.kernels.loader import load
-    return load()
-
-
-def ranks_strategy(t: TrainConfig, place: Place) -> OneProcess:
-    """How the processes train together (``aiayn.train.parallel``): one process; DDP; or, with
-    ``train.local_sgd_period`` > 0 and several processes, local SGD's copies averaged that often."""
-    return for_place(place, t.local_sgd_period)
 
 
 def run_config_from_dict(data: dict) -> RunConfig:

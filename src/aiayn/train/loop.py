@@ -28,15 +28,17 @@ from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
 from aiayn.execution import training
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
+from aiayn.kernels.loader import for_training
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig, batching, ranks_strategy, train_kernels
+from aiayn.train.config import RunConfig, TrainConfig, batching
 from aiayn.train.ema import WeightAverage
 from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.loss import make_loss
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import Schedule, make_optimizer
+from aiayn.train.parallel import for_place
 from aiayn.train.rundir import RunLock, remove_stale_temps
 from aiayn.train.step import Step, StepRules, TrainStep
 from aiayn.train.validation import Validator
@@ -67,10 +69,11 @@ def schedule_of(cfg: RunConfig) -> Schedule:
 def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
               run_dir: Path | None = None) -> TrainStep:
     """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
-    with ``train.rdrop_alpha``; how the ranks train together (``config.ranks_strategy``); the net compiled
+    with ``train.rdrop_alpha``; how the ranks train together (``parallel.for_place``: one process; DDP;
+    or with ``train.local_sgd_period`` > 0 and several processes, local SGD); the net compiled
     with ``train.compile``; how the model computes on its device (``aiayn.execution.training``)."""
     t, m, device = cfg.train, cfg.model, place.device
-    kernels, ranks = train_kernels(t, device), ranks_strategy(t, place)
+    kernels, ranks = for_training(t.c_kernels, device), for_place(place, t.local_sgd_period)
     loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
     rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
                       static_graph=t.accum_steps == 1 and not t.compile,

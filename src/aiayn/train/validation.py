@@ -19,7 +19,8 @@ from aiayn.data.stream import check_positions, to_device
 from aiayn.execution.attention import attention_backends
 from aiayn.train import runtime as rt
 from aiayn.model.config import ModelConfig
-from aiayn.train.config import TrainConfig, train_kernels
+from aiayn.kernels.loader import for_training
+from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss
 from aiayn.checkpoint.run import best_merit, merit
 
@@ -65,7 +66,7 @@ def validate(model, data, t: TrainConfig, place: rt.Place, bleu: Bleu | None = N
     sampler = TokenBatchSampler(np.minimum(data.src_lens, src_cap) + 1, np.minimum(data.tgt_lens, tgt_cap) + 1,
                                 TokenBounds(t.max_src_tokens, t.max_tgt_tokens), shuffle=False)
     m = model.cfg
-    kernels = train_kernels(t, device)
+    kernels = for_training(t.c_kernels, device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for idx in sampler:
         b = to_device(collate([(data.src(i)[:src_cap], data.tgt(i)[:tgt_cap]) for i in idx], m.pad_id, m.bos_id,
