@@ -60,6 +60,14 @@ def log_softmax_tolerance(V: int) -> float:
     return EXP_REL_ERR + U32 * math.log(V) + 7.0 * math.sqrt(V) * U32 + 2 * U32 * math.log(V)
 
 
+def signed_sum_tolerance(abs_sum: float, n: int) -> float:
+    """How far a float32 sum of n values of either sign may be from the exact one, whatever the order of
+    its additions: the second item of ``log_softmax_tolerance`` with |x_i| in place of the positive
+    terms (each rounding error is at most u times a partial sum, at most the sum of its terms' |x_i|),
+    7 sqrt(n) u sum_i |x_i|. That also covers a double sum rounded once to float32, u |sum_i x_i|."""
+    return 7.0 * math.sqrt(n) * U32 * abs_sum
+
+
 # /proc/cpuinfo's names for what x86-64-v3 adds to x86-64-v2: the compiler may use any of them, not only
 # the kernels' AVX2 and FMA (v2's SSE4.2 and POPCNT come with every CPU that has these)
 X86_64_V3_FLAGS = {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"}
