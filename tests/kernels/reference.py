@@ -1,7 +1,10 @@
 """What the kernels' tests compare against: random cases and Eq. 1 written out for the beam step's
 attention, PyTorch's log-softmax and top-k, and the tiny model that beam search runs."""
+import functools
 import math
+import platform
 
+import pytest
 import torch
 
 from aiayn.model.attention import attention_explicit
@@ -42,8 +45,10 @@ def log_softmax_tolerance(V: int) -> float:
 
         log p_v = (z_v - m) - log s,   s = sum_v exp(z_v - m) >= 1
 
-    - each exponential: exp_nonpositive's relative error, EXP_REL_ERR, plus the rounding of z_v - m
-      (relative u; it scales terms whose share of s is tiny, so it adds at most u to s's error);
+    - each exponential: exp_nonpositive's relative error, EXP_REL_ERR, plus the rounding of z_v - m,
+      which changes exp(z_v - m) by a factor exp(|z_v - m| u) ~ 1 + |z_v - m| u. Over s that is
+      u sum_v p_v |z_v - m|, and |z_v - m| = -log p_v - log s <= -log p_v (s >= 1), so at most u
+      times the entropy of p: u log V;
     - the sum of V positive terms in float32: any order of additions (PyTorch's 8- or 16-lane
       vectors, the kernel's blocks, a plain loop) has a chain of at most V - 1 of them. The
       worst case is (V - 1) u; with rounding errors that behave as independent, zero-mean
@@ -52,7 +57,49 @@ def log_softmax_tolerance(V: int) -> float:
     - log s and the final subtraction: one rounding each of a value below log V + |log p_v|
       (the rtol of the comparison).
     A relative error r of s is an absolute error r of log s, so of every log p_v."""
-    return EXP_REL_ERR + U32 + 7.0 * math.sqrt(V) * U32 + 2 * U32 * math.log(V)
+    return EXP_REL_ERR + U32 * math.log(V) + 7.0 * math.sqrt(V) * U32 + 2 * U32 * math.log(V)
+
+
+def signed_sum_tolerance(abs_sum: float, n: int) -> float:
+    """How far a float32 sum of n values of either sign may be from the exact one, whatever the order of
+    its additions: the second item of ``log_softmax_tolerance`` with |x_i| in place of the positive
+    terms (each rounding error is at most u times a partial sum, at most the sum of its terms' |x_i|),
+    7 sqrt(n) u sum_i |x_i|. That also covers a double sum rounded once to float32, u |sum_i x_i|."""
+    return 7.0 * math.sqrt(n) * U32 * abs_sum
+
+
+# /proc/cpuinfo's names for what x86-64-v3 adds to x86-64-v2: the compiler may use any of them, not only
+# the kernels' AVX2 and FMA (v2's SSE4.2 and POPCNT come with every CPU that has these)
+X86_64_V3_FLAGS = {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"}
+
+
+def x86_64_v3_build(tmp_path_factory):
+    """The library compiled for x86-64-v3 (AVX2 + FMA, no AVX-512: the 8-wide paths a CPU without
+    AVX-512 runs), whatever -march the ``kernels`` fixture takes; once per session (the test files'
+    fixtures share it). Skips the test where this CPU cannot run it (not x86, or without those
+    instructions) or there is no compiler."""
+    return _x86_64_v3_build(tmp_path_factory.getbasetemp())
+
+
+@functools.cache
+def _x86_64_v3_build(basetemp):
+    import ctypes
+
+    from aiayn.kernels import loader as kernel_mod
+
+    flags = set()
+    if platform.machine() in ("x86_64", "AMD64"):
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    if not X86_64_V3_FLAGS <= flags:
+        pytest.skip("x86-64-v3 build: this CPU cannot run it")
+    cc = kernel_mod._compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    (basetemp / "x86-64-v3").mkdir(exist_ok=True)
+    path = basetemp / "x86-64-v3" / "x86-64-v3.so"
+    assert kernel_mod._compile(cc, path, archs=(["-march=x86-64-v3"],)) is None
+    return kernel_mod.Kernels(ctypes.CDLL(str(path)), path)
 
 
 def log_softmax_topk_matches_pytorch(lib, dtype, threads):

@@ -5,6 +5,13 @@ import math
 import pytest
 import torch
 
+from tests.kernels.reference import U32, log_softmax_tolerance, signed_sum_tolerance, x86_64_v3_build
+
+
+@pytest.fixture(scope="session")
+def x86_64_v3(tmp_path_factory):
+    return x86_64_v3_build(tmp_path_factory)
+
 
 def _loss_with(kernels, base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0.3):
     """label_smoothed_loss's sums and the gradient of g_loss * loss + g_nll * nll (both backward terms)."""
@@ -50,6 +57,48 @@ def test_cross_entropy_kernel_is_the_pytorch_path(kernels, dtype, threads):
 def test_cross_entropy_kernel_portable_build(portable):
     for dtype in (torch.float32, torch.bfloat16):
         _cross_entropy_matches_pytorch(portable, dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cross_entropy_kernel_x86_64_v3_build(x86_64_v3, threads):
+    # the AVX2 + FMA paths (8 wide), whatever this CPU's own build takes
+    for dtype in (torch.float32, torch.bfloat16):
+        _cross_entropy_matches_pytorch(x86_64_v3, dtype, threads)
+
+
+@pytest.mark.parametrize("build", ["kernels", "portable", "x86_64_v3"])
+def test_cross_entropy_forward_within_the_derived_bound(build, request):
+    """log Z and sum_z over a vocabulary of thousands, where the order of the float32 additions (16 or
+    32 partial sums, or a double sum) matters, against float64 sums of the same logits: log Z within
+    ``log_softmax_tolerance`` (log Z = m + log s, the log s of the log-softmax, and one rounding of the
+    sum, the rtol), sum_z within ``signed_sum_tolerance``."""
+    lib = request.getfixturevalue(build)
+    torch.manual_seed(5)
+    for V in (8000, 8011):  # 8011: a tail after the vectors
+        for dtype in (torch.float32, torch.bfloat16):
+            z = (torch.randn(40, V) * 4).to(dtype)
+            z[3, 7] = 40.0  # one token far ahead
+            z[5] += 30.0  # logits far from 0: sum_z large beside its terms' spread
+            log_z, sum_z = lib.cross_entropy_forward(z)
+            zd = z.double()
+            torch.testing.assert_close(log_z.double(), torch.logsumexp(zd, dim=-1), atol=log_softmax_tolerance(V),
+                                       rtol=2 * U32)
+            bound = torch.tensor([signed_sum_tolerance(a, V) for a in zd.abs().sum(-1).tolist()], dtype=torch.float64)
+            assert torch.all((sum_z.double() - zd.sum(-1)).abs() <= bound)
+
+
+def test_the_gradient_is_the_same_bits_in_every_build(kernels, portable, x86_64_v3):
+    # the backward takes log Z as given and computes each value alone, by the same operations (vexp.h's
+    # vector exp gives its scalar form's bits): nothing depends on the vector width
+    torch.manual_seed(6)
+    for V in (37, 8011):
+        for dtype in (torch.float32, torch.bfloat16):
+            z = (3 * torch.randn(9, V)).to(dtype)
+            log_z = torch.logsumexp(z.float(), dim=-1)
+            a, c, e = torch.rand(9), torch.rand(9) * 1e-3, torch.rand(9)
+            gold = torch.randint(0, V, (9,))
+            grads = [lib.cross_entropy_backward(z, log_z, a, c, e, gold, 0) for lib in (kernels, portable, x86_64_v3)]
+            assert torch.equal(grads[0], grads[1]) and torch.equal(grads[2], grads[1])
 
 
 @pytest.mark.parametrize("V", [4, 20])

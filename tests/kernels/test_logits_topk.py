@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from tests.kernels.reference import log_softmax_topk_matches_pytorch
+from tests.kernels.reference import log_softmax_topk_matches_pytorch, x86_64_v3_build
+
+# this CPU's build, and the AVX2 + FMA one (8 wide) on any x86 CPU that can run it
+BUILDS = ["kernels", "x86_64_v3"]
+
+
+@pytest.fixture(scope="session")
+def x86_64_v3(tmp_path_factory):
+    return x86_64_v3_build(tmp_path_factory)
 
 
 def test_hand_computed_log_softmax_topk(kernels):
@@ -16,9 +24,11 @@ def test_hand_computed_log_softmax_topk(kernels):
     torch.testing.assert_close(values, torch.tensor([[math.log(0.3), math.log(0.2)]]), atol=1e-6, rtol=0)
 
 
-def test_log_softmax_topk_ties_and_too_few_tokens(kernels):
+@pytest.mark.parametrize("build", BUILDS)
+def test_log_softmax_topk_ties_and_too_few_tokens(build, request):
+    kernels = request.getfixturevalue(build)
     values, ids = kernels.log_softmax_topk(torch.zeros(2, 40), 3, torch.tensor([0]))
-    assert ids.tolist() == [[1, 2, 3]] * 2  # equal values: the lower ids first
+    assert ids.tolist() == [[1, 2, 3]] * 2  # equal values: the lower ids first (blocks equal to the k-th skipped)
     torch.testing.assert_close(values, torch.full((2, 3), -math.log(40)), atol=1e-6, rtol=0)
     values, ids = kernels.log_softmax_topk(torch.tensor([[1.0, 2.0, 3.0]]), 2, torch.tensor([0, 2]))
     assert ids[0, 0] == 1 and values[0, 1] == float("-inf")  # one token allowed for k = 2
@@ -28,7 +38,21 @@ def test_log_softmax_topk_ties_and_too_few_tokens(kernels):
         kernels.log_softmax_topk(torch.zeros(4, 10), 11, torch.tensor([0]))
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_log_softmax_topk_is_pytorchs(kernels, dtype, threads):
-    log_softmax_topk_matches_pytorch(kernels, dtype, threads)
+def test_log_softmax_topk_is_pytorchs(build, dtype, threads, request):
+    log_softmax_topk_matches_pytorch(request.getfixturevalue(build), dtype, threads)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_best_token_in_any_lane_of_a_block_is_found(build, request):
+    # a block of 16 is compared with the k-th best as one vector (AVX-512) or two (AVX2): the one token
+    # above it may be at any lane of either, or in the tail
+    kernels = request.getfixturevalue(build)
+    V = 16 * 5 + 7
+    for v in range(V):
+        z = torch.zeros(1, V)
+        z[0, v] = 1.0
+        _, ids = kernels.log_softmax_topk(z, 2, torch.tensor([], dtype=torch.int64))
+        assert ids.tolist() == [[v, 0 if v else 1]]

@@ -9,8 +9,11 @@
  * log-probabilities that the search would otherwise write, read back and mask never exist.
  * Per row, two passes over its V logits (which stay in the core's cache between them): the maximum
  * and the k best (the k best of z are the k best of log p, which is z shifted), then the sum of
- * exponentials; with AVX-512 both are written with intrinsics (GCC vectorizes neither: a reduction
- * over exp_nonpositive, a block test), with plain loops otherwise. Rows are split among nthreads threads.
+ * exponentials; with AVX-512 (16 values a vector) or AVX2 + FMA (8, two vectors a block) both are
+ * written with intrinsics (GCC vectorizes neither: a reduction over exp_nonpositive, a block test), with
+ * plain loops otherwise. The vector paths sum in float32 partial sums (32 with AVX-512, 16 with AVX2),
+ * the plain loops in double: tests/kernels/reference.py's log_softmax_tolerance bounds the sum's error
+ * for any order of the additions. Rows are split among nthreads threads.
  */
 #include <math.h>
 #include <stdint.h>
@@ -55,7 +58,7 @@ static inline void offer(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float 
 
 /* One row: the k best of z over the tokens not banned, best first, raw (tv, ti; returns how many, at
  * most k) and the maximum m. Blocks of 16 are compared with the k-th best so far as a whole (with
- * AVX-512 one compare per block; a block above it is scanned token by token). */
+ * AVX-512 one compare per block, with AVX2 two; a block above it is scanned token by token). */
 #define BLOCK 16
 #if defined(__AVX512F__)
 #define DEFINE_ROW(NAME, T, LOAD, LOAD16)                                                         \
@@ -91,6 +94,59 @@ static inline void offer(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float 
     }
 DEFINE_ROW(row_f32, float, f32_of_f32, load16_f32)
 DEFINE_ROW(row_bf16, uint16_t, f32_of_bf16, load16_bf16)
+#elif defined(__AVX2__) && defined(__FMA__)
+/* the largest and the sum of 8 lanes (AVX2 has no reduction instruction): halves, quarters, pairs */
+static inline float max8(__m256 x) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+static inline float sum8(__m256 x) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+/* The AVX-512 path with a block of 16 as two vectors of 8: a block is scanned if either holds a value
+ * above the k-th best (both compares, not one of their maximum, which would drop a lane beside a NaN). */
+#define DEFINE_ROW(NAME, T, LOAD, LOAD8)                                                          \
+    static float NAME(const T *z, int64_t V, const int64_t *banned, int64_t nb, int64_t k,        \
+                      float *tv, int64_t *ti, int64_t *cnt) {                                     \
+        __m256 vm0 = _mm256_set1_ps(-INFINITY), vm1 = vm0;                                        \
+        int64_t v0 = 0;                                                                           \
+        for (; v0 + BLOCK <= V; v0 += BLOCK) {                                                    \
+            const __m256 x0 = LOAD8(z + v0), x1 = LOAD8(z + v0 + 8);                              \
+            vm0 = _mm256_max_ps(vm0, x0);                                                         \
+            vm1 = _mm256_max_ps(vm1, x1);                                                         \
+            if (*cnt == k) {                                                                      \
+                const __m256 t = _mm256_set1_ps(tv[k - 1]);                                       \
+                const __m256 above = _mm256_or_ps(_mm256_cmp_ps(x0, t, _CMP_GT_OQ),               \
+                                                  _mm256_cmp_ps(x1, t, _CMP_GT_OQ));              \
+                if (!_mm256_movemask_ps(above)) continue;                                         \
+            }                                                                                     \
+            for (int64_t j = v0; j < v0 + BLOCK; j++) offer(tv, ti, cnt, k, LOAD(z[j]), j, banned, nb); \
+        }                                                                                         \
+        float m = max8(_mm256_max_ps(vm0, vm1));                                                  \
+        for (int64_t j = v0; j < V; j++) {                                                        \
+            const float xj = LOAD(z[j]);                                                          \
+            m = xj > m ? xj : m;                                                                  \
+            offer(tv, ti, cnt, k, xj, j, banned, nb);                                             \
+        }                                                                                         \
+        return m;                                                                                 \
+    }                                                                                             \
+    static float NAME##_sum_exp(const T *z, int64_t V, float m) {                                 \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                \
+        const __m256 vm = _mm256_set1_ps(m);                                                      \
+        int64_t v = 0;                                                                            \
+        for (; v + BLOCK <= V; v += BLOCK) {                                                      \
+            a0 = _mm256_add_ps(a0, exp_nonpositive8(_mm256_sub_ps(LOAD8(z + v), vm)));            \
+            a1 = _mm256_add_ps(a1, exp_nonpositive8(_mm256_sub_ps(LOAD8(z + v + 8), vm)));        \
+        }                                                                                         \
+        float s = sum8(_mm256_add_ps(a0, a1));                                                    \
+        for (; v < V; v++) s += exp_nonpositive(LOAD(z[v]) - m);                                  \
+        return s;                                                                                 \
+    }
+DEFINE_ROW(row_f32, float, f32_of_f32, load8_f32)
+DEFINE_ROW(row_bf16, uint16_t, f32_of_bf16, load8_bf16)
 #else
 #define DEFINE_ROW(NAME, T, LOAD)                                                                 \
     static float NAME(const T *z, int64_t V, const int64_t *banned, int64_t nb, int64_t k,        \
