@@ -67,22 +67,72 @@ def test_cross_attention_is_eq1_with_padding(kernels, dtype, tol):
     torch.testing.assert_close(out.float(), ref.transpose(1, 2).reshape(Bs * g, H * Dv), atol=tol, rtol=tol)
 
 
+@pytest.fixture(scope="module")
+def avx2(tmp_path_factory):
+    """The library built for x86-64-v3 (AVX2 + FMA, no AVX-512), where this CPU can run it: the AVX2
+    paths of beam_attention.c, which an AVX-512 machine's native build does not take."""
+    import ctypes
+
+    from aiayn.kernels import loader as kernel_mod
+
+    flags = set(kernel_mod._cpu_signature().split())
+    if not {"avx2", "fma"} <= flags:
+        pytest.skip("this CPU has no AVX2 + FMA")
+    cc = kernel_mod._compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    path = tmp_path_factory.mktemp("avx2") / "avx2.so"
+    assert kernel_mod._compile(cc, path, archs=(["-march=x86-64-v3"],)) is None
+    return kernel_mod.Kernels(ctypes.CDLL(str(path)), path)
+
+
+@pytest.fixture(params=["native", "x86-64-v3", "portable"])
+def build(request):
+    """The native build (AVX-512's paths on AVX-512 CPUs), the AVX2 one, and the plain loops."""
+    return request.getfixturevalue({"native": "kernels", "x86-64-v3": "avx2"}.get(request.param, request.param))
+
+
 @pytest.mark.parametrize("K", [32, 64])
 @pytest.mark.parametrize("n", [1, 17, 35])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_the_register_blocked_path_is_eq1(kernels, K, n, dtype, tol):
-    # beam 4 with d_k = d_v = 32 or 64 takes DEFINE_FAST in beam_attention.c (with AVX-512), the other
-    # tests' d_k = 8 the general loop; n = 17 and 35 also leave a masked tail in the 16-wide softmax
+def test_the_register_blocked_path_is_eq1(build, K, n, dtype, tol):
+    # beam 4 with d_k = d_v = 32 or 64 takes DEFINE_FAST in beam_attention.c (with AVX-512, or AVX2 +
+    # FMA), the other tests' d_k = 8 the general loop; n = 17 and 35 also leave a tail after the 16-
+    # or 8-wide blocks of the softmax
     q, k, v, anc = shared_slot_case(Bs=3, g=4, H=2, n=n, K=K, Dv=K, dtype=dtype, cap=n + 1)
-    torch.testing.assert_close(kernels.self_attention(q, k, v, anc, g=4).float(),
+    torch.testing.assert_close(build.self_attention(q, k, v, anc, g=4).float(),
                                shared_slot_reference(q, k, v, anc, 4), atol=tol, rtol=tol)
     pad = torch.zeros(3, n, dtype=torch.bool)
     pad[1, n // 2 + 1:] = True
     ks, vs = k[:, :, :n], v[:, :, :n]  # (Bs,H,S,K): n source positions
     qg = q.reshape(3, 4, 2, K).transpose(1, 2).float()  # (Bs,H,g,K)
     ref, _ = attention_explicit(qg, ks.float(), vs.float(), ~pad[:, None, None, :])
-    torch.testing.assert_close(kernels.cross_attention(q, ks, vs, pad, g=4).float(),
+    torch.testing.assert_close(build.cross_attention(q, ks, vs, pad, g=4).float(),
                                ref.transpose(1, 2).reshape(12, 2 * K), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("K", [32, 64])
+@pytest.mark.parametrize("n", [1, 13, 35])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_register_blocked_path_is_the_general_one_bit_for_bit(build, K, n, dtype):
+    # the same rows as beam 4 (DEFINE_FAST) and as beam 1 (the general loop's dot_* and axpy_*), each row
+    # its own sentence with its own keys: the same operations in the same order, so the same bits
+    Bs, g, H = 3, 4, 2
+    q, k, v, anc = shared_slot_case(Bs=Bs, g=g, H=H, n=n, K=K, Dv=K, dtype=dtype, cap=n + 1)
+    rows = []  # row s*g + r's keys and values, position by position: (N,H,n,K) and (N,H,n,Dv)
+    for s in range(Bs):
+        for r in range(g):
+            idx = [j * g + int(anc[s, r, j]) for j in range(n - 1)] + [(n - 1) * g + r]
+            rows.append((k[s][:, idx], v[s][:, idx]))
+    k1, v1 = (torch.stack(x) for x in zip(*rows))
+    own = torch.zeros(Bs * g, 1, n + 1, dtype=torch.int64)  # beam 1: every position's only slot
+    assert torch.equal(build.self_attention(q, k, v, anc, g=g), build.self_attention(q, k1, v1, own, g=1))
+    pad = torch.zeros(Bs, n, dtype=torch.bool)
+    pad[1, n // 2 + 1:] = True
+    ks, vs = k[:, :, :n], v[:, :, :n]  # (Bs,H,S,K): n source positions
+    assert torch.equal(build.cross_attention(q, ks, vs, pad, g=g),
+                       build.cross_attention(q, ks.repeat_interleave(g, 0), vs.repeat_interleave(g, 0),
+                                             pad.repeat_interleave(g, 0), g=1))
 
 
 def test_bad_shapes_are_errors(kernels):

@@ -18,6 +18,11 @@
  * With AVX-512, beam 4 and d_k = d_v of 32 or 64 (every preset's beam and heads) the four rows' queries
  * and accumulators stay in registers (DEFINE_FAST: the same operations in the same order), and the
  * softmax runs 16 scores at a time (softmax_row).
+ * With AVX2 + FMA (x86-64-v3: Haswell to Skylake client, Zen 1 to 3) the inner products run 8 floats at
+ * a time for d_k, d_v multiples of 8, the softmax 8 scores at a time (the last n % 8 one by one), and
+ * beam 4 with d_k = d_v of 32 or 64 takes a DEFINE_FAST sized for AVX2's 16 registers: the four rows'
+ * scores position by position, the weighted values one row (d_v 64) or two (32) at a time with their
+ * accumulators in registers across all positions; again the general loop's numbers, bit for bit.
  */
 #include <math.h>
 #include <stdint.h>
@@ -43,11 +48,15 @@ typedef struct {
 
 
 /* The two inner products of the loop below: d = q . k over K, and acc += p v over Dv. With AVX-512
- * and lengths that are multiples of 16 (d_k = d_v = 64 in every preset) they are written with
- * intrinsics; compiled loops over such short lengths spent most of their time in set-up code. */
+ * and lengths that are multiples of 16 (d_k = d_v = 64 in every preset), or with AVX2 + FMA and
+ * multiples of 8, they are written with intrinsics; compiled loops over such short lengths spent most
+ * of their time in set-up code. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define VEC(n) (((n) & 15) == 0)
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC(n) (((n) & 7) == 0)
 #else
 #define VEC(n) 0
 #endif
@@ -80,6 +89,43 @@ typedef struct {
     }
 DEFINE_DOT_AXPY(f32, float, f32_of_f32, load16_f32)
 DEFINE_DOT_AXPY(bf16, uint16_t, f32_of_bf16, load16_bf16)
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The sum of 8 lanes in one fixed order (the two halves, then pairs, then the last two): dot_* and the
+ * register-blocked path below both end with it, so their scores agree bit for bit. */
+static inline float hsum8(__m256 x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* As the AVX-512 forms, 8 lanes: two accumulators over alternate blocks of 8, then their sum. */
+#define DEFINE_DOT_AXPY(SUFFIX, T, LOAD, LOAD8)                                                   \
+    static inline float dot_##SUFFIX(const float *q, const T *k, int64_t K) {                     \
+        if (VEC(K)) {                                                                             \
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                            \
+            int64_t i = 0;                                                                        \
+            for (; i + 16 <= K; i += 16) {                                                        \
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LOAD8(k + i), a0);                   \
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), LOAD8(k + i + 8), a1);           \
+            }                                                                                     \
+            if (i < K) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LOAD8(k + i), a0);            \
+            return hsum8(_mm256_add_ps(a0, a1));                                                  \
+        }                                                                                         \
+        float d = 0.0f;                                                                           \
+        for (int64_t i = 0; i < K; i++) d = fmaf(q[i], LOAD(k[i]), d);                            \
+        return d;                                                                                 \
+    }                                                                                             \
+    static inline void axpy_##SUFFIX(float p, const T *v, float *acc, int64_t Dv) {               \
+        if (VEC(Dv)) {                                                                            \
+            const __m256 pp = _mm256_set1_ps(p);                                                  \
+            for (int64_t d = 0; d < Dv; d += 8)                                                   \
+                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pp, LOAD8(v + d), _mm256_loadu_ps(acc + d))); \
+            return;                                                                               \
+        }                                                                                         \
+        for (int64_t d = 0; d < Dv; d++) acc[d] = fmaf(p, LOAD(v[d]), acc[d]);                    \
+    }
+DEFINE_DOT_AXPY(f32, float, f32_of_f32, load8_f32)
+DEFINE_DOT_AXPY(bf16, uint16_t, f32_of_bf16, load8_bf16)
 #else
 #define DEFINE_DOT_AXPY(SUFFIX, T, LOAD)                                                          \
     static inline float dot_##SUFFIX(const float *q, const T *k, int64_t K) {                     \
@@ -183,6 +229,75 @@ static inline int fast_c(int64_t g, int64_t K, int64_t Dv) {
 }
 #define FAST_SCORES(SUFFIX, C, ...) ((C) == 2 ? scores4_##SUFFIX(2, __VA_ARGS__) : scores4_##SUFFIX(4, __VA_ARGS__))
 #define FAST_VALUES(SUFFIX, C, ...) ((C) == 2 ? values4_##SUFFIX(2, __VA_ARGS__) : values4_##SUFFIX(4, __VA_ARGS__))
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The same work item for beam 4 with d_k = d_v = 8 * C (C = 4 or 8: d_k 32 or 64), in AVX2's 16
+ * registers of 8 floats, which do not hold the four rows' queries or accumulators (4 C registers each):
+ * the scores position by position as in the general loop, the four rows' queries held in locals (the
+ * compiler keeps what its registers hold and reads the rest from the stack: queries read from qf
+ * instead were reloaded at every key, as the stores to sc may alias them); the weighted values 8 / C
+ * rows at a time (1 at d_v 64, 2 at 32), their C accumulators in registers over all n positions
+ * instead of loaded and stored at every key as axpy_* does. The same operations in the same order as
+ * dot_* and axpy_*, so the same numbers, bit for bit. Scores go to sc (4, n) and the weighted values
+ * to acc (4, Dv); the softmax between them is the caller's. */
+#define FAST_G 4
+#define DEFINE_FAST(SUFFIX, T, LOAD8)                                                             \
+    static inline __attribute__((always_inline)) void scores4_##SUFFIX(                           \
+        const int C, const float *qf, const T *kb, int64_t kt, const int64_t *anc, int64_t anc_r, \
+        const uint8_t *pad, int64_t n, float *sc, const T *vb, int64_t rows,                      \
+        int64_t kt_b, int64_t vt_b, int64_t k_b, int64_t v_b) {                                   \
+        __m256 q[FAST_G][8];                                                                      \
+        for (int r = 0; r < FAST_G; r++)                                                          \
+            for (int c = 0; c < C; c++) q[r][c] = _mm256_loadu_ps(qf + r * 8 * C + 8 * c);        \
+        for (int64_t j = 0; j < n; j++) {                                                         \
+            if (j + PREFETCH_AHEAD < n)                                                           \
+                prefetch_position((const char *)kb, (const char *)vb, rows, j + PREFETCH_AHEAD,   \
+                                  kt_b, vt_b, k_b, v_b);                                          \
+            if (pad && pad[j]) {                                                                  \
+                for (int r = 0; r < FAST_G; r++) sc[r * n + j] = -INFINITY;                       \
+                continue;                                                                         \
+            }                                                                                     \
+            for (int r = 0; r < FAST_G; r++) {                                                    \
+                const int64_t t = key_row(anc, anc_r, FAST_G, n, j, r);                           \
+                const T *kp = kb + t * kt;                                                        \
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                        \
+                for (int c = 0; c < C; c += 2) {                                                  \
+                    a0 = _mm256_fmadd_ps(q[r][c], LOAD8(kp + 8 * c), a0);                         \
+                    a1 = _mm256_fmadd_ps(q[r][c + 1], LOAD8(kp + 8 * c + 8), a1);                 \
+                }                                                                                 \
+                sc[r * n + j] = hsum8(_mm256_add_ps(a0, a1));                                     \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    static inline __attribute__((always_inline)) void values4_##SUFFIX(                           \
+        const int C, const float *sc, const T *vb, int64_t vt, const int64_t *anc, int64_t anc_r, \
+        const uint8_t *pad, int64_t n, float *acc) {                                              \
+        const int R = 8 / C; /* rows per pass: their accumulators fill 8 registers */             \
+        for (int r0 = 0; r0 < FAST_G; r0 += R) {                                                  \
+            __m256 a[2][8];                                                                       \
+            for (int r = 0; r < R; r++)                                                           \
+                for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();                        \
+            for (int64_t j = 0; j < n; j++) {                                                     \
+                if (pad && pad[j]) continue;                                                      \
+                for (int r = 0; r < R; r++) {                                                     \
+                    const float p = sc[(r0 + r) * n + j];                                         \
+                    if (p == 0.0f) continue;                                                      \
+                    const int64_t t = key_row(anc, anc_r, FAST_G, n, j, r0 + r);                  \
+                    const T *vp = vb + t * vt;                                                    \
+                    const __m256 pp = _mm256_set1_ps(p);                                          \
+                    for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(pp, LOAD8(vp + 8 * c), a[r][c]); \
+                }                                                                                 \
+            }                                                                                     \
+            for (int r = 0; r < R; r++)                                                           \
+                for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + (r0 + r) * 8 * C + 8 * c, a[r][c]); \
+        }                                                                                         \
+    }
+DEFINE_FAST(f32, float, load8_f32)
+DEFINE_FAST(bf16, uint16_t, load8_bf16)
+static inline int fast_c(int64_t g, int64_t K, int64_t Dv) {
+    return g == FAST_G && K == Dv && (K == 32 || K == 64) ? (int)(K / 8) : 0;
+}
+#define FAST_SCORES(SUFFIX, C, ...) ((C) == 4 ? scores4_##SUFFIX(4, __VA_ARGS__) : scores4_##SUFFIX(8, __VA_ARGS__))
+#define FAST_VALUES(SUFFIX, C, ...) ((C) == 4 ? values4_##SUFFIX(4, __VA_ARGS__) : values4_##SUFFIX(8, __VA_ARGS__))
 #else
 static inline int fast_c(int64_t g, int64_t K, int64_t Dv) { (void)g; (void)K; (void)Dv; return 0; }
 #define FAST_SCORES(SUFFIX, C, ...) ((void)0)
@@ -220,6 +335,35 @@ static inline void softmax_row(float *sr, int64_t n) {
             vs = _mm512_add_ps(vs, e);
         }
         sum = _mm512_reduce_add_ps(vs);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    /* 8 scores at a time, the last n % 8 by the scalar steps (exp_nonpositive8 gives exp_nonpositive's
+     * bits): the compiled loop does not vectorize a sum over exp_nonpositive */
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t n8 = n & ~(int64_t)7;
+    __m256 vm = ninf;
+    for (int64_t j = 0; j < n8; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sr + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (int64_t j = n8; j < n; j++) m = sr[j] > m ? sr[j] : m;
+    float sum = 0.0f;
+    if (m > -INFINITY) {
+        const __m256 vmax = _mm256_set1_ps(m);
+        __m256 vs = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n8; j += 8) {
+            const __m256 x = _mm256_loadu_ps(sr + j);
+            const __m256 live = _mm256_cmp_ps(x, ninf, _CMP_NEQ_OQ);
+            const __m256 e = _mm256_and_ps(live, exp_nonpositive8(_mm256_sub_ps(x, vmax)));
+            _mm256_storeu_ps(sr + j, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        sum = hsum8(vs);
+        for (int64_t j = n8; j < n; j++) {
+            const float e = sr[j] == -INFINITY ? 0.0f : exp_nonpositive(sr[j] - m);
+            sr[j] = e;
+            sum += e;
+        }
     }
 #else
     float m = -INFINITY, sum = 0.0f;
