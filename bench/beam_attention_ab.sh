@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The beam-search attention kernel alone, this checkout's against a git revision's (default HEAD~1):
-# bench/c/beam_attention_driver.c built against each beam_attention.c with the flags kernel.py uses,
+# bench/c/beam_attention_driver.c built against each beam_attention.c with the flags loader.py uses
+# (-march=native, or $AIAYN_KERNELS_MARCH as the loader takes it),
 # run alternately ROUNDS times (15) at self-attention n = 35 and cross-attention n = 21; the minimum
 # per call of each is printed (the minimum, because this is for an A/B on a machine that may be busy),
 # and the outputs of the two compared (max |difference|).
@@ -16,15 +17,17 @@ trap 'rm -rf "$WORK"' EXIT
 DEC="$REPO/src/aiayn/kernels"
 git -C "$REPO" show "$REV:src/aiayn/kernels/beam_attention.c" > "$WORK/old.c"
 cp "$DEC/beam_attention.c" "$WORK/new.c"
-# kernel.py's compiler flags (read from its _FLAGS, without those that make a shared library)
+# loader.py's compiler flags (read from its _FLAGS, without those that make a shared library)
 read -r -a FLAGS <<< "$(python3 -c "
 import ast, sys
 tree = ast.parse(open(sys.argv[1]).read())
 flags = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
              and any(getattr(t, 'id', None) == '_FLAGS' for t in n.targets))
-print(' '.join(f for f in flags if f not in ('-fPIC', '-shared')))" "$DEC/kernel.py")"
-for v in old new; do
-  ${CC:-cc} "${FLAGS[@]}" -march=native -I"$DEC" "$BENCH/c/beam_attention_driver.c" "$WORK/$v.c" -o "$WORK/$v" -lm
+print(' '.join(f for f in flags if f not in ('-fPIC', '-shared')))" "$DEC/loader.py")"
+MARCH="${AIAYN_KERNELS_MARCH:-native}"
+for v in old new; do  # team.c: the thread split's entry points (split.h), none handed over here: own threads
+  ${CC:-cc} "${FLAGS[@]}" -march="$MARCH" -I"$DEC" "$BENCH/c/beam_attention_driver.c" "$WORK/$v.c" "$DEC/team.c" \
+    -o "$WORK/$v" -lm -pthread
 done
 for args in "35 50" "21 50 cross"; do
   best_old=""; best_new=""

@@ -9,9 +9,9 @@ slots (``DecoderCache.ancestors``) it also multiplies each query with the other 
 masks them out. ``beam_attention.c`` does, per (sentence, head) and beam row, one pass over that
 row's own keys (the ancestor table picks the slot at each position), a float32 softmax and one
 pass over the values; encoder-decoder attention is the same loop over the source positions, with
-source padding skipped. float32 and bfloat16 tensors. With AVX-512, beam 4 and d_k = d_v of 32 or 64, the four
-rows' queries and accumulators are kept in registers and the softmax runs 16 scores at a time, so each key
-and value is read once for the four rows (``bench/beam_attention_ab.sh``, BENCHMARKS.md §3). The
+source padding skipped. float32 and bfloat16 tensors. With AVX-512 (or AVX2 + FMA), beam 4 and d_k = d_v of 32 or
+64, the rows' queries and accumulators are kept in registers and the softmax runs 16 (8) scores at a time,
+so each key and value is read once for the four rows (``bench/beam_attention_ab.sh``, BENCHMARKS.md §3). The
 self-attention call also appends the step's keys and values to the cache (each work item copies its rows'
 into their slots before reading them), which PyTorch's strided copy in ``DecoderCache.append`` did as a
 separate pass. At the end of the step the search wants each beam's few best tokens by log-probability;
