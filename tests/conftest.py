@@ -135,9 +135,10 @@ def copy_checkpoint(tmp_path_factory, copy_data_dir) -> Path:
 @pytest.fixture(scope="session")
 def confident_model(copy_checkpoint):
     """The trained copy model (float32, eval) and 5 sources (B, S) it copies with wide margins: at
-    every greedy step its best token leads the next by ``CONFIDENT_MARGIN`` nats or more (asserted).
-    For comparing paths that round differently (bfloat16, and bfloat16 emulated in float32 on CPUs
-    without its instructions): rounding that moves log-probabilities by less than half that gap
+    every greedy step its best token leads the next by ``CONFIDENT_MARGIN`` nats or more (the first 5
+    of 40 unseen sentences that do; which ones can depend on the roundings the model was trained
+    with). For comparing paths that round differently (bfloat16, and bfloat16 emulated in float32 on
+    CPUs without its instructions): rounding that moves log-probabilities by less than half that gap
     cannot change a decision, so such searches must agree token for token on any CPU; a random
     model's near-ties would make agreement depend on the instruction set."""
     from aiayn.decode.adapter import CachedDecoder
@@ -145,21 +146,29 @@ def confident_model(copy_checkpoint):
     from aiayn.decode.search import SpecialIds
     model, src_tok, _ = load_model_for_inference(copy_checkpoint)
     eos = SpecialIds().eos
-    rows = [src_tok.encode(line) + [eos] for line in copy_lines(5, seed=11)]
-    src = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)  # (B, S), 0 = <pad>
-    for b, row in enumerate(rows):
-        src[b, :len(row)] = torch.tensor(row)
-    with torch.inference_mode():  # greedy, teacher-forced on its own choices: the smallest lead
+
+    def batch(rows):
+        src = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)  # (B, S), 0 = <pad>
+        for b, row in enumerate(rows):
+            src[b, :len(row)] = torch.tensor(row)
+        return src
+
+    rows = [src_tok.encode(line) + [eos] for line in copy_lines(40, seed=11)]
+    src = batch(rows)
+    with torch.inference_mode():  # greedy, teacher-forced on its own choices: each row's smallest lead
         dec = CachedDecoder(model)
         state, tokens = dec.start(src, src.size(1) + 1), torch.full((src.size(0),), SpecialIds().bos)
         live = torch.ones(src.size(0), dtype=torch.bool)  # (B,) rows that have not ended
+        lead = torch.full((src.size(0),), float("inf"))  # (B,)
         for _ in range(src.size(1)):
             lp, state = dec.step(tokens, state)  # (B, V)
             top2 = lp.topk(2, dim=-1).values
-            assert (top2[:, 0] - top2[:, 1])[live].min() >= CONFIDENT_MARGIN
+            lead = torch.where(live, torch.minimum(lead, top2[:, 0] - top2[:, 1]), lead)
             tokens = lp.argmax(-1)
             live &= tokens != eos
-    return model, src
+    confident = [row for row, m in zip(rows, lead.tolist()) if m >= CONFIDENT_MARGIN][:5]
+    assert len(confident) == 5, f"the copy model leads by {CONFIDENT_MARGIN} nats on only {len(confident)} of 40"
+    return model, batch(confident)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from aiayn.decode.adapter import CachedDecoder, RecomputeDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy, quantize_rows
 from aiayn.decode.search import SpecialIds, search
+from tests.conftest import CONFIDENT_MARGIN
 from aiayn.decode.loading import load_model_for_inference, model_for_precision
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
@@ -77,8 +78,21 @@ def test_int8_step_log_probs_close_to_fp32(model):
 # (dtype between the int8 maps, tolerance of cached vs recomputed scores, of alone vs batched scores):
 # float32 agrees to rounding, on a random model; bfloat16 recomputes its attention over a different
 # number of positions, so it is compared on a model whose decisions lead by more than its rounding
-# moves them (``confident_model``), on CPUs with bf16 instructions and without alike.
-TOLERANCES = [(torch.float32, {"rel": 1e-4}, {"rel": 1e-4}), (torch.bfloat16, {"abs": 0.05}, {"abs": 1e-3})]
+# moves them (``confident_model``), on CPUs with bf16 instructions and without alike. Its scores are
+# held to what that premise allows: rounding moves each log-probability by less than half of
+# CONFIDENT_MARGIN, so a hypothesis's score (the sum over its tokens, divided by a length penalty of
+# at least 1) by less than len(tokens) times that (``None`` below), batched or alone. Fixed bounds
+# set on one model failed on the next one trained with other roundings (the training loss's AVX2
+# kernel).
+TOLERANCES = [(torch.float32, {"rel": 1e-4}, {"rel": 1e-4}), (torch.bfloat16, None, None)]
+
+
+def _scores_agree(hyps_a, hyps_b, tol):
+    if tol is not None:
+        assert [h.score for h in hyps_a] == pytest.approx([h.score for h in hyps_b], **tol)
+        return
+    for a, b in zip(hyps_a, hyps_b):
+        assert abs(a.score - b.score) < len(a.tokens) * CONFIDENT_MARGIN / 2
 
 
 @pytest.mark.parametrize("dtype,tol_plain,tol_alone", TOLERANCES, ids=["int8", "int8-bf16"])
@@ -93,12 +107,12 @@ def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alo
     cached = search(CachedDecoder(q), src, cfg, SpecialIds())
     plain = search(RecomputeDecoder(q), src, cfg, SpecialIds())
     assert [[h.tokens for h in hs] for hs in cached] == [[h.tokens for h in hs] for hs in plain]
-    assert [h.score for hs in cached for h in hs] == pytest.approx([h.score for hs in plain for h in hs], **tol_plain)
+    _scores_agree([h for hs in cached for h in hs], [h for hs in plain for h in hs], tol_plain)
     for b in range(src.size(0)):
         n = int((src[b] != 0).sum())
         alone = search(CachedDecoder(q), src[b:b + 1, :n], cfg, SpecialIds())[0]
         assert [h.tokens for h in alone] == [h.tokens for h in cached[b]]
-        assert [h.score for h in alone] == pytest.approx([h.score for h in cached[b]], **tol_alone)
+        _scores_agree(alone, cached[b], tol_alone)
 
 
 def test_int8_translator_translates_a_checkpoint(tiny_checkpoint):
