@@ -10,12 +10,12 @@ import torch
 
 
 class WeightAverage:
-    """A float32 copy of ``model``'s parameters, averaged with decay ``decay``; it starts from
+    """A float32 copy of ``model``'s parameters, averaged with decay ``ema_decay``; it starts from
     ``saved`` (a state dict of the model, as ``state_dict`` gives it) where that holds a parameter,
     else from the weights now."""
 
-    def __init__(self, model: torch.nn.Module, decay: float, device: torch.device, saved: dict | None = None):
-        self.model, self.decay = model, decay
+    def __init__(self, model: torch.nn.Module, ema_decay: float, device: torch.device, saved: dict | None = None):
+        self.model, self.decay = model, ema_decay
         saved = saved or {}
         self.ema = [saved[k].to(device, torch.float32) if k in saved else p.detach().float().clone()
                     for k, p in model.named_parameters()]

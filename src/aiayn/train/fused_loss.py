@@ -48,11 +48,11 @@ def triton_rows() -> Rows | None:
     return triton_loss.smoothed_ce_rows
 
 
-def fused_loss_on(setting: str, device: torch.device) -> bool:
+def fused_loss_on(fused_loss: str, device: torch.device) -> bool:
     """``train.fused_loss`` resolved for a device: auto = on for CUDA where triton imports."""
-    if setting == "auto":
+    if fused_loss == "auto":
         return device.type == "cuda" and triton_rows() is not None
-    return setting == "on"
+    return fused_loss == "on"
 
 
 def torch_rows(z: Tensor, tgt: Tensor, eps_ls: float, pad_id: int, loss: Tensor, nll: Tensor, grad: bool) -> None:
