@@ -1,10 +1,7 @@
 """What the kernels' tests compare against: random cases and Eq. 1 written out for the beam step's
 attention, PyTorch's log-softmax and top-k, and the tiny model that beam search runs."""
-import functools
 import math
-import platform
 
-import pytest
 import torch
 
 from aiayn.model.attention import attention_explicit
@@ -66,40 +63,6 @@ def signed_sum_tolerance(abs_sum: float, n: int) -> float:
     terms (each rounding error is at most u times a partial sum, at most the sum of its terms' |x_i|),
     7 sqrt(n) u sum_i |x_i|. That also covers a double sum rounded once to float32, u |sum_i x_i|."""
     return 7.0 * math.sqrt(n) * U32 * abs_sum
-
-
-# /proc/cpuinfo's names for what x86-64-v3 adds to x86-64-v2: the compiler may use any of them, not only
-# the kernels' AVX2 and FMA (v2's SSE4.2 and POPCNT come with every CPU that has these)
-X86_64_V3_FLAGS = {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"}
-
-
-def x86_64_v3_build(tmp_path_factory):
-    """The library compiled for x86-64-v3 (AVX2 + FMA, no AVX-512: the 8-wide paths a CPU without
-    AVX-512 runs), whatever -march the ``kernels`` fixture takes; once per session (the test files'
-    fixtures share it). Skips the test where this CPU cannot run it (not x86, or without those
-    instructions) or there is no compiler."""
-    return _x86_64_v3_build(tmp_path_factory.getbasetemp())
-
-
-@functools.cache
-def _x86_64_v3_build(basetemp):
-    import ctypes
-
-    from aiayn.kernels import loader as kernel_mod
-
-    flags = set()
-    if platform.machine() in ("x86_64", "AMD64"):
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    if not X86_64_V3_FLAGS <= flags:
-        pytest.skip("x86-64-v3 build: this CPU cannot run it")
-    cc = kernel_mod._compiler()
-    if cc is None:
-        pytest.skip("no C compiler")
-    (basetemp / "x86-64-v3").mkdir(exist_ok=True)
-    path = basetemp / "x86-64-v3" / "x86-64-v3.so"
-    assert kernel_mod._compile(cc, path, archs=(["-march=x86-64-v3"],)) is None
-    return kernel_mod.Kernels(ctypes.CDLL(str(path)), path)
 
 
 def log_softmax_topk_matches_pytorch(lib, dtype, threads):

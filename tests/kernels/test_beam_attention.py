@@ -67,29 +67,10 @@ def test_cross_attention_is_eq1_with_padding(kernels, dtype, tol):
     torch.testing.assert_close(out.float(), ref.transpose(1, 2).reshape(Bs * g, H * Dv), atol=tol, rtol=tol)
 
 
-@pytest.fixture(scope="module")
-def avx2(tmp_path_factory):
-    """The library built for x86-64-v3 (AVX2 + FMA, no AVX-512), where this CPU can run it: the AVX2
-    paths of beam_attention.c, which an AVX-512 machine's native build does not take."""
-    import ctypes
-
-    from aiayn.kernels import loader as kernel_mod
-
-    flags = set(kernel_mod._cpu_signature().split())
-    if not {"avx2", "fma"} <= flags:
-        pytest.skip("this CPU has no AVX2 + FMA")
-    cc = kernel_mod._compiler()
-    if cc is None:
-        pytest.skip("no C compiler")
-    path = tmp_path_factory.mktemp("avx2") / "avx2.so"
-    assert kernel_mod._compile(cc, path, archs=(["-march=x86-64-v3"],)) is None
-    return kernel_mod.Kernels(ctypes.CDLL(str(path)), path)
-
-
 @pytest.fixture(params=["native", "x86-64-v3", "portable"])
 def build(request):
     """The native build (AVX-512's paths on AVX-512 CPUs), the AVX2 one, and the plain loops."""
-    return request.getfixturevalue({"native": "kernels", "x86-64-v3": "avx2"}.get(request.param, request.param))
+    return request.getfixturevalue({"native": "kernels", "x86-64-v3": "x86_64_v3"}.get(request.param, request.param))
 
 
 @pytest.mark.parametrize("K", [32, 64])

@@ -5,12 +5,7 @@ import math
 import pytest
 import torch
 
-from tests.kernels.reference import U32, log_softmax_tolerance, signed_sum_tolerance, x86_64_v3_build
-
-
-@pytest.fixture(scope="session")
-def x86_64_v3(tmp_path_factory):
-    return x86_64_v3_build(tmp_path_factory)
+from tests.kernels.reference import U32, log_softmax_tolerance, signed_sum_tolerance
 
 
 def _loss_with(kernels, base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0.3):

@@ -5,15 +5,10 @@ import math
 import pytest
 import torch
 
-from tests.kernels.reference import log_softmax_topk_matches_pytorch, x86_64_v3_build
+from tests.kernels.reference import log_softmax_topk_matches_pytorch
 
 # this CPU's build, and the AVX2 + FMA one (8 wide) on any x86 CPU that can run it
 BUILDS = ["kernels", "x86_64_v3"]
-
-
-@pytest.fixture(scope="session")
-def x86_64_v3(tmp_path_factory):
-    return x86_64_v3_build(tmp_path_factory)
 
 
 def test_hand_computed_log_softmax_topk(kernels):
