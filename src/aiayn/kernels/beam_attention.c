@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "lanes.h"
 #include "split.h"
 #include "vexp.h"
 
@@ -90,14 +91,6 @@ typedef struct {
 DEFINE_DOT_AXPY(f32, float, f32_of_f32, load16_f32)
 DEFINE_DOT_AXPY(bf16, uint16_t, f32_of_bf16, load16_bf16)
 #elif defined(__AVX2__) && defined(__FMA__)
-/* The sum of 8 lanes in one fixed order (the two halves, then pairs, then the last two): dot_* and the
- * register-blocked path below both end with it, so their scores agree bit for bit. */
-static inline float hsum8(__m256 x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 /* As the AVX-512 forms, 8 lanes: two accumulators over alternate blocks of 8, then their sum. */
 #define DEFINE_DOT_AXPY(SUFFIX, T, LOAD, LOAD8)                                                   \
     static inline float dot_##SUFFIX(const float *q, const T *k, int64_t K) {                     \
@@ -109,7 +102,7 @@ static inline float hsum8(__m256 x) {
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), LOAD8(k + i + 8), a1);           \
             }                                                                                     \
             if (i < K) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LOAD8(k + i), a0);            \
-            return hsum8(_mm256_add_ps(a0, a1));                                                  \
+            return sum8(_mm256_add_ps(a0, a1));                                                  \
         }                                                                                         \
         float d = 0.0f;                                                                           \
         for (int64_t i = 0; i < K; i++) d = fmaf(q[i], LOAD(k[i]), d);                            \
@@ -264,7 +257,7 @@ static inline int fast_c(int64_t g, int64_t K, int64_t Dv) {
                     a0 = _mm256_fmadd_ps(q[r][c], LOAD8(kp + 8 * c), a0);                         \
                     a1 = _mm256_fmadd_ps(q[r][c + 1], LOAD8(kp + 8 * c + 8), a1);                 \
                 }                                                                                 \
-                sc[r * n + j] = hsum8(_mm256_add_ps(a0, a1));                                     \
+                sc[r * n + j] = sum8(_mm256_add_ps(a0, a1));                                     \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
@@ -343,9 +336,7 @@ static inline void softmax_row(float *sr, int64_t n) {
     const int64_t n8 = n & ~(int64_t)7;
     __m256 vm = ninf;
     for (int64_t j = 0; j < n8; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sr + j));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float m = max8(vm);
     for (int64_t j = n8; j < n; j++) m = sr[j] > m ? sr[j] : m;
     float sum = 0.0f;
     if (m > -INFINITY) {
@@ -358,7 +349,7 @@ static inline void softmax_row(float *sr, int64_t n) {
             _mm256_storeu_ps(sr + j, e);
             vs = _mm256_add_ps(vs, e);
         }
-        sum = hsum8(vs);
+        sum = sum8(vs);
         for (int64_t j = n8; j < n; j++) {
             const float e = sr[j] == -INFINITY ? 0.0f : exp_nonpositive(sr[j] - m);
             sr[j] = e;

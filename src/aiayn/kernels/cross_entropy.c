@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "lanes.h"
 #include "split.h"
 #include "vexp.h"
 
@@ -79,17 +80,6 @@ static inline float grad_at(float x, float lz, float a, float c) { return exp_no
 DEFINE_CE(ce_f32, float, f32_of_f32, load16_f32, f32_to_f32, store16_f32)
 DEFINE_CE(ce_bf16, uint16_t, f32_of_bf16, load16_bf16, f32_to_bf16, store16_bf16)
 #elif defined(__AVX2__) && defined(__FMA__)
-/* the largest and the sum of 8 lanes (AVX2 has no reduction instruction): halves, quarters, pairs */
-static inline float max8(__m256 x) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-static inline float sum8(__m256 x) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
 /* The AVX-512 path's steps of 16 as two vectors of 8 (two accumulators each for the maximum, the sum and
  * the sum of exponentials); the gradient 8 at a time. */
 #define DEFINE_CE(NAME, T, LOAD, LOAD8, STORE, STORE8)                                              \

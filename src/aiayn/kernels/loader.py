@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("beam_attention.c", "int8_rows.c", "int8_gemm.c", "logits_topk.c", "cross_entropy.c",
                              "seq_attention.c", "team.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "split.h", "vexp.h"))  # included; in the cache key too
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "lanes.h", "split.h", "vexp.h"))  # included; in the cache key too
 # no FMA contraction: int8_rows.c must round as PyTorch's separate operations do (beam_attention.c asks for fmaf)
 _FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}

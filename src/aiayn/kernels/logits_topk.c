@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "lanes.h"
 #include "split.h"
 #include "vexp.h"
 
@@ -95,17 +96,6 @@ static inline void offer(float *tv, int64_t *ti, int64_t *cnt, int64_t k, float 
 DEFINE_ROW(row_f32, float, f32_of_f32, load16_f32)
 DEFINE_ROW(row_bf16, uint16_t, f32_of_bf16, load16_bf16)
 #elif defined(__AVX2__) && defined(__FMA__)
-/* the largest and the sum of 8 lanes (AVX2 has no reduction instruction): halves, quarters, pairs */
-static inline float max8(__m256 x) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-static inline float sum8(__m256 x) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
 /* The AVX-512 path with a block of 16 as two vectors of 8: a block is scanned if either holds a value
  * above the k-th best (both compares, not one of their maximum, which would drop a lane beside a NaN). */
 #define DEFINE_ROW(NAME, T, LOAD, LOAD8)                                                          \
