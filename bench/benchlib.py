@@ -394,7 +394,7 @@ NO_BF16 = "not run: this CPU has no bf16 instructions (avx512_bf16, amx_bf16); b
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU has bf16 instructions, by the test ``precision auto`` uses
-    (``aiayn.train.runtime.cpu_supports_bf16``, oneDNN's). Without it PyTorch emulates bf16 matmuls, 30-500x
+    (``aiayn.train.runtime.cpu_supports_bf16``: AVX512-BF16 or AMX). Without it PyTorch emulates bf16 matmuls, 30-500x
     slower than float32 (measured on an AVX2-only AMD EPYC), and timing a bf16 system only costs
     minutes. BENCH_BF16=1 times them anyway."""
     from aiayn.train.runtime import cpu_supports_bf16

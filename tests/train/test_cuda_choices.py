@@ -62,12 +62,37 @@ def test_auto_precision_is_bf16_only_where_the_gpu_has_it_natively(monkeypatch, 
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_auto_precision_on_the_cpu_follows_onednn(monkeypatch, native):
-    """On the CPU: bf16 where oneDNN has native bf16, else fp32; fp16 is an error there."""
+def test_auto_precision_on_the_cpu_is_bf16_only_where_native(monkeypatch, native):
+    """On the CPU: bf16 where the CPU has native bf16 (``cpu_supports_bf16``), else fp32; fp16 is an
+    error there."""
     monkeypatch.setattr(rt, "cpu_supports_bf16", lambda: native)
     assert rt.resolve_precision("auto", torch.device("cpu"))[0] == ("bf16" if native else "fp32")
     with pytest.raises(rt.UserError, match="fp16 needs CUDA"):
         rt.resolve_precision("fp16", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("x86, onednn, avx512_bf16, amx, limit, native", [
+    (True, True, True, False, "", True),  # Zen 4, Zen 5, Cooper Lake
+    (True, True, False, True, "", True),  # Sapphire Rapids on (AMX)
+    (True, True, False, False, "", False),  # Skylake, Cascade Lake, Ice Lake: oneDNN says yes, by emulation
+    (True, True, True, False, "AVX512_CORE", False),  # held to AVX-512 without bf16
+    (True, True, True, False, "avx2", False),  # held to AVX2 (the name in any case)
+    (True, True, True, False, "AVX512_CORE_BF16", True),
+    (True, False, True, False, "", False),  # a PyTorch without oneDNN's bf16
+    (False, True, False, False, "", True),  # Arm with the BF16 extension (oneDNN's answer)
+    (False, False, False, False, "", False),
+])
+def test_native_bf16_on_the_cpu_is_the_instructions_not_onednns_emulation(monkeypatch, x86, onednn, avx512_bf16,
+                                                                          amx, limit, native):
+    """oneDNN answers True on every AVX-512 CPU, emulating bf16 where the CPU has no bf16 products:
+    native bf16 on x86 is AVX512-BF16 or AMX, present and not held back by ``ONEDNN_MAX_CPU_ISA``."""
+    monkeypatch.setattr(rt, "_is_x86", lambda: x86)
+    monkeypatch.setattr(rt, "_onednn_has_bf16", lambda: onednn)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    assert rt.cpu_supports_bf16() is native
 
 
 def test_training_logs_its_precision_and_why(caplog):

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import logging
 import os
+import platform
 import random
 from dataclasses import dataclass
 
@@ -103,11 +104,36 @@ def use_tf32(device: torch.device, enabled: bool) -> None:
         torch.backends.cudnn.allow_tf32 = enabled
 
 
+# oneDNN's instruction-set limits (``ONEDNN_MAX_CPU_ISA``) that leave out its bf16 instructions: below
+# AVX512_CORE_BF16 it emulates bf16 (AVX2_VNNI_2 converts to and from bf16 but has no bf16 products).
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls natively: on x86, the AVX512-BF16 or AMX instructions,
+    present and not held back by ``ONEDNN_MAX_CPU_ISA``; on Arm, oneDNN's answer (the BF16 extension).
+    Not ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` alone: it answers True on every AVX-512 CPU,
+    Skylake and Cascade Lake included, where oneDNN emulates bf16 by conversions, slower than float32
+    (BENCHMARKS.md, "Held to AVX2 on the Zen 4")."""
+    onednn = _onednn_has_bf16()
+    if not onednn or not _is_x86():
+        return onednn
+    limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    instructions = any(getattr(torch.cpu, name, lambda: False)()
+                       for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return instructions and limit not in ONEDNN_ISAS_WITHOUT_BF16
+
+
+def _onednn_has_bf16() -> bool:
+    """oneDNN's answer: bf16 matmuls natively or by emulation."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
 NATIVE_BF16_CAPABILITY = (8, 0)  # Ampere on: bf16 tensor cores. Before it CUDA emulates bf16.
@@ -118,7 +144,7 @@ def resolve_precision(spec: str, device: torch.device) -> tuple[str, str]:
     in words for the log. auto on CUDA: bf16 where the GPU computes it natively (compute capability
     >= 8.0), else fp16, which trains with a gradient scaler; not ``torch.cuda.is_bf16_supported()``,
     which answers True on a T4 (7.5) or a V100 (7.0) by emulating bf16. auto on the CPU: bf16 where
-    oneDNN has native bf16 (AVX512-BF16, AMX), else fp32."""
+    it is native (``cpu_supports_bf16``: AVX512-BF16, AMX, Arm's BF16), else fp32."""
     if spec == "auto":
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
@@ -127,7 +153,7 @@ def resolve_precision(spec: str, device: torch.device) -> tuple[str, str]:
                    + ("native bf16" if native else "has no native bf16"))
             return ("bf16" if native else "fp16"), why
         if device.type == "cpu" and cpu_supports_bf16():
-            return "bf16", "auto: the CPU has native bf16 matmuls (AVX512-BF16 or AMX)"
+            return "bf16", "auto: the CPU has native bf16 matmuls (AVX512-BF16, AMX or Arm's BF16)"
         return "fp32", f"auto: {device.type} without native bf16"
     if spec == "fp16" and device.type != "cuda":
         raise UserError("precision fp16 needs CUDA (it uses a gradient scaler); use bf16 or fp32 on CPU")
