@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +59,26 @@ def compile_model(net: torch.nn.Module, **options) -> torch.nn.Module:
     ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
     import torch.fx.experimental.symbolic_shapes  # noqa: F401  (loads the shape settings below)
     torch.fx.experimental._config.use_duck_shape = False
+    inductor_cache_per_capability()
     return torch.compile(net, dynamic=True, **options)
+
+
+def inductor_cache_per_capability(env=os.environ) -> None:
+    """Under ``ATEN_CPU_CAPABILITY`` (a CPU held to AVX2, say), torch.compile's cache of its own:
+    inductor's on-disk cache does not key its compiled graphs on that setting, and a run held to it
+    after a run without it (or the other way round) loads graphs made for the other vector width and
+    computes on corrupted memory (non-finite outputs, or a crash in malloc). Left alone where
+    ``TORCHINDUCTOR_CACHE_DIR`` is set."""
+    capability = env.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if capability and not env.get("TORCHINDUCTOR_CACHE_DIR"):
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+            base = default_cache_dir()
+        except ImportError:  # (another PyTorch: its default place, by its rule of 2.13)
+            import getpass
+            import tempfile
+            base = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{base}_{capability}"
 
 
 def broadcast_parameters(params: list[torch.Tensor], dist: rt.Dist) -> None:

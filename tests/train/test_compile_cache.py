@@ -1,0 +1,55 @@
+"""torch.compile's on-disk cache and ``ATEN_CPU_CAPABILITY`` (``parallel.inductor_cache_per_capability``):
+inductor does not key its cached graphs on the setting, so a run held to AVX2 after one that was not
+loaded graphs made for AVX-512 and computed NaN. aiayn gives each held setting a cache of its own."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.train.parallel import inductor_cache_per_capability
+
+REPO = Path(__file__).resolve().parents[2]
+
+COMPILED_FORWARD = """
+import torch
+from aiayn.model.config import ModelConfig
+from aiayn.model.transformer import Transformer
+from aiayn.train.parallel import compile_model
+torch.manual_seed(0)
+model = Transformer(ModelConfig(vocab_size=500, n_layers=2, d_model=32, d_ff=64, n_heads=4, d_k=8, d_v=8, p_drop=0.0))
+src, tgt = torch.randint(4, 500, (3, 7)), torch.randint(4, 500, (3, 5))
+with torch.no_grad():
+    eager, compiled = model(src, tgt), compile_model(model)(src, tgt)
+print(bool(compiled.isfinite().all()), float((compiled - eager).abs().max()))
+"""
+
+
+def test_a_held_capability_gets_a_cache_of_its_own(tmp_path):
+    env = {"ATEN_CPU_CAPABILITY": "AVX2"}
+    inductor_cache_per_capability(env)
+    assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
+    chosen = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    inductor_cache_per_capability(chosen)
+    assert chosen["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)  # the user's choice stands
+    native = {}
+    inductor_cache_per_capability(native)
+    assert native == {}  # no setting: inductor's own place
+
+
+@pytest.mark.slow
+def test_compiled_model_held_to_avx2_after_a_native_run_computes_what_the_eager_one_does(tmp_path):
+    """Two processes with inductor's default cache (under the same TMPDIR): the first compiles the
+    model natively, the second held to AVX2. Compiled and eager differ only by the order of float32
+    sums (about 1e-6 for these logits); from the shared cache the second computed NaN."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+    env.update(TMPDIR=str(tmp_path), PYTHONPATH=str(REPO / "src"))
+    for held in ({}, {"ATEN_CPU_CAPABILITY": "avx2"}):
+        out = subprocess.run([sys.executable, "-c", COMPILED_FORWARD], env={**env, **held}, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        finite, diff = out.stdout.split()
+        assert finite == "True" and float(diff) < 1e-3, (held, out.stdout)
