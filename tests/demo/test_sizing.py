@@ -70,3 +70,32 @@ def test_the_demo_sizes_its_default_recipe_and_says_why(tmp_path, capsys, monkey
     assert "[2/7] sized to this machine: multi30k-quick.json" in capsys.readouterr().out
     monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-gpu.json")  # CUDA
     assert stages._sized_recipe(DemoConfig(), tmp_path / "gpu", {}) == RECIPES / "multi30k-gpu.json"
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", "torch.float32"), ("bf16", "torch.bfloat16")])
+def test_the_budget_is_measured_in_the_precision_training_will_use(monkeypatch, precision, dtype):
+    """A CPU with native bf16 trains in bf16 (several times its fp32 rate on a Zen 5 or a Xeon with
+    AMX): its budget comes from its bf16 matmuls, or the fast machines would be sized as slow ones."""
+    from aiayn.train import runtime
+
+    seen = []
+    monkeypatch.setattr(runtime, "matmul_tflops", lambda device, n, seconds, dtype: seen.append(str(dtype)) or 0.5)
+    budget, tflops = predicted_budget(MINUTES, 2, 1, precision=precision)
+    assert seen == [dtype] and tflops == 0.5
+    assert budget == pytest.approx(MINUTES * 60 * 2 * 0.5e12 * UTILIZATION, rel=1e-12)
+
+
+@pytest.mark.parametrize("native, sets, precision", [(True, "", "bf16"), (False, "", "fp32"),
+                                                     (True, "train.precision=fp32", "fp32")])
+def test_the_demo_sizes_by_the_precision_of_its_training(tmp_path, monkeypatch, native, sets, precision):
+    from aiayn.demo import stages
+    from aiayn.demo.config import DemoConfig
+    from aiayn.train import runtime
+
+    monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k.json")  # no CUDA
+    monkeypatch.setattr(runtime, "cpu_supports_bf16", lambda: native)
+    monkeypatch.setattr(runtime, "matmul_tflops", lambda device, n, seconds, dtype: 0.062)
+    results = {}
+    stages._sized_recipe(DemoConfig(sets=sets), tmp_path, results)
+    assert results["sizing"]["precision"] == precision
+    assert f"this machine's {precision} matmuls run at 62 GFLOP/s" in describe(results["sizing"])

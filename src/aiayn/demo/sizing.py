@@ -8,9 +8,10 @@ training the demo predicts the budget, the training FLOPs this machine counts in
 
     budget = minutes x 60 x processes x R x UTILIZATION
 
-with R this machine's fp32 matmul rate on one process's threads (``train.runtime.matmul_tflops``,
-measured here for a second) and UTILIZATION the share of it training reaches, and takes the last of
-``SIZES`` whose ``from_flops`` the budget reaches. The choice and why are printed and kept in
+with R this machine's matmul rate on one process's threads, in the precision training will use
+(``train.precision`` auto: bf16 where the CPU has it natively, else fp32; ``train.runtime``), measured
+here for a second, and UTILIZATION the share of it training reaches; it takes the last of ``SIZES``
+whose ``from_flops`` the budget reaches. The choice and why are printed and kept in
 ``OUT/sizing.json``, so a re-run resumes the same recipe; ``--recipe`` forces one.
 
 Each size's recipe was calibrated by counted FLOPs, not minutes: trained to a budget with
@@ -27,7 +28,7 @@ from pathlib import Path
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
 
-UTILIZATION = 0.45  # counted training FLOPs / fp32 matmul rate, 2 processes: 0.49 (demo) and 0.36 (quick), Zen 3
+UTILIZATION = 0.45  # counted training FLOPs / the matmul rate of training's precision, 2 processes (BENCHMARKS.md)
 
 
 @dataclass(frozen=True)
@@ -51,24 +52,26 @@ def choose_size(sizes: tuple[Size, ...], budget: float) -> Size:
     return chosen
 
 
-def predicted_budget(minutes: float, processes: int, threads: int, measure=None) -> tuple[float, float]:
+def predicted_budget(minutes: float, processes: int, threads: int, measure=None,
+                     precision: str = "fp32") -> tuple[float, float]:
     """(the counted training FLOPs predicted for ``minutes`` of training with ``processes`` processes
-    of ``threads`` threads each, the matmul TFLOP/s of one process it came from)."""
+    of ``threads`` threads each, the matmul TFLOP/s of one process in ``precision`` it came from)."""
     import torch
 
     from aiayn.train.runtime import matmul_tflops
 
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
-        tflops = (measure or (lambda: matmul_tflops(torch.device("cpu"), n=512, seconds=1.0)))()
+        tflops = (measure or (lambda: matmul_tflops(torch.device("cpu"), n=512, seconds=1.0, dtype=dtype)))()
     finally:
         torch.set_num_threads(before)
     return minutes * 60 * processes * tflops * 1e12 * UTILIZATION, tflops
 
 
 def sized_recipe(recipes: Path, quick: bool, minutes: float, processes: int, threads: int, out: Path,
-                 measure=None) -> tuple[Path, dict]:
+                 measure=None, precision: str = "fp32") -> tuple[Path, dict]:
     """The recipe for this machine (module docstring) and the record of the choice; a choice already
     made in ``out`` (``sizing.json``) is kept, so a re-run resumes the run it started."""
     record_path = out / "sizing.json"
@@ -79,9 +82,10 @@ def sized_recipe(recipes: Path, quick: bool, minutes: float, processes: int, thr
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{record_path}: not the demo's sizing record ({e}); remove it or use --overwrite") from e
     sizes = QUICK_SIZES if quick else SIZES
-    budget, tflops = predicted_budget(minutes, processes, threads, measure)
+    budget, tflops = predicted_budget(minutes, processes, threads, measure, precision)
     size = choose_size(sizes, budget)
-    record = {"recipe": size.recipe, "predicted_flops": budget, "matmul_tflops_per_process": round(tflops, 4),
+    record = {"recipe": size.recipe, "predicted_flops": budget, "precision": precision,
+              "matmul_tflops_per_process": round(tflops, 4),
               "processes": processes, "threads_per_process": threads, "minutes": minutes,
               "utilization": UTILIZATION,
               "sizes": [{"recipe": s.recipe, "from_flops": s.from_flops} for s in sizes]}
@@ -92,7 +96,7 @@ def sized_recipe(recipes: Path, quick: bool, minutes: float, processes: int, thr
 def describe(record: dict) -> str:
     """One line: the recipe chosen and why."""
     sizes = ", ".join(f"{s['recipe']} from {s['from_flops']:.2g}" for s in record["sizes"])
-    return (f"{record['recipe']}: this machine's fp32 matmuls run at {record['matmul_tflops_per_process'] * 1e3:.0f} "
+    return (f"{record['recipe']}: this machine's {record.get('precision', 'fp32')} matmuls run at {record['matmul_tflops_per_process'] * 1e3:.0f} "
             f"GFLOP/s a process, so {record['minutes']:g} minutes x {record['processes']} processes x "
             f"{record['utilization']:.0%} of it is a budget of about {record['predicted_flops']:.2g} counted FLOPs "
             f"(recipes by budget: {sizes}; --recipe forces one)")

@@ -254,11 +254,12 @@ def resident_mb() -> float | None:
         return None
 
 
-def matmul_tflops(device: torch.device, n: int = 1024, seconds: float = 0.5) -> float:
-    """A quick measure of sustained fp32 matmul throughput (for the Table 2 cost estimate)."""
+def matmul_tflops(device: torch.device, n: int = 1024, seconds: float = 0.5,
+                  dtype: torch.dtype = torch.float32) -> float:
+    """A quick measure of sustained matmul throughput in ``dtype`` (fp32 for the Table 2 cost estimate)."""
     import time
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
