@@ -42,20 +42,20 @@ def test_the_sizes_are_recipes_in_increasing_budget():
 
 def test_the_choice_is_printed_kept_and_resumed(tmp_path):
     slow, fast = (lambda: 0.062), (lambda: 1.0)
-    recipe, record = sized_recipe(RECIPES, False, MINUTES, 2, 1, tmp_path, measure=slow)
+    recipe, record = sized_recipe(False, MINUTES, 2, 1, tmp_path, measure=slow)
     assert recipe == RECIPES / SIZES[0].recipe and record["predicted_flops"] < SIZES[-1].from_flops
     line = describe(record)
     assert SIZES[0].recipe in line and "62 GFLOP/s" in line and "--recipe forces one" in line
     # a re-run keeps the first choice, whatever the machine measures now
-    again, _ = sized_recipe(RECIPES, False, MINUTES, 2, 1, tmp_path, measure=fast)
+    again, _ = sized_recipe(False, MINUTES, 2, 1, tmp_path, measure=fast)
     assert again == recipe
     assert json.loads((tmp_path / "sizing.json").read_text())["recipe"] == SIZES[0].recipe
     other = tmp_path / "fast"
     other.mkdir()
-    assert sized_recipe(RECIPES, False, MINUTES, 2, 1, other, measure=fast)[0] == RECIPES / SIZES[-1].recipe
+    assert sized_recipe(False, MINUTES, 2, 1, other, measure=fast)[0] == RECIPES / SIZES[-1].recipe
     (other / "sizing.json").write_text("[]")
     with pytest.raises(UserError, match="not the demo's sizing record"):
-        sized_recipe(RECIPES, False, MINUTES, 2, 1, other, measure=fast)
+        sized_recipe(False, MINUTES, 2, 1, other, measure=fast)
 
 
 def test_the_demo_sizes_its_default_recipe_and_says_why(tmp_path, capsys, monkeypatch):

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiayn.demo.config import RECIPES
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
 
@@ -70,15 +71,15 @@ def predicted_budget(minutes: float, processes: int, threads: int, measure=None,
     return minutes * 60 * processes * tflops * 1e12 * UTILIZATION, tflops
 
 
-def sized_recipe(recipes: Path, quick: bool, minutes: float, processes: int, threads: int, out: Path,
-                 measure=None, precision: str = "fp32") -> tuple[Path, dict]:
-    """The recipe for this machine (module docstring) and the record of the choice; a choice already
-    made in ``out`` (``sizing.json``) is kept, so a re-run resumes the run it started."""
+def sized_recipe(quick: bool, minutes: float, processes: int, threads: int, out: Path, measure=None,
+                 precision: str = "fp32") -> tuple[Path, dict]:
+    """The recipe of ``RECIPES`` for this machine (module docstring) and the record of the choice; a
+    choice already made in ``out`` (``sizing.json``) is kept, so a re-run resumes the run it started."""
     record_path = out / "sizing.json"
     if record_path.exists():
         try:
             record = json.loads(record_path.read_text())
-            return recipes / record["recipe"], record
+            return RECIPES / record["recipe"], record
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{record_path}: not the demo's sizing record ({e}); remove it or use --overwrite") from e
     sizes = QUICK_SIZES if quick else SIZES
@@ -90,7 +91,7 @@ def sized_recipe(recipes: Path, quick: bool, minutes: float, processes: int, thr
               "utilization": UTILIZATION,
               "sizes": [{"recipe": s.recipe, "from_flops": s.from_flops} for s in sizes]}
     write_json_atomic(record_path, record)
-    return recipes / size.recipe, record
+    return RECIPES / size.recipe, record
 
 
 def describe(record: dict) -> str:

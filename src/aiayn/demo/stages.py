@@ -289,25 +289,25 @@ def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
     processes = (cfg.processes or auto_processes()) if cfg.members == 1 else 1
     threads = max(1, (cfg.threads or first.threads or os.cpu_count() or 1) // (processes * cfg.members))
     precision = _training_precision(cfg)
-    recipe, record = sized_recipe(RECIPES, cfg.quick, minutes, processes, threads, out, precision=precision)
+    recipe, record = sized_recipe(cfg.quick, minutes, processes, threads, out, precision=precision)
     results["sizing"] = record
     print(f"[2/7] sized to this machine: {describe(record)}", flush=True)
     return recipe
 
 
 def _training_precision(cfg: DemoConfig) -> str:
-    """The precision the demo's training will take on the CPU: ``--set train.precision=...``, else
-    the recipes' (auto: bf16 where native, else fp32)."""
+    """The precision the demo's training will take on the CPU: the recipes' with the demo's
+    ``--set`` applied (auto: bf16 where native, else fp32)."""
     import torch
 
     from aiayn.config import apply_sets
     from aiayn.demo.sizing import QUICK_SIZES, SIZES
     from aiayn.train.config import load_recipe
-    from aiayn.train.runtime import resolve_precision
+    from aiayn.train.loop import precision_of
 
     first = RECIPES / (QUICK_SIZES if cfg.quick else SIZES)[0].recipe
-    spec = apply_sets(load_recipe(first), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)).train.precision
-    return resolve_precision(spec, torch.device("cpu"))[0]
+    return precision_of(apply_sets(load_recipe(first), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)),
+                        torch.device("cpu"))
 
 
 def stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:

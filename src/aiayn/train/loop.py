@@ -66,6 +66,11 @@ def schedule_of(cfg: RunConfig) -> Schedule:
                     max_time_min=t.max_time_min, max_flops=t.max_flops)
 
 
+def precision_of(cfg: RunConfig, device: torch.device) -> str:
+    """The precision a run of ``cfg`` trains in on ``device`` (``train.precision``, auto resolved)."""
+    return rt.resolve_precision(cfg.train.precision, device)[0]
+
+
 def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
               run_dir: Path | None = None) -> TrainStep:
     """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
