@@ -109,7 +109,7 @@ def test_int8_linear_takes_the_kernel_without_vnni_and_gives_the_same(kernels, m
 
 def test_the_build_says_whether_it_has_the_avx2_loop(kernels, portable):
     # decode/int8.py refuses precision int8 without VNNI where the product would be the plain loops
-    from aiayn.decode.int8 import _cpu_flags
+    from aiayn.host.isa import cpu_flags as _cpu_flags
     from aiayn.kernels.loader import _march
 
     assert not portable.int8_vector  # built without -march: no AVX2

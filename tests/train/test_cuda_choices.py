@@ -88,8 +88,11 @@ def test_native_bf16_on_the_cpu_is_the_instructions_not_onednns_emulation(monkey
     native bf16 on x86 is AVX512-BF16 or AMX, present and not held back by ``ONEDNN_MAX_CPU_ISA``."""
     monkeypatch.setattr(rt, "_is_x86", lambda: x86)
     monkeypatch.setattr(rt, "_onednn_has_bf16", lambda: onednn)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    from aiayn.host import isa
+
+    flags = frozenset({"avx512f", "avx512_vnni"} | ({"avx512_bf16"} if avx512_bf16 else set())
+                      | ({"amx_tile", "amx_bf16"} if amx else set()))
+    monkeypatch.setattr(isa, "cpu_flags", lambda: flags)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
     assert rt.cpu_supports_bf16() is native

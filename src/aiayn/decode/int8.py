@@ -39,15 +39,13 @@ for the log-probabilities. Worth it on CPUs with bf16 instructions (AVX512-BF16,
 from __future__ import annotations
 
 import copy
-import functools
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.errors import UserError
+from aiayn.host.isa import VNNI_ISAS, onednn_uses
 
 if TYPE_CHECKING:
     from aiayn.kernels.loader import Kernels
@@ -63,41 +61,13 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.div(x, s).round_().to(torch.int8), s
 
 
-# ONEDNN_MAX_CPU_ISA values under which oneDNN uses each CPU flag's int8 dot products (its ISAs are
-# partially ordered: AVX2 < AVX2_VNNI < AVX2_VNNI_2; AVX2 < AVX512_CORE < AVX512_CORE_VNNI < AVX512_CORE_BF16
-# < AVX10_1_512 < AVX10_1_512_AMX < AVX10_1_512_AMX_FP16; AVX2_VNNI < AVX10_1_512). Unset, DEFAULT or a
-# value not listed here: no limit.
-_AMX_ISAS = frozenset({"AVX10_1_512_AMX", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16"})
-_AVX10_ISAS = _AMX_ISAS | {"AVX10_1_512", "AVX512_CORE_FP16"}
-_VNNI_ISAS = {"amx_int8": _AMX_ISAS,
-              "avx512_vnni": _AVX10_ISAS | {"AVX512_CORE_VNNI", "AVX512_CORE_BF16"},
-              "avx_vnni": _AVX10_ISAS | {"AVX2_VNNI", "AVX2_VNNI_2"}}
-_ISA_LIMITS = frozenset({"SSE41", "AVX", "AVX2", "AVX512_CORE"}).union(*_VNNI_ISAS.values())
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags, as /proc/cpuinfo lists them (none where it cannot be read)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def onednn_vnni(flags: frozenset[str] | None = None, env: Mapping[str, str] | None = None) -> bool:
     """Whether oneDNN's int8 GEMM (``torch._int_mm`` on the CPU) runs on VNNI dot products, and so is
     fast and exact: the CPU has avx512_vnni, avx_vnni or amx_int8 (``flags``, else /proc/cpuinfo's) and
     ``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``; ``env``, else the environment) does
     not hold oneDNN below them (AVX2 or AVX512_CORE: no VNNI). Without VNNI oneDNN's product is a slow
     reference loop, or with AVX2 u8·s8 products (vpmaddubsw) whose int16 pair sums saturate."""
-    flags = _cpu_flags() if flags is None else flags
-    env = os.environ if env is None else env
-    limit = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
-    return any(flag in flags and (limit not in _ISA_LIMITS or limit in allowed)
-               for flag, allowed in _VNNI_ISAS.items())
+    return onednn_uses(VNNI_ISAS, flags, env)
 
 
 def require_int8_product(precision: str, kernels: "Kernels | None") -> None:

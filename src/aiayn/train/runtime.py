@@ -16,6 +16,7 @@ import torch
 import torch.distributed as tdist
 
 from aiayn.errors import UserError
+from aiayn.host.isa import BF16_ISAS, onednn_uses
 
 log = logging.getLogger(__name__)
 
@@ -104,24 +105,16 @@ def use_tf32(device: torch.device, enabled: bool) -> None:
         torch.backends.cudnn.allow_tf32 = enabled
 
 
-# oneDNN's instruction-set limits (``ONEDNN_MAX_CPU_ISA``) that leave out its bf16 instructions: below
-# AVX512_CORE_BF16 it emulates bf16 (AVX2_VNNI_2 converts to and from bf16 but has no bf16 products).
-ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-
-
 def cpu_supports_bf16() -> bool:
     """Whether this CPU computes bf16 matmuls natively: on x86, the AVX512-BF16 or AMX instructions,
-    present and not held back by ``ONEDNN_MAX_CPU_ISA``; on Arm, oneDNN's answer (the BF16 extension).
-    Not ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` alone: it answers True on every AVX-512 CPU,
-    Skylake and Cascade Lake included, where oneDNN emulates bf16 by conversions, slower than float32
-    (BENCHMARKS.md, "Held to AVX2 on the Zen 4")."""
+    present and not held back by ``ONEDNN_MAX_CPU_ISA`` (``host.isa.onednn_uses``); on Arm, oneDNN's
+    answer (the BF16 extension). Not ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` alone: it
+    answers True on every AVX-512 CPU, Skylake and Cascade Lake included, where oneDNN emulates bf16
+    by conversions, slower than float32 (CHANGELOG.md, 2026-11-28)."""
     onednn = _onednn_has_bf16()
     if not onednn or not _is_x86():
         return onednn
-    limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
-    instructions = any(getattr(torch.cpu, name, lambda: False)()
-                       for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return instructions and limit not in ONEDNN_ISAS_WITHOUT_BF16
+    return onednn_uses(BF16_ISAS)
 
 
 def _onednn_has_bf16() -> bool:
