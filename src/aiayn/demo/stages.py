@@ -279,35 +279,28 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
 
 def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
     """The default recipe: multi30k-gpu.json where CUDA is present; on a CPU the one sized to this
-    machine's budget of training FLOPs in the demo's minutes (aiayn.demo.sizing), printed with why."""
+    machine's budget of training FLOPs in the demo's minutes (aiayn.demo.sizing), in the precision
+    its training will take (the recipes' with the demo's ``--set``: auto is bf16 where native, else
+    fp32), printed with why."""
+    import torch
+
+    from aiayn.config import apply_sets
     from aiayn.demo.sizing import QUICK_SIZES, SIZES, describe, sized_recipe
     from aiayn.train.config import load_recipe
+    from aiayn.train.loop import precision_of
     if default_recipe(cfg.quick).name == "multi30k-gpu.json":
         return default_recipe(cfg.quick)
-    first = load_recipe(RECIPES / (QUICK_SIZES if cfg.quick else SIZES)[0].recipe).train
+    first_run = load_recipe(RECIPES / (QUICK_SIZES if cfg.quick else SIZES)[0].recipe)
+    first = first_run.train
     minutes = cfg.minutes or first.max_time_min
     processes = (cfg.processes or auto_processes()) if cfg.members == 1 else 1
     threads = max(1, (cfg.threads or first.threads or os.cpu_count() or 1) // (processes * cfg.members))
-    precision = _training_precision(cfg)
+    precision = precision_of(apply_sets(first_run, recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)),
+                             torch.device("cpu"))
     recipe, record = sized_recipe(cfg.quick, minutes, processes, threads, out, precision=precision)
     results["sizing"] = record
     print(f"[2/7] sized to this machine: {describe(record)}", flush=True)
     return recipe
-
-
-def _training_precision(cfg: DemoConfig) -> str:
-    """The precision the demo's training will take on the CPU: the recipes' with the demo's
-    ``--set`` applied (auto: bf16 where native, else fp32)."""
-    import torch
-
-    from aiayn.config import apply_sets
-    from aiayn.demo.sizing import QUICK_SIZES, SIZES
-    from aiayn.train.config import load_recipe
-    from aiayn.train.loop import precision_of
-
-    first = RECIPES / (QUICK_SIZES if cfg.quick else SIZES)[0].recipe
-    return precision_of(apply_sets(load_recipe(first), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)),
-                        torch.device("cpu"))
 
 
 def stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model_path: Path, results: dict) -> Path:
