@@ -19,10 +19,13 @@
 #   real       Multi30k prepared from gpu_pack/, then real length-bucketed batches (base, bf16):
 #              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile
 #              68 s, then up to 300 s
-#   translate  beam search against HF generate and CTranslate2 (aiayn's own model, exported), fp32
-#              and bf16, base and big                                 69 s without CTranslate2
+#   translate  beam search against HF generate, then CTranslate2 (aiayn's own model, exported) in a
+#              process of its own: aiayn fp32 and bf16; HF fp32 and bf16; CTranslate2 fp32, bf16,
+#              fp16 and int8 (int8_bfloat16); base and big             69 s without CTranslate2
 #   memory     torch.cuda.max_memory_allocated of aiayn's step, base and big at 3,125 and 25,000
 #              tokens a batch, beside `aiayn estimate`'s peak (aiayn/cost/memory.py)  ~1 min (not run)
+#   small      the GPU demo's model (recipes/multi30k-gpu.json) at 4,096 + 4,096 tokens a step against
+#              HF Marian of the same shape, and its profile: device time against wall time  ~30 s
 #   demo       `aiayn demo --minutes M` (default 8, the recipe's own) on gpu_pack's Multi30k, against
 #              the target test_2016 >= 42.0 in <= 10 minutes; then test_2016 translated in fp32 and
 #              bf16, timed, where the call has time left                 M + 0.6 min, then 0.5 min
@@ -47,14 +50,14 @@ while [ $# -gt 0 ]; do
     --minutes) MINUTES=$2; shift 2 ;;
     --minutes=*) MINUTES=${1#*=}; shift ;;
     cpu-smoke) SMOKE=1; shift ;;
-    all) STAGES+=(env tests train compile real translate memory demo); shift ;;
-    pack|env|tests|train|compile|real|translate|memory|demo) STAGES+=("$1"); shift ;;
-    *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate memory demo all cpu-smoke;" \
+    all) STAGES+=(env tests train compile real translate memory small demo); shift ;;
+    pack|env|tests|train|compile|real|translate|memory|small|demo) STAGES+=("$1"); shift ;;
+    *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate memory small demo all cpu-smoke;" \
             "option: --minutes M)" >&2; exit 2 ;;
   esac
 done
 [ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,33p' "$0"; exit 2; }
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(env tests train compile real translate memory demo)  # cpu-smoke alone: all
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(env tests train compile real translate memory small demo)  # cpu-smoke alone: all
 
 export PYTHONPATH=$ROOT/src:$ROOT/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 SHARED=${AIAYN_SHARED_DATA:-$ROOT/../shared/data}  # what `pack` copies (the folder holding multi30k/)
@@ -68,8 +71,9 @@ if [ "$SMOKE" = 1 ]; then
   W=$W-cpu-smoke
   TRAIN_SIZES=(--sizes tiny --vocab 500 --batch 8 --len 12 --steps 2 --rounds 2 --warmup 1 --device cpu)
   REAL_SIZES=(--sizes tiny --batch-tokens 600 --real-batches 6 --steps 2 --rounds 2 --warmup 1 --device cpu)
-  TRANSLATE_SIZES=(--sizes tiny --batch 4 --out-len 8 --vocab 300 --rounds 2 --device cpu
-                   --systems aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16,ct2-fp32)  # CTranslate2 has no bf16 on this CPU
+  TRANSLATE_SIZES=(--sizes tiny --batch 4 --out-len 8 --vocab 300 --rounds 2 --device cpu)
+  SMALL_SIZES=(--sizes recipes/multi30k-gpu.json --vocab 500 --batch 8 --len 12 --steps 2 --rounds 2 --warmup 1
+               --device cpu)
   MEMORY_SIZES=(--sizes tiny --tokens 240 --vocab 500 --steps 2 --device cpu)
 else
   DEVICE=cuda
@@ -80,6 +84,7 @@ else
   TRAIN_SIZES=(--sizes base,big --steps 10 --rounds 3 --warmup 3)
   REAL_SIZES=(--sizes base --batch-tokens 12500 --real-batches 40 --steps 10 --rounds 3 --warmup 3)
   TRANSLATE_SIZES=(--sizes base,big --rounds 3)
+  SMALL_SIZES=(--sizes recipes/multi30k-gpu.json --vocab 8000 --batch 128 --len 32 --steps 20 --rounds 3 --warmup 5)
   MEMORY_SIZES=(--sizes base,big --tokens 3125,25000)
 fi
 export BENCH_RESULTS=${RESULTS:-}
@@ -100,6 +105,11 @@ stage_pack() {
   cp -r "$src/raw" "$src/tok" "$PACK/data/multi30k/" && chmod -R u+w "$PACK" || return 1
   ver=$($PY -c "import importlib.metadata as m; print(m.version('sacremoses'))" 2>/dev/null)
   $PY -m pip download -q --no-deps --only-binary=:all: -d "$PACK/wheels" "sacremoses${ver:+==$ver}" || return 1
+  # CTranslate2 for the GPU machine's Python (PACK_PYTHON, default 3.12), whatever this one's is
+  ver=$($PY -c "import importlib.metadata as m; print(m.version('ctranslate2'))" 2>/dev/null)
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version "${PACK_PYTHON:-3.12}" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$PACK/wheels" "ctranslate2${ver:+==$ver}" || return 1
   find "$PACK" -type f | sort
   du -sh "$PACK"
 }
@@ -158,8 +168,33 @@ stage_real() {
   return $rc
 }
 
-stage_translate() {
-  timeout 300 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}"
+cublas12_shim() {  # CTranslate2's CUDA build opens libcublas.so.12; beside a CUDA 13 torch, name cuBLAS 13 so
+  local site lib lt
+  [ "$SMOKE" = 1 ] && return 0
+  $PY -c "import ctypes; ctypes.CDLL('libcublas.so.12')" 2>/dev/null && return 0
+  site=$($PY -c "import site; print(' '.join(site.getsitepackages()))")
+  ls $site/nvidia/cublas/lib/libcublas.so.12 >/dev/null 2>&1 && return 0  # nvidia-cublas-cu12: gpu_translate loads it
+  lib=$(find $site /usr/local/cuda* -name 'libcublas.so.1[3-9]' 2>/dev/null | head -1)
+  [ -n "$lib" ] || { echo "no cuBLAS found for CTranslate2"; return 0; }
+  lt=$(dirname "$lib")/libcublasLt.so.${lib##*.so.}
+  mkdir -p "$W/cublas12" && ln -sf "$lib" "$W/cublas12/libcublas.so.12" && ln -sf "$lt" "$W/cublas12/libcublasLt.so.12"
+  export LD_LIBRARY_PATH=$W/cublas12:$(dirname "$lib"):${LD_LIBRARY_PATH:-} AIAYN_CUBLAS12="$lib as libcublas.so.12"
+  echo "CTranslate2 on $AIAYN_CUBLAS12"
+}
+
+stage_translate() {  # aiayn and HF first, then CTranslate2 in a process of its own beside aiayn
+  local rc=0 ct2=ct2-fp32,ct2-bf16,ct2-fp16,ct2-int8
+  [ "$SMOKE" = 1 ] && ct2=ct2-fp32
+  timeout 200 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16 || rc=1
+  cublas12_shim
+  timeout 150 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16,$ct2 \
+    --out-name gpu_translate_ct2.json || rc=1
+  return $rc
+}
+
+stage_small() {  # the GPU demo's model (recipes/multi30k-gpu.json) at its 4,096 + 4,096-token steps: host or device?
+  timeout 120 $PY bench/gpu_train.py "${SMALL_SIZES[@]}" --precisions bf16 --systems aiayn,hf-marian --profile \
+    --out-name gpu_train_small.json
 }
 
 stage_memory() {

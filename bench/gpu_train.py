@@ -273,8 +273,16 @@ def measure(steps: dict, batches: Batches, cfg, device, n_steps: int, rounds: in
     return out
 
 
+def model_config(size: str, vocab: int):
+    """A preset's model (``base``, ``big``, ...) or a recipe's (a path ending in .json), with ``vocab`` pieces."""
+    if size.endswith(".json"):
+        from aiayn.train.config import load_recipe
+        return dataclasses.replace(load_recipe(size).model, vocab_size=vocab)
+    return aiayn.get_preset(size, vocab_size=vocab)
+
+
 def run_case(size: str, precision: str, batches_kind: str, args, device) -> dict:
-    cfg = aiayn.get_preset(size, vocab_size=args.vocab)
+    cfg = model_config(size, args.vocab)
     if args.data and batches_kind == "real":
         from aiayn.data.dataset import DataDir
         cfg = dataclasses.replace(cfg, vocab_size=DataDir(args.data).vocab_size)
@@ -311,20 +319,33 @@ def run_case(size: str, precision: str, batches_kind: str, args, device) -> dict
 
 
 def profile_aiayn(size: str, precision: str, args, device) -> None:
-    """A torch.profiler table of aiayn's step (3 steps after warm-up), by device time."""
-    cfg = aiayn.get_preset(size, vocab_size=args.vocab)
+    """A torch.profiler table of aiayn's step (3 steps after warm-up), by device time, and the step's
+    device time beside its wall time (device time well short of wall time: the host is the bound)."""
+    cfg = model_config(size, args.vocab)
     batches = synthetic_batches(cfg, args.batch, args.len, args.len, device)
     step = build_aiayn(cfg, batches, device, precision)
     for _ in range(3):
         step(0)
     sync(device)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step(0)
+    sync(device)
+    wall_ms = (time.perf_counter() - t0) / 3 * 1e3
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(3):
             step(0)
         sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70), flush=True)
+    events = prof.key_averages()
+    print(events.table(sort_by=key, row_limit=25, max_name_column_width=70), flush=True)
+    if device.type == "cuda":
+        kernels = [e for e in events if "CUDA" in str(e.device_type)]  # the kernels themselves, not the ops
+        device_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in kernels)
+        print(f"{size} {precision}: device time {device_us / 3e3:.1f} ms a step against {wall_ms:.1f} ms of wall "
+              f"time unprofiled ({100 * device_us / 3e3 / wall_ms:.0f}% busy), {cfg.d_model=} {cfg.n_layers=}",
+              flush=True)
 
 
 def main() -> int:

@@ -9,8 +9,11 @@ of decoder steps on the same rows (as bench/translate_throughput.py does on the 
   HF      MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L), fp32 and bf16 weights
   CT2     CTranslate2 on aiayn's own model (the same weights, written by ``aiayn export``'s ``write_ct2``):
           translate_batch(beam_size=4, min_decoding_length=L, max_decoding_length=L), compute types
-          float32 and bfloat16, on the same device (CUDA needs CTranslate2's libcublas.so.12, loaded
-          from the nvidia-cublas-cu12 package where one is installed)
+          float32, bfloat16, float16 and int8_bfloat16 (int8 weights, bfloat16 between them), on the
+          same device. CTranslate2's CUDA build opens libcublas.so.12 by name: it is loaded from the
+          nvidia-cublas-cu12 package where one is installed; bench/gpu_check.sh otherwise names the
+          installed cuBLAS (13 beside a CUDA 13 torch) libcublas.so.12 on LD_LIBRARY_PATH, the
+          functions CTranslate2 calls being the same in both (recorded as ``cublas`` in the results)
 Interleaved rounds, median round; target tokens/s = batch * L / time.
 
     python bench/gpu_translate.py --sizes base,big
@@ -116,12 +119,13 @@ def main() -> int:
     ap.add_argument("--out-len", type=int, default=69, help="tokens generated per sentence (input + 50 for 19 words)")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--systems", default="aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16,ct2-fp32,ct2-bf16")
+    ap.add_argument("--systems", default="aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16,ct2-fp32,ct2-bf16,ct2-fp16,ct2-int8")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out-name", default="gpu_translate.json", help="result file name")
     args = ap.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "gpu_translate.json"
+    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / args.out_name
     out.parent.mkdir(parents=True, exist_ok=True)
     cases = []
     workdir = Path(tempfile.mkdtemp(prefix="gpu-translate-"))
@@ -136,7 +140,10 @@ def main() -> int:
                     "hf-fp32": lambda: hf_system(cfg, torch.float32, src, args.out_len, args.beam, device),
                     "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device),
                     "ct2-fp32": lambda: ct2_system(cfg, "float32", src, args.out_len, args.beam, device, workdir),
-                    "ct2-bf16": lambda: ct2_system(cfg, "bfloat16", src, args.out_len, args.beam, device, workdir)}
+                    "ct2-bf16": lambda: ct2_system(cfg, "bfloat16", src, args.out_len, args.beam, device, workdir),
+                    "ct2-fp16": lambda: ct2_system(cfg, "float16", src, args.out_len, args.beam, device, workdir),
+                    "ct2-int8": lambda: ct2_system(cfg, "int8_bfloat16", src, args.out_len, args.beam, device,
+                                                   workdir)}
         runs, tokens, failed = {}, {}, {}
         for sys_name in args.systems.split(","):
             try:
@@ -155,11 +162,13 @@ def main() -> int:
                       "tokens_generated": tokens[k], "rounds_s": [round(x, 4) for x in ts]}
             print(f"{size:5s} {k:11s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
         for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32"),
-                     ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16")):
+                     ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16"), ("aiayn-bf16", "ct2-fp16"),
+                     ("aiayn-bf16", "ct2-int8")):
             if a in res and b in res:
                 print(f"{size:5s} {a} / {b}: {res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
         cases.append({"size": size, "systems": res, "failed": failed})
-        out.write_text(json.dumps({"device": name, "torch": torch.__version__, "args": vars(args), "cases": cases},
+        out.write_text(json.dumps({"device": name, "torch": torch.__version__, "args": vars(args),
+                                   "cublas": os.environ.get("AIAYN_CUBLAS12", "as installed"), "cases": cases},
                                   indent=1))  # after every case
     print(f"results: {out}")
     return 1 if any(c["failed"] for c in cases) else 0
