@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from aiayn.data.dataset import DataDir
 from aiayn.data.store import NpyAppender, token_dtype
@@ -170,3 +171,28 @@ def test_bpe_dropout_on_the_source_side_only(prepared):
     assert seg.lens("src").sum() > 1.1 * train.src_lens.sum()
     with pytest.raises(ValueError, match="sides must be among src, tgt"):
         BpeDropoutData(train, d.src_tokenizer, d.tgt_tokenizer, 0.1, sides=("source",))
+
+
+def test_rows_collate_as_the_pairs_do(prepared):
+    """The training stream's collation (``rows`` gathered at once, ``collate_rows``) against the
+    pair-by-pair ``collate``: the same Batch, field by field, for batches of many lengths, of one
+    length, of one row, with negative and repeated indices."""
+    from aiayn.data.batching import collate, collate_rows
+    train = DataDir(prepared).split("train")
+    rng = np.random.default_rng(0)
+    n = len(train)
+    same_len = np.flatnonzero(train.src_lens == np.bincount(train.src_lens).argmax())[:7]
+    cases = [rng.integers(0, n, 64), rng.integers(-n, n, 9), [5], [n - 1, 0, n - 1], same_len]
+    for pad, bos, eos in ((0, 2, 3), (9, 8, 7)):
+        for idx in cases:
+            a = collate([train[i] for i in idx], pad, bos, eos, indices=idx)
+            b = collate_rows(train.rows("src", idx), train.rows("tgt", idx), pad, bos, eos, indices=idx)
+            for f in ("src", "tgt_in", "tgt_out", "indices"):
+                assert torch.equal(getattr(a, f), getattr(b, f)), (f, list(idx))
+            assert (a.n_src_tokens, a.n_tgt_tokens, a.src_padded) == (b.n_src_tokens, b.n_tgt_tokens, b.src_padded)
+            assert type(b.n_src_tokens) is int and type(b.src_padded) is bool
+    assert collate_rows(train.rows("src", same_len), train.rows("tgt", same_len)).src_padded is False
+    with pytest.raises(IndexError, match=f"index {n} out of range"):
+        train.rows("src", [0, n])
+    with pytest.raises(ValueError, match="empty batch"):
+        collate_rows(train.rows("src", []), train.rows("tgt", []))

@@ -87,6 +87,23 @@ class ParallelData:
         i = i % len(self)
         return np.array(self._tokens[side][off[i]:off[i + 1]], dtype=np.int64)
 
+    def rows(self, side: str, idx) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``idx`` of one side at once: their tokens end to end (int64) and their lengths (B,),
+        what ``[self._get(side, i) for i in idx]`` holds, gathered by array indexing instead of
+        row by row (a training batch's collation: ``batching.collate_rows``)."""
+        off, n = self._offsets[side], len(self)
+        i = np.asarray(idx, dtype=np.int64).reshape(-1)
+        outside = (i < -n) | (i >= n)
+        if outside.any():
+            raise IndexError(f"{self.name}: index {int(i[outside][0])} out of range for {n} pairs")
+        i = i % max(n, 1)
+        starts = np.asarray(off[i], dtype=np.int64)  # (B,)
+        lens = np.asarray(off[i + 1], dtype=np.int64) - starts  # (B,)
+        ends = np.cumsum(lens)
+        # flat position k of row b reads the stored token starts[b] + (k - the row's first flat position)
+        pos = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - (ends - lens), lens)
+        return np.asarray(self._tokens[side][pos], dtype=np.int64), lens
+
     def src(self, i: int) -> np.ndarray:
         return self._get("src", i)
 

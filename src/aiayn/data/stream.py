@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate
+from aiayn.data.batching import TokenBatchSampler, TokenBounds, collate, collate_rows
 from aiayn.data.corpora import corpus_mix
-from aiayn.data.dataset import BpeDropoutData, DataDir, Segmentation
+from aiayn.data.dataset import BpeDropoutData, DataDir, ParallelData, Segmentation
 from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig
 
@@ -181,7 +181,11 @@ class BatchStream:
                 self._it = iter(self.sampler)
                 continue
             m = self.m
-            out.append(collate([self.data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id, indices=idx))
+            if isinstance(self.data, ParallelData):  # the stored tokens, gathered at once
+                out.append(collate_rows(self.data.rows("src", idx), self.data.rows("tgt", idx), m.pad_id, m.bos_id,
+                                        m.eos_id, indices=idx))
+            else:  # a corpus mix or BPE-dropout's segmentations: pair by pair
+                out.append(collate([self.data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id, indices=idx))
         return _Draw([to_device(b, self.device) for b in out], self.sampler.epoch, self.sampler.state_dict())
 
     def _segment(self, epoch: int) -> bool:
