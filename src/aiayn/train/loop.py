@@ -74,11 +74,11 @@ def precision_of(cfg: RunConfig, device: torch.device) -> str:
 def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
               run_dir: Path | None = None) -> TrainStep:
     """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
-    with ``train.rdrop_alpha``; how the ranks train together (``parallel.for_place``: one process; DDP;
-    or with ``train.local_sgd_period`` > 0 and several processes, local SGD); the net compiled
-    with ``train.compile``; how the model computes on its device (``aiayn.execution.training``)."""
+    with ``train.rdrop_alpha``; how the ranks train together (``parallel.for_place``, by the train
+    section); the net compiled with ``train.compile``; how the model computes on its device
+    (``aiayn.execution.training``)."""
     t, m, device = cfg.train, cfg.model, place.device
-    kernels, ranks = for_training(t.c_kernels, device), for_place(place, t.local_sgd_period)
+    kernels, ranks = for_training(t.c_kernels, device), for_place(place, t)
     loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
     rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
                       static_graph=t.accum_steps == 1 and not t.compile,

@@ -22,6 +22,7 @@ import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.train import runtime as rt
+from aiayn.train.config import TrainConfig
 
 
 def average_parameters(params: list[torch.Tensor], dist: rt.Dist) -> None:
@@ -241,8 +242,8 @@ class LocalSGD(OneProcess):
         return rt.gather_to_main(opt.state_dict(), self.place.dist)
 
 
-def for_place(place: rt.Place, local_sgd_period: int) -> OneProcess:
-    """One process; local SGD where ``local_sgd_period`` > 0 and there are several; else DDP."""
+def for_place(place: rt.Place, t: TrainConfig) -> OneProcess:
+    """One process; with several, local SGD where ``t.local_sgd_period`` > 0, else DDP."""
     if not place.dist.enabled:
         return OneProcess(place)
-    return LocalSGD(place, local_sgd_period) if local_sgd_period > 0 else DataParallel(place)
+    return LocalSGD(place, t.local_sgd_period) if t.local_sgd_period > 0 else DataParallel(place)
