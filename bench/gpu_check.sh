@@ -7,6 +7,7 @@
 #   bash bench/gpu_check.sh pack                  # here: Multi30k + the sacremoses wheel -> gpu_pack/
 #   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
 #   bash bench/gpu_check.sh demo                  # the GPU recipe as written: 8 minutes of training
+#   bash bench/gpu_check.sh demo --set train.compile=true   # the same under torch.compile
 #   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (4.3 CPU-minutes)
 #   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #
@@ -43,17 +44,19 @@ fi
 PACK=${PACK:-$ROOT/gpu_pack}
 W=${WORK:-/tmp/aiayn-gpu}
 MINUTES=8
+DEMO_SETS=()
 SMOKE=0
 STAGES=()
 while [ $# -gt 0 ]; do
   case $1 in
     --minutes) MINUTES=$2; shift 2 ;;
     --minutes=*) MINUTES=${1#*=}; shift ;;
+    --set) DEMO_SETS+=(--set "$2"); shift 2 ;;
     cpu-smoke) SMOKE=1; shift ;;
     all) STAGES+=(env tests train compile real translate memory small demo); shift ;;
     pack|env|tests|train|compile|real|translate|memory|small|demo) STAGES+=("$1"); shift ;;
     *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate memory small demo all cpu-smoke;" \
-            "option: --minutes M)" >&2; exit 2 ;;
+            "options: --minutes M, --set SECTION.FIELD=VALUE for the demo)" >&2; exit 2 ;;
   esac
 done
 [ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,33p' "$0"; exit 2; }
@@ -213,9 +216,9 @@ EOF
 }
 
 stage_demo() {
-  local out=$W/demo args=(--minutes "$MINUTES") rc=0 p model
+  local out=$W/demo args=(--minutes "$MINUTES" "${DEMO_SETS[@]}") rc=0 p model
   [ "$SMOKE" = 1 ] && args=(--quick --minutes 0.2 --max-steps 6 --train-lines 1500 --eval-lines 20 --alphas 1.0
-                           --vocab-size 1000 --processes 1 --threads 1 --average-last 1)
+                           --vocab-size 1000 --processes 1 --threads 1 --average-last 1 "${DEMO_SETS[@]}")
   rm -rf "$out"
   SECONDS=0
   # preparing, averaging, translating and plotting took 34 s beside 240 s of training on an H200
