@@ -8,6 +8,7 @@
 #   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
 #   bash bench/gpu_check.sh demo                  # the GPU recipe as written: 8 minutes of training
 #   bash bench/gpu_check.sh demo --set train.compile=true   # the same under torch.compile
+#   bash bench/gpu_check.sh demo --members 2      # two models at once on the one GPU, as an ensemble
 #   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (4.3 CPU-minutes)
 #   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #
@@ -52,11 +53,12 @@ while [ $# -gt 0 ]; do
     --minutes) MINUTES=$2; shift 2 ;;
     --minutes=*) MINUTES=${1#*=}; shift ;;
     --set) DEMO_SETS+=(--set "$2"); shift 2 ;;
+    --members) DEMO_SETS+=(--members "$2"); shift 2 ;;
     cpu-smoke) SMOKE=1; shift ;;
     all) STAGES+=(env tests train compile real translate memory small demo); shift ;;
     pack|env|tests|train|compile|real|translate|memory|small|demo) STAGES+=("$1"); shift ;;
     *) echo "unknown stage or option: $1 (stages: pack env tests train compile real translate memory small demo all cpu-smoke;" \
-            "options: --minutes M, --set SECTION.FIELD=VALUE for the demo)" >&2; exit 2 ;;
+            "options: --minutes M; for the demo --set SECTION.FIELD=VALUE, --members N)" >&2; exit 2 ;;
   esac
 done
 [ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,33p' "$0"; exit 2; }
