@@ -22,8 +22,8 @@
 #              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile
 #              68 s, then up to 300 s
 #   translate  beam search against HF generate, then CTranslate2 (aiayn's own model, exported) in a
-#              process of its own: aiayn fp32 and bf16; HF fp32 and bf16; CTranslate2 fp32, bf16,
-#              fp16 and int8 (int8_bfloat16); base and big             69 s without CTranslate2
+#              process of its own: aiayn fp32 and bf16 (and fp16 beside CTranslate2); HF fp32 and bf16;
+#              CTranslate2 fp32, bf16, fp16 and int8 (int8_bfloat16); base and big        147 s
 #   memory     torch.cuda.max_memory_allocated of aiayn's step, base and big at 3,125 and 25,000
 #              tokens a batch, beside `aiayn estimate`'s peak (aiayn/cost/memory.py)  ~1 min (not run)
 #   small      the GPU demo's model (recipes/multi30k-gpu.json) at 4,096 + 4,096 tokens a step against
@@ -193,7 +193,8 @@ stage_translate() {  # aiayn and HF first, then CTranslate2 in a process of its 
   [ "$SMOKE" = 1 ] && ct2=ct2-fp32
   timeout 200 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16 || rc=1
   cublas12_shim
-  timeout 150 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16,$ct2 \
+  local fp16=,aiayn-fp16; [ "$SMOKE" = 1 ] && fp16=  # float16 decoding is CUDA's
+  timeout 150 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16$fp16,$ct2 \
     --out-name gpu_translate_ct2.json || rc=1
   return $rc
 }

@@ -4,9 +4,9 @@ Random weights; ``--batch`` sentences of ``--src-len`` tokens, beam 4; every sys
 exactly ``--out-len`` tokens per sentence (EOS suppressed until then), so all run the same number
 of decoder steps on the same rows (as bench/translate_throughput.py does on the CPU):
   aiayn   DecodeConfig(beam_size=4, min_len=L, max_len_a=0, max_len_b=L) through ``aiayn.decode.search``
-          with the cached decoder, as ``Translator`` decodes; fp32, and bf16 (``precision=bf16``:
-          the weights cast to bfloat16, log-probabilities in float32)
-  HF      MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L), fp32 and bf16 weights
+          with the cached decoder, as ``Translator`` decodes; fp32, bf16 (``precision=bf16``:
+          the weights cast to bfloat16, log-probabilities in float32) and fp16 (CUDA only)
+  HF      MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L), fp32, bf16 and fp16 weights
   CT2     CTranslate2 on aiayn's own model (the same weights, written by ``aiayn export``'s ``write_ct2``):
           translate_batch(beam_size=4, min_decoding_length=L, max_decoding_length=L), compute types
           float32, bfloat16, float16 and int8_bfloat16 (int8 weights, bfloat16 between them), on the
@@ -137,8 +137,10 @@ def main() -> int:
         src = src.to(device)
         builders = {"aiayn-fp32": lambda: aiayn_system(cfg, "fp32", src, args.out_len, args.beam, device),
                     "aiayn-bf16": lambda: aiayn_system(cfg, "bf16", src, args.out_len, args.beam, device),
+                    "aiayn-fp16": lambda: aiayn_system(cfg, "fp16", src, args.out_len, args.beam, device),
                     "hf-fp32": lambda: hf_system(cfg, torch.float32, src, args.out_len, args.beam, device),
                     "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device),
+                    "hf-fp16": lambda: hf_system(cfg, torch.float16, src, args.out_len, args.beam, device),
                     "ct2-fp32": lambda: ct2_system(cfg, "float32", src, args.out_len, args.beam, device, workdir),
                     "ct2-bf16": lambda: ct2_system(cfg, "bfloat16", src, args.out_len, args.beam, device, workdir),
                     "ct2-fp16": lambda: ct2_system(cfg, "float16", src, args.out_len, args.beam, device, workdir),
@@ -163,7 +165,8 @@ def main() -> int:
             print(f"{size:5s} {k:11s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
         for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32"),
                      ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16"), ("aiayn-bf16", "ct2-fp16"),
-                     ("aiayn-bf16", "ct2-int8")):
+                     ("aiayn-bf16", "ct2-int8"), ("aiayn-fp16", "ct2-fp16"), ("aiayn-fp16", "hf-fp16"),
+                     ("aiayn-fp16", "aiayn-fp32")):
             if a in res and b in res:
                 print(f"{size:5s} {a} / {b}: {res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
         cases.append({"size": size, "systems": res, "failed": failed})

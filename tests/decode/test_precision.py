@@ -10,6 +10,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import SpecialIds, search
 from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
 
 
 def test_bf16_translator_casts_a_copy_and_translates(tiny_checkpoint):
@@ -77,3 +78,51 @@ def test_bf16_padded_rows_translate_the_same(tiny_checkpoint):
         assert {m.row_bits for m in tr.model.modules() if isinstance(m, Linear)} == {bits}
         results[bits] = tr.translate_nbest(lines)
     assert results[6] == results[0]
+
+
+def test_fp16_step_log_probs_close_to_fp32():
+    """float16 (CUDA, for GPUs without native bf16) decodes through the same code as bf16. It keeps 11
+    bits of mantissa where bfloat16 keeps 8, so its bound is bf16's above (0.15) divided by 2^3."""
+    cfg = aiayn.get_preset("tiny", vocab_size=50, p_drop=0.0)
+    model = aiayn.Transformer(cfg).eval()
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    dc = DecodeConfig(beam_size=3, min_len=6, max_len_a=0.0, max_len_b=6)
+    ids = SpecialIds(pad=0, bos=2, eos=3)
+    with torch.inference_mode():
+        d32 = CachedDecoder(model)
+        lp32, _ = d32.step(torch.tensor([2, 2]), d32.start(src, 4))
+        model16 = aiayn.Transformer(cfg).eval()
+        model16.load_state_dict(model.state_dict())
+        model16 = model16.to(torch.float16)
+        d16 = CachedDecoder(model16)
+        lp16, _ = d16.step(torch.tensor([2, 2]), d16.start(src, 4))
+        hyps16, hyps32 = search(d16, src, dc, ids), search(d32, src, dc, ids)
+    assert lp16.dtype == torch.float32
+    assert torch.allclose(lp16.exp().sum(-1), torch.ones(2), atol=1e-4)
+    assert (lp16 - lp32).abs().max() < 0.15 / 8
+    assert [len(h[0].tokens) for h in hyps16] == [6, 6]
+    for h16, h32 in zip(hyps16, hyps32):  # a score is a sum of 6 steps' log-probabilities
+        assert h16[0].tokens == h32[0].tokens and abs(h16[0].score - h32[0].score) < 6 * 0.15 / 8
+
+
+def test_fp16_is_refused_off_cuda(tiny_checkpoint):
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    with pytest.raises(UserError, match="precision fp16 runs on CUDA .* not on cpu; on a CPU use bf16"):
+        Translator(model, src_tok, tgt_tok, DecodeConfig(precision="fp16"))
+
+
+def test_fp16_translator_casts_a_copy_and_translates(tiny_checkpoint, monkeypatch):
+    """The Translator's fp16 path on the CPU with the CUDA check lifted: a float16 copy, the caller's
+    model untouched, every line translated, the copy not copied again (the numbers: the test above)."""
+    from aiayn.decode import loading, translator
+    from aiayn.decode.loading import model_for_precision
+    monkeypatch.setattr(loading, "require_cuda_for_fp16", lambda model: None)
+    monkeypatch.setattr(translator, "require_cuda_for_fp16", lambda model: None)
+    model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
+    fp16 = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="fp16"))
+    lines = ["A dog runs.", "", "Two men are sitting on a bench in the park."]
+    out = fp16.translate(lines)
+    assert len(out) == 3 and out[1] == "" and out[0] and out[2]
+    assert next(model.parameters()).dtype == torch.float32
+    assert next(fp16.model.parameters()).dtype == torch.float16
+    assert model_for_precision(fp16.models[0], "fp16") is fp16.models[0]

@@ -35,7 +35,7 @@ class DecodeConfig:
     top_p: float = param(1.0, "sampling: keep the smallest set of most probable tokens whose mass reaches p (nucleus; 1.0 = all)")
     seed: int = param(0, "sampling: random seed (sampled outputs depend on it and on batch composition)")
     batch_tokens: int = param(4096, "source tokens per batch, counting padding (sentences are sorted by length into batches; output keeps input order)")
-    precision: str = param("fp32", "fp32 (exact), bf16 (the model in bfloat16, log-probabilities in float32), int8 (CPU: int8 linear maps) or int8-bf16 (CPU: int8 linear maps, bfloat16 between them); docs/decoding.md")
+    precision: str = param("fp32", "fp32 (exact), bf16 (the model in bfloat16, log-probabilities in float32), fp16 (CUDA: the model in float16, for GPUs without native bf16 such as the T4 and V100), int8 (CPU: int8 linear maps) or int8-bf16 (CPU: int8 linear maps, bfloat16 between them); docs/decoding.md")
     cpu_row_bits: int = param(ROW_BITS, "precision bf16 on the CPU: pad each linear map's rows with zero rows to a count that keeps this many leading bits, so a long-running translator's memory stays flat (docs/training.md); 0 = off")
     workers: int = param(1, "decoding processes on the CPU sharing the length-sorted batches, each with its own copy of the model and threads/workers threads (docs/decoding.md); 1 = decode in this process")
     c_kernels: bool = param(True, "C kernels on the CPU (docs/kernels.md): beam search's attention and top-k (the same up to rounding), the int8 row passes (bit-identical); false, or no C compiler, = PyTorch's operations")
@@ -65,8 +65,8 @@ class DecodeConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
-        if self.precision not in ("fp32", "bf16", "int8", "int8-bf16"):
-            raise ConfigError(f"precision must be fp32, bf16, int8 or int8-bf16, got {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "fp16", "int8", "int8-bf16"):
+            raise ConfigError(f"precision must be fp32, bf16, fp16, int8 or int8-bf16, got {self.precision!r}")
         if self.packed_library not in ("auto", *PACKED_LIBRARIES):
             raise ConfigError(f"packed_library must be auto, mkl or onednn, got {self.packed_library!r}")
         if self.workers < 1:

@@ -106,7 +106,7 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
                         packed: bool = False, library: str = "auto", row_bits: int = ROW_BITS) -> Transformer:
     """The model to decode with: itself (fp32), a copy whose linear maps use packed weights (fp32 with
     ``packed``, a float32 model on a CPU whose PyTorch has ``library``'s packed linear maps, "auto" as
-    ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or made
+    ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or (on CUDA) float16, or made
     int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
     around the int8 products, and the products themselves on CPUs without VNNI, where int8 is refused
     without them), so the caller's model is left as it was. The bfloat16 copy pads the rows of its
@@ -119,6 +119,11 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
         bf16 = copy.deepcopy(model).to(torch.bfloat16)
         pad_linear_rows(bf16, row_bits)  # a bounded set of oneDNN kernels (aiayn/execution/linear.py)
         return bf16
+    if precision == "fp16":
+        require_cuda_for_fp16(model)
+        if next(model.parameters()).dtype == torch.float16:
+            return model  # already a float16 decoding copy
+        return copy.deepcopy(model).to(torch.float16)
     if precision in ("int8", "int8-bf16"):
         require_int8_product(precision, kernels)  # slower than fp32 without VNNI or the C kernels
     if precision == "int8":
@@ -131,6 +136,15 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
         if chosen is not None:
             return packed_copy(model, chosen)
     return model
+
+
+def require_cuda_for_fp16(model: Transformer) -> None:
+    """Refuse precision fp16 off CUDA: it is for GPUs without native bf16 (the T4, the V100), where
+    float16 is the fast 16-bit type; a CPU computes float16 products slowly, or not natively."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        raise UserError(f"precision fp16 runs on CUDA (GPUs without native bf16: T4, V100), not on {device.type}; "
+                        "on a CPU use bf16 (with AVX512-BF16 or AMX) or fp32")
 
 
 def decoding_kernels(cfg: DecodeConfig, model: Transformer) -> Kernels | None:

@@ -30,7 +30,8 @@ import torch
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.loading import decoding_kernels, load_models_for_inference, model_for_precision
+from aiayn.decode.loading import (decoding_kernels, load_models_for_inference, model_for_precision,
+                                  require_cuda_for_fp16)
 from aiayn.decode.search import Constraints, Hypothesis, SpecialIds, Stop, Stopped, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -78,6 +79,8 @@ class Translator:
         self.input_limit = min(limits)
         caps = [g.cfg.max_positions for g in given if g.cfg.learned_positions]
         self.output_cap = min(caps) if caps else None
+        if cfg.precision == "fp16":
+            require_cuda_for_fp16(given[0])  # at once, not at the first batch
         self._pool: DecodePool | None = None
         if cfg.workers > 1:
             self._check_workers_device()
