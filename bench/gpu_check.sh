@@ -225,9 +225,9 @@ EOF
 }
 
 stage_demo() {
-  local out=$W/demo args=(--minutes "$MINUTES" "${DEMO_SETS[@]}") rc=0 p model
+  local out=$W/demo args=(--minutes "$MINUTES" ${DEMO_SETS[@]+"${DEMO_SETS[@]}"}) rc=0 p model
   [ "$SMOKE" = 1 ] && args=(--quick --minutes 0.2 --max-steps 6 --train-lines 1500 --eval-lines 20 --alphas 1.0
-                           --vocab-size 1000 --processes 1 --threads 1 --average-last 1 "${DEMO_SETS[@]}")
+                           --vocab-size 1000 --processes 1 --threads 1 --average-last 1 ${DEMO_SETS[@]+"${DEMO_SETS[@]}"})
   rm -rf "$out"
   SECONDS=0
   # preparing, averaging, translating and plotting took 34 s beside 240 s of training on an H200
