@@ -1,74 +1,59 @@
 """What an ensemble of trained models adds over each of them, on Multi30k's validation set.
 
-Two (or more) models of one recipe, trained apart, and the ensemble of their next-token
-probabilities (``aiayn ensemble``), each scored by ``aiayn evaluate`` at the same α values: the
-Multi30k tokenized BLEU (lc.norm.tok) and sacreBLEU. The question it answers for ``aiayn demo
---members N``: where N models can train at once at full speed each (a GPU the step leaves mostly
-idle), how much do they add. Validation only by default; ``--test`` scores test_2016 as well at the
-α that validation chose for each (reported, never chosen on).
+Two (or more) finished ``aiayn demo`` runs of one recipe, trained apart, and the ensemble of their
+averaged models (``model.pt``; the mean of their next-token probabilities, as ``aiayn translate
+--checkpoint a.pt b.pt``), each translating validation at every α (``aiayn.evaluate.alpha.tune_alpha``,
+Multi30k tokenized BLEU as ``aiayn demo`` scores it), then test_2016 at the α validation scored best
+(reported, never chosen on). The question it answers for ``aiayn demo --members N``: where N models
+can train at once at full speed each (a GPU the step leaves mostly idle), how much do they add.
 
-    python bench/ensemble_gain.py --shared ../shared runs/demo-a/model.pt runs/demo-b/model.pt
+    python bench/ensemble_gain.py runs/demo-a runs/demo-b [--src-lang en] [--data-root DIR]
 
 Results: ``$BENCH_RESULTS/ensemble_gain.json`` (default bench/results/).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-M30K = "Multi30k tokenized BLEU (lc.norm.tok, fairseq-score style)"
+import benchlib as bl
 
 
-def evaluate(checkpoint: str, multi30k: Path, split: str, alpha: float) -> dict:
-    """``aiayn evaluate`` of one checkpoint on a Multi30k split (val, test_2016_flickr) at ``alpha``."""
-    cmd = [sys.executable, "-m", "aiayn.cli", "evaluate", "--checkpoint", checkpoint,
-           "--src", str(multi30k / f"raw/{split}.en.gz"), "--ref", str(multi30k / f"raw/{split}.de.gz"),
-           "--tok-ref", str(multi30k / f"tok/{split}.lc.norm.tok.de.gz"), "--alpha", str(alpha), "--json", "--quiet"]
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    scores = {s["label"]: round(s["score"], 2) for s in out["scores"]}
-    return {"multi30k_bleu": scores[M30K], "sacrebleu": scores["sacreBLEU"], "seconds": round(out["seconds"], 1)}
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="+", help="checkpoints of one recipe sharing the tokenizers (two or more)")
-    ap.add_argument("--shared", default="../shared", help="the folder holding data/multi30k")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("demo_dirs", nargs="+", help="aiayn demo output directories of one recipe (each holds model.pt)")
+    ap.add_argument("--src-lang", default="en")
     ap.add_argument("--alphas", default="0.6,1.0,1.4")
-    ap.add_argument("--test", action="store_true", help="also test_2016, at each system's validation-chosen α")
-    args = ap.parse_args()
-    if len(args.models) < 2:
-        ap.error("give two or more checkpoints")
-    multi30k = Path(args.shared) / "data" / "multi30k"
-    alphas = [float(a) for a in args.alphas.split(",")]
-    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).resolve().parent / "results")) / "ensemble_gain.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        ens = str(Path(tmp) / "ensemble.pt")
-        subprocess.run([sys.executable, "-m", "aiayn.cli", "ensemble", *args.models, "--out", ens], check=True,
-                       capture_output=True)
-        systems = {**{m: m for m in args.models}, "ensemble": ens}
-        res = {name: {"valid": {}} for name in systems}
-        for a in alphas:
-            for name, path in systems.items():
-                res[name]["valid"][str(a)] = r = evaluate(path, multi30k, "val", a)
-                print(f"valid α {a}: {name}: {r['multi30k_bleu']} (sacreBLEU {r['sacrebleu']})", flush=True)
-        for name, path in systems.items():
-            best = max(alphas, key=lambda a: res[name]["valid"][str(a)]["multi30k_bleu"])
-            res[name]["alpha"] = best
-            if args.test:
-                res[name]["test_2016"] = r = evaluate(path, multi30k, "test_2016_flickr", best)
-                print(f"test_2016 α {best}: {name}: {r['multi30k_bleu']} (sacreBLEU {r['sacrebleu']})", flush=True)
-    singles = [res[m]["valid"][str(res[m]["alpha"])]["multi30k_bleu"] for m in args.models]
-    gain = round(res["ensemble"]["valid"][str(res["ensemble"]["alpha"])]["multi30k_bleu"] - max(singles), 2)
+    ap.add_argument("--data-root", default="")
+    args = ap.parse_args(argv)
+    if len(args.demo_dirs) < 2:
+        ap.error("give two or more demo directories")
+
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.translator import Translator
+    from aiayn.evaluate.alpha import ValidationSet, tune_alpha
+    from aiayn.evaluate.multi30k import multi30k_bleu
+
+    ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
+    valid = ValidationSet(ev["val_src"], ev["val_tok"], ev["tgt"])
+    models = {d: [Path(d) / "model.pt"] for d in args.demo_dirs}
+    systems = {}
+    for name, paths in {**models, "ensemble": [p for ps in models.values() for p in ps]}.items():
+        tr = Translator.from_checkpoint(paths)
+        tuning, _ = tune_alpha(tr, valid, args.alphas, 4)
+        best = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
+        tr.cfg = DecodeConfig(beam_size=4, alpha=best)
+        bleu = multi30k_bleu(tr.translate(ev["test_src"]), ev["test_tok"], ev["tgt"])
+        systems[name] = {"valid": {str(a): r for a, r in tuning.items()}, "alpha": best,
+                         "test_2016": {"multi30k_bleu": round(bleu.score, 2), "length_ratio": round(bleu.length_ratio, 3)}}
+        print(f"{name}: valid {' / '.join(str(r['valid_multi30k_bleu']) for r in tuning.values())} at α {args.alphas}; "
+              f"test_2016 {systems[name]['test_2016']['multi30k_bleu']} at α {best}", flush=True)
+    best_of = lambda s: s["valid"][str(s["alpha"])]["valid_multi30k_bleu"]  # noqa: E731
+    gain = round(best_of(systems["ensemble"]) - max(best_of(systems[d]) for d in args.demo_dirs), 2)
     print(f"ensemble over the best single model on validation (each at its α): {gain:+.2f} BLEU")
-    out.write_text(json.dumps({"models": args.models, "alphas": alphas, "systems": res,
-                               "valid_gain_over_best_single": gain}, indent=1))
-    print(f"results: {out}")
+    bl.write_result("ensemble_gain", {"direction": f"{ev['src']}-{ev['tgt']}", "alphas": args.alphas,
+                                      "systems": systems, "valid_gain_over_best_single": gain})
     return 0
 
 
