@@ -24,18 +24,25 @@ def test_bf16_translator_casts_a_copy_and_translates(tiny_checkpoint):
     assert len(out16) == 3 and out16[1] == "" and out32[1] == ""
 
 
-def test_bf16_step_log_probs_close_to_fp32():
+SRC = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+
+
+def _first_steps(dtype: torch.dtype):
+    """A tiny model's first decoding step in float32 and in ``dtype`` (a copy of the same weights):
+    both decoders and both steps' log-probabilities."""
     cfg = aiayn.get_preset("tiny", vocab_size=50, p_drop=0.0)
     model = aiayn.Transformer(cfg).eval()
-    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    model16 = aiayn.Transformer(cfg).eval()
+    model16.load_state_dict(model.state_dict())
+    d32, d16 = CachedDecoder(model), CachedDecoder(model16.to(dtype))
     with torch.inference_mode():
-        d32 = CachedDecoder(model)
-        lp32, _ = d32.step(torch.tensor([2, 2]), d32.start(src, 4))
-        model16 = aiayn.Transformer(cfg).eval()
-        model16.load_state_dict(model.state_dict())
-        model16 = model16.to(torch.bfloat16)
-        d16 = CachedDecoder(model16)
-        lp16, _ = d16.step(torch.tensor([2, 2]), d16.start(src, 4))
+        lp32, _ = d32.step(torch.tensor([2, 2]), d32.start(SRC, 4))
+        lp16, _ = d16.step(torch.tensor([2, 2]), d16.start(SRC, 4))
+    return d32, d16, lp32, lp16
+
+
+def test_bf16_step_log_probs_close_to_fp32():
+    _, _, lp32, lp16 = _first_steps(torch.bfloat16)
     assert lp16.dtype == torch.float32
     assert torch.allclose(lp16.exp().sum(-1), torch.ones(2), atol=1e-4)
     assert (lp16 - lp32).abs().max() < 0.15  # bf16 has 8 bits of mantissa
@@ -83,20 +90,11 @@ def test_bf16_padded_rows_translate_the_same(tiny_checkpoint):
 def test_fp16_step_log_probs_close_to_fp32():
     """float16 (CUDA, for GPUs without native bf16) decodes through the same code as bf16. It keeps 11
     bits of mantissa where bfloat16 keeps 8, so its bound is bf16's above (0.15) divided by 2^3."""
-    cfg = aiayn.get_preset("tiny", vocab_size=50, p_drop=0.0)
-    model = aiayn.Transformer(cfg).eval()
-    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    d32, d16, lp32, lp16 = _first_steps(torch.float16)
     dc = DecodeConfig(beam_size=3, min_len=6, max_len_a=0.0, max_len_b=6)
     ids = SpecialIds(pad=0, bos=2, eos=3)
     with torch.inference_mode():
-        d32 = CachedDecoder(model)
-        lp32, _ = d32.step(torch.tensor([2, 2]), d32.start(src, 4))
-        model16 = aiayn.Transformer(cfg).eval()
-        model16.load_state_dict(model.state_dict())
-        model16 = model16.to(torch.float16)
-        d16 = CachedDecoder(model16)
-        lp16, _ = d16.step(torch.tensor([2, 2]), d16.start(src, 4))
-        hyps16, hyps32 = search(d16, src, dc, ids), search(d32, src, dc, ids)
+        hyps16, hyps32 = search(d16, SRC, dc, ids), search(d32, SRC, dc, ids)
     assert lp16.dtype == torch.float32
     assert torch.allclose(lp16.exp().sum(-1), torch.ones(2), atol=1e-4)
     assert (lp16 - lp32).abs().max() < 0.15 / 8
