@@ -230,13 +230,17 @@ stage_demo() {
                            --vocab-size 1000 --processes 1 --threads 1 --average-last 1 ${DEMO_SETS[@]+"${DEMO_SETS[@]}"})
   rm -rf "$out"
   SECONDS=0
-  # preparing, averaging, translating and plotting took 34 s beside 240 s of training on an H200
-  timeout $(( ${MINUTES%.*} * 60 + 90 )) $A demo --out "$out" --data-root "$DATA_ROOT" "${args[@]}" --device $DEVICE \
+  # preparing, averaging, translating and plotting took 36 s beside 480 s of training on an H200 (one
+  # model); an ensemble's members start, average and translate apiece
+  timeout $(( ${MINUTES%.*} * 60 + 150 )) $A demo --out "$out" --data-root "$DATA_ROOT" "${args[@]}" --device $DEVICE \
     2>&1 | grep --line-buffered -v '%|'  # (the stages run under pipefail: the demo's exit status)
   rc=$?
   local took=$SECONDS
   echo "demo: ${took}s end to end, exit $rc"
   cp "$out/results.json" "$RESULTS/demo_results.json" 2>/dev/null
+  for p in "$out"/run/member*/averaged.pt; do  # an ensemble's members, to take its gain apart elsewhere
+    [ -f "$p" ] && cp "$p" "$RESULTS/demo_$(basename "$(dirname "$p")").pt"  # (bench/ensemble_gain.py)
+  done
   [ -f "$out/results.json" ] && demo_target "$out/results.json" "$took"
   model=$out/model.pt
   [ -f "$model" ] || return 1
