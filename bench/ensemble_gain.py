@@ -8,6 +8,7 @@ Multi30k tokenized BLEU as ``aiayn demo`` scores it), then test_2016 at the α v
 can train at once at full speed each (a GPU the step leaves mostly idle), how much do they add.
 
     python bench/ensemble_gain.py runs/demo-a runs/demo-b [--src-lang en] [--data-root DIR]
+    python bench/ensemble_gain.py runs/gpu/member1 ... runs/gpu/member4 --sizes 2,4
 
 Results: ``$BENCH_RESULTS/ensemble_gain.json`` (default bench/results/).
 """
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src-lang", default="en")
     ap.add_argument("--alphas", default="0.6,1.0,1.4")
     ap.add_argument("--data-root", default="")
+    ap.add_argument("--sizes", default="", help="ensembles of the first K models for each K given (e.g. 2,4); "
+                                                 "default: all the models as one")
     args = ap.parse_args(argv)
     if len(args.demo_dirs) < 2:
         ap.error("give two or more demo directories")
@@ -37,9 +40,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ev = bl.multi30k_eval_sets(args.src_lang, args.data_root)
     valid = ValidationSet(ev["val_src"], ev["val_tok"], ev["tgt"])
-    models = {d: [Path(d) / "model.pt"] for d in args.demo_dirs}
+    models = {d: Path(d) / "model.pt" for d in args.demo_dirs}
+    sizes = [int(k) for k in args.sizes.split(",")] if args.sizes else [len(models)]
+    if not all(2 <= k <= len(models) for k in sizes):
+        ap.error(f"--sizes: each between 2 and the {len(models)} models given")
+    ensembles = {("ensemble" if k == len(models) else f"ensemble of {k}"): args.demo_dirs[:k] for k in sizes}
     systems = {}
-    for name, paths in {**models, "ensemble": [p for ps in models.values() for p in ps]}.items():
+    for name, dirs in {**{d: [d] for d in models}, **ensembles}.items():
+        paths = [models[d] for d in dirs]
         tr = Translator.from_checkpoint(paths)
         tuning, _ = tune_alpha(tr, valid, args.alphas, 4)
         best = max(tuning, key=lambda a: tuning[a]["valid_multi30k_bleu"])
@@ -50,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: valid {' / '.join(str(r['valid_multi30k_bleu']) for r in tuning.values())} at α {args.alphas}; "
               f"test_2016 {systems[name]['test_2016']['multi30k_bleu']} at α {best}", flush=True)
     best_of = lambda s: s["valid"][str(s["alpha"])]["valid_multi30k_bleu"]  # noqa: E731
-    gain = round(best_of(systems["ensemble"]) - max(best_of(systems[d]) for d in args.demo_dirs), 2)
-    print(f"ensemble over the best single model on validation (each at its α): {gain:+.2f} BLEU")
+    gains = {}
+    for name, dirs in ensembles.items():
+        gains[name] = round(best_of(systems[name]) - max(best_of(systems[d]) for d in dirs), 2)
+        print(f"{name} over the best of its models on validation (each at its α): {gains[name]:+.2f} BLEU")
     bl.write_result("ensemble_gain", {"direction": f"{ev['src']}-{ev['tgt']}", "alphas": args.alphas,
-                                      "systems": systems, "valid_gain_over_best_single": gain})
+                                      "systems": systems, "valid_gain_over_best_single": gains})
     return 0
 
 
