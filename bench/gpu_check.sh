@@ -8,7 +8,7 @@
 #   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
 #   bash bench/gpu_check.sh demo                  # the GPU recipe as written: 8 minutes of training
 #   bash bench/gpu_check.sh demo --set train.compile=true   # the same under torch.compile
-#   bash bench/gpu_check.sh demo --members 2      # two models at once on the one GPU, as an ensemble
+#   bash bench/gpu_check.sh demo --members 1      # one model (the demo's default on one GPU: four at once)
 #   bash bench/gpu_check.sh cpu-smoke             # every stage at tiny size on the CPU (4.3 CPU-minutes)
 #   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #

@@ -154,3 +154,32 @@ def test_demo_without_sacremoses_stops_before_training(tmp_path, monkeypatch, ca
     assert main(["demo", "--out", str(tmp_path / "demo"), "--data-root", str(tmp_path / "none")]) == 2
     assert "sacremoses" in capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("gpus, options, members", [
+    (1, {}, 4),                                   # one GPU, the GPU recipe: four members at once
+    (0, {}, 1),                                   # a CPU: one model
+    (8, {}, 1),                                   # eight GPUs: one model, data parallel over them
+    (1, {"recipe": "mine.json"}, 1),              # a recipe of one's own: as given
+    (1, {"quick": True}, 1),
+    (1, {"processes": 2}, 1),
+    (1, {"processes": 1}, 4),
+    (1, {"members": 2}, 2),                       # asked for: kept, on any device
+    (0, {"members": 3}, 3),
+])
+def test_members_default_to_four_on_one_gpu_with_the_gpu_recipe(monkeypatch, gpus, options, members):
+    """--members 0 (the default) is ``GPU_MEMBERS`` where the demo's step leaves one GPU mostly idle,
+    else 1; the device's answers mocked."""
+    import torch
+
+    from aiayn.demo.config import GPU_MEMBERS, DemoConfig
+    from aiayn.demo.stages import auto_members
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert GPU_MEMBERS == 4
+    assert auto_members(DemoConfig(**options)) == members
+
+
+def test_negative_members_are_refused(capsys):
+    assert main(["demo", "--members", "-1", "--out", "unused"]) == 2
+    assert "--members and --processes must be at least 0" in capsys.readouterr().err

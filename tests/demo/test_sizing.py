@@ -64,7 +64,8 @@ def test_the_demo_sizes_its_default_recipe_and_says_why(tmp_path, capsys, monkey
 
     monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-quick.json")  # no CUDA
     results = {}
-    recipe = stages._sized_recipe(DemoConfig(quick=True), tmp_path, results)  # measures this machine (1 s)
+    # (run_demo resolves --members 0 before the stages: 1 on a CPU)
+    recipe = stages._sized_recipe(DemoConfig(quick=True, members=1), tmp_path, results)  # measures this machine (1 s)
     assert recipe == RECIPES / QUICK_SIZES[0].recipe and results["sizing"]["minutes"] == QUICK_MINUTES
     assert results["sizing"]["processes"] >= 1 and results["sizing"]["matmul_tflops_per_process"] > 0
     assert "[2/7] sized to this machine: multi30k-quick.json" in capsys.readouterr().out
@@ -96,6 +97,6 @@ def test_the_demo_sizes_by_the_precision_of_its_training(tmp_path, monkeypatch, 
     monkeypatch.setattr(runtime, "cpu_supports_bf16", lambda: native)
     monkeypatch.setattr(runtime, "matmul_tflops", lambda device, n, seconds, dtype: 0.062)
     results = {}
-    stages._sized_recipe(DemoConfig(sets=sets), tmp_path, results)
+    stages._sized_recipe(DemoConfig(sets=sets, members=1), tmp_path, results)
     assert results["sizing"]["precision"] == precision
     assert f"this machine's {precision} matmuls run at 62 GFLOP/s" in describe(results["sizing"])

@@ -8,7 +8,8 @@ Steps (each skipped when its output already exists, so a re-run resumes):
                present), bounded by --minutes                                          OUT/run
                with its 4,096 + 4,096-token steps on any process count (train.accum_steps)
                (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
-               --members N: N models at once, OUT/run/memberI, each on 1/N of the threads)
+               --members N: N models at once, OUT/run/memberI, each on 1/N of the threads; on one
+               GPU with multi30k-gpu.json, 4 by default)
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
                (--members N: each member's, then one ensemble file of the N averages)
   4. tune α    length penalty chosen on the validation set (never on test)
@@ -51,8 +52,9 @@ def run_demo(cfg: DemoConfig) -> dict:
     """``aiayn demo`` in seven stages: prepare, train, average, choose α on validation, translate
     test_2016, score it, translate examples and plot their attention. Every stage that finished
     is skipped on a re-run (training resumes); ``out/results.json`` holds what each measured."""
-    if cfg.members < 1 or cfg.processes < 0:
-        raise UserError(f"--members must be at least 1 and --processes at least 0, got {cfg.members} and {cfg.processes}")
+    if cfg.members < 0 or cfg.processes < 0:
+        raise UserError(f"--members and --processes must be at least 0, got {cfg.members} and {cfg.processes}")
+    cfg = dataclasses.replace(cfg, members=stages.auto_members(cfg))
     if cfg.train:
         return run_own_demo(cfg)
     given = [flag for flag, value in (("--valid", cfg.valid), ("--test", cfg.test), ("--tgt-lang", cfg.tgt_lang)) if value]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.data.multi30k import read_text
-from aiayn.demo.config import DEMO_STEP_TOKENS, RECIPES, DemoConfig
+from aiayn.demo.config import DEMO_STEP_TOKENS, GPU_MEMBERS, RECIPES, DemoConfig
 from aiayn.errors import UserError
 from aiayn.progress import progress_bar
 
@@ -105,6 +105,17 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
         import torch
         cuda = torch.cuda.is_available()
     return RECIPES / ("multi30k-gpu.json" if cuda else "multi30k.json")
+
+
+def auto_members(cfg: DemoConfig) -> int:
+    """``--members 0``: ``GPU_MEMBERS`` where the demo trains multi30k-gpu.json on one GPU in one
+    process (no --recipe, no --quick, --processes 0 or 1), whose step leaves the device mostly idle,
+    so that several models train at once at nearly the speed of one; else 1."""
+    import torch
+    if cfg.members:
+        return cfg.members
+    one_gpu = torch.cuda.is_available() and torch.cuda.device_count() == 1
+    return GPU_MEMBERS if one_gpu and not cfg.recipe and not cfg.quick and cfg.processes <= 1 else 1
 
 
 def auto_processes() -> int:
