@@ -238,8 +238,17 @@ stage_demo() {
   local took=$SECONDS
   echo "demo: ${took}s end to end, exit $rc"
   cp "$out/results.json" "$RESULTS/demo_results.json" 2>/dev/null
-  for p in "$out"/run/member*/averaged.pt; do  # an ensemble's members, to take its gain apart elsewhere
-    [ -f "$p" ] && cp "$p" "$RESULTS/demo_$(basename "$(dirname "$p")").pt"  # (bench/ensemble_gain.py)
+  # an ensemble's members, to take its gain apart elsewhere (bench/ensemble_gain.py): their weights in
+  # float16, within what a call brings back (16 MiB a file; they load into the float32 model)
+  for p in "$out"/run/member*/averaged.pt; do
+    [ -f "$p" ] || continue
+    $PY - "$p" "$RESULTS/demo_$(basename "$(dirname "$p")").pt" <<'EOF'
+import sys, torch
+from aiayn.checkpoint.format import atomic_save, load_checkpoint
+c = dict(load_checkpoint(sys.argv[1]))
+c["model"] = {k: v.half() if v.dtype == torch.float32 else v for k, v in c["model"].items()}
+atomic_save(c, sys.argv[2])
+EOF
   done
   [ -f "$out/results.json" ] && demo_target "$out/results.json" "$took"
   model=$out/model.pt
