@@ -15,8 +15,8 @@
 # Stages (H100/H200; each fits one 10-minute call; the times are an H200's, 2026-11-27, where measured):
 #   env        the device, torch, triton, sacremoses                                  5 s
 #   tests      the CUDA tests (tests/gpu) and the CPU halves of the GPU paths (150 s cap) 28 s
-#   train      training tok/s, synthetic batches, base and big, bf16: aiayn against HF Marian and
-#              torch.nn.Transformer, and a profile of aiayn's step                       66 s
+#   train      training tok/s, synthetic batches, base and big, bf16: aiayn (and with train.cast_weights_once)
+#              against HF Marian and torch.nn.Transformer, and a profile of aiayn's step  66 s
 #   compile    aiayn plain, under torch.compile, and with the unfused loss, base and big ~6 min (not run)
 #   real       Multi30k prepared from gpu_pack/, then real length-bucketed batches (base, bf16):
 #              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile
@@ -26,8 +26,9 @@
 #              CTranslate2 fp32, bf16, fp16 and int8 (int8_bfloat16); base and big        147 s
 #   memory     torch.cuda.max_memory_allocated of aiayn's step, base and big at 3,125 and 25,000
 #              tokens a batch, beside `aiayn estimate`'s peak (aiayn/cost/memory.py)  ~1 min (not run)
-#   small      the GPU demo's model (recipes/multi30k-gpu.json) at 4,096 + 4,096 tokens a step against
-#              HF Marian of the same shape, and its profile: device time against wall time  28 s;
+#   small      the GPU demo's model (recipes/multi30k-gpu.json) at 4,096 + 4,096 tokens a step (and with
+#              train.cast_weights_once) against HF Marian of the same shape, and its profile: device
+#              time against wall time  28 s;
 #              then aiayn plain against train.compile                         (not run)
 #   demo       `aiayn demo --minutes M` (default 8, the recipe's own) on gpu_pack's Multi30k, against
 #              the target test_2016 >= 42.0 in <= 10 minutes; then test_2016 translated in fp32 and
@@ -143,7 +144,7 @@ stage_tests() {
 
 stage_train() {
   local profile=(--profile); [ "$SMOKE" = 1 ] && profile=()
-  timeout 420 $PY bench/gpu_train.py "${TRAIN_SIZES[@]}" --precisions bf16 --systems aiayn,hf-marian,torch-nn \
+  timeout 420 $PY bench/gpu_train.py "${TRAIN_SIZES[@]}" --precisions bf16 --systems aiayn,aiayn-castonce,hf-marian,torch-nn \
     "${profile[@]}"
 }
 
@@ -201,7 +202,7 @@ stage_translate() {  # aiayn and HF first, then CTranslate2 in a process of its 
 
 stage_small() {  # the GPU demo's model (recipes/multi30k-gpu.json) at its 4,096 + 4,096-token steps: host or device?
   local rc=0
-  timeout 120 $PY bench/gpu_train.py "${SMALL_SIZES[@]}" --precisions bf16 --systems aiayn,hf-marian --profile \
+  timeout 120 $PY bench/gpu_train.py "${SMALL_SIZES[@]}" --precisions bf16 --systems aiayn,aiayn-castonce,hf-marian --profile \
     --out-name gpu_train_small.json || rc=1
   # then under train.compile, its compile time in the warm-up line (the demo counts it in its minutes)
   timeout 240 $PY bench/gpu_train.py "${SMALL_SIZES[@]}" --precisions bf16 --systems aiayn,aiayn-compile \

@@ -8,7 +8,8 @@ backward, fused Adam. aiayn's step is the training loop's own step (``aiayn.trai
 ``forward_backward``, ``grad_norm``, ``step_numbers``, ``update`` queued with its skip flag,
 ``read_numbers``), so one read of the step's numbers per step, after the update is queued, as in
 training; TF32 on as ``train.tf32``. Its variants: ``aiayn-compile`` (``train.compile``),
-``aiayn-cudnn`` (``train.cudnn_attention``: cuDNN's attention allowed), ``aiayn-unfused``
+``aiayn-castonce`` (``train.cast_weights_once``: the linear maps' weights cast in one batched copy a
+forward), ``aiayn-cudnn`` (``train.cudnn_attention``: cuDNN's attention allowed), ``aiayn-unfused``
 (``train.fused_loss=off``).
 
 Two kinds of batches:
@@ -129,10 +130,11 @@ def autocast(device, precision: str):
 
 
 def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = False, cudnn: bool = False,
-                fused_loss: str = "auto"):
+                fused_loss: str = "auto", cast_once: bool = False):
     """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own
     ``TrainStep`` (``loop.make_step``), stepped as the loop steps it."""
-    t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss, compile=compile_)
+    t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss, compile=compile_,
+                    cast_weights_once=cast_once)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
@@ -221,6 +223,7 @@ def build_torch(cfg, batches: Batches, device, precision: str):
 
 SYSTEMS = {"aiayn": build_aiayn,
            "aiayn-compile": lambda *a: build_aiayn(*a, compile_=True),
+           "aiayn-castonce": lambda *a: build_aiayn(*a, cast_once=True),
            "aiayn-cudnn": lambda *a: build_aiayn(*a, cudnn=True),
            "aiayn-unfused": lambda *a: build_aiayn(*a, fused_loss="off"),
            "hf-marian": build_marian, "torch-nn": build_torch}
@@ -310,7 +313,8 @@ def run_case(size: str, precision: str, batches_kind: str, args, device) -> dict
     if "aiayn" in res and "hf-marian" in res:
         print(f"{size:5s} {precision} {batches_kind:9s} aiayn / hf-marian: "
               f"{res['aiayn']['tgt_tok_s'] / res['hf-marian']['tgt_tok_s']:.2f}x", flush=True)
-    for a, b in (("aiayn-compile", "aiayn"), ("aiayn-cudnn", "aiayn"), ("aiayn", "aiayn-unfused")):
+    for a, b in (("aiayn-compile", "aiayn"), ("aiayn-castonce", "aiayn"), ("aiayn-cudnn", "aiayn"),
+                 ("aiayn", "aiayn-unfused")):
         if a in res and b in res:
             print(f"{size:5s} {precision} {batches_kind:9s} {a} / {b}: "
                   f"{res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)

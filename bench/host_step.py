@@ -2,9 +2,11 @@
 heads and step) at tiny widths, so that the arithmetic is negligible and what remains is what the
 host does to issue the step (Python, the dispatcher, autograd, autocast's casts), the part of a
 GPU step that leaves the device idle when the model is small (BENCHMARKS.md §7: the GPU demo's step,
-4 ms of GPU work in 18-25 ms). fp32 against bf16 autocast, the loop's own step
-(``bench/gpu_train.py``'s ``build_aiayn``), one thread, interleaved rounds; the operations a step
-issues counted by torch.profiler, casts (``aten::_to_copy``) apart.
+4 ms of GPU work in 18-25 ms). fp32 against bf16 autocast, plain and with the linear maps' weights
+cast once a forward (``train.cast_weights_once``), the loop's own step (``bench/gpu_train.py``'s
+``build_aiayn``), one thread, interleaved rounds; the operations a step issues counted by
+torch.profiler, casts (``aten::_to_copy``) apart, and where the host's time goes (the operations
+with the most self time).
 
     python bench/host_step.py [--recipe recipes/multi30k-gpu.json] [--rounds 5] [--steps 30]
 
@@ -38,7 +40,9 @@ def operations(step) -> dict:
     casts = [e for e in ops if e.name == "aten::_to_copy"]
     callers = collections.Counter(e.cpu_parent.cpu_parent.name if e.cpu_parent is not None and e.cpu_parent.cpu_parent
                                   is not None else "(top)" for e in casts)
-    return {"aten_ops": len(ops), "casts": len(casts), "cast_callers": dict(callers.most_common(8))}
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:6]
+    return {"aten_ops": len(ops), "casts": len(casts), "cast_callers": dict(callers.most_common(8)),
+            "most_self_time_us": {e.key: round(e.self_cpu_time_total) for e in top}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(gt.model_config(args.recipe, 64), **WIDTHS)
     device = torch.device("cpu")
     batches = gt.synthetic_batches(cfg, args.batch, args.len, args.len, device)
-    steps = {p: gt.build_aiayn(cfg, batches, device, p) for p in ("fp32", "bf16")}
+    steps = {"fp32": gt.build_aiayn(cfg, batches, device, "fp32"), "bf16": gt.build_aiayn(cfg, batches, device, "bf16"),
+             "bf16-castonce": gt.build_aiayn(cfg, batches, device, "bf16", cast_once=True)}
     for step in steps.values():
         for _ in range(5):
             step(0)
@@ -71,10 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         result["systems"][p] = {"step_ms": round(ms, 2), "rounds_ms": [round(x, 2) for x in times[p]],
                                 **operations(steps[p])}
         s = result["systems"][p]
-        print(f"{p}: {ms:.2f} ms a step, {s['aten_ops']} aten operations, {s['casts']} casts {s['cast_callers']}")
-    ratio = result["systems"]["bf16"]["step_ms"] / result["systems"]["fp32"]["step_ms"]
-    result["bf16_over_fp32"] = round(ratio, 2)
-    print(f"bf16 autocast / fp32, host time a step: {ratio:.2f}x")
+        print(f"{p}: {ms:.2f} ms a step, {s['aten_ops']} aten operations, {s['casts']} casts {s['cast_callers']}; "
+              f"most self time (us): {s['most_self_time_us']}")
+    ms = {p: r["step_ms"] for p, r in result["systems"].items()}
+    result["bf16_over_fp32"] = round(ms["bf16"] / ms["fp32"], 2)
+    result["castonce_over_bf16"] = round(ms["bf16-castonce"] / ms["bf16"], 2)
+    print(f"host time a step: bf16 autocast / fp32 {result['bf16_over_fp32']:.2f}x; "
+          f"cast once / bf16 autocast {result['castonce_over_bf16']:.2f}x")
     bl.write_result("host_step", result)
     return 0
 

@@ -146,16 +146,23 @@ def test_resume_after_sigkill_gives_the_same_logged(small_data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, tmp_path):
+@pytest.mark.parametrize("ddp_sets", [[], ["--set", "train.precision=bf16", "--set", "train.cast_weights_once=true"]],
+                         ids=["plain", "ddp-bf16-cast-once"])
+def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, tmp_path, ddp_sets):
+    """Also with the weights cast once a forward under DDP only, in bf16 on both sides: its gradients
+    reach DDP's hooks at the end of the backward, the same numbers."""
     steps = 3
     # a time budget that is never reached: the ranks still agree on the time every step
     extra = ["--set", "model.p_drop=0.0", "--set", "train.max_time_min=1000"]
+    if ddp_sets:
+        extra += ["--set", "train.precision=bf16"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = tmp_path / "one"
     subprocess.run(_train_cmd(small_data_dir, one, steps, [*extra, "--set", "train.accum_steps=2"]),
                    check=True, env=env, capture_output=True)
     two = tmp_path / "two"
-    res = subprocess.run(_torchrun_cmd(small_data_dir, two, steps, extra), env=env, capture_output=True, text=True)
+    res = subprocess.run(_torchrun_cmd(small_data_dir, two, steps, extra + ddp_sets), env=env, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     a, b = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
     assert a["step"] == b["step"] == steps and a["tokens"] == b["tokens"]

@@ -10,7 +10,8 @@ modules in place of the model's, the same parameters and state-dict keys, the sa
   (``train.fast_dropout``);
 - the linear maps (``nn.Linear``, and the tied embedding's pre-softmax use) -> ``linear.RowPaddedLinear``,
   ``linear.RowPaddedEmbedding``: rows padded on the CPU in reduced precision (``train.cpu_row_bits``,
-  ``DecodeConfig.cpu_row_bits``).
+  ``DecodeConfig.cpu_row_bits``); the maps' weights cast to autocast's dtype once per forward in one
+  batched copy (``casts.WeightCasts``, ``train.cast_weights_once``).
 
 ``apply`` does all of them from an ``Execution``; training calls it where it builds its step
 (``train.step.TrainStep``), decoding where it makes its bfloat16 copy (``decode.loading``).
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from aiayn.execution.attention import ExecutedAttention, _LastMask
+from aiayn.execution.casts import WeightCasts
 from aiayn.execution.dropout import FastDropout
 from aiayn.execution.linear import RowPaddedEmbedding, RowPaddedLinear
 from aiayn.model.attention import ScaledDotProductAttention
@@ -41,13 +43,16 @@ class Execution:
     attn_fp32: bool = False  # Eq. 1 in float32 under bf16 autocast (CPU)
     fast_dropout: bool = False  # dropout masks from thresholded integers (CPU)
     row_bits: int | None = None  # pad the linear maps' rows to keep this many leading bits; None = leave them
+    cast_weights_once: bool = False  # under autocast, the linear maps' weights cast in one copy a forward
 
 
 def training(t, device: torch.device, kernels: "Kernels | None") -> Execution:
     """A training run's execution, from its ``aiayn.train.config.TrainConfig`` ``t``: its C kernels (``train.c_kernels``, None where
     the net is compiled: torch.compile traces PyTorch's attention), ``train.attn_fp32``,
-    ``train.fast_dropout``, and on the CPU ``train.cpu_row_bits`` (elsewhere 0)."""
-    return Execution(kernels, t.attn_fp32, t.fast_dropout, t.cpu_row_bits if device.type == "cpu" else 0)
+    ``train.fast_dropout``, on the CPU ``train.cpu_row_bits`` (elsewhere 0), and
+    ``train.cast_weights_once`` (off where the net is compiled: inductor fuses the casts itself)."""
+    return Execution(kernels, t.attn_fp32, t.fast_dropout, t.cpu_row_bits if device.type == "cpu" else 0,
+                     t.cast_weights_once)
 
 
 def apply(model: nn.Module, ex: Execution) -> nn.Module:
@@ -61,7 +66,20 @@ def apply(model: nn.Module, ex: Execution) -> nn.Module:
         _swap(model, lambda m: type(m) is FastDropout, lambda m: nn.Dropout(m.p))
     if ex.row_bits is not None:
         pad_linear_rows(model, ex.row_bits)
+    _cast_weights_once(model, ex.cast_weights_once)
     return model
+
+
+def _cast_weights_once(model: nn.Module, on: bool) -> None:
+    """``casts.WeightCasts`` over the model's ``RowPaddedLinear`` maps, hooked on its forward (on), or
+    none (off); what an earlier ``apply`` hooked is removed first."""
+    for handle in getattr(model, "_weight_cast_hooks", []):
+        handle.remove()
+    maps = [m for m in model.modules() if isinstance(m, RowPaddedLinear)]
+    casts = WeightCasts(maps) if on and maps else None
+    for m in maps:
+        m.casts = casts
+    model._weight_cast_hooks = casts.attach(model) if casts is not None else []
 
 
 def use_attention_kernels(model: nn.Module, kernels: "Kernels | None") -> None:

@@ -54,9 +54,11 @@ def row_padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, bits: int)
 
 
 class RowPaddedLinear(nn.Linear):
-    """``nn.Linear`` (the same parameters and state-dict keys) through ``row_padded_linear``."""
+    """``nn.Linear`` (the same parameters and state-dict keys) through ``row_padded_linear``; with
+    ``casts`` (``casts.WeightCasts``), its weight and bias as cast once for the forward under autocast."""
 
     row_bits: int = 0
+    casts = None
 
     @classmethod
     def of(cls, linear: nn.Linear, bits: int) -> "RowPaddedLinear":
@@ -67,7 +69,9 @@ class RowPaddedLinear(nn.Linear):
         return new
 
     def forward(self, x: Tensor) -> Tensor:
-        return row_padded_linear(x, self.weight, self.bias, self.row_bits)
+        if self.casts is None:
+            return row_padded_linear(x, self.weight, self.bias, self.row_bits)
+        return row_padded_linear(x, self.casts.get(self.weight), self.casts.get(self.bias), self.row_bits)
 
 
 class RowPaddedEmbedding(ScaledEmbedding):

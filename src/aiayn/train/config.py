@@ -37,6 +37,7 @@ class TrainConfig:
     cpu_row_bits: int = param(ROW_BITS, "CPU, bf16/fp16: pad each linear map's rows with zero rows to a count that keeps this many leading bits, so oneDNN keeps kernels for few row counts and memory stays flat (docs/training.md); 0 = off")
     fast_dropout: bool = param(True, "on the CPU, dropout masks by thresholding random_() integers instead of F.dropout's bernoulli_: the same Bernoulli law, cheaper (docs/training.md); CUDA always uses F.dropout")
     attn_fp32: bool = param(True, "on the CPU under bf16 autocast, the attention core (QK^T, softmax, .V) in float32: the same math, a faster backward; CUDA's fused kernels keep the softmax in float32 anyway")
+    cast_weights_once: bool = param(False, "under bf16/fp16 autocast, the linear maps' weights cast to that dtype in one batched copy at each forward, and their gradients back in one, where autocast casts each at its use: the same numbers, fewer operations for the host to issue (docs/training.md); off until measured faster on a GPU (no faster on a CPU); never under compile")
     # regularization (§5.4)
     eps_ls: float = param(0.1, "label smoothing epsilon_ls (§5.4)")
     bpe_dropout: float = param(0.0, "BPE-dropout (Provilkov et al., 2020): re-segment the training pairs at every epoch, skipping each BPE merge with this probability; 0 = off (the paper segments once, §5.1); needs a BPE vocabulary")

@@ -114,7 +114,8 @@ class TrainStep:
         # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``parallel.compile_model``)
         self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
         # the one place the model meets its device's speed code; torch.compile traces PyTorch's attention
-        apply(learner.model, rules.execution if self.net is self.plain_net else replace(rules.execution, kernels=None))
+        apply(learner.model, rules.execution if self.net is self.plain_net
+              else replace(rules.execution, kernels=None, cast_weights_once=False))
 
     def step(self, micro: list, n: int, elapsed: float = 0.0, flops: float = 0.0,
              while_busy: Callable[[], None] | None = None) -> Step:
