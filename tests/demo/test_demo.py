@@ -169,15 +169,30 @@ def test_demo_without_sacremoses_stops_before_training(tmp_path, monkeypatch, ca
 ])
 def test_members_default_to_four_on_one_gpu_with_the_gpu_recipe(monkeypatch, gpus, options, members):
     """--members 0 (the default) is ``GPU_MEMBERS`` where the demo's step leaves one GPU mostly idle,
-    else 1; the device's answers mocked."""
+    else 1; the device's answers mocked (80 GiB free)."""
     import torch
 
     from aiayn.demo.config import GPU_MEMBERS, DemoConfig
     from aiayn.demo.stages import auto_members
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 80 << 30))
     assert GPU_MEMBERS == 4
     assert auto_members(DemoConfig(**options)) == members
+
+
+@pytest.mark.parametrize("free_gib, members", [(80, 4), (6, 4), (4, 2), (3, 2), (2, 1), (1, 1)])
+def test_members_are_fewer_where_the_gpu_holds_fewer(monkeypatch, free_gib, members):
+    """Each member needs its training peak (``aiayn.cost.memory``: 0.37 GiB for multi30k-gpu.json at
+    its 4,096 + 4,096 tokens in bf16, vocabulary 8,000) and 1 GiB for its process: 1.37 GiB."""
+    import torch
+
+    from aiayn.demo.config import DemoConfig
+    from aiayn.demo.stages import auto_members
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib << 30, 80 << 30))
+    assert auto_members(DemoConfig()) == members
 
 
 def test_negative_members_are_refused(capsys):

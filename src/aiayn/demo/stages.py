@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.data.multi30k import read_text
-from aiayn.demo.config import DEMO_STEP_TOKENS, GPU_MEMBERS, RECIPES, DemoConfig
+from aiayn.demo.config import CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, RECIPES, DemoConfig
 from aiayn.errors import UserError
 from aiayn.progress import progress_bar
 
@@ -110,12 +110,26 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
 def auto_members(cfg: DemoConfig) -> int:
     """``--members 0``: ``GPU_MEMBERS`` where the demo trains multi30k-gpu.json on one GPU in one
     process (no --recipe, no --quick, --processes 0 or 1), whose step leaves the device mostly idle,
-    so that several models train at once at nearly the speed of one; else 1."""
+    so that several models train at once at nearly the speed of one; fewer where the GPU's free
+    memory holds fewer (each member's training peak by ``aiayn.cost.memory``, and
+    ``CUDA_PROCESS_BYTES``); else 1."""
     import torch
     if cfg.members:
         return cfg.members
     one_gpu = torch.cuda.is_available() and torch.cuda.device_count() == 1
-    return GPU_MEMBERS if one_gpu and not cfg.recipe and not cfg.quick and cfg.processes <= 1 else 1
+    if not (one_gpu and not cfg.recipe and not cfg.quick and cfg.processes <= 1):
+        return 1
+    import dataclasses
+
+    from aiayn.cost.memory import peak_memory
+    from aiayn.train.config import load_recipe
+    run = load_recipe(default_recipe(False, cuda=True))
+    t = run.train
+    peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), t, t.max_src_tokens,
+                       t.max_tgt_tokens, "bf16")
+    need = sum(dataclasses.astuple(peak)) + CUDA_PROCESS_BYTES
+    free = torch.cuda.mem_get_info()[0]
+    return max(1, min(GPU_MEMBERS, free // need))
 
 
 def auto_processes() -> int:
