@@ -122,11 +122,11 @@ def auto_members(cfg: DemoConfig) -> int:
     import dataclasses
 
     from aiayn.cost.memory import peak_memory
-    from aiayn.train.config import load_recipe
+    from aiayn.train.config import batching, load_recipe
     run = load_recipe(default_recipe(False, cuda=True))
-    t = run.train
-    peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), t, t.max_src_tokens,
-                       t.max_tgt_tokens, "bf16")
+    b = batching(run.train)
+    peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), run.train, b.max_src_tokens,
+                       b.max_tgt_tokens, "bf16")
     need = sum(dataclasses.astuple(peak)) + CUDA_PROCESS_BYTES
     free = torch.cuda.mem_get_info()[0]
     return max(1, min(GPU_MEMBERS, free // need))

@@ -19,7 +19,7 @@ modules in place of the model's, the same parameters and state-dict keys, the sa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -53,6 +53,12 @@ def training(t, device: torch.device, kernels: "Kernels | None") -> Execution:
     ``train.cast_weights_once`` (off where the net is compiled: inductor fuses the casts itself)."""
     return Execution(kernels, t.attn_fp32, t.fast_dropout, t.cpu_row_bits if device.type == "cpu" else 0,
                      t.cast_weights_once)
+
+
+def compiled(ex: Execution) -> Execution:
+    """What of ``ex`` a net compiled by torch.compile keeps: not the C kernels (it traces PyTorch's
+    attention), not the weights cast once (inductor fuses autocast's casts into its kernels)."""
+    return replace(ex, kernels=None, cast_weights_once=False)
 
 
 def apply(model: nn.Module, ex: Execution) -> nn.Module:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +18,7 @@ import torch
 
 from aiayn.checkpoint.run import Learner
 from aiayn.errors import UserError
-from aiayn.execution import Execution, apply, use_attention_kernels
+from aiayn.execution import Execution, apply, compiled, use_attention_kernels
 from aiayn.execution.attention import attention_backends
 from aiayn.train.flops import train_flops
 from aiayn.train.objective import Schedule
@@ -114,8 +114,7 @@ class TrainStep:
         # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``parallel.compile_model``)
         self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
         # the one place the model meets its device's speed code; torch.compile traces PyTorch's attention
-        apply(learner.model, rules.execution if self.net is self.plain_net
-              else replace(rules.execution, kernels=None, cast_weights_once=False))
+        apply(learner.model, rules.execution if self.net is self.plain_net else compiled(rules.execution))
 
     def step(self, micro: list, n: int, elapsed: float = 0.0, flops: float = 0.0,
              while_busy: Callable[[], None] | None = None) -> Step:
