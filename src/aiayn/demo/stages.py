@@ -127,7 +127,7 @@ def auto_members(cfg: DemoConfig) -> int:
     b = batching(run.train)
     peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), run.train, b.max_src_tokens,
                        b.max_tgt_tokens, "bf16")
-    need = sum(dataclasses.astuple(peak)) + CUDA_PROCESS_BYTES
+    need = peak.total + CUDA_PROCESS_BYTES
     free = torch.cuda.mem_get_info()[0]
     return max(1, min(GPU_MEMBERS, free // need))
 
