@@ -19,7 +19,6 @@ import collections
 import dataclasses
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -62,13 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in steps.values():
         for _ in range(5):
             step(0)
-    times: dict[str, list[float]] = {p: [] for p in steps}
-    for _ in range(args.rounds):
-        for p, step in steps.items():
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                step(0)
-            times[p].append((time.perf_counter() - t0) / args.steps * 1e3)
+    rounds = gt.timed_rounds(steps, args.rounds, device, lambda r: [(0,)] * args.steps)
+    times = {p: [s / args.steps * 1e3 for s in rounds[p]] for p in steps}  # ms a step, each round
     result = {"recipe": args.recipe, "widths": WIDTHS, "batch": [args.batch, args.len, args.len], "threads": 1,
               "machine": bl.machine_info(1), "systems": {}}
     for p in steps:
