@@ -37,8 +37,8 @@ from aiayn.train.ema import WeightAverage
 from aiayn.train.fused_loss import fused_loss_on
 from aiayn.train.loss import make_loss
 from aiayn.train.monitor import Monitor, summary
-from aiayn.train.objective import Schedule, make_optimizer
-from aiayn.train.parallel import for_place
+from aiayn.train.objective import Schedule, optimizer_for
+from aiayn.train.parallel import for_run
 from aiayn.train.rundir import RunLock, remove_stale_temps
 from aiayn.train.step import Step, StepRules, TrainStep
 from aiayn.train.validation import Validator
@@ -74,11 +74,11 @@ def precision_of(cfg: RunConfig, device: torch.device) -> str:
 def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
               run_dir: Path | None = None) -> TrainStep:
     """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
-    with ``train.rdrop_alpha``; how the ranks train together (``parallel.for_place``, by the train
+    with ``train.rdrop_alpha``; how the ranks train together (``parallel.for_run``, by the train
     section); the net compiled with ``train.compile``; how the model computes on its device
     (``aiayn.execution.training``)."""
     t, m, device = cfg.train, cfg.model, place.device
-    kernels, ranks = for_training(t.c_kernels, device), for_place(place, t)
+    kernels, ranks = for_training(t.c_kernels, device), for_run(t, place)
     loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
     rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
                       static_graph=t.accum_steps == 1 and not t.compile,
@@ -179,8 +179,7 @@ class _Run:
         # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; the step sets each step's rate)
         # and fp16's gradient scaler (None otherwise).
         model = Transformer(m).to(self.device)
-        opt = make_optimizer(model.parameters(), schedule_of(cfg).first(), (t.adam_beta1, t.adam_beta2), t.adam_eps,
-                             t.weight_decay, fused=t.fused_adam and self.device.type in ("cpu", "cuda"))
+        opt = optimizer_for(model.parameters(), t, schedule_of(cfg), self.device)
         scaler = torch.amp.GradScaler("cuda") if place.precision == "fp16" else None
         self.learner = Learner(model, opt, scaler)
         if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)

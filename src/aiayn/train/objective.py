@@ -5,6 +5,7 @@ Shapes: B batch, T target length, V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -12,6 +13,9 @@ from torch import Tensor
 from aiayn.model.transformer import PreSoftmax
 from aiayn.train.fused_loss import fused_label_smoothed_loss
 from aiayn.train.rows import LossSums, acc_dtype, smoothed_row_losses
+
+if TYPE_CHECKING:
+    from aiayn.train.config import TrainConfig
 
 
 def noam_lr(step: float, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
@@ -96,6 +100,14 @@ def make_optimizer(params, lr: float, betas: tuple[float, float], eps: float, we
     """
     cls = torch.optim.AdamW if weight_decay > 0 else torch.optim.Adam
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+
+
+def optimizer_for(params, t: "TrainConfig", schedule: Schedule, device: torch.device) -> torch.optim.Optimizer:
+    """A run's optimizer (``make_optimizer``) from its train section: ``adam_beta1``, ``adam_beta2``,
+    ``adam_eps``, ``weight_decay``, and ``fused_adam`` where ``device`` has PyTorch's fused Adam (CPU,
+    CUDA); the rate of the schedule's first step (the step sets each step's own)."""
+    return make_optimizer(params, schedule.first(), (t.adam_beta1, t.adam_beta2), t.adam_eps, t.weight_decay,
+                          fused=t.fused_adam and device.type in ("cpu", "cuda"))
 
 
 def smoothed_targets(target: Tensor, vocab_size: int, eps_ls: float, pad_id: int) -> Tensor:

@@ -2,7 +2,7 @@
 GPUs): ``OneProcess``; ``DataParallel`` (DDP), where every step is a synchronization point whose
 gradients are averaged; and ``LocalSGD`` (``train.local_sgd_period``), where every process trains its
 own copy of the model, from the main rank's weights, with its own Adam, and the copies are averaged
-every ``period`` steps. ``for_place`` picks one; the training step (``aiayn.train.step``) and loop
+every ``period`` steps. ``for_run`` picks one; the training step (``aiayn.train.step``) and loop
 (``aiayn.train.loop``) call the same methods whichever it is.
 
 A step's numbers travel as one (7,) float64 vector on the device (``numbers``): the loss, NLL and KL
@@ -242,8 +242,9 @@ class LocalSGD(OneProcess):
         return rt.gather_to_main(opt.state_dict(), self.place.dist)
 
 
-def for_place(place: rt.Place, t: TrainConfig) -> OneProcess:
-    """One process; with several, local SGD where ``t.local_sgd_period`` > 0, else DDP."""
+def for_run(t: TrainConfig, place: rt.Place) -> OneProcess:
+    """How the run of train section ``t`` trains on ``place``: one process; with several, local SGD
+    where ``t.local_sgd_period`` > 0, else DDP."""
     if not place.dist.enabled:
         return OneProcess(place)
     return LocalSGD(place, t.local_sgd_period) if t.local_sgd_period > 0 else DataParallel(place)
