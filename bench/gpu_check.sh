@@ -22,8 +22,9 @@
 #              aiayn, with cuDNN's attention, HF Marian, torch.nn; then aiayn under torch.compile
 #              68 s, then up to 300 s
 #   translate  beam search against HF generate, then CTranslate2 (aiayn's own model, exported) in a
-#              process of its own: aiayn fp32 and bf16 (and fp16 beside CTranslate2); HF fp32 and bf16;
-#              CTranslate2 fp32, bf16, fp16 and int8 (int8_bfloat16); base and big        147 s
+#              process of its own: aiayn fp32 and bf16, each also with its steps as CUDA graphs
+#              (DecodeConfig.cuda_graphs), and fp16 beside CTranslate2; HF fp32 and bf16;
+#              CTranslate2 fp32, bf16, fp16 and int8 (int8_bfloat16); base and big  147 s (before graphs)
 #   memory     torch.cuda.max_memory_allocated of aiayn's step, base and big at 3,125 and 25,000
 #              tokens a batch, beside `aiayn estimate`'s peak (aiayn/cost/memory.py)  ~1 min (not run)
 #   small      the GPU demo's model (recipes/multi30k-gpu.json) at 4,096 + 4,096 tokens a step (and with
@@ -192,11 +193,12 @@ cublas12_shim() {  # CTranslate2's CUDA build opens libcublas.so.12; beside a CU
 stage_translate() {  # aiayn and HF first, then CTranslate2 in a process of its own beside aiayn
   local rc=0 ct2=ct2-fp32,ct2-bf16,ct2-fp16,ct2-int8
   [ "$SMOKE" = 1 ] && ct2=ct2-fp32
-  timeout 200 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16,hf-fp32,hf-bf16 || rc=1
+  timeout 280 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" \
+    --systems aiayn-fp32,aiayn-graphs-fp32,aiayn-bf16,aiayn-graphs-bf16,hf-fp32,hf-bf16 || rc=1
   cublas12_shim
   local fp16=,aiayn-fp16; [ "$SMOKE" = 1 ] && fp16=  # float16 decoding is CUDA's
-  timeout 150 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" --systems aiayn-fp32,aiayn-bf16$fp16,$ct2 \
-    --out-name gpu_translate_ct2.json || rc=1
+  timeout 200 $PY bench/gpu_translate.py "${TRANSLATE_SIZES[@]}" \
+    --systems aiayn-fp32,aiayn-bf16,aiayn-graphs-bf16$fp16,$ct2 --out-name gpu_translate_ct2.json || rc=1
   return $rc
 }
 

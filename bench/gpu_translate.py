@@ -5,7 +5,9 @@ exactly ``--out-len`` tokens per sentence (EOS suppressed until then), so all ru
 of decoder steps on the same rows (as bench/translate_throughput.py does on the CPU):
   aiayn   DecodeConfig(beam_size=4, min_len=L, max_len_a=0, max_len_b=L) through ``aiayn.decode.search``
           with the cached decoder, as ``Translator`` decodes; fp32, bf16 (``precision=bf16``:
-          the weights cast to bfloat16, log-probabilities in float32) and fp16 (CUDA only)
+          the weights cast to bfloat16, log-probabilities in float32) and fp16 (CUDA only);
+          aiayn-graphs-*: the same with ``DecodeConfig.cuda_graphs`` (``GraphDecoder``: each step one
+          CUDA graph replay; the warm-up call captures the graph, the timed calls replay it)
   HF      MarianMTModel.generate(num_beams=4, min_new_tokens=L, max_new_tokens=L), fp32, bf16 and fp16 weights
   CT2     CTranslate2 on aiayn's own model (the same weights, written by ``aiayn export``'s ``write_ct2``):
           translate_batch(beam_size=4, min_decoding_length=L, max_decoding_length=L), compute types
@@ -42,15 +44,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import aiayn  # noqa: E402
 from aiayn.decode.adapter import CachedDecoder  # noqa: E402
 from aiayn.decode.config import DecodeConfig  # noqa: E402
+from aiayn.decode.graphs import GraphDecoder  # noqa: E402
 from aiayn.decode.search import SpecialIds, search  # noqa: E402
 from aiayn.decode.loading import model_for_precision  # noqa: E402
 from gpu_train import sync, timed_rounds  # noqa: E402
 
 
-def aiayn_system(cfg, precision: str, src: torch.Tensor, L: int, K: int, device):
+def aiayn_system(cfg, precision: str, src: torch.Tensor, L: int, K: int, device, graphs: bool = False):
     torch.manual_seed(0)
     model = model_for_precision(aiayn.Transformer(cfg).to(device).eval(), precision)
-    decoder = CachedDecoder(model)
+    decoder = GraphDecoder(model) if graphs else CachedDecoder(model)
     dcfg = DecodeConfig(beam_size=K, min_len=L, max_len_a=0, max_len_b=L, precision=precision)
     ids = SpecialIds(cfg.pad_id, cfg.bos_id, cfg.eos_id)
 
@@ -138,6 +141,8 @@ def main() -> int:
         builders = {"aiayn-fp32": lambda: aiayn_system(cfg, "fp32", src, args.out_len, args.beam, device),
                     "aiayn-bf16": lambda: aiayn_system(cfg, "bf16", src, args.out_len, args.beam, device),
                     "aiayn-fp16": lambda: aiayn_system(cfg, "fp16", src, args.out_len, args.beam, device),
+                    "aiayn-graphs-fp32": lambda: aiayn_system(cfg, "fp32", src, args.out_len, args.beam, device, True),
+                    "aiayn-graphs-bf16": lambda: aiayn_system(cfg, "bf16", src, args.out_len, args.beam, device, True),
                     "hf-fp32": lambda: hf_system(cfg, torch.float32, src, args.out_len, args.beam, device),
                     "hf-bf16": lambda: hf_system(cfg, torch.bfloat16, src, args.out_len, args.beam, device),
                     "hf-fp16": lambda: hf_system(cfg, torch.float16, src, args.out_len, args.beam, device),
@@ -166,7 +171,10 @@ def main() -> int:
         for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32"),
                      ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16"), ("aiayn-bf16", "ct2-fp16"),
                      ("aiayn-bf16", "ct2-int8"), ("aiayn-fp16", "ct2-fp16"), ("aiayn-fp16", "hf-fp16"),
-                     ("aiayn-fp16", "aiayn-fp32")):
+                     ("aiayn-fp16", "aiayn-fp32"), ("aiayn-graphs-fp32", "aiayn-fp32"),
+                     ("aiayn-graphs-bf16", "aiayn-bf16"), ("aiayn-graphs-fp32", "hf-fp32"),
+                     ("aiayn-graphs-bf16", "hf-bf16"), ("aiayn-graphs-fp32", "ct2-fp32"),
+                     ("aiayn-graphs-bf16", "ct2-bf16"), ("aiayn-graphs-bf16", "ct2-fp16")):
             if a in res and b in res:
                 print(f"{size:5s} {a} / {b}: {res[a]['tgt_tok_s'] / res[b]['tgt_tok_s']:.2f}x", flush=True)
         cases.append({"size": size, "systems": res, "failed": failed})

@@ -148,15 +148,15 @@ def test_shared_slots_move_no_keys_and_equal_recomputation(model):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_log_softmax_in_place_equals_the_out_of_place_call(dtype):
-    from aiayn.decode.adapter import _log_softmax
+    from aiayn.decode.adapter import log_softmax_rows
     g = torch.Generator().manual_seed(3)
     for shape in [(1, 7), (5, 300), (256, 8000)]:
         logits = (torch.randn(shape, generator=g) * 6).to(dtype)
         logits[0, :3] = float("-inf")  # masked entries stay -inf
         expected = logits.log_softmax(dim=-1, dtype=torch.float32)
-        got = _log_softmax(logits.clone())
+        got = log_softmax_rows(logits.clone())
         assert got.dtype == torch.float32
         assert torch.equal(got, expected)
     view = torch.randn(4, 3, 50, generator=g)[:, -1]  # not contiguous: computed out of place
     before = view.clone()
-    assert torch.equal(_log_softmax(view), before.log_softmax(dim=-1)) and torch.equal(view, before)
+    assert torch.equal(log_softmax_rows(view), before.log_softmax(dim=-1)) and torch.equal(view, before)

@@ -139,6 +139,36 @@ def test_search_on_cuda_waits_once_per_step():
         assert len(syncs) <= 12 + 12, (beam, len(syncs))  # one a step (12 steps), the start's and the end's reads
 
 
+@pytest.mark.parametrize("beam", [4, 1])
+def test_graph_replayed_search_on_cuda_equals_the_cached_search(beam):
+    """``GraphDecoder`` on CUDA (each step a replayed CUDA graph): in float64 the cached search's hypotheses
+    and scores to the order of sums (tests/decode/test_graphs.py derives the bound); a second batch of the
+    same bucket replays the captured graph over its own buffers; fp32 and bf16 decode every sentence."""
+    from aiayn.decode.adapter import CachedDecoder
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.graphs import GraphDecoder
+    from aiayn.decode.search import SpecialIds, search
+    from aiayn.decode.loading import model_for_precision
+    cfg = _tiny()
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).eval().to(CUDA)
+    src = _batch(cfg, n=8, seed=2).src.to(CUDA)
+    dcfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=0, max_len_b=12)
+    ids = SpecialIds(cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    wide = model.double()
+    graphs = GraphDecoder(wide)
+    for batch in (src, src[2:7, :9]):
+        want, got = search(CachedDecoder(wide), batch, dcfg, ids), search(graphs, batch, dcfg, ids)
+        assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+        assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], rel=1e-11)
+    assert len(graphs._buckets) == 1 and next(iter(graphs._buckets.values()))._graph is not None
+    for precision in ("fp32", "bf16"):
+        m = model_for_precision(model.float(), precision)
+        out = search(GraphDecoder(m), src, DecodeConfig(beam_size=beam, max_len_a=0, max_len_b=12,
+                                                        precision=precision), ids)
+        assert len(out) == src.size(0) and all(h for h in out)
+
+
 def test_unpadded_batch_on_cuda_without_mask_is_the_masked_one():
     """``src_padded=False`` (no key mask: flash) and the additive mask made once give the boolean
     mask's logits on CUDA, up to the kernels' rounding."""

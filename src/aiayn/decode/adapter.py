@@ -25,7 +25,7 @@ from aiayn.decode.cache import DecoderCache, LayerCache, init_cache, share_slots
 from aiayn.model import EncoderOutput, Transformer
 
 
-def _log_softmax(logits: Tensor) -> Tensor:
+def log_softmax_rows(logits: Tensor) -> Tensor:
     """(N, V) log-probabilities, in float32 unless the model runs in float64.
 
     On CPU the result overwrites a contiguous float32 ``logits`` (or its float32 copy, for bf16
@@ -210,7 +210,7 @@ class CachedDecoder:
     def step(self, tokens: Tensor, state: CachedState) -> tuple[Tensor, CachedState]:
         """tokens (N,) at position cache.length -> next-token log-probs (N, V)."""
         logits, new = self._logits(tokens, state)
-        return _log_softmax(logits), new
+        return log_softmax_rows(logits), new
 
     def step_topk(self, tokens: Tensor, state: CachedState, k: int, banned: Tensor) -> tuple[Tensor, Tensor, CachedState]:
         """``step`` then ``search.select_topk``: each row's min(k, V) best next tokens, never one of
@@ -221,7 +221,7 @@ class CachedDecoder:
         if self.kernels is not None and self.kernels.supports_rows(logits):
             values, ids = self.kernels.log_softmax_topk(logits, min(k, logits.size(1)), banned)
             return values, ids, new
-        values, ids = select_topk(_log_softmax(logits), k, banned)
+        values, ids = select_topk(log_softmax_rows(logits), k, banned)
         return values, ids, new
 
 
@@ -249,7 +249,7 @@ class RecomputeDecoder:
     def step(self, tokens: Tensor, state: PrefixState) -> tuple[Tensor, PrefixState]:
         prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (N, t)
         logits = self.model.decode(prefix, state.enc).logits[:, -1]  # (N, V)
-        return _log_softmax(logits), PrefixState(state.enc, prefix)
+        return log_softmax_rows(logits), PrefixState(state.enc, prefix)
 
 
 @dataclass

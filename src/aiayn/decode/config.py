@@ -41,6 +41,7 @@ class DecodeConfig:
     c_kernels: bool = param(True, "C kernels on the CPU (docs/kernels.md): beam search's attention and top-k (the same up to rounding), the int8 row passes (bit-identical); false, or no C compiler, = PyTorch's operations")
     packed_weights: bool = param(True, "precision fp32 on the CPU: linear maps from weights packed once for the library's kernels instead of at every call; the same products up to rounding (docs/decoding.md); false = PyTorch's")
     packed_library: str = param("auto", "whose packed weights packed_weights uses: mkl (MKL's packed sgemm), onednn (oneDNN's blocked format) or auto (MKL on Intel CPUs, oneDNN on others; docs/decoding.md)")
+    cuda_graphs: bool = param(False, "CUDA: each decoding step replayed as a CUDA graph over buffers of fixed size, so the host issues one launch a step instead of hundreds of operations; the same search up to the order of sums (docs/gpu.md); the CPU decodes as without it")
     max_input_tokens: int = param(1024, "the longest source line, in subword tokens with EOS; also capped by the model's max_positions; a longer line is handled as long_lines says")
     long_lines: str = param("error", "a source line over max_input_tokens: error (naming its line), truncate (to max_input_tokens - 1 tokens) or skip (an empty line out), with a warning; docs/translate.md")
 

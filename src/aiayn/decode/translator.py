@@ -29,6 +29,7 @@ import torch
 
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
+from aiayn.decode.graphs import GraphDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.loading import (decoding_kernels, load_models_for_inference, model_for_precision,
                                   require_cuda_for_fp16)
@@ -109,8 +110,13 @@ class Translator:
         return decoding_kernels(self.cfg, self._given[0])
 
     @functools.cached_property
-    def decoder(self) -> CachedDecoder | EnsembleDecoder:
-        decoders = [CachedDecoder(x, kernels=self.kernels) for x in self.models]
+    def decoder(self) -> CachedDecoder | GraphDecoder | EnsembleDecoder:
+        """The models' step decoders: with ``cuda_graphs`` on a GPU, steps over fixed buffers replayed as
+        CUDA graphs (``aiayn.decode.graphs``), else the cache's (with the C kernels on the CPU)."""
+        if self.cfg.cuda_graphs and self.device.type == "cuda":
+            decoders = [GraphDecoder(x) for x in self.models]
+        else:
+            decoders = [CachedDecoder(x, kernels=self.kernels) for x in self.models]
         return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
 
     @property

@@ -1,0 +1,119 @@
+"""The decoder step over fixed buffers (``GraphDecoder``, replayed as a CUDA graph on a GPU) against the
+cached step (``CachedDecoder``): the same searches on the CPU, where the step runs without a graph.
+
+Tolerances from the arithmetic: the fixed step attends over every slot of the bucket (masked slots
+weigh exactly 0), so only the order of the softmax's sums and of the weighted values' sums changes,
+over at most Tmax*g = 128 terms here; a sum of n terms in that other order differs by at most about
+n * eps of its magnitude. In float64 (eps 1.1e-16) that is 1.4e-14 a sum, which the few layers of the
+tiny model and a hypothesis's 10 or so log-probabilities keep far under 1e-11 of a score; in float32
+(eps 6e-8) 7.6e-6, taken times 4 for the layers' sums: 3e-5 of a score, with the confident model's
+one-nat margins keeping every decision."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiayn.model as M
+from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.graphs import GraphDecoder, Shape
+from aiayn.decode.search import SpecialIds, search
+
+V = 24
+REL64 = 1e-11  # module docstring
+REL32 = 3e-5
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    # (tests/decode/test_adapter.py's: hypotheses end at various steps, by EOS or at their maximum length)
+    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
+
+
+def sources() -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    lengths = [7, 3, 5, 1, 6]
+    src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        src[b, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[b, n - 1] = 3
+    return src
+
+
+def same_search(a, b, rel):
+    assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
+    assert [h.score for hs in a for h in hs] == pytest.approx([h.score for hs in b for h in hs], rel=rel, abs=1e-12)
+    assert [h.eos for hs in a for h in hs] == [h.eos for hs in b for h in hs]
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2, max_len_b=6),
+                                 DecodeConfig(beam_size=3, nbest=3, alpha=0.0, max_len_a=2.0, max_len_b=2),
+                                 DecodeConfig(beam_size=4, no_repeat_ngram=3, max_len_b=6),
+                                 DecodeConfig(beam_size=1, max_len_b=6)])
+def test_fixed_buffers_search_as_the_cache(model, cfg):
+    src = sources()
+    cached = search(CachedDecoder(model), src, cfg, SpecialIds())
+    lengths = {(len(hs[0].tokens), hs[0].eos) for hs in cached}
+    assert len(lengths) > 2  # sentences leave the search at different steps: their rows stay in the buffers
+    same_search(search(GraphDecoder(model), src, cfg, SpecialIds()), cached, REL64)
+
+
+def test_one_bucket_serves_batches_of_similar_shape(model):
+    # 5 and then 3 sentences, sources of 7 and 5, outputs under 32: the same bucket, its buffers cleared
+    # for each batch (the second batch's rows must not see the first's keys)
+    dec, cfg, src = GraphDecoder(model), DecodeConfig(beam_size=4, nbest=2, max_len_b=6), sources()
+    first = search(dec, src, cfg, SpecialIds())
+    second = search(dec, src[1:4, :5], cfg, SpecialIds())
+    assert list(dec._buckets) == [Shape(8, 4, 32, 16)]
+    same_search(first, search(CachedDecoder(model), src, cfg, SpecialIds()), REL64)
+    same_search(second, search(CachedDecoder(model), src[1:4, :5], cfg, SpecialIds()), REL64)
+
+
+def test_ensemble_of_fixed_steps_as_the_cached_ensemble(model):
+    torch.manual_seed(1)
+    other = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
+    cfg, src = DecodeConfig(beam_size=4, nbest=2, max_len_b=6), sources()
+    graphs = search(EnsembleDecoder([GraphDecoder(model), GraphDecoder(other)]), src, cfg, SpecialIds())
+    same_search(graphs, search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(other)]), src, cfg, SpecialIds()),
+                REL64)
+
+
+def test_float32_confident_search_as_the_cache(confident_model):
+    model, src = confident_model
+    cfg = DecodeConfig(beam_size=4, nbest=2)
+    same_search(search(GraphDecoder(model), src, cfg, SpecialIds()),
+                search(CachedDecoder(model), src, cfg, SpecialIds()), REL32)
+
+
+def test_buckets_round_up_and_the_oldest_goes(model, monkeypatch):
+    import aiayn.decode.graphs as graphs
+    assert Shape.of(5, 4, 33, 7) == Shape(8, 4, 64, 16)
+    monkeypatch.setattr(graphs, "KEPT_GRAPHS", 2)
+    dec, cfg, src = GraphDecoder(model), DecodeConfig(beam_size=2, max_len_b=6), sources()
+    for B in (3, 9, 17):  # three shapes: 8, 16 and 24 sentences
+        search(dec, src.repeat(4, 1)[:B], cfg, SpecialIds())
+    assert [s.sentences for s in dec._buckets] == [16, 24]
+
+
+def test_a_state_moves_only_as_beams_move(model):
+    dec = GraphDecoder(model)
+    with torch.inference_mode():
+        state = dec.start(sources()[:2], 6).reorder(torch.tensor([0, 0, 1, 1]))
+        dec.step(torch.full((4,), 2), state)
+        with pytest.raises(ValueError, match="reorders only"):
+            state.reorder(torch.tensor([1, 0, 3, 2]))
+
+
+def test_translator_replays_graphs_on_cuda_only(untrained_checkpoint, monkeypatch):
+    from aiayn.cli import build_parser
+    from aiayn.commands.decode_settings import decode_config
+    from aiayn.decode.translator import Translator
+    args = build_parser().parse_args(["translate", "--checkpoint", str(untrained_checkpoint), "--cuda-graphs"])
+    cfg = decode_config(args, [str(untrained_checkpoint)])
+    assert cfg.cuda_graphs
+    assert isinstance(Translator.from_checkpoint(untrained_checkpoint, cfg).decoder, CachedDecoder)  # the CPU's
+    monkeypatch.setattr(Translator, "device", property(lambda self: torch.device("cuda")))  # the device's answer
+    tr = Translator.from_checkpoint(untrained_checkpoint, cfg)
+    assert isinstance(tr.decoder, GraphDecoder)
+    assert not isinstance(Translator.from_checkpoint(untrained_checkpoint, DecodeConfig()).decoder, GraphDecoder)
