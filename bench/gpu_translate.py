@@ -167,7 +167,7 @@ def main() -> int:
             t = statistics.median(ts)
             res[k] = {"tgt_tok_s": round(args.batch * args.out_len / t), "seconds": round(t, 4),
                       "tokens_generated": tokens[k], "rounds_s": [round(x, 4) for x in ts]}
-            print(f"{size:5s} {k:11s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
+            print(f"{size:5s} {k:17s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
         for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32"),
                      ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16"), ("aiayn-bf16", "ct2-fp16"),
                      ("aiayn-bf16", "ct2-int8"), ("aiayn-fp16", "ct2-fp16"), ("aiayn-fp16", "hf-fp16"),

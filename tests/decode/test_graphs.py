@@ -59,6 +59,23 @@ def test_fixed_buffers_search_as_the_cache(model, cfg):
     same_search(search(GraphDecoder(model), src, cfg, SpecialIds()), cached, REL64)
 
 
+@pytest.mark.parametrize("beam", [4, 1])
+def test_forced_prefixes_as_the_cache(model, beam):
+    from aiayn.decode.search import Constraints
+    prefix = torch.tensor([[5, 6, -1], [7, -1, -1], [-1, -1, -1], [8, 9, 10], [11, -1, -1]])
+    cfg, src = DecodeConfig(beam_size=beam, nbest=beam, max_len_b=6), sources()
+    same_search(search(GraphDecoder(model), src, cfg, SpecialIds(), Constraints(prefix=prefix)),
+                search(CachedDecoder(model), src, cfg, SpecialIds(), Constraints(prefix=prefix)), REL64)
+
+
+def test_samples_as_the_cache(model):
+    # float64 probabilities that differ in their last bits: a draw could only differ where a uniform
+    # number falls within about 1e-15 of a boundary of the cumulative sums
+    cfg, src = DecodeConfig(sampling=True, nbest=3, top_k=5, max_len_b=6, seed=3), sources()
+    same_search(search(GraphDecoder(model), src, cfg, SpecialIds()), search(CachedDecoder(model), src, cfg, SpecialIds()),
+                REL64)
+
+
 def test_one_bucket_serves_batches_of_similar_shape(model):
     # 5 and then 3 sentences, sources of 7 and 5, outputs under 32: the same bucket, its buffers cleared
     # for each batch (the second batch's rows must not see the first's keys)
@@ -68,6 +85,23 @@ def test_one_bucket_serves_batches_of_similar_shape(model):
     assert list(dec._buckets) == [Shape(8, 4, 32, 16)]
     same_search(first, search(CachedDecoder(model), src, cfg, SpecialIds()), REL64)
     same_search(second, search(CachedDecoder(model), src[1:4, :5], cfg, SpecialIds()), REL64)
+
+
+def test_a_batch_reads_nothing_an_earlier_one_left(model):
+    # masked slots weigh 0, but 0 x NaN is NaN: a new batch clears what a diverged one could leave,
+    # and the padding sentences that fill a bucket compute finite rows (one source key each)
+    dec, cfg, src = GraphDecoder(model), DecodeConfig(beam_size=4, nbest=2, max_len_b=6), sources()
+    search(dec, src, cfg, SpecialIds())
+    bucket = next(iter(dec._buckets.values()))
+    with torch.inference_mode():
+        for buf in (*bucket.self_kv[0], *bucket.cross_kv[0]):
+            buf.fill_(float("nan"))
+    same_search(search(dec, src[1:4, :5], cfg, SpecialIds()), search(CachedDecoder(model), src[1:4, :5], cfg, SpecialIds()),
+                REL64)
+    with torch.inference_mode():
+        assert torch.isfinite(bucket._step()).all()  # 3 sentences and 5 padding ones, every row
+    # (PyTorch's CPU attention gives a row with every key masked zeros; other kernels may give NaN)
+    assert not bucket.src_pad.all(dim=1).any()
 
 
 def test_ensemble_of_fixed_steps_as_the_cached_ensemble(model):

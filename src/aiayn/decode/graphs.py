@@ -66,8 +66,8 @@ class Bucket:
     """One shape's buffers and its step: computed directly (CPU), or captured as a CUDA graph at its first
     ``run`` and replayed after."""
 
-    def __init__(self, model: Transformer, shape: Shape, device: torch.device, pool=None):
-        self.model, self.shape, self.device, self.pool = model, shape, device, pool
+    def __init__(self, model: Transformer, shape: Shape, device: torch.device):
+        self.model, self.shape, self.device = model, shape, device
         Bb, g, Tmax, S = shape.sentences, shape.group, shape.positions, shape.source
         dtype = next(model.parameters()).dtype
         self.tokens = torch.zeros(Bb * g, dtype=torch.long, device=device)  # (N,)
@@ -135,7 +135,7 @@ class Bucket:
                 self._step()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):  # a memory pool of its own
             self._out = self._step()
 
     def _step(self) -> Tensor:
@@ -224,22 +224,20 @@ class GraphState:
 
 class GraphDecoder:
     """A ``StepDecoder`` (``aiayn.decode.search``) whose steps run over fixed buffers (``Bucket``), replayed
-    as CUDA graphs on a GPU. It keeps the buckets of the ``KEPT_GRAPHS`` shapes last used, their graphs in
-    one memory pool. One search at a time: a bucket's buffers are the state of the search that uses it."""
+    as CUDA graphs on a GPU. It keeps the buckets of the ``KEPT_GRAPHS`` shapes last used, each graph with
+    its memory pool (replayed in any order). One search at a time: a bucket's buffers are the state of the
+    search that uses it."""
 
     def __init__(self, model: Transformer):
         self.model = model
         self._buckets: OrderedDict[Shape, Bucket] = OrderedDict()
-        self._pool = None
 
     def bucket(self, shape: Shape, device: torch.device) -> Bucket:
         b = self._buckets.pop(shape, None)
         if b is None:
             if len(self._buckets) >= KEPT_GRAPHS:
                 self._buckets.popitem(last=False)
-            if device.type == "cuda" and self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            b = Bucket(self.model, shape, device, self._pool)
+            b = Bucket(self.model, shape, device)
         self._buckets[shape] = b
         return b
 
