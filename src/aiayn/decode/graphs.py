@@ -16,7 +16,9 @@ decoder's state in buffers of fixed sizes, rounded up so that batches of similar
   attends over every slot with a mask that keeps each row's own prefix (the other slots' weights are
   exactly 0, so this is Eq. 1 over the same keys);
 - a sentence that leaves the search stays in the buffers (its rows computed, not read): the search's
-  rows map to the buffers' through ``GraphState.live``.
+  rows map to the buffers' through ``GraphState.live``;
+- the step also selects each row's K best tokens (``step_topk``; the banned tokens' -inf from a
+  buffer), so beam search reads (N, K) numbers a step, not the (N, V) log-probabilities.
 
 The step's arithmetic is ``CachedDecoder``'s with shared slots (``Transformer.decode`` with a
 ``DecoderCache``) but for the order of the softmax's sums over the longer, masked rows. On the CPU the
@@ -35,6 +37,7 @@ from torch import Tensor
 
 from aiayn.decode.adapter import log_softmax_rows
 from aiayn.decode.cache import group_rows
+from aiayn.decode.topk import select_topk, topk_rows
 from aiayn.model import Transformer
 from aiayn.model.attention import MultiHeadAttention, key_mask
 from aiayn.model.positional import SinusoidalPositions
@@ -43,6 +46,7 @@ SENTENCES = 8  # Bb: the batch's sentences rounded up to a multiple of this
 POSITIONS = 32  # Tmax: the output's maximum length rounded up to a multiple of this
 SOURCE = 16  # S: the source length rounded up to a multiple of this
 KEPT_GRAPHS = 8  # buckets a GraphDecoder keeps (the least recently used goes first)
+NEG_INF = float("-inf")
 
 
 def _round_up(n: int, m: int) -> int:
@@ -90,8 +94,12 @@ class Bucket:
             self._pe = pe.table
         else:
             self._pe = pe.weight
+        V = model.cfg.target_vocab_size
+        self.k = min(g, V)  # the best tokens a row's step also selects (beam search's K = g)
+        self.ban = torch.zeros(V, dtype=torch.float32, device=device)  # (V,) -inf at the banned tokens, else 0
+        self._banned: Tensor | None = None  # the banned ids ``ban`` holds
         self._graph = None
-        self._out: Tensor | None = None
+        self._out: tuple[Tensor, Tensor, Tensor] | None = None  # log-probs (N,V), the k best values, ids (N,k)
 
     def load(self, memory: Tensor, src_pad: Tensor) -> None:
         """A new batch: its encoder output (B,S',D) and padding (B,S'); the self-attention slots cleared
@@ -110,12 +118,16 @@ class Bucket:
             self_v.zero_()
         self.ancestors.zero_()
 
-    def run(self, tokens: Tensor, live: Tensor, position: int) -> Tensor:
+    def run(self, tokens: Tensor, live: Tensor, position: int, banned: Tensor | None = None) -> list[Tensor]:
         """The step at ``position`` for the sentences ``live`` (B',) whose rows take ``tokens`` (B'*g,);
-        returns their next-token log-probabilities (B'*g, V), float32."""
+        returns their next-token log-probabilities (B'*g, V), float32, or, given the ``banned`` ids
+        (``search.select_topk``'s), each row's k best tokens: values and ids (B'*g, k)."""
         g = self.shape.group
         self.tokens.view(-1, g).index_copy_(0, live, tokens.view(-1, g))
         self.pos.fill_(position)
+        if banned is not None and banned is not self._banned:  # (beam search passes one of two tensors)
+            self.ban.zero_().index_fill_(0, banned, NEG_INF)
+            self._banned = banned
         if self.device.type != "cuda":
             out = self._step()
         else:
@@ -123,7 +135,8 @@ class Bucket:
                 self._capture()
             self._graph.replay()
             out = self._out
-        return out.view(self.shape.sentences, g, -1).index_select(0, live).view(tokens.numel(), -1)
+        wanted = out[:1] if banned is None else out[1:]
+        return [x.view(self.shape.sentences, g, -1).index_select(0, live).view(tokens.numel(), -1) for x in wanted]
 
     def _capture(self) -> None:
         """The step captured as a CUDA graph, after warm-up runs on a side stream (which write the same
@@ -138,8 +151,9 @@ class Bucket:
         with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):  # a memory pool of its own
             self._out = self._step()
 
-    def _step(self) -> Tensor:
-        """``Transformer.decode`` of one position over the buffers: (N,) tokens -> (N,V) log-probs."""
+    def _step(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``Transformer.decode`` of one position over the buffers: (N,) tokens -> (N,V) log-probs, and
+        each row's k best tokens but the banned (``search.select_topk``: -inf added where it writes -inf)."""
         m, Bb, g = self.model, self.shape.sentences, self.shape.group
         self.ancestors.index_copy_(2, self.pos, self._own)  # position pos of each row is its own slot
         own = (self.ancestors[..., None] == self._slots) & (self._positions <= self.pos)[:, None]  # (Bb,g,Tmax,g)
@@ -149,7 +163,9 @@ class Bucket:
         x = m.dropout(x)  # (N,1,D)
         for i, layer in enumerate(m.decoder_layers):
             x, _, _ = layer(x, _FixedLayer(self, i, self_mask, memory_mask), False)
-        return log_softmax_rows(m.output_logits(m.decoder_norm(x))[:, -1])
+        log_probs = log_softmax_rows(m.output_logits(m.decoder_norm(x))[:, -1])  # (N,V)
+        values, ids = topk_rows(log_probs + self.ban, self.k)  # (N,k)
+        return log_probs, values, ids
 
 
 class _FixedLayer:
@@ -248,10 +264,25 @@ class GraphDecoder:
 
     def step(self, tokens: Tensor, state: GraphState) -> tuple[Tensor, GraphState]:
         """tokens (N,) at the next position -> next-token log-probabilities (N, V), float32."""
+        out, = self._run(tokens, state, None)
+        return out, state
+
+    def step_topk(self, tokens: Tensor, state: GraphState, k: int, banned: Tensor) -> tuple[Tensor, Tensor, GraphState]:
+        """``step`` then ``search.select_topk``, the selection inside the step (on a GPU, inside its graph):
+        each row's min(k, V) best tokens, never one of ``banned``, and their log-probs, (N, k) each."""
+        if state.bucket is not None and k == state.bucket.k:
+            values, ids = self._run(tokens, state, banned)
+            return values, ids, state
+        log_probs, state = self.step(tokens, state)
+        values, ids = select_topk(log_probs, k, banned)
+        return values, ids, state
+
+    @staticmethod
+    def _run(tokens: Tensor, state: GraphState, banned: Tensor | None) -> list[Tensor]:
         if state.bucket is None:  # no reorder before the first step: one row a sentence
             state._begin(1)
         if state.length >= state.bucket.shape.positions:
             raise ValueError(f"a search of more than {state.max_len} steps")
-        out = state.bucket.run(tokens, state.live, state.length)
+        out = state.bucket.run(tokens, state.live, state.length, banned)
         state.length += 1
-        return out, state
+        return out
