@@ -13,11 +13,16 @@ from aiayn.decode.search import SpecialIds, search
 V = 24
 
 
+def tiny_model() -> M.Transformer:
+    """The tiny preset in float64, seed 0: with this seed, hypotheses end at various steps (by EOS or at
+    their maximum length)."""
+    torch.manual_seed(0)
+    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
+
+
 @pytest.fixture
 def model():
-    torch.manual_seed(0)
-    # with this seed, hypotheses end at various steps (by EOS or at their maximum length)
-    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
+    return tiny_model()
 
 
 def sources() -> torch.Tensor:

@@ -19,26 +19,15 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.graphs import GraphDecoder, Shape
 from aiayn.decode.search import SpecialIds, search
 
-V = 24
+from tests.decode.test_adapter import V, sources, tiny_model
+
 REL64 = 1e-11  # module docstring
 REL32 = 3e-5
 
 
 @pytest.fixture
 def model():
-    torch.manual_seed(0)
-    # (tests/decode/test_adapter.py's: hypotheses end at various steps, by EOS or at their maximum length)
-    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
-
-
-def sources() -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    lengths = [7, 3, 5, 1, 6]
-    src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
-    for b, n in enumerate(lengths):
-        src[b, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
-        src[b, n - 1] = 3
-    return src
+    return tiny_model()
 
 
 def same_search(a, b, rel):
