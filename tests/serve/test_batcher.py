@@ -284,3 +284,20 @@ def test_a_call_with_two_parts_of_a_request_whose_client_left_keeps_the_worker(t
         b.stop()
     assert taken[0] == [("A", 0, 2), ("B", 0, 1), ("A", 2, 4)] and b.calls == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_cuda_graphs_keep_one_step_decoder_a_worker(translator, monkeypatch):
+    # (the device's answer mocked: the CPU runs the graphs' step without capturing it)
+    from aiayn.decode.graphs import GraphDecoder
+    monkeypatch.setattr("aiayn.decode.translator.replays_graphs", lambda device: True)
+    starts = []
+    start = GraphDecoder.start
+    monkeypatch.setattr(GraphDecoder, "start", lambda self, src, n: starts.append(self) or start(self, src, n))
+    cfg = DecodeConfig(max_len_b=8, beam_size=3, cuda_graphs=True)
+    b = make(translator, wait_ms=0, concurrent_calls=1).start()
+    try:
+        answers = [b.submit(cfg, [ids]).future.result(timeout=60) for ids in translator.encode(SENTS[:2])]
+    finally:
+        b.stop()
+    assert b.calls == 2 and all(a.nbest[0] for a in answers)
+    assert len(starts) == 2 and starts[0] is starts[1]  # one worker, one step decoder: its graphs captured once

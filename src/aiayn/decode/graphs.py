@@ -49,6 +49,11 @@ KEPT_GRAPHS = 8  # buckets a GraphDecoder keeps (the least recently used goes fi
 NEG_INF = float("-inf")
 
 
+def replays_graphs(device: torch.device) -> bool:
+    """Whether ``DecodeConfig.cuda_graphs`` takes effect on ``device``: CUDA's (the CPU decodes as without it)."""
+    return device.type == "cuda"
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 

@@ -29,7 +29,7 @@ import torch
 
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
-from aiayn.decode.graphs import GraphDecoder
+from aiayn.decode.graphs import GraphDecoder, replays_graphs
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.loading import (decoding_kernels, load_models_for_inference, model_for_precision,
                                   require_cuda_for_fp16)
@@ -61,7 +61,7 @@ class Translator:
     """
 
     def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                 cfg: DecodeConfig = DecodeConfig()):
+                 cfg: DecodeConfig = DecodeConfig(), decoder=None):
         given = [model] if isinstance(model, Transformer) else list(model)
         if not given:
             raise UserError("a Translator needs at least one model")
@@ -83,6 +83,8 @@ class Translator:
         if cfg.precision == "fp16":
             require_cuda_for_fp16(given[0])  # at once, not at the first batch
         self._pool: DecodePool | None = None
+        if decoder is not None:  # one kept by the caller (a serving thread's: its CUDA graphs captured once)
+            self.decoder = decoder
         if cfg.workers > 1:
             self._check_workers_device()
 
@@ -113,7 +115,7 @@ class Translator:
     def decoder(self) -> CachedDecoder | GraphDecoder | EnsembleDecoder:
         """The models' step decoders: with ``cuda_graphs`` on a GPU, steps over fixed buffers replayed as
         CUDA graphs (``aiayn.decode.graphs``), else the cache's (with the C kernels on the CPU)."""
-        if self.cfg.cuda_graphs and self.device.type == "cuda":
+        if self.cfg.cuda_graphs and replays_graphs(self.device):
             decoders = [GraphDecoder(x) for x in self.models]
         else:
             decoders = [CachedDecoder(x, kernels=self.kernels) for x in self.models]

@@ -123,6 +123,7 @@ class Batcher:
         self.skipped = 0  # requests dropped undecoded (client gone, deadline passed, shutdown)
         self.stopped = 0  # model calls stopped part way: none of their requests was still wanted
         self._drain_until: float | None = None  # set by begin_shutdown
+        self._thread = threading.local()  # what a worker thread keeps across its calls (``_kept_decoder``)
         self._threads = [threading.Thread(target=self._run, name=f"aiayn-batcher-{i}", daemon=True)
                          for i in range(concurrent_calls)]
 
@@ -270,13 +271,23 @@ class Batcher:
                         self._busy = +self._busy
                         self._ready.notify_all()
 
+    def _kept_decoder(self, cfg: DecodeConfig):
+        """With ``cuda_graphs``, this worker thread's step decoder, made at its first call and kept, so that
+        its CUDA graphs are captured once, not at every call (one search at a time uses it: the thread's);
+        else None (each call's ``Translator`` makes its own)."""
+        if not cfg.cuda_graphs:
+            return None
+        if getattr(self._thread, "decoder", None) is None:
+            self._thread.decoder = Translator(self.model, None, None, cfg).decoder
+        return self._thread.decoder
+
     def _answer(self, cfg: DecodeConfig, parts: list[Part]) -> None:
         """One ``translate_ids`` call with settings ``cfg`` (``call_settings``) for the sentences of
         ``parts``, then the answer of each request whose last sentences they were."""
         parts = [part for part in parts if part.job.begin()]  # drop cancelled ones
         if not parts:
             return
-        translator = Translator(self.model, self.src_tok, self.tgt_tok, cfg)
+        translator = Translator(self.model, self.src_tok, self.tgt_tok, cfg, self._kept_decoder(cfg))
         ids = [x for part in parts for x in part.ids]
         t0 = time.perf_counter()
         prefixes = [x for part in parts for x in part.prefixes]
