@@ -57,7 +57,9 @@ class Translator:
     Given several models (an ensemble: ``aiayn translate --checkpoint a.pt b.pt``, or an ensemble
     file), each step's next-token distribution is the mean of theirs (``EnsembleDecoder``). They
     must share the tokenizers and the special ids. ``model`` is the first of them; attention
-    plots show its attention.
+    plots show its attention. ``decoder``: a step decoder of these models to decode with, kept by the
+    caller across Translators (a serving thread's, whose CUDA graphs are captured once); None: made
+    when first needed (``Translator.decoder``).
     """
 
     def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer,
