@@ -117,6 +117,10 @@ def test_buckets_round_up_and_the_oldest_goes(model, monkeypatch):
     for B in (3, 9, 17):  # three shapes: 8, 16 and 24 sentences
         search(dec, src.repeat(4, 1)[:B], cfg, SpecialIds())
     assert [s.sentences for s in dec._buckets] == [16, 24]
+    monkeypatch.setattr(graphs, "KEPT_GRAPHS", 8)
+    monkeypatch.setattr(graphs, "KEPT_BYTES", dec._buckets[Shape(24, 2, 32, 16)].nbytes)  # room for the 24's alone
+    search(dec, src.repeat(4, 1)[:3], cfg, SpecialIds())  # 8 sentences: the 16 go (over the bytes, the older)
+    assert [s.sentences for s in dec._buckets] == [24, 8]
 
 
 def test_a_state_moves_only_as_beams_move(model):

@@ -45,7 +45,8 @@ from aiayn.model.positional import SinusoidalPositions
 SENTENCES = 8  # Bb: the batch's sentences rounded up to a multiple of this
 POSITIONS = 32  # Tmax: the output's maximum length rounded up to a multiple of this
 SOURCE = 16  # S: the source length rounded up to a multiple of this
-KEPT_GRAPHS = 8  # buckets a GraphDecoder keeps (the least recently used goes first)
+KEPT_GRAPHS = 8  # buckets a GraphDecoder keeps (the least recently used goes first) ...
+KEPT_BYTES = 2 << 30  # ... and their buffers' bytes beyond the bucket in use (a base model's 400 sentences: 1.3 GB)
 NEG_INF = float("-inf")
 
 
@@ -105,6 +106,11 @@ class Bucket:
         self._banned: Tensor | None = None  # the banned ids ``ban`` holds
         self._graph = None
         self._out: tuple[Tensor, Tensor, Tensor] | None = None  # log-probs (N,V), the k best values, ids (N,k)
+
+    @property
+    def nbytes(self) -> int:
+        """The buffers' bytes (the self-attention slots are most of them)."""
+        return sum(x.nbytes for kv in (*self.self_kv, *self.cross_kv) for x in kv) + self.ancestors.nbytes
 
     def load(self, memory: Tensor, src_pad: Tensor) -> None:
         """A new batch: its encoder output (B,S',D) and padding (B,S'); the self-attention slots cleared
@@ -245,8 +251,8 @@ class GraphState:
 
 class GraphDecoder:
     """A ``StepDecoder`` (``aiayn.decode.search``) whose steps run over fixed buffers (``Bucket``), replayed
-    as CUDA graphs on a GPU. It keeps the buckets of the ``KEPT_GRAPHS`` shapes last used, each graph with
-    its memory pool (replayed in any order). One search at a time: a bucket's buffers are the state of the
+    as CUDA graphs on a GPU. It keeps the buckets of the shapes last used (``KEPT_GRAPHS``, ``KEPT_BYTES``),
+    each graph with its memory pool (replayed in any order). One search at a time: a bucket's buffers are the state of the
     search that uses it."""
 
     def __init__(self, model: Transformer):
@@ -254,10 +260,13 @@ class GraphDecoder:
         self._buckets: OrderedDict[Shape, Bucket] = OrderedDict()
 
     def bucket(self, shape: Shape, device: torch.device) -> Bucket:
+        """The bucket of ``shape`` (made, or the kept one), now the most recently used; the least recently
+        used others go while more than ``KEPT_GRAPHS`` are kept or they hold more than ``KEPT_BYTES``."""
         b = self._buckets.pop(shape, None)
+        others = sum(x.nbytes for x in self._buckets.values())
+        while self._buckets and (len(self._buckets) >= KEPT_GRAPHS or others > KEPT_BYTES):
+            others -= self._buckets.popitem(last=False)[1].nbytes
         if b is None:
-            if len(self._buckets) >= KEPT_GRAPHS:
-                self._buckets.popitem(last=False)
             b = Bucket(self.model, shape, device)
         self._buckets[shape] = b
         return b
