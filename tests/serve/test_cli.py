@@ -44,3 +44,16 @@ def test_serve_options_reach_the_server_and_the_key_comes_from_the_environment(t
         r = client.post("/translate", json={"sentences": ["A dog."]}, headers={"authorization": "Bearer from-env"})
         assert r.status_code == 200
         assert client.get("/health", headers={"host": "localhost"}).status_code == 403
+
+
+def test_serve_takes_how_its_model_decodes(tiny_checkpoint, monkeypatch):
+    import aiayn.serve.app as app
+    from aiayn.serve.server import Server
+    seen = {}
+    create = app.create_app
+    monkeypatch.setattr(app, "create_app", lambda translator, cfg: seen.update(translator=translator) or create(translator, cfg))
+    monkeypatch.setattr(Server, "run", lambda self: None)
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--precision", "bf16", "--cuda-graphs",
+                 "--threads", "1"]) == 0
+    cfg = seen["translator"].cfg
+    assert cfg.precision == "bf16" and cfg.cuda_graphs

@@ -17,6 +17,7 @@ API_KEY_ENV = "AIAYN_API_KEY"
 
 
 SERVE_DECODE = ("beam_size", "alpha", "max_len_a", "max_len_b", "no_repeat_ngram")  # the request's defaults
+SERVE_MODEL = ("precision", "cuda_graphs")  # how the server's model decodes every request (docs/serve.md)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,13 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "\"nbest\": 1, \"attention\": false} (Content-Type: application/json); GET /health; "
                     "GET /metrics (Prometheus); open / in a browser to type sentences and see translations and "
                     "attention maps. Concurrent requests share model calls. The decode options below are the "
-                    f"defaults of requests that do not set them. The API key may come from ${API_KEY_ENV} "
+                    "defaults of requests that do not set them; --precision and --cuda-graphs, how the model "
+                    f"decodes them all. The API key may come from ${API_KEY_ENV} "
                     "instead of --api-key (which ps would show). See docs/serve.md.",
         allow_abbrev=False)
     p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     add_device_argument(p)
     add_arguments(p, ServeConfig)
-    add_arguments(p, DecodeConfig, only=SERVE_DECODE)
+    add_arguments(p, DecodeConfig, only=SERVE_DECODE + SERVE_MODEL)
     p.set_defaults(func=run, **{name: None for name in SERVE_DECODE if name in CHECKPOINT_FIELDS})  # (``decode_config``)
 
 
