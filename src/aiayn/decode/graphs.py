@@ -139,7 +139,7 @@ class Bucket:
         if banned is not None and banned is not self._banned:  # (beam search passes one of two tensors)
             self.ban.zero_().index_fill_(0, banned, NEG_INF)
             self._banned = banned
-        if self.device.type != "cuda":
+        if not replays_graphs(self.device):
             out = self._step()
         else:
             if self._graph is None:
@@ -224,6 +224,17 @@ class GraphState:
         self.live = torch.arange(B, device=self.src_pad.device)
         self.memory = None
 
+    def step(self, tokens: Tensor, banned: Tensor | None) -> list[Tensor]:
+        """The bucket's step (``Bucket.run``) at the next position for the live sentences; the first step
+        takes the bucket where no ``reorder`` did (one row a sentence)."""
+        if self.bucket is None:
+            self._begin(1)
+        if self.length >= self.bucket.shape.positions:
+            raise ValueError(f"a search of more than {self.max_len} steps")
+        out = self.bucket.run(tokens, self.live, self.length, banned)
+        self.length += 1
+        return out
+
     def reorder(self, idx: Tensor) -> "GraphState":
         """Only at the start: idx (B*g,) = each sentence repeated g times (beam search's first move)."""
         B = self.src_pad.size(0)
@@ -252,8 +263,8 @@ class GraphState:
 class GraphDecoder:
     """A ``StepDecoder`` (``aiayn.decode.search``) whose steps run over fixed buffers (``Bucket``), replayed
     as CUDA graphs on a GPU. It keeps the buckets of the shapes last used (``KEPT_GRAPHS``, ``KEPT_BYTES``),
-    each graph with its memory pool (replayed in any order). One search at a time: a bucket's buffers are the state of the
-    search that uses it."""
+    each graph with its memory pool (replayed in any order). One search at a time: a bucket's buffers are
+    the state of the search that uses it."""
 
     def __init__(self, model: Transformer):
         self.model = model
@@ -278,25 +289,15 @@ class GraphDecoder:
 
     def step(self, tokens: Tensor, state: GraphState) -> tuple[Tensor, GraphState]:
         """tokens (N,) at the next position -> next-token log-probabilities (N, V), float32."""
-        out, = self._run(tokens, state, None)
+        out, = state.step(tokens, None)
         return out, state
 
     def step_topk(self, tokens: Tensor, state: GraphState, k: int, banned: Tensor) -> tuple[Tensor, Tensor, GraphState]:
         """``step`` then ``search.select_topk``, the selection inside the step (on a GPU, inside its graph):
         each row's min(k, V) best tokens, never one of ``banned``, and their log-probs, (N, k) each."""
         if state.bucket is not None and k == state.bucket.k:
-            values, ids = self._run(tokens, state, banned)
+            values, ids = state.step(tokens, banned)
             return values, ids, state
         log_probs, state = self.step(tokens, state)
         values, ids = select_topk(log_probs, k, banned)
         return values, ids, state
-
-    @staticmethod
-    def _run(tokens: Tensor, state: GraphState, banned: Tensor | None) -> list[Tensor]:
-        if state.bucket is None:  # no reorder before the first step: one row a sentence
-            state._begin(1)
-        if state.length >= state.bucket.shape.positions:
-            raise ValueError(f"a search of more than {state.max_len} steps")
-        out = state.bucket.run(tokens, state.live, state.length, banned)
-        state.length += 1
-        return out
