@@ -55,7 +55,8 @@ import aiayn  # noqa: E402
 from aiayn.train.flops import train_flops  # noqa: E402
 from aiayn.checkpoint.run import Learner  # noqa: E402
 from aiayn.train.config import RunConfig, TrainConfig  # noqa: E402
-from aiayn.train.loop import make_step  # noqa: E402
+from aiayn.train.loop import schedule_of  # noqa: E402
+from aiayn.train.step import TrainStep  # noqa: E402
 from aiayn.train.objective import make_optimizer  # noqa: E402
 from aiayn.train.runtime import Dist, Place, use_tf32  # noqa: E402
 
@@ -132,14 +133,15 @@ def autocast(device, precision: str):
 def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = False, cudnn: bool = False,
                 fused_loss: str = "auto", cast_once: bool = False):
     """A step of ``aiayn train`` (one process, no accumulation) on batch k: the loop's own
-    ``TrainStep`` (``loop.make_step``), stepped as the loop steps it."""
+    ``TrainStep`` (``TrainStep.for_run``), stepped as the loop steps it."""
     t = TrainConfig(precision=precision, eps_ls=EPS_LS, cudnn_attention=cudnn, fused_loss=fused_loss, compile=compile_,
                     cast_weights_once=cast_once)
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(device).train()
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    stepper = make_step(Learner(model, opt, scaler), RunConfig(cfg, t), Place(Dist(), device, precision))
+    stepper = TrainStep.for_run(t, Learner(model, opt, scaler), Place(Dist(), device, precision),
+                                 schedule_of(RunConfig(cfg, t)))
 
     def step(k: int):
         stepper.step([batches.aiayn[k]], k + 1)

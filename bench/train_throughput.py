@@ -55,13 +55,14 @@ def _adam(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     """One step of ``aiayn train`` on the CPU: the loop's own ``TrainStep`` (C kernels for the loss and
-    the attention, fused Adam, the linear maps' rows padded as the loop pads them: ``loop.make_step``),
+    the attention, fused Adam, the linear maps' rows padded as the loop pads them: ``TrainStep.for_run``),
     stepped as the loop steps it."""
     import aiayn
     from aiayn.data.batching import Batch
     from aiayn.checkpoint.run import Learner
     from aiayn.train.config import RunConfig, TrainConfig
-    from aiayn.train.loop import make_step
+    from aiayn.train.loop import schedule_of
+    from aiayn.train.step import TrainStep
     from aiayn.train.objective import make_optimizer
     from aiayn.train.runtime import Dist, Place
 
@@ -70,7 +71,7 @@ def build_aiayn(size: str, precision: str, B: int, S: int, T: int):
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).train()
     opt = make_optimizer(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, fused=True)
-    stepper = make_step(Learner(model, opt), RunConfig(cfg, t), Place(Dist(), cpu, precision))
+    stepper = TrainStep.for_run(t, Learner(model, opt), Place(Dist(), cpu, precision), schedule_of(RunConfig(cfg, t)))
     src, tgt_in, tgt_out = _batch(B, S, T, 4, cfg.vocab_size, cfg.eos_id, cfg.bos_id)
     batch = Batch(src, tgt_in, tgt_out, n_src_tokens=B * S, n_tgt_tokens=B * T, src_padded=False)
 

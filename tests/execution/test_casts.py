@@ -15,7 +15,8 @@ from aiayn.execution.casts import WeightCasts
 from aiayn.execution.linear import RowPaddedLinear
 from aiayn.model import ModelConfig, Transformer
 from aiayn.train.config import RunConfig, TrainConfig
-from aiayn.train.loop import make_step
+from aiayn.train.loop import schedule_of
+from aiayn.train.step import TrainStep
 from aiayn.train.runtime import Dist, Place
 
 CPU = torch.device("cpu")
@@ -45,7 +46,7 @@ def _step(cast_once: bool, precision: str, tied: bool = True, micro: int = 1, rd
     model = Transformer(cfg).train()
     t = TrainConfig(cast_weights_once=cast_once, c_kernels=False, rdrop_alpha=rdrop, precision=precision)
     no_optimizer = SimpleNamespace(defaults={})
-    stepper = make_step(Learner(model, no_optimizer), RunConfig(cfg, t), Place(Dist(), CPU, precision))
+    stepper = TrainStep.for_run(t, Learner(model, no_optimizer), Place(Dist(), CPU, precision), schedule_of(RunConfig(cfg, t)))
     torch.manual_seed(1)
     sums, _ = stepper.passes(_batches(micro), 0.01)
     return sums, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -13,7 +13,7 @@ import aiayn
 from aiayn.data.batching import collate
 from aiayn.data.stream import to_device
 from aiayn.checkpoint.run import Learner
-from aiayn.train import step
+from aiayn.train import updates
 from tests.train.steps import passes, read_step
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
@@ -41,7 +41,7 @@ def _step_grads(cfg, batch, device, precision):
     model = aiayn.Transformer(cfg).to(device).train()
     b = to_device(batch, device)
     sums, _ = passes(model, [b], TrainConfig(), 1 / batch.n_tgt_tokens, device, precision)
-    norm = step.grad_norm(model, None)
+    norm = updates.grad_norm(model, None)
     values = read_step(sums, norm, float(batch.n_tgt_tokens), device)
     return values, {n: p.grad.float().cpu() for n, p in model.named_parameters()}
 
@@ -199,10 +199,10 @@ def test_update_queued_before_the_read_on_cuda():
     opt = make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9, fused=True)
     before = [p.detach().clone() for p in model.parameters()]
     model(torch.randn(3, 8, device=CUDA)).sum().backward()
-    step.update(Learner(model, opt), 0.0, None, skip=torch.ones((), device=CUDA))
+    updates.update(Learner(model, opt), 0.0, None, skip=torch.ones((), device=CUDA))
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     model(torch.randn(3, 8, device=CUDA)).sum().backward()
-    step.update(Learner(model, opt), 0.0, None, skip=torch.zeros((), device=CUDA))
+    updates.update(Learner(model, opt), 0.0, None, skip=torch.zeros((), device=CUDA))
     assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     from aiayn.train import runtime as rt
     assert rt.host_to_device([1.5, 2.0], CUDA).tolist() == [1.5, 2.0]

@@ -13,7 +13,7 @@ import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.execution.attention import attention_backends
 from aiayn.checkpoint.run import Learner
-from aiayn.train import parallel, step
+from aiayn.train import parallel, step, updates
 from aiayn.train import runtime as rt
 from aiayn.train.objective import make_optimizer
 from tests.train.test_training import _logged, _train_in_process
@@ -131,7 +131,7 @@ def _adam_after(flags: list[float | None]) -> tuple[torch.Tensor, dict]:
             opt.zero_grad(set_to_none=True)
             continue
         skip = None if flag is None else torch.tensor(flag)
-        step.update(Learner(model, opt), 1.0, None, skip=skip)
+        updates.update(Learner(model, opt), 1.0, None, skip=skip)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), opt.state_dict()["state"]
 
 
@@ -150,14 +150,14 @@ def test_skip_flag_is_a_step_not_taken():
     with pytest.raises(ValueError, match="fused"):
         model = torch.nn.Linear(2, 2)
         model.weight.grad = torch.zeros(2, 2)
-        step.update(Learner(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9)), 0.0, None,
+        updates.update(Learner(model, make_optimizer(model.parameters(), 1e-2, (0.9, 0.98), 1e-9)), 0.0, None,
                     skip=torch.tensor(0.0))
 
 
 def test_step_not_finite_flag():
     """``not_finite`` on the device takes ``TrainStep.step``'s test on the host: loss + KL, and the norm."""
     def flag(loss, kl, norm):
-        return float(step.not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
+        return float(updates.not_finite(torch.tensor([loss, 1.0, kl, 0.0, 0.0, norm], dtype=torch.float64)))
     assert flag(3.0, 0.0, 2.0) == 0.0
     assert flag(float("nan"), 0.0, 2.0) == flag(3.0, float("inf"), 2.0) == flag(3.0, 0.0, float("inf")) == 1.0
 

@@ -14,7 +14,7 @@ from aiayn.checkpoint.run import check_finite_weights
 from aiayn.checkpoint import load_checkpoint
 from aiayn.checkpoint.run import Learner
 from aiayn.train import loss as loss_mod
-from aiayn.train import step
+from aiayn.train import step, updates
 from aiayn.train.loss import SmoothedLoss
 from aiayn.train.parallel import OneProcess
 from aiayn.train.runtime import Dist, Place
@@ -97,9 +97,9 @@ def test_train_step_is_the_step_its_parts_make():
     for group in ref_opt.param_groups:
         group["lr"] = s.lr
     sums, _ = passes(ref_model, [batch], t, 1 / batch.n_tgt_tokens, torch.device("cpu"), "fp32")
-    norm = step.grad_norm(ref_model, None)
+    norm = updates.grad_norm(ref_model, None)
     loss, nll, kl, tokens, _, norm_value, _ = read_step(sums, norm, float(batch.n_tgt_tokens), torch.device("cpu"))
-    step.update(Learner(ref_model, ref_opt), t.clip_norm, norm)
+    updates.update(Learner(ref_model, ref_opt), t.clip_norm, norm)
     assert (s.loss, s.nll, s.norm) == (loss, nll, norm_value)
     a, b = model.state_dict(), ref_model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -128,20 +128,21 @@ def row_bits(model) -> set[int]:
 
 
 def test_the_run_step_follows_the_configuration(monkeypatch):
-    """``loop.make_step``, the loop's and the benchmarks' step: one process takes every step as a
+    """``TrainStep.for_run``, the loop's and the benchmarks' step: one process takes every step as a
     synchronization point on the plain model; the CPU's C kernels and padded rows follow
     ``train.c_kernels`` and ``train.cpu_row_bits``; ``train.compile`` gives a compiled net beside the
     plain one (the fallback); local SGD, with ranks, averages every ``local_sgd_period`` steps from
     the main rank's weights and wraps no DDP; ``train.rdrop_alpha`` wraps the loss."""
     from aiayn.train import parallel
     from aiayn.train.config import RunConfig, TrainConfig
-    from aiayn.train.loop import make_step
+    from aiayn.train.loop import schedule_of
     from aiayn.train.loss import RDrop
     model, opt, cfg, _, _, _ = _tiny_step()
     cpu, learner = torch.device("cpu"), Learner(model, opt)
 
     def made(place=Place(Dist(), cpu, "fp32"), **train):
-        return make_step(learner, RunConfig(cfg, TrainConfig(**train)), place)
+        t = TrainConfig(**train)
+        return step.TrainStep.for_run(t, learner, place, schedule_of(RunConfig(cfg, t)))
     plain = made(Place(Dist(), cpu, "bf16"), c_kernels=False, cpu_row_bits=5)
     assert (plain.net, plain.plain_net, plain.strategy.period) == (model, model, 1)
     assert type(plain.strategy) is parallel.OneProcess and type(plain.loss) is SmoothedLoss

@@ -158,11 +158,16 @@ def best_merit(state: TrainState, best_metric: str) -> float:
 
 class RunCheckpoints:
     """One run's checkpoints in its run directory: its ``config.json``, written when they are made,
-    then checkpoints written when due (``save``). Every rank calls them; the main rank writes the files."""
+    then checkpoints written when due (``save``). Every rank calls them; the main rank writes the files.
+    ``saved``: the checkpoint the run resumed from (restored already; None: a new run), whose lines
+    the main rank prints first (``resumed``)."""
 
-    def __init__(self, run_dir: Path, keeping: Keeping, tokenizers: dict, dist: rt.Dist, learner: Learner, stream):
+    def __init__(self, run_dir: Path, keeping: Keeping, tokenizers: dict, dist: rt.Dist, learner: Learner, stream,
+                 saved: Contents | None = None):
         self.run_dir, self.keeping, self.tokenizers, self.dist = run_dir, keeping, tokenizers, dist
         self.learner, self.stream = learner, stream
+        if saved is not None and dist.is_main:
+            resumed(run_dir, saved, stream.state_dict(), keeping.run_config["train"]["accum_steps"], dist.world_size)
         if dist.is_main:  # made once resumed: a refused resume leaves the run directory's config.json as it was
             write_json_atomic(run_dir / "config.json", keeping.run_config)
 

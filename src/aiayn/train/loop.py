@@ -1,7 +1,7 @@
 """The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and ``_Run``,
 what a run holds between its steps. Each part it uses is built once, from the configuration it
-needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step (``make_step``: its loss, and how
-the ranks take it together, ``aiayn.train.parallel``; the benchmarks build it here too), validation
+needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step (``aiayn.train.step.TrainStep.for_run``: its loss, and how
+the ranks take it together, ``aiayn.train.parallel``), validation
 (``aiayn.train.validation``), the run directory's checkpoints (``aiayn.checkpoint.run.RunCheckpoints``),
 the moving average of the weights (``aiayn.train.ema``) and the outputs (``aiayn.train.monitor``).
 
@@ -20,27 +20,21 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint.run import (Keeping, Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload,
-                                 resumed)
+from aiayn.checkpoint.run import Keeping, Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload
 from aiayn.config import replace, to_dict
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
-from aiayn.execution import training
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
-from aiayn.kernels.loader import for_training
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig, batching
 from aiayn.train.ema import WeightAverage
-from aiayn.train.fused_loss import fused_loss_on
-from aiayn.train.loss import make_loss
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import Schedule, optimizer_for
-from aiayn.train.parallel import for_run
 from aiayn.train.rundir import RunLock, remove_stale_temps
-from aiayn.train.step import Step, StepRules, TrainStep
+from aiayn.train.step import Step, TrainStep
 from aiayn.train.validation import Validator
 
 log = logging.getLogger(__name__)
@@ -69,21 +63,6 @@ def schedule_of(cfg: RunConfig) -> Schedule:
 def precision_of(cfg: RunConfig, device: torch.device) -> str:
     """The precision a run of ``cfg`` trains in on ``device`` (``train.precision``, auto resolved)."""
     return rt.resolve_precision(cfg.train.precision, device)[0]
-
-
-def make_step(learner: Learner, cfg: RunConfig, place: rt.Place, clock=time.monotonic,
-              run_dir: Path | None = None) -> TrainStep:
-    """A training run's step (the benchmarks build theirs here too): §5.4's loss, wrapped by R-Drop
-    with ``train.rdrop_alpha``; how the ranks train together (``parallel.for_run``, by the train
-    section); the net compiled with ``train.compile``; how the model computes on its device
-    (``aiayn.execution.training``)."""
-    t, m, device = cfg.train, cfg.model, place.device
-    kernels, ranks = for_training(t.c_kernels, device), for_run(t, place)
-    loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
-    rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
-                      static_graph=t.accum_steps == 1 and not t.compile,
-                      execution=training(t, device, kernels))
-    return TrainStep(learner, loss, ranks, schedule_of(cfg), rules, clock, run_dir)
 
 
 def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool = True,
@@ -184,18 +163,16 @@ class _Run:
         self.learner = Learner(model, opt, scaler)
         if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)
             self.learner.restore(saved, self.dist)
-            if self.dist.is_main:
-                resumed(run_dir, saved, self.stream.state_dict(), t.accum_steps, self.dist.world_size)
         elif init_from is not None:
             finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
         self.state = TrainState.of(saved) if saved is not None else TrainState()
         saved_ema = saved.ema if saved is not None else None
         self.checkpoints = RunCheckpoints(run_dir, Keeping(run_config, t.keep_last, t.best_metric, t.ema_decay),
-                                          tokenizers, self.dist, self.learner, self.stream)
+                                          tokenizers, self.dist, self.learner, self.stream, saved)
         if t.ema_decay:
             self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
-        self.stepper = make_step(self.learner, cfg, place, self.clock, run_dir)
+        self.stepper = TrainStep.for_run(t, self.learner, place, schedule_of(cfg), self.clock, run_dir)
         self.n_params = count_parameters(model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, place.precision, self.dist.world_size)

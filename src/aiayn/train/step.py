@@ -1,8 +1,9 @@
 """One training step (§5), ``TrainStep.step``: the loop's and the benchmarks' (bench/train_throughput.py,
-bench/gpu_train.py). How the ranks take it together is a strategy of ``aiayn.train.parallel``; the
-loss, plain or R-Drop's, one of ``aiayn.train.loss``. In order: Eq. 3's rate (``objective.Schedule``),
-the forward and backward passes (gradients accumulate over the batches; the sums stay on the device),
-``grad_norm``, the update (queued before the read where ``update_early``, with the device flag
+bench/gpu_train.py), made from the run's train section by ``TrainStep.for_run``. How the ranks take it
+together is a strategy of ``aiayn.train.parallel``; the loss, plain or R-Drop's, one of
+``aiayn.train.loss``. In order: Eq. 3's rate (``objective.Schedule``), the forward and backward passes
+(gradients accumulate over the batches; the sums stay on the device), ``grad_norm``, the update
+(``aiayn.train.updates``: queued before the read where ``update_early``, with the device flag
 ``not_finite``), the step's one wait for the device, then the update after it (or the step skipped).
 """
 from __future__ import annotations
@@ -18,11 +19,18 @@ import torch
 
 from aiayn.checkpoint.run import Learner
 from aiayn.errors import UserError
-from aiayn.execution import Execution, apply, compiled, use_attention_kernels
+from aiayn.execution import Execution, apply, compiled, training, use_attention_kernels
 from aiayn.execution.attention import attention_backends
+from aiayn.kernels.loader import for_training
+from aiayn.train import parallel
+from aiayn.train.config import TrainConfig
 from aiayn.train.flops import train_flops
+from aiayn.train.fused_loss import fused_loss_on
+from aiayn.train.loss import make_loss
 from aiayn.train.objective import Schedule
 from aiayn.train.parallel import OneProcess, Read
+from aiayn.train.runtime import Place
+from aiayn.train.updates import grad_norm, not_finite, update, update_early
 
 log = logging.getLogger(__name__)
 
@@ -38,57 +46,6 @@ class StepRules:
     compile: bool = False
     static_graph: bool = True
     execution: Execution = Execution()
-
-
-def update_early(opt, scaler) -> bool:
-    """Whether a step's update is queued before its numbers are read (the device then goes on while the
-    host reads them): with fused Adam, which takes a device flag that skips its step (``update``'s
-    ``skip``); not under fp16's scaler, which has its own."""
-    return scaler is None and bool(opt.defaults.get("fused"))
-
-
-def grad_norm(model, scaler) -> torch.Tensor | None:
-    """The accumulated gradients' total 2-norm as a device scalar (not read here), or None under
-    fp16's loss scaling, whose scaler finds non-finite gradients itself and skips their step."""
-    if scaler is not None:
-        return None
-    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-
-
-def update(learner: Learner, clip_norm: float, norm: torch.Tensor | None = None,
-           skip: torch.Tensor | None = None) -> None:
-    """The optimizer step on the accumulated gradients (unscaled first under fp16's loss scaling, clipped
-    to ``clip_norm`` if > 0, with ``norm`` from ``grad_norm`` where given), then the gradients cleared.
-    ``skip`` (fused Adam, no scaler): a float32 flag on the device, 1 = leave the parameters, Adam's
-    moments and step count as they are (the fused step's ``found_inf``): the update is queued unread."""
-    model, opt, scaler = learner.model, learner.opt, learner.scaler
-    if scaler is not None:
-        scaler.unscale_(opt)
-    if clip_norm > 0:
-        if norm is None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        else:
-            torch.nn.utils.clip_grads_with_norm_(model.parameters(), clip_norm, norm)
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    elif skip is not None:
-        if not opt.defaults.get("fused"):
-            raise ValueError("update: skip needs a fused optimizer")
-        opt.found_inf = skip
-        try:
-            opt.step()
-        finally:
-            del opt.found_inf
-    else:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-def not_finite(numbers: torch.Tensor) -> torch.Tensor:
-    """``update``'s ``skip`` flag for a step's (7,) numbers (``parallel.pack``): 1.0 where the loss + KL
-    or the gradient norm is not finite, the test the host takes after the read."""
-    return (~(torch.isfinite(numbers[0] + numbers[2]) & torch.isfinite(numbers[5]))).float()
 
 
 @dataclass
@@ -115,6 +72,20 @@ class TrainStep:
         self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
         # the one place the model meets its device's speed code; torch.compile traces PyTorch's attention
         apply(learner.model, rules.execution if self.net is self.plain_net else compiled(rules.execution))
+
+    @classmethod
+    def for_run(cls, t: TrainConfig, learner: Learner, place: Place, schedule: Schedule,
+                clock: Callable[[], float] = time.monotonic, run_dir: Path | None = None) -> "TrainStep":
+        """The step of a run of train section ``t`` on ``place``: §5.4's loss, wrapped by R-Drop with
+        ``t.rdrop_alpha``; how the ranks train together (``parallel.for_run``); the net compiled with
+        ``t.compile``; how the model computes on its device (``aiayn.execution.training``)."""
+        device = place.device
+        kernels = for_training(t.c_kernels, device)
+        loss = make_loss(t.eps_ls, learner.model.cfg.pad_id, kernels, fused_loss_on(t.fused_loss, device),
+                         t.rdrop_alpha)
+        rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
+                          static_graph=t.accum_steps == 1 and not t.compile, execution=training(t, device, kernels))
+        return cls(learner, loss, parallel.for_run(t, place), schedule, rules, clock, run_dir)
 
     def step(self, micro: list, n: int, elapsed: float = 0.0, flops: float = 0.0,
              while_busy: Callable[[], None] | None = None) -> Step:
