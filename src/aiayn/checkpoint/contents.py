@@ -1,5 +1,5 @@
 """What a training checkpoint holds: ``Contents``, one field per key of the file's dict, in the order
-they are written. Saving (``run.save``), resuming (``run.restore``), upgrading an older file
+they are written. Saving (``run.save``), resuming (``run.Learner.restore``), upgrading an older file
 (``format.upgrade_checkpoint``) and the table of docs/checkpoints.md all derive from these fields
 (tests/train/test_checkpoints.py checks the table against them).
 """
