@@ -166,9 +166,11 @@ class RunCheckpoints:
                  saved: Contents | None = None):
         self.run_dir, self.keeping, self.tokenizers, self.dist = run_dir, keeping, tokenizers, dist
         self.learner, self.stream = learner, stream
-        if saved is not None and dist.is_main:
-            resumed(run_dir, saved, stream.state_dict(), keeping.run_config["train"]["accum_steps"], dist.world_size)
-        if dist.is_main:  # made once resumed: a refused resume leaves the run directory's config.json as it was
+        if dist.is_main:
+            if saved is not None:
+                resumed(run_dir, saved, stream.state_dict(), keeping.run_config["train"]["accum_steps"],
+                        dist.world_size)
+            # made once resumed: a refused resume leaves the run directory's config.json as it was
             write_json_atomic(run_dir / "config.json", keeping.run_config)
 
     def save(self, state: TrainState, valid: dict | None, rank_optimizers: list | None = None) -> None:

@@ -1,9 +1,10 @@
 """The training loop (§5): ``train``, whose loop reads in one screen (``_train``), and ``_Run``,
 what a run holds between its steps. Each part it uses is built once, from the configuration it
-needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step (``aiayn.train.step.TrainStep.for_run``: its loss, and how
-the ranks take it together, ``aiayn.train.parallel``), validation
-(``aiayn.train.validation``), the run directory's checkpoints (``aiayn.checkpoint.run.RunCheckpoints``),
-the moving average of the weights (``aiayn.train.ema``) and the outputs (``aiayn.train.monitor``).
+needs: the batches (``aiayn.data.stream.BatchStream``), the optimizer step
+(``aiayn.train.step.TrainStep.for_run``: its loss, and how the ranks take it together,
+``aiayn.train.parallel``), validation (``aiayn.train.validation``), the run directory's checkpoints
+(``aiayn.checkpoint.run.RunCheckpoints``), the moving average of the weights (``aiayn.train.ema``) and
+the outputs (``aiayn.train.monitor``).
 
 Per optimizer step: ``accum_steps`` token-bounded batches per device; the loss is the sum of
 label-smoothed cross-entropy over every target token of the step on every device, divided by
