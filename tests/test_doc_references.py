@@ -12,6 +12,7 @@ A reference left behind by a move or a rename is a reader sent to code that is n
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -26,7 +27,8 @@ DOTTED = re.compile(r"`{1,2}(aiayn(?:\.\w+)+)(?:\(\))?`{1,2}")
 NOT_CODE = {"json", "md", "txt", "pt"}  # `aiayn.json`: a file's name
 
 
-def _defined(path: Path) -> set[str]:
+@functools.cache
+def _defined(path: Path) -> frozenset[str]:
     """The names ``path`` defines: top-level functions, classes and assignments, and ``Class.member``
     for the members of its classes (methods, class-level assignments, ``self.X`` in methods)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -52,7 +54,7 @@ def _defined(path: Path) -> set[str]:
                 if (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
                         and n.value.id == "self"):
                     names.add(f"{node.name}.{n.attr}")
-    return names
+    return frozenset(names)
 
 
 def _file_references() -> list[tuple[str, str, str]]:
