@@ -14,7 +14,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,11 +22,14 @@ from aiayn.checkpoint.contents import Contents
 from aiayn.checkpoint.format import (TRAINING_STATE, atomic_copy, atomic_save, load_checkpoint, prune,
                                      step_checkpoints, tokenizer_hashes)
 from aiayn.data.dataset import DataDir
-from aiayn.config import from_dict
+from aiayn.config import from_dict, to_dict
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
 from aiayn.model.config import ModelConfig
 from aiayn.train import runtime as rt
+
+if TYPE_CHECKING:
+    from aiayn.train.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +57,6 @@ class TrainState:
     @classmethod
     def of(cls, saved: Contents) -> "TrainState":
         return cls(**{k: getattr(saved, k) for k in cls().counters()})
-
-
-@dataclass(frozen=True)
-class Keeping:
-    """What a run's checkpoints follow: its configuration as a dict (``to_dict(RunConfig)``, written
-    into every checkpoint and ``config.json``), ``train.keep_last``, ``train.best_metric`` and
-    ``train.ema_decay`` (written into ``ema.pt``)."""
-    run_config: dict
-    keep_last: int
-    best_metric: str
-    ema_decay: float
 
 
 @dataclass
@@ -114,19 +106,20 @@ def tokenizer_payload(data: DataDir) -> dict:
             "tgt_sha256": tgt.sha256, "shared": data.shared_vocab}
 
 
-def save(run_dir: Path, saved: Contents, keeping: Keeping, best: bool) -> None:
+def save(run_dir: Path, saved: Contents, keep_last: int, best: bool, ema_decay: float | None = None) -> None:
     """Checkpoint the run (main rank): the step's checkpoint, ``ema.pt`` where ``saved`` holds a moving
-    average, ``best.pt`` if ``best`` (the weights validated: ``ema.pt``'s with one), ``last.pt``."""
+    average (of ``ema_decay``), ``best.pt`` if ``best`` (the weights validated: ``ema.pt``'s with one),
+    ``last.pt``; then the oldest step checkpoints beyond ``keep_last`` are removed."""
     ckpt = saved.to_dict()
     step_path = run_dir / f"ckpt_step{saved.step:08d}.pt"
     atomic_save(ckpt, step_path)  # serialized and checksummed once; the others are copies
     if saved.ema is not None:  # the averaged weights as a checkpoint of their own, for translate and evaluate
         inference = {k: v for k, v in ckpt.items() if k not in (*TRAINING_STATE, "ema")}
-        atomic_save({**inference, "model": saved.ema, "ema_decay": keeping.ema_decay}, run_dir / "ema.pt")
+        atomic_save({**inference, "model": saved.ema, "ema_decay": ema_decay}, run_dir / "ema.pt")
     if best:  # the weights validated: the moving average where there is one
         atomic_copy(run_dir / "ema.pt" if saved.ema is not None else step_path, run_dir / "best.pt")
     atomic_copy(step_path, run_dir / "last.pt")  # last, so a resume always finds a complete state
-    prune(run_dir, keeping.keep_last)
+    prune(run_dir, keep_last)
 
 
 def resume_checkpoint(run_dir: Path) -> dict:
@@ -159,19 +152,21 @@ def best_merit(state: TrainState, best_metric: str) -> float:
 class RunCheckpoints:
     """One run's checkpoints in its run directory: its ``config.json``, written when they are made,
     then checkpoints written when due (``save``). Every rank calls them; the main rank writes the files.
-    ``saved``: the checkpoint the run resumed from (restored already; None: a new run), whose lines
-    the main rank prints first (``resumed``)."""
+    ``cfg``: the run's configuration, recorded whole in ``config.json`` and every checkpoint; of its
+    train section the checkpoints follow ``keep_last`` and ``best_metric``. ``saved``: the checkpoint
+    the run resumed from (restored already; None: a new run), whose lines the main rank prints first
+    (``resumed``)."""
 
-    def __init__(self, run_dir: Path, keeping: Keeping, tokenizers: dict, dist: rt.Dist, learner: Learner, stream,
+    def __init__(self, run_dir: Path, cfg: RunConfig, tokenizers: dict, dist: rt.Dist, learner: Learner, stream,
                  saved: Contents | None = None):
-        self.run_dir, self.keeping, self.tokenizers, self.dist = run_dir, keeping, tokenizers, dist
+        self.run_dir, self.tokenizers, self.dist = run_dir, tokenizers, dist
+        self.keep_last, self.best_metric = cfg.train.keep_last, cfg.train.best_metric
         self.learner, self.stream = learner, stream
-        if dist.is_main:
-            if saved is not None:
-                resumed(run_dir, saved, stream.state_dict(), keeping.run_config["train"]["accum_steps"],
-                        dist.world_size)
-            # made once resumed: a refused resume leaves the run directory's config.json as it was
-            write_json_atomic(run_dir / "config.json", keeping.run_config)
+        if dist.is_main and saved is not None:
+            resumed(run_dir, saved, stream.state_dict(), stream.accum_steps, dist.world_size)
+        self.run_config = to_dict(cfg)
+        if dist.is_main:  # made once resumed: a refused resume leaves the run directory's config.json as it was
+            write_json_atomic(run_dir / "config.json", self.run_config)
 
     def save(self, state: TrainState, valid: dict | None, rank_optimizers: list | None = None) -> None:
         """The run's state at ``state.step``, after the validation ``valid`` (None: none at this step):
@@ -180,13 +175,13 @@ class RunCheckpoints:
         local SGD's every rank's own Adam state, in rank order, so that each rank resumes with its own
         moments (None: the ranks share one); a data-parallel run gathers every rank's generator states
         (each rank's dropout masks are its own). Old BPE-dropout segmentations are pruned after."""
-        dist, metric, learner = self.dist, self.keeping.best_metric, self.learner
+        dist, metric, learner = self.dist, self.best_metric, self.learner
         is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
         check_finite_weights(learner.model, state.step, self.run_dir)
         rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
         if dist.is_main:
             saved = Contents(
-                run_config=self.keeping.run_config, model_config=self.keeping.run_config["model"],
+                run_config=self.run_config, model_config=self.run_config["model"],
                 model=learner.model.state_dict(),
                 optimizer=rank_optimizers[0] if rank_optimizers else learner.opt.state_dict(),
                 rank_optimizers=rank_optimizers,
@@ -194,7 +189,7 @@ class RunCheckpoints:
                 sampler=self.stream.state_dict(), rng=rank_rng[0] if rank_rng else rt.rng_state(),
                 rank_rng=rank_rng, tokenizers=self.tokenizers, valid=valid,
                 ema=learner.ema.state_dict() if learner.ema is not None else None, **state.counters())
-            save(self.run_dir, saved, self.keeping, is_best)
+            save(self.run_dir, saved, self.keep_last, is_best, learner.ema.decay if learner.ema is not None else None)
             self.stream.saved()
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint.run import Keeping, Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload
-from aiayn.config import replace, to_dict
+from aiayn.checkpoint.run import Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload
+from aiayn.config import replace
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
@@ -130,7 +130,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     if state.step != last_sync_step:  # stopped between two synchronization points
         run.synchronize(elapsed)
         state.tokens, run.pending_tokens = state.tokens + run.pending_tokens, 0
-    run.finish(stop_reason, t.best_metric)
+    run.finish(stop_reason)
     return state
 
 
@@ -143,7 +143,6 @@ class _Run:
                  init_from, resume_optimizer: bool):
         data = DataDir(data_dir)
         cfg = fit_to_data(cfg, data)
-        run_config = to_dict(cfg)  # written into config.json and every checkpoint
         t, m = cfg.train, cfg.model
         self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
                                       tf32=t.tf32, threads=t.threads, seed=t.seed)
@@ -168,8 +167,7 @@ class _Run:
             finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
         self.state = TrainState.of(saved) if saved is not None else TrainState()
         saved_ema = saved.ema if saved is not None else None
-        self.checkpoints = RunCheckpoints(run_dir, Keeping(run_config, t.keep_last, t.best_metric, t.ema_decay),
-                                          tokenizers, self.dist, self.learner, self.stream, saved)
+        self.checkpoints = RunCheckpoints(run_dir, cfg, tokenizers, self.dist, self.learner, self.stream, saved)
         if t.ema_decay:
             self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
@@ -231,12 +229,12 @@ class _Run:
         if self.device.type == "cpu":
             release_free_memory()
 
-    def finish(self, stop_reason: str, best_metric: str) -> None:
+    def finish(self, stop_reason: str) -> None:
         """The end: validate, write the final checkpoint and the summary."""
         valid = self.validate()
         self.save(valid)
         if self.dist.is_main:
-            self.monitor.close(summary(self.state, best_metric, self.n_params, self.place,
+            self.monitor.close(summary(self.state, self.checkpoints.best_metric, self.n_params, self.place,
                                        stop_reason, valid))
         if self.dist.enabled:
             torch.distributed.barrier()
