@@ -5,7 +5,9 @@ Python side, on one small call (seconds).
 
 Same setting as translate_throughput.py (random weights, forced output length, beam 4), one
 warm-up call, then one profiled call per profiler. Prints the top operators by self CPU time
-and the top Python functions by own time; nothing is written. The process first takes the
+and the top Python functions by own time, and, where the C attention kernel ran (which the
+operator table cannot see), one more call's time in its self- and encoder-decoder attention;
+nothing is written. The process first takes the
 ``aiayn`` command's settings (huge pages, denormals, allocator: aiayn/host/process.py), as the
 decoding workers do (``--plain-process`` leaves them out).
 """
@@ -59,7 +61,37 @@ def main(argv: list[str] | None = None) -> int:
     out = io.StringIO()
     pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
+    kernel_time(run)
     return 0
+
+
+def kernel_time(run) -> None:
+    """One more call, timing each of the beam attention kernel's runs (aiayn/kernels/loader.py)."""
+    from aiayn.kernels import loader
+
+    spent = {"self": 0.0, "cross": 0.0}
+    calls = []
+    plain = loader.Kernels._run
+
+    def timed(self, q, k, v, g, anc, pad, new):
+        t = time.perf_counter()
+        out = plain(self, q, k, v, g, anc, pad, new)
+        spent["self" if anc is not None else "cross"] += time.perf_counter() - t
+        calls.append(1)
+        return out
+
+    loader.Kernels._run = timed
+    try:
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    finally:
+        loader.Kernels._run = plain
+    if calls:
+        print(f"attention kernel, one more call ({wall:.3f}s): self-attention {spent['self']:.3f}s, "
+              f"encoder-decoder {spent['cross']:.3f}s, {len(calls)} runs")
+    else:
+        print("the attention kernel did not run (PyTorch's attention: in the operator table)")
 
 
 if __name__ == "__main__":
