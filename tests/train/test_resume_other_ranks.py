@@ -70,6 +70,7 @@ def test_resume_on_another_number_of_processes_trains_the_pairs_not_yet_seen(sma
         err = _run(recorder, small_data_dir, run, after, end, tmp_path / f"{run.name}b.pairs")
         assert err.count(f"trained by {before} process(es), resumed by {after}") == 1  # one warning, main rank's
         assert "every rank starts from the main rank's generator states" in err
+        assert f"a step holds {after} batches, was {before} (train.accum_steps)" in err  # accum_steps 1
 
         first = [b for step in _steps(tmp_path / f"{run.name}a.pairs", before) for b in step]
         rest = [b for step in _steps(tmp_path / f"{run.name}b.pairs", after) for b in step]
