@@ -90,7 +90,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     """§5's loop: draw a step's batches, take the step, log, validate and checkpoint when due."""
     run = _Run(data_dir, Path(run_dir), cfg, progress, held, init_from, resume_optimizer)
     t, state, ranks = cfg.train, run.state, run.stepper.strategy
-    elapsed = last_save = run.mean_clock()
+    elapsed = last_save = ranks.start_clock(run.clock)
     last_sync_step, stop_reason = state.step, "max_steps"
     run.learner.model.train()
     # Batches are drawn one step ahead (``BatchStream.prefetch``): the next step's are collated and on
@@ -180,11 +180,6 @@ class _Run:
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
-
-    def mean_clock(self) -> float:
-        """The ranks' mean training time: every rank takes the same stop, save and learning-rate
-        decisions from it (a rank that stopped alone would leave the others waiting in all_reduce)."""
-        return rt.all_reduce_sum([self.clock()], self.dist, self.device)[0] / self.dist.world_size
 
     def apply(self, s: Step) -> bool:
         """Count the step, after ``TrainStep.step`` took its update (or skipped it: not finite).

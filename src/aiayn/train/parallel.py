@@ -155,6 +155,13 @@ class OneProcess:
         """The training seconds the schedules measured in the run's budget read."""
         return elapsed
 
+    def start_clock(self, clock) -> float:
+        """The run's training seconds at its start, the ranks' mean: every rank takes the same stop,
+        save and learning-rate decisions from it (a rank that stopped alone would leave the others
+        waiting in all_reduce)."""
+        dist = self.place.dist
+        return rt.all_reduce_sum([clock()], dist, self.place.device)[0] / dist.world_size
+
     def elapsed(self, last: float, clock) -> float:
         """The run's training seconds before a step (``last``: the value after the last one)."""
         return clock()
