@@ -106,10 +106,10 @@ def tokenizer_payload(data: DataDir) -> dict:
             "tgt_sha256": tgt.sha256, "shared": data.shared_vocab}
 
 
-def save(run_dir: Path, saved: Contents, keep_last: int, best: bool, ema_decay: float | None = None) -> None:
+def save(run_dir: Path, saved: Contents, keep_last: int, best: bool, ema_decay: float | None) -> None:
     """Checkpoint the run (main rank): the step's checkpoint, ``ema.pt`` where ``saved`` holds a moving
-    average (of ``ema_decay``), ``best.pt`` if ``best`` (the weights validated: ``ema.pt``'s with one),
-    ``last.pt``; then the oldest step checkpoints beyond ``keep_last`` are removed."""
+    average (of ``ema_decay``; None without one), ``best.pt`` if ``best`` (the weights validated:
+    ``ema.pt``'s with one), ``last.pt``; then the oldest step checkpoints beyond ``keep_last`` are removed."""
     ckpt = saved.to_dict()
     step_path = run_dir / f"ckpt_step{saved.step:08d}.pt"
     atomic_save(ckpt, step_path)  # serialized and checksummed once; the others are copies
