@@ -69,15 +69,14 @@ def kernel_time(run) -> None:
     """One more call, timing each of the beam attention kernel's runs (aiayn/kernels/loader.py)."""
     from aiayn.kernels import loader
 
-    spent = {"self": 0.0, "cross": 0.0}
-    calls = []
+    spent = {"self": 0.0, "cross": 0.0, "runs": 0}
     plain = loader.Kernels._run
 
     def timed(self, q, k, v, g, anc, pad, new):
         t = time.perf_counter()
         out = plain(self, q, k, v, g, anc, pad, new)
         spent["self" if anc is not None else "cross"] += time.perf_counter() - t
-        calls.append(1)
+        spent["runs"] += 1
         return out
 
     loader.Kernels._run = timed
@@ -87,9 +86,9 @@ def kernel_time(run) -> None:
         wall = time.perf_counter() - t0
     finally:
         loader.Kernels._run = plain
-    if calls:
+    if spent["runs"]:
         print(f"attention kernel, one more call ({wall:.3f}s): self-attention {spent['self']:.3f}s, "
-              f"encoder-decoder {spent['cross']:.3f}s, {len(calls)} runs")
+              f"encoder-decoder {spent['cross']:.3f}s, {spent['runs']} runs")
     else:
         print("the attention kernel did not run (PyTorch's attention: in the operator table)")
 
