@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Callable
+from types import UnionType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,7 +39,7 @@ def parse_value(text: str, typ: Any, name: str) -> Any:
     """Parse ``text`` as a value of the annotated type ``typ`` (bool, int, float, str, Optional, tuple)."""
     origin = typing.get_origin(typ)
     args = typing.get_args(typ)
-    if origin is typing.Union or (origin is not None and str(origin) == "types.UnionType"):
+    if origin is typing.Union or origin is UnionType:  # Optional[X] and X | None
         inner = [a for a in args if a is not type(None)]
         if text.lower() in ("none", "null", ""):
             return None
@@ -119,19 +120,23 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
 
 
 def apply_sets(cfg: T, assignments: list[str], where: Callable[[str], str] = lambda key: f"--set {key}") -> T:
-    """Apply ``section.field=value`` (or ``field=value`` for a flat config) overrides.
-    ``where(key)`` names the source of an assignment in error messages (a recipe file gives its
-    path and line instead of the default ``--set key``)."""
+    """Apply ``section.field=value`` (or ``field=value`` for a flat config) overrides, all at once:
+    each section is checked with every change made (two fields that must change together may be
+    given in either order); a field given twice keeps its last value. ``where(key)`` names the
+    source of an assignment in error messages (a recipe file gives its path and line instead of
+    the default ``--set key``)."""
+    changes: dict[str, Any] = {}
     for item in assignments:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.field=value")
         key, value = item.split("=", 1)
         key = key.strip()
-        cfg = _set_path(cfg, key.split("."), value.strip(), where(key))
-    return cfg
+        _parse_into(changes, cfg, key.split("."), value.strip(), where(key))
+    return _replaced(cfg, changes)
 
 
-def _set_path(cfg: Any, path: list[str], value: str, label: str) -> Any:
+def _parse_into(changes: dict[str, Any], cfg: Any, path: list[str], value: str, label: str) -> None:
+    """Parse ``value`` as the field ``path`` of ``cfg`` into ``changes``, nested as the sections are."""
     types = _field_types(type(cfg))
     head = path[0]
     if head not in types:
@@ -141,11 +146,18 @@ def _set_path(cfg: Any, path: list[str], value: str, label: str) -> Any:
     if len(path) == 1:
         if dataclasses.is_dataclass(types[head]):
             raise ConfigError(f"{label}: {head!r} is a section; name a field in it")
-        return dataclasses.replace(cfg, **{head: parse_value(value, types[head], label)})
+        changes[head] = parse_value(value, types[head], label)
+        return
     sub = getattr(cfg, head)
     if not dataclasses.is_dataclass(sub):
         raise ConfigError(f"{label}: {head!r} is not a section")
-    return dataclasses.replace(cfg, **{head: _set_path(sub, path[1:], value, label)})
+    _parse_into(changes.setdefault(head, {}), sub, path[1:], value, label)
+
+
+def _replaced(cfg: T, changes: dict[str, Any]) -> T:
+    """``cfg`` with ``changes`` (a dict per changed section), each section built once."""
+    return dataclasses.replace(cfg, **{k: _replaced(getattr(cfg, k), v) if isinstance(v, dict) else v
+                                       for k, v in changes.items()})
 
 
 def describe(cls: type) -> list[tuple[str, Any, str]]:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from aiayn.model.transformer import count_preset_parameters
-from aiayn.train.config import load_recipe
+from aiayn.config import ConfigError, apply_sets, to_dict
+from aiayn.model.config import PRESETS
+from aiayn.train.config import load_recipe, run_config_from_preset
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -153,3 +155,38 @@ def test_recipes_ship_inside_the_package():
     assert RECIPES == Path(aiayn.__file__).resolve().parent / "recipes"
     assert {p.name for p in RECIPES.glob("*.json")} == {p.name for p in (RECIPES.parents[2] / "recipes").glob("*.json")}
     assert (RECIPES / "multi30k.json").is_file() and (RECIPES / "multi30k-gpu.json").is_file()
+
+
+@pytest.mark.parametrize("text, want", [("2", 2), ("none", None), ("null", None), ("None", None)])
+def test_set_reads_a_field_that_may_be_none(text, want):
+    """``n_dec_layers: int | None``: a number, or none (the encoder's depth)."""
+    cfg = apply_sets(run_config_from_preset("tiny"), [f"model.n_dec_layers={text}"])
+    assert cfg.model.n_dec_layers == want
+
+
+def test_set_refuses_a_word_for_a_number_that_may_be_none():
+    with pytest.raises(ConfigError, match=r"--set model.n_dec_layers: expected int, got 'two'"):
+        apply_sets(run_config_from_preset("tiny"), ["model.n_dec_layers=two"])
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_run_directorys_config_json_is_its_recipe(preset, tmp_path):
+    """config.json, as the checkpoints write it (every field, null for none), read back as a recipe
+    gives the same configuration: ``--recipe RUN/config.json`` trains the run again."""
+    cfg = apply_sets(run_config_from_preset(preset), ["model.n_dec_layers=1", "model.tie_src_tgt_embeddings=false",
+                                                      "model.tgt_vocab_size=37", "train.eps_ls=0"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+    assert load_recipe(path) == cfg
+    path.write_text(json.dumps(to_dict(run_config_from_preset(preset))))
+    assert load_recipe(path) == run_config_from_preset(preset)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_fields_that_change_together_may_come_in_either_order(order):
+    """Separate vocabularies need the untied embeddings: the section is checked once, with both set."""
+    sets = ["model.tgt_vocab_size=37", "model.tie_src_tgt_embeddings=false"][::order]
+    cfg = apply_sets(run_config_from_preset("tiny"), sets)
+    assert (cfg.model.tgt_vocab_size, cfg.model.tie_src_tgt_embeddings) == (37, False)
+    with pytest.raises(ConfigError, match="need tie_src_tgt_embeddings=false"):
+        apply_sets(run_config_from_preset("tiny"), sets[:1] if order == 1 else sets[1:])

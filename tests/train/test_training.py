@@ -19,6 +19,7 @@ from aiayn.cli import main
 from aiayn.errors import UserError
 from aiayn.checkpoint import atomic_save, average_checkpoints, load_checkpoint
 from aiayn.decode.cache import init_cache
+from aiayn.train.config import load_recipe, run_config_from_dict
 from aiayn.train.objective import label_smoothed_loss, learning_rate, noam_lr
 
 FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=0",
@@ -403,9 +404,11 @@ def _without_key_biases(name: str, value: torch.Tensor, model_config: dict) -> t
 def test_train_cli_resumes_average_and_loads(small_data_dir, tmp_path, capsys):
     run = tmp_path / "run"
     base = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
-            *FAST, "--set", "train.save_every_steps=2"]
+            *FAST, "--set", "train.save_every_steps=2", "--set", "model.n_dec_layers=1"]  # an X | None field
     assert main(base + ["--max-steps", "4"]) == 0
     assert (run / "config.json").exists() and (run / "best.pt").exists() and (run / "summary.json").exists()
+    recorded = run_config_from_dict(load_checkpoint(run / "ckpt_step00000004.pt")["run_config"])
+    assert recorded.model.n_dec_layers == 1 and load_recipe(run / "config.json") == recorded  # config.json reruns it
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["table2_cost_estimate_flops"] > 0 and summary["counted_flops"] > 0
     assert main(base + ["--max-steps", "6"]) == 0

@@ -138,7 +138,8 @@ def run_config_from_preset(name: str) -> RunConfig:
 
 
 def load_recipe(path: str | Path) -> RunConfig:
-    """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors)."""
+    """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors).
+    A run directory's ``config.json`` is one: it names every field, so it trains the same configuration again."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -151,8 +152,7 @@ def load_recipe(path: str | Path) -> RunConfig:
     if extra:
         raise ConfigError(f"{path}: unknown recipe keys {sorted(extra)}; known: preset, model, train, description")
     base = run_config_from_preset(data.get("preset", "base"))
-    sets = [f"model.{k}={v}" for k, v in data.get("model", {}).items()]
-    sets += [f"train.{k}={v}" for k, v in data.get("train", {}).items()]
+    sets = [f"{section}.{k}={_as_text(v)}" for section in ("model", "train") for k, v in data.get(section, {}).items()]
 
     def where(key: str) -> str:  # "section.field" -> "FILE:LINE: section.field", the field's line in its section
         section, _, field = key.partition(".")
@@ -161,6 +161,17 @@ def load_recipe(path: str | Path) -> RunConfig:
         return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
 
     return apply_sets(base, sets, where)
+
+
+def _as_text(value) -> str:
+    """A JSON value as ``--set`` writes it: null -> none, true -> true, [a, b] -> a,b."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(_as_text(v) for v in value)
+    return str(value)
 
 
 def batching(t: TrainConfig) -> Batching:
