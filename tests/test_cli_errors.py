@@ -81,3 +81,22 @@ def test_other_errors_keep_their_traceback_and_user_errors_one_line(monkeypatch,
     assert _error_line(capsys) == "aiayn translate: error: m.pt: no such file"
     with pytest.raises(UserError):
         main(["translate", "--checkpoint", "m.pt", "--debug"])
+
+
+
+@pytest.mark.parametrize("argv, command, unknown", [
+    (["demo", "--eval", "20"], "demo", "--eval 20"), (["train", "--data", "d", "--out", "r", "--foo"], "train", "--foo"),
+    (["data", "ptb-sample", "--out", "x", "--bogus"], "data ptb-sample", "--bogus")])
+def test_an_unknown_option_is_named_by_its_command(argv, command, unknown, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"aiayn {command}: error: unrecognized arguments: {unknown}"
+
+
+def test_debug_and_quiet_after_a_nested_commands_name():
+    from aiayn.cli import build_parser
+    args = build_parser().parse_args(["data", "ptb-sample", "--out", "x", "--quiet", "--debug"])
+    assert args.quiet and args.debug
+    args = build_parser().parse_args(["parse", "score", "--gold", "g", "--test", "t", "--debug"])
+    assert args.debug and not getattr(args, "quiet", False)

@@ -72,3 +72,17 @@ def test_option_equals_value_is_still_read():
     assert (args.train_lines, args.out, args.set) == (5, "runs/x", ["train.seed=2"])
     args = build_parser().parse_args(["parse", "demo", "--minutes=1.5"])
     assert args.minutes == 1.5
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["translate", "--checkpoint", "m.pt", "--beam-size", "four"], "argument --beam-size: expected int, got 'four'"),
+    (["translate", "--checkpoint", "m.pt", "--alpha", "abc"], "argument --alpha: expected float, got 'abc'"),
+    (["translate", "--checkpoint", "m.pt", "--c-kernels", "maybe"],
+     "argument --c-kernels: expected a boolean (true/false), got 'maybe'"),
+    (["serve", "--checkpoint", "m.pt", "--port", "abc"], "argument --port: expected int, got 'abc'")])
+def test_a_bad_option_value_names_what_the_option_expects(argv, said, capsys):
+    """Options made from a config's fields say what they expected, as argparse's own types do."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    assert f"error: {said}\n" in capsys.readouterr().err

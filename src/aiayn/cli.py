@@ -35,12 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for mod in _command_modules():
         mod.register(sub)
-    for name, command in sub.choices.items():  # after the sub-command too: `aiayn translate ... --debug`
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
-        if name in PROGRESS_COMMANDS:
-            command.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
-                                 help="no progress bar (there is none either when stderr is not a terminal)")
+    for name, command in sub.choices.items():
+        _command_options(command, name in PROGRESS_COMMANDS)
     return parser
+
+
+def _command_options(command: argparse.ArgumentParser, progress: bool) -> None:
+    """``--debug`` (and ``--quiet`` where there is a progress bar) after the command's name too, at
+    every level (`aiayn translate ... --debug`, `aiayn data ptb-sample --quiet ...`); the parser is
+    kept in the arguments (``command_parser``: the deepest one wins) so that an unknown option is
+    reported by the command it was given to."""
+    command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    if progress:
+        command.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                             help="no progress bar (there is none either when stderr is not a terminal)")
+    command.set_defaults(command_parser=command)
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _command_options(sub, progress)
 
 
 DEBUG_HELP = "on an error (bad input, out of memory), the Python traceback instead of one line"
@@ -56,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aiayn: error: {exc}", file=sys.stderr)
         return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command they were given to: `aiayn demo: error: unrecognized arguments: --eval`
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

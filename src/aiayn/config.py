@@ -187,9 +187,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, defaults: Any = No
         typ = types[name]
         flag = "--" + name.replace("_", "-")
         extra = {"nargs": "?", "const": True} if typ is bool else {}  # `--flag` alone means true
-        parser.add_argument(flag, dest=name, default=default,
-                            type=lambda s, t=typ, n=name: parse_value(s, t, n),
+        parser.add_argument(flag, dest=name, default=default, type=functools.partial(_option_value, typ, flag),
                             help=f"{help_text} (default: {default!r})", **extra)
+
+
+def _option_value(typ: Any, flag: str, text: str) -> Any:
+    """An option's value, or argparse's error naming the option and what it expected."""
+    try:
+        return parse_value(text, typ, flag)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag}: ")) from exc
 
 
 def from_args(cls: type[T], ns: argparse.Namespace, base: T | None = None) -> T:
