@@ -61,6 +61,28 @@ def test_a_pickle_that_runs_code_is_refused_before_it_runs(tmp_path, capsys):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("make, said", [
+    (lambda p: p.mkdir(), "a directory, not a checkpoint file (a run directory's model is its best.pt or last.pt"),
+    (lambda p: p.write_text("A man rides a horse.\n"), "not a checkpoint: it begins b'A ma', not as torch.save"),
+    (lambda p: p.write_bytes(b"\x1f\x8b\x08\x00rest"), "not a checkpoint: it begins b'\\x1f\\x8b\\x08\\x00'"),
+    (lambda p: p.write_bytes(b""), "empty, not a checkpoint"),
+    (lambda p: None, "checkpoint not found"),
+    (lambda p: p.write_bytes(b"PK\x03\x04 cut short"), "not a readable checkpoint ("),
+    (lambda p: p.write_bytes(b"\x80\x02K\x01."), "not a readable checkpoint (RuntimeError: Invalid magic number")])
+def test_what_is_not_a_checkpoint_says_what_it_is(make, said, tmp_path, capsys):
+    """A run directory, a text file, gzip, an empty, missing or cut file, a pickle of a number: each
+    named for what it is, by every reader (``load_checkpoint``, ``upgrade_checkpoint``, the commands)."""
+    path = tmp_path / "model.pt"
+    make(path)
+    for read in (ck.load_checkpoint, lambda p: ck.upgrade_checkpoint(p, tmp_path / "new.pt")):
+        with pytest.raises(UserError) as error:
+            read(path)
+        assert str(error.value).startswith(f"{path}: {said}"), str(error.value)
+    (tmp_path / "in.txt").write_text("a\n")
+    assert main(["translate", "--checkpoint", str(path), "--input", str(tmp_path / "in.txt")]) == 2
+    assert f"{path}: " in capsys.readouterr().err
+
+
 def test_the_checksum_golden():
     """The bytes hashed, written out by hand for a small dict."""
     obj = {"a": 1, "b": [None, 0.5, b"x"], "t": torch.tensor([1, 2], dtype=torch.uint8)}

@@ -123,8 +123,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     pickle would run) is refused before any of it runs. Its content checksum is verified: a
     damaged file is a UserError naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: checkpoint not found")
+    check_saved_file(path)
     check_torch()
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
@@ -232,10 +231,33 @@ def verify(ckpt: dict, path: str | Path) -> None:
                         f"(sha256 {got[:16]}... != {str(want)[:16]}...); use another copy or an earlier checkpoint")
 
 
+TORCH_SAVE_STARTS = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; the pickle of torch before 1.6
+
+
+def check_saved_file(path: Path) -> None:
+    """``path`` is a file that begins as ``torch.save`` writes one, else a UserError saying what it is."""
+    if path.is_dir():
+        raise UserError(f"{path}: a directory, not a checkpoint file (a run directory's model is its best.pt "
+                        f"or last.pt; `aiayn average RUN --out model.pt` averages its last checkpoints)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except FileNotFoundError:
+        raise UserError(f"{path}: checkpoint not found") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    if not head:
+        raise UserError(f"{path}: empty, not a checkpoint")
+    if not head.startswith(TORCH_SAVE_STARTS):
+        raise UserError(f"{path}: not a checkpoint: it begins {head!r}, not as torch.save writes a file")
+
+
 def _refusal(path: Path, message: str) -> str:
     """The error for a file ``weights_only`` loading refused, naming what it would have run."""
     found = re.search(r"GLOBAL ([\w.]+)", message)
-    name = found.group(1) if found else "an object"
+    if found is None:
+        return f"{path}: not a readable checkpoint (not what torch.save writes)"
+    name = found.group(1)
     if name.startswith("numpy"):
         return f"{path}: a checkpoint in the older format (its RNG state holds numpy objects); {UPGRADE_HINT}"
     return (f"{path}: refused: it is not plain data but names {name}, which loading would call "
@@ -349,6 +371,7 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     import numpy as np
 
     path = Path(path)
+    check_saved_file(path)
     check_torch()
     rebuild = _numpy_reconstruct()
     allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), rebuild,
