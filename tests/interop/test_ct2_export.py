@@ -81,3 +81,16 @@ def test_cli_export_of_a_real_checkpoint(tiny_checkpoint, tmp_path, capsys):
         theirs.append(sp_tgt.decode(r.hypotheses[0]))
     assert theirs == ours
     assert main(["export", "--checkpoint", str(tmp_path / "missing.pt"), "--out", str(out)]) == 2
+
+
+def test_the_weight_types_are_ctranslate2s_and_a_bad_one_is_an_option_error(capsys):
+    """--quantization offers exactly the types ctranslate2's converter accepts, checked before any work."""
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    from aiayn.cli import main
+    from aiayn.commands.export import CT2_QUANTIZATIONS
+    assert set(CT2_QUANTIZATIONS) == set(ACCEPTED_MODEL_TYPES)
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "--checkpoint", "m.pt", "--out", "x", "--quantization", "int4"])
+    assert exit_.value.code == 2
+    assert "aiayn export: error: argument --quantization: invalid choice: 'int4'" in capsys.readouterr().err

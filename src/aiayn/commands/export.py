@@ -8,6 +8,10 @@ from aiayn.errors import UserError
 from aiayn.interop.export_dir import RECORD, ExportDir
 from aiayn.interop.ct2_export import export_ct2, pieces
 
+# the weight types ctranslate2's converters take (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES)
+CT2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
+                     "float32")
+
 
 def run(args) -> int:
     from aiayn.decode.loading import load_model_for_inference
@@ -46,6 +50,6 @@ def register(sub) -> None:
     p.add_argument("--format", default="ct2", choices=("ct2", "hf"),
                    help="ct2: a CTranslate2 model (default); hf: a Hugging Face MarianMTModel with its MarianTokenizer "
                         "(aiayn/interop/hf_export.py; post-norm models with d_k = d_v = d_model / h and sinusoidal positions)")
-    p.add_argument("--quantization", default="",
-                   help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default: float32)")
+    p.add_argument("--quantization", default="", choices=("",) + CT2_QUANTIZATIONS, metavar="TYPE",
+                   help=f"CTranslate2 weight type: {', '.join(CT2_QUANTIZATIONS)} (default: the checkpoint's float32)")
     p.set_defaults(func=run)
