@@ -100,3 +100,26 @@ def test_debug_and_quiet_after_a_nested_commands_name():
     assert args.quiet and args.debug
     args = build_parser().parse_args(["parse", "score", "--gold", "g", "--test", "t", "--debug"])
     assert args.debug and not getattr(args, "quiet", False)
+
+
+def test_ctrl_c_in_training_says_where_the_run_resumes(small_data_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C (KeyboardInterrupt) at step 3, after the checkpoint of step 2: one line naming it, no
+    traceback; the same command then resumes from it."""
+    from aiayn.train import loop
+    from tests.train.test_training import FAST
+    log_step = loop._Run.log_step
+
+    def interrupted_at_3(run, s, due):
+        if run.state.step == 3:
+            raise KeyboardInterrupt
+        log_step(run, s, due)
+
+    monkeypatch.setattr(loop._Run, "log_step", interrupted_at_3)
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
+            "--set", "train.save_every_steps=2", "--max-steps", "4"]
+    assert main(argv) == 130
+    assert _error_line(capsys) == f"aiayn train: interrupted; the same command resumes from {run / 'ckpt_step00000002.pt'}"
+    monkeypatch.setattr(loop._Run, "log_step", log_step)
+    assert main(argv) == 0
+    assert "resuming from" in capsys.readouterr().out

@@ -90,12 +90,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, in one line
+        if args.debug:
+            raise
+        print(f"aiayn {args.command}: interrupted{_where_it_resumes(args)}", file=sys.stderr)
+        return 130
     except (RuntimeError, MemoryError) as exc:
         if args.debug or not is_out_of_memory(exc):
             raise
         print(f"aiayn {args.command}: error: {out_of_memory_message(exc, args)}", file=sys.stderr)
         return 2
     return int(rc or 0)
+
+
+def _where_it_resumes(args: argparse.Namespace) -> str:
+    """What the same command does after an interruption: training resumes from its newest step checkpoint."""
+    if args.command == "demo":
+        return "; the same command resumes (finished stages are skipped, training from its last checkpoint)"
+    if args.command != "train":
+        return ""
+    from aiayn.checkpoint import step_checkpoints
+    saved = step_checkpoints(args.out)
+    if not saved:
+        return f"; no checkpoint in {args.out} yet: the same command starts the run again"
+    return f"; the same command resumes from {saved[-1]}"
 
 
 if __name__ == "__main__":
