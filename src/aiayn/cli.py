@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 def _where_it_resumes(args: argparse.Namespace) -> str:
     """What the same command does after an interruption: training resumes from its newest step checkpoint."""
     if args.command == "demo":
-        return "; the same command resumes (finished stages are skipped, training from its last checkpoint)"
+        return "; the same command resumes (prepare, train and average are skipped where done; training from its last checkpoint)"
     if args.command != "train":
         return ""
     from aiayn.checkpoint import step_checkpoints

@@ -1,7 +1,8 @@
 """``aiayn demo``: Multi30k (Elliott et al. 2016) from raw text to scored translations and an
 attention plot, on whatever machine it runs on (docs/recipe.md).
 
-Steps (each skipped when its output already exists, so a re-run resumes):
+Steps (1-3 skipped when their output already exists, so a re-run resumes; 4-7 decode again, with the
+decoding options given):
   1. prepare   shared BPE over both languages, binarized corpus      OUT/data
   2. train     the recipe sized to this machine (aiayn.demo.sizing: multi30k-small.json or
                multi30k.json by the FLOPs it trains in the minutes; multi30k-gpu.json where CUDA is
@@ -50,8 +51,9 @@ EXAMPLES = {
 
 def run_demo(cfg: DemoConfig) -> dict:
     """``aiayn demo`` in seven stages: prepare, train, average, choose α on validation, translate
-    test_2016, score it, translate examples and plot their attention. Every stage that finished
-    is skipped on a re-run (training resumes); ``out/results.json`` holds what each measured."""
+    test_2016, score it, translate examples and plot their attention. On a re-run prepare, train
+    and average are skipped where they finished (training resumes); the decoding stages run again,
+    with the options given. ``out/results.json`` holds what each measured."""
     if cfg.members < 0 or cfg.processes < 0:
         raise UserError(f"--members and --processes must be at least 0, got {cfg.members} and {cfg.processes}")
     cfg = dataclasses.replace(cfg, members=stages.auto_members(cfg))

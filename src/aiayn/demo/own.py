@@ -2,7 +2,8 @@
 (``aiayn.demo.multi30k``) on your own parallel text, from raw files to a scored, averaged model
 (docs/own-data.md).
 
-Steps (each skipped when its output already exists, so a re-run resumes):
+Steps (1-3 skipped when their output already exists, so a re-run resumes; 4-7 decode again, with the
+decoding options given):
   1. prepare   the demo's shared BPE (--vocab-size 8000, character coverage 1.0)      OUT/data
   2. train     the demo's recipe, 4,096 + 4,096-token steps on any process count      OUT/run
   3. average   the last --average-last checkpoints (§6.1)                              OUT/model.pt
@@ -78,7 +79,8 @@ def _lines(path: Path) -> list[str]:
 def run_own_demo(cfg) -> dict:
     """The demo on ``cfg.train``/``valid``/``test`` (a ``DemoConfig``): prepare, train, average,
     choose α on validation, translate and score test, translate examples and plot their attention.
-    Every stage that finished is skipped on a re-run; ``out/results.json`` holds what each measured."""
+    On a re-run prepare, train and average are skipped where they finished; the decoding stages run
+    again, with the options given. ``out/results.json`` holds what each measured."""
     files, src, tgt = own_files(cfg)
     out = claim_folder(cfg.out or f"runs/demo-{src}-{tgt}", OWN_FILES, overwrite=cfg.overwrite, what="aiayn demo")
     files = stages.subset(files, out / "subset", cfg)
