@@ -62,5 +62,6 @@ def test_a_position_saved_per_rank_still_resumes():
 def test_batches_cut_on_other_bounds_are_refused():
     state = _sampler(2).state_dict()
     other = TokenBatchSampler(LENS, LENS, TokenBounds(20, 20), seed=1, num_replicas=2)
-    with pytest.raises(UserError, match="cut into other batches"):
+    with pytest.raises(UserError, match=r"cut into other batches .* \(now train.max_src_tokens=20, "
+                                        r"train.max_tgt_tokens=20\); resume with the run's \(its config.json\)"):
         other.load_state_dict(state)

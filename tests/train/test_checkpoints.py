@@ -342,7 +342,9 @@ def test_run_directory_guards(small_data_dir, tiny_checkpoint, tmp_path, capsys)
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
             "--max-steps", "2"]
     assert main(argv + ["--set", "model.d_ff=64"]) == 2
-    assert "different model configuration" in capsys.readouterr().err
+    d_ff = aiayn.get_preset("tiny").d_ff
+    assert (f"the run was trained with another model (model.d_ff {d_ff}, now 64); resume with its settings "
+            f"(--recipe {run / 'config.json'})") in capsys.readouterr().err
     assert (run / "config.json").read_text() == config
     assert not (run / ".last.pt.aiayn-tmp-abc123de").exists() and (run / ".avg.pt.aiayn-tmp-abc123de").exists()
     with open(run / "train.lock", "w") as lock:  # held as a training holds it (rundir.RunLock)
@@ -352,6 +354,10 @@ def test_run_directory_guards(small_data_dir, tiny_checkpoint, tmp_path, capsys)
         assert main(argv) == 2
         assert f"another training (pid {os.getpid()}) is writing this run directory" in capsys.readouterr().err
     assert ck.load_checkpoint(run / "last.pt")["step"] == 3  # the refused one wrote nothing
+    # what the refusal says resumes it: the run's own config.json as the recipe
+    assert main(["train", "--data", str(small_data_dir), "--out", str(run), "--recipe", str(run / "config.json"),
+                 "--no-progress", "--max-steps", "4"]) == 0
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 4
 
 
 @pytest.mark.slow

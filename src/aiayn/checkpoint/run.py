@@ -90,9 +90,12 @@ def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Cont
     if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
         return None
     saved = Contents.from_dict(resume_checkpoint(run_dir))
-    if from_dict(ModelConfig, saved.run_config["model"]) != model:
-        raise UserError(f"{run_dir}: the run directory holds a different model configuration; "
-                        f"use a new --out or the same settings")
+    was = from_dict(ModelConfig, saved.run_config["model"])
+    if was != model:
+        changed = ", ".join(f"model.{f.name} {getattr(was, f.name)!r}, now {getattr(model, f.name)!r}"
+                            for f in dataclasses.fields(ModelConfig) if getattr(was, f.name) != getattr(model, f.name))
+        raise UserError(f"{run_dir}: the run was trained with another model ({changed}); resume with its settings "
+                        f"(--recipe {run_dir / 'config.json'}) or train a new run with another --out")
     if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(tokenizers):
         raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
     log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", saved.step, saved.epoch)

@@ -187,8 +187,11 @@ class TokenBatchSampler:
             if state[key] != mine:
                 raise UserError(f"cannot resume the batch order: saved {key}={state[key]}, now {mine}")
         if not self.same_cut(state):
-            raise UserError(f"cannot resume the batch order: the saved epoch was cut into other batches "
-                            f"than the {self.n_batches_total} of these lengths and token bounds")
+            b = self.bounds
+            raise UserError(f"cannot resume the batch order: the saved epoch was cut into other batches than the "
+                            f"{self.n_batches_total} of these lengths and token bounds (now train.max_src_tokens="
+                            f"{b.max_src_tokens}, train.max_tgt_tokens={b.max_tgt_tokens}); resume with the run's "
+                            f"(its config.json)")
         done = state["batches_done"] if "batches_done" in state else state["position"] * state["num_replicas"]
         self.epoch = int(state["epoch"])
         self._start = self._resume_at = int(done)
