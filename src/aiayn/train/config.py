@@ -115,6 +115,12 @@ class TrainConfig:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
         if self.max_flops < 0:
             raise ConfigError("max_flops must be >= 0 (0 = no limit)")
+        for name in ("max_steps", "max_epochs", "max_time_min", "save_every_steps", "save_every_min",
+                     "validate_every_steps", "patience", "log_every_steps", "threads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_bad_steps < 1:
+            raise ConfigError(f"max_bad_steps must be >= 1, got {self.max_bad_steps}")
         budget = self.max_time_min > 0 or self.max_flops > 0
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and budget):
             raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min or max_flops > 0 "
