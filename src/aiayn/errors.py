@@ -14,3 +14,8 @@ class InputError(UserError):
         self.line = line
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
+
+
+class WriteError(UserError):
+    """An output that could not be written (a full disk, a folder gone); the message names the file.
+    What was there before is intact."""

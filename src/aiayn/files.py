@@ -194,11 +194,23 @@ def replace_dir(new: str | Path, out: str | Path) -> None:
     _sync_folder(out.parent)
 
 
+def check_output_folder(path: str | Path) -> None:
+    """Refuse (a UserError), before any work, an output file whose folder is not there or cannot be
+    written: the file is written at the end, and the work done by then would be lost."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UserError(f"{path}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: its folder {folder} is not writable")
+
+
 def check_output_file(path: str | Path, overwrite: bool = False) -> None:
     """Refuse (a UserError) an output file that exists, unless ``overwrite``: the writer then
-    replaces it in one step (``atomic_write``). Anything but a regular file there is refused."""
+    replaces it in one step (``atomic_write``). Anything but a regular file there is refused, and
+    so is a folder that is not there or not writable (``check_output_folder``)."""
     path = Path(path)
     if not os.path.lexists(path):
+        check_output_folder(path)
         return
     if path.is_symlink() or not path.is_file():
         raise UserError(f"{path}: exists and is not a regular file; choose another --out")

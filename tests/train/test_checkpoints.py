@@ -262,6 +262,36 @@ def test_a_full_disk_anywhere_in_training_is_a_clear_error(tmp_path, monkeypatch
     assert "train_log.jsonl: cannot write (No space left on device); free some space" in capsys.readouterr().err
 
 
+def test_a_full_disk_at_a_checkpoint_in_training_says_the_run_resumes(small_data_dir, tmp_path, monkeypatch, capsys):
+    def no_room(path, write):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr("aiayn.checkpoint.format.atomic_write", no_room)  # the checkpoints' writes, no other
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
+                 *FAST, "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"aiayn train: error: {run}/") and err.endswith(
+        ": cannot write (No space left on device); free some space; the files already there are intact; "
+        "the same command resumes from the last checkpoint once it can write")
+
+
+def test_an_output_whose_folder_is_missing_is_refused_before_the_work(tmp_path, capsys):
+    """average, ensemble, import, upgrade-checkpoint and translate's --attention-out write at the
+    end: a folder that is not there is said first."""
+    out = tmp_path / "gone" / "avg.pt"
+    assert main(["average", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == f"aiayn average: error: {out}: its folder {out.parent} does not exist"
+    (tmp_path / "in.txt").write_text("a\n")
+    att = tmp_path / "gone" / "att.json"
+    assert main(["translate", "--checkpoint", str(tmp_path / "m.pt"), "--input", str(tmp_path / "in.txt"),
+                 "--attention-out", str(att)]) == 2
+    assert capsys.readouterr().err.strip() == f"aiayn translate: error: {att}: its folder {att.parent} does not exist"
+    for given, said in ((tmp_path / "nope", "not found"), (tmp_path / "in.txt", "not a directory")):
+        assert main(["import", str(given), "--out", str(tmp_path / "x.pt")]) == 2
+        assert capsys.readouterr().err.strip() == (f"aiayn import: error: {given}: {said} (the folder that "
+                                                   f"MarianMTModel.save_pretrained writes)")
+
+
 def test_atomic_writes_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

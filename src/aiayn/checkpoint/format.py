@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from aiayn.checkpoint.contents import FORMAT, with_defaults
-from aiayn.errors import UserError
+from aiayn.errors import UserError, WriteError
 from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,8 @@ def _write_or_explain(path: str | Path, write) -> None:
         atomic_write(path, write)
     except OSError as exc:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        raise UserError(f"{path}: cannot write ({exc.strerror or exc}){'; free some space' if full else ''}; "
-                        f"the files already there are intact (a run resumes from its last.pt)") from exc
+        raise WriteError(f"{path}: cannot write ({exc.strerror or exc}){'; free some space' if full else ''}; "
+                         f"the files already there are intact") from exc
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",

@@ -5,7 +5,7 @@ import argparse
 import errno
 
 from aiayn.config import apply_sets, sets_help
-from aiayn.errors import UserError
+from aiayn.errors import UserError, WriteError
 from aiayn.model.config import PRESETS, ModelConfig
 from aiayn.train.config import RunConfig, TrainConfig, load_recipe, run_config_from_dict, run_config_from_preset
 
@@ -41,6 +41,8 @@ def run(args) -> int:
     try:
         train(args.data, args.out, cfg, progress=not args.no_progress, init_from=args.init_from,
               resume_optimizer=args.resume_optimizer)
+    except WriteError as exc:  # a checkpoint: it names its file
+        raise UserError(f"{exc}; the same command resumes from the last checkpoint once it can write") from exc
     except OSError as exc:  # the logs, a segmentation... (checkpoints name their file themselves)
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -16,7 +16,7 @@ from aiayn.data.textio import CHUNK_LINES, input_chunks
 from aiayn.commands.decode_settings import decode_config
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
-from aiayn.files import refuse_input_as_output, write_output
+from aiayn.files import check_output_folder, refuse_input_as_output, write_output
 from aiayn.progress import progress_bar, progress_shown
 
 if TYPE_CHECKING:
@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if att_path is not None and att_path.suffix not in (".json", ".npz"):
         raise UserError(f"--attention-out {att_path}: the name must end in .json or .npz")
     refuse_input_as_output(att_path, [*args.checkpoint, args.input, args.prefix], "--attention-out")
+    if att_path is not None:
+        check_output_folder(att_path)  # written after the translations: said before them
     buffer = _buffer_lines(args)
     prefixes = _read_prefixes(args.prefix)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:

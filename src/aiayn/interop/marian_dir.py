@@ -183,6 +183,9 @@ def read_marian_dir(path: str | Path) -> MarianDir:
     """Config (transformers' ``MarianConfig``, for its defaults), weights, vocabularies,
     SentencePiece models and generation settings, each checked as the module docstring says."""
     path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: {'not a directory' if path.exists() else 'not found'} (the folder that "
+                        f"MarianMTModel.save_pretrained writes)")
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: no config.json (a directory that MarianMTModel.save_pretrained wrote?)")
     raw, config = read_config(path)  # its sizes checked before anything is read or allocated from them
