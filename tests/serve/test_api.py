@@ -64,6 +64,7 @@ def test_translate_settings_nbest_and_attention(client, translator):
         assert cross.shape == (L, H, T, S)
         assert att["src_tokens"][-1] == "</s>" and len(att["tgt_tokens"]) == T
         np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-3)  # over the source keys
+        assert all(round(w, 4) == w for w in cross.ravel())  # 4 decimals, as the docs say (not float32's 0.2045000046)
 
 
 @pytest.mark.parametrize("body, status, msg", [
@@ -80,7 +81,9 @@ def test_translate_settings_nbest_and_attention(client, translator):
     (json.dumps({"sentences": ["a"], "beam": 2, "nbest": 3}).encode(), 422, "nbest must be in [1, beam_size=2]"),
     (json.dumps({"sentences": ["a"], "alpha": -1}).encode(), 422, "alpha"),
     (json.dumps({"sentences": ["a"] * 5}).encode(), 413, "5 sentences; the limit is 4"),
-    (json.dumps({"sentences": ["a", "the dog " * 30]}).encode(), 422, "sentences[1]: "),
+    (json.dumps({"sentences": ["a", "the dog " * 30]}).encode(), 422,
+     "exceed the limit of 40 (the server's --max-sentence-tokens, or the model's max_positions with learned "
+     "positions); split the sentence"),
     (json.dumps({"sentences": ["x" * 5000]}).encode(), 413, "limit is 4000"),
 ])
 def test_bad_requests_get_4xx_with_a_message(client, body, status, msg):

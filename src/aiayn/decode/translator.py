@@ -42,6 +42,14 @@ from aiayn.model import Transformer
 log = logging.getLogger(__name__)
 
 
+class LongLineError(InputError):
+    """A source line longer than the translator takes: ``tokens`` (EOS included) over ``limit``."""
+
+    def __init__(self, path, line: int, message: str, tokens: int, limit: int):
+        super().__init__(path, line, message)
+        self.tokens, self.limit = tokens, limit
+
+
 @dataclass(frozen=True)
 class Translation:
     text: str  # detokenized
@@ -143,7 +151,8 @@ class Translator:
         what = (f"{len(ids) + 1} source tokens (EOS included) exceed the limit of {self.input_limit} "
                 f"(max_input_tokens, or the model's max_positions with learned positions)")
         if self.cfg.long_lines == "error":
-            raise InputError(source, n, f"{what}; split the line, or give --long-lines truncate or skip")
+            raise LongLineError(source, n, f"{what}; split the line, or give --long-lines truncate or skip",
+                                len(ids) + 1, self.input_limit)
         keep = self.input_limit - 1 if self.cfg.long_lines == "truncate" else 0
         log.warning("%s:%d: %s; %s", source, n, what,
                     f"translated its first {keep} tokens" if keep else "skipped (an empty line out)")

@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect
 
 from aiayn.config import ConfigError, replace
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.translator import Translator
+from aiayn.decode.translator import LongLineError, Translator
 from aiayn.errors import InputError
 from aiayn.model.transformer import count_preset_parameters
 from aiayn.serve.batcher import Batcher, Busy, ClientBusy, Expired
@@ -213,6 +213,10 @@ async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, 
     settings = _settings(req, base, cfg)
     try:
         ids = checker.encode(req.sentences, source="sentences", first_line=0)
+    except LongLineError as exc:  # the server's limit, not translate's options
+        raise ApiError(422, f"sentences[{exc.line}]: {exc.tokens} source tokens (EOS included) exceed the limit of "
+                            f"{exc.limit} (the server's --max-sentence-tokens, or the model's max_positions with "
+                            f"learned positions); split the sentence") from None
     except InputError as exc:
         raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
     if req.prefix is not None and len(req.prefix) != len(req.sentences):
@@ -241,7 +245,7 @@ def _response(req: TranslateRequest, result: Result, settings: DecodeConfig, t0:
     if result.attention is not None:
         out["attention"] = [None if a is None else {
             "src_tokens": a["src_tokens"], "tgt_tokens": a["tgt_tokens"],
-            "cross": np.round(a["cross"], 4).tolist()}  # (L,H,T,S)
+            "cross": np.round(a["cross"].astype(np.float64), 4).tolist()}  # (L,H,T,S); rounded as doubles: 0.2045, not 0.2045000046
             for a in result.attention]
     out.update(beam=settings.beam_size, alpha=settings.alpha, time_ms=round(1000 * (time.perf_counter() - t0), 2))
     return json.dumps(out, ensure_ascii=False, allow_nan=False).encode("utf-8")
