@@ -105,6 +105,22 @@ def test_cli_prints_the_estimate(capsys):
     assert "device-hours = $" in out and "assumed: 28% of 10.6" in out
 
 
+@pytest.mark.parametrize("recipe, device, said", [
+    ("wmt14-ende-base.json", "h200", "= 1.7 device-hours = $3.5 at $2 per device-hour"),
+    ("wmt14-ende-big.json", "h200", "= 9.2 device-hours = $18 at $2 per device-hour"),
+    ("wmt14-ende-big.json", "p100", "= 906 device-hours = $1,813 at $2 per device-hour")])
+def test_hours_and_dollars_agree_as_printed(recipe, device, said, capsys):
+    """One decimal below 10, whole above, each from the unrounded hours: never "2 device-hours = $3"."""
+    assert main(["estimate", "--recipe", str(RECIPES / recipe), "--gpus", "8", "--device", device,
+                 "--tokens-per-step", "25000", "--price", "2"]) == 0
+    assert said in capsys.readouterr().out
+
+
+def test_max_device_tokens_alone_is_an_error(capsys):
+    assert main(["estimate", "--recipe", str(RECIPES / "wmt14-ende-base.json"), "--max-device-tokens", "25000"]) == 2
+    assert "--max-device-tokens goes with --tokens-per-step" in capsys.readouterr().err
+
+
 def test_length_from_a_prepared_data_directory(small_data_dir, capsys):
     """--data: sentences as long as the train split's longer side on average, plus EOS."""
     manifest = json.loads((small_data_dir / "manifest.json").read_text())

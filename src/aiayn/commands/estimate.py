@@ -21,6 +21,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
     thr = measured_throughput(Path(args.measured)) if args.measured else \
         device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
+    if args.max_device_tokens and not args.tokens_per_step:
+        raise UserError("--max-device-tokens goes with --tokens-per-step (without it the recipe's batch is estimated "
+                        "as written: change train.max_tgt_tokens in the recipe instead)")
     length = data_length(Path(args.data)) if args.data else args.length
     batch = step_batch(args.devices, t.max_tgt_tokens, t.accum_steps, args.tokens_per_step, args.max_device_tokens)
     e = estimate.estimate(cfg.model, t.max_steps, batch, thr, length)

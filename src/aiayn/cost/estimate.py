@@ -193,6 +193,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds < 72 * 3600 else f"{seconds / 86400:.1f} days"
 
 
+def _amount(x: float) -> str:
+    """Hours or dollars as a table would give them: one decimal below 10 (1.7, $3.5), whole above ($1,813)."""
+    return f"{x:,.1f}" if x < 10 else f"{x:,.0f}"
+
+
 def format_estimate(e: Estimate, m: ModelConfig, price: float | None = None) -> str:
     thr = e.throughput
     fwd = forward_flops(m, 1, e.length, e.length) / e.length
@@ -204,8 +209,8 @@ def format_estimate(e: Estimate, m: ModelConfig, price: float | None = None) -> 
         f"FLOPs per step: {e.flops_per_step:.4g}; over {e.steps:,} steps {e.model_flops:.4g}",
         f"device: {thr.device}: {thr.tflops:.4g} model TFLOP/s sustained, {thr.source}",
         f"time: {e.seconds_per_step:.3g} s per step, {_duration(e.seconds)} to {e.steps:,} steps on {e.devices} "
-        f"device(s) = {e.device_hours:,.0f} device-hours" + (f" = ${e.device_hours * price:,.0f} at ${price:g} "
-                                                             f"per device-hour" if price else ""),
+        f"device(s) = {_amount(e.device_hours)} device-hours" + (f" = ${_amount(e.device_hours * price)} at "
+                                                                 f"${price:g} per device-hour" if price else ""),
         f"Table 2's estimate (time x devices x {thr.table2_tflops:g} TFLOP/s): {e.table2_flops:.2g} FLOPs",
     ]
     for name, (flops, how) in PAPER_TABLE2.items():

@@ -130,5 +130,6 @@ def format_peak(p: PeakMemory, src_tokens: int, tgt_tokens: int, precision: str)
     parts = [f"{f.name.replace('_', ' ')} {getattr(p, f.name) / GiB:.2f}" for f in fields(p) if getattr(p, f.name)]
     return (f"peak memory per device: {p.total / GiB:.1f} GiB at {src_tokens:,} + {tgt_tokens:,} tokens a batch, "
             f"{precision}: {' + '.join(parts)} GiB\n"
-            f"  (from the model's shapes, aiayn/cost/memory.py; not yet checked against "
-            f"torch.cuda.max_memory_allocated on a GPU; the CUDA context comes on top)")
+            f"  (from the model's shapes, aiayn/cost/memory.py; 1-15% above torch.cuda.max_memory_allocated "
+            f"in four runs on an H200, docs/gpu.md; the allocator's reserve, up to 11% there, and the CUDA "
+            f"context come on top)")
