@@ -107,6 +107,10 @@ def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
     assert "give --src-lang" in refused(["--train", *pair, *own])
     assert "both files' suffixes say 'en'" in refused(["--train", files["train"][0], files["valid"][0], *own])
     assert "no such file (--test source)" in refused(["--train", *files["train"], *own, "--test", "nope.en", "nope.de"])
+    # a misspelt --set key before the data is prepared, not after
+    assert "--set train.max_stpes: unknown field 'max_stpes'" in refused(["--train", *files["train"], *own,
+                                                                          "--set", "train.max_stpes=3"])
+    assert not (tmp_path / "out" / "data").exists()
 
 
 @pytest.mark.parametrize("name", ["train.en", "train.en.gz", "dir/corpus.pt-BR", "x.zh_Hant.gz"])

@@ -68,6 +68,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         raise UserError(f"--src-lang must be en or de for Multi30k (or give your own files with --train), got {src!r}")
     _check_scorer()
     files = find_multi30k(cfg.data_root, src, tgt)
+    stages.check_sets(cfg)  # before any work
     out = claim_folder(cfg.out or "runs/demo", DEMO_FILES, overwrite=cfg.overwrite, what="aiayn demo")
     files = stages.subset(files, out / "subset", cfg)
     t_all = time.monotonic()

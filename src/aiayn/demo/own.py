@@ -82,6 +82,7 @@ def run_own_demo(cfg) -> dict:
     On a re-run prepare, train and average are skipped where they finished; the decoding stages run
     again, with the options given. ``out/results.json`` holds what each measured."""
     files, src, tgt = own_files(cfg)
+    stages.check_sets(cfg)  # before any work
     out = claim_folder(cfg.out or f"runs/demo-{src}-{tgt}", OWN_FILES, overwrite=cfg.overwrite, what="aiayn demo")
     files = stages.subset(files, out / "subset", cfg)
     t_all = time.monotonic()

@@ -239,6 +239,16 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
     return data_dir
 
 
+def check_sets(cfg: DemoConfig) -> None:
+    """``--set``, --minutes and --max-steps read as the training stage will read them, before the data is
+    prepared: a misspelt key or a bad value is said at once (against --recipe, else the default recipe;
+    the sized one has the same fields)."""
+    from aiayn.config import apply_sets
+    from aiayn.train.config import load_recipe
+    recipe = Path(cfg.recipe) if cfg.recipe else default_recipe(cfg.quick, cuda=False)
+    apply_sets(load_recipe(recipe), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps, cfg.threads))
+
+
 def recipe_sets(sets: str, minutes: float, max_steps: int, threads: int = 0) -> list[str]:
     """A demo's overrides of its recipe: ``sets`` (SECTION.FIELD=VALUE joined by commas), then
     its --minutes, --max-steps and --threads where given."""
