@@ -118,11 +118,15 @@ def test_cli_score(tmp_path, capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert out[0]["score"] == pytest.approx(GOLD)
     import io
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(HYPS) + "\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\n".join(HYPS) + "\n").encode())))
     assert main(["score", "--ref", str(tmp_path / "ref")]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"sacreBLEU: {GOLD:.2f}") and "chrF2" in text and "paper's metric" in text
     assert main(["score", "--ref", str(tmp_path / "nope"), "--hyp", str(tmp_path / "hyp")]) == 2
     assert "nope: no such file" in capsys.readouterr().err
+    (tmp_path / "latin1").write_bytes("\n".join(HYPS[:-1] + ["caf\xe9"]).encode("latin-1") + b"\n")
+    assert main(["score", "--ref", str(tmp_path / "ref"), "--hyp", str(tmp_path / "latin1")]) == 2
+    assert (f"{tmp_path / 'latin1'}:{len(HYPS)}: invalid UTF-8 (byte 4 of the line: b'\\xe9\\n')"
+            in capsys.readouterr().err)  # counted as prepare and translate count it: line and byte from 1
     (tmp_path / "short").write_text("a b\n")
     assert main(["score", "--ref", str(tmp_path / "short"), "--hyp", str(tmp_path / "hyp")]) == 2

@@ -7,20 +7,19 @@ import json
 import sys
 from pathlib import Path
 
+from aiayn.data.textio import decode_lines
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import score_all
 from aiayn.evaluate.significance import compare_systems
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file without their newlines; a missing file is a UserError."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    """Lines of a UTF-8 text file (plain or gzip) as every command reads them (``aiayn.data.textio``):
+    stripped, a BOM dropped, bad bytes an error naming the file, the line and the byte."""
+    from aiayn.data.textio import read_lines as text_lines
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file")
+    return list(text_lines(Path(path)))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    hyps = read_lines(args.hyp) if args.hyp else sys.stdin.read().splitlines()
+    hyps = read_lines(args.hyp) if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
     refs = [read_lines(r) for r in args.ref]
     for path, stream in zip(args.ref, refs):
         if len(stream) != len(hyps):
