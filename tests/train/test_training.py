@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -730,3 +731,15 @@ def test_two_processes_stop_together_at_the_flops_budget(small_data_dir, tmp_pat
     summary = json.loads((two / "summary.json").read_text())
     assert summary["stop_reason"] == "max_flops" and summary["steps"] == 4
     assert summary["counted_flops"] == pytest.approx(flops_4, rel=1e-12)
+
+
+def test_the_vocabulary_is_the_datas_and_a_configured_one_is_said_unused(small_data_dir, tmp_path, caplog):
+    """--set model.vocab_size=321 cannot size a model for a tokenizer of another size: the run takes
+    the data directory's, and says the configured one was not used."""
+    from aiayn.data.dataset import DataDir
+    data_vocab = DataDir(small_data_dir).vocab_size
+    with caplog.at_level(logging.INFO, logger="aiayn.train.loop"):
+        _train_in_process(small_data_dir, tmp_path / "run", 1, "model.vocab_size=321")
+    assert (f"vocabulary: {data_vocab:,}, the data directory's (the configuration's model.vocab_size 321 is not "
+            f"used)") in caplog.text
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["vocab_size"] == data_vocab

@@ -16,8 +16,8 @@ ACTIVATIONS = ("relu", "gelu", "swish")  # ModelConfig.activation (aiayn.model.l
 class ModelConfig:
     """Hyperparameters of the Transformer (§3, Table 3). Defaults are the base model."""
 
-    vocab_size: int = param(37000, "size of the shared source-target vocabulary (§5.1: about 37,000 for WMT14 En-De)")
-    tgt_vocab_size: int | None = param(None, "target vocabulary size when vocabularies are separate (needs tie_src_tgt_embeddings=false); None means same as vocab_size")
+    vocab_size: int = param(37000, "size of the shared source-target vocabulary (§5.1: about 37,000 for WMT14 En-De); training takes the data directory's (aiayn prepare --vocab-size)")
+    tgt_vocab_size: int | None = param(None, "target vocabulary size when vocabularies are separate (needs tie_src_tgt_embeddings=false); None means same as vocab_size; training takes the data directory's")
     n_layers: int = param(6, "N, identical layers in each of the encoder and decoder stacks (§3.1)")
     n_dec_layers: int | None = param(None, "decoder layers if different from n_layers (a deviation; None = n_layers)")
     d_model: int = param(512, "d_model, width of every sub-layer output and embedding (§3.1)")

@@ -50,6 +50,10 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
     else:
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
                         tie_src_tgt_embeddings=False)
+    if (m.vocab_size, m.tgt_vocab_size) != (model.vocab_size, model.tgt_vocab_size):
+        log.info("vocabulary: %s, the data directory's (the configuration's model.vocab_size %s is not used)",
+                 f"{model.vocab_size:,}" + (f" + {model.tgt_vocab_size:,}" if model.tgt_vocab_size else ""),
+                 f"{m.vocab_size:,}")
     return replace(cfg, model=model)
 
 
