@@ -66,9 +66,13 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
     with gzip.open(shared_data / "multi30k/raw/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         src = [next(f).strip() for _ in range(120)]
     assert tr.translate([src[37]]) == [hyps[37]] and tr.translate([src[90]]) == [hyps[90]]
-    # a re-run resumes: nothing is trained again
+    # a re-run resumes: nothing is trained or averaged again
+    averaged_at = (out / "model.pt").stat().st_mtime_ns
     assert main(common + ["--alphas", "0.6"]) == 0
-    assert "training" not in capsys.readouterr().out.split("[2/7] trained")[0].split("[1/7]")[-1]
+    rerun = capsys.readouterr().out
+    assert "training" not in rerun.split("[2/7] trained")[0].split("[1/7]")[-1]
+    assert f"[3/7] averaged before (a re-run): 5 checkpoints -> {out / 'model.pt'}" in rerun
+    assert (out / "model.pt").stat().st_mtime_ns == averaged_at
 
 
 @pytest.mark.slow
@@ -133,8 +137,15 @@ def test_demo_members_train_at_once_and_translate_as_an_ensemble(shared_data, tm
     # a re-run resumes: no member is trained again
     mtimes = [(out / "run" / f"member{i}" / "summary.json").stat().st_mtime for i in (1, 2)]
     assert main(common + ["--set", "train.seed=3"]) == 0
-    assert "training 2 members" not in capsys.readouterr().out
+    rerun = capsys.readouterr().out
+    assert "training 2 members" not in rerun and "[3/7] averaged before (a re-run): the last 2" in rerun
     assert [(out / "run" / f"member{i}" / "summary.json").stat().st_mtime for i in (1, 2)] == mtimes
+    # another --average-last averages anew, and the ensemble with it
+    assert main([*common[:common.index("--average-last")], "--average-last", "1", "--members", "2",
+                 "--set", "train.seed=3"]) == 0
+    assert "[3/7] averaged the last 1 checkpoints of each member" in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["averaged"] == [[f"member{i}/ckpt_step00000030.pt"]
+                                                                          for i in (1, 2)]
     # a member that fails stops the run and names its log
     from aiayn.demo.stages import _train_members
     from aiayn.errors import UserError

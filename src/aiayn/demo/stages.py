@@ -342,21 +342,37 @@ def stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model
     """3. Each member's last ``average_last`` checkpoints averaged (§6.1); one member straight
     into ``model_path``, several into an ensemble file there."""
     from aiayn.checkpoint import atomic_save, average_checkpoints, ensemble_checkpoint, step_checkpoints
-    averages, averaged = [], []
+    averages, averaged, again = [], [], False
     for d in member_dirs:
         ckpts = step_checkpoints(d)[-cfg.average_last:]
         averages.append(model_path if cfg.members == 1 else d / "averaged.pt")
-        atomic_save(average_checkpoints(ckpts), averages[-1])
+        if not _averaged_already(averages[-1], ckpts):
+            atomic_save(average_checkpoints(ckpts), averages[-1])
+            again = True
         averaged.append([p.relative_to(run_dir).as_posix() for p in ckpts])
-    if cfg.members == 1:
-        results["averaged"] = averaged[0]
-        print(f"[3/7] averaged {len(averaged[0])} checkpoints -> {model_path}", flush=True)
-    else:
-        results["averaged"] = averaged
+    if cfg.members > 1 and (again or not model_path.is_file()):
         atomic_save(ensemble_checkpoint(averages), model_path)
-        print(f"[3/7] averaged the last {cfg.average_last} checkpoints of each member; their ensemble -> {model_path}",
+        again = True
+    done = "averaged" if again else "averaged before (a re-run):"
+    results["averaged"] = averaged[0] if cfg.members == 1 else averaged
+    if cfg.members == 1:
+        print(f"[3/7] {done} {len(averaged[0])} checkpoints -> {model_path}", flush=True)
+    else:
+        print(f"[3/7] {done} the last {cfg.average_last} checkpoints of each member; their ensemble -> {model_path}",
               flush=True)
     return model_path
+
+
+def _averaged_already(path: Path, ckpts: list[Path]) -> bool:
+    """Whether ``path`` holds the average of exactly ``ckpts`` (its ``averaged_from``): a re-run does
+    not average them again, and averages anew when the run or --average-last changed."""
+    from aiayn.checkpoint import load_checkpoint
+    if not path.is_file():
+        return False
+    try:
+        return load_checkpoint(path).get("averaged_from") == [str(p) for p in ckpts]
+    except UserError:
+        return False
 
 
 def translate_test(translator, lines: list[str], hyp_path: Path, name: str, results: dict) -> list[str]:
