@@ -3,8 +3,8 @@ budget, seed, steps, counted FLOPs, training seconds, α and the scores.
 
     python bench/demo_budget_summary.py OUT.json RUN/results.json ...
 """
+import argparse
 import json
-import sys
 from pathlib import Path
 
 TOK = "Multi30k tokenized BLEU (lc.norm.tok, fairseq-score style)"
@@ -28,4 +28,8 @@ def main(out: str, *paths: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="the summary JSON to write")
+    parser.add_argument("results", nargs="+", help="the runs' results.json files")
+    args = parser.parse_args()
+    main(args.out, *args.results)
