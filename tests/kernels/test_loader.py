@@ -2,10 +2,12 @@
 cached library, and the library built without -march=native (the portable loops) giving the numbers
 of the native one."""
 import os
+import shutil
 
 import pytest
 import torch
 
+from aiayn.errors import UserError
 from aiayn.kernels import loader as kernel_mod
 from tests.kernels.reference import log_softmax_topk_matches_pytorch, shared_slot_case, shared_slot_reference
 
@@ -113,8 +115,18 @@ def test_the_march_setting_names_the_build(monkeypatch, tmp_path):
     monkeypatch.setenv(kernel_mod.MARCH_ENV, "")
     assert kernel_mod._march() == "native"
     monkeypatch.setenv(kernel_mod.MARCH_ENV, "native -o /etc/x")
-    with pytest.raises(ValueError, match="not a compiler target name"):
+    with pytest.raises(UserError, match="not a compiler target name"):
         kernel_mod._march()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_target_the_compiler_refuses_is_an_error_not_the_portable_build(monkeypatch, tmp_path):
+    """-march=native may fall back to the portable loops; a target the user names (misspelt here) is
+    built as named or refused, with the compiler's words."""
+    monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86_64-v3")
+    with pytest.raises(UserError, match=r"AIAYN_KERNELS_MARCH=x86_64-v3: the compiler refuses it \(.*x86_64-v3"):
+        kernel_mod._compile("cc", tmp_path / "k.so")
+    assert not (tmp_path / "k.so").exists()
 
 
 # The C sources compiled for the CPUs aiayn's users have, whatever CPU runs the tests: plain x86-64

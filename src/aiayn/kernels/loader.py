@@ -70,6 +70,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
 from aiayn.kernels.build_cache import NOT_BUILT, CacheFolder, cache_dir
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def _march() -> str:
     build and test what another runs (x86-64-v3: AVX2 and FMA, no AVX-512)."""
     march = os.environ.get(MARCH_ENV, "").strip() or "native"
     if not all(c.isalnum() or c in "-_." for c in march):
-        raise ValueError(f"{MARCH_ENV}={march!r}: not a compiler target name")
+        raise UserError(f"{MARCH_ENV}={march!r}: not a compiler target name (e.g. x86-64-v3)")
     return march
 
 
@@ -118,7 +119,11 @@ def _compile(cc: str, out: Path, archs: tuple[list[str], ...] | None = None) -> 
     mkdtemp one, never the cache), with the first of ``archs`` that works (some compilers or CPUs have no
     -march=native; without it the portable loops are built); None on success, else why."""
     errors = []
-    for arch in archs if archs is not None else ([f"-march={_march()}"], []):
+    march = _march()
+    # -march=native may be missing (an old compiler, an unknown CPU): the portable loops then; a target
+    # the user named is built as named, or refused
+    given = march != "native"
+    for arch in archs if archs is not None else ([f"-march={march}"],) + (() if given else ([],)):
         cmd = cc.split() + [*_FLAGS, *arch, *map(str, SOURCES), "-o", str(out), "-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -128,6 +133,10 @@ def _compile(cc: str, out: Path, archs: tuple[list[str], ...] | None = None) -> 
             return None
         out.unlink(missing_ok=True)
         errors.append(err if done is None else (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1])
+    if given and archs is None and done is not None and march in done.stderr:  # it refused the target named
+        said = next(line for line in done.stderr.splitlines() if march in line).strip()
+        raise UserError(f"{MARCH_ENV}={march}: the compiler refuses it ({said}); name a target it knows "
+                        f"(x86-64-v3, x86-64-v4, native) or unset it")
     return "; ".join(errors)
 
 
