@@ -4,20 +4,27 @@ from __future__ import annotations
 import json
 
 from aiayn.config import to_dict
-from aiayn.model.config import PAPER_PARAMS_M, PRESETS, get_preset
+from aiayn.errors import UserError
+from aiayn.model.config import LIMITS, PAPER_PARAMS_M, PRESETS, get_preset
 from aiayn.model.transformer import count_preset_parameters
 
 
 def preset_rows(vocab_size: int | None) -> list[dict]:
+    """Each preset's exact count (with ``vocab_size`` where given: within ``LIMITS``) beside the paper's
+    Table 3 figure; ``rel_diff_vs_paper`` unrounded."""
+    if vocab_size is not None:
+        lo, hi = LIMITS["vocab_size"]
+        if not lo <= vocab_size <= hi:
+            raise UserError(f"--vocab-size {vocab_size}: outside [{lo:,}, {hi:,}]")
     rows = []
     for name in PRESETS:
-        overrides = {"vocab_size": vocab_size} if vocab_size else {}
+        overrides = {"vocab_size": vocab_size} if vocab_size is not None else {}
         cfg = get_preset(name, **overrides)
         params = count_preset_parameters(cfg)
         paper = PAPER_PARAMS_M.get(name)
         rows.append({"name": name, "params": params,
                      "paper_params_M": paper,
-                     "rel_diff_vs_paper": None if paper is None else round(params / (paper * 1e6) - 1, 4),
+                     "rel_diff_vs_paper": None if paper is None else params / (paper * 1e6) - 1,
                      "config": to_dict(cfg)})
     return rows
 
