@@ -618,13 +618,15 @@ def test_bpe_dropout_under_two_process_ddp(small_data_dir, tmp_path):
     assert sorted(f.name for f in (out / "bpe_dropout").iterdir()) == ["epoch00001.npz"]
 
 
-def test_rdrop_without_dropout_is_plain_training(small_data_dir, tmp_path):
+def test_rdrop_without_dropout_is_plain_training(small_data_dir, tmp_path, caplog):
     """train.rdrop_alpha: with no dropout the two copies of a batch agree, the KL term is 0 and
     the per-copy loss is the plain loss, so R-Drop trains the same weights as plain training
-    (the doubled batch changes only the order of the gradient sums)."""
+    (the doubled batch changes only the order of the gradient sums). The run warns that it is so."""
     steps = 3
     plain = _train_in_process(small_data_dir, tmp_path / "plain", steps, "model.p_drop=0.0")
+    assert "R-Drop's two passes are the same" not in caplog.text
     rdrop = _train_in_process(small_data_dir, tmp_path / "rdrop", steps, "model.p_drop=0.0", "train.rdrop_alpha=5")
+    assert "train.rdrop_alpha without dropout" in caplog.text and "their KL is 0" in caplog.text
     assert rdrop["target_tokens"] == plain["target_tokens"]  # tokens are counted once
     assert rdrop["counted_flops"] == pytest.approx(2 * plain["counted_flops"])  # but computed twice
     want, got = _logged(tmp_path / "plain"), _logged(tmp_path / "rdrop")

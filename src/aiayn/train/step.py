@@ -81,8 +81,11 @@ class TrainStep:
         ``t.compile``; how the model computes on its device (``aiayn.execution.training``)."""
         device = place.device
         kernels = for_training(t.c_kernels, device)
-        loss = make_loss(t.eps_ls, learner.model.cfg.pad_id, kernels, fused_loss_on(t.fused_loss, device),
-                         t.rdrop_alpha)
+        m = learner.model.cfg
+        loss = make_loss(t.eps_ls, m.pad_id, kernels, fused_loss_on(t.fused_loss, device), t.rdrop_alpha)
+        if t.rdrop_alpha > 0 and m.p_drop == m.p_drop_attn == m.p_drop_ffn == 0:
+            log.warning("train.rdrop_alpha without dropout (model.p_drop, p_drop_attn and p_drop_ffn are 0): R-Drop's "
+                        "two passes are the same and their KL is 0, at twice a step's compute")
         rules = StepRules(t.clip_norm, t.max_bad_steps, t.cudnn_attention, t.compile,
                           static_graph=t.accum_steps == 1 and not t.compile, execution=training(t, device, kernels))
         return cls(learner, loss, parallel.for_run(t, place), schedule, rules, clock, run_dir)
