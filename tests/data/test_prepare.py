@@ -331,3 +331,25 @@ def test_atomic_dir_needs_a_manifest(tmp_path):
         with store.AtomicDir(tmp_path / "out") as tmp:
             (tmp / "train.src.tokens.npy").write_bytes(b"")
     assert _listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"vocab_size": 5000}, r"--vocab-size 5000: more pieces than the training text gives the shared vocabulary "
+                           r"\(at most \d+\); lower --vocab-size"),
+    ({"vocab_size": 5000, "shared_vocab": False}, r"--vocab-size 5000: more pieces than the training text gives "
+                                                  r"the source vocabulary"),
+    ({"vocab_size": 10}, r"--vocab-size 10: fewer pieces than the shared vocabulary's characters and special ids "
+                         r"\(\d+\); raise --vocab-size or lower --character-coverage")])
+def test_a_vocabulary_the_text_cannot_fill_names_the_option(corpus, tmp_path, over, message):
+    """SentencePiece's refusals of a small corpus, in aiayn's terms: the option, and which model."""
+    few = corpus("few", ["a man rides a horse", "two dogs run"] * 5, ["ein mann reitet", "zwei hunde laufen"] * 5)
+    with pytest.raises(UserError, match=message):
+        prepare({"train": few}, tmp_path / "out", replace(SMALL, **over))
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"character_coverage": 0.95}, r"character_coverage must be in \[0.98, 1\] \(SentencePiece's bounds\), got 0.95"),
+    ({"max_len": -5}, "max_len must be >= 0, got -5"), ({"chunk_lines": 0}, "chunk_lines must be >= 1, got 0")])
+def test_a_bad_option_is_named_with_its_value(over, message):
+    with pytest.raises(ConfigError, match=message):
+        replace(SMALL, **over)

@@ -96,8 +96,12 @@ class PrepareConfig:
             check_lang(self.target_lang_token, "target_lang_token")
         except UserError as exc:
             raise ConfigError(str(exc)) from None
-        if self.max_len < 0 or self.max_len_ratio < 0 or self.chunk_lines <= 0 or self.spm_sample_pairs <= 0:
-            raise ConfigError("max_len and max_len_ratio must be >= 0; chunk_lines and spm_sample_pairs > 0")
+        for name, low in (("max_len", 0), ("max_len_ratio", 0), ("chunk_lines", 1), ("spm_sample_pairs", 1)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if not 0.98 <= self.character_coverage <= 1.0:  # SentencePiece's own bounds
+            raise ConfigError(f"character_coverage must be in [0.98, 1] (SentencePiece's bounds), "
+                              f"got {self.character_coverage}")
 
     @property
     def threads(self) -> int:

@@ -27,6 +27,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import tempfile
 import unicodedata
 from dataclasses import dataclass
@@ -200,6 +201,21 @@ class SentencePieceSpec:
     lowercase: bool = False
 
 
+def _training_refused(message: str, spec: SentencePieceSpec, path: Path) -> str:
+    """SentencePiece's refusal in aiayn's words: which model (``path``: spm.model shared, spm.src.model,
+    spm.tgt.model) and the option to change, for the two a small corpus meets; else its own message."""
+    side = {"spm.src.model": "the source", "spm.tgt.model": "the target"}.get(path.name, "the shared")
+    too_many = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
+    if too_many:
+        return (f"--vocab-size {spec.vocab_size}: more pieces than the training text gives {side} vocabulary "
+                f"(at most {too_many[1]}); lower --vocab-size")
+    too_few = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+    if too_few:
+        return (f"--vocab-size {spec.vocab_size}: fewer pieces than {side} vocabulary's characters and special ids "
+                f"({too_few[1]}); raise --vocab-size or lower --character-coverage")
+    return f"SentencePiece training failed ({side} vocabulary): {message}"
+
+
 def train_sentencepiece(sentences: Iterable[str], path: Path, spec: SentencePieceSpec, *, num_threads: int) -> Path:
     """Train a SentencePiece model as ``spec`` says on ``sentences`` (already sampled) and write it
     to ``path``.
@@ -237,7 +253,7 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, spec: SentencePiec
             input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2, **symbols,
         )
     except RuntimeError as exc:
-        raise UserError(f"SentencePiece training failed: {exc}") from exc
+        raise UserError(_training_refused(str(exc), spec, path)) from exc
     finally:
         if rules is not None:
             os.unlink(rules.name)
