@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import http.server
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -281,8 +282,14 @@ def test_lookup_downloads_into_the_cache_once(server, no_local_data, monkeypatch
 def test_lookup_prefers_data_root_then_local_copies(shared_data, no_local_data, tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_DATA_URL", "http://127.0.0.1:9/")  # never reached
     assert multi30k.find_multi30k(shared_data, "en", "de")["raw.train.en"] == shared_data / "multi30k/raw/train.en.gz"
-    with pytest.raises(UserError, match=r"not found under .*empty/multi30k.*leave it out to download"):
+    with pytest.raises(UserError, match=r"not found under .*empty/multi30k.*leave it out to use or download"):
         multi30k.find_multi30k(tmp_path / "empty", "en", "de")
+    partial = tmp_path / "partial" / "multi30k"  # a copy lacking one tokenized file: named in both its forms
+    shutil.copytree(shared_data / "multi30k", partial)
+    (partial / "tok" / "val.lc.norm.tok.de.gz").unlink()
+    with pytest.raises(UserError, match=r"not found under .*partial/multi30k: .*/tok/val.lc.norm.tok.de\[.gz\]; "
+                                        r"--data-root names the folder that holds multi30k/"):
+        multi30k.find_multi30k(tmp_path / "partial", "en", "de")
     monkeypatch.setattr(multi30k, "local_roots", lambda: [tmp_path / "nowhere", shared_data, multi30k.cache_root()])
     assert multi30k.find_multi30k(None, "en", "de")["tok.test.de"].parent == shared_data / "multi30k/tok"
 

@@ -86,15 +86,18 @@ def _locate(root: Path, src: str, tgt: str) -> tuple[dict[str, Path], list[Path]
     return files, missing
 
 
-def multi30k_files(root: Path, src: str, tgt: str) -> dict[str, Path]:
+def multi30k_files(root: Path, src: str, tgt: str, given: bool = False) -> dict[str, Path]:
     """The raw and tokenized train / valid / test_2016 files of one direction under
-    ``root``/multi30k, by "raw.SPLIT.LANG" and "tok.SPLIT.LANG"; a missing one is an error naming it."""
+    ``root``/multi30k, by "raw.SPLIT.LANG" and "tok.SPLIT.LANG"; a missing one is an error naming it
+    (a tokenized file in either of its forms). ``given``: ``root`` is the user's --data-root."""
     files, missing = _locate(root, src, tgt)
     if missing:
-        names = [str(p) for p in missing]
+        names = [str(p.with_suffix("")) + "[.gz]" if "/tok/" in p.as_posix() else str(p) for p in missing]
+        hint = ("--data-root names the folder that holds multi30k/ (aiayn data multi30k --out DIR writes one); "
+                "leave it out to use or download the shared copy") if given else \
+            "pass --data-root (the folder holding multi30k/), or leave it out to download the files"
         raise UserError(f"Multi30k files not found under {root / 'multi30k'}: {', '.join(names[:3])}"
-                        f"{' ...' if len(names) > 3 else ''}; pass --data-root (the folder holding multi30k/), "
-                        f"or leave it out to download the files")
+                        f"{' ...' if len(names) > 3 else ''}; {hint}")
     return files
 
 
@@ -112,7 +115,7 @@ def find_multi30k(data_root: str | Path | None, src: str, tgt: str, *, quiet: bo
     """The files of one direction: under ``data_root`` when it is given (missing ones are an error);
     else under the first of ``local_roots()`` that holds them all; else downloaded into the cache."""
     if data_root:
-        return multi30k_files(Path(data_root), src, tgt)
+        return multi30k_files(Path(data_root), src, tgt, given=True)
     for root in local_roots():
         files, missing = _locate(root, src, tgt)
         if not missing:
