@@ -745,3 +745,24 @@ def test_the_vocabulary_is_the_datas_and_a_configured_one_is_said_unused(small_d
     assert (f"vocabulary: {data_vocab:,}, the data directory's (the configuration's model.vocab_size 321 is not "
             f"used)") in caplog.text
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["vocab_size"] == data_vocab
+
+
+def test_the_last_step_is_validated_and_saved_once(small_data_dir, tmp_path):
+    """A run whose last step fell on a validation and a checkpoint does not validate it again at the
+    end (a repeat tied the best and counted against patience), nor does a re-run of the finished run."""
+    run = tmp_path / "run"
+    sets = ("train.validate_every_steps=3", "train.save_every_steps=3")
+    _train_in_process(small_data_dir, run, 6, *sets)
+
+    def validated_steps() -> list[int]:
+        return [json.loads(line)["step"] for line in (run / "train_log.jsonl").read_text().splitlines()
+                if "valid_loss" in json.loads(line)]
+    assert validated_steps() == [3, 6]
+    last = load_checkpoint(run / "last.pt")
+    assert last["step"] == 6 and last["valid"]["valid_loss"] == _logged(run, "valid_loss")[6]
+    improved = _logged(run, "valid_loss")[6] < _logged(run, "valid_loss")[3]
+    assert last["bad_validations"] == (0 if improved else 1)
+    summary = _train_in_process(small_data_dir, run, 6, *sets)  # finished already: nothing is validated again
+    assert validated_steps() == [3, 6] and summary["steps"] == 6
+    _train_in_process(small_data_dir, run, 7, *sets)  # one more step, validated at the end
+    assert validated_steps() == [3, 6, 7]

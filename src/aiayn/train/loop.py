@@ -170,6 +170,9 @@ class _Run:
         elif init_from is not None:
             finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
         self.state = TrainState.of(saved) if saved is not None else TrainState()
+        # the step last validated (and its numbers) and saved: the checkpoint resumed from, if any
+        self.validated = (saved.step, saved.valid) if saved is not None and saved.valid else (-1, None)
+        self.saved_step = saved.step if saved is not None else -1
         saved_ema = saved.ema if saved is not None else None
         self.checkpoints = RunCheckpoints(run_dir, cfg, tokenizers, self.dist, self.learner, self.stream, saved)
         if t.ema_decay:
@@ -218,10 +221,12 @@ class _Run:
     def validate(self) -> dict | None:
         valid = self.validator(self.learner, self.state, self.monitor.scalars)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
+        self.validated = (self.state.step, valid)
         return valid
 
     def save(self, valid: dict | None) -> None:
         self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt))
+        self.saved_step = self.state.step
 
     def release_host_memory(self) -> None:
         """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
@@ -229,9 +234,15 @@ class _Run:
             release_free_memory()
 
     def finish(self, stop_reason: str) -> None:
-        """The end: validate, write the final checkpoint and the summary."""
-        valid = self.validate()
-        self.save(valid)
+        """The end: validate, write the final checkpoint and the summary; a step validated or saved
+        already (the last one of the loop, or the checkpoint a finished run resumed from) is not
+        again, so that patience and the best count each validation once."""
+        step, valid = self.validated
+        fresh = step != self.state.step
+        if fresh:
+            valid = self.validate()
+        if fresh or self.saved_step != self.state.step:
+            self.save(valid)
         if self.dist.is_main:
             self.monitor.close(summary(self.state, self.checkpoints.best_metric, self.n_params, self.place,
                                        stop_reason, valid))
