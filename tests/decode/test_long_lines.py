@@ -71,3 +71,6 @@ def test_cli_evaluate_long_lines(ckpt, tmp_path, capsys):
     assert len((tmp_path / "hyp.txt").read_text().split("\n")[:-1]) == 4
     assert main(args + ["--long-lines", "error"]) == 2
     assert "src.txt:2: " in capsys.readouterr().err
+    (tmp_path / "tok.txt").write_text("one\ntwo\n")  # a reference of another length: said before translating
+    assert main(args + ["--tok-ref", str(tmp_path / "tok.txt")]) == 2
+    assert f"--tok-ref {tmp_path / 'tok.txt'} has 2 lines but {tmp_path / 'src.txt'} has 4" in capsys.readouterr().err

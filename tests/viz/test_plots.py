@@ -127,3 +127,30 @@ def test_smoothing_plot_shows_smoothed_targets(tmp_path, monkeypatch):
 def test_cli_plot_bad_arguments_exit_2(argv, msg, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path / "x.png")]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_plots_never_replace_what_they_did_not_write(tiny_checkpoint, tmp_path, capsys):
+    """--out: a .png for lr and smoothing, replaced only with --overwrite; attention's folder holds
+    only an earlier plot, replaced whole with --overwrite (a file of another kind is never touched)."""
+    mine = tmp_path / "mine.png"
+    mine.write_text("important")
+    assert main(["plot", "lr", "--out", str(mine)]) == 2
+    assert f"{mine}: already exists (pass --overwrite to replace it)" in capsys.readouterr().err
+    assert mine.read_text() == "important"
+    assert main(["plot", "lr", "--out", str(tmp_path / "foo")]) == 2
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "foo.png").exists()
+    assert main(["plot", "smoothing", "--out", str(mine), "--overwrite"]) == 0
+    assert_real_png(mine)
+    attention = ["plot", "attention", "--checkpoint", str(tiny_checkpoint), "--src", "Two dogs.", "--max-len-b", "4",
+                 "--out", str(tmp_path / "a")]
+    assert main(attention) == 0
+    capsys.readouterr()
+    assert main(attention) == 2
+    assert "holds an earlier plot (pass --overwrite to replace it)" in capsys.readouterr().err
+    assert main(attention + ["--overwrite"]) == 0
+    (tmp_path / "a" / "notes.txt").write_text("mine")
+    assert main(attention + ["--overwrite"]) == 2
+    assert "holds files that aiayn plot attention did not write (notes.txt)" in capsys.readouterr().err
+    assert (tmp_path / "a" / "notes.txt").read_text() == "mine"
+    assert main([*attention[:-1], str(mine)]) == 2  # a file where the folder goes: one line, no traceback
+    assert f"{mine}: exists and is not a folder" in capsys.readouterr().err

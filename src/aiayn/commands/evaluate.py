@@ -18,7 +18,7 @@ from aiayn.config import add_arguments
 from aiayn.commands.decode_settings import decode_config
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
-from aiayn.files import refuse_input_as_output, write_text_output
+from aiayn.files import check_output_folder, refuse_input_as_output, write_text_output
 from aiayn.progress import progress_bar
 
 
@@ -50,8 +50,14 @@ def run(args) -> int:
     refuse_input_as_output(args.out, [args.checkpoint, args.src, args.ref, args.tok_ref])
     src, ref, source = _inputs(args)
     lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
-    if args.tok_ref:
+    if args.out:
+        check_output_folder(args.out)  # written after the translations: said before them
+    tok_ref = None
+    if args.tok_ref:  # read before translating: a wrong file is said before the work
         check_readable(Path(args.tok_ref), "evaluation input")
+        tok_ref = list(read_lines(Path(args.tok_ref)))
+        if len(tok_ref) != len(src):
+            raise UserError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but {source} has {len(src)}")
     decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
@@ -61,8 +67,8 @@ def run(args) -> int:
     if args.out:
         write_text_output(args.out, "".join(h + "\n" for h in hyps))
     results = score_all(hyps, ref, lang)
-    if args.tok_ref:
-        results.append(multi30k_bleu(hyps, list(read_lines(Path(args.tok_ref))), lang))
+    if tok_ref is not None:
+        results.append(multi30k_bleu(hyps, tok_ref, lang))
     if args.json:
         print(json.dumps({"seconds": seconds, "sentences": len(src),
                           "scores": [{"label": r.label, "score": r.score, "signature": r.signature} for r in results]},

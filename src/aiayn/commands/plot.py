@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+from pathlib import Path
 
 from aiayn.config import ConfigError, add_arguments, from_args
 from aiayn.errors import UserError
+from aiayn.files import check_output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     a.add_argument("--src", required=True, help="the source sentence")
     a.add_argument("--out", default="attention", metavar="DIR", help="output directory (default: attention)")
+    a.add_argument("--overwrite", action="store_true", help="replace an earlier plot in --out")
     add_arguments(a, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
     a.set_defaults(func=run_attention)
 
@@ -32,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lr.add_argument("--steps", type=int, default=20000, help="last step plotted (default: 20000)")
     lr.add_argument("--scale", type=float, default=1.0, help="factor on Eq. 3 (default: 1)")
     lr.add_argument("--out", default="lr.png", metavar="FILE", help="PNG path (default: lr.png)")
+    lr.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     lr.set_defaults(func=run_lr)
 
     s = sub.add_parser("smoothing", help="the label-smoothed target distribution (§5.4) for a few targets",
@@ -42,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--eps-ls", type=float, default=0.4, help="eps_ls (default: 0.4; the paper trains with 0.1)")
     s.add_argument("--pad-id", type=int, default=0, help="padding id (default: 0)")
     s.add_argument("--out", default="smoothing.png", metavar="FILE", help="PNG path (default: smoothing.png)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     s.set_defaults(func=run_smoothing)
 
 
@@ -53,9 +60,39 @@ def run_attention(args: argparse.Namespace) -> int:
         cfg = from_args(DecodeConfig, args)
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
+    _claim_attention_folder(Path(args.out), args.overwrite)
     for path in plot_attention(Translator.from_checkpoint(args.checkpoint, cfg), args.src, args.out):
         print(path)
     return 0
+
+
+ATTENTION_PNG = re.compile(r"(encoder|decoder_self|cross)_layer\d+\.png")  # what plot_attention writes
+
+
+def _claim_attention_folder(out: Path, overwrite: bool) -> None:
+    """``out`` absent, empty, or (with ``overwrite``) an earlier plot, whose figures are removed (a
+    model with fewer layers would leave some); a folder holding anything else is refused."""
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder; choose another --out")
+    entries = sorted(p.name for p in out.iterdir())
+    foreign = [name for name in entries if not ATTENTION_PNG.fullmatch(name)]
+    if foreign:
+        raise UserError(f"{out}: holds files that aiayn plot attention did not write ({', '.join(foreign[:5])}); "
+                        f"choose another --out")
+    if entries and not overwrite:
+        raise UserError(f"{out}: holds an earlier plot (pass --overwrite to replace it)")
+    for name in entries:
+        (out / name).unlink()
+
+
+def _png_out(path: str, overwrite: bool) -> str:
+    """``--out``: a .png name, new or (with ``overwrite``) replaced (``check_output_file``)."""
+    if not path.lower().endswith(".png"):
+        raise UserError(f"--out {path}: the figure is a PNG; give a name ending in .png")
+    check_output_file(path, overwrite)
+    return path
 
 
 def _pairs(texts: list[str]) -> list[tuple[int, int]]:
@@ -72,7 +109,7 @@ def run_lr(args: argparse.Namespace) -> int:
     from aiayn.viz.curves import plot_lr
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
-    print(plot_lr(args.out, _pairs(args.pairs), args.steps, args.scale))
+    print(plot_lr(_png_out(args.out, args.overwrite), _pairs(args.pairs), args.steps, args.scale))
     return 0
 
 
@@ -83,5 +120,5 @@ def run_smoothing(args: argparse.Namespace) -> int:
         raise UserError(f"--vocab-size must be >= 3 and --pad-id and --targets in [0, {V})")
     if not 0.0 <= args.eps_ls < 1.0:
         raise UserError(f"--eps-ls must be in [0, 1), got {args.eps_ls}")
-    print(plot_smoothing(args.out, tuple(args.targets), V, args.eps_ls, args.pad_id))
+    print(plot_smoothing(_png_out(args.out, args.overwrite), tuple(args.targets), V, args.eps_ls, args.pad_id))
     return 0
