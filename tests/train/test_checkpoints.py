@@ -171,6 +171,24 @@ def test_the_docs_table_is_the_checkpoint_fields():
     assert text[start:text.index("\n\n", start)] == docs_table()
 
 
+def test_the_docs_name_every_key_beside_the_fields(tmp_path):
+    """An average's and an ensemble file's keys outside ``Contents`` are each named in the paragraph
+    after the table."""
+    import dataclasses
+
+    from aiayn.checkpoint.contents import Contents
+    text = (Path(__file__).parents[2] / "docs" / "checkpoints.md").read_text()
+    besides = text[text.index("Besides them, every file"):].split("\n\n")[0]
+    for i in (1, 2):
+        ck.atomic_save(_handmade(i), tmp_path / f"c{i}.pt")
+    average = ck.average_checkpoints([tmp_path / "c1.pt", tmp_path / "c2.pt"])
+    ck.atomic_save(average, tmp_path / "a.pt")
+    ensemble = ck.ensemble_checkpoint([tmp_path / "a.pt", tmp_path / "c2.pt"])
+    fields = {f.name for f in dataclasses.fields(Contents)} | {"sha256"}
+    for key in (set(average) | set(ensemble)) - fields:
+        assert f"`{key}`" in besides, key
+
+
 def test_rng_state_round_trips_every_generator():
     state = rt.rng_state()
     want = torch.rand(3), np.random.rand(3), random.random()
