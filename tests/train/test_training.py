@@ -766,3 +766,19 @@ def test_the_last_step_is_validated_and_saved_once(small_data_dir, tmp_path):
     assert validated_steps() == [3, 6] and summary["steps"] == 6
     _train_in_process(small_data_dir, run, 7, *sets)  # one more step, validated at the end
     assert validated_steps() == [3, 6, 7]
+
+
+def test_best_pt_is_written_at_every_best_validation_between_checkpoints(small_data_dir, tmp_path):
+    """Validations between checkpoints (train.validate_every_steps, no checkpoint due): one that ties or
+    beats the best writes best.pt then (with the step checkpoint it copies), not only at the next save."""
+    run = tmp_path / "run"
+    _train_in_process(small_data_dir, run, 8, "train.validate_every_steps=2", "train.save_every_steps=0",
+                      "train.lr_scale=30")  # a rate high enough that validation loss goes up and down
+    losses = _logged(run, "valid_loss")
+    assert sorted(losses) == [2, 4, 6, 8]
+    bests = [s for s in losses if all(losses[s] <= losses[e] for e in losses if e < s)]  # each a best when made
+    saved = [int(p.name[9:17]) for p in sorted(run.glob("ckpt_step*.pt"))]
+    assert saved == sorted({*bests, 8})  # a checkpoint at each best validation, and the last step's
+    best_step = max(s for s, v in losses.items() if v == min(losses.values()))
+    best = load_checkpoint(run / "best.pt")
+    assert best["step"] == best_step and best["valid"]["valid_loss"] == losses[best_step]

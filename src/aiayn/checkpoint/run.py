@@ -171,6 +171,11 @@ class RunCheckpoints:
         if dist.is_main:  # made once resumed: a refused resume leaves the run directory's config.json as it was
             write_json_atomic(run_dir / "config.json", self.run_config)
 
+    def is_best(self, state: TrainState, valid: dict | None) -> bool:
+        """Whether the validation ``valid`` ties or beats the best in ``train.best_metric`` (``Validator``
+        has counted it in ``state`` already): ``best.pt`` is written with it."""
+        return valid is not None and merit(valid, self.best_metric) >= best_merit(state, self.best_metric)
+
     def save(self, state: TrainState, valid: dict | None, rank_optimizers: list | None = None) -> None:
         """The run's state at ``state.step``, after the validation ``valid`` (None: none at this step):
         ``best.pt`` too where it ties or beats the best in ``train.best_metric`` (``Validator`` has
@@ -178,8 +183,8 @@ class RunCheckpoints:
         local SGD's every rank's own Adam state, in rank order, so that each rank resumes with its own
         moments (None: the ranks share one); a data-parallel run gathers every rank's generator states
         (each rank's dropout masks are its own). Old BPE-dropout segmentations are pruned after."""
-        dist, metric, learner = self.dist, self.best_metric, self.learner
-        is_best = valid is not None and merit(valid, metric) >= best_merit(state, metric)
+        dist, learner = self.dist, self.learner
+        is_best = self.is_best(state, valid)
         check_finite_weights(learner.model, state.step, self.run_dir)
         rank_rng = rt.gather_to_main(rt.rng_state(), dist) if dist.enabled else None
         if dist.is_main:

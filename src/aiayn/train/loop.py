@@ -77,7 +77,9 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     run starts from that checkpoint's weights (and with ``resume_optimizer`` its Adam state;
     ``aiayn.train.finetune``)."""
     with contextlib.ExitStack() as held:
-        return _train(data_dir, run_dir, cfg, progress, held, init_from, resume_optimizer)
+        state = _train(data_dir, run_dir, cfg, progress, held, init_from, resume_optimizer)
+    rt.leave_process_group()  # every rank has passed the end's barrier
+    return state
 
 
 def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
@@ -128,7 +130,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step = state.step
         valid = run.validate() if due_valid or ((due_steps or due_time) and t.validate_at_save) else None
-        if due_steps or due_time:
+        if due_steps or due_time or run.checkpoints.is_best(state, valid):  # best.pt at every best validation
             run.save(valid)
             last_save = elapsed
     if state.step != last_sync_step:  # stopped between two synchronization points

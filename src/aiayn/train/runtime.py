@@ -59,6 +59,14 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     return Dist(rank, world, local)
 
 
+def leave_process_group() -> None:
+    """Destroy the process group ``init_distributed`` joined, at a run's normal end: a gloo group left
+    to the interpreter's exit can abort a rank that finished ("terminate called without an active
+    exception"), failing a run that succeeded."""
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
 def start(*, device: str, precision: str, timeout_s: float, tf32: bool, threads: int, seed: int) -> Place:
     """The process's place in the run (distributed or not), its device and its precision, from
     ``train.device``, ``train.precision``, ``train.dist_timeout_s`` and ``train.tf32``; ``threads``
