@@ -131,7 +131,8 @@ def test_resume_mid_epoch_gives_the_remaining_batches(stop):
 def test_resume_rejects_a_different_setup():
     src, tgt = random_lens()
     state = TokenBatchSampler(src, tgt, TokenBounds(250, 250), num_replicas=2).state_dict()
-    with pytest.raises(UserError, match="saved seed=1, now 3"):
+    with pytest.raises(UserError,
+                       match=r"train.seed 1 in the run, now 3; resume with the run.s settings \(its config.json\)"):
         TokenBatchSampler(src, tgt, TokenBounds(250, 250), seed=3, num_replicas=4).load_state_dict(state)
 
 

@@ -182,10 +182,11 @@ class TokenBatchSampler:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue ``state``'s epoch from its data position, on this sampler's number of ranks."""
-        for key in ("seed", "n_examples"):
+        for key, what in (("seed", "train.seed"), ("n_examples", "the data directory's training pairs")):
             mine = self.state_dict()[key]
             if state[key] != mine:
-                raise UserError(f"cannot resume the batch order: saved {key}={state[key]}, now {mine}")
+                raise UserError(f"cannot resume the batch order: {what} {state[key]} in the run, now {mine}; "
+                                f"resume with the run's settings (its config.json) and data directory")
         if not self.same_cut(state):
             b = self.bounds
             raise UserError(f"cannot resume the batch order: the saved epoch was cut into other batches than the "
