@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from aiayn.decode.config import DecodeConfig
     a = sub.add_parser("attention", help="heat maps of every attention layer and head for one sentence (Figures 3-5)",
                        description="Translate --src with the checkpoint, then write one PNG per attention kind "
-                                   "(encoder, decoder_self, cross) and layer, a grid of the heads, tokens on the axes.",
+                                   "(encoder, decoder_self, cross) and layer, a grid of the heads, tokens on the axes. "
+                                   "An ensemble file translates with every member and draws its first member's "
+                                   "attention.",
                        allow_abbrev=False)
     a.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
     a.add_argument("--src", required=True, help="the source sentence")
