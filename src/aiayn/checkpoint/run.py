@@ -109,20 +109,24 @@ def tokenizer_payload(data: DataDir) -> dict:
             "tgt_sha256": tgt.sha256, "shared": data.shared_vocab}
 
 
-def save(run_dir: Path, saved: Contents, keep_last: int, best: bool, ema_decay: float | None) -> None:
+def save(run_dir: Path, saved: Contents, keep_last: int, best: bool, ema_decay: float | None,
+         step_file: bool = True) -> None:
     """Checkpoint the run (main rank): the step's checkpoint, ``ema.pt`` where ``saved`` holds a moving
     average (of ``ema_decay``; None without one), ``best.pt`` if ``best`` (the weights validated:
-    ``ema.pt``'s with one), ``last.pt``; then the oldest step checkpoints beyond ``keep_last`` are removed."""
+    ``ema.pt``'s with one), ``last.pt``; then the oldest step checkpoints beyond ``keep_last`` are removed.
+    Without ``step_file`` (a best validation between checkpoints) ``last.pt`` is written in its place and
+    nothing is pruned: the step checkpoints, which §6.1's average reads, keep their cadence."""
     ckpt = saved.to_dict()
-    step_path = run_dir / f"ckpt_step{saved.step:08d}.pt"
-    atomic_save(ckpt, step_path)  # serialized and checksummed once; the others are copies
+    first = run_dir / (f"ckpt_step{saved.step:08d}.pt" if step_file else "last.pt")
+    atomic_save(ckpt, first)  # serialized and checksummed once; the others are copies
     if saved.ema is not None:  # the averaged weights as a checkpoint of their own, for translate and evaluate
         inference = {k: v for k, v in ckpt.items() if k not in (*TRAINING_STATE, "ema")}
         atomic_save({**inference, "model": saved.ema, "ema_decay": ema_decay}, run_dir / "ema.pt")
     if best:  # the weights validated: the moving average where there is one
-        atomic_copy(run_dir / "ema.pt" if saved.ema is not None else step_path, run_dir / "best.pt")
-    atomic_copy(step_path, run_dir / "last.pt")  # last, so a resume always finds a complete state
-    prune(run_dir, keep_last)
+        atomic_copy(run_dir / "ema.pt" if saved.ema is not None else first, run_dir / "best.pt")
+    if step_file:
+        atomic_copy(first, run_dir / "last.pt")  # last, so a resume always finds a complete state
+        prune(run_dir, keep_last)
 
 
 def resume_checkpoint(run_dir: Path) -> dict:
@@ -176,7 +180,8 @@ class RunCheckpoints:
         has counted it in ``state`` already): ``best.pt`` is written with it."""
         return valid is not None and merit(valid, self.best_metric) >= best_merit(state, self.best_metric)
 
-    def save(self, state: TrainState, valid: dict | None, rank_optimizers: list | None = None) -> None:
+    def save(self, state: TrainState, valid: dict | None, rank_optimizers: list | None = None,
+             step_file: bool = True) -> None:
         """The run's state at ``state.step``, after the validation ``valid`` (None: none at this step):
         ``best.pt`` too where it ties or beats the best in ``train.best_metric`` (``Validator`` has
         counted it already); non-finite weights refused (``check_finite_weights``). ``rank_optimizers``:
@@ -197,7 +202,8 @@ class RunCheckpoints:
                 sampler=self.stream.state_dict(), rng=rank_rng[0] if rank_rng else rt.rng_state(),
                 rank_rng=rank_rng, tokenizers=self.tokenizers, valid=valid,
                 ema=learner.ema.state_dict() if learner.ema is not None else None, **state.counters())
-            save(self.run_dir, saved, self.keep_last, is_best, learner.ema.decay if learner.ema is not None else None)
+            save(self.run_dir, saved, self.keep_last, is_best, learner.ema.decay if learner.ema is not None else None,
+                 step_file)
             self.stream.saved()
 
 

@@ -130,9 +130,11 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step = state.step
         valid = run.validate() if due_valid or ((due_steps or due_time) and t.validate_at_save) else None
-        if due_steps or due_time or run.checkpoints.is_best(state, valid):  # best.pt at every best validation
+        if due_steps or due_time:
             run.save(valid)
             last_save = elapsed
+        elif run.checkpoints.is_best(state, valid):  # best.pt at every best validation; no step checkpoint
+            run.save(valid, step_file=False)
     if state.step != last_sync_step:  # stopped between two synchronization points
         run.synchronize(elapsed)
         state.tokens, run.pending_tokens = state.tokens + run.pending_tokens, 0
@@ -226,9 +228,12 @@ class _Run:
         self.validated = (self.state.step, valid)
         return valid
 
-    def save(self, valid: dict | None) -> None:
-        self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt))
-        self.saved_step = self.state.step
+    def save(self, valid: dict | None, step_file: bool = True) -> None:
+        """A checkpoint of the step (``RunCheckpoints.save``); without ``step_file``, ``last.pt`` and
+        ``best.pt`` only, between the step checkpoints."""
+        self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt), step_file)
+        if step_file:
+            self.saved_step = self.state.step
 
     def release_host_memory(self) -> None:
         """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
