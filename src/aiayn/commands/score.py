@@ -7,18 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from aiayn.data.textio import decode_lines
+from aiayn.data.textio import check_readable, decode_lines, read_lines as text_lines
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import score_all
 from aiayn.evaluate.significance import compare_systems
 
 
-def read_lines(path: str | Path) -> list[str]:
+def read_lines(path: str | Path, what: str) -> list[str]:
     """Lines of a UTF-8 text file (plain or gzip) as every command reads them (``aiayn.data.textio``):
-    stripped, a BOM dropped, bad bytes an error naming the file, the line and the byte."""
-    from aiayn.data.textio import read_lines as text_lines
-    if not Path(path).is_file():
-        raise UserError(f"{path}: no such file")
+    stripped, a BOM dropped, bad bytes an error naming the file, the line and the byte. ``what``: the
+    option that named it, for a missing file's error."""
+    check_readable(Path(path), what)
     return list(text_lines(Path(path)))
 
 
@@ -47,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    hyps = read_lines(args.hyp) if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
-    refs = [read_lines(r) for r in args.ref]
+    hyps = read_lines(args.hyp, "--hyp") if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
+    refs = [read_lines(r, "--ref") for r in args.ref]
     for path, stream in zip(args.ref, refs):
         if len(stream) != len(hyps):
             raise UserError(f"{path}: {len(stream)} lines but {args.hyp or 'stdin'} has {len(hyps)}")
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--compare takes one reference file, not {len(refs)}")
         others = {}
         for path in args.compare:
-            others[path] = read_lines(path)
+            others[path] = read_lines(path, "--compare")
             if len(others[path]) != len(hyps):
                 raise UserError(f"{path}: {len(others[path])} lines but {args.hyp or 'stdin'} has {len(hyps)}")
         comparisons = compare_systems(hyps, others, refs[0], args.tokenized, args.lc, args.samples)
