@@ -92,7 +92,8 @@ def multi30k_files(root: Path, src: str, tgt: str, given: bool = False) -> dict[
     (a tokenized file in either of its forms). ``given``: ``root`` is the user's --data-root."""
     files, missing = _locate(root, src, tgt)
     if missing:
-        names = [str(p.with_suffix("")) + "[.gz]" if "/tok/" in p.as_posix() else str(p) for p in missing]
+        names = [f"{p.with_suffix('')}[.gz]" if key.startswith("tok.") else str(p)  # tok: plain or gzipped
+                 for key, p in files.items() if p in missing]
         hint = ("--data-root names the folder that holds multi30k/ (aiayn data multi30k --out DIR writes one); "
                 "leave it out to use or download the shared copy") if given else \
             "pass --data-root (the folder holding multi30k/), or leave it out to download the files"
