@@ -103,8 +103,10 @@ def test_debug_and_quiet_after_a_nested_commands_name():
 
 
 def test_ctrl_c_in_training_says_where_the_run_resumes(small_data_dir, tmp_path, monkeypatch, capsys):
-    """Ctrl-C (KeyboardInterrupt) at step 3, after the checkpoint of step 2: one line naming it, no
-    traceback; the same command then resumes from it."""
+    """Ctrl-C (KeyboardInterrupt) at step 3, after the checkpoint of step 2: one line naming last.pt
+    (resume's file, which a best validation may write between step checkpoints), no traceback; the
+    same command then resumes from it."""
+    from aiayn.checkpoint import load_checkpoint
     from aiayn.train import loop
     from tests.train.test_training import FAST
     log_step = loop._Run.log_step
@@ -119,7 +121,8 @@ def test_ctrl_c_in_training_says_where_the_run_resumes(small_data_dir, tmp_path,
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress", *FAST,
             "--set", "train.save_every_steps=2", "--max-steps", "4"]
     assert main(argv) == 130
-    assert _error_line(capsys) == f"aiayn train: interrupted; the same command resumes from {run / 'ckpt_step00000002.pt'}"
+    assert _error_line(capsys) == f"aiayn train: interrupted; the same command resumes from {run / 'last.pt'}"
+    assert load_checkpoint(run / "last.pt")["step"] == 2
     monkeypatch.setattr(loop._Run, "log_step", log_step)
     assert main(argv) == 0
     assert "resuming from" in capsys.readouterr().out

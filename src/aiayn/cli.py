@@ -104,13 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _where_it_resumes(args: argparse.Namespace) -> str:
-    """What the same command does after an interruption: training resumes from its newest step checkpoint."""
+    """What the same command does after an interruption: training resumes from ``last.pt`` (which a best
+    validation may have written after the newest step checkpoint), else from that step checkpoint."""
     if args.command == "demo":
         return "; the same command resumes (prepare, train and average are skipped where done; training from its last checkpoint)"
     if args.command != "train":
         return ""
+    from pathlib import Path
+
     from aiayn.checkpoint import step_checkpoints
-    saved = step_checkpoints(args.out)
+    last = Path(args.out) / "last.pt"
+    saved = [last] if last.is_file() else step_checkpoints(args.out)
     if not saved:
         return f"; no checkpoint in {args.out} yet: the same command starts the run again"
     return f"; the same command resumes from {saved[-1]}"
