@@ -155,9 +155,18 @@ def _parse_into(changes: dict[str, Any], cfg: Any, path: list[str], value: str, 
 
 
 def _replaced(cfg: T, changes: dict[str, Any]) -> T:
-    """``cfg`` with ``changes`` (a dict per changed section), each section built once."""
-    return dataclasses.replace(cfg, **{k: _replaced(getattr(cfg, k), v) if isinstance(v, dict) else v
-                                       for k, v in changes.items()})
+    """``cfg`` with ``changes`` (a dict per changed section), each section built once. A section's
+    own check names the section: ``train: best_metric=bleu needs valid_bleu=true``."""
+    built = {}
+    for k, v in changes.items():
+        if not isinstance(v, dict):
+            built[k] = v
+            continue
+        try:
+            built[k] = _replaced(getattr(cfg, k), v)
+        except ConfigError as exc:
+            raise ConfigError(f"{k}: {exc}") from None
+    return dataclasses.replace(cfg, **built)
 
 
 def describe(cls: type) -> list[tuple[str, Any, str]]:

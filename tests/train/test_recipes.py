@@ -198,3 +198,16 @@ def test_a_negative_count_or_length_is_refused(key):
     """train.max_steps=-5 trained 0 steps and said nothing: a count or a length of the run is >= 0."""
     with pytest.raises(ConfigError, match=f"{key} must be >= 0, got -5"):
         apply_sets(run_config_from_preset("tiny"), [f"train.{key}=-5"])
+
+
+def test_a_sections_own_check_names_the_section_and_the_recipe(tmp_path):
+    """A check across a section's fields names the section (the key a user writes), and in a recipe the file."""
+    with pytest.raises(ConfigError, match=r"^train: best_metric=bleu needs valid_bleu=true$"):
+        apply_sets(run_config_from_preset("tiny"), ["train.best_metric=bleu"])
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"preset": "tiny", "train": {"best_metric": "bleu"}}))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: train: best_metric=bleu needs valid_bleu=true$"):
+        load_recipe(path)
+    path.write_text('{"train": {\n  "accum_steps": "x"}}')  # a field's own parse keeps its line
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:2: train.accum_steps: expected int"):
+        load_recipe(path)

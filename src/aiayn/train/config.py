@@ -166,7 +166,10 @@ def load_recipe(path: str | Path) -> RunConfig:
         at = text.find(f'"{field}"', max(start, 0))
         return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
 
-    return apply_sets(base, sets, where)
+    try:
+        return apply_sets(base, sets, where)
+    except ConfigError as exc:  # a section's own check (``train: ...``) names no line: the file, at least
+        raise ConfigError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
 
 
 def _as_text(value) -> str:
