@@ -6,6 +6,7 @@ import gzip
 import json
 
 import pytest
+import sacrebleu
 
 from aiayn.cli import main
 
@@ -37,8 +38,11 @@ def test_demo_pipeline_end_to_end(shared_data, tmp_path, capsys):
     # 2 processes of one thread each (as the demo trains on 2 cores), their weights averaged every 8 steps
     assert results["train"]["devices"] == 2 and results["train"]["steps"] == 200
     assert json.loads((out / "run" / "config.json").read_text())["train"]["threads"] == 1
-    scores = {k: v["score"] for k, v in results["test"].items()}
-    assert all(isinstance(s, float) for s in scores.values())
+    with gzip.open(shared_data / "multi30k/raw/test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        refs = [next(f).rstrip("\n") for _ in range(n_src)]
+    # the scores are of the written translations against test_2016's references (results.json rounds to 0.01)
+    assert results["test"]["sacreBLEU"]["score"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.005)
+    assert results["test"]["chrF2"]["score"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=0.005)
     assert results["valid"]["multi30k_bleu"] > 1.0  # a low floor: 200 steps of a small model
     # length ratios (hypothesis / reference tokens) beside every BLEU, for α's effect on length
     assert all(0.0 < r["length_ratio"] < 5.0 for r in results["alpha_tuning"].values())
