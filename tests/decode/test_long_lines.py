@@ -73,4 +73,9 @@ def test_cli_evaluate_long_lines(ckpt, tmp_path, capsys):
     assert "src.txt:2: " in capsys.readouterr().err
     (tmp_path / "tok.txt").write_text("one\ntwo\n")  # a reference of another length: said before translating
     assert main(args + ["--tok-ref", str(tmp_path / "tok.txt")]) == 2
-    assert f"--tok-ref {tmp_path / 'tok.txt'} has 2 lines but {tmp_path / 'src.txt'} has 4" in capsys.readouterr().err
+    assert f"tok.txt:3: line counts differ: {tmp_path / 'tok.txt'} has 2 lines, {tmp_path / 'src.txt'} has 4" \
+        in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_text("")  # empty source and reference: said before the model is loaded
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "no-such.pt"), "--src", str(tmp_path / "empty.txt"),
+                 "--ref", str(tmp_path / "empty.txt")]) == 2
+    assert "empty.txt have no lines: nothing to score" in capsys.readouterr().err

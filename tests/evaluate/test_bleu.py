@@ -130,3 +130,9 @@ def test_cli_score(tmp_path, capsys, monkeypatch):
             in capsys.readouterr().err)  # counted as prepare and translate count it: line and byte from 1
     (tmp_path / "short").write_text("a b\n")
     assert main(["score", "--ref", str(tmp_path / "short"), "--hyp", str(tmp_path / "hyp")]) == 2
+    err = capsys.readouterr().err  # the shorter file, at the first line it lacks
+    assert f"{tmp_path / 'short'}:2: line counts differ: {tmp_path / 'short'} has 1 lines, {tmp_path / 'hyp'} has" in err
+    (tmp_path / "empty").write_text("")
+    for extra in ([], ["--json"], ["--tokenized"], ["--compare", str(tmp_path / "empty")]):
+        assert main(["score", "--ref", str(tmp_path / "empty"), "--hyp", str(tmp_path / "empty"), *extra]) == 2
+        assert f"{tmp_path / 'empty'} and {tmp_path / 'empty'} have no lines: nothing to score" in capsys.readouterr().err

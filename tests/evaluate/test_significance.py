@@ -123,7 +123,8 @@ def test_cli_score_compare(tmp_path, capsys, shared_data):
     # bad input names the file
     (tmp_path / "short").write_text("a b\n")
     assert main(args + ["--compare", str(tmp_path / "short")]) == 2
-    assert "short: 1 lines but" in capsys.readouterr().err
+    assert f"short:2: line counts differ: {tmp_path / 'short'} has 1 lines, {tmp_path / 'better'}" \
+        in capsys.readouterr().err  # the shorter file, at the first line it lacks
     assert main(["score", "--ref", str(tmp_path / "ref"), str(tmp_path / "ref"), "--hyp", str(tmp_path / "better"),
                  "--compare", str(tmp_path / "worse")]) == 2
     assert "one reference file, not 2" in capsys.readouterr().err

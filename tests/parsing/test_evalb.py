@@ -121,8 +121,8 @@ def test_max_error(evalb_dir):
     # 5 errors; EVALB exits on the error it counts past MAX_ERROR (its test: count++ > MAX_ERROR).
     params = read_params(evalb_dir / "sample/sample.prm")
     assert len(evalb(gold, test, dataclasses.replace(params, max_error=4)).errors) == 5
-    with pytest.raises(EvalbAborted, match=r"g:20: .*MAX_ERROR=3"):
-        evalb(gold, test, dataclasses.replace(params, max_error=3), gold_name="g")
+    with pytest.raises(EvalbAborted, match=r"g:20( and t:20)?: .*MAX_ERROR=3"):
+        evalb(gold, test, dataclasses.replace(params, max_error=3), gold_name="g", test_name="t")
 
 
 def test_line_count_mismatch():
@@ -160,3 +160,44 @@ def test_skip_and_errors():
     assert unbalanced.status == ERROR and "too many open" in unbalanced.errors[0]
     with pytest.raises(EvalbAborted, match="outside"):
         score_sentence(gold, "(S a b)", COLLINS)
+
+
+def test_warnings_and_aborts_name_the_file_they_are_about(caplog):
+    """A reading error names the file it is in (gold or test), a pair's words both files; an extra
+    line the file that has it."""
+    gold = "(S (NN a) (NN b))"
+    with caplog.at_level("WARNING"):
+        evalb([gold, gold, gold], [gold, "(S (NN a) (NN b)", "(S (NN a) (NN c))", gold], COLLINS,
+              gold_name="g.txt", test_name="t.txt")
+    assert [r.getMessage() for r in caplog.records] == [
+        "t.txt:2: Bracketing is unbalanced (too many open bracket)",
+        "g.txt:3 and t.txt:3: Words unmatch (b|c)",
+        "t.txt:4: Number of lines unmatch (too many lines in test file)"]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        evalb([gold, "(S (NN a) (NN b)))"], [gold], COLLINS, gold_name="g.txt", test_name="t.txt")
+    assert [r.getMessage() for r in caplog.records] == ["g.txt:2: Number of lines unmatch (too many lines in gold file)"]
+    with pytest.raises(EvalbAborted, match=r"^t\.txt:2: Reading sentence: 'stray' outside"):
+        evalb([gold, gold], [gold, "(S stray (NN a) (NN b))"], COLLINS, gold_name="g.txt", test_name="t.txt")
+    with pytest.raises(EvalbAborted, match=r"^g\.txt:1: Reading sentence"):
+        evalb(["(S (NN a) stray (NN b))"], [gold], COLLINS, gold_name="g.txt", test_name="t.txt")
+
+
+def test_files_are_read_as_text_files_are_everywhere(tmp_path):
+    """Bracketing and parameter files: gzip by content, a BOM dropped, invalid UTF-8 named by line and byte."""
+    import gzip
+
+    from aiayn.errors import InputError, UserError
+    line = "(S (NN a) (NN b))"
+    (tmp_path / "bom").write_bytes(b"\xef\xbb\xbf" + (line + "\n").encode())
+    assert read_lines(tmp_path / "bom") == [line]
+    (tmp_path / "gz").write_bytes(gzip.compress((line + "\n" + line + "\n").encode()))
+    assert read_lines(tmp_path / "gz") == [line, line]
+    (tmp_path / "bad").write_bytes((line + "\n").encode() + b"(S (NN \xe9t\xe9))\n")
+    with pytest.raises(InputError, match=r"bad:2: invalid UTF-8 \(byte 8 of the line"):
+        read_lines(tmp_path / "bad")
+    with pytest.raises(UserError, match=r": not a regular file"):
+        read_lines(tmp_path)
+    (tmp_path / "p.prm").write_bytes(b"DEBUG 0\nMAX_ERROR \xff\n")
+    with pytest.raises(InputError, match=r"p\.prm:2: invalid UTF-8"):
+        read_params(tmp_path / "p.prm")

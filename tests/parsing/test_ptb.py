@@ -94,3 +94,28 @@ def test_single_gz_file(tmp_path):
 def test_missing_path(tmp_path):
     with pytest.raises(UserError, match="no such file"):
         read_treebank(tmp_path / "nope.zip")
+
+
+def test_files_are_read_as_text_files_are_everywhere(tmp_path, caplog):
+    """gzip by content whatever the name, a BOM dropped, invalid UTF-8 named by file (zip member) and
+    line; a folder whose name ends in .mrg is not a file; an empty file is said, not skipped silently."""
+    folder = tmp_path / "wsj"
+    folder.mkdir()
+    (folder / "wsj_0001.mrg").write_bytes(b"\xef\xbb\xbf" + RAW.encode())
+    (folder / "wsj_0002.mrg").write_bytes(gzip.compress(RAW.encode()))  # gzip, named as plain text
+    (folder / "wsj_0003.mrg").mkdir()
+    (folder / "wsj_0004.mrg").write_text("")
+    with caplog.at_level("WARNING"):
+        trees = read_treebank(folder)
+    assert [t.file_id for t in trees] == ["wsj_0001"] * 2 + ["wsj_0002"] * 2
+    assert [t.tree for t in trees[:2]] == [t.tree for t in read_mrg_text(RAW, "wsj_0001", "x")]
+    assert [r.getMessage() for r in caplog.records] == [f"{folder / 'wsj_0004.mrg'}: no trees in this file"]
+    bad = RAW.encode().replace(b"(NN", b"(NN \xe9", 1)
+    line = RAW.encode()[:RAW.encode().index(b"(NN")].count(b"\n") + 1
+    (folder / "wsj_0005.mrg").write_bytes(bad)
+    with pytest.raises(InputError, match=rf"wsj_0005\.mrg:{line}: invalid UTF-8"):
+        read_treebank(folder)
+    with zipfile.ZipFile(tmp_path / "t.zip", "w") as zf:
+        zf.writestr("treebank/combined/wsj_0005.mrg", bad)
+    with pytest.raises(InputError, match=rf"t\.zip:treebank/combined/wsj_0005\.mrg:{line}: invalid UTF-8"):
+        read_treebank(tmp_path / "t.zip")

@@ -24,7 +24,7 @@ from aiayn.progress import progress_bar
 
 def _inputs(args) -> tuple[list[str], list[str], str]:
     """Source and reference lines, from --src and --ref or from --testset; and the source's name."""
-    from aiayn.data.textio import check_readable, read_lines
+    from aiayn.data.textio import check_line_counts, check_readable, read_lines
     if args.testset:
         if args.src or args.ref:
             raise UserError("--testset gives the source and the reference: leave out --src and --ref")
@@ -36,13 +36,12 @@ def _inputs(args) -> tuple[list[str], list[str], str]:
     for p in (args.src, args.ref):
         check_readable(Path(p), "evaluation input")
     src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
-    if len(src) != len(ref):
-        raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    check_line_counts(args.src, len(src), args.ref, len(ref))
     return src, ref, args.src
 
 
 def run(args) -> int:
-    from aiayn.data.textio import check_readable, read_lines
+    from aiayn.data.textio import check_line_counts, check_readable, read_lines
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
@@ -56,8 +55,7 @@ def run(args) -> int:
     if args.tok_ref:  # read before translating: a wrong file is said before the work
         check_readable(Path(args.tok_ref), "evaluation input")
         tok_ref = list(read_lines(Path(args.tok_ref)))
-        if len(tok_ref) != len(src):
-            raise UserError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but {source} has {len(src)}")
+        check_line_counts(args.tok_ref, len(tok_ref), source, len(src))
     decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call

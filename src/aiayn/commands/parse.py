@@ -79,7 +79,8 @@ def _register_score(sub) -> None:
 
 def run_score(args: argparse.Namespace) -> int:
     params = read_params(args.param) if args.param else COLLINS
-    result = evalb(read_lines(args.gold), read_lines(args.test), params, gold_name=str(args.gold))
+    result = evalb(read_lines(args.gold), read_lines(args.test), params, gold_name=str(args.gold),
+                   test_name=str(args.test))
     if args.sentences or params.debug >= 1:
         print(format_report(result), end="")
     else:
@@ -227,7 +228,7 @@ def run_decode(args: argparse.Namespace) -> int:
     trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args))
     test_lines = [t.to_bracketed() for t in trees]
     write_text_output(args.out, "".join(line + "\n" for line in test_lines))
-    result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold))
+    result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold), test_name=str(args.out))
     print(format_summary(result), end="")
     print(f"\n{stats.summary()}")
     return 0

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from aiayn.data.textio import check_readable, decode_lines, read_lines as text_lines
+from aiayn.data.textio import check_line_counts, check_readable, decode_lines, read_lines as text_lines
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import score_all
 from aiayn.evaluate.significance import compare_systems
@@ -49,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
     hyps = read_lines(args.hyp, "--hyp") if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
     refs = [read_lines(r, "--ref") for r in args.ref]
     for path, stream in zip(args.ref, refs):
-        if len(stream) != len(hyps):
-            raise UserError(f"{path}: {len(stream)} lines but {args.hyp or 'stdin'} has {len(hyps)}")
+        check_line_counts(path, len(stream), args.hyp or "<stdin>", len(hyps))
     results = score_all(hyps, refs, lang=args.lang, tokenized=args.tokenized, lowercase=args.lc)
     comparisons = []
     if args.compare:
@@ -59,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
         others = {}
         for path in args.compare:
             others[path] = read_lines(path, "--compare")
-            if len(others[path]) != len(hyps):
-                raise UserError(f"{path}: {len(others[path])} lines but {args.hyp or 'stdin'} has {len(hyps)}")
+            check_line_counts(path, len(others[path]), args.hyp or "<stdin>", len(hyps))
         comparisons = compare_systems(hyps, others, refs[0], args.tokenized, args.lc, args.samples)
     if args.json:
         out = [dataclasses.asdict(r) for r in results]

@@ -58,6 +58,37 @@ def read_lines(path: Path) -> Iterator[str]:
         raise InputError(path, n + 1, f"cannot read ({exc})") from exc
 
 
+def is_gzip(path: Path) -> bool:
+    """Whether ``path`` holds gzip data (its first bytes, whatever its name)."""
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a plain or gzip file (by content), at most ``limit`` of them (all with None);
+    an unreadable or corrupt file is a ``UserError`` naming it."""
+    try:
+        with _open_binary(path) as f:
+            return f.read() if limit is None else f.read(limit)
+    except IsADirectoryError:
+        raise UserError(f"{path}: not a regular file") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UserError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from exc
+
+
+def decode_text(data: bytes, name) -> str:
+    """A whole file's bytes as UTF-8 text, a leading BOM dropped; invalid UTF-8 is an ``InputError``
+    naming ``name``, the line and the byte, as ``decode_line`` does for one line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        raise InputError(name, data.count(b"\n", 0, exc.start) + 1,
+                         f"invalid UTF-8 (byte {exc.start - start + 1} of the line: "
+                         f"{data[exc.start:exc.start + 4]!r})") from None
+    return text.removeprefix("\ufeff")
+
+
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     """``read_lines`` of an open binary stream (stdin) called ``name`` in errors."""
     for n, raw in enumerate(stream, 1):
@@ -91,6 +122,17 @@ def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[int, str, str]]:
         yield n, s, t
     if n == 0:
         raise InputError(src, None, f"empty corpus: no lines (target {tgt})")
+
+
+def check_line_counts(a, n_a: int, b, n_b: int) -> None:
+    """Files ``a`` and ``b`` (names) hold one sentence a line for each other: the same number of lines,
+    else an ``InputError`` naming the shorter file at the first line it lacks (as ``read_pairs``);
+    and some lines at all."""
+    if n_a != n_b:
+        raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
+                         f"line counts differ: {a} has {n_a} lines, {b} has {n_b}")
+    if n_a == 0:
+        raise UserError(f"{a} and {b} have no lines: nothing to score")
 
 
 def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:

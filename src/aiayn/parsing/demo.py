@@ -136,7 +136,8 @@ def _stage_parse(cfg: ParseDemoConfig, splits: tuple[str, ...], model_path: Path
             tmp.replace(pred)
         baseline = [right_branching(g.words(), g.tags()).to_bracketed() for g in gold]
         for name, lines in (("aiayn", read_lines(pred)), ("right-branching", baseline)):
-            score = evalb(gold_lines, lines, COLLINS, gold_name=str(ptb / f"{split}.gold")).all
+            score = evalb(gold_lines, lines, COLLINS, gold_name=str(ptb / f"{split}.gold"),
+                          test_name=str(pred) if name == "aiayn" else "right-branching").all
             results.setdefault(split, {})[name] = {
                 "labeled_f1": round(score.fmeasure, 2) if score.match else 0.0,  # (EVALB prints nan there)
                 "recall": round(score.recall, 2),

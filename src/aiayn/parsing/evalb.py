@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Sequence
 
+from aiayn.data.textio import decode_text, read_bytes
 from aiayn.errors import UserError
 from aiayn.parsing.evalb_params import EvalbParams
 
@@ -200,6 +202,7 @@ class SentenceResult:
     words: int = 0
     correct_tags: int = 0
     errors: tuple[str, ...] = ()
+    sides: tuple[str, ...] = ()  # each error's file: "gold", "test", or "both" (the pair's words)
 
     @property
     def recall(self) -> float:
@@ -215,24 +218,26 @@ class SentenceResult:
 
 
 def score_sentence(gold_text: str, test_text: str, params: EvalbParams, line: int = 1) -> SentenceResult:
-    """EVALB's verdict on one gold/test line pair (``calc_result``)."""
-    gold = read_bracketing(gold_text, params)
-    test = read_bracketing(test_text, params)
+    """EVALB's verdict on one gold/test line pair (``calc_result``). A reading error that aborts
+    says which file's line it is in (``EvalbAborted.side``)."""
+    gold = _read_side(gold_text, params, "gold")
+    test = _read_side(test_text, params, "test")
     errors = gold.errors + test.errors
+    sides = ["gold"] * len(gold.errors) + ["test"] * len(test.errors)
     status = ERROR if errors else OK
     failed = dict(line=line, length=gold.length, words=len(gold.words))
     if not test.words:
-        return SentenceResult(status=SKIP, errors=tuple(errors), **failed)
+        return SentenceResult(status=SKIP, errors=tuple(errors), sides=tuple(sides), **failed)
     if len(gold.words) != len(test.words):
         _fix_quotes(gold, test, params)
         failed["words"] = len(gold.words)
         if len(gold.words) != len(test.words):
             errors.append(f"Length unmatch ({len(gold.words)}|{len(test.words)})")
-            return SentenceResult(status=ERROR, errors=tuple(errors), **failed)
+            return SentenceResult(status=ERROR, errors=tuple(errors), sides=(*sides, "both"), **failed)
     for g, t in zip(gold.words, test.words):
         if not params.words_equal(g, t):
             errors.append(f"Words unmatch ({g}|{t})")
-            return SentenceResult(status=ERROR, errors=tuple(errors), **failed)
+            return SentenceResult(status=ERROR, errors=tuple(errors), sides=(*sides, "both"), **failed)
     n_gold, n_test = _massage(gold, params), _massage(test, params)
     match = 0
     for g in gold.brackets:
@@ -248,7 +253,16 @@ def score_sentence(gold_text: str, test_text: str, params: EvalbParams, line: in
     crossing = sum(any(_crosses(g, t) for g in live_gold) for t in test.brackets if not t.deleted)
     correct = sum(params.labels_equal(g, t) for g, t in zip(gold.tags, test.tags))
     return SentenceResult(line, gold.length, status, match, n_gold, n_test, crossing,
-                          len(gold.words), correct, tuple(errors))
+                          len(gold.words), correct, tuple(errors), tuple(sides))
+
+
+def _read_side(text: str, params: EvalbParams, side: str) -> _Bracketing:
+    """``read_bracketing`` of the ``side`` ("gold" or "test") of a pair; an abort carries the side."""
+    try:
+        return read_bracketing(text, params)
+    except EvalbAborted as exc:
+        exc.side = side
+        raise
 
 
 @dataclasses.dataclass
@@ -322,45 +336,46 @@ class EvalbResult:
 
 
 def evalb(gold_lines: Sequence[str], test_lines: Sequence[str], params: EvalbParams,
-          gold_name: str = "gold") -> EvalbResult:
-    """Score ``test_lines`` against ``gold_lines`` (one bracketing per line), as EVALB does."""
+          gold_name: str = "gold", test_name: str = "test") -> EvalbResult:
+    """Score ``test_lines`` against ``gold_lines`` (one bracketing per line), as EVALB does. Each
+    warning and abort names the file and line it is about (both files for a pair's words)."""
     result = EvalbResult([], Totals(), Totals(), params.cutoff_len, [])
 
-    def error(line: int, message: str) -> None:
+    def where(line: int, side: str) -> str:
+        names = {"gold": [gold_name], "test": [test_name], "both": [gold_name, test_name]}[side]
+        return " and ".join(f"{name}:{line}" for name in names)
+
+    def error(line: int, message: str, side: str) -> None:
         result.errors.append(f"{line} : {message}")
-        log.warning("%s:%d: %s", gold_name, line, message)
+        log.warning("%s: %s", where(line, side), message)
         if len(result.errors) - 1 > params.max_error:
-            raise EvalbAborted(f"{gold_name}:{line}: {message}; more than MAX_ERROR="
+            raise EvalbAborted(f"{where(line, side)}: {message}; more than MAX_ERROR="
                                f"{params.max_error} errors, EVALB stops here")
 
     for k, gold_text in enumerate(gold_lines):
         line = k + 1
         if k >= len(test_lines):
-            error(line, "Number of lines unmatch (too many lines in gold file)")
+            error(line, "Number of lines unmatch (too many lines in gold file)", "gold")
             break
         try:
             r = score_sentence(gold_text, test_lines[k], params, line)
         except EvalbAborted as exc:
-            raise EvalbAborted(f"{gold_name}:{line}: {exc}") from None
-        for message in r.errors:
-            error(line, message)
+            raise EvalbAborted(f"{where(line, getattr(exc, 'side', 'gold'))}: {exc}") from None
+        for message, side in zip(r.errors, r.sides):
+            error(line, message, side)
         result.sentences.append(r)
         result.all.add(r)
         if r.length <= params.cutoff_len:
             result.cut.add(r)
     if len(test_lines) > len(gold_lines):
-        error(len(gold_lines) + 1, "Number of lines unmatch (too many lines in test file)")
+        error(len(gold_lines) + 1, "Number of lines unmatch (too many lines in test file)", "test")
     return result
 
 
 def read_lines(path) -> list[str]:
-    """The lines of a bracketing file as EVALB reads them (split at ``\\n`` only)."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from exc
-    lines = text.split("\n")
+    """The lines of a bracketing file (plain or gzip) as EVALB reads them (split at ``\\n`` only); a
+    BOM dropped, invalid UTF-8 named by line (``aiayn.data.textio``)."""
+    lines = decode_text(read_bytes(Path(path)), path).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return lines

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from aiayn.config import param
+from aiayn.data.textio import decode_text, read_bytes
 from aiayn.errors import InputError, UserError
 
 _INT_KEYS = {"DEBUG": "debug", "MAX_ERROR": "max_error", "CUTOFF_LEN": "cutoff_len", "LABELED": "labeled"}
@@ -84,10 +85,10 @@ def parse_params(text: str, path: str | Path = "<params>") -> EvalbParams:
 def read_params(path: str | Path) -> EvalbParams:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read parameter file ({exc.strerror})") from exc
-    return parse_params(text, path)
+        data = read_bytes(path)
+    except UserError as exc:
+        raise UserError(f"{exc} (EVALB parameter file)") from None
+    return parse_params(decode_text(data, path).replace("\r\n", "\n"), path)
 
 
 # The settings of COLLINS.prm, the standard for WSJ (used when no parameter file is given).

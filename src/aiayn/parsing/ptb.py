@@ -16,12 +16,12 @@ Each tree remembers the file it came from (``wsj_0001``...), which the file-base
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import logging
 import re
 import zipfile
 from pathlib import Path
 
+from aiayn.data.textio import decode_text, is_gzip, read_bytes
 from aiayn.errors import InputError, UserError
 from aiayn.files import UnpackBound
 from aiayn.parsing.trees import BracketError, Tree, parse_bracketed
@@ -91,7 +91,7 @@ def _read_zip(path: Path) -> list[TreebankTree]:
         members = sorted((i for i in zf.infolist() if _MRG_NAME.search(i.filename)), key=lambda i: i.filename)
         for info in members:
             bound.take(info.filename, info.file_size)
-            text = zf.read(info).decode("utf-8")
+            text = decode_text(zf.read(info), f"{path}:{info.filename}").replace("\r\n", "\n").replace("\r", "\n")
             trees += read_mrg_text(text, _MRG_NAME.search(info.filename).group(1), f"{path}:{info.filename}")
     if not trees:
         raise UserError(f"{path}: no wsj_NNNN.mrg files in this zip")
@@ -99,14 +99,15 @@ def _read_zip(path: Path) -> list[TreebankTree]:
 
 
 def _read_text_file(path: Path) -> str:
-    """The text of a ``.mrg`` file, or of a ``.mrg.gz`` one as ``UnpackBound`` allows."""
-    if path.suffix != ".gz":
-        return path.read_text(encoding="utf-8")
-    bound = UnpackBound(path)
-    with gzip.open(path, "rb") as f:
-        data = f.read(bound.left + 1)
-    bound.take(path.name.removesuffix(".gz"), len(data))
-    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+    """The text of a ``.mrg`` file, plain or gzip (by content) as ``UnpackBound`` allows; invalid
+    UTF-8 named by line, a BOM dropped, line ends as text mode reads them."""
+    if not is_gzip(path):
+        data = read_bytes(path)
+    else:
+        bound = UnpackBound(path)
+        data = read_bytes(path, bound.left + 1)
+        bound.take(path.name.removesuffix(".gz"), len(data))
+    return decode_text(data, path).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_treebank(path: str | Path) -> list[TreebankTree]:
@@ -121,12 +122,15 @@ def read_treebank(path: str | Path) -> list[TreebankTree]:
     if not path.exists():
         raise UserError(f"{path}: no such file or directory")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*.mrg") if _MRG_NAME.search(p.as_posix()))
+        files = sorted(p for p in path.rglob("*.mrg") if _MRG_NAME.search(p.as_posix()) and p.is_file())
         if not files:
             raise UserError(f"{path}: no wsj_NNNN.mrg files in this directory")
         trees: list[TreebankTree] = []
         for f in files:
-            trees += read_mrg_text(_read_text_file(f), f.stem, f)
+            found = read_mrg_text(_read_text_file(f), f.stem, f)
+            if not found:
+                log.warning("%s: no trees in this file", f)
+            trees += found
     elif zipfile.is_zipfile(path):
         trees = _read_zip(path)
     else:
