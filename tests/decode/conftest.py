@@ -1,0 +1,170 @@
+"""How far reduced-precision decoding (``DecodeConfig.precision``: bf16, fp16, int8, int8-bf16) may move
+a log-probability or a hypothesis's score from the exact one, from the arithmetic of the format
+(``rounding_bound``): what tests/decode/test_precision.py, test_int8.py and the kernels' beam search
+tests hold those paths to."""
+from __future__ import annotations
+
+import copy
+import math
+import types
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
+from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.layers import SublayerConnection
+
+UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
+UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subnormal: the error below the normal range
+U32 = 2.0 ** -24  # float32's unit roundoff
+LAMBDA = 7.0  # Hoeffding: a bound fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
+# precision: (the float format between the linear maps, None for float32; whether the linear maps are int8)
+PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True)}
+
+
+class _RoundedAttention(nn.Module):
+    """Eq. 1 written out in float64, each result where a reduced-precision path may round marked
+    (``round_``): Q Kᵀ, its scaling by 1/sqrt(d_k), the softmax weights and their product with V."""
+
+    def __init__(self, round_: Callable[[Tensor], Tensor]):
+        super().__init__()
+        self.round_ = round_
+
+    def forward(self, q, k, v, mask, is_causal=False, need_weights=False):
+        T, S = q.size(-2), k.size(-2)
+        if is_causal:  # query t of the last T sees keys 0..S-T+t (as ScaledDotProductAttention)
+            causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            mask = causal if mask is None else mask & causal
+        scores = self.round_(self.round_(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1)))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = self.round_(self.round_(torch.softmax(scores, dim=-1)) @ v)  # (B,H,T,Dv)
+        B, H, T, Dv = out.shape
+        return out.transpose(1, 2).reshape(B, T, H * Dv), None
+
+
+def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor,
+                   quantity: Callable[[Tensor], Tensor]) -> Tensor:
+    """A bound on how far ``precision``'s decoding copy of the float32 ``model`` moves each of the
+    values ``quantity`` takes from the teacher-forced log-probabilities of one sentence, src (1, S)
+    without padding, tgt_in (1, T) (BOS and the tokens before each step; the same functions a cached
+    decoding step computes): (n,) float64, one bound per value.
+
+    Where the copy's arithmetic moves a value v, and by how much at most:
+    - bf16, fp16: every parameter is rounded once, and the result of every operation (each linear
+      map's product and its bias's sum, Q Kᵀ, its scaling, the softmax weights, their product with V,
+      the residual sums, LayerNorm, the embedding and positional encoding and their sum, the logits):
+      |δv| <= u |v| + η, u the format's unit roundoff (``UNIT_ROUNDOFF``), η half its smallest
+      subnormal. A path that rounds at fewer of these places (oneDNN's fused bias, the C kernels'
+      float32 attention) is covered.
+    - int8 (decode/int8.py): each linear map's input rows, x ≈ s_x x_q with s_x = max|x| / 127, by at
+      most s_x / 2 plus float32's rounding of x / s_x (|x / s_x| <= 127: 127 u32 s_x), and its
+      weights' rows alike with s_W; the tied pre-softmax projection's own copy of the embedding too.
+      The products are exact in int32; everything else is float32.
+    - int8-bf16: int8's and bf16's at every result between the linear maps and the parameters that
+      stay bfloat16 (embeddings, LayerNorm); the biases and the logits stay float32.
+    Float32's roundings (unit roundoff 2^-24, in both searches; the float32 sums inside the products,
+    of at most d_ff = 256 terms here, 256 · 2^-24 = 2^-16 of their terms' magnitudes) are 2^-8 of
+    bf16's 2^-8 and of an int8 step (max / 254), 2^-5 of fp16's 2^-11: left out.
+
+    To first order a value q moves by Σ_i (∂q/∂v_i) δv_i over those places i (the second order,
+    products of two δ, is about u of that), the derivatives from autograd in float64 at the exact
+    values. With the δv_i independent and of mean zero (rounding errors as Higham & Mary model them,
+    SIAM J. Sci. Comput. 41(5), 2019; tests/kernels/reference.py), Hoeffding's inequality gives
+    |Σ_i (∂q/∂v_i) δv_i| <= LAMBDA sqrt(Σ_i (∂q/∂v_i c_i)²), |δv_i| <= c_i, but with probability
+    2 exp(-LAMBDA² / 2). Nothing in it is measured: it holds for any CPU's order of operations."""
+    fmt, int8 = PATHS[precision]
+    u, eta = UNIT_ROUNDOFF.get(fmt, 0.0), UNDERFLOW.get(fmt, 0.0)
+    m = copy.deepcopy(model).double().eval()
+    if int8 and m.out_proj is None:  # the tied projection's int8 copy rounds apart from the lookups'
+        m.out_proj = nn.Linear(m.cfg.d_model, m.tgt_embed.weight.size(0), bias=False).double()
+        m.out_proj.weight = nn.Parameter(m.tgt_embed.weight.detach().clone())
+    places: list[tuple[Tensor, Tensor]] = []  # (a tensor to differentiate by, c: the bound of its δ)
+
+    def moved(v: Tensor, c: Tensor) -> Tensor:
+        """v plus a zero to differentiate by, where the copy's arithmetic moves v by at most c."""
+        z = torch.zeros_like(v, requires_grad=True)
+        places.append((z, c.expand_as(v)))
+        return v + z
+
+    def round_(v: Tensor) -> Tensor:
+        return moved(v, u * v.detach().abs() + eta) if u else v
+
+    linears = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
+    int8_params = {id(p) for lin in linears for p in lin.parameters()} if int8 else set()
+    for p in m.parameters():
+        p.requires_grad_(True)
+        if u and id(p) not in int8_params:  # int8's biases stay float32; its weights: below
+            places.append((p, u * p.detach().abs() + eta))
+
+    def half_step(v: Tensor) -> Tensor:
+        """How far int8 quantization moves each entry of v's rows: s / 2 and float32's rounding of v / s."""
+        return v.detach().abs().amax(-1, keepdim=True) / 127 * (0.5 + 127 * U32)  # (rows, 1)
+
+    def linear(self, x, _logits=False):
+        if int8:
+            x = moved(x, half_step(x))
+        product = F.linear(x, self.weight)
+        y = product if self.bias is None else product + self.bias
+        if int8:  # the bias added in float32 to the rescaled product, rounded once (not the logits)
+            return y if _logits else round_(y)
+        if self.bias is not None and u:  # the product rounded, and its sum with the bias
+            return moved(y, u * torch.sqrt(product.detach() ** 2 + y.detach() ** 2) + eta)
+        return round_(y)
+
+    for lin in linears:
+        lin.forward = types.MethodType(lambda self, x, _l=lin is m.out_proj: linear(self, x, _l), lin)
+        if int8:
+            places.append((lin.weight, half_step(lin.weight)))
+
+    def post(self, x, sublayer_out):
+        y = round_(x + sublayer_out)
+        return y if self.pre_norm else self.norm(y)
+
+    for mod in m.modules():
+        if isinstance(mod, nn.LayerNorm):
+            mod.register_forward_hook(lambda mod, inputs, out: round_(out))
+        elif isinstance(mod, SublayerConnection):
+            mod.post = types.MethodType(post, mod)
+        elif isinstance(mod, MultiHeadAttention):
+            mod.core = _RoundedAttention(round_)
+
+    def embed(self, tokens, embedding, positions, start):
+        e = round_(embedding(tokens))
+        return round_(e + round_(positions(start, tokens.size(1)).to(e.dtype)))
+
+    m._embed = types.MethodType(embed, m)
+    if m.out_proj is None:  # the tied projection (§3.4) of bf16 and fp16: the logits rounded
+        m.output_logits = types.MethodType(lambda self, h: round_(self.tgt_embed.transposed(h, self.out_bias)), m)
+    q = quantity(torch.log_softmax(m(src, tgt_in), dim=-1)).reshape(-1)  # (n,)
+    inputs, bounds = zip(*places)
+    grads = torch.autograd.grad(q, inputs, grad_outputs=torch.eye(q.numel(), dtype=q.dtype), is_grads_batched=True,
+                                allow_unused=True)  # each (n, *place)
+    squares = sum(((g * c) ** 2).flatten(1).sum(1) for g, c in zip(grads, bounds) if g is not None)
+    return LAMBDA * squares.sqrt()
+
+
+def step_bound(model: nn.Module, precision: str, src: Tensor, bos: int = SpecialIds.bos) -> Tensor:
+    """``rounding_bound`` of the first step's log-probabilities (after BOS) of every sentence of src
+    (B, S) (padding 0 at the end of a row): (B, V), one sentence at a time (they share no rounding)."""
+    rows = []
+    for b in range(src.size(0)):
+        n = int((src[b] != 0).sum())
+        rows.append(rounding_bound(model, precision, src[b:b + 1, :n], torch.tensor([[bos]]), lambda lp: lp[0, 0]))
+    return torch.stack(rows)
+
+
+def score_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,
+                ids: SpecialIds = SpecialIds()) -> float:
+    """``rounding_bound`` of a hypothesis's score, Σ_t log p(y_t) / lp(|Y|) (decode/search.py), for the
+    sentence src (S,) (its padding is dropped): the sum over its |Y| tokens (EOS included when it
+    ended there), divided by the length penalty of the same |Y| in both searches (``cfg``'s)."""
+    src = src[src != ids.pad][None]
+    y = list(hyp.tokens) + ([ids.eos] if hyp.eos else [])
+    tgt_in, steps = torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y))
+    bound = rounding_bound(model, precision, src, tgt_in, lambda lp: lp[0, steps, torch.tensor(y)].sum())
+    return float(bound) / length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
