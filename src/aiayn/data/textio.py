@@ -7,6 +7,7 @@ source and target of different lengths (both counts given), an unreadable or cor
 from __future__ import annotations
 
 import gzip
+import logging
 import sys
 import zlib
 from itertools import zip_longest
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from aiayn.errors import InputError, UserError
+
+log = logging.getLogger(__name__)
 
 _GZIP_MAGIC = b"\x1f\x8b"
 CHUNK_LINES = 10_000  # lines of input_chunks' chunks: translated and written at a time (bounds memory)
@@ -48,12 +51,19 @@ def count_lines(path: Path) -> int:
 
 
 def read_lines(path: Path) -> Iterator[str]:
-    """Lines of ``path`` decoded as UTF-8 (a leading BOM dropped), surrounding whitespace stripped."""
-    n = 0
+    """Lines of ``path`` decoded as UTF-8 (a leading BOM dropped), surrounding whitespace stripped.
+    Lines end at ``\\n`` only (a stray carriage return in a corpus line does not split the pair); the
+    first carriage return inside a line is warned of, as a file with old Mac line ends reads as one line."""
+    n, warned = 0, False
     try:
         with _open_binary(path) as f:
             for n, raw in enumerate(f, 1):
-                yield decode_line(raw, path, n)
+                line = decode_line(raw, path, n)
+                if not warned and "\r" in line:
+                    warned = True
+                    log.warning("%s:%d: a carriage return inside the line; lines end at \\n only (a file with "
+                                "\\r line ends: tr '\\r' '\\n')", path, n)
+                yield line
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(path, n + 1, f"cannot read ({exc})") from exc
 
@@ -135,15 +145,15 @@ def check_line_counts(a, n_a: int, b, n_b: int) -> None:
         raise UserError(f"{a} and {b} have no lines: nothing to score")
 
 
-def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[tuple[int, list[str]]]:
-    """(first line number, lines) chunks of at most ``size`` lines of the input; stdin is read a line
-    at a time, so a chunk is given as soon as its last line has arrived."""
+def input_chunks(path: str | None, size: int = CHUNK_LINES, what: str = "--input") -> Iterator[tuple[int, list[str]]]:
+    """(first line number, lines) chunks of at most ``size`` lines of the input (``what`` in errors);
+    stdin is read a line at a time, so a chunk is given as soon as its last line has arrived."""
     if path is None:
         raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
         lines = (decode_lines(iter(raw.readline, b""), "<stdin>") if raw is not None
                  else (line.strip() for line in iter(sys.stdin.readline, "")))
     else:
-        check_readable(Path(path), "translation input")
+        check_readable(Path(path), what)
         lines = read_lines(Path(path))
     chunk, first = [], 1
     for line in lines:
