@@ -11,11 +11,23 @@ import torch.nn.functional as F
 from aiayn.decode import packed as packed_mod
 from aiayn.decode.packed import PackedLinear, packed_copy
 from tests.decode.test_adapter import V, sources
+from tests.kernels.test_seq_attention import gamma, within
 
 LIBRARIES = [pytest.param(lib, marks=pytest.mark.skipif(not packed_mod.available(lib), reason=f"this PyTorch has no {lib} packed linear"))
              for lib in packed_mod.LIBRARIES]
 pytestmark = pytest.mark.skipif(not any(map(packed_mod.available, packed_mod.LIBRARIES)),
                                 reason="this PyTorch has no packed linear")
+
+
+def _two_products_apart(x, weight, bias=None):
+    """How far two float32 evaluations of x W^T + b may be apart, whatever their kernels' blocking,
+    order of additions and use of FMA: each is within gamma_{I+1} (|x| |W|^T + |b|) of the exact value
+    (I products and the bias: a sum of I + 1 terms in any order, Higham §3.1), so twice that. A
+    max(0, .) after both moves neither further apart (it is 1-Lipschitz and exact)."""
+    mag = x.double().abs() @ weight.double().abs().t()
+    if bias is not None:
+        mag = mag + bias.double().abs()
+    return 2 * gamma(x.size(-1) + 1) * mag
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
@@ -29,7 +41,7 @@ def test_packed_linear_is_f_linear(bias, library):
         with torch.inference_mode():
             y = p(x)
         assert y.shape == x.shape[:-1] + (300,) and y.dtype == torch.float32
-        torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+        within(y, F.linear(x, lin.weight, lin.bias).double(), _two_products_apart(x, lin.weight, lin.bias))
     assert p._packed is not None and p._packed.is_mkldnn  # both libraries' layouts are opaque tensors
 
 
@@ -44,7 +56,7 @@ def test_mkl_packs_once_for_every_row_count():
     with torch.inference_mode():
         for rows in (1, 3, 8, 100, 128, 200, 513):
             x = torch.randn(rows, 256)
-            torch.testing.assert_close(p(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
+            within(p(x), F.linear(x, lin.weight, lin.bias).double(), _two_products_apart(x, lin.weight, lin.bias))
         packed = p._packed
         x = torch.randn(100, 256)
         assert p(x) is not None and p._packed is packed  # packed once
@@ -76,7 +88,7 @@ def test_packed_linear_with_relu_is_relu_of_f_linear(library):
     with torch.inference_mode():
         y = p(x)
         assert (y == 0).any() and (y > 0).any()  # both sides of the max taken
-        torch.testing.assert_close(y, F.relu(F.linear(x, lin.weight, lin.bias)), atol=1e-5, rtol=1e-5)
+        within(y, F.relu(F.linear(x, lin.weight, lin.bias)).double(), _two_products_apart(x, lin.weight, lin.bias))
         with torch.autocast("cpu", dtype=torch.bfloat16):  # through F.linear, then F.relu
             assert torch.equal(p(x), F.relu(F.linear(x, lin.weight, lin.bias)))
 
@@ -116,7 +128,7 @@ def _tiny_model():
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
-def test_packed_copy_of_a_transformer(library):
+def test_packed_copy_of_a_transformer(library, monkeypatch):
     from aiayn.decode.loading import model_for_precision
 
     model = _tiny_model()
@@ -135,8 +147,25 @@ def test_packed_copy_of_a_transformer(library):
     assert model_for_precision(out, "fp32", packed=True) is out  # already a decoding copy
     assert model_for_precision(model, "fp32", packed=False) is model
     src, tgt = sources(), torch.randint(4, V, (5, 6))
+    # the copy is the model up to its products: each packed product within _two_products_apart of
+    # F.linear of the input it was given in the copy's forward ...
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, args, y: seen.append((m, args[0], y)))
+             for m in out.modules() if isinstance(m, PackedLinear)]
     with torch.inference_mode():
-        torch.testing.assert_close(out(src, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+        out(src, tgt)
+    for h in hooks:
+        h.remove()
+    assert {m for m, _, _ in seen} == {m for m in out.modules() if isinstance(m, PackedLinear)}
+    for m, x, y in seen:
+        want = F.linear(x, m.weight, m.bias)
+        within(y, (F.relu(want) if m.relu else want).double(), _two_products_apart(x, m.weight, m.bias))
+    # ... and with F.linear in their place, the model's own numbers bit for bit (the same maps, weights
+    # and order of operations everywhere else)
+    monkeypatch.setattr(PackedLinear, "forward", lambda m, x: F.relu(F.linear(x, m.weight, m.bias)) if m.relu
+                        else F.linear(x, m.weight, m.bias))
+    with torch.inference_mode():
+        assert torch.equal(out(src, tgt), model(src, tgt))
     assert packed_copy(model).out_proj is not None
 
 

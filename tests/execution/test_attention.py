@@ -7,14 +7,18 @@ import torch
 
 import aiayn
 from aiayn.execution import use_attention_kernels
-from aiayn.model.attention import attention_explicit
+from aiayn.model.attention import ScaledDotProductAttention, attention_explicit
+from tests.kernels.test_seq_attention import check_seq_attention
 
 
 class _Counting:
-    """A Kernels stand-in that counts the attention calls it passes on to the real library."""
+    """A Kernels stand-in that counts the attention calls it passes on to the real library, and keeps
+    each call's arguments and results."""
 
     def __init__(self, lib):
         self.lib, self.forward, self.backward = lib, 0, 0
+        self.calls = []  # (q, k, v, mask, causal, out, lse) of each forward
+        self.grads = []  # (q, k, v, mask, causal, lse, dout, (dq, dk, dv)) of each backward
 
     def seq_attention_fast(self, d_k, d_v):
         return self.lib.seq_attention_fast(d_k, d_v)
@@ -24,47 +28,103 @@ class _Counting:
 
     def seq_attention_forward(self, *a):
         self.forward += 1
-        return self.lib.seq_attention_forward(*a)
+        out, lse = self.lib.seq_attention_forward(*a)
+        self.calls.append((*a, out, lse))
+        return out, lse
 
     def seq_attention_backward(self, *a):
         self.backward += 1
-        return self.lib.seq_attention_backward(*a)
+        grads = self.lib.seq_attention_backward(*a)
+        self.grads.append((*a, grads))
+        return grads
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_attention_kernels_are_pytorchs_attention(precision):
-    """train.c_kernels' attention (seq_attention.c through execution.use_attention_kernels) is a fast
-    path: every attention of the model's forward goes through it (encoder, masked decoder, encoder-decoder),
-    and the loss and every parameter's gradient are PyTorch's, up to rounding, in float32 and under bf16
-    autocast (whose attention is computed in float32 either way)."""
-    from aiayn.kernels.loader import load
-    from aiayn.train import runtime as rt
+class _PyTorchEq1:
+    """A Kernels stand-in that computes what ``ExecutedAttention`` computes without kernels: Eq. 1 by
+    the model's own attention in float32 (bfloat16 heads widened, the output rounded back), and for the
+    backward its autograd on the same operations recomputed. Through it, the plumbing of the kernels
+    (which calls, which masks, which layouts, which gradients go where) meets PyTorch's own arithmetic."""
 
-    lib = load()
-    if lib is None or not lib.seq_attention_fast(32, 32):
-        pytest.skip("no C compiler or no AVX-512: training uses PyTorch's attention")
+    def __init__(self):
+        self.forward = 0
+
+    def seq_attention_fast(self, d_k, d_v):
+        return True
+
+    def supports_heads(self, *a):
+        return True
+
+    @staticmethod
+    def _eq1(q, k, v, mask, causal):
+        with torch.autocast(q.device.type, enabled=False):
+            out, _ = ScaledDotProductAttention(0.0)(q.float(), k.float(), v.float(), mask, causal)
+        return out.to(q.dtype)
+
+    def seq_attention_forward(self, q, k, v, mask, causal):
+        self.forward += 1
+        return self._eq1(q, k, v, mask, causal), torch.zeros(())  # no log-normalizers: the backward recomputes
+
+    def seq_attention_backward(self, q, k, v, mask, causal, lse, g):
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            return torch.autograd.grad(self._eq1(*leaves, mask, causal), leaves, g)
+
+
+def _model_and_batch():
     torch.manual_seed(0)
     model = aiayn.Transformer(aiayn.ModelConfig(vocab_size=60, n_layers=2, d_model=64, d_ff=96, n_heads=2, d_k=32, d_v=32,
                                     p_drop=0.0))
     src, tgt = torch.randint(4, 60, (4, 9)), torch.randint(4, 60, (4, 7))
     src[1, 6:] = 0  # source padding: masked keys
     tgt[2, 4:] = 0
+    return model, src, tgt
+
+
+def _step(model, src, tgt, kernels, precision):
+    """The loss and every parameter's gradient with ``kernels`` (None: PyTorch's attention)."""
+    from aiayn.train import runtime as rt
+
+    use_attention_kernels(model, kernels)
+    model.zero_grad()
+    with rt.autocast(torch.device("cpu"), precision):
+        logits = model(src, tgt)
+    loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 60), tgt.view(-1), ignore_index=0)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_attention_kernels_are_pytorchs_attention(precision):
+    """train.c_kernels' attention (seq_attention.c through execution.use_attention_kernels) is a fast
+    path: every attention of the model's forward goes through it (encoder, masked decoder, encoder-decoder),
+    and each call's output and gradients are Eq. 1's to the kernel's rounding (``check_seq_attention``),
+    in float32 and under bf16 autocast (whose attention is computed in float32 either way). How the
+    calls are put together is the next test's."""
+    from aiayn.kernels.loader import load
+
+    lib = load()
+    if lib is None or not lib.seq_attention_fast(32, 32):
+        pytest.skip("no C compiler or no AVX-512: training uses PyTorch's attention")
     counting = _Counting(lib)
-    results = []
-    for k in (counting, None):
-        use_attention_kernels(model, k)
-        model.zero_grad()
-        with rt.autocast(torch.device("cpu"), precision):
-            logits = model(src, tgt)
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 60), tgt.view(-1), ignore_index=0)
-        loss.backward()
-        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    _step(*_model_and_batch(), counting, precision)
     assert counting.forward == 3 * 2 and counting.backward == 3 * 2  # 2 layers: encoder self, decoder self and cross
-    (l1, g1), (l2, g2) = results
-    tol = 1e-5 if precision == "fp32" else 2e-2
-    assert l1 == pytest.approx(l2, rel=tol)
+    for q, k, v, mask, causal, out, lse in counting.calls:
+        check_seq_attention(q, k, v, mask, causal, out, lse)
+    for q, k, v, mask, causal, lse, g, grads in counting.grads:  # the forward again for its output (the same bits)
+        check_seq_attention(q, k, v, mask, causal, *lib.seq_attention_forward(q, k, v, mask, causal), g, grads)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_attention_through_the_kernels_plumbing_is_pytorchs(precision):
+    """With PyTorch's own Eq. 1 in the kernels' place (``_PyTorchEq1``), the model's loss and every
+    parameter's gradient through the kernels' path are the PyTorch path's bit for bit: the same
+    operations in the same order, so the calls, masks, layouts and gradients are put where PyTorch's go."""
+    model, src, tgt = _model_and_batch()
+    eq1 = _PyTorchEq1()
+    (l1, g1), (l2, g2) = _step(model, src, tgt, eq1, precision), _step(model, src, tgt, None, precision)
+    assert eq1.forward == 3 * 2 and l1 == l2
     for name in g1:
-        torch.testing.assert_close(g1[name], g2[name], atol=tol * g2[name].abs().max().item() + 1e-7, rtol=tol)
+        assert torch.equal(g1[name], g2[name]), name
 
 
 def test_attention_kernels_step_aside():

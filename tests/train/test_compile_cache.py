@@ -23,8 +23,11 @@ torch.manual_seed(0)
 model = Transformer(ModelConfig(vocab_size=500, n_layers=2, d_model=32, d_ff=64, n_heads=4, d_k=8, d_v=8, p_drop=0.0))
 src, tgt = torch.randint(4, 500, (3, 7)), torch.randint(4, 500, (3, 5))
 with torch.no_grad():
-    eager, compiled = model(src, tgt), compile_model(model)(src, tgt)
-print(bool(compiled.isfinite().all()), float((compiled - eager).abs().max()))
+    cached = compile_model(model)(src, tgt)  # through inductor's on-disk cache (the one aiayn chooses)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        fresh = compile_model(model)(src, tgt)  # compiled anew for this process's setting, no cache read
+print(bool(cached.isfinite().all()), bool(torch.equal(cached, fresh)))
 """
 
 
@@ -41,15 +44,16 @@ def test_a_held_capability_gets_a_cache_of_its_own(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_model_held_to_avx2_after_a_native_run_computes_what_the_eager_one_does(tmp_path):
+def test_compiled_model_held_to_avx2_after_a_native_run_computes_what_a_fresh_compile_does(tmp_path):
     """Two processes with inductor's default cache (under the same TMPDIR): the first compiles the
-    model natively, the second held to AVX2. Compiled and eager differ only by the order of float32
-    sums (about 1e-6 for these logits); from the shared cache the second computed NaN."""
+    model natively, the second held to AVX2. In each, the model compiled through the cache computes
+    what it compiled anew with every cache off computes, bit for bit (the same generated code for the
+    process's setting, the same operations in the same order); from the shared cache the second loaded
+    the first's graphs and computed NaN."""
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
     env.update(TMPDIR=str(tmp_path), PYTHONPATH=str(REPO / "src"))
     for held in ({}, {"ATEN_CPU_CAPABILITY": "avx2"}):
         out = subprocess.run([sys.executable, "-c", COMPILED_FORWARD], env={**env, **held}, capture_output=True,
                              text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
-        finite, diff = out.stdout.split()
-        assert finite == "True" and float(diff) < 1e-3, (held, out.stdout)
+        assert out.stdout.split() == ["True", "True"], (held, out.stdout)

@@ -20,12 +20,19 @@ from aiayn.data.batching import collate
 from aiayn.model import PreSoftmax
 from tests.train.steps import passes
 from aiayn.train.config import TrainConfig
-from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
+from aiayn.train.fused_loss import _CHUNK_ELEMENTS, fused_label_smoothed_loss, fused_loss_on, torch_rows
 from aiayn.train.objective import label_smoothed_loss
 from tests.conftest import REPO
+from tests.kernels.reference import U32
+from tests.kernels.test_seq_attention import within
+from tests.train.test_objective import PT_EXP_REL_ERR, Rounded
 
 PAD = 3  # not 0, so a pad column other than the first is excluded from q
-RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # gradients: atol = RTOL x their largest entry
+G_LOSS = 0.37  # the upstream gradient of the loss
+# the exponential and logarithm of a chunk's rows: PyTorch's (torch_rows; 1 ulp) or, for the Triton
+# kernel in its interpreter, NumPy's float32 SIMD ones (2.52 and 3.83 ulp at most, NumPy's figures):
+# 4 ulp, 8 u, covers both
+ROWS_EXP_LOG_REL_ERR = 8 * U32
 
 
 def _problem(V: int, N: int = 37, D: int = 16, seed: int = 0):
@@ -40,10 +47,10 @@ def _problem(V: int, N: int = 37, D: int = 16, seed: int = 0):
 
 def _sums_and_grads(fn, h, W, target, dtype):
     """The sums of ``fn(h, W)`` (h and W cast to ``dtype``, as under autocast) and the float32
-    leaves' gradients of 0.37 * loss (an upstream gradient other than 1)."""
+    leaves' gradients of G_LOSS * loss (an upstream gradient other than 1)."""
     h.grad = W.grad = None
     sums = fn(h.to(dtype), W.to(dtype))
-    (0.37 * sums.loss).backward()
+    (G_LOSS * sums.loss).backward()
     return [sums.loss.item(), sums.nll.item(), sums.n_tokens.item()], h.grad.clone(), W.grad.clone()
 
 
@@ -55,12 +62,66 @@ def _fused(target, eps_ls, rows, chunk_rows):
     return lambda h, W: fused_label_smoothed_loss(PreSoftmax(h[None], W), target[None], eps_ls, PAD, rows, chunk_rows)
 
 
-def _assert_same(fused, plain, target, dtype):
-    """The same token count, loss and NLL (to rounding) and gradients w.r.t. h and W."""
+def _paths(h, W, target, eps_ls, dtype, chunk_rows):
+    """Both paths' loss, NLL, grad_h and grad_W as ``Rounded`` values (exact value and error bound),
+    following their operations from h and W cast to ``dtype`` (exact): the logits h W^T in ``dtype``
+    (float32 sums of D products, rounded to ``dtype``), float32 statistics (``_SmoothedCrossEntropy``'s
+    PyTorch path; a chunk's rows by torch_rows, whose steps round at least as often as the Triton
+    kernel's, with ROWS_EXP_LOG_REL_ERR), d loss / d z rounded to ``dtype``, its products with W and h
+    in ``dtype`` (grad_W over the chunks: bfloat16 products summed in float32, or float32 addmm_), and
+    the upstream gradient (float32 G_LOSS) applied where each path applies it. Returns (plain, fused)."""
+    N, V = h.size(0), W.size(0)
+    H, Wd = Rounded(h.detach().to(dtype)), Rounded(W.detach().to(dtype))
+    eps_o = eps_ls / (V - 2)
+    g_loss = Rounded.const(G_LOSS)
+
+    def rows(z, tgt, rel):  # loss and NLL per row (smoothed_row_losses), 0 on padding rows
+        keep = (tgt != PAD)[:, None]
+        lz = z.logsumexp(exp_rel=rel, log_rel=rel)
+        zg, zp = z.gather(tgt[:, None]), z.gather(torch.full_like(tgt, PAD)[:, None])
+        loss = lz - Rounded.const(1.0 - eps_ls) * zg - Rounded.const(eps_o) * (z.sum() - zg - zp)
+        return loss.at(keep), (lz - zg).at(keep), lz, keep
+
+    def masks(tgt):
+        keep = (tgt != PAD)[:, None]
+        return (torch.arange(V) == PAD)[None] & keep, torch.nn.functional.one_hot(tgt, V).bool() & keep
+
+    z = (H @ Wd.T).to(dtype)
+    loss, nll, lz, keep = rows(z, target, PT_EXP_REL_ERR)  # PyTorch's exp and log: both 1 ulp
+    pad, gold = masks(target)
+    c, e = g_loss * Rounded.const(eps_o), g_loss * Rounded.const(1.0 - eps_ls - eps_o)
+    dz = ((z - lz).exp() * g_loss - c + c.at(pad) - e.at(gold)).at(keep).to(dtype)
+    plain = (loss.sum(0), nll.sum(0), (dz @ Wd).to(dtype), (dz.T @ H).to(dtype))
+
+    chunk = chunk_rows or max(1, _CHUNK_ELEMENTS // V)
+    loss, nll, grad_h = [], [], []
+    grad_W = Rounded(torch.zeros(W.shape))
+    for i in range(0, N, chunk):
+        zc, tgt = (H[i:i + chunk] @ Wd.T).to(dtype), target[i:i + chunk]
+        lc, nc, lz, keep = rows(zc, tgt, ROWS_EXP_LOG_REL_ERR)
+        pad, gold = masks(tgt)
+        dz = ((zc - lz).exp(ROWS_EXP_LOG_REL_ERR) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
+              + Rounded.const(eps_o - (1.0 - eps_ls)).at(gold)).at(keep).to(dtype)
+        loss.append(lc)
+        nll.append(nc)
+        grad_h.append((dz @ Wd).to(dtype))
+        if dtype == torch.float32:
+            grad_W = grad_W.addmm(dz.T, H[i:i + chunk])
+        else:
+            grad_W = grad_W + (dz.T @ H[i:i + chunk]).to(dtype)
+    cat = lambda parts: Rounded(torch.cat([r.v for r in parts]), torch.cat([r.e for r in parts]))  # noqa: E731
+    fused = (cat(loss).sum(0), cat(nll).sum(0), (cat(grad_h) * g_loss).to(dtype), (grad_W * g_loss).to(dtype))
+    return plain, fused
+
+
+def _assert_same(fused, plain, target, paths):
+    """The same token count; loss, NLL and the gradients w.r.t. h and W (whose exact values agree)
+    within the sum of the two paths' bounds (``_paths``; 1.01: float64's own rounding)."""
     assert fused[0][2] == plain[0][2] == int((target != PAD).sum())
-    assert fused[0][:2] == pytest.approx(plain[0][:2], rel=RTOL[dtype])
-    for a, b in zip(fused[1:], plain[1:]):  # bf16: partial sums over chunks round differently
-        torch.testing.assert_close(a, b, rtol=RTOL[dtype], atol=RTOL[dtype] * b.abs().max().item())
+    for got, want, rp, rf in zip((*fused[0][:2], *fused[1:]), (*plain[0][:2], *plain[1:]), *paths):
+        assert torch.allclose(rf.v, rp.v, rtol=1e-9, atol=1e-12)  # the same value, float64 twice
+        got, want = (torch.as_tensor(x, dtype=torch.float64).reshape(rp.v.shape) for x in (got, want))
+        within(got, want, 1.01 * (rp.e + rf.e))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -72,7 +133,7 @@ def test_torch_chunks_equal_the_plain_loss(dtype, V, chunk_rows, eps_ls):
     h, W, target = _problem(V)
     plain = _sums_and_grads(_plain(target, eps_ls), h, W, target, dtype)
     fused = _sums_and_grads(_fused(target, eps_ls, torch_rows, chunk_rows), h, W, target, dtype)
-    _assert_same(fused, plain, target, dtype)
+    _assert_same(fused, plain, target, _paths(h, W, target, eps_ls, dtype, chunk_rows))
 
 
 def interpreted_checks() -> None:
@@ -85,7 +146,7 @@ def interpreted_checks() -> None:
             h, W, target = _problem(V)
             plain = _sums_and_grads(_plain(target, 0.1), h, W, target, dtype)
             fused = _sums_and_grads(_fused(target, 0.1, triton_loss.smoothed_ce_rows, chunk_rows), h, W, target, dtype)
-            _assert_same(fused, plain, target, dtype)
+            _assert_same(fused, plain, target, _paths(h, W, target, 0.1, dtype, chunk_rows))
     # row by row with rows wider than one block of the kernel's loop (V = 70 in blocks of 32)
     triton_loss._MAX_BLOCK = 32
     z = torch.randn(9, 70) * 3

@@ -9,6 +9,116 @@ import torch
 from aiayn.train import objective
 from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, make_optimizer,
                                     noam_lr, rdrop_kl, rdrop_kl_reference, smoothed_targets)
+from tests.kernels.reference import U32
+from tests.kernels.test_seq_attention import U_BF16, gamma, within
+
+# PyTorch's float32 exp and log on the CPU: SLEEF's expf_u10 and logf_u10 (ATen's Vectorized<float>::exp
+# and ::log, 1.0 ulp) or libm's (below 1 ulp); 1 ulp is at most 2 u of the result
+PT_EXP_REL_ERR = PT_LOG_REL_ERR = 2 * U32
+
+
+class Rounded:
+    """A float32 computation (float32 arithmetic, or float32 sums of a bfloat16 product) carried as its
+    exact value ``v`` (float64) and a bound ``e`` on its error, through the operations the code under
+    test performs, each adding its own: a running error analysis (Higham, Accuracy and Stability of
+    Numerical Algorithms, §3.3), rigorous for any order of the sums (gamma_n) and free of first-order
+    approximations; the float64 values' own rounding, 2^-53 relative, is covered by a factor 1.01 where
+    the bounds are used."""
+
+    def __init__(self, v, e=None):
+        self.v = v.double()
+        self.e = torch.zeros_like(self.v) if e is None else e
+
+    @classmethod
+    def const(cls, c: float) -> "Rounded":
+        """A Python float as float32 arithmetic takes it: rounded to float32 (exact if it is one)."""
+        rounded = torch.tensor(c, dtype=torch.float32).item()
+        return cls(torch.tensor(c, dtype=torch.float64), torch.tensor(abs(rounded - c), dtype=torch.float64))
+
+    @staticmethod
+    def _of(x) -> "Rounded":  # a tensor is taken as exact (the caller's float32 or bfloat16 data)
+        return x if isinstance(x, Rounded) else Rounded(x) if isinstance(x, torch.Tensor) else Rounded.const(float(x))
+
+    def __add__(self, other):  # |fl(a^ + b^) - (a + b)| <= ea + eb + u |a^ + b^|
+        o = Rounded._of(other)
+        v = self.v + o.v
+        return Rounded(v, self.e + o.e + U32 * (v.abs() + self.e + o.e))
+
+    def __neg__(self):
+        return Rounded(-self.v, self.e)
+
+    def __sub__(self, other):
+        return self + -Rounded._of(other)
+
+    def __radd__(self, other):
+        return Rounded._of(other) + self
+
+    def __rsub__(self, other):
+        return Rounded._of(other) + -self
+
+    def __mul__(self, other):  # |a^ b^ - a b| <= |a| eb + ea |b| + ea eb, then one rounding
+        o = Rounded._of(other)
+        v = self.v * o.v
+        e = self.v.abs() * o.e + self.e * o.v.abs() + self.e * o.e
+        return Rounded(v, e + U32 * (v.abs() + e))
+
+    def exp(self, rel=PT_EXP_REL_ERR):  # exp(x + d)(1 + r) - exp(x) <= exp(x) (expm1(|d|) + r exp(|d|))
+        v = torch.exp(self.v)
+        return Rounded(v, v * (torch.expm1(self.e) + rel * torch.exp(self.e)))
+
+    def log(self, rel=PT_LOG_REL_ERR):  # |log(s + d) - log s| <= -log(1 - |d| / s), then the result's r
+        assert bool((self.e < self.v).all())
+        v = torch.log(self.v)
+        e = -torch.log1p(-self.e / self.v)
+        return Rounded(v, e + rel * (v.abs() + e))
+
+    def sum(self, dim=-1):  # n terms in any order: gamma_{n-1} sum |x^| beside the terms' own errors
+        n = self.v.size(dim)
+        return Rounded(self.v.sum(dim, keepdim=True),
+                       self.e.sum(dim, keepdim=True) + gamma(n - 1) * (self.v.abs() + self.e).sum(dim, keepdim=True))
+
+    def max(self, dim=-1):  # the computed maximum is a computed entry: within the entries' largest error
+        return Rounded(self.v.max(dim, keepdim=True).values, self.e.max(dim, keepdim=True).values)
+
+    def log_softmax(self, dim=-1):  # ATen's order: (x - max) - log(sum exp(x - max))
+        x = self - self.max(dim)
+        return x - x.exp().sum(dim).log()
+
+    def logsumexp(self, dim=-1, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR):  # max + log(sum exp(x - max))
+        m = self.max(dim)
+        return m + (self - m).exp(exp_rel).sum(dim).log(log_rel)
+
+    def gather(self, index):  # entries picked from each row: exactly those values
+        return Rounded(self.v.gather(-1, index), self.e.gather(-1, index))
+
+    def __matmul__(self, other):  # n products (exact for bfloat16 factors) summed in float32: gamma_n
+        a, b, n = self, other, self.v.size(-1)
+        v = a.v @ b.v
+        e = a.v.abs() @ b.e + a.e @ b.v.abs() + a.e @ b.e
+        return Rounded(v, e + gamma(n) * ((a.v.abs() + a.e) @ (b.v.abs() + b.e)))
+
+    def addmm(self, a, b):  # self + a @ b by a BLAS call: n + 1 terms per entry, summed in any order
+        n = a.v.size(-1)
+        v = self.v + a.v @ b.v
+        e = self.e + a.v.abs() @ b.e + a.e @ b.v.abs() + a.e @ b.e
+        return Rounded(v, e + gamma(n + 1) * (self.v.abs() + self.e + (a.v.abs() + a.e) @ (b.v.abs() + b.e)))
+
+    def __getitem__(self, index):
+        return Rounded(self.v[index], self.e[index])
+
+    @property
+    def T(self):
+        return Rounded(self.v.transpose(-2, -1), self.e.transpose(-2, -1))
+
+    def at(self, mask) -> "Rounded":
+        """This value where ``mask`` is True, an exact 0 elsewhere (indexing, scattering: no rounding)."""
+        zero = torch.zeros((), dtype=torch.float64)
+        return Rounded(torch.where(mask, self.v, zero), torch.where(mask, self.e, zero))
+
+    def to(self, dtype) -> "Rounded":  # round to nearest even: at most u |x^| more (bfloat16's u = 2^-8)
+        if dtype == torch.float32:
+            return self
+        return Rounded(self.v, self.e + U_BF16 * (self.v.abs() + self.e))
 
 
 @pytest.mark.parametrize("step,expected", [
@@ -125,6 +235,29 @@ def test_fused_loss_gradient_is_softmax_minus_q():
     assert torch.allclose(logits.grad.view(-1), want, atol=1e-6)
 
 
+def _smoothed_loss_gradients(z, target, eps_ls, pad_id):
+    """d loss / d z (upstream gradient 1) as the two paths compute it in float32 from z (N,V), each
+    rounded to z's dtype at the end, as ``Rounded`` values (the same exact value, p - q; two bounds):
+    ``_SmoothedCrossEntropy``'s PyTorch backward, p = exp(z - log Z) a - c, + c at pad, - e at gold (a = 1,
+    c = eps', e = 1 - eps - eps', each rounded to float32), and ``label_smoothed_loss_reference``'s
+    autograd: d log p = -eps' everywhere, + eps' at pad, + eps' - (1 - eps) at gold (accumulated in that
+    order), then log_softmax's backward d log p - exp(log p) sum_v d log p."""
+    N, V = z.shape
+    eps_o = eps_ls / (V - 2)
+    zf = Rounded(z)  # bfloat16 widened to float32: exact
+    keep = (target != pad_id)[:, None]
+    pad = (torch.arange(V) == pad_id)[None] & keep
+    gold = torch.nn.functional.one_hot(target, V).bool() & keep
+    full = torch.ones(N, V)
+    c = Rounded.const(eps_o) * full
+    fused = ((zf - zf.logsumexp()).exp() * 1.0 - c + c.at(pad) - (Rounded.const(1.0 - eps_ls - eps_o) * full).at(gold))
+    d_others, d_nll = Rounded.const(-eps_o) * full, Rounded.const(1.0 - eps_ls) * full
+    dlp = d_others + (-d_others).at(pad) + (-d_others - d_nll).at(gold)
+    lp = zf.log_softmax()
+    ref = dlp - lp.exp() * dlp.sum()
+    return fused.at(keep).to(z.dtype), ref.at(keep).to(z.dtype)
+
+
 def test_fused_loss_bf16_logits_close_to_reference():
     torch.manual_seed(0)
     V = 300
@@ -139,7 +272,10 @@ def test_fused_loss_bf16_logits_close_to_reference():
         out.append((sums.loss.float(), logits.grad))
     assert out[0][1].dtype == torch.bfloat16
     assert torch.allclose(out[0][0], out[1][0], rtol=1e-5)
-    assert torch.allclose(out[0][1].float(), out[1][1].float(), atol=1e-2)
+    fused, ref = _smoothed_loss_gradients(base.view(-1, V), target.view(-1), 0.1, 0)
+    assert torch.allclose(fused.v, ref.v, rtol=1e-9, atol=1e-12)  # both p - q (two float64 evaluations)
+    # each path's float32 arithmetic and its rounding to bfloat16 (Rounded); 1.01: float64's own rounding
+    within(out[0][1].view(-1, V), out[1][1].view(-1, V).double(), 1.01 * (fused.e + ref.e))
 
 
 def test_linear_decay_to_zero_golden():
@@ -280,7 +416,24 @@ def test_rdrop_kl_bf16_logits_close_to_reference(monkeypatch):
     want.backward()
     assert got.dtype == torch.float32 and g_got.dtype == torch.bfloat16
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
-    assert torch.allclose(g_got.float(), ref_in.grad, atol=2e-3, rtol=1e-2)
+    # the gradient of each copy's kept rows, p1 (d - KL12 + 1) - p2 over 2 and its mirror, as each path
+    # computes it in float32 (Rounded): _SymmetricKL's forward, l = z - logsumexp(z), d = l1 - l2,
+    # KL12 = p1 . d, KL21 = -p2 . d, ((d + (1 - KL12)) p1 - p2) 0.5, rounded to bfloat16 (times the
+    # upstream 1: exact); the reference's autograd, d/dlp1 = 0.5 d p1 + 0.5 (p1 - p2) and its mirror,
+    # then log_softmax's backward, in float32
+    keep = target.reshape(-1) != 0
+    z1, z2 = (Rounded(h.reshape(-1, 50)[keep]) for h in logits.detach().reshape(2, -1, 6, 50).unbind(0))
+    l1, l2 = z1 - z1.logsumexp(), z2 - z2.logsumexp()
+    d, p1, p2 = l1 - l2, l1.exp(), l2.exp()
+    fused = (((d + (1 - (p1 * d).sum())) * p1 - p2) * 0.5, ((-d + (1 + (p2 * d).sum())) * p2 - p1) * 0.5)
+    lp1, lp2 = z1.log_softmax(), z2.log_softmax()
+    P, Q, D = lp1.exp(), lp2.exp(), lp1 - lp2
+    dlp1, dlp2 = D * 0.5 * P + (P - Q) * 0.5, -(D * 0.5) * Q - (P - Q) * 0.5
+    ref = (dlp1 - lp1.exp() * dlp1.sum(), dlp2 - lp2.exp() * dlp2.sum())
+    for half in (0, 1):
+        assert torch.allclose(fused[half].v, ref[half].v, rtol=1e-9, atol=1e-12)  # the same value (float64 twice)
+        within(g_got.reshape(2, -1, 50)[half][keep], ref_in.grad.reshape(2, -1, 50)[half][keep].double(),
+               1.01 * (fused[half].to(torch.bfloat16).e + ref[half].e))  # 1.01: float64's own rounding
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
