@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aiayn.model.attention import attention_explicit
-from tests.kernels.reference import U32
+from tests.kernels.reference import EXP_REL_ERR, U32
 
 U_BF16 = 2.0 ** -8  # bfloat16's unit roundoff: round to nearest even keeps 8 significant bits
 
@@ -20,11 +20,7 @@ def gamma(n, u=U32):
     return n * u / (1 - n * u)
 
 
-# exp_nonpositive's (vexp.h) relative error before the rounding of its argument: its degree-6 polynomial
-# (float32 coefficients) is 2^f within 5.58e-6 on [0, 1], the largest at f = 1 (p(1) = 1.9999889; the
-# source's "about 2e-7", which reference.py's EXP_REL_ERR copies, holds for f below 0.667 only), plus
-# gamma_6 for its six FMA roundings (positive terms: each rounds a partial value below the result)
-VEXP_REL_ERR = 5.58e-6 + float(gamma(6))
+VEXP_REL_ERR = EXP_REL_ERR  # exp_nonpositive's (vexp.h) relative error before its argument's rounding
 
 
 def rounded_to(dtype, bound, exact):

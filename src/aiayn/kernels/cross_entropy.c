@@ -12,7 +12,7 @@
  *   backward: g_v = a exp(z_v - log_z) - c for every v, then g_pad += c and g_gold -= e,
  *             in the operations' order of the PyTorch path (a, c, e per row: objective.py says what
  *             they are), written in z's dtype (rounded to nearest even for bfloat16).
- * exp is vexp.h's exp_nonpositive (both arguments are <= 0; relative error about 2e-7, and exp of
+ * exp is vexp.h's exp_nonpositive (both arguments are <= 0; relative error within 3.6e-7, and exp of
  * anything below -87 is taken at -87, about 1.6e-38, where PyTorch's would be 0 or a denormal).
  * With AVX-512 the passes run 16 values at a time with intrinsics, with AVX2 + FMA 8 at a time (GCC
  * leaves a float sum or maximum in order, one value at a time), both with float32 partial sums
