@@ -34,7 +34,7 @@ def _inputs(args) -> tuple[list[str], list[str], str]:
     if not (args.src and args.ref):
         raise UserError("give --src and --ref, or --testset (e.g. --testset wmt14 --langpair en-de)")
     for p in (args.src, args.ref):
-        check_readable(Path(p), "evaluation input")
+        check_readable(Path(p), "evaluation input", stream=True)  # read once
     src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
     check_line_counts(args.src, len(src), args.ref, len(ref))
     return src, ref, args.src
@@ -53,7 +53,7 @@ def run(args) -> int:
         check_output_folder(args.out)  # written after the translations: said before them
     tok_ref = None
     if args.tok_ref:  # read before translating: a wrong file is said before the work
-        check_readable(Path(args.tok_ref), "evaluation input")
+        check_readable(Path(args.tok_ref), "evaluation input", stream=True)
         tok_ref = list(read_lines(Path(args.tok_ref)))
         check_line_counts(args.tok_ref, len(tok_ref), source, len(src))
     decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings

@@ -17,7 +17,7 @@ def read_lines(path: str | Path, what: str) -> list[str]:
     """Lines of a UTF-8 text file (plain or gzip) as every command reads them (``aiayn.data.textio``):
     stripped, a BOM dropped, bad bytes an error naming the file, the line and the byte. ``what``: the
     option that named it, for a missing file's error."""
-    check_readable(Path(path), what)
+    check_readable(Path(path), what, stream=True)  # read once: <(command) will do
     return list(text_lines(Path(path)))
 
 

@@ -22,18 +22,28 @@ _GZIP_MAGIC = b"\x1f\x8b"
 CHUNK_LINES = 10_000  # lines of input_chunks' chunks: translated and written at a time (bounds memory)
 
 
-def check_readable(path: Path, what: str) -> None:
-    """A clear error for a missing input before any work starts."""
+def check_readable(path: Path, what: str, stream: bool = False) -> None:
+    """A clear error for a missing input before any work starts. ``stream``: the input is read once,
+    so a pipe (``<(command)``, ``/dev/stdin``) will do as well as a file."""
     if not path.exists():
         raise UserError(f"{path}: no such file ({what})")
-    if not path.is_file():
-        raise UserError(f"{path}: not a regular file ({what})")
+    if path.is_file() or stream and (path.is_fifo() or path.is_char_device()):
+        return
+    raise UserError(f"{path}: not a regular file ({what})")
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+    """``path`` opened once for reading (a pipe cannot be opened twice): gzip by its first bytes."""
+    f = open(path, "rb")
+    try:
+        if f.peek(2)[:2] != _GZIP_MAGIC:
+            return f
+        g = gzip.GzipFile(fileobj=f, mode="rb")
+        g.myfileobj = f  # closed with it, as gzip.open(filename) does
+        return g
+    except BaseException:
+        f.close()
+        raise
 
 
 def count_lines(path: Path) -> int:
@@ -153,7 +163,7 @@ def input_chunks(path: str | None, size: int = CHUNK_LINES, what: str = "--input
         lines = (decode_lines(iter(raw.readline, b""), "<stdin>") if raw is not None
                  else (line.strip() for line in iter(sys.stdin.readline, "")))
     else:
-        check_readable(Path(path), what)
+        check_readable(Path(path), what, stream=True)
         lines = read_lines(Path(path))
     chunk, first = [], 1
     for line in lines:
