@@ -129,11 +129,12 @@ COPY_TRAIN = ["--preset", "tiny", "--no-progress", "--set", "train.save_every_mi
 
 @pytest.fixture(scope="session")
 def copy_checkpoint(tmp_path_factory, copy_data_dir) -> Path:
-    """The tiny preset (post-norm, d_k = d_model / h) trained 200 steps on the copy task (about 4 s):
-    it copies unseen sentences (valid loss about 0.14)."""
+    """The tiny preset (post-norm, d_k = d_model / h) trained 300 steps on the copy task: it copies
+    unseen sentences, all but a few of them. (At 200 steps which sentences it copies moved with the
+    last bits of the training arithmetic, one CPU's or one kernel's against another's.)"""
     from aiayn.cli import main
     out = tmp_path_factory.mktemp("copy_run")
-    assert main(["train", "--data", str(copy_data_dir), "--out", str(out), "--max-steps", "200", *COPY_TRAIN]) == 0
+    assert main(["train", "--data", str(copy_data_dir), "--out", str(out), "--max-steps", "300", *COPY_TRAIN]) == 0
     return out / "last.pt"
 
 
