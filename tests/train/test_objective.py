@@ -9,7 +9,7 @@ import torch
 from aiayn.train import objective
 from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, make_optimizer,
                                     noam_lr, rdrop_kl, rdrop_kl_reference, smoothed_targets)
-from tests.kernels.reference import U32
+from tests.kernels.reference import EXP_REL_ERR, U32
 from tests.kernels.test_seq_attention import U_BF16, gamma, within
 
 # PyTorch's float32 exp and log on the CPU: SLEEF's expf_u10 and logf_u10 (ATen's Vectorized<float>::exp
@@ -121,6 +121,28 @@ class Rounded:
         return Rounded(self.v, self.e + U_BF16 * (self.v.abs() + self.e))
 
 
+def _loss_sums(z, target, eps_ls, pad_id, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR):
+    """The summed loss and NLL of z (N,V) (float32, or bfloat16 widened: exact) as the two paths compute
+    them in float32, as ``Rounded`` values (the same exact value; two bounds): ``_SmoothedCrossEntropy``'s
+    forward, log Z = logsumexp(z) (``exp_rel``, ``log_rel``: the C kernel's own exp and log),
+    s = sum_v z_v, then ``smoothed_row_losses``; and ``label_smoothed_loss_reference``'s, log p =
+    log_softmax(z), nll = -log p_g, others = sum_v log p_v - log p_g - log p_pad,
+    (1 - eps) nll - eps' others. Padding rows are an exact 0 in both (masked, not rounded); the python
+    constants are rounded to float32 (``Rounded.const``). Returns ((loss, nll) fused, (loss, nll) reference)."""
+    N, V = z.shape
+    zf, g, keep = Rounded(z), target[:, None], (target != pad_id)[:, None]
+    eps_o = eps_ls / (V - 2)
+    log_z, zg, zp = zf.logsumexp(exp_rel=exp_rel, log_rel=log_rel), zf.gather(g), zf[:, pad_id:pad_id + 1]
+    f_nll = log_z - zg
+    f_loss = log_z - Rounded.const(1.0 - eps_ls) * zg - Rounded.const(eps_o) * (zf.sum() - zg - zp)
+    lp = zf.log_softmax()
+    gold = lp.gather(g)
+    r_nll = -gold
+    r_loss = Rounded.const(1.0 - eps_ls) * r_nll - Rounded.const(eps_o) * (lp.sum() - gold - lp[:, pad_id:pad_id + 1]) \
+        if eps_ls > 0 else r_nll
+    return tuple(tuple(x.at(keep).sum(0) for x in pair) for pair in ((f_loss, f_nll), (r_loss, r_nll)))
+
+
 @pytest.mark.parametrize("step,expected", [
     (1, 1.746928107421711e-07),      # 512^-0.5 * 1 * 4000^-1.5
     (4000, 6.987712429686843e-04),   # 512^-0.5 * 4000^-0.5 (the peak)
@@ -180,8 +202,10 @@ def test_label_smoothed_loss_hand_computed():
     logits = torch.tensor([[[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0]]])
     target = torch.tensor([[3, 0]])  # the second position is padding: no loss
     sums = label_smoothed_loss(logits, target, eps_ls=0.1, pad_id=0)
-    assert sums.loss.item() == pytest.approx(0.590189698561196, rel=1e-6)
-    assert sums.nll.item() == pytest.approx(0.440189698561196, rel=1e-6)
+    (loss, nll), _ = _loss_sums(logits.view(-1, 4), target.view(-1), 0.1, 0)
+    # the float32 forward's rounding (``_loss_sums``); 1.01: the float64 bound's and the golden values' own
+    within(sums.loss, torch.tensor(0.590189698561196, dtype=torch.float64), 1.01 * loss.e.view(()))
+    within(sums.nll, torch.tensor(0.440189698561196, dtype=torch.float64), 1.01 * nll.e.view(()))
     assert sums.n_tokens.item() == 1
 
 
@@ -203,7 +227,10 @@ def test_no_smoothing_is_plain_nll():
     target = torch.tensor([[1, 2, 5]])
     sums = label_smoothed_loss(logits, target, 0.0, 0)
     want = torch.nn.functional.cross_entropy(logits.view(-1, 6), target.view(-1), reduction="sum")
-    assert sums.loss.item() == pytest.approx(want.item(), rel=1e-5)
+    (fused, _), (ref, _) = _loss_sums(logits.view(-1, 6), target.view(-1), 0.0, 0)  # pad 0: no target is padding
+    # cross_entropy = -sum log_softmax gathered, the reference's arithmetic; each path's float32 rounding
+    # (``_loss_sums``); 1.01: float64's own rounding
+    within(sums.loss, want.double(), 1.01 * (fused.e + ref.e).view(()))
 
 
 @pytest.mark.parametrize("eps_ls", [0.0, 0.1, 0.3])
@@ -271,7 +298,8 @@ def test_fused_loss_bf16_logits_close_to_reference():
         sums.loss.backward()
         out.append((sums.loss.float(), logits.grad))
     assert out[0][1].dtype == torch.bfloat16
-    assert torch.allclose(out[0][0], out[1][0], rtol=1e-5)
+    (f_loss, _), (r_loss, _) = _loss_sums(base.view(-1, V), target.view(-1), 0.1, 0)
+    within(out[0][0], out[1][0].double(), 1.01 * (f_loss.e + r_loss.e).view(()))  # each path's float32 rounding
     fused, ref = _smoothed_loss_gradients(base.view(-1, V), target.view(-1), 0.1, 0)
     assert torch.allclose(fused.v, ref.v, rtol=1e-9, atol=1e-12)  # both p - q (two float64 evaluations)
     # each path's float32 arithmetic and its rounding to bfloat16 (Rounded); 1.01: float64's own rounding
@@ -457,11 +485,18 @@ def test_training_gradients_with_the_loss_kernel(precision):
         model.zero_grad()
         with rt.autocast(torch.device("cpu"), precision):
             logits = model(src, tgt)
+        z = logits.detach().clone()  # before the backward, which may reuse the logits' storage
         sums = label_smoothed_loss(logits, tgt, 0.1, 0, k)
         (sums.loss / sums.n_tokens).backward()
-        grads.append((sums.loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (l1, g1), (l2, g2) = grads
-    assert l1 == pytest.approx(l2, rel=1e-5)
+        grads.append((z, sums.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (z1, l1, g1), (z2, l2, g2) = grads
+    # each path's loss against the exact loss of its own logits (the two forwards need not agree bit for bit),
+    # within its float32 rounding (``_loss_sums``: cross_entropy.c has vexp.h's exp and libm's logf); 1.01: float64's
+    t = tgt.reshape(-1)
+    (c_loss, _), _ = _loss_sums(z1.reshape(-1, 50).float(), t, 0.1, 0, exp_rel=EXP_REL_ERR)
+    (pt_loss, _), _ = _loss_sums(z2.reshape(-1, 50).float(), t, 0.1, 0)
+    within(l1, c_loss.v.view(()), 1.01 * c_loss.e.view(()))
+    within(l2, pt_loss.v.view(()), 1.01 * pt_loss.e.view(()))
     tol = 1e-5 if precision == "fp32" else 2e-2  # bf16: the logits' gradient is rounded to bf16 either way
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], atol=tol * g2[name].abs().max().item() + 1e-7, rtol=tol)
