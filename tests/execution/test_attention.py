@@ -7,7 +7,7 @@ import torch
 
 import aiayn
 from aiayn.execution import use_attention_kernels
-from aiayn.model.attention import ScaledDotProductAttention, attention_explicit
+from aiayn.model.attention import ScaledDotProductAttention
 from tests.kernels.test_seq_attention import check_seq_attention
 
 
@@ -155,8 +155,9 @@ def test_attention_kernels_step_aside():
 
 
 def test_attn_fp32_upcasts_on_the_cpu_only():
-    """``attn_fp32``: under CPU bf16 autocast the attention core is float32 (the same numbers as
-    attending the same bf16 heads in float32 by hand); on CUDA it is not upcast, since the fused
+    """``attn_fp32``: under CPU bf16 autocast the attention core is float32 (the same bits as the
+    model's own attention on the same bf16 heads made float32 by hand, autocast off: the same operations
+    in the same order, then the same rounding to bf16 and W^O); on CUDA it is not upcast, since the fused
     kernels keep the softmax in float32 themselves (a stand-in for a CUDA tensor: only its device
     type and dtype are read)."""
     from types import SimpleNamespace
@@ -172,9 +173,11 @@ def test_attn_fp32_upcasts_on_the_cpu_only():
         q, k, v = mha.project_qkv(x)
         assert q.dtype == torch.bfloat16 and mha.core._upcast(q)
         out, _ = mha.attend(q, k, v, mask)
-        want = attention_explicit(q.float(), k.float(), v.float(), mask)[0]
-        want = mha.out_proj(want.transpose(1, 2).reshape(2, 5, 16).to(torch.bfloat16))
-    assert torch.allclose(out.float(), want.float(), atol=1e-2)  # (one bf16 rounding of the output apart)
+        with torch.autocast("cpu", enabled=False):
+            want = ScaledDotProductAttention(0.0).eval()(q.float(), k.float(), v.float(), mask)[0]
+        assert want.dtype == torch.float32
+        want = mha.out_proj(want.to(torch.bfloat16))
+    assert out.dtype == want.dtype and torch.equal(out, want)
     cuda_heads = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16)
     cuda_heads.device = SimpleNamespace(type="cuda")
     assert not mha.core._upcast(cuda_heads)

@@ -4,7 +4,6 @@ import math
 
 import torch
 
-from aiayn.model.attention import attention_explicit
 from tests.decode.test_adapter import V
 
 
@@ -15,21 +14,6 @@ def shared_slot_case(Bs=3, g=4, H=2, n=5, K=8, Dv=6, dtype=torch.float32, cap=7)
     v_buf = torch.randn(Bs, H, cap * g, Dv).to(dtype)
     anc = torch.randint(0, g, (Bs, g, cap))
     return q, k_buf[:, :, : n * g], v_buf[:, :, : n * g], anc
-
-
-def shared_slot_reference(q, k, v, anc, g):
-    """Each row's own prefix gathered by hand (slot anc[s,r,j] at position j < n-1, its own slot r at
-    n-1), then Eq. 1 in float32: (N, H*Dv)."""
-    N, H, _, K = q.shape
-    n = k.size(2) // g
-    rows = []
-    for row in range(N):
-        s, r = divmod(row, g)
-        idx = [j * g + int(anc[s, r, j]) for j in range(n - 1)] + [(n - 1) * g + r]
-        ks, vs = k[s][:, idx].float(), v[s][:, idx].float()  # (H,n,K), (H,n,Dv)
-        out, _ = attention_explicit(q[row].float()[None], ks[None], vs[None], None)  # (1,H,1,Dv)
-        rows.append(out.reshape(-1))
-    return torch.stack(rows)
 
 
 U32 = 2.0 ** -24  # float32's unit roundoff

@@ -159,16 +159,22 @@ def test_hand_computed_cross_entropy_kernel(kernels, V):
     # p = softmax([0, 1, 2, 3]) = [0.0320586, 0.0871443, 0.2368828, 0.6439143], q = [0, .05, .05, .9].
     z = torch.full((1, 1, V), -30.0)
     z[0, 0, :4] = torch.tensor([0.0, 1.0, 2.0, 3.0])
-    loss, nll, n, grad = _loss_with(kernels, z, torch.tensor([[3]]), g_loss=1.0, g_nll=0.0)
+    target = torch.tensor([[3]])
+    loss, nll, n, grad = _loss_with(kernels, z, target, g_loss=1.0, g_nll=0.0)
+    # the hand values in float64 (exact to 2^-53, which the bounds' factors 1.01 cover), the kernel within
+    # the bounds of its float32 arithmetic (_kernel_path_bounds) of them
+    bound_loss, bound_nll, bound_grad = _kernel_path_bounds(z, target, g_loss=1.0, g_nll=0.0)
     eps_o = 0.1 / (V - 2)
-    p = torch.tensor([0.0320586, 0.0871443, 0.2368828, 0.6439143])
-    want = torch.full((V,), -eps_o)
-    want[:4] = p - torch.tensor([0.0, eps_o, eps_o, 0.9])
-    torch.testing.assert_close(grad.view(-1), want, atol=1e-6, rtol=0)
     log_z = math.log(sum(math.exp(x) for x in (0, 1, 2, 3)) + (V - 4) * math.exp(-30))
-    assert nll == pytest.approx(log_z - 3.0, abs=1e-5)
+    p = torch.tensor([math.exp(x - log_z) for x in (0, 1, 2, 3)], dtype=torch.float64)
+    want = torch.full((V,), -eps_o, dtype=torch.float64)
+    want[:4] = p - torch.tensor([0.0, eps_o, eps_o, 0.9], dtype=torch.float64)
+    want[4:] += math.exp(-30 - log_z)  # below 1e-14, but the bound there is about u eps' ~ 1e-10
+    within(grad.view(-1), want, bound_grad.view(-1))
+    within(torch.tensor(nll, dtype=torch.float64), torch.tensor(log_z - 3.0, dtype=torch.float64), bound_nll)
     # loss = log Z - (1 - eps) z_gold - eps' (sum_z - z_gold - z_pad), pad id 0 (whose logit is 0)
-    assert loss == pytest.approx(log_z - 0.9 * 3.0 - eps_o * (6.0 - 30.0 * (V - 4) - 3.0 - 0.0), abs=1e-5)
+    want_loss = log_z - 0.9 * 3.0 - eps_o * (6.0 - 30.0 * (V - 4) - 3.0 - 0.0)
+    within(torch.tensor(loss, dtype=torch.float64), torch.tensor(want_loss, dtype=torch.float64), bound_loss)
     assert n == 1
 
 
@@ -185,13 +191,17 @@ def test_cross_entropy_kernel_rejects_bad_input(kernels):
     from aiayn.train.objective import label_smoothed_loss
 
     base, target = _loss_case(37, torch.float32, B=1)
+    wide = torch.cat([base, torch.randn(1, base.size(1), 5)], dim=-1)
     grads = []
-    for k in (kernels, None):
-        wide = torch.cat([base, torch.randn(1, base.size(1), 5)], dim=-1).requires_grad_(True)
-        sums = label_smoothed_loss(wide[..., :37], target, 0.1, 0, k)
+    for k, dtype in ((kernels, torch.float32), (None, torch.float64)):  # the kernel; the same sums in float64
+        w = wide.to(dtype, copy=True).requires_grad_(True)
+        sums = label_smoothed_loss(w[..., :37], target, 0.1, 0, k)
         sums.loss.backward()
-        grads.append((sums.loss.item(), wide.grad))
-    assert wide[..., :37].reshape(-1, 37).stride(0) == 42  # the kernel's case: a row stride that is not V
-    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-6)
-    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-6, rtol=1e-5)
+        grads.append((sums.loss.item(), w.grad))
+        if k is not None:
+            assert w[..., :37].reshape(-1, 37).stride(0) == 42  # the kernel's case: a row stride that is not V
+    # within the bounds of the kernel's float32 arithmetic (the gradient of the loss alone: g_nll = 0)
+    bound_loss, _, bound_grad = _kernel_path_bounds(base, target, g_loss=1.0, g_nll=0.0)
+    within(torch.tensor(grads[0][0], dtype=torch.float64), torch.tensor(grads[1][0], dtype=torch.float64), bound_loss)
+    within(grads[0][1][..., :37].reshape(-1, 37), grads[1][1][..., :37].reshape(-1, 37), bound_grad)
     assert torch.all(grads[0][1][..., 37:] == 0)

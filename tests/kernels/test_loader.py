@@ -9,9 +9,8 @@ import torch
 
 from aiayn.errors import UserError
 from aiayn.kernels import loader as kernel_mod
-from aiayn.model.attention import attention_explicit
 from tests.kernels.reference import log_softmax_topk_matches_pytorch, shared_slot_case
-from tests.kernels.test_seq_attention import eq1_bounds, rounded_to, within
+from tests.kernels.test_beam_attention import check_self_attention
 
 
 def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):
@@ -43,31 +42,14 @@ def test_a_compile_error_is_logged_and_returns_none(monkeypatch, tmp_path, caplo
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-written is left to load
 
 
-def _shared_slot_rows(q, k, v, anc, g):
-    """Each row's query and its own prefix gathered by hand (``reference.shared_slot_reference``'s
-    slots), in float64: q (N,H,1,K), keys (N,H,n,K), values (N,H,n,Dv)."""
-    n = k.size(2) // g
-    ks, vs = [], []
-    for row in range(q.size(0)):
-        s, r = divmod(row, g)
-        idx = [j * g + int(anc[s, r, j]) for j in range(n - 1)] + [(n - 1) * g + r]
-        ks.append(k[s][:, idx])
-        vs.append(v[s][:, idx])
-    return q.double(), torch.stack(ks).double(), torch.stack(vs).double()
-
-
 def test_the_portable_build_gives_the_same_numbers(portable):
     # the library without -march=native: attention, log-softmax top-k and int8 passes by the plain loops
     from aiayn.decode.int8 import quantize_rows
 
     for dtype in (torch.float32, torch.bfloat16):
         q, k, v, anc = shared_slot_case(H=2, K=16, Dv=16, dtype=dtype)
-        qr, kr, vr = _shared_slot_rows(q, k, v, anc, 4)
-        want = attention_explicit(qr, kr, vr, None)[0].reshape(q.size(0), -1)  # Eq. 1 in float64, (N, H*Dv)
-        # beam_attention.c's forward is seq_attention.c's arithmetic (scaled query, dot products, vexp.h's
-        # softmax, weighted values in float32): eq1_bounds, then one rounding of bfloat16 outputs
-        bound = eq1_bounds(qr, kr, vr, torch.ones(1, 1, 1, kr.size(2), dtype=torch.bool))["out"].reshape(want.shape)
-        within(portable.self_attention(q, k, v, anc, 4), want, rounded_to(dtype, bound, want))
+        # beam_attention.c's forward, the same arithmetic in the plain loops: within eq1_bounds of Eq. 1
+        check_self_attention(portable.self_attention(q, k, v, anc, 4), q, k, v, anc, 4)
         log_softmax_topk_matches_pytorch(portable, dtype, 1)
         x = torch.randn(9, 70).to(dtype)
         assert all(torch.equal(a, b) for a, b in zip(portable.quantize_rows(x), quantize_rows(x)))
