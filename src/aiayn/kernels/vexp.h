@@ -14,16 +14,26 @@
  * sums of positive terms, within gamma_6 = 3.6e-7 (under 6.5e-8 over a grid of 2^21 values of f).
  * The rounding of x log2(e) adds about |x| 2^-24. Written out so that the compiler vectorizes the
  * loop around it. */
+/* its coefficients, highest power first (the scalar and vector forms share them), and its clamp */
+#define VEXP_C6 2.161293944126455e-4f
+#define VEXP_C5 1.246784000048557e-3f
+#define VEXP_C4 9.675452191778022e-3f
+#define VEXP_C3 5.548528034671261e-2f
+#define VEXP_C2 2.402293056032848e-1f
+#define VEXP_C1 6.931470444402397e-1f
+#define VEXP_LOG2E 1.44269504088896341f
+#define VEXP_MIN (-87.0f)
+
 static inline float exp_nonpositive(float x) {
-    float t = (x > -87.0f ? x : -87.0f) * 1.44269504088896341f; /* not fmaxf: a libm call per element */
+    float t = (x > VEXP_MIN ? x : VEXP_MIN) * VEXP_LOG2E; /* not fmaxf: a libm call per element */
     float i = floorf(t);
     float f = t - i;
-    float p = 2.161293944126455e-4f;
-    p = fmaf(p, f, 1.246784000048557e-3f);
-    p = fmaf(p, f, 9.675452191778022e-3f);
-    p = fmaf(p, f, 5.548528034671261e-2f);
-    p = fmaf(p, f, 2.402293056032848e-1f);
-    p = fmaf(p, f, 6.931470444402397e-1f);
+    float p = VEXP_C6;
+    p = fmaf(p, f, VEXP_C5);
+    p = fmaf(p, f, VEXP_C4);
+    p = fmaf(p, f, VEXP_C3);
+    p = fmaf(p, f, VEXP_C2);
+    p = fmaf(p, f, VEXP_C1);
     p = fmaf(p, f, 1.0f);
     uint32_t bits = (uint32_t)((int32_t)i + 127) << 23;
     float s;
@@ -36,15 +46,15 @@ static inline float exp_nonpositive(float x) {
 /* exp_nonpositive of 16 values at once, the same steps (GCC does not vectorize a reduction over
  * exp_nonpositive, so a sum of exponentials is written with this). */
 static inline __m512 exp_nonpositive16(__m512 x) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504088896341f));
+    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(VEXP_MIN)), _mm512_set1_ps(VEXP_LOG2E));
     const __m512 i = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, i);
-    __m512 p = _mm512_set1_ps(2.161293944126455e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.246784000048557e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675452191778022e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.548528034671261e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402293056032848e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470444402397e-1f));
+    __m512 p = _mm512_set1_ps(VEXP_C6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(VEXP_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(VEXP_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(VEXP_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(VEXP_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(VEXP_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(i), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
@@ -55,15 +65,15 @@ static inline __m512 exp_nonpositive16(__m512 x) {
 #include <immintrin.h>
 /* exp_nonpositive of 8 values at once, the same steps (the AVX2 + FMA builds: x86-64-v3). */
 static inline __m256 exp_nonpositive8(__m256 x) {
-    const __m256 t = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(1.44269504088896341f));
+    const __m256 t = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(VEXP_MIN)), _mm256_set1_ps(VEXP_LOG2E));
     const __m256 i = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(t, i);
-    __m256 p = _mm256_set1_ps(2.161293944126455e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.246784000048557e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.675452191778022e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.548528034671261e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402293056032848e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931470444402397e-1f));
+    __m256 p = _mm256_set1_ps(VEXP_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(VEXP_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(VEXP_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(VEXP_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(VEXP_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(VEXP_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(i), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
