@@ -198,6 +198,9 @@ def test_files_are_read_as_text_files_are_everywhere(tmp_path):
         read_lines(tmp_path / "bad")
     with pytest.raises(UserError, match=r": not a regular file"):
         read_lines(tmp_path)
+    (tmp_path / "mac.prm").write_bytes(b"DEBUG 1\rMAX_ERROR 7\r\nCUTOFF_LEN 9\r")  # line ends as text mode reads them
+    mac = read_params(tmp_path / "mac.prm")
+    assert (mac.debug, mac.max_error, mac.cutoff_len) == (1, 7, 9)
     (tmp_path / "p.prm").write_bytes(b"DEBUG 0\nMAX_ERROR \xff\n")
     with pytest.raises(InputError, match=r"p\.prm:2: invalid UTF-8"):
         read_params(tmp_path / "p.prm")

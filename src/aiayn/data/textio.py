@@ -109,6 +109,12 @@ def decode_text(data: bytes, name) -> str:
     return text.removeprefix("\ufeff")
 
 
+def text_mode(text: str) -> str:
+    """Line ends as Python's text mode reads them: ``\\r\\n`` and a lone ``\\r`` become ``\\n`` (for
+    files read whole, such as treebanks, not a corpus's lines, which end at ``\\n`` only)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     """``read_lines`` of an open binary stream (stdin) called ``name`` in errors."""
     for n, raw in enumerate(stream, 1):

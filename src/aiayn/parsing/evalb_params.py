@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from aiayn.config import param
-from aiayn.data.textio import decode_text, read_bytes
+from aiayn.data.textio import decode_text, read_bytes, text_mode
 from aiayn.errors import InputError, UserError
 
 _INT_KEYS = {"DEBUG": "debug", "MAX_ERROR": "max_error", "CUTOFF_LEN": "cutoff_len", "LABELED": "labeled"}
@@ -88,7 +88,7 @@ def read_params(path: str | Path) -> EvalbParams:
         data = read_bytes(path)
     except UserError as exc:
         raise UserError(f"{exc} (EVALB parameter file)") from None
-    return parse_params(decode_text(data, path).replace("\r\n", "\n"), path)
+    return parse_params(text_mode(decode_text(data, path)), path)
 
 
 # The settings of COLLINS.prm, the standard for WSJ (used when no parameter file is given).

@@ -21,7 +21,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from aiayn.data.textio import decode_text, is_gzip, read_bytes
+from aiayn.data.textio import decode_text, is_gzip, read_bytes, text_mode
 from aiayn.errors import InputError, UserError
 from aiayn.files import UnpackBound
 from aiayn.parsing.trees import BracketError, Tree, parse_bracketed
@@ -91,7 +91,7 @@ def _read_zip(path: Path) -> list[TreebankTree]:
         members = sorted((i for i in zf.infolist() if _MRG_NAME.search(i.filename)), key=lambda i: i.filename)
         for info in members:
             bound.take(info.filename, info.file_size)
-            text = decode_text(zf.read(info), f"{path}:{info.filename}").replace("\r\n", "\n").replace("\r", "\n")
+            text = text_mode(decode_text(zf.read(info), f"{path}:{info.filename}"))
             trees += read_mrg_text(text, _MRG_NAME.search(info.filename).group(1), f"{path}:{info.filename}")
     if not trees:
         raise UserError(f"{path}: no wsj_NNNN.mrg files in this zip")
@@ -107,7 +107,7 @@ def _read_text_file(path: Path) -> str:
         bound = UnpackBound(path)
         data = read_bytes(path, bound.left + 1)
         bound.take(path.name.removesuffix(".gz"), len(data))
-    return decode_text(data, path).replace("\r\n", "\n").replace("\r", "\n")
+    return text_mode(decode_text(data, path))
 
 
 def read_treebank(path: str | Path) -> list[TreebankTree]:
