@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from aiayn.config import add_arguments
 from aiayn.commands.decode_settings import decode_config
@@ -24,7 +23,7 @@ from aiayn.progress import progress_bar
 
 def _inputs(args) -> tuple[list[str], list[str], str]:
     """Source and reference lines, from --src and --ref or from --testset; and the source's name."""
-    from aiayn.data.textio import check_line_counts, check_readable, read_lines
+    from aiayn.data.textio import check_line_counts, read_input
     if args.testset:
         if args.src or args.ref:
             raise UserError("--testset gives the source and the reference: leave out --src and --ref")
@@ -33,15 +32,13 @@ def _inputs(args) -> tuple[list[str], list[str], str]:
         return src, ref, f"{name}:{args.langpair}"
     if not (args.src and args.ref):
         raise UserError("give --src and --ref, or --testset (e.g. --testset wmt14 --langpair en-de)")
-    for p in (args.src, args.ref):
-        check_readable(Path(p), "evaluation input", stream=True)  # read once
-    src, ref = list(read_lines(Path(args.src))), list(read_lines(Path(args.ref)))
+    src, ref = read_input(args.src, "evaluation input"), read_input(args.ref, "evaluation input")
     check_line_counts(args.src, len(src), args.ref, len(ref))
     return src, ref, args.src
 
 
 def run(args) -> int:
-    from aiayn.data.textio import check_line_counts, check_readable, read_lines
+    from aiayn.data.textio import check_line_counts, read_input
     from aiayn.decode.translator import Translator
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
@@ -53,8 +50,7 @@ def run(args) -> int:
         check_output_folder(args.out)  # written after the translations: said before them
     tok_ref = None
     if args.tok_ref:  # read before translating: a wrong file is said before the work
-        check_readable(Path(args.tok_ref), "evaluation input", stream=True)
-        tok_ref = list(read_lines(Path(args.tok_ref)))
+        tok_ref = read_input(args.tok_ref, "evaluation input")
         check_line_counts(args.tok_ref, len(tok_ref), source, len(src))
     decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:

@@ -5,20 +5,11 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
-from aiayn.data.textio import check_line_counts, check_readable, decode_lines, read_lines as text_lines
+from aiayn.data.textio import check_line_counts, decode_lines, read_input
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import score_all
 from aiayn.evaluate.significance import compare_systems
-
-
-def read_lines(path: str | Path, what: str) -> list[str]:
-    """Lines of a UTF-8 text file (plain or gzip) as every command reads them (``aiayn.data.textio``):
-    stripped, a BOM dropped, bad bytes an error naming the file, the line and the byte. ``what``: the
-    option that named it, for a missing file's error."""
-    check_readable(Path(path), what, stream=True)  # read once: <(command) will do
-    return list(text_lines(Path(path)))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    hyps = read_lines(args.hyp, "--hyp") if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
-    refs = [read_lines(r, "--ref") for r in args.ref]
+    hyps = read_input(args.hyp, "--hyp") if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
+    refs = [read_input(r, "--ref") for r in args.ref]
     for path, stream in zip(args.ref, refs):
         check_line_counts(path, len(stream), args.hyp or "<stdin>", len(hyps))
     results = score_all(hyps, refs, lang=args.lang, tokenized=args.tokenized, lowercase=args.lc)
@@ -57,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--compare takes one reference file, not {len(refs)}")
         others = {}
         for path in args.compare:
-            others[path] = read_lines(path, "--compare")
+            others[path] = read_input(path, "--compare")
             check_line_counts(path, len(others[path]), args.hyp or "<stdin>", len(hyps))
         comparisons = compare_systems(hyps, others, refs[0], args.tokenized, args.lc, args.samples)
     if args.json:

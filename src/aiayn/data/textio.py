@@ -78,6 +78,13 @@ def read_lines(path: Path) -> Iterator[str]:
         raise InputError(path, n + 1, f"cannot read ({exc})") from exc
 
 
+def read_input(path: str | Path, what: str) -> list[str]:
+    """All of ``read_lines`` of an input read once (a pipe will do), ``what`` (the option that named it)
+    in the error for a missing one."""
+    check_readable(Path(path), what, stream=True)
+    return list(read_lines(Path(path)))
+
+
 def is_gzip(path: Path) -> bool:
     """Whether ``path`` holds gzip data (its first bytes, whatever its name)."""
     with open(path, "rb") as f:
