@@ -17,13 +17,19 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.layers import SublayerConnection
+from tests.kernels.reference import LAMBDA, U32, U_BF16
 
-UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
+UNIT_ROUNDOFF = {"bf16": U_BF16, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
 UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subnormal: the error below the normal range
-U32 = 2.0 ** -24  # float32's unit roundoff
-LAMBDA = 7.0  # Hoeffding: a bound fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
+# LAMBDA (tests/kernels/reference.py), in Hoeffding's bound: it fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
 # precision: (the float format between the linear maps, None for float32; whether the linear maps are int8)
 PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True)}
+
+
+def int8_half_step(v: Tensor) -> Tensor:
+    """How far int8 quantization (decode/int8.py: s = max|row| / 127) moves each entry of v's rows: s / 2,
+    and float32's rounding of v / s (|v / s| <= 127: 127 u32 s). (rows, 1)."""
+    return v.detach().abs().amax(-1, keepdim=True) / 127 * (0.5 + 127 * U32)
 
 
 class _RoundedAttention(nn.Module):
@@ -101,13 +107,9 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
         if u and id(p) not in int8_params:  # int8's biases stay float32; its weights: below
             places.append((p, u * p.detach().abs() + eta))
 
-    def half_step(v: Tensor) -> Tensor:
-        """How far int8 quantization moves each entry of v's rows: s / 2 and float32's rounding of v / s."""
-        return v.detach().abs().amax(-1, keepdim=True) / 127 * (0.5 + 127 * U32)  # (rows, 1)
-
     def linear(self, x, _logits=False):
         if int8:
-            x = moved(x, half_step(x))
+            x = moved(x, int8_half_step(x))
         product = F.linear(x, self.weight)
         y = product if self.bias is None else product + self.bias
         if int8:  # the bias added in float32 to the rescaled product, rounded once (not the logits)
@@ -119,7 +121,7 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     for lin in linears:
         lin.forward = types.MethodType(lambda self, x, _l=lin is m.out_proj: linear(self, x, _l), lin)
         if int8:
-            places.append((lin.weight, half_step(lin.weight)))
+            places.append((lin.weight, int8_half_step(lin.weight)))
 
     def post(self, x, sublayer_out):
         y = round_(x + sublayer_out)

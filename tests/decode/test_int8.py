@@ -15,7 +15,8 @@ from aiayn.decode.search import SpecialIds, search
 from aiayn.decode.loading import load_model_for_inference, model_for_precision
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
-from tests.decode.conftest import score_bound, step_bound
+from tests.decode.conftest import int8_half_step, score_bound, step_bound
+from tests.kernels.reference import U32
 from tests.decode.test_adapter import V, sources
 
 
@@ -47,11 +48,10 @@ def test_int8_linear_rows_are_independent_and_shapes_kept():
     # |y - x Wᵀ - b| <= h_W Σ|x| + h_x Σ|W| + I h_x h_W per output, x and W each moved by at most h = s (1/2 +
     # 127 u32) (half its step, and float32's x / s), plus float32's roundings: the reference's I products and
     # bias, the rescaling's 3 operations and the 2 scales, (I + 6) u32 (Σ|x||W| + |b|)
-    u32 = 2.0 ** -24
     x64, w64 = x.reshape(-1, 24).double(), linear.weight.detach().double()
-    h_x, h_w = (v.abs().amax(1, keepdim=True) / 127 * (0.5 + 127 * u32) for v in (x64, w64))  # (N,1), (O,1)
+    h_x, h_w = int8_half_step(x64), int8_half_step(w64)  # (N,1), (O,1)
     bound = (h_w.T * x64.abs().sum(1, keepdim=True) + h_x * w64.abs().sum(1) + 24 * h_x * h_w.T
-             + 30 * u32 * (x64.abs() @ w64.abs().T + linear.bias.detach().double().abs()))
+             + 30 * U32 * (x64.abs() @ w64.abs().T + linear.bias.detach().double().abs()))
     with torch.no_grad():
         assert ((y - linear(x)).abs().double().reshape(-1, 40) <= bound).all()
 

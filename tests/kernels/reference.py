@@ -17,6 +17,8 @@ def shared_slot_case(Bs=3, g=4, H=2, n=5, K=8, Dv=6, dtype=torch.float32, cap=7)
 
 
 U32 = 2.0 ** -24  # float32's unit roundoff
+U_BF16 = 2.0 ** -8  # bfloat16's unit roundoff: round to nearest even keeps 8 significant bits
+LAMBDA = 7.0  # how many standard deviations a probabilistic bound allows (see log_softmax_tolerance)
 # exp_nonpositive's (kernels/vexp.h) relative error before the rounding of its argument: its polynomial's
 # minimax error, 2.0e-9 (2.1e-9 with the float32 coefficients), plus gamma_6 = 6u / (1 - 6u) for its six
 # FMAs (Horner over positive terms: each rounds a partial value below the result)
@@ -41,7 +43,7 @@ def log_softmax_tolerance(V: int) -> float:
     - log s and the final subtraction: one rounding each of a value below log V + |log p_v|
       (the rtol of the comparison).
     A relative error r of s is an absolute error r of log s, so of every log p_v."""
-    return EXP_REL_ERR + U32 * math.log(V) + 7.0 * math.sqrt(V) * U32 + 2 * U32 * math.log(V)
+    return EXP_REL_ERR + U32 * math.log(V) + LAMBDA * math.sqrt(V) * U32 + 2 * U32 * math.log(V)
 
 
 def signed_sum_tolerance(abs_sum: float, n: int) -> float:
@@ -49,7 +51,7 @@ def signed_sum_tolerance(abs_sum: float, n: int) -> float:
     its additions: the second item of ``log_softmax_tolerance`` with |x_i| in place of the positive
     terms (each rounding error is at most u times a partial sum, at most the sum of its terms' |x_i|),
     7 sqrt(n) u sum_i |x_i|. That also covers a double sum rounded once to float32, u |sum_i x_i|."""
-    return 7.0 * math.sqrt(n) * U32 * abs_sum
+    return LAMBDA * math.sqrt(n) * U32 * abs_sum
 
 
 def log_softmax_topk_matches_pytorch(lib, dtype, threads):

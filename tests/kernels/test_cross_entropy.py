@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from tests.kernels.reference import U32, log_softmax_tolerance, signed_sum_tolerance
-from tests.kernels.test_seq_attention import VEXP_REL_ERR, gamma, rounded_to, within
+from tests.kernels.reference import EXP_REL_ERR, U32, log_softmax_tolerance, signed_sum_tolerance
+from tests.kernels.test_seq_attention import gamma, rounded_to, within
 
 
 def _loss_with(kernels, base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0.3):
@@ -32,7 +32,7 @@ def _kernel_path_bounds(base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0
     against the same formulas in float64, from the logits (exact in float64), for any order of the
     kernel's sums (16 or 8 lanes, a plain loop, a double sum). First order in u (2^-24); the factors 1.01
     cover the products of two relative errors and the float64 reference's own error. Per kept row:
-      log Z = m + logf(sum_v exp_nonpositive(fl(z_v - m))): vexp.h's VEXP_REL_ERR + 3 u (|z_v - m| + 1) per
+      log Z = m + logf(sum_v exp_nonpositive(fl(z_v - m))): vexp.h's EXP_REL_ERR + 3 u (|z_v - m| + 1) per
         term (as in eq1_bounds) weighted by p_v, gamma_{V-1} for the sum, 2 u log V for logf's 1 ulp, u |log Z|;
       sum_z: gamma_{V-1} sum_v |z_v|;
       smoothed_row_losses in float32 (rows.py): 1 - eps and eps' = eps / (V - 2) rounded to float32, then
@@ -51,7 +51,7 @@ def _kernel_path_bounds(base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0
     p = torch.exp(z - L[:, None])
     m = z.max(-1, keepdim=True).values
     assert float((z - m).min()) > -80  # exp_nonpositive's clamp at -87 not reached (nor by z - log Z^)
-    e_lz = (1.01 * (p * (VEXP_REL_ERR + 3 * u * ((z - m).abs() + 1))).sum(-1) + gamma(V - 1) + 2 * u * math.log(V)
+    e_lz = (1.01 * (p * (EXP_REL_ERR + 3 * u * ((z - m).abs() + 1))).sum(-1) + gamma(V - 1) + 2 * u * math.log(V)
             + u * (L.abs() + 1))
     S = z.sum(-1)
     e_sz = gamma(V - 1) * z.abs().sum(-1)
@@ -68,7 +68,7 @@ def _kernel_path_bounds(base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0
     da = u * (abs(g_loss) + abs(g_nll) + abs(a))
     dc = 3 * u * abs(c)
     de = 3 * u * abs(g_loss * (1 - eps_ls - eps_o)) + u * (abs(g_nll) + abs(e))
-    rho = 1.01 * (e_lz[:, None] + VEXP_REL_ERR + 3 * u * ((z - L[:, None]).abs() + 1))
+    rho = 1.01 * (e_lz[:, None] + EXP_REL_ERR + 3 * u * ((z - L[:, None]).abs() + 1))
     grad = a * p - c
     grad[:, pad_id] += c
     grad.scatter_add_(1, tgt[:, None], torch.full((N, 1), -e, dtype=torch.float64))

@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from aiayn.model.attention import attention_explicit
-from tests.kernels.reference import EXP_REL_ERR, U32
-
-U_BF16 = 2.0 ** -8  # bfloat16's unit roundoff: round to nearest even keeps 8 significant bits
+from tests.kernels.reference import EXP_REL_ERR, U32, U_BF16
 
 
 def gamma(n, u=U32):
@@ -20,7 +18,6 @@ def gamma(n, u=U32):
     return n * u / (1 - n * u)
 
 
-VEXP_REL_ERR = EXP_REL_ERR  # exp_nonpositive's (vexp.h) relative error before its argument's rounding
 
 
 def rounded_to(dtype, bound, exact):
@@ -46,7 +43,7 @@ def eq1_bounds(q, k, v, allowed, g=None):
     products of two relative errors (all below 1e-3, asserted) and the float64 reference's own error
     (the same expressions with 2^-53 for 2^-24). The steps, per query row i and key j (n_i keys seen):
       s_ij = fl(q_i fl32(1/sqrt K)) . k_j over K terms: |error| <= sigma_ij = gamma_{K+2} |q_i|.|k_j| / sqrt K;
-      exp_nonpositive(x), x = fl(s_ij - m): relative VEXP_REL_ERR, plus u |x| for the rounding of x, u |x|
+      exp_nonpositive(x), x = fl(s_ij - m): relative EXP_REL_ERR, plus u |x| for the rounding of x, u |x|
         for that of x log2(e) and 0.23 u |x| for fl32(log2(e))'s own: under 3 u (|x| + 1) (x > -87 here,
         asserted, so its clamp plays no part); an error delta of s_ij is a factor exp(delta) of it;
       l = sum_j exp(.): gamma_{n-1}; p_ij = exp(.) fl(1/l): 2 u; so |p^ - p| <= rho p, rho the sum of those;
@@ -69,7 +66,7 @@ def eq1_bounds(q, k, v, allowed, g=None):
     sigma = torch.where(allowed, gamma(K + 2) * (q.abs() @ k.abs().transpose(-2, -1)) * scale, zero)
     m = s.max(-1, keepdim=True).values
     assert bool(((s - m)[allowed] > -80).all())  # 87 less the error of s: exp_nonpositive's clamp not reached
-    e_fwd = torch.where(allowed, VEXP_REL_ERR + 3 * U32 * ((s - m).abs() + 1), zero)
+    e_fwd = torch.where(allowed, EXP_REL_ERR + 3 * U32 * ((s - m).abs() + 1), zero)
     denom = (p * (sigma + e_fwd)).sum(-1, keepdim=True) + gamma(n - 1)  # relative error of l
     rho1 = sigma + e_fwd + denom + 2 * U32
     assert float(rho1.max()) < 1e-3
@@ -80,7 +77,7 @@ def eq1_bounds(q, k, v, allowed, g=None):
     if g is None:
         return bounds
     g = g.detach().double()
-    e_bwd = torch.where(allowed, VEXP_REL_ERR + 3 * U32 * ((s - L).abs() + 1), zero)
+    e_bwd = torch.where(allowed, EXP_REL_ERR + 3 * U32 * ((s - L).abs() + 1), zero)
     rb1 = torch.where(allowed, sigma + bounds["lse"][..., None] + e_bwd, zero)
     assert float(rb1.max()) < 1e-3
     rb = torch.expm1(1.01 * rb1)  # the backward's |p^ - p| <= rb p

@@ -9,8 +9,8 @@ import torch
 from aiayn.train import objective
 from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, make_optimizer,
                                     noam_lr, rdrop_kl, rdrop_kl_reference, smoothed_targets)
-from tests.kernels.reference import EXP_REL_ERR, U32
-from tests.kernels.test_seq_attention import U_BF16, gamma, within
+from tests.kernels.reference import EXP_REL_ERR, U32, U_BF16
+from tests.kernels.test_seq_attention import gamma, within
 
 # PyTorch's float32 exp and log on the CPU: SLEEF's expf_u10 and logf_u10 (ATen's Vectorized<float>::exp
 # and ::log, 1.0 ulp) or libm's (below 1 ulp); 1 ulp is at most 2 u of the result
