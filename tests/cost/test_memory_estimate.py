@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from aiayn.cli import main
 from aiayn.model.config import ModelConfig

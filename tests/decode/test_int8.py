@@ -16,7 +16,7 @@ from aiayn.decode.loading import load_model_for_inference, model_for_precision
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from tests.decode.conftest import int8_half_step, score_bound, step_bound
-from tests.kernels.reference import U32
+from tests.arith import U32
 from tests.decode.test_adapter import V, sources
 
 

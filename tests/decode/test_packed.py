@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from aiayn.decode import packed as packed_mod
 from aiayn.decode.packed import PackedLinear, packed_copy
 from tests.decode.test_adapter import V, sources
-from tests.kernels.test_seq_attention import gamma, within
+from tests.arith import gamma, within
 
 LIBRARIES = [pytest.param(lib, marks=pytest.mark.skipif(not packed_mod.available(lib), reason=f"this PyTorch has no {lib} packed linear"))
              for lib in packed_mod.LIBRARIES]

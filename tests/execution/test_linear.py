@@ -8,7 +8,7 @@ import torch
 import aiayn
 from aiayn.execution import linear as lin, pad_linear_rows
 from aiayn.execution.linear import RowPaddedLinear as Linear, row_padded_linear
-from tests.kernels.test_seq_attention import gamma, rounded_to, within
+from tests.arith import gamma, rounded_to, within
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from tests.arith import EXP_REL_ERR, LAMBDA, U32, gamma
 from tests.decode.test_adapter import V
 
 
@@ -14,15 +15,6 @@ def shared_slot_case(Bs=3, g=4, H=2, n=5, K=8, Dv=6, dtype=torch.float32, cap=7)
     v_buf = torch.randn(Bs, H, cap * g, Dv).to(dtype)
     anc = torch.randint(0, g, (Bs, g, cap))
     return q, k_buf[:, :, : n * g], v_buf[:, :, : n * g], anc
-
-
-U32 = 2.0 ** -24  # float32's unit roundoff
-U_BF16 = 2.0 ** -8  # bfloat16's unit roundoff: round to nearest even keeps 8 significant bits
-LAMBDA = 7.0  # how many standard deviations a probabilistic bound allows (see log_softmax_tolerance)
-# exp_nonpositive's (kernels/vexp.h) relative error before the rounding of its argument: its polynomial's
-# minimax error, 2.0e-9 (2.1e-9 with the float32 coefficients), plus gamma_6 = 6u / (1 - 6u) for its six
-# FMAs (Horner over positive terms: each rounds a partial value below the result)
-EXP_REL_ERR = 2.1e-9 + 6 * U32 / (1 - 6 * U32)
 
 
 def log_softmax_tolerance(V: int) -> float:
@@ -86,3 +78,64 @@ def tiny_model(dtype=torch.float32):
 
     torch.manual_seed(0)
     return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).to(dtype).eval()
+
+
+def eq1_bounds(q, k, v, allowed, g=None):
+    """A priori bounds on the error of Eq. 1 computed as seq_attention.c and beam_attention.c do in
+    float32, whatever the order of their sums, with or without FMA (AVX-512, AVX2, plain loops), against
+    the exact values; elementwise, from the inputs (exact in float64), all (B,H,...) float64:
+    out (B,H,T,Dv), lse (B,H,T), and given dout g (B,H,T,Dv) the gradients dq, dk, dv. ``allowed``
+    (B|1,H|1,T,S) bool: the keys each query sees. First order in u; the factors 1.01 cover the
+    products of two relative errors (all below 1e-3, asserted) and the float64 reference's own error
+    (the same expressions with 2^-53 for 2^-24). The steps, per query row i and key j (n_i keys seen):
+      s_ij = fl(q_i fl32(1/sqrt K)) . k_j over K terms: |error| <= sigma_ij = gamma_{K+2} |q_i|.|k_j| / sqrt K;
+      exp_nonpositive(x), x = fl(s_ij - m): relative EXP_REL_ERR, plus u |x| for the rounding of x, u |x|
+        for that of x log2(e) and 0.23 u |x| for fl32(log2(e))'s own: under 3 u (|x| + 1) (x > -87 here,
+        asserted, so its clamp plays no part); an error delta of s_ij is a factor exp(delta) of it;
+      l = sum_j exp(.): gamma_{n-1}; p_ij = exp(.) fl(1/l): 2 u; so |p^ - p| <= rho p, rho the sum of those;
+      out_i = sum_j p_ij v_j (FMA chain or 8/16 lanes): gamma_n sum_j p^_ij |v_j| beside the weights' error;
+      lse_i = m + logf(l): l's relative error (as an absolute one of log l), glibc logf's 1 ulp
+        (2 u log n_i) and one rounding of the sum;
+    backward, p recomputed from the forward's lse (its error above), dp_ij = dout_i . v_j (gamma_Dv),
+    D_i = sum_j p_ij dp_ij (gamma_n), ds = fl(p fl(dp - D)) (2 u), dq_i = fl(scale sum_j ds_ij k_j)
+    (gamma_{n+2}), dk_j = sum_i ds_ij fl(q_i scale) (gamma_{T+2}), dv_j = sum_i p_ij dout_i (gamma_T)."""
+    q, k, v = (t.detach().double() for t in (q, k, v))
+    B, H, T, K = q.shape
+    S = k.size(2)
+    allowed = allowed.expand(B, H, T, S)
+    scale = 1.0 / math.sqrt(K)
+    n = allowed.sum(-1, keepdim=True).double()  # (B,H,T,1) keys seen
+    zero = torch.zeros((), dtype=torch.float64)
+    s = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)
+    L = torch.logsumexp(s, dim=-1, keepdim=True).nan_to_num(neginf=0.0)  # 0 for a row with no key
+    p = torch.exp(s - L)  # exactly 0 where not allowed
+    sigma = torch.where(allowed, gamma(K + 2) * (q.abs() @ k.abs().transpose(-2, -1)) * scale, zero)
+    m = s.max(-1, keepdim=True).values
+    assert bool(((s - m)[allowed] > -80).all())  # 87 less the error of s: exp_nonpositive's clamp not reached
+    e_fwd = torch.where(allowed, EXP_REL_ERR + 3 * U32 * ((s - m).abs() + 1), zero)
+    denom = (p * (sigma + e_fwd)).sum(-1, keepdim=True) + gamma(n - 1)  # relative error of l
+    rho1 = sigma + e_fwd + denom + 2 * U32
+    assert float(rho1.max()) < 1e-3
+    rho = torch.where(allowed, torch.expm1(1.01 * rho1), zero)  # |p^ - p| <= rho p
+    out = (p * (rho + gamma(n) * (1 + rho))) @ v.abs()
+    lse = (1.01 * denom + 2 * U32 * torch.log(n.clamp(min=1)) + U32 * (L.abs() + 1)).squeeze(-1)
+    bounds = {"out": 1.01 * out, "lse": 1.01 * lse}
+    if g is None:
+        return bounds
+    g = g.detach().double()
+    e_bwd = torch.where(allowed, EXP_REL_ERR + 3 * U32 * ((s - L).abs() + 1), zero)
+    rb1 = torch.where(allowed, sigma + bounds["lse"][..., None] + e_bwd, zero)
+    assert float(rb1.max()) < 1e-3
+    rb = torch.expm1(1.01 * rb1)  # the backward's |p^ - p| <= rb p
+    dp = g @ v.transpose(-2, -1)
+    tau = gamma(v.size(-1)) * (g.abs() @ v.abs().transpose(-2, -1))  # |dp^ - dp|
+    D = (p * dp).sum(-1, keepdim=True)
+    pr = p * (1 + rb)  # |p^| <= pr
+    dD = (rb * p * dp.abs() + pr * tau).sum(-1, keepdim=True) + gamma(n) * (pr * (dp.abs() + tau)).sum(-1, keepdim=True)
+    ds = p * (dp - D)
+    dds = rb * p * (dp - D).abs() + pr * (tau + dD) + 2 * U32 * pr * ((dp - D).abs() + tau + dD)  # |ds^ - ds|
+    ads = ds.abs() + dds
+    bounds["dq"] = 1.01 * scale * (dds @ k.abs() + gamma(n + 2) * (ads @ k.abs()))
+    bounds["dk"] = 1.01 * scale * (dds.transpose(-2, -1) @ q.abs() + gamma(T + 2) * (ads.transpose(-2, -1) @ q.abs()))
+    bounds["dv"] = 1.01 * ((rb * p).transpose(-2, -1) @ g.abs() + gamma(T) * (pr.transpose(-2, -1) @ g.abs()))
+    return bounds

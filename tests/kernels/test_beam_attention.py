@@ -9,8 +9,8 @@ import torch
 
 from aiayn.model.attention import attention_explicit
 from tests.decode.test_adapter import V, sources
-from tests.kernels.reference import shared_slot_case, tiny_model
-from tests.kernels.test_seq_attention import eq1_bounds, rounded_to, within
+from tests.arith import rounded_to, within
+from tests.kernels.reference import eq1_bounds, shared_slot_case, tiny_model
 
 
 def eq1_within_bounds(out, q, k, v, allowed, ref=None):

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from tests.kernels.reference import EXP_REL_ERR, U32, log_softmax_tolerance, signed_sum_tolerance
-from tests.kernels.test_seq_attention import gamma, rounded_to, within
+from tests.arith import EXP_REL_ERR, U32, gamma, rounded_to, within
+from tests.kernels.reference import log_softmax_tolerance, signed_sum_tolerance
 
 
 def _loss_with(kernels, base, target, eps_ls=0.1, pad_id=0, g_loss=0.7, g_nll=-0.3):

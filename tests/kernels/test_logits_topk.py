@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from tests.kernels.reference import U32, log_softmax_tolerance, log_softmax_topk_matches_pytorch
+from tests.arith import U32
+from tests.kernels.reference import log_softmax_tolerance, log_softmax_topk_matches_pytorch
 
 # this CPU's build, and the AVX2 + FMA one (8 wide) on any x86 CPU that can run it
 BUILDS = ["kernels", "x86_64_v3"]

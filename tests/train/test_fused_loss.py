@@ -23,9 +23,7 @@ from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import _CHUNK_ELEMENTS, fused_label_smoothed_loss, fused_loss_on, torch_rows
 from aiayn.train.objective import label_smoothed_loss
 from tests.conftest import REPO
-from tests.kernels.reference import U32
-from tests.kernels.test_seq_attention import within
-from tests.train.test_objective import PT_EXP_REL_ERR, Rounded
+from tests.arith import PT_EXP_REL_ERR, Rounded, U32, within
 
 PAD = 3  # not 0, so a pad column other than the first is excluded from q
 G_LOSS = 0.37  # the upstream gradient of the loss
