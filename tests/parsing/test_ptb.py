@@ -1,4 +1,7 @@
+import builtins
 import gzip
+import os
+import threading
 import zipfile
 
 import pytest
@@ -89,6 +92,57 @@ def test_single_gz_file(tmp_path):
         f.write(RAW)
     trees = read_treebank(path)
     assert [t.file_id for t in trees] == ["wsj_0007", "wsj_0007"]
+
+
+def _read_through_fifo(fifo, data: bytes, monkeypatch):
+    """``read_treebank(fifo)`` with ``data`` written into the FIFO by another thread, once, as by
+    ``<(zcat ...)``, and how many times it opened the FIFO. A second open finds no writer and would
+    wait for ever: every 2 s the thread gives such a reader an empty pipe (and a writer still waiting
+    at the end is given a reader), so a failing test fails, not hangs."""
+    os.mkfifo(fifo)
+    opens, real_open = [], builtins.open
+    done = threading.Event()
+
+    def counting_open(file, *args, **kwargs):
+        if str(file) == str(fifo):
+            opens.append(file)
+        return real_open(file, *args, **kwargs)
+
+    def write():
+        try:
+            with real_open(fifo, "wb") as f:
+                f.write(data)
+        except BrokenPipeError:  # the reader closed it unread
+            pass
+        while not done.wait(2):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader waiting
+                pass
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        return read_treebank(fifo), len(opens)
+    finally:
+        done.set()
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(10)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_a_pipe_is_read_once(tmp_path, compress, monkeypatch):
+    """A single file given as a pipe (``<(zcat wsj.mrg.gz)``, a FIFO) is opened once: a second open
+    would find nothing there. Plain or gzip, its trees are those of the same bytes in a file."""
+    data = gzip.compress(RAW.encode()) if compress else RAW.encode()
+    (tmp_path / "file").mkdir()
+    (tmp_path / "file" / "wsj_0007.mrg").write_bytes(data)
+    from_file = read_treebank(tmp_path / "file" / "wsj_0007.mrg")
+    from_pipe, opens = _read_through_fifo(tmp_path / "wsj_0007.mrg", data, monkeypatch)
+    assert [(t.file_id, t.index, t.tree) for t in from_pipe] == [(t.file_id, t.index, t.tree) for t in from_file]
+    assert len(from_file) == 2 and opens == 1
 
 
 def test_missing_path(tmp_path):

@@ -85,18 +85,20 @@ def read_input(path: str | Path, what: str) -> list[str]:
     return list(read_lines(Path(path)))
 
 
-def is_gzip(path: Path) -> bool:
-    """Whether ``path`` holds gzip data (its first bytes, whatever its name)."""
-    with open(path, "rb") as f:
-        return f.read(2) == _GZIP_MAGIC
+def read_bytes(path: Path) -> bytes:
+    """The bytes of a plain or gzip file (by content); an unreadable or corrupt file is a
+    ``UserError`` naming it."""
+    return read_unpacked(path)[0]
 
 
-def read_bytes(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of a plain or gzip file (by content), at most ``limit`` of them (all with None);
-    an unreadable or corrupt file is a ``UserError`` naming it."""
+def read_unpacked(path: Path, gzip_limit: int | None = None) -> tuple[bytes, bool]:
+    """``read_bytes`` and whether the file was gzip, from one open (a pipe cannot be opened twice):
+    of gzip data at most ``gzip_limit`` bytes (all with None), as an unpack bound allows; plain
+    bytes whole."""
     try:
         with _open_binary(path) as f:
-            return f.read() if limit is None else f.read(limit)
+            gzipped = isinstance(f, gzip.GzipFile)
+            return f.read(gzip_limit if gzipped and gzip_limit is not None else -1), gzipped
     except IsADirectoryError:
         raise UserError(f"{path}: not a regular file") from None
     except (OSError, EOFError, zlib.error) as exc:

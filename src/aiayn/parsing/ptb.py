@@ -21,7 +21,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from aiayn.data.textio import decode_text, is_gzip, read_bytes, text_mode
+from aiayn.data.textio import decode_text, read_unpacked, text_mode
 from aiayn.errors import InputError, UserError
 from aiayn.files import UnpackBound
 from aiayn.parsing.trees import BracketError, Tree, parse_bracketed
@@ -100,12 +100,11 @@ def _read_zip(path: Path) -> list[TreebankTree]:
 
 def _read_text_file(path: Path) -> str:
     """The text of a ``.mrg`` file, plain or gzip (by content) as ``UnpackBound`` allows; invalid
-    UTF-8 named by line, a BOM dropped, line ends as text mode reads them."""
-    if not is_gzip(path):
-        data = read_bytes(path)
-    else:
-        bound = UnpackBound(path)
-        data = read_bytes(path, bound.left + 1)
+    UTF-8 named by line, a BOM dropped, line ends as text mode reads them. Opened once, so a pipe
+    (``<(zcat ...)``) will do."""
+    bound = UnpackBound(path)
+    data, gzipped = read_unpacked(path, bound.left + 1)
+    if gzipped:
         bound.take(path.name.removesuffix(".gz"), len(data))
     return text_mode(decode_text(data, path))
 
@@ -131,7 +130,7 @@ def read_treebank(path: str | Path) -> list[TreebankTree]:
             if not found:
                 log.warning("%s: no trees in this file", f)
             trees += found
-    elif zipfile.is_zipfile(path):
+    elif path.is_file() and zipfile.is_zipfile(path):  # a pipe is not opened to look: it is read once
         trees = _read_zip(path)
     else:
         file_id = path.name.removesuffix(".gz").removesuffix(".mrg")
