@@ -88,11 +88,11 @@ class Rounded:
         v = torch.exp(self.v)
         return Rounded(v, v * (torch.expm1(self.e) + rel * torch.exp(self.e)))
 
-    def log(self, rel=PT_LOG_REL_ERR):  # |log(s + d) - log s| <= -log(1 - |d| / s), then the result's r
-        assert bool((self.e < self.v).all())
+    def log(self, rel=PT_LOG_REL_ERR, abs_err=0.0):  # |log(s + d) - log s| <= -log(1 - |d| / s), then the result's r
+        assert bool((self.e < self.v).all())  # (and an absolute error, where a log's is stated so)
         v = torch.log(self.v)
         e = -torch.log1p(-self.e / self.v)
-        return Rounded(v, e + rel * (v.abs() + e))
+        return Rounded(v, e + rel * (v.abs() + e) + abs_err)
 
     def sum(self, dim=-1):  # n terms in any order: gamma_{n-1} sum |x^| beside the terms' own errors
         n = self.v.size(dim)
@@ -106,9 +106,9 @@ class Rounded:
         x = self - self.max(dim)
         return x - x.exp().sum(dim).log()
 
-    def logsumexp(self, dim=-1, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR):  # max + log(sum exp(x - max))
+    def logsumexp(self, dim=-1, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR, log_abs=0.0):  # max + log(sum exp(x - max))
         m = self.max(dim)
-        return m + (self - m).exp(exp_rel).sum(dim).log(log_rel)
+        return m + (self - m).exp(exp_rel).sum(dim).log(log_rel, log_abs)
 
     def gather(self, index):  # entries picked from each row: exactly those values
         return Rounded(self.v.gather(-1, index), self.e.gather(-1, index))

@@ -1,7 +1,8 @@
-"""How far reduced-precision decoding (``DecodeConfig.precision``: bf16, fp16, int8, int8-bf16) may move
-a log-probability or a hypothesis's score from the exact one, from the arithmetic of the format
-(``rounding_bound``): what tests/decode/test_precision.py, test_int8.py and the kernels' beam search
-tests hold those paths to."""
+"""How far a decoding path's arithmetic may move a log-probability or a hypothesis's score from the
+exact one (``rounding_bound``): float32's own roundings (``fp32``: what two float32 paths, cached or
+recomputed, batched or alone, C kernels or PyTorch's, may differ by) and reduced precision's
+(``DecodeConfig.precision``: bf16, fp16, int8, int8-bf16). Derived from the formats' arithmetic, never
+measured: tests/decode and tests/kernels hold those paths to these bounds."""
 from __future__ import annotations
 
 import copy
@@ -17,13 +18,15 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.layers import SublayerConnection
-from tests.arith import LAMBDA, U32, U_BF16
+from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16
 
 UNIT_ROUNDOFF = {"bf16": U_BF16, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
 UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subnormal: the error below the normal range
 # LAMBDA (tests/kernels/reference.py), in Hoeffding's bound: it fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
 # precision: (the float format between the linear maps, None for float32; whether the linear maps are int8)
-PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True)}
+PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True),
+         "fp32": (None, False)}
+ETA32 = 2.0 ** -150  # float32's half smallest subnormal
 
 
 def int8_half_step(v: Tensor) -> Tensor:
@@ -73,6 +76,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
       The products are exact in int32; everything else is float32.
     - int8-bf16: int8's and bf16's at every result between the linear maps and the parameters that
       stay bfloat16 (embeddings, LayerNorm); the biases and the logits stay float32.
+    - fp32: float32's own roundings, in every path alike (``_float32_log_probs``): two float32 paths
+      (cached or recomputed, batched or alone, the C kernels or PyTorch's) differ by at most twice it.
     Float32's roundings (unit roundoff 2^-24, in both searches; the float32 sums inside the products,
     of at most d_ff = 256 terms here, 256 · 2^-24 = 2^-16 of their terms' magnitudes) are 2^-8 of
     bf16's 2^-8 and of an int8 step (max / 254), 2^-5 of fp16's 2^-11: left out.
@@ -100,6 +105,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     def round_(v: Tensor) -> Tensor:
         return moved(v, u * v.detach().abs() + eta) if u else v
 
+    if precision == "fp32":
+        return _hoeffding(quantity(_float32_log_probs(m, src, tgt_in, moved)).reshape(-1), places)
     linears = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
     int8_params = {id(p) for lin in linears for p in lin.parameters()} if int8 else set()
     for p in m.parameters():
@@ -142,12 +149,152 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     m._embed = types.MethodType(embed, m)
     if m.out_proj is None:  # the tied projection (§3.4) of bf16 and fp16: the logits rounded
         m.output_logits = types.MethodType(lambda self, h: round_(self.tgt_embed.transposed(h, self.out_bias)), m)
-    q = quantity(torch.log_softmax(m(src, tgt_in), dim=-1)).reshape(-1)  # (n,)
+    return _hoeffding(quantity(torch.log_softmax(m(src, tgt_in), dim=-1)).reshape(-1), places)
+
+
+def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """LAMBDA sqrt(Σ_i (∂q/∂v_i c_i)²) for each of the values q (n,), over the places (v_i, c_i)."""
     inputs, bounds = zip(*places)
     grads = torch.autograd.grad(q, inputs, grad_outputs=torch.eye(q.numel(), dtype=q.dtype), is_grads_batched=True,
                                 allow_unused=True)  # each (n, *place)
     squares = sum(((g * c) ** 2).flatten(1).sum(1) for g, c in zip(grads, bounds) if g is not None)
     return LAMBDA * squares.sqrt()
+
+
+def _roundings(n) -> Tensor:
+    """sqrt(n) u: what n roundings, each moving a value by at most u times a magnitude M and independent
+    of the others (the model of ``rounding_bound``), weigh in Hoeffding's sum, as one place with
+    |δ| <= sqrt(n) u M (Σ_i (g u M)² over the n is (g sqrt(n) u M)²). A sum of n terms in float32 rounds
+    at most 2n times (n products without FMA, n - 1 additions, one more for a bias or a scaling), each
+    by at most u times a partial value, below M = Σ|terms|, whatever the order of the additions
+    (Higham & Mary 2019, Theorem 4.6: lambda sqrt(n) u, against the worst case gamma_n = n u)."""
+    return torch.as_tensor(n, dtype=torch.float64).clamp(min=1).sqrt() * U32
+
+
+def _float32_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """The float64 copy ``m``'s log-probabilities (1, T, V), each result that float32 arithmetic rounds
+    ``moved`` by its bound, whatever the order of the sums, with or without FMA, in PyTorch's ops or
+    the C kernels (the parameters and the positional table are float32 numbers in every path: exact):
+    - a linear map, x Wᵀ + b: 2 d_in + 1 roundings of values below |x| |W|ᵀ + |b| (``_roundings``);
+    - Eq. 1 (``_Float32Attention``) and the final log-softmax: each step of the softmax (below);
+    - LayerNorm (``_float32_layer_norm``); the residual sums, u |x + y|; the embedding's scaling by
+      fl32(sqrt(d_model)), 2 u, and its sum with the positions, u; ReLU is exact.
+    The softmax over n values s (Eq. 1's row, the logits): x = s - max s, rounded (u |x|), times
+    fl32(log2 e) and rounded again inside the C kernels' exponential (about 1.23 u |x|): 3 u (|x| + 1);
+    exp(x) with relative EXP_REL_ERR (the C kernels'; PyTorch's SLEEF and libm's 1 ulp, 2 u, are below
+    it); their sum l, n - 1 roundings below l; then p = exp(x) / l, 2 u p (a division, or a reciprocal and a
+    product), or log p = x - log l: logf's 1 ulp (2 u |log l|) and the sums max s + log l and s minus
+    that, u (|max s| + |log l|) and u |log p|."""
+    u = U32
+
+    def linear(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        terms = F.linear(x.detach().abs(), self.weight.detach().abs(),
+                         None if self.bias is None else self.bias.detach().abs())
+        n = 2 * x.size(-1) + 1
+        return moved(y, _roundings(n) * terms + n * ETA32)
+
+    def post(self, x, sublayer_out):
+        y = x + sublayer_out
+        y = moved(y, u * y.detach().abs())
+        return y if self.pre_norm else self.norm(y)
+
+    def embed(self, tokens, embedding, positions, start):
+        e = embedding(tokens)
+        e = moved(e, 2 * u * e.detach().abs())
+        y = e + positions(start, tokens.size(1)).to(e.dtype)
+        return moved(y, u * y.detach().abs())
+
+    for mod in m.modules():
+        if isinstance(mod, nn.Linear):
+            mod.forward = types.MethodType(linear, mod)
+        elif isinstance(mod, nn.LayerNorm):
+            mod.forward = types.MethodType(lambda self, x: _float32_layer_norm(self, x, moved), mod)
+        elif isinstance(mod, SublayerConnection):
+            mod.post = types.MethodType(post, mod)
+        elif isinstance(mod, MultiHeadAttention):
+            mod.core = _Float32Attention(moved)
+    assert m.cfg.activation == "relu", "ReLU is exact; another activation needs its own rounding here"
+    m._embed = types.MethodType(embed, m)
+    def output_logits(self, h):  # the pre-softmax projection (§3.4), tied or its own, and its bias, one linear map
+        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
+        biases = [b for b in (getattr(self.out_proj, "bias", None), self.out_bias) if b is not None]
+        return linear(types.SimpleNamespace(weight=weight, bias=sum(biases) if biases else None), h)
+
+    m.output_logits = types.MethodType(output_logits, m)
+    z = m(src, tgt_in)  # (1,T,V)
+    s_max = z.detach().amax(-1, keepdim=True)
+    x, log_l = _float32_softmax_sum(z, moved)
+    lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()))  # logf's 2u, the sum's u
+    lp = x + s_max - lse
+    return moved(lp, u * lp.detach().abs())
+
+
+def _float32_softmax_sum(s: Tensor, moved: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+    """x = s - max s over the last dimension and log Σ exp(x) (rows with -inf where masked), each
+    rounding ``moved`` as ``_float32_log_probs`` says; returns x and log l, with l's sum marked."""
+    u = U32
+    x = s - s.detach().amax(-1, keepdim=True)
+    finite = torch.isfinite(x.detach())
+    x = moved(x, torch.where(finite, 3 * u * (x.detach().abs() + 1), 0.0))
+    e = torch.exp(x)
+    e = moved(e, EXP_REL_ERR * e.detach())
+    n = finite.sum(-1, keepdim=True)
+    l = e.sum(-1, keepdim=True)
+    l = moved(l, _roundings(n - 1) * l.detach() + n * ETA32)
+    return x, torch.log(l)
+
+
+class _Float32Attention(nn.Module):
+    """Eq. 1 in float64, each float32 rounding marked (``_float32_log_probs``): Q Kᵀ scaled by
+    fl32(1 / sqrt(d_k)), before or after the product (seq_attention.c scales q), 2 d_k + 1 roundings
+    below |Q| |K|ᵀ / sqrt(d_k); the softmax; its product with V over the n keys a query sees, 2 n + 1
+    below p |V| (normalized before or after the sum, as flash attention does)."""
+
+    def __init__(self, moved: Callable[[Tensor, Tensor], Tensor]):
+        super().__init__()
+        self.moved = moved
+
+    def forward(self, q, k, v, mask, is_causal=False, need_weights=False):
+        T, S, d_k = q.size(-2), k.size(-2), q.size(-1)
+        if is_causal:  # query t of the last T sees keys 0..S-T+t (as ScaledDotProductAttention)
+            causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            mask = causal if mask is None else mask & causal
+        scale = 1 / math.sqrt(d_k)
+        scores = (q @ k.transpose(-2, -1)) * scale  # (B,H,T,S)
+        terms = (q.detach().abs() @ k.detach().abs().transpose(-2, -1)) * scale
+        scores = self.moved(scores, _roundings(2 * d_k + 1) * terms + 2 * d_k * ETA32)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        x, log_l = _float32_softmax_sum(scores, self.moved)
+        p = torch.exp(x - log_l)
+        p = self.moved(p, 2 * U32 * p.detach())
+        n = torch.isfinite(x.detach()).sum(-1, keepdim=True)  # (B,H,T,1) keys seen
+        out = p @ v  # (B,H,T,Dv)
+        out = self.moved(out, _roundings(2 * n + 1) * (p.detach() @ v.detach().abs()) + 2 * n * ETA32)
+        B, H, T, Dv = out.shape
+        return out.transpose(1, 2).reshape(B, T, H * Dv), None
+
+
+def _float32_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """LayerNorm over the last dimension (D), each float32 rounding marked (``_float32_log_probs``):
+    the mean μ, D + 1 roundings below mean|x|; the variance σ², 3 D + 3 below mean(x²), which covers the
+    two-pass mean((x - μ)²), Welford's updates and E[x²] - μ² alike; 1 / sqrt(σ² + ε), 3 u (the sum, the root,
+    the reciprocal); and y = (x - μ) r w + b, as written or fused as x (r w) + (b - μ r w): four
+    roundings, each of a value below |x| |r w| + |μ r w| + |b| + |y|, so 4 u of that."""
+    u = U32
+    D = x.size(-1)
+    mu = x.mean(-1, keepdim=True)
+    mu = moved(mu, _roundings(D + 1) * x.detach().abs().mean(-1, keepdim=True) + D * ETA32)
+    d = x - mu
+    var = (d * d).mean(-1, keepdim=True)
+    var = moved(var, _roundings(3 * D + 3) * (x.detach() ** 2).mean(-1, keepdim=True) + D * ETA32)
+    r = torch.rsqrt(var + ln.eps)
+    r = moved(r, 3 * u * r.detach())
+    y = d * r * ln.weight + ln.bias
+    rw = (r * ln.weight).detach().abs()
+    c = 4 * u * (x.detach().abs() * rw + mu.detach().abs() * rw + ln.bias.detach().abs() + y.detach().abs())
+    return moved(y, c)
 
 
 def step_bound(model: nn.Module, precision: str, src: Tensor, bos: int = SpecialIds.bos) -> Tensor:
@@ -164,9 +311,13 @@ def score_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, 
                 ids: SpecialIds = SpecialIds()) -> float:
     """``rounding_bound`` of a hypothesis's score, Σ_t log p(y_t) / lp(|Y|) (decode/search.py), for the
     sentence src (S,) (its padding is dropped): the sum over its |Y| tokens (EOS included when it
-    ended there), divided by the length penalty of the same |Y| in both searches (``cfg``'s)."""
+    ended there), divided by the length penalty of the same |Y| in both searches (``cfg``'s). The
+    search's own float32 sum of the |Y| log-probabilities and its division by the penalty, |Y| + 1
+    roundings below |score| lp(|Y|), are added."""
     src = src[src != ids.pad][None]
     y = list(hyp.tokens) + ([ids.eos] if hyp.eos else [])
     tgt_in, steps = torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y))
     bound = rounding_bound(model, precision, src, tgt_in, lambda lp: lp[0, steps, torch.tensor(y)].sum())
-    return float(bound) / length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
+    penalty = length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
+    sum_bound = LAMBDA * float(_roundings(len(y) + 1)) * 1.01 * abs(hyp.score) * penalty  # 1.01: hyp.score's own error
+    return (float(bound) + sum_bound) / penalty

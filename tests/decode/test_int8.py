@@ -15,7 +15,7 @@ from aiayn.decode.search import SpecialIds, search
 from aiayn.decode.loading import load_model_for_inference, model_for_precision
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
-from tests.decode.conftest import int8_half_step, score_bound, step_bound
+from tests.rounding import int8_half_step, score_bound, step_bound
 from tests.arith import U32
 from tests.decode.test_adapter import V, sources
 

@@ -11,7 +11,7 @@ from aiayn.decode.search import SpecialIds, search
 from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
-from tests.decode.conftest import score_bound, step_bound
+from tests.rounding import score_bound, step_bound
 
 
 def test_bf16_translator_casts_a_copy_and_translates(tiny_checkpoint):

@@ -2,6 +2,8 @@
 reason, without a CUDA device or triton). The CPU halves: tests/train/test_fused_loss.py."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from aiayn.data.stream import to_device
 from tests.train.steps import passes
 from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
-from tests.train.test_fused_loss import PAD, _assert_same, _batch, _fused, _plain, _sums_and_grads
+from tests.arith import U32
+from tests.train.test_fused_loss import PAD, _assert_same, _batch, _fused, _paths, _plain, _sums_and_grads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -33,15 +36,44 @@ def _problem(V, N=300, D=64):
     return h, W, target.to(CUDA)
 
 
+@pytest.fixture
+def float32_sums():
+    """cuBLAS's products with float32 sums: no TF32, no reduced-precision reductions of bfloat16
+    products (what the bounds of ``_paths`` assume; a training run may have turned TF32 on)."""
+    m = torch.backends.cuda.matmul
+    before = m.allow_tf32, m.allow_bf16_reduced_precision_reduction
+    m.allow_tf32, m.allow_bf16_reduced_precision_reduction = False, False
+    yield
+    m.allow_tf32, m.allow_bf16_reduced_precision_reduction = before
+
+
+def _cuda_rel(h, W):
+    """The errors of CUDA's exponentials and logarithms in this problem, for ``_paths``: the Triton
+    kernel's tl.exp and tl.log are the fast ex2.approx and lg2.approx (as __expf and __logf, CUDA C
+    Programming Guide, Intrinsic Functions): exp(x) within 2 + floor(1.173 |x|) ulp; log d within 3
+    ulp, or 2^-21.41 absolute for d in [0.5, 2]; PyTorch's expf and logf within 2 and 1 ulp. An ulp
+    is at most 2 u of the result; every argument x here (z - m, a block's rescaling, z - log Z) lies
+    within a row's range of logits plus log V. Returns (the kernel's relative error, its log's
+    absolute one, PyTorch's relative error)."""
+    z = h.detach().double().cpu() @ W.detach().double().cpu().T  # (N,V)
+    reach = float((z.amax(-1) - z.amin(-1)).max()) + math.log(z.size(-1))
+    return 2 * U32 * max(2 + 1.173 * reach, 3), 2.0 ** -21.41, 2 * 2 * U32
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("V, chunk_rows", [(5003, 64), (37000, None)])
-def test_fused_equals_plain_on_cuda(kernel, dtype, V, chunk_rows):
+def test_fused_equals_plain_on_cuda(kernel, float32_sums, dtype, V, chunk_rows):
     """The compiled kernel in the chunk loop (several chunks; V = 37,000 takes two blocks of a row):
-    the plain path's loss, NLL and gradients w.r.t. h and W, with padding targets."""
+    the plain path's loss, NLL and gradients w.r.t. h and W, with padding targets, within the two
+    paths' bounds (``_paths``, with CUDA's exponentials: ``_cuda_rel``)."""
     h, W, target = _problem(V)
     plain = _sums_and_grads(_plain(target, 0.1), h, W, target, dtype)
     fused = _sums_and_grads(_fused(target, 0.1, kernel.smoothed_ce_rows, chunk_rows), h, W, target, dtype)
-    _assert_same(fused, plain, target, dtype)
+    on_cpu = lambda r: (r[0], r[1].cpu(), r[2].cpu())  # noqa: E731
+    rows_rel, rows_log_abs, plain_rel = _cuda_rel(h, W)
+    paths = _paths(h.detach().cpu(), W.detach().cpu(), target.cpu(), 0.1, dtype, chunk_rows, plain_rel, rows_rel,
+                   rows_log_abs)
+    _assert_same(on_cpu(fused), on_cpu(plain), target.cpu(), paths)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

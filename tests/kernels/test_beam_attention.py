@@ -227,7 +227,7 @@ def test_translator_beam_search_with_and_without_the_kernel(request, kernels, mo
     from aiayn.decode import loading, translator as tr_mod
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import search
-    from tests.decode.conftest import score_bound
+    from tests.rounding import score_bound
 
     monkeypatch.setattr(loading, "load_kernels", lambda: kernels)
     monkeypatch.setattr(loading, "require_int8_product", lambda precision, kernels: None)

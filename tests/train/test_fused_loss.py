@@ -60,11 +60,12 @@ def _fused(target, eps_ls, rows, chunk_rows):
     return lambda h, W: fused_label_smoothed_loss(PreSoftmax(h[None], W), target[None], eps_ls, PAD, rows, chunk_rows)
 
 
-def _rows(z, tgt, eps_ls, rel):
+def _rows(z, tgt, eps_ls, rel, log_abs=0.0):
     """Loss and NLL per row of the ``Rounded`` logits z (c,V) (smoothed_row_losses), 0 on padding
-    rows, with log Z and the rows kept; ``rel``: the exponential's and logarithm's relative error."""
+    rows, with log Z and the rows kept; ``rel``: the exponential's and logarithm's relative error,
+    ``log_abs``: the logarithm's absolute error besides."""
     keep = (tgt != PAD)[:, None]
-    lz = z.logsumexp(exp_rel=rel, log_rel=rel)
+    lz = z.logsumexp(exp_rel=rel, log_rel=rel, log_abs=log_abs)
     zg, zp = z.gather(tgt[:, None]), z.gather(torch.full_like(tgt, PAD)[:, None])
     eps_o = eps_ls / (z.v.size(-1) - 2)
     loss = lz - Rounded.const(1.0 - eps_ls) * zg - Rounded.const(eps_o) * (z.sum() - zg - zp)
@@ -77,23 +78,24 @@ def _masks(tgt, V):
     return (torch.arange(V) == PAD)[None] & keep, torch.nn.functional.one_hot(tgt, V).bool() & keep
 
 
-def _paths(h, W, target, eps_ls, dtype, chunk_rows):
+def _paths(h, W, target, eps_ls, dtype, chunk_rows, plain_rel=PT_EXP_REL_ERR, rows_rel=ROWS_EXP_LOG_REL_ERR,
+           rows_log_abs=0.0):
     """Both paths' loss, NLL, grad_h and grad_W as ``Rounded`` values (exact value and error bound),
     following their operations from h and W cast to ``dtype`` (exact): the logits h W^T in ``dtype``
     (float32 sums of D products, rounded to ``dtype``), float32 statistics (``_SmoothedCrossEntropy``'s
     PyTorch path; a chunk's rows by torch_rows, whose steps round at least as often as the Triton
-    kernel's, with ROWS_EXP_LOG_REL_ERR), d loss / d z rounded to ``dtype``, its products with W and h
+    kernel's, with ``rows_rel`` and ``rows_log_abs``; ``plain_rel``: the plain path's exp and log), d loss / d z rounded to ``dtype``, its products with W and h
     in ``dtype`` (grad_W over the chunks: bfloat16 products summed in float32, or float32 addmm_), and
     the upstream gradient (float32 G_LOSS) applied where each path applies it. Returns (plain, fused)."""
     N, V = h.size(0), W.size(0)
     H, Wd = Rounded(h.detach().to(dtype)), Rounded(W.detach().to(dtype))
     eps_o = eps_ls / (V - 2)
     g_loss = Rounded.const(G_LOSS)
-    rows = lambda z, tgt, rel: _rows(z, tgt, eps_ls, rel)  # noqa: E731
+    rows = lambda z, tgt, rel, log_abs=0.0: _rows(z, tgt, eps_ls, rel, log_abs)  # noqa: E731
     masks = lambda tgt: _masks(tgt, V)  # noqa: E731
 
     z = (H @ Wd.T).to(dtype)
-    loss, nll, lz, keep = rows(z, target, PT_EXP_REL_ERR)  # PyTorch's exp and log: both 1 ulp
+    loss, nll, lz, keep = rows(z, target, plain_rel)  # PyTorch's exp and log (on the CPU: 1 ulp)
     pad, gold = masks(target)
     c, e = g_loss * Rounded.const(eps_o), g_loss * Rounded.const(1.0 - eps_ls - eps_o)
     dz = ((z - lz).exp() * g_loss - c + c.at(pad) - e.at(gold)).at(keep).to(dtype)
@@ -104,9 +106,9 @@ def _paths(h, W, target, eps_ls, dtype, chunk_rows):
     grad_W = Rounded(torch.zeros(W.shape))
     for i in range(0, N, chunk):
         zc, tgt = (H[i:i + chunk] @ Wd.T).to(dtype), target[i:i + chunk]
-        lc, nc, lz, keep = rows(zc, tgt, ROWS_EXP_LOG_REL_ERR)
+        lc, nc, lz, keep = rows(zc, tgt, rows_rel, rows_log_abs)
         pad, gold = masks(tgt)
-        dz = ((zc - lz).exp(ROWS_EXP_LOG_REL_ERR) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
+        dz = ((zc - lz).exp(rows_rel) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
               + Rounded.const(eps_o - (1.0 - eps_ls)).at(gold)).at(keep).to(dtype)
         loss.append(lc)
         nll.append(nc)
