@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import types
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -18,6 +19,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.layers import SublayerConnection
+from aiayn.model.positional import LearnedPositions, ScaledEmbedding
 from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16
 
 UNIT_ROUNDOFF = {"bf16": U_BF16, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
@@ -25,8 +27,22 @@ UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subno
 # LAMBDA (tests/kernels/reference.py), in Hoeffding's bound: it fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
 # precision: (the float format between the linear maps, None for float32; whether the linear maps are int8)
 PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True),
-         "fp32": (None, False)}
-ETA32 = 2.0 ** -150  # float32's half smallest subnormal
+         "fp32": (None, False), "fp64": (None, False)}
+
+
+@dataclass(frozen=True)
+class Arith:
+    """A float format's arithmetic, for ``_float_log_probs``: unit roundoff, half the smallest
+    subnormal, and the relative error of the exponentials that run in it."""
+    u: float
+    eta: float
+    exp_rel: float
+
+
+# float32: the C kernels' exponential (EXP_REL_ERR) is the least accurate, PyTorch's (1 ulp, 2 u) below it;
+# float64: PyTorch's and libm's exp, 1 ulp (the C kernels run in float32 only); its smallest subnormal
+# stands for half of it (not a float64)
+FORMATS = {"fp32": Arith(U32, 2.0 ** -150, EXP_REL_ERR), "fp64": Arith(2.0 ** -53, 2.0 ** -1074, 2 * 2.0 ** -53)}
 
 
 def int8_half_step(v: Tensor) -> Tensor:
@@ -76,7 +92,7 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
       The products are exact in int32; everything else is float32.
     - int8-bf16: int8's and bf16's at every result between the linear maps and the parameters that
       stay bfloat16 (embeddings, LayerNorm); the biases and the logits stay float32.
-    - fp32: float32's own roundings, in every path alike (``_float32_log_probs``): two float32 paths
+    - fp32: float32's own roundings, in every path alike (``_float_log_probs``): two float32 paths
       (cached or recomputed, batched or alone, the C kernels or PyTorch's) differ by at most twice it.
     Float32's roundings (unit roundoff 2^-24, in both searches; the float32 sums inside the products,
     of at most d_ff = 256 terms here, 256 · 2^-24 = 2^-16 of their terms' magnitudes) are 2^-8 of
@@ -91,6 +107,10 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     fmt, int8 = PATHS[precision]
     u, eta = UNIT_ROUNDOFF.get(fmt, 0.0), UNDERFLOW.get(fmt, 0.0)
     m = copy.deepcopy(model).double().eval()
+    followed = (nn.Linear, nn.LayerNorm, ScaledEmbedding, LearnedPositions, type(m))
+    odd = {type(mod).__name__ for mod in m.modules() if any(True for _ in mod.parameters(recurse=False))
+           and not isinstance(mod, followed)}
+    assert not odd, f"the model as trained, not a decoding copy: {odd} are not followed here"
     if int8 and m.out_proj is None:  # the tied projection's int8 copy rounds apart from the lookups'
         m.out_proj = nn.Linear(m.cfg.d_model, m.tgt_embed.weight.size(0), bias=False).double()
         m.out_proj.weight = nn.Parameter(m.tgt_embed.weight.detach().clone())
@@ -105,8 +125,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     def round_(v: Tensor) -> Tensor:
         return moved(v, u * v.detach().abs() + eta) if u else v
 
-    if precision == "fp32":
-        return _hoeffding(quantity(_float32_log_probs(m, src, tgt_in, moved)).reshape(-1), places)
+    if precision in FORMATS:
+        return _hoeffding(quantity(_float_log_probs(m, src, tgt_in, moved, FORMATS[precision])).reshape(-1), places)
     linears = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
     int8_params = {id(p) for lin in linears for p in lin.parameters()} if int8 else set()
     for p in m.parameters():
@@ -161,23 +181,25 @@ def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor]]) -> Tensor:
     return LAMBDA * squares.sqrt()
 
 
-def _roundings(n) -> Tensor:
+def _roundings(n, u: float = U32) -> Tensor:
     """sqrt(n) u: what n roundings, each moving a value by at most u times a magnitude M and independent
     of the others (the model of ``rounding_bound``), weigh in Hoeffding's sum, as one place with
     |δ| <= sqrt(n) u M (Σ_i (g u M)² over the n is (g sqrt(n) u M)²). A sum of n terms in float32 rounds
     at most 2n times (n products without FMA, n - 1 additions, one more for a bias or a scaling), each
     by at most u times a partial value, below M = Σ|terms|, whatever the order of the additions
     (Higham & Mary 2019, Theorem 4.6: lambda sqrt(n) u, against the worst case gamma_n = n u)."""
-    return torch.as_tensor(n, dtype=torch.float64).clamp(min=1).sqrt() * U32
+    return torch.as_tensor(n, dtype=torch.float64).clamp(min=1).sqrt() * u
 
 
-def _float32_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    """The float64 copy ``m``'s log-probabilities (1, T, V), each result that float32 arithmetic rounds
+def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[[Tensor, Tensor], Tensor],
+                     a: Arith) -> Tensor:
+    """The float64 copy ``m``'s log-probabilities (1, T, V), each result that the arithmetic ``a``
+    (float32, or float64 for float64 models) rounds
     ``moved`` by its bound, whatever the order of the sums, with or without FMA, in PyTorch's ops or
     the C kernels (the parameters and the positional table are float32 numbers in every path: exact):
     - a linear map, x Wᵀ + b: 2 d_in + 1 roundings of values below |x| |W|ᵀ + |b| (``_roundings``);
-    - Eq. 1 (``_Float32Attention``) and the final log-softmax: each step of the softmax (below);
-    - LayerNorm (``_float32_layer_norm``); the residual sums, u |x + y|; the embedding's scaling by
+    - Eq. 1 (``_FloatAttention``) and the final log-softmax: each step of the softmax (below);
+    - LayerNorm (``_float_layer_norm``); the residual sums, u |x + y|; the embedding's scaling by
       fl32(sqrt(d_model)), 2 u, and its sum with the positions, u; ReLU is exact.
     The softmax over n values s (Eq. 1's row, the logits): x = s - max s, rounded (u |x|), times
     fl32(log2 e) and rounded again inside the C kernels' exponential (about 1.23 u |x|): 3 u (|x| + 1);
@@ -185,14 +207,14 @@ def _float32_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callabl
     it); their sum l, n - 1 roundings below l; then p = exp(x) / l, 2 u p (a division, or a reciprocal and a
     product), or log p = x - log l: logf's 1 ulp (2 u |log l|) and the sums max s + log l and s minus
     that, u (|max s| + |log l|) and u |log p|."""
-    u = U32
+    u = a.u
 
     def linear(self, x):
         y = F.linear(x, self.weight, self.bias)
         terms = F.linear(x.detach().abs(), self.weight.detach().abs(),
                          None if self.bias is None else self.bias.detach().abs())
         n = 2 * x.size(-1) + 1
-        return moved(y, _roundings(n) * terms + n * ETA32)
+        return moved(y, _roundings(n, u) * terms + n * a.eta)
 
     def post(self, x, sublayer_out):
         y = x + sublayer_out
@@ -209,11 +231,11 @@ def _float32_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callabl
         if isinstance(mod, nn.Linear):
             mod.forward = types.MethodType(linear, mod)
         elif isinstance(mod, nn.LayerNorm):
-            mod.forward = types.MethodType(lambda self, x: _float32_layer_norm(self, x, moved), mod)
+            mod.forward = types.MethodType(lambda self, x: _float_layer_norm(self, x, moved, a), mod)
         elif isinstance(mod, SublayerConnection):
             mod.post = types.MethodType(post, mod)
         elif isinstance(mod, MultiHeadAttention):
-            mod.core = _Float32Attention(moved)
+            mod.core = _FloatAttention(moved, a)
     assert m.cfg.activation == "relu", "ReLU is exact; another activation needs its own rounding here"
     m._embed = types.MethodType(embed, m)
     def output_logits(self, h):  # the pre-softmax projection (§3.4), tied or its own, and its bias, one linear map
@@ -224,36 +246,36 @@ def _float32_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callabl
     m.output_logits = types.MethodType(output_logits, m)
     z = m(src, tgt_in)  # (1,T,V)
     s_max = z.detach().amax(-1, keepdim=True)
-    x, log_l = _float32_softmax_sum(z, moved)
+    x, log_l = _float_softmax_sum(z, moved, a)
     lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()))  # logf's 2u, the sum's u
     lp = x + s_max - lse
     return moved(lp, u * lp.detach().abs())
 
 
-def _float32_softmax_sum(s: Tensor, moved: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+def _float_softmax_sum(s: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> tuple[Tensor, Tensor]:
     """x = s - max s over the last dimension and log Σ exp(x) (rows with -inf where masked), each
-    rounding ``moved`` as ``_float32_log_probs`` says; returns x and log l, with l's sum marked."""
-    u = U32
+    rounding ``moved`` as ``_float_log_probs`` says; returns x and log l, with l's sum marked."""
+    u = a.u
     x = s - s.detach().amax(-1, keepdim=True)
     finite = torch.isfinite(x.detach())
     x = moved(x, torch.where(finite, 3 * u * (x.detach().abs() + 1), 0.0))
     e = torch.exp(x)
-    e = moved(e, EXP_REL_ERR * e.detach())
+    e = moved(e, a.exp_rel * e.detach())
     n = finite.sum(-1, keepdim=True)
     l = e.sum(-1, keepdim=True)
-    l = moved(l, _roundings(n - 1) * l.detach() + n * ETA32)
+    l = moved(l, _roundings(n - 1, u) * l.detach() + n * a.eta)
     return x, torch.log(l)
 
 
-class _Float32Attention(nn.Module):
-    """Eq. 1 in float64, each float32 rounding marked (``_float32_log_probs``): Q Kᵀ scaled by
+class _FloatAttention(nn.Module):
+    """Eq. 1 in float64, each float32 rounding marked (``_float_log_probs``): Q Kᵀ scaled by
     fl32(1 / sqrt(d_k)), before or after the product (seq_attention.c scales q), 2 d_k + 1 roundings
     below |Q| |K|ᵀ / sqrt(d_k); the softmax; its product with V over the n keys a query sees, 2 n + 1
     below p |V| (normalized before or after the sum, as flash attention does)."""
 
-    def __init__(self, moved: Callable[[Tensor, Tensor], Tensor]):
+    def __init__(self, moved: Callable[[Tensor, Tensor], Tensor], a: Arith):
         super().__init__()
-        self.moved = moved
+        self.moved, self.a = moved, a
 
     def forward(self, q, k, v, mask, is_causal=False, need_weights=False):
         T, S, d_k = q.size(-2), k.size(-2), q.size(-1)
@@ -263,32 +285,33 @@ class _Float32Attention(nn.Module):
         scale = 1 / math.sqrt(d_k)
         scores = (q @ k.transpose(-2, -1)) * scale  # (B,H,T,S)
         terms = (q.detach().abs() @ k.detach().abs().transpose(-2, -1)) * scale
-        scores = self.moved(scores, _roundings(2 * d_k + 1) * terms + 2 * d_k * ETA32)
+        a = self.a
+        scores = self.moved(scores, _roundings(2 * d_k + 1, a.u) * terms + 2 * d_k * a.eta)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        x, log_l = _float32_softmax_sum(scores, self.moved)
+        x, log_l = _float_softmax_sum(scores, self.moved, a)
         p = torch.exp(x - log_l)
-        p = self.moved(p, 2 * U32 * p.detach())
+        p = self.moved(p, 2 * a.u * p.detach())
         n = torch.isfinite(x.detach()).sum(-1, keepdim=True)  # (B,H,T,1) keys seen
         out = p @ v  # (B,H,T,Dv)
-        out = self.moved(out, _roundings(2 * n + 1) * (p.detach() @ v.detach().abs()) + 2 * n * ETA32)
+        out = self.moved(out, _roundings(2 * n + 1, a.u) * (p.detach() @ v.detach().abs()) + 2 * n * a.eta)
         B, H, T, Dv = out.shape
         return out.transpose(1, 2).reshape(B, T, H * Dv), None
 
 
-def _float32_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    """LayerNorm over the last dimension (D), each float32 rounding marked (``_float32_log_probs``):
+def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> Tensor:
+    """LayerNorm over the last dimension (D), each float32 rounding marked (``_float_log_probs``):
     the mean μ, D + 1 roundings below mean|x|; the variance σ², 3 D + 3 below mean(x²), which covers the
     two-pass mean((x - μ)²), Welford's updates and E[x²] - μ² alike; 1 / sqrt(σ² + ε), 3 u (the sum, the root,
     the reciprocal); and y = (x - μ) r w + b, as written or fused as x (r w) + (b - μ r w): four
     roundings, each of a value below |x| |r w| + |μ r w| + |b| + |y|, so 4 u of that."""
-    u = U32
+    u = a.u
     D = x.size(-1)
     mu = x.mean(-1, keepdim=True)
-    mu = moved(mu, _roundings(D + 1) * x.detach().abs().mean(-1, keepdim=True) + D * ETA32)
+    mu = moved(mu, _roundings(D + 1, u) * x.detach().abs().mean(-1, keepdim=True) + D * a.eta)
     d = x - mu
     var = (d * d).mean(-1, keepdim=True)
-    var = moved(var, _roundings(3 * D + 3) * (x.detach() ** 2).mean(-1, keepdim=True) + D * ETA32)
+    var = moved(var, _roundings(3 * D + 3, u) * (x.detach() ** 2).mean(-1, keepdim=True) + D * a.eta)
     r = torch.rsqrt(var + ln.eps)
     r = moved(r, 3 * u * r.detach())
     y = d * r * ln.weight + ln.bias
@@ -319,5 +342,27 @@ def score_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, 
     tgt_in, steps = torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y))
     bound = rounding_bound(model, precision, src, tgt_in, lambda lp: lp[0, steps, torch.tensor(y)].sum())
     penalty = length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
-    sum_bound = LAMBDA * float(_roundings(len(y) + 1)) * 1.01 * abs(hyp.score) * penalty  # 1.01: hyp.score's own error
+    u = FORMATS[precision].u if precision in FORMATS else U32  # the search's sums: float32 but for float64 models
+    sum_bound = LAMBDA * float(_roundings(len(y) + 1, u)) * 1.01 * abs(hyp.score) * penalty  # 1.01: hyp.score's own error
     return (float(bound) + sum_bound) / penalty
+
+
+def log_prob_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,
+                   ids: SpecialIds = SpecialIds()) -> float:
+    """``score_bound`` of a hypothesis's log-probability, its score before the length penalty."""
+    return score_bound(model, precision, src, hyp, cfg, ids) * length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
+
+
+def same_float_search(model: nn.Module, src: Tensor, got: list, want: list, cfg: DecodeConfig,
+                      ids: SpecialIds = SpecialIds(), fmt: str = "fp32") -> None:
+    """Two searches of the float32 (``fmt`` "fp32") or float64 ("fp64") ``model`` over src (B,S) (their
+    n-best lists, sentence by sentence): the same hypotheses, and each score and log-probability within
+    twice ``score_bound``'s ``fmt`` of the other's, each path's roundings moving it at most that far
+    from the exact one."""
+    assert [[(h.tokens, h.eos) for h in hs] for hs in got] == [[(h.tokens, h.eos) for h in hs] for hs in want]
+    for b, (hs_got, hs_want) in enumerate(zip(got, want)):
+        for g, w in zip(hs_got, hs_want):
+            bound = score_bound(model, fmt, src[b], w, cfg, ids)
+            penalty = length_penalty(w.length, cfg.alpha, cfg.length_norm)
+            assert abs(g.score - w.score) <= 2 * bound, (b, w.tokens, g.score, w.score, 2 * bound)
+            assert abs(g.log_prob - w.log_prob) <= 2 * bound * penalty, (b, w.tokens, g.log_prob, w.log_prob)

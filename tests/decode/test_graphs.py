@@ -2,12 +2,12 @@
 cached step (``CachedDecoder``): the same searches on the CPU, where the step runs without a graph.
 
 Tolerances from the arithmetic: the fixed step attends over every slot of the bucket (masked slots
-weigh exactly 0), so only the order of the softmax's sums and of the weighted values' sums changes,
-over at most Tmax*g = 128 terms here; a sum of n terms in that other order differs by at most about
-n * eps of its magnitude. In float64 (eps 1.1e-16) that is 1.4e-14 a sum, which the few layers of the
-tiny model and a hypothesis's 10 or so log-probabilities keep far under 1e-11 of a score; in float32
-(eps 6e-8) 7.6e-6, taken times 4 for the layers' sums: 3e-5 of a score, with the confident model's
-one-nat margins keeping every decision."""
+weigh exactly 0), so only the order of the sums changes. A search's scores are held to both paths'
+roundings (``same_float_search``, tests/rounding.py: float64 or float32, as the model). Samples and
+ensembles, which ``score_bound`` does not follow, to REL64: a sum of n terms in another order differs
+by at most about n eps of its magnitude, over at most Tmax*g = 128 terms here: in float64 (eps
+1.1e-16) 1.4e-14 a sum, which the tiny model's few layers and a hypothesis's 10 or so
+log-probabilities keep far under 1e-11 of a score."""
 from __future__ import annotations
 
 import pytest
@@ -20,9 +20,9 @@ from aiayn.decode.graphs import GraphDecoder, Shape
 from aiayn.decode.search import SpecialIds, search
 
 from tests.decode.test_adapter import V, sources, tiny_model
+from tests.rounding import same_float_search
 
 REL64 = 1e-11  # module docstring
-REL32 = 3e-5
 
 
 @pytest.fixture
@@ -30,7 +30,13 @@ def model():
     return tiny_model()
 
 
-def same_search(a, b, rel):
+def same_search(a, b, model, src, cfg):
+    """The same hypotheses, scores within both searches' roundings (tests/rounding.py)."""
+    fmt = "fp64" if next(model.parameters()).dtype == torch.float64 else "fp32"
+    same_float_search(model, src, a, b, cfg, SpecialIds(), fmt)
+
+
+def same_search_rel(a, b, rel):
     assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
     assert [h.score for hs in a for h in hs] == pytest.approx([h.score for hs in b for h in hs], rel=rel, abs=1e-12)
     assert [h.eos for hs in a for h in hs] == [h.eos for hs in b for h in hs]
@@ -45,7 +51,7 @@ def test_fixed_buffers_search_as_the_cache(model, cfg):
     cached = search(CachedDecoder(model), src, cfg, SpecialIds())
     lengths = {(len(hs[0].tokens), hs[0].eos) for hs in cached}
     assert len(lengths) > 2  # sentences leave the search at different steps: their rows stay in the buffers
-    same_search(search(GraphDecoder(model), src, cfg, SpecialIds()), cached, REL64)
+    same_search(search(GraphDecoder(model), src, cfg, SpecialIds()), cached, model, src, cfg)
 
 
 @pytest.mark.parametrize("beam", [4, 1])
@@ -54,15 +60,15 @@ def test_forced_prefixes_as_the_cache(model, beam):
     prefix = torch.tensor([[5, 6, -1], [7, -1, -1], [-1, -1, -1], [8, 9, 10], [11, -1, -1]])
     cfg, src = DecodeConfig(beam_size=beam, nbest=beam, max_len_b=6), sources()
     same_search(search(GraphDecoder(model), src, cfg, SpecialIds(), Constraints(prefix=prefix)),
-                search(CachedDecoder(model), src, cfg, SpecialIds(), Constraints(prefix=prefix)), REL64)
+                search(CachedDecoder(model), src, cfg, SpecialIds(), Constraints(prefix=prefix)), model, src, cfg)
 
 
 def test_samples_as_the_cache(model):
     # float64 probabilities that differ in their last bits: a draw could only differ where a uniform
     # number falls within about 1e-15 of a boundary of the cumulative sums
     cfg, src = DecodeConfig(sampling=True, nbest=3, top_k=5, max_len_b=6, seed=3), sources()
-    same_search(search(GraphDecoder(model), src, cfg, SpecialIds()), search(CachedDecoder(model), src, cfg, SpecialIds()),
-                REL64)
+    same_search_rel(search(GraphDecoder(model), src, cfg, SpecialIds()),
+                    search(CachedDecoder(model), src, cfg, SpecialIds()), REL64)
 
 
 def test_one_bucket_serves_batches_of_similar_shape(model):
@@ -72,8 +78,8 @@ def test_one_bucket_serves_batches_of_similar_shape(model):
     first = search(dec, src, cfg, SpecialIds())
     second = search(dec, src[1:4, :5], cfg, SpecialIds())
     assert list(dec._buckets) == [Shape(8, 4, 32, 16)]
-    same_search(first, search(CachedDecoder(model), src, cfg, SpecialIds()), REL64)
-    same_search(second, search(CachedDecoder(model), src[1:4, :5], cfg, SpecialIds()), REL64)
+    same_search(first, search(CachedDecoder(model), src, cfg, SpecialIds()), model, src, cfg)
+    same_search(second, search(CachedDecoder(model), src[1:4, :5], cfg, SpecialIds()), model, src[1:4, :5], cfg)
 
 
 def test_a_batch_reads_nothing_an_earlier_one_left(model):
@@ -86,7 +92,7 @@ def test_a_batch_reads_nothing_an_earlier_one_left(model):
         for buf in (*bucket.self_kv[0], *bucket.cross_kv[0]):
             buf.fill_(float("nan"))
     same_search(search(dec, src[1:4, :5], cfg, SpecialIds()), search(CachedDecoder(model), src[1:4, :5], cfg, SpecialIds()),
-                REL64)
+                model, src[1:4, :5], cfg)
     with torch.inference_mode():
         assert torch.isfinite(bucket._step()[0]).all()  # 3 sentences and 5 padding ones, every row
     # (PyTorch's CPU attention gives a row with every key masked zeros; other kernels may give NaN)
@@ -98,15 +104,15 @@ def test_ensemble_of_fixed_steps_as_the_cached_ensemble(model):
     other = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
     cfg, src = DecodeConfig(beam_size=4, nbest=2, max_len_b=6), sources()
     graphs = search(EnsembleDecoder([GraphDecoder(model), GraphDecoder(other)]), src, cfg, SpecialIds())
-    same_search(graphs, search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(other)]), src, cfg, SpecialIds()),
-                REL64)
+    same_search_rel(graphs, search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(other)]), src, cfg,
+                                   SpecialIds()), REL64)
 
 
 def test_float32_confident_search_as_the_cache(confident_model):
     model, src = confident_model
     cfg = DecodeConfig(beam_size=4, nbest=2)
     same_search(search(GraphDecoder(model), src, cfg, SpecialIds()),
-                search(CachedDecoder(model), src, cfg, SpecialIds()), REL32)
+                search(CachedDecoder(model), src, cfg, SpecialIds()), model, src, cfg)
 
 
 def test_buckets_round_up_and_the_oldest_goes(model, monkeypatch):

@@ -190,19 +190,27 @@ def test_the_kernels_append_is_the_caches(kernels, K, dtype):
 
 def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
     # the same shared-slot cache driven step by step, beams reordered within sentences and a sentence
-    # dropped: log-probabilities with the kernel equal those with PyTorch's attention
+    # dropped: log-probabilities with the kernel equal those with PyTorch's attention up to both paths'
+    # float32 roundings (rounding_bound of each row's step, its history followed through the reorders)
     from aiayn.decode.adapter import CachedDecoder
+    from tests.rounding import rounding_bound
 
     model, src = tiny_model(), sources()[:3]
     g = torch.Generator().manual_seed(2)
     decoders = [CachedDecoder(model, kernels=kernels), CachedDecoder(model)]
+    sentence = torch.arange(3).repeat_interleave(4)  # each row's sentence, and its tokens so far
+    history = torch.full((12, 1), 2)
     with torch.inference_mode():
-        states = [d.start(src, 12).reorder(torch.arange(3).repeat_interleave(4)) for d in decoders]
+        states = [d.start(src, 12).reorder(sentence) for d in decoders]
         assert states[0].cache.kernels is kernels and states[0].cache.shared_slots
         tokens = torch.full((12,), 2)
         for step in range(8):
             outs = [d.step(tokens, s) for d, s in zip(decoders, states)]
-            torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+            with torch.inference_mode(False):
+                bound = torch.stack([rounding_bound(model, "fp32", src[b:b + 1, : int((src[b] != 0).sum())],
+                                                    history[r:r + 1].clone(), lambda lp: lp[0, -1])
+                                     for r, b in enumerate(sentence.tolist())])  # (n, V)
+            within(outs[0][0], outs[1][0].double(), 2 * bound)
             states = [o[1] for o in outs]
             n = tokens.numel()
             if step == 4:  # the second sentence leaves
@@ -212,22 +220,23 @@ def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
             states = [s.reorder(idx) for s in states]
             assert states[0].cache.kernels is kernels and states[0].cache.shared_slots
             tokens = torch.randint(4, V, (idx.numel(),), generator=g)
+            sentence, history = sentence[idx], torch.cat([history[idx], tokens[:, None]], 1)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8-bf16"])
 def test_translator_beam_search_with_and_without_the_kernel(request, kernels, monkeypatch, precision):
     # the Translator's decoder gets the kernel from DecodeConfig.c_kernels; fp32 outputs are the same
-    # hypotheses with the same scores (a random model); int8-bf16 (bfloat16 attention, rounded
+    # hypotheses with the same scores up to float32's roundings (same_float_search; a random model); int8-bf16 (bfloat16 attention, rounded
     # differently, and emulated on CPUs without bf16 instructions) the same best hypotheses, on a model
     # whose decisions lead by more than that rounding moves them (confident_model), each score within
-    # score_bound (int8's steps and bfloat16's roundings along its path, tests/decode/conftest.py) of
+    # score_bound (int8's steps and bfloat16's roundings along its path, tests/rounding.py) of
     # the exact one, so the two within twice that. Without VNNI decoding refuses int8-bf16 without the
     # kernels (test_int8_bf16_is_refused_without_vnni_and_without_the_kernels_avx2_product): lifted
     # here, its int8 products are then int_mm_float's, exact, the same sums as the kernel's
     from aiayn.decode import loading, translator as tr_mod
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.search import search
-    from tests.rounding import score_bound
+    from tests.rounding import same_float_search, score_bound
 
     monkeypatch.setattr(loading, "load_kernels", lambda: kernels)
     monkeypatch.setattr(loading, "require_int8_product", lambda precision, kernels: None)
@@ -246,10 +255,8 @@ def test_translator_beam_search_with_and_without_the_kernel(request, kernels, mo
     layers = len(model.decoder_layers)
     assert calls.count("self_attention") == calls.count("cross_attention") > layers  # every step after the first
     assert calls.count("log_softmax_topk") >= calls.count("self_attention") // layers  # every step's selection
-    if precision == "fp32":
-        assert [[h.tokens for h in hs] for hs in out[True]] == [[h.tokens for h in hs] for hs in out[False]]
-        for a, b in zip(out[True], out[False]):
-            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    if precision == "fp32":  # the same hypotheses, each score within both paths' float32 roundings
+        same_float_search(model, src, out[True], out[False], t.cfg, t.ids)
     else:
         assert [hs[0].tokens for hs in out[True]] == [hs[0].tokens for hs in out[False]]
         for s, (a, b) in enumerate(zip(out[True], out[False])):
@@ -289,6 +296,7 @@ def test_decoding_kernels_follow_the_config(kernels, monkeypatch):
 def test_steps_that_the_kernels_do_not_take(kernels, monkeypatch):
     # attention weights asked for, autocast, or a dtype the kernel lacks: PyTorch's attention, same numbers
     from aiayn.decode.adapter import CachedDecoder
+    from tests.rounding import step_bound
 
     def refuse(*a, **k):
         raise AssertionError("the kernel was called")
@@ -302,7 +310,9 @@ def test_steps_that_the_kernels_do_not_take(kernels, monkeypatch):
         monkeypatch.setattr(kernels, "cross_attention", refuse)
         out = model.decode(tokens[:, None], cache=state.cache, need_weights=True)  # as attention plots ask
         assert out.self_weights is not None
-        torch.testing.assert_close(out.logits, reference, atol=1e-5, rtol=1e-5)
+        with torch.inference_mode(False):  # the first step's log-probabilities, up to both paths' float32 roundings
+            bound = step_bound(model, "fp32", src).repeat_interleave(4, 0)  # (8, V)
+        within(out.logits[:, 0].log_softmax(-1), reference[:, 0].log_softmax(-1).double(), 2 * bound)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             state64 = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
             model.decode(tokens[:, None], cache=state64.cache)
