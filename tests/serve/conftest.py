@@ -25,6 +25,14 @@ def translator(tiny_checkpoint) -> Translator:
     return Translator.from_checkpoint(tiny_checkpoint, DecodeConfig(max_len_b=8))
 
 
+@pytest.fixture(scope="session")
+def float_model(tiny_checkpoint):
+    """The checkpoint's float32 model as trained (the translator's is its decoding copy), for the
+    bounds of float32's roundings (tests/rounding.py)."""
+    from aiayn.decode.loading import load_models_for_inference
+    return load_models_for_inference(tiny_checkpoint)[0][0]
+
+
 class LiveServer:
     """The service's uvicorn server (``make_server``) in a thread on 127.0.0.1 (a free port); ``url`` is its address."""
 

@@ -5,14 +5,18 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from aiayn.config import ConfigError, replace
 from aiayn.decode.config import DecodeConfig
+from aiayn.decode.search import Hypothesis
 from aiayn.decode.translator import Translator
 from aiayn.model.transformer import count_preset_parameters
 from aiayn.serve.app import create_app
 from aiayn.serve.page import parameters_text
+
+from tests.rounding import score_bound
 
 from .conftest import LOCAL, SERVE
 
@@ -50,12 +54,17 @@ def test_translate_matches_the_translator(client, translator):
     assert "nbest" not in data and "attention" not in data
 
 
-def test_translate_settings_nbest_and_attention(client, translator):
+def test_translate_settings_nbest_and_attention(client, translator, float_model):
     body = {"sentences": SENTS[:2], "beam": 3, "alpha": 0.0, "nbest": 3, "attention": True}
     data = client.post("/translate", json=body).json()
-    ref = reference(translator, DecodeConfig(max_len_b=8, beam_size=3, alpha=0.0, nbest=3), SENTS[:2])
+    cfg = DecodeConfig(max_len_b=8, beam_size=3, alpha=0.0, nbest=3)
+    ref = reference(translator, cfg, SENTS[:2])
     assert [[h["text"] for h in hs] for hs in data["nbest"]] == [[t.text for t in ts] for ts in ref]
-    assert [h["score"] for hs in data["nbest"] for h in hs] == pytest.approx([t.score for ts in ref for t in ts])
+    for src, hs, ts in zip(translator.encode(SENTS[:2]), data["nbest"], ref):  # up to float32's roundings
+        for h, t in zip(hs, ts):
+            hyp = Hypothesis(t.tokens, t.score, t.log_prob, len(t.tokens) + t.eos, t.eos)
+            assert abs(h["score"] - t.score) <= 2 * score_bound(float_model, "fp32", torch.tensor(src), hyp, cfg,
+                                                                translator.ids)
     assert data["translations"] == [ts[0].text for ts in ref]
     L, H = translator.model.cfg.n_layers, translator.model.cfg.n_heads
     for att, ts, sent in zip(data["attention"], ref, SENTS):
