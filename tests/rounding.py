@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
 from aiayn.model.attention import MultiHeadAttention
-from aiayn.model.layers import SublayerConnection
+from aiayn.model.layers import FeedForward, SublayerConnection
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding
 from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16
 
@@ -200,7 +200,8 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     - a linear map, x Wᵀ + b: 2 d_in + 1 roundings of values below |x| |W|ᵀ + |b| (``_roundings``);
     - Eq. 1 (``_FloatAttention``) and the final log-softmax: each step of the softmax (below);
     - LayerNorm (``_float_layer_norm``); the residual sums, u |x + y|; the embedding's scaling by
-      fl32(sqrt(d_model)), 2 u, and its sum with the positions, u; ReLU is exact.
+      fl32(sqrt(d_model)), 2 u, and its sum with the positions, u; ReLU is exact, swish and GELU
+      round (``_float_activation``).
     The softmax over n values s (Eq. 1's row, the logits): x = s - max s, rounded (u |x|), times
     fl32(log2 e) and rounded again inside the C kernels' exponential (about 1.23 u |x|): 3 u (|x| + 1);
     exp(x) with relative EXP_REL_ERR (the C kernels'; PyTorch's SLEEF and libm's 1 ulp, 2 u, are below
@@ -236,7 +237,9 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
             mod.post = types.MethodType(post, mod)
         elif isinstance(mod, MultiHeadAttention):
             mod.core = _FloatAttention(moved, a)
-    assert m.cfg.activation == "relu", "ReLU is exact; another activation needs its own rounding here"
+    for mod in m.modules():
+        if isinstance(mod, FeedForward) and mod.activation != "relu":  # ReLU is exact
+            mod.act = lambda x, _name=mod.activation: _float_activation(_name, x, moved, a)
     m._embed = types.MethodType(embed, m)
     def output_logits(self, h):  # the pre-softmax projection (§3.4), tied or its own, and its bias, one linear map
         weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
@@ -250,6 +253,25 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()))  # logf's 2u, the sum's u
     lp = x + s_max - lse
     return moved(lp, u * lp.detach().abs())
+
+
+def _float_activation(name: str, x: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> Tensor:
+    """Eq. 2's activation other than ReLU, its roundings marked (``_float_log_probs``):
+    - swish, x σ(x), σ(x) = 1 / (1 + exp(-x)): exp's relative error (at most a.exp_rel of σ, as
+      exp(-x) / (1 + exp(-x)) < 1), the sum and the reciprocal (2 u), the product (u);
+    - GELU, x (1 + erf(x / sqrt 2)) / 2: erf's argument rounded (u |x| / sqrt 2, times erf' <= 2 / sqrt(pi)
+      exp(-x² / 2)), erf's own 1 ulp (2 u |erf|), the sum (u |1 + erf|), then two products (2 u |y|)."""
+    u = a.u
+    if name == "swish":
+        y = F.silu(x)
+        return moved(y, (a.exp_rel + 3 * u) * y.detach().abs() + a.eta)
+    assert name == "gelu", name
+    y = F.gelu(x)
+    xd = x.detach()
+    erf = torch.erf(xd / math.sqrt(2))
+    moved_erf = (2 / math.sqrt(math.pi)) * torch.exp(-xd ** 2 / 2) * u * xd.abs() / math.sqrt(2) \
+        + 2 * u * erf.abs() + u * (1 + erf).abs()
+    return moved(y, xd.abs() / 2 * moved_erf + 2 * u * y.detach().abs() + a.eta)
 
 
 def _float_softmax_sum(s: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> tuple[Tensor, Tensor]:
