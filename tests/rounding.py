@@ -73,11 +73,11 @@ class _RoundedAttention(nn.Module):
 
 
 def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor,
-                   quantity: Callable[[Tensor], Tensor]) -> Tensor:
+                   quantity: Callable[[Tensor], Tensor], logits: bool = False) -> Tensor:
     """A bound on how far ``precision``'s decoding copy of the float32 ``model`` moves each of the
-    values ``quantity`` takes from the teacher-forced log-probabilities of one sentence, src (1, S)
-    without padding, tgt_in (1, T) (BOS and the tokens before each step; the same functions a cached
-    decoding step computes): (n,) float64, one bound per value.
+    values ``quantity`` takes from the teacher-forced log-probabilities (``logits``: the logits) of
+    one sentence, src (1, S) without padding, tgt_in (1, T) (BOS and the tokens before each step; the
+    same functions a cached decoding step computes): (n,) float64, one bound per value.
 
     Where the copy's arithmetic moves a value v, and by how much at most:
     - bf16, fp16: every parameter is rounded once, and the result of every operation (each linear
@@ -126,7 +126,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
         return moved(v, u * v.detach().abs() + eta) if u else v
 
     if precision in FORMATS:
-        return _hoeffding(quantity(_float_log_probs(m, src, tgt_in, moved, FORMATS[precision])).reshape(-1), places)
+        return _hoeffding(quantity(_float_log_probs(m, src, tgt_in, moved, FORMATS[precision], logits)).reshape(-1),
+                          places)
     linears = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
     int8_params = {id(p) for lin in linears for p in lin.parameters()} if int8 else set()
     for p in m.parameters():
@@ -169,7 +170,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     m._embed = types.MethodType(embed, m)
     if m.out_proj is None:  # the tied projection (§3.4) of bf16 and fp16: the logits rounded
         m.output_logits = types.MethodType(lambda self, h: round_(self.tgt_embed.transposed(h, self.out_bias)), m)
-    return _hoeffding(quantity(torch.log_softmax(m(src, tgt_in), dim=-1)).reshape(-1), places)
+    z = m(src, tgt_in)
+    return _hoeffding(quantity(z if logits else torch.log_softmax(z, dim=-1)).reshape(-1), places)
 
 
 def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor]]) -> Tensor:
@@ -192,7 +194,7 @@ def _roundings(n, u: float = U32) -> Tensor:
 
 
 def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[[Tensor, Tensor], Tensor],
-                     a: Arith) -> Tensor:
+                     a: Arith, logits: bool = False) -> Tensor:
     """The float64 copy ``m``'s log-probabilities (1, T, V), each result that the arithmetic ``a``
     (float32, or float64 for float64 models) rounds
     ``moved`` by its bound, whatever the order of the sums, with or without FMA, in PyTorch's ops or
@@ -248,6 +250,8 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
 
     m.output_logits = types.MethodType(output_logits, m)
     z = m(src, tgt_in)  # (1,T,V)
+    if logits:
+        return z
     s_max = z.detach().amax(-1, keepdim=True)
     x, log_l = _float_softmax_sum(z, moved, a)
     lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()))  # logf's 2u, the sum's u
@@ -388,3 +392,13 @@ def same_float_search(model: nn.Module, src: Tensor, got: list, want: list, cfg:
             penalty = length_penalty(w.length, cfg.alpha, cfg.length_norm)
             assert abs(g.score - w.score) <= 2 * bound, (b, w.tokens, g.score, w.score, 2 * bound)
             assert abs(g.log_prob - w.log_prob) <= 2 * bound * penalty, (b, w.tokens, g.log_prob, w.log_prob)
+
+
+def logit_bounds(model: nn.Module, fmt: str, src: Tensor, tgt_in: Tensor, pad: int = 0) -> Tensor:
+    """``rounding_bound`` of every teacher-forced logit of a batch, sentence by sentence (the padding
+    of src dropped; a padded batch's masked keys weigh exactly 0): src (B,S), tgt_in (B,T) -> (B,T,V)."""
+    rows = []
+    for b in range(src.size(0)):
+        z_bound = rounding_bound(model, fmt, src[b][src[b] != pad][None], tgt_in[b:b + 1], lambda z: z[0], logits=True)
+        rows.append(z_bound.view(tgt_in.size(1), -1))
+    return torch.stack(rows)
