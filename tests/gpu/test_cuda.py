@@ -17,6 +17,7 @@ from aiayn.data.stream import to_device
 from aiayn.checkpoint.run import Learner
 from aiayn.train import runtime as rt
 from aiayn.train import updates
+from tests.rounding import same_float_search
 from tests.train.steps import passes, read_step
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
@@ -95,9 +96,8 @@ def test_loss_on_cuda_equals_the_reference(dtype):
 
 def test_beam_search_on_cuda_matches_the_cpu(confident_model):
     """Beam search on CUDA (cuDNN attention left out, merges without host checks) against the CPU's.
-    In float64 the same hypotheses, scores equal to the order of sums: a sum of n terms in another
-    order moves by about n * 1.1e-16 of its magnitude, far under 1e-11 of a score
-    (tests/decode/test_graphs.py derives it). On the confident copy model, fp32 and bf16 on CUDA find
+    In float64 the same hypotheses, each score within float64's roundings of the exact one
+    (``same_float_search``, tests/rounding.py). On the confident copy model, fp32 and bf16 on CUDA find
     the CPU fp32 search's tokens: its every decision leads by ``CONFIDENT_MARGIN`` nats, more than
     twice what their roundings move a log-probability (tests/conftest.py)."""
     import copy
@@ -114,8 +114,7 @@ def test_beam_search_on_cuda_matches_the_cpu(confident_model):
     ids = SpecialIds(cfg.pad_id, cfg.bos_id, cfg.eos_id)
     cpu = search(CachedDecoder(wide), src, dcfg, ids)
     gpu = search(CachedDecoder(copy.deepcopy(wide).to(CUDA)), src.to(CUDA), dcfg, ids)
-    assert [[h.tokens for h in hs] for hs in gpu] == [[h.tokens for h in hs] for hs in cpu]
-    assert [h.score for hs in gpu for h in hs] == pytest.approx([h.score for hs in cpu for h in hs], rel=1e-11)
+    same_float_search(wide, src, gpu, cpu, dcfg, ids, "fp64")  # each within float64's roundings (tests/rounding.py)
     model, src = confident_model
     want = [h[0].tokens for h in search(CachedDecoder(model), src, DecodeConfig(beam_size=4), SpecialIds())]
     for precision in ("fp32", "bf16"):
@@ -155,7 +154,7 @@ def test_search_on_cuda_waits_once_per_step():
 @pytest.mark.parametrize("beam", [4, 1])
 def test_graph_replayed_search_on_cuda_equals_the_cached_search(beam, confident_model):
     """``GraphDecoder`` on CUDA (each step a replayed CUDA graph): in float64 the cached search's hypotheses
-    and scores to the order of sums (tests/decode/test_graphs.py derives the bound); a second batch of the
+    and scores up to float64's roundings (``same_float_search``, tests/rounding.py); a second batch of the
     same bucket replays the captured graph over its own buffers; on the confident copy model, fp32 and bf16
     graphs find the CPU fp32 search's tokens (as in ``test_beam_search_on_cuda_matches_the_cpu``)."""
     import copy
@@ -175,8 +174,7 @@ def test_graph_replayed_search_on_cuda_equals_the_cached_search(beam, confident_
     graphs = GraphDecoder(wide)
     for batch in (src, src[2:7, :9]):
         want, got = search(CachedDecoder(wide), batch, dcfg, ids), search(graphs, batch, dcfg, ids)
-        assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
-        assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], rel=1e-11)
+        same_float_search(copy.deepcopy(wide).cpu(), batch.cpu(), got, want, dcfg, ids, "fp64")
     assert len(graphs._buckets) == 1 and next(iter(graphs._buckets.values()))._graph is not None
     confident, src = confident_model
     want = [hs[0].tokens for hs in search(CachedDecoder(confident), src, DecodeConfig(beam_size=beam), SpecialIds())]
