@@ -21,8 +21,8 @@ def register(subparsers) -> None:
                                           "from github.com/multi30k/dataset, or $AIAYN_DATA_URL",
                          allow_abbrev=False)
     m.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache, $AIAYN_CACHE "
-                        "or ~/.cache/aiayn, where `aiayn demo` looks")
+                   help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache ($AIAYN_CACHE, "
+                        "else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), where `aiayn demo` looks")
     m.set_defaults(func=run_multi30k)
     w = which.add_parser("wmt14", help="the WMT14 archives of a pair (training corpora, newstest2013, newstest2014) "
                                        "from statmt.org, or $AIAYN_WMT14_URL",
@@ -31,7 +31,8 @@ def register(subparsers) -> None:
                    help="en-de: Europarl v7, Common Crawl, News Commentary v9 (1.7 GB); en-fr: those and the UN and "
                         "10^9 corpora (6.6 GB); both with dev.tgz and test-full.tgz (default: en-de)")
     w.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder to fill (DIR/wmt14/); default: the cache, $AIAYN_CACHE or ~/.cache/aiayn")
+                   help="folder to fill (DIR/wmt14/); default: the cache ($AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn or "
+                        "~/.cache/aiayn)")
     w.add_argument("--base-url", default=None, metavar="URL",
                    help="a mirror holding statmt.org's paths (default: $AIAYN_WMT14_URL, else https://www.statmt.org/)")
     w.add_argument("--unpack", action="store_true",
@@ -41,8 +42,8 @@ def register(subparsers) -> None:
                                             "what `aiayn parse demo` trains on, from github.com/nltk/nltk_data",
                          allow_abbrev=False)
     t.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="data root to fill (DIR/ptb-wsj-nltk-sample/treebank.zip); default: the cache, $AIAYN_CACHE "
-                        "or ~/.cache/aiayn, where `aiayn parse demo` looks")
+                   help="data root to fill (DIR/ptb-wsj-nltk-sample/treebank.zip); default: the cache ($AIAYN_CACHE, "
+                        "else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), where `aiayn parse demo` looks")
     t.add_argument("--base-url", default=None, metavar="URL",
                    help="a mirror holding the repository's path packages/corpora/treebank.zip (default: "
                         "$AIAYN_NLTK_DATA_URL, else https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/)")

@@ -24,7 +24,7 @@ class DemoConfig:
     test: tuple[str, ...] = param((), "with --train: the test split's SOURCE and TARGET files, translated and scored (sacreBLEU, chrF); none: no test scores")
     src_lang: str = param("", "source language; Multi30k: en or de (the other is the target), empty = en; --train: empty = the source file's suffix (train.en -> en)")
     tgt_lang: str = param("", "with --train: the target language; empty = the target file's suffix (train.de -> de)")
-    data_root: str = param("", "Multi30k only: folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else ~/.cache/aiayn), else a download into the cache (docs/data.md)")
+    data_root: str = param("", "Multi30k only: folder holding multi30k/{raw,tok}; empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), else a download into the cache (docs/data.md)")
     out: str = param("", "output directory (relative paths are under the current directory; a re-run resumes); a folder holding anything the demo did not write is refused; empty = runs/demo for Multi30k, runs/demo-SRC-TGT with --train")
     overwrite: bool = param(False, "start afresh in --out: an earlier demo's files there are deleted (without it a re-run resumes)")
     minutes: float = param(0.0, f"training wall-time budget in minutes; 0 = the recipe's ({MINUTES:g} for the full run, {QUICK_MINUTES:g} for --quick)")

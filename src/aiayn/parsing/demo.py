@@ -47,7 +47,7 @@ class ParseDemoConfig:
                               "ptb-wsj-nltk-sample/treebank.zip under --data-root")
     data_root: str = param("", "folder holding ptb-wsj-nltk-sample/ (`aiayn data ptb-sample --out DIR` fills one); "
                                "empty = $AIAYN_SHARED_DATA, ../shared/data, the cache ($AIAYN_CACHE, else "
-                               "~/.cache/aiayn), else a download into the cache (docs/data.md)")
+                               "$XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), else a download into the cache (docs/data.md)")
     out: str = param("runs/parse-demo", "output directory (a re-run resumes)")
     minutes: float = param(0.0, f"training wall-time budget in minutes; 0 = the recipe's ({MINUTES:g})")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
