@@ -33,16 +33,29 @@ PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True),
 @dataclass(frozen=True)
 class Arith:
     """A float format's arithmetic, for ``_float_log_probs``: unit roundoff, half the smallest
-    subnormal, and the relative error of the exponentials that run in it."""
+    subnormal, the smallest normal number (what an exponential below the normal range, or the C
+    kernels' clamped one at -87, may be off by), the relative error of the exponentials that run in
+    it, and the absolute error of its erf (GELU)."""
     u: float
     eta: float
+    tiny: float
     exp_rel: float
+    erf_abs: float
+    dtype: torch.dtype
 
 
 # float32: the C kernels' exponential (EXP_REL_ERR) is the least accurate, PyTorch's (1 ulp, 2 u) below it;
-# float64: PyTorch's and libm's exp, 1 ulp (the C kernels run in float32 only); its smallest subnormal
-# stands for half of it (not a float64)
-FORMATS = {"fp32": Arith(U32, 2.0 ** -150, EXP_REL_ERR), "fp64": Arith(2.0 ** -53, 2.0 ** -1074, 2 * 2.0 ** -53)}
+# ATen's vectorized float32 erf is Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) evaluated in float32:
+# 1 - t (a1 + ... a5 t^4) exp(-x²), t = 1 / (1 + p |x|), about 17 roundings of values below 1 (t, the
+# polynomial's 10, x², exp's 1 ulp, the product, the difference): 1.5e-7 + 17 u.
+# float64: PyTorch's and libm's exp and erf (SLEEF), 1 ulp; its smallest subnormal stands for half of it
+FORMATS = {"fp32": Arith(U32, 2.0 ** -150, 2.0 ** -126, EXP_REL_ERR, 1.5e-7 + 17 * U32, torch.float32),
+           "fp64": Arith(2.0 ** -53, 2.0 ** -1074, 2.0 ** -1022, 2 * 2.0 ** -53, 2 * 2.0 ** -53, torch.float64)}
+
+
+def _constant(c: float, a: Arith) -> float:
+    """How far a constant moves when the arithmetic ``a`` holds it: |fl(c) - c| / |c|, relative."""
+    return abs(torch.tensor(c, dtype=a.dtype).item() - c) / abs(c)
 
 
 def int8_half_step(v: Tensor) -> Tensor:
@@ -114,12 +127,14 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     if int8 and m.out_proj is None:  # the tied projection's int8 copy rounds apart from the lookups'
         m.out_proj = nn.Linear(m.cfg.d_model, m.tgt_embed.weight.size(0), bias=False).double()
         m.out_proj.weight = nn.Parameter(m.tgt_embed.weight.detach().clone())
-    places: list[tuple[Tensor, Tensor]] = []  # (a tensor to differentiate by, c: the bound of its δ)
+    places: list[tuple[Tensor, Tensor, bool]] = []  # (a tensor to differentiate by, c: the bound of its δ, systematic)
 
-    def moved(v: Tensor, c: Tensor) -> Tensor:
-        """v plus a zero to differentiate by, where the copy's arithmetic moves v by at most c."""
+    def moved(v: Tensor, c: Tensor, systematic: bool = False) -> Tensor:
+        """v plus a zero to differentiate by, where the copy's arithmetic moves v by at most c: a rounding
+        (independent, of mean zero) or, ``systematic``, an error that is neither (a constant's rounding,
+        shared by every use; an approximation's error, smooth in its argument)."""
         z = torch.zeros_like(v, requires_grad=True)
-        places.append((z, c.expand_as(v)))
+        places.append((z, torch.as_tensor(c, dtype=v.dtype).expand_as(v), systematic))
         return v + z
 
     def round_(v: Tensor) -> Tensor:
@@ -133,7 +148,7 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     for p in m.parameters():
         p.requires_grad_(True)
         if u and id(p) not in int8_params:  # int8's biases stay float32; its weights: below
-            places.append((p, u * p.detach().abs() + eta))
+            places.append((p, u * p.detach().abs() + eta, False))
 
     def linear(self, x, _logits=False):
         if int8:
@@ -149,7 +164,7 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     for lin in linears:
         lin.forward = types.MethodType(lambda self, x, _l=lin is m.out_proj: linear(self, x, _l), lin)
         if int8:
-            places.append((lin.weight, int8_half_step(lin.weight)))
+            places.append((lin.weight, int8_half_step(lin.weight), False))
 
     def post(self, x, sublayer_out):
         y = round_(x + sublayer_out)
@@ -174,13 +189,18 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     return _hoeffding(quantity(z if logits else torch.log_softmax(z, dim=-1)).reshape(-1), places)
 
 
-def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """LAMBDA sqrt(Σ_i (∂q/∂v_i c_i)²) for each of the values q (n,), over the places (v_i, c_i)."""
-    inputs, bounds = zip(*places)
+def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor, bool]]) -> Tensor:
+    """LAMBDA sqrt(Σ_i (∂q/∂v_i c_i)²) over the roundings, plus Σ_j |∂q/∂v_j c_j| over the systematic
+    places (their worst case: no cancellation assumed), for each of the values q (n,)."""
+    inputs, bounds, systematic = zip(*places)
     grads = torch.autograd.grad(q, inputs, grad_outputs=torch.eye(q.numel(), dtype=q.dtype), is_grads_batched=True,
                                 allow_unused=True)  # each (n, *place)
-    squares = sum(((g * c) ** 2).flatten(1).sum(1) for g, c in zip(grads, bounds) if g is not None)
-    return LAMBDA * squares.sqrt()
+    zero = q.new_zeros(q.numel())
+    squares = sum((((g * c) ** 2).reshape(q.numel(), -1).sum(1) for g, c, sys in zip(grads, bounds, systematic)
+                   if g is not None and not sys), zero)
+    worst = sum(((g * c).abs().reshape(q.numel(), -1).sum(1) for g, c, sys in zip(grads, bounds, systematic)
+                 if g is not None and sys), zero)
+    return LAMBDA * squares.sqrt() + worst
 
 
 def _roundings(n, u: float = U32) -> Tensor:
@@ -193,7 +213,7 @@ def _roundings(n, u: float = U32) -> Tensor:
     return torch.as_tensor(n, dtype=torch.float64).clamp(min=1).sqrt() * u
 
 
-def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[[Tensor, Tensor], Tensor],
+def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[..., Tensor],
                      a: Arith, logits: bool = False) -> Tensor:
     """The float64 copy ``m``'s log-probabilities (1, T, V), each result that the arithmetic ``a``
     (float32, or float64 for float64 models) rounds
@@ -225,8 +245,9 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
         return y if self.pre_norm else self.norm(y)
 
     def embed(self, tokens, embedding, positions, start):
-        e = embedding(tokens)
-        e = moved(e, 2 * u * e.detach().abs())
+        e = embedding(tokens)  # the lookup times sqrt(d_model): fl(sqrt(d_model))'s error is one for every entry
+        e = e * (1 + moved(e.new_zeros(()), _constant(embedding.scale, a), systematic=True))
+        e = moved(e, u * e.detach().abs())
         y = e + positions(start, tokens.size(1)).to(e.dtype)
         return moved(y, u * y.detach().abs())
 
@@ -253,84 +274,102 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     if logits:
         return z
     s_max = z.detach().amax(-1, keepdim=True)
-    x, log_l = _float_softmax_sum(z, moved, a)
+    x, _, l = _float_softmax_sum(z, moved, a)
+    log_l = torch.log(l)
     lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()))  # logf's 2u, the sum's u
     lp = x + s_max - lse
     return moved(lp, u * lp.detach().abs())
 
 
-def _float_activation(name: str, x: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> Tensor:
+def _float_activation(name: str, x: Tensor, moved: Callable[..., Tensor], a: Arith) -> Tensor:
     """Eq. 2's activation other than ReLU, its roundings marked (``_float_log_probs``):
     - swish, x σ(x), σ(x) = 1 / (1 + exp(-x)): exp's relative error (at most a.exp_rel of σ, as
-      exp(-x) / (1 + exp(-x)) < 1), the sum and the reciprocal (2 u), the product (u);
-    - GELU, x (1 + erf(x / sqrt 2)) / 2: erf's argument rounded (u |x| / sqrt 2, times erf' <= 2 / sqrt(pi)
-      exp(-x² / 2)), erf's own 1 ulp (2 u |erf|), the sum (u |1 + erf|), then two products (2 u |y|)."""
+      exp(-x) / (1 + exp(-x)) < 1), the sum and the reciprocal (2 u), the product (u); below the
+      normal range (x < -87 in float32) the result may be 0: a.tiny besides;
+    - GELU, x (1 + erf(x / sqrt 2)) / 2: erf's argument, x fl(1 / sqrt 2) rounded (1.3 u |x| / sqrt 2,
+      times erf' <= 2 / sqrt(pi) exp(-x² / 2)), the sum (u |1 + erf|), two products (2 u |y|); and
+      erf's own error, a.erf_abs, which is no rounding but the approximation's, smooth in x: systematic."""
     u = a.u
     if name == "swish":
         y = F.silu(x)
-        return moved(y, (a.exp_rel + 3 * u) * y.detach().abs() + a.eta)
+        return moved(y, (a.exp_rel + 3 * u) * y.detach().abs() + a.tiny)
     assert name == "gelu", name
     y = F.gelu(x)
     xd = x.detach()
     erf = torch.erf(xd / math.sqrt(2))
-    moved_erf = (2 / math.sqrt(math.pi)) * torch.exp(-xd ** 2 / 2) * u * xd.abs() / math.sqrt(2) \
-        + 2 * u * erf.abs() + u * (1 + erf).abs()
-    return moved(y, xd.abs() / 2 * moved_erf + 2 * u * y.detach().abs() + a.eta)
+    arg = (2 / math.sqrt(math.pi)) * torch.exp(-xd ** 2 / 2) * 1.3 * u * xd.abs() / math.sqrt(2)
+    y = moved(y, xd.abs() / 2 * (arg + u * (1 + erf).abs()) + 2 * u * y.detach().abs() + a.eta)
+    return moved(y, xd.abs() / 2 * a.erf_abs, systematic=True)
 
 
-def _float_softmax_sum(s: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> tuple[Tensor, Tensor]:
-    """x = s - max s over the last dimension and log Σ exp(x) (rows with -inf where masked), each
-    rounding ``moved`` as ``_float_log_probs`` says; returns x and log l, with l's sum marked."""
+def _float_softmax_sum(s: Tensor, moved: Callable[..., Tensor], a: Arith) -> tuple[Tensor, Tensor, Tensor]:
+    """x = s - max s over the last dimension, e = exp(x) and l = Σ e (rows with -inf where masked),
+    each rounding ``moved`` as ``_float_log_probs`` says: x, 3 u (|x| + 1) (with fl(log2 e)'s own
+    error, one for every exponential, apart: systematic); e, a.exp_rel e and a.tiny (an exponential
+    below the normal range, or clamped at -87 in the C kernels); l, n - 1 roundings below l."""
     u = a.u
     x = s - s.detach().amax(-1, keepdim=True)
     finite = torch.isfinite(x.detach())
     x = moved(x, torch.where(finite, 3 * u * (x.detach().abs() + 1), 0.0))
-    e = torch.exp(x)
-    e = moved(e, a.exp_rel * e.detach())
+    log2e = moved(x.new_zeros(()), _constant(math.log2(math.e), a), systematic=True)
+    e = torch.exp(x + x.detach().nan_to_num(neginf=0.0) * log2e)  # x (1 + δ), masked entries left at -inf
+    e = moved(e, torch.where(finite, a.exp_rel * e.detach() + a.tiny, 0.0))
     n = finite.sum(-1, keepdim=True)
     l = e.sum(-1, keepdim=True)
     l = moved(l, _roundings(n - 1, u) * l.detach() + n * a.eta)
-    return x, torch.log(l)
+    return x, e, l
 
 
 class _FloatAttention(nn.Module):
-    """Eq. 1 in float64, each float32 rounding marked (``_float_log_probs``): Q Kᵀ scaled by
-    fl32(1 / sqrt(d_k)), before or after the product (seq_attention.c scales q), 2 d_k + 1 roundings
-    below |Q| |K|ᵀ / sqrt(d_k); the softmax; its product with V over the n keys a query sees, 2 n + 1
-    below p |V| (normalized before or after the sum, as flash attention does)."""
+    """Eq. 1 in float64, each rounding of the arithmetic ``a`` marked (``_float_log_probs``):
+    - q and k scaled, as the C kernels (q fl(1 / sqrt(d_k))) and PyTorch's SDPA (q and k each by
+      fl(sqrt(1 / sqrt(d_k)))) do: u |q|, u |k| for each entry (one rounding, shared by every score that
+      uses it) and the constant's error (shared by all: systematic, the larger of the two forms');
+    - Q Kᵀ, 2 d_k roundings below |Q| |K|ᵀ / sqrt(d_k);
+    - the softmax's exponentials and their sum l (``_float_softmax_sum``), the reciprocal 1 / l (u,
+      one for a row and head) and each weight e_j (1 / l) (u p_j);
+    - their product with V over the n keys a query sees, 2 n + 1 below p |V| (normalized before or
+      after the sum, as flash attention does)."""
 
-    def __init__(self, moved: Callable[[Tensor, Tensor], Tensor], a: Arith):
+    def __init__(self, moved: Callable[..., Tensor], a: Arith):
         super().__init__()
         self.moved, self.a = moved, a
 
     def forward(self, q, k, v, mask, is_causal=False, need_weights=False):
         T, S, d_k = q.size(-2), k.size(-2), q.size(-1)
+        a, moved = self.a, self.moved
         if is_causal:  # query t of the last T sees keys 0..S-T+t (as ScaledDotProductAttention)
             causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
             mask = causal if mask is None else mask & causal
         scale = 1 / math.sqrt(d_k)
-        scores = (q @ k.transpose(-2, -1)) * scale  # (B,H,T,S)
-        terms = (q.detach().abs() @ k.detach().abs().transpose(-2, -1)) * scale
-        a = self.a
-        scores = self.moved(scores, _roundings(2 * d_k + 1, a.u) * terms + 2 * d_k * a.eta)
+        q = moved(q * scale, a.u * q.detach().abs() * scale)  # (B,H,T,K)
+        k = moved(k, a.u * k.detach().abs())
+        const = max(_constant(scale, a), abs(torch.tensor(math.sqrt(scale), dtype=a.dtype).item() ** 2 - scale) / scale)
+        q = q * (1 + moved(q.new_zeros(()), const, systematic=True))
+        scores = q @ k.transpose(-2, -1)  # (B,H,T,S)
+        terms = q.detach().abs() @ k.detach().abs().transpose(-2, -1)
+        scores = moved(scores, _roundings(2 * d_k, a.u) * terms + 2 * d_k * a.eta)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        x, log_l = _float_softmax_sum(scores, self.moved, a)
-        p = torch.exp(x - log_l)
-        p = self.moved(p, 2 * a.u * p.detach())
+        x, e, l = _float_softmax_sum(scores, moved, a)
+        r = 1 / l
+        r = moved(r, a.u * r.detach())  # (B,H,T,1)
+        p = e * r
+        p = moved(p, a.u * p.detach())
         n = torch.isfinite(x.detach()).sum(-1, keepdim=True)  # (B,H,T,1) keys seen
         out = p @ v  # (B,H,T,Dv)
-        out = self.moved(out, _roundings(2 * n + 1, a.u) * (p.detach() @ v.detach().abs()) + 2 * n * a.eta)
+        out = moved(out, _roundings(2 * n + 1, a.u) * (p.detach() @ v.detach().abs()) + 2 * n * a.eta)
         B, H, T, Dv = out.shape
         return out.transpose(1, 2).reshape(B, T, H * Dv), None
 
 
-def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[[Tensor, Tensor], Tensor], a: Arith) -> Tensor:
-    """LayerNorm over the last dimension (D), each float32 rounding marked (``_float_log_probs``):
-    the mean μ, D + 1 roundings below mean|x|; the variance σ², 3 D + 3 below mean(x²), which covers the
-    two-pass mean((x - μ)²), Welford's updates and E[x²] - μ² alike; 1 / sqrt(σ² + ε), 3 u (the sum, the root,
-    the reciprocal); and y = (x - μ) r w + b, as written or fused as x (r w) + (b - μ r w): four
-    roundings, each of a value below |x| |r w| + |μ r w| + |b| + |y|, so 4 u of that."""
+def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[..., Tensor], a: Arith) -> Tensor:
+    """LayerNorm over the last dimension (D), each rounding of the arithmetic ``a`` marked
+    (``_float_log_probs``): the mean μ, D + 1 roundings below mean|x|; the variance σ², 3 D + 3 below
+    mean(x²), which covers the two-pass mean((x - μ)²), Welford's updates and E[x²] - μ² alike;
+    fl(ε)'s own error (systematic); 1 / sqrt(σ² + ε), 3 u (the sum, the root, the reciprocal); and
+    y = (x - μ) r w + b, as written or fused as x (r w) + (b - μ r w): four roundings, each of a value
+    below |x| |r w| + |μ r w| + |b| + |y|, so 4 u of that."""
     u = a.u
     D = x.size(-1)
     mu = x.mean(-1, keepdim=True)
@@ -338,7 +377,8 @@ def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[[Tensor, Tens
     d = x - mu
     var = (d * d).mean(-1, keepdim=True)
     var = moved(var, _roundings(3 * D + 3, u) * (x.detach() ** 2).mean(-1, keepdim=True) + D * a.eta)
-    r = torch.rsqrt(var + ln.eps)
+    eps = ln.eps * (1 + moved(x.new_zeros(()), _constant(ln.eps, a), systematic=True))
+    r = torch.rsqrt(var + eps)
     r = moved(r, 3 * u * r.detach())
     y = d * r * ln.weight + ln.bias
     rw = (r * ln.weight).detach().abs()
@@ -348,11 +388,9 @@ def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[[Tensor, Tens
 
 def step_bound(model: nn.Module, precision: str, src: Tensor, bos: int = SpecialIds.bos) -> Tensor:
     """``rounding_bound`` of the first step's log-probabilities (after BOS) of every sentence of src
-    (B, S) (padding 0 at the end of a row): (B, V), one sentence at a time (they share no rounding)."""
-    rows = []
-    for b in range(src.size(0)):
-        n = int((src[b] != 0).sum())
-        rows.append(rounding_bound(model, precision, src[b:b + 1, :n], torch.tensor([[bos]]), lambda lp: lp[0, 0]))
+    (B, S) (its padding 0 dropped): (B, V), one sentence at a time (they share no rounding)."""
+    rows = [rounding_bound(model, precision, row[row != 0][None], torch.tensor([[bos]]), lambda lp: lp[0, 0])
+            for row in src]
     return torch.stack(rows)
 
 
