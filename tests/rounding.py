@@ -417,16 +417,18 @@ def log_prob_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesi
     return score_bound(model, precision, src, hyp, cfg, ids) * length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
 
 
-def same_float_search(model: nn.Module, src: Tensor, got: list, want: list, cfg: DecodeConfig,
+def same_float_search(model: nn.Module | list[nn.Module], src: Tensor, got: list, want: list, cfg: DecodeConfig,
                       ids: SpecialIds = SpecialIds(), fmt: str = "fp32") -> None:
-    """Two searches of the float32 (``fmt`` "fp32") or float64 ("fp64") ``model`` over src (B,S) (their
-    n-best lists, sentence by sentence): the same hypotheses, and each score and log-probability within
-    twice ``score_bound``'s ``fmt`` of the other's, each path's roundings moving it at most that far
-    from the exact one."""
+    """Two searches of the float32 (``fmt`` "fp32") or float64 ("fp64") ``model`` (a list: an
+    ensemble's members) over src (B,S) (their n-best lists, sentence by sentence): the same
+    hypotheses, and each score and log-probability within twice ``score_bound``'s (or
+    ``ensemble_score_bound``'s) ``fmt`` of the other's, each path's roundings moving it at most that
+    far from the exact one."""
     assert [[(h.tokens, h.eos) for h in hs] for hs in got] == [[(h.tokens, h.eos) for h in hs] for hs in want]
     for b, (hs_got, hs_want) in enumerate(zip(got, want)):
         for g, w in zip(hs_got, hs_want):
-            bound = score_bound(model, fmt, src[b], w, cfg, ids)
+            bound = (ensemble_score_bound(model, fmt, src[b], w, cfg, ids) if isinstance(model, list)
+                     else score_bound(model, fmt, src[b], w, cfg, ids))
             penalty = length_penalty(w.length, cfg.alpha, cfg.length_norm)
             assert abs(g.score - w.score) <= 2 * bound, (b, w.tokens, g.score, w.score, 2 * bound)
             assert abs(g.log_prob - w.log_prob) <= 2 * bound * penalty, (b, w.tokens, g.log_prob, w.log_prob)
@@ -440,3 +442,30 @@ def logit_bounds(model: nn.Module, fmt: str, src: Tensor, tgt_in: Tensor, pad: i
         z_bound = rounding_bound(model, fmt, src[b][src[b] != pad][None], tgt_in[b:b + 1], lambda z: z[0], logits=True)
         rows.append(z_bound.view(tgt_in.size(1), -1))
     return torch.stack(rows)
+
+
+def ensemble_score_bound(models: list[nn.Module], fmt: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,
+                         ids: SpecialIds = SpecialIds()) -> float:
+    """``score_bound`` of an ensemble's hypothesis (decode/adapter.py ``EnsembleDecoder``: each step's
+    log of the members' mean probability, logsumexp_i(lp_i) - log M), for float32 or float64 members
+    (``fmt``). log-mean-exp moves by Σ_i w_i δ_i with weights w_i >= 0 summing to 1, so by at most the
+    largest member's ``rounding_bound`` at that step; then its own roundings, of the M members' values
+    x_i = lp_i - max (u |x_i|, an exponential's 3 u (|x_i| + 1) + exp_rel), their sum (M - 1 below it,
+    which is at most M), its log (2 u |log s|, log s <= log M), the sum with the max and the
+    difference with fl(log M) (u each, of values below |max| + log M, and the constant's u log M),
+    summed over the |Y| steps; and the search's sum (``score_bound``)."""
+    a = FORMATS[fmt]
+    src = src[src != ids.pad][None]
+    y = list(hyp.tokens) + ([ids.eos] if hyp.eos else [])
+    tgt_in, steps, gold = torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y)), torch.tensor(y)
+    members = torch.stack([rounding_bound(m, fmt, src, tgt_in, lambda lp: lp[0, steps, gold]) for m in models])
+    with torch.no_grad():
+        lp = torch.stack([torch.log_softmax(copy.deepcopy(m).double()(src, tgt_in), -1)[0, steps, gold]
+                          for m in models])  # (M, |Y|), the exact members' values
+    M = len(models)
+    x = lp - lp.amax(0)
+    own = (a.u * x.abs() + 3 * a.u * (x.abs() + 1) + a.exp_rel).amax(0) + M * a.u + 3 * a.u * math.log(M) \
+        + 2 * a.u * (lp.amax(0).abs() + math.log(M))
+    penalty = length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
+    sum_bound = LAMBDA * float(_roundings(len(y) + 1, a.u)) * 1.01 * abs(hyp.score) * penalty
+    return (float((members.amax(0) + own).sum()) + sum_bound) / penalty

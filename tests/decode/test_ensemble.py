@@ -11,7 +11,7 @@ import aiayn.model as M
 from aiayn.cli import main
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder, RecomputeDecoder
 from aiayn.decode.config import DecodeConfig
-from aiayn.decode.search import search
+from aiayn.decode.search import SpecialIds, search
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from aiayn.checkpoint import (ENSEMBLE_FORMAT, atomic_save, average_checkpoints, ensemble_checkpoint,
@@ -19,6 +19,7 @@ from aiayn.checkpoint import (ENSEMBLE_FORMAT, atomic_save, average_checkpoints,
 
 from tests.decode.stub import EOS, TableDecoder
 from tests.decode.test_adapter import sources
+from tests.rounding import same_float_search
 from tests.decode.test_translator import LINES, make_checkpoint, spm_bytes  # noqa: F401 (fixture)
 
 V = 24
@@ -74,8 +75,7 @@ def test_two_copies_of_a_model_decode_as_the_model():
     cfg = DecodeConfig(beam_size=3, max_len_b=6, nbest=2)
     single = search(CachedDecoder(model), sources(), cfg)
     twice = search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(model)]), sources(), cfg)
-    assert [[h.tokens for h in hs] for hs in twice] == [[h.tokens for h in hs] for hs in single]
-    assert [h.score for hs in twice for h in hs] == pytest.approx([h.score for hs in single for h in hs], abs=1e-9)
+    same_float_search([model, model], sources(), twice, single, cfg, SpecialIds(), "fp64")  # float64's roundings
 
 
 @pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=1, max_len_b=6), DecodeConfig(beam_size=4, max_len_b=6, nbest=2)])
@@ -84,8 +84,7 @@ def test_cached_ensemble_equals_recomputed_ensemble(cfg):
     models = _models(3)
     fast = search(EnsembleDecoder([CachedDecoder(m) for m in models]), sources(), cfg)
     slow = search(EnsembleDecoder([RecomputeDecoder(m) for m in models]), sources(), cfg)
-    assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in slow]
-    assert [h.score for hs in fast for h in hs] == pytest.approx([h.score for hs in slow for h in hs], abs=1e-9)
+    same_float_search(models, sources(), fast, slow, cfg, SpecialIds(), "fp64")  # float64's roundings, derived
     members = [search(CachedDecoder(m), sources(), cfg) for m in models]
     assert any([[h.tokens for h in hs] for hs in r] != [[h.tokens for h in hs] for hs in fast] for r in members)
 

@@ -3,11 +3,11 @@ cached step (``CachedDecoder``): the same searches on the CPU, where the step ru
 
 Tolerances from the arithmetic: the fixed step attends over every slot of the bucket (masked slots
 weigh exactly 0), so only the order of the sums changes. A search's scores are held to both paths'
-roundings (``same_float_search``, tests/rounding.py: float64 or float32, as the model). Samples and
-ensembles, which ``score_bound`` does not follow, to REL64: a sum of n terms in another order differs
-by at most about n eps of its magnitude, over at most Tmax*g = 128 terms here: in float64 (eps
-1.1e-16) 1.4e-14 a sum, which the tiny model's few layers and a hypothesis's 10 or so
-log-probabilities keep far under 1e-11 of a score."""
+roundings (``same_float_search``, tests/rounding.py: float64 or float32, as the model; an
+ensemble's by its members'). Samples, which ``score_bound`` does not follow, to REL64: a sum of n
+terms in another order differs by at most about n eps of its magnitude, over at most Tmax*g = 128
+terms here: in float64 (eps 1.1e-16) 1.4e-14 a sum, which the tiny model's few layers and a
+hypothesis's 10 or so log-probabilities keep far under 1e-11 of a score."""
 from __future__ import annotations
 
 import pytest
@@ -104,8 +104,8 @@ def test_ensemble_of_fixed_steps_as_the_cached_ensemble(model):
     other = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
     cfg, src = DecodeConfig(beam_size=4, nbest=2, max_len_b=6), sources()
     graphs = search(EnsembleDecoder([GraphDecoder(model), GraphDecoder(other)]), src, cfg, SpecialIds())
-    same_search_rel(graphs, search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(other)]), src, cfg,
-                                   SpecialIds()), REL64)
+    cached = search(EnsembleDecoder([CachedDecoder(model), CachedDecoder(other)]), src, cfg, SpecialIds())
+    same_float_search([model, other], src, graphs, cached, cfg, SpecialIds(), "fp64")  # float64's roundings
 
 
 def test_float32_confident_search_as_the_cache(confident_model):
