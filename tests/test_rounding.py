@@ -3,6 +3,8 @@ within ``rounding_bound(model, "fp32")`` of its float64 ones, for each activatio
 tied and untied projections with an output bias."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -28,3 +30,38 @@ def test_float32_within_the_bound_of_its_roundings(activation, pre_norm, output_
         lp32 = model(src, tgt).log_softmax(-1)[0]
         lp64 = model.double()(src, tgt).log_softmax(-1)[0]
     within(lp32, lp64, bound)
+
+
+def test_each_decoding_path_within_the_bound_of_its_roundings():
+    """Cached decoding steps of a float32 model (PyTorch's attention; the C kernels'; packed weights with
+    the kernels), each log-probability within ``rounding_bound(model, "fp32")`` of the float64 model's
+    (the bound itself, not twice it), on a short and a long sentence."""
+    from aiayn.decode.adapter import CachedDecoder
+    from aiayn.decode.packed import PackedLinear, available, packed_copy
+    from aiayn.kernels.loader import load
+
+    torch.manual_seed(1)
+    model = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=37, p_drop=0.0)).eval()
+    kernels = load()
+    paths = {"pytorch": (model, None)}
+    if kernels is not None:  # without a C compiler decoding uses PyTorch's attention
+        paths["kernels"] = (model, kernels)
+        for library in ("onednn", "mkl"):
+            if available(library):
+                paths[library] = (packed_copy(model, library), kernels)
+                assert any(isinstance(m, PackedLinear) for m in paths[library][0].modules())
+    g = torch.Generator().manual_seed(2)
+    for S, T in ((6, 5), (40, 30)):
+        src = torch.cat([torch.randint(4, 37, (1, S - 1), generator=g), torch.tensor([[3]])], 1)
+        tgt_in = torch.cat([torch.tensor([[2]]), torch.randint(4, 37, (1, T - 1), generator=g)], 1)
+        with torch.no_grad():
+            exact = torch.log_softmax(copy.deepcopy(model).double()(src, tgt_in), -1)[0]  # (T,V)
+        bound = rounding_bound(model, "fp32", src, tgt_in, lambda lp: lp[0]).view(T, -1)
+        for decoding, k in paths.values():
+            dec = CachedDecoder(decoding, kernels=k)
+            with torch.inference_mode():
+                state, steps = dec.start(src, T), []
+                for t in range(T):
+                    lp, state = dec.step(tgt_in[:, t], state)
+                    steps.append(lp[0])
+            within(torch.stack(steps), exact, bound)
