@@ -27,7 +27,7 @@ UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subno
 # LAMBDA (tests/kernels/reference.py), in Hoeffding's bound: it fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
 # precision: (the float format between the linear maps, None for float32; whether the linear maps are int8)
 PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True),
-         "fp32": (None, False), "fp64": (None, False)}
+         "fp32": (None, False), "fp64": (None, False), "fp32-cuda": (None, False)}
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class Arith:
     exp_rel: float
     erf_abs: float
     dtype: torch.dtype
+    exp_per_x: float = 0.0  # an exponential's relative error per unit of |x| besides (CUDA's fast exp)
+    log_abs: float = 0.0  # a logarithm's absolute error besides (CUDA's fast log near 1)
 
 
 # float32: the C kernels' exponential (EXP_REL_ERR) is the least accurate, PyTorch's (1 ulp, 2 u) below it;
@@ -49,8 +51,13 @@ class Arith:
 # 1 - t (a1 + ... a5 t^4) exp(-x²), t = 1 / (1 + p |x|), about 17 roundings of values below 1 (t, the
 # polynomial's 10, x², exp's 1 ulp, the product, the difference): 1.5e-7 + 17 u.
 # float64: PyTorch's and libm's exp and erf (SLEEF), 1 ulp; its smallest subnormal stands for half of it
+# float32 on CUDA: Triton's and the fused attention kernels' exp and log may be the fast ex2.approx and
+# lg2.approx (as __expf and __logf, CUDA C Programming Guide, Intrinsic Functions): exp(x) within
+# 2 + floor(1.173 |x|) ulp, log within 3 ulp or 2^-21.41 absolute on [0.5, 2]; an ulp is at most 2 u
 FORMATS = {"fp32": Arith(U32, 2.0 ** -150, 2.0 ** -126, EXP_REL_ERR, 1.5e-7 + 17 * U32, torch.float32),
-           "fp64": Arith(2.0 ** -53, 2.0 ** -1074, 2.0 ** -1022, 2 * 2.0 ** -53, 2 * 2.0 ** -53, torch.float64)}
+           "fp64": Arith(2.0 ** -53, 2.0 ** -1074, 2.0 ** -1022, 2 * 2.0 ** -53, 2 * 2.0 ** -53, torch.float64),
+           "fp32-cuda": Arith(U32, 2.0 ** -150, 2.0 ** -126, 4 * U32, 1.5e-7 + 17 * U32, torch.float32,
+                              exp_per_x=2 * 1.173 * U32, log_abs=2.0 ** -21.41)}
 
 
 def _constant(c: float, a: Arith) -> float:
@@ -106,7 +113,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     - int8-bf16: int8's and bf16's at every result between the linear maps and the parameters that
       stay bfloat16 (embeddings, LayerNorm); the biases and the logits stay float32.
     - fp32: float32's own roundings, in every path alike (``_float_log_probs``): two float32 paths
-      (cached or recomputed, batched or alone, the C kernels or PyTorch's) differ by at most twice it.
+      (cached or recomputed, batched or alone, the C kernels or PyTorch's) differ by at most twice it;
+      fp32-cuda the same with CUDA's fast exponentials and logarithms; fp64 for float64 models.
     Float32's roundings (unit roundoff 2^-24, in both searches; the float32 sums inside the products,
     of at most d_ff = 256 terms here, 256 · 2^-24 = 2^-16 of their terms' magnitudes) are 2^-8 of
     bf16's 2^-8 and of an int8 step (max / 254), 2^-5 of fp16's 2^-11: left out.
@@ -276,7 +284,7 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     s_max = z.detach().amax(-1, keepdim=True)
     x, _, l = _float_softmax_sum(z, moved, a)
     log_l = torch.log(l)
-    lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()))  # logf's 2u, the sum's u
+    lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()) + a.log_abs)  # logf's 2u, the sum's u
     lp = x + s_max - lse
     return moved(lp, u * lp.detach().abs())
 
@@ -292,7 +300,7 @@ def _float_activation(name: str, x: Tensor, moved: Callable[..., Tensor], a: Ari
     u = a.u
     if name == "swish":
         y = F.silu(x)
-        return moved(y, (a.exp_rel + 3 * u) * y.detach().abs() + a.tiny)
+        return moved(y, (a.exp_rel + a.exp_per_x * x.detach().abs() + 3 * u) * y.detach().abs() + a.tiny)
     assert name == "gelu", name
     y = F.gelu(x)
     xd = x.detach()
@@ -313,7 +321,8 @@ def _float_softmax_sum(s: Tensor, moved: Callable[..., Tensor], a: Arith) -> tup
     x = moved(x, torch.where(finite, 3 * u * (x.detach().abs() + 1), 0.0))
     log2e = moved(x.new_zeros(()), _constant(math.log2(math.e), a), systematic=True)
     e = torch.exp(x + x.detach().nan_to_num(neginf=0.0) * log2e)  # x (1 + δ), masked entries left at -inf
-    e = moved(e, torch.where(finite, a.exp_rel * e.detach() + a.tiny, 0.0))
+    xd = x.detach().nan_to_num(neginf=0.0).abs()
+    e = moved(e, torch.where(finite, (a.exp_rel + a.exp_per_x * xd) * e.detach() + a.tiny, 0.0))
     n = finite.sum(-1, keepdim=True)
     l = e.sum(-1, keepdim=True)
     l = moved(l, _roundings(n - 1, u) * l.detach() + n * a.eta)
