@@ -152,8 +152,11 @@ def test_resume_after_sigkill_gives_the_same_logged(small_data_dir, tmp_path):
 @pytest.mark.parametrize("ddp_sets", [[], ["--set", "train.precision=bf16", "--set", "train.cast_weights_once=true"]],
                          ids=["plain", "ddp-bf16-cast-once"])
 def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, tmp_path, ddp_sets):
-    """Also with the weights cast once a forward under DDP only, in bf16 on both sides: its gradients
-    reach DDP's hooks at the end of the backward, the same numbers."""
+    """Plain: the same weights bit for bit. Each rank's micro-batch is one of the one process's two,
+    the same operations on the same shapes in one thread (PyTorch's allocations 64-byte aligned alike),
+    and the mean of two gradients, (g1 + g2) / 2, is one rounding in either order. Also with the
+    weights cast once a forward under DDP only, in bf16 on both sides: its gradients reach DDP's hooks
+    at the end of the backward, the same numbers up to the order of the cast and the product."""
     steps = 3
     # a time budget that is never reached: the ranks still agree on the time every step
     extra = ["--set", "model.p_drop=0.0", "--set", "train.max_time_min=1000"]
@@ -170,7 +173,10 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
     a, b = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
     assert a["step"] == b["step"] == steps and a["tokens"] == b["tokens"]
     for k in a["model"]:
-        assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5, rtol=1e-4), k
+        if ddp_sets:
+            assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5, rtol=1e-4), k
+        else:
+            assert torch.equal(a["model"][k], b["model"][k]), k
     # and the parameters did move
     init = aiayn.Transformer(aiayn.model.ModelConfig(**a["model_config"])).state_dict()
     assert not torch.allclose(init["encoder_layers.0.ffn.w1.weight"], a["model"]["encoder_layers.0.ffn.w1.weight"])
