@@ -1,8 +1,10 @@
-"""How far a decoding path's arithmetic may move a log-probability or a hypothesis's score from the
-exact one (``rounding_bound``): float32's own roundings (``fp32``: what two float32 paths, cached or
-recomputed, batched or alone, C kernels or PyTorch's, may differ by) and reduced precision's
-(``DecodeConfig.precision``: bf16, fp16, int8, int8-bf16). Derived from the formats' arithmetic, never
-measured: tests/decode and tests/kernels hold those paths to these bounds."""
+"""How far a path's arithmetic may move a log-probability, a logit or a hypothesis's score from the
+exact one (``rounding_bound``): float32's own roundings (``fp32``, and ``fp32-cuda`` with CUDA's fast
+exponentials: what two float32 paths, cached or recomputed, batched or alone, the C kernels or
+PyTorch's, may differ by), float64's (``fp64``), and reduced precision's (``DecodeConfig.precision``:
+bf16, fp16, int8, int8-bf16). Derived from the formats' arithmetic, never measured: tests/decode,
+tests/kernels, tests/model, tests/serve and tests/gpu hold those paths to these bounds, and
+tests/test_rounding.py holds float32 to them against float64."""
 from __future__ import annotations
 
 import copy
@@ -24,7 +26,7 @@ from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16
 
 UNIT_ROUNDOFF = {"bf16": U_BF16, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
 UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subnormal: the error below the normal range
-# LAMBDA (tests/kernels/reference.py), in Hoeffding's bound: it fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
+# LAMBDA (tests/arith.py), in Hoeffding's bound: it fails with probability at most 2 exp(-LAMBDA^2 / 2) = 4.6e-11
 # precision: (the float format between the linear maps, None for float32; whether the linear maps are int8)
 PATHS = {"bf16": ("bf16", False), "fp16": ("fp16", False), "int8": (None, True), "int8-bf16": ("bf16", True),
          "fp32": (None, False), "fp64": (None, False), "fp32-cuda": (None, False)}
