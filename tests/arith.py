@@ -102,9 +102,9 @@ class Rounded:
     def max(self, dim=-1):  # the computed maximum is a computed entry: within the entries' largest error
         return Rounded(self.v.max(dim, keepdim=True).values, self.e.max(dim, keepdim=True).values)
 
-    def log_softmax(self, dim=-1):  # ATen's order: (x - max) - log(sum exp(x - max))
+    def log_softmax(self, dim=-1, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR):  # ATen's order: (x - max) - log(sum exp(x - max))
         x = self - self.max(dim)
-        return x - x.exp().sum(dim).log()
+        return x - x.exp(exp_rel).sum(dim).log(log_rel)
 
     def logsumexp(self, dim=-1, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR, log_abs=0.0):  # max + log(sum exp(x - max))
         m = self.max(dim)
@@ -141,3 +141,56 @@ class Rounded:
         if dtype == torch.float32:
             return self
         return Rounded(self.v, self.e + U_BF16 * (self.v.abs() + self.e))
+
+
+def loss_sums(z, target, eps_ls, pad_id, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR,
+              ref_exp_rel=PT_EXP_REL_ERR, ref_log_rel=PT_LOG_REL_ERR):
+    """The summed loss and NLL of z (N,V) (float32, or bfloat16 widened: exact) as the two paths compute
+    them in float32, as ``Rounded`` values (the same exact value; two bounds): ``_SmoothedCrossEntropy``'s
+    forward, log Z = logsumexp(z) (``exp_rel``, ``log_rel``: the C kernel's own exp and log, or CUDA's),
+    s = sum_v z_v, then ``smoothed_row_losses``; and ``label_smoothed_loss_reference``'s, log p =
+    log_softmax(z) (``ref_exp_rel``, ``ref_log_rel``), nll = -log p_g, others = sum_v log p_v - log p_g
+    - log p_pad, (1 - eps) nll - eps' others. Padding rows are an exact 0 in both (masked, not rounded); the python
+    constants are rounded to float32 (``Rounded.const``). Returns ((loss, nll) fused, (loss, nll) reference)."""
+    N, V = z.shape
+    zf, g, keep = Rounded(z), target[:, None], (target != pad_id)[:, None]
+    eps_o = eps_ls / (V - 2)
+    log_z, zg, zp = zf.logsumexp(exp_rel=exp_rel, log_rel=log_rel), zf.gather(g), zf[:, pad_id:pad_id + 1]
+    f_nll = log_z - zg
+    f_loss = log_z - Rounded.const(1.0 - eps_ls) * zg - Rounded.const(eps_o) * (zf.sum() - zg - zp)
+    lp = zf.log_softmax(exp_rel=ref_exp_rel, log_rel=ref_log_rel)
+    gold = lp.gather(g)
+    r_nll = -gold
+    r_loss = Rounded.const(1.0 - eps_ls) * r_nll - Rounded.const(eps_o) * (lp.sum() - gold - lp[:, pad_id:pad_id + 1]) \
+        if eps_ls > 0 else r_nll
+    return tuple(tuple(x.at(keep).sum(0) for x in pair) for pair in ((f_loss, f_nll), (r_loss, r_nll)))
+
+
+def smoothed_loss_gradients(z, target, eps_ls, pad_id, g_loss=1.0, g_nll=0.0, exp_rel=PT_EXP_REL_ERR,
+                            log_rel=PT_LOG_REL_ERR, ref_exp_rel=PT_EXP_REL_ERR, ref_log_rel=PT_LOG_REL_ERR):
+    """d (g_loss loss + g_nll nll) / d z as the two paths compute it in float32 from z (N,V), each
+    rounded to z's dtype at the end, as ``Rounded`` values (the same exact value; two bounds):
+    ``_SmoothedCrossEntropy``'s PyTorch backward, exp(z - log Z) a - c, + c at pad, - e at gold (a =
+    g_loss + g_nll, c = g_loss eps', e = g_loss (1 - eps - eps') + g_nll, in float32; ``exp_rel``,
+    ``log_rel``: its exp and log, the forward's log Z's too), and ``label_smoothed_loss_reference``'s
+    autograd: d log p = -g_loss eps' everywhere, + g_loss eps' at pad, + g_loss (eps' - (1 - eps)) -
+    g_nll at gold, then log_softmax's backward d log p - exp(log p) sum_v d log p (``ref_exp_rel``,
+    ``ref_log_rel``)."""
+    N, V = z.shape
+    eps_o = eps_ls / (V - 2)
+    zf = Rounded(z)  # bfloat16 widened to float32: exact
+    keep = (target != pad_id)[:, None]
+    pad = (torch.arange(V) == pad_id)[None] & keep
+    gold = torch.nn.functional.one_hot(target, V).bool() & keep
+    full = torch.ones(N, V)
+    gl, gn = Rounded.const(g_loss), Rounded.const(g_nll)
+    a = (gl + gn) * full
+    c = gl * Rounded.const(eps_o) * full
+    e = (gl * Rounded.const(1.0 - eps_ls - eps_o) + gn) * full
+    p = (zf - zf.logsumexp(exp_rel=exp_rel, log_rel=log_rel)).exp(exp_rel)
+    fused = p * a - c + c.at(pad) - e.at(gold)
+    d_others, d_gold = gl * Rounded.const(-eps_o) * full, gl * Rounded.const(1.0 - eps_ls) * full
+    dlp = d_others + (-d_others).at(pad) + (-d_others - d_gold - gn * full).at(gold)
+    lp = zf.log_softmax(exp_rel=ref_exp_rel, log_rel=ref_log_rel)
+    ref = dlp - lp.exp(ref_exp_rel) * dlp.sum()
+    return fused.at(keep).to(z.dtype), ref.at(keep).to(z.dtype)

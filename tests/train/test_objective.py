@@ -9,29 +9,7 @@ import torch
 from aiayn.train import objective
 from aiayn.train.objective import (label_smoothed_loss, label_smoothed_loss_reference, make_optimizer,
                                     noam_lr, rdrop_kl, rdrop_kl_reference, smoothed_targets)
-from tests.arith import EXP_REL_ERR, PT_EXP_REL_ERR, PT_LOG_REL_ERR, Rounded, within
-
-
-def _loss_sums(z, target, eps_ls, pad_id, exp_rel=PT_EXP_REL_ERR, log_rel=PT_LOG_REL_ERR):
-    """The summed loss and NLL of z (N,V) (float32, or bfloat16 widened: exact) as the two paths compute
-    them in float32, as ``Rounded`` values (the same exact value; two bounds): ``_SmoothedCrossEntropy``'s
-    forward, log Z = logsumexp(z) (``exp_rel``, ``log_rel``: the C kernel's own exp and log),
-    s = sum_v z_v, then ``smoothed_row_losses``; and ``label_smoothed_loss_reference``'s, log p =
-    log_softmax(z), nll = -log p_g, others = sum_v log p_v - log p_g - log p_pad,
-    (1 - eps) nll - eps' others. Padding rows are an exact 0 in both (masked, not rounded); the python
-    constants are rounded to float32 (``Rounded.const``). Returns ((loss, nll) fused, (loss, nll) reference)."""
-    N, V = z.shape
-    zf, g, keep = Rounded(z), target[:, None], (target != pad_id)[:, None]
-    eps_o = eps_ls / (V - 2)
-    log_z, zg, zp = zf.logsumexp(exp_rel=exp_rel, log_rel=log_rel), zf.gather(g), zf[:, pad_id:pad_id + 1]
-    f_nll = log_z - zg
-    f_loss = log_z - Rounded.const(1.0 - eps_ls) * zg - Rounded.const(eps_o) * (zf.sum() - zg - zp)
-    lp = zf.log_softmax()
-    gold = lp.gather(g)
-    r_nll = -gold
-    r_loss = Rounded.const(1.0 - eps_ls) * r_nll - Rounded.const(eps_o) * (lp.sum() - gold - lp[:, pad_id:pad_id + 1]) \
-        if eps_ls > 0 else r_nll
-    return tuple(tuple(x.at(keep).sum(0) for x in pair) for pair in ((f_loss, f_nll), (r_loss, r_nll)))
+from tests.arith import EXP_REL_ERR, Rounded, loss_sums, smoothed_loss_gradients, within
 
 
 @pytest.mark.parametrize("step,expected", [
@@ -93,8 +71,8 @@ def test_label_smoothed_loss_hand_computed():
     logits = torch.tensor([[[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0]]])
     target = torch.tensor([[3, 0]])  # the second position is padding: no loss
     sums = label_smoothed_loss(logits, target, eps_ls=0.1, pad_id=0)
-    (loss, nll), _ = _loss_sums(logits.view(-1, 4), target.view(-1), 0.1, 0)
-    # the float32 forward's rounding (``_loss_sums``); 1.01: the float64 bound's and the golden values' own
+    (loss, nll), _ = loss_sums(logits.view(-1, 4), target.view(-1), 0.1, 0)
+    # the float32 forward's rounding (``loss_sums``, tests/arith.py); 1.01: the float64 bound's and the golden values' own
     within(sums.loss, torch.tensor(0.590189698561196, dtype=torch.float64), 1.01 * loss.e.view(()))
     within(sums.nll, torch.tensor(0.440189698561196, dtype=torch.float64), 1.01 * nll.e.view(()))
     assert sums.n_tokens.item() == 1
@@ -118,9 +96,9 @@ def test_no_smoothing_is_plain_nll():
     target = torch.tensor([[1, 2, 5]])
     sums = label_smoothed_loss(logits, target, 0.0, 0)
     want = torch.nn.functional.cross_entropy(logits.view(-1, 6), target.view(-1), reduction="sum")
-    (fused, _), (ref, _) = _loss_sums(logits.view(-1, 6), target.view(-1), 0.0, 0)  # pad 0: no target is padding
+    (fused, _), (ref, _) = loss_sums(logits.view(-1, 6), target.view(-1), 0.0, 0)  # pad 0: no target is padding
     # cross_entropy = -sum log_softmax gathered, the reference's arithmetic; each path's float32 rounding
-    # (``_loss_sums``); 1.01: float64's own rounding
+    # (``loss_sums``, tests/arith.py); 1.01: float64's own rounding
     within(sums.loss, want.double(), 1.01 * (fused.e + ref.e).view(()))
 
 
@@ -153,29 +131,6 @@ def test_fused_loss_gradient_is_softmax_minus_q():
     assert torch.allclose(logits.grad.view(-1), want, atol=1e-6)
 
 
-def _smoothed_loss_gradients(z, target, eps_ls, pad_id):
-    """d loss / d z (upstream gradient 1) as the two paths compute it in float32 from z (N,V), each
-    rounded to z's dtype at the end, as ``Rounded`` values (the same exact value, p - q; two bounds):
-    ``_SmoothedCrossEntropy``'s PyTorch backward, p = exp(z - log Z) a - c, + c at pad, - e at gold (a = 1,
-    c = eps', e = 1 - eps - eps', each rounded to float32), and ``label_smoothed_loss_reference``'s
-    autograd: d log p = -eps' everywhere, + eps' at pad, + eps' - (1 - eps) at gold (accumulated in that
-    order), then log_softmax's backward d log p - exp(log p) sum_v d log p."""
-    N, V = z.shape
-    eps_o = eps_ls / (V - 2)
-    zf = Rounded(z)  # bfloat16 widened to float32: exact
-    keep = (target != pad_id)[:, None]
-    pad = (torch.arange(V) == pad_id)[None] & keep
-    gold = torch.nn.functional.one_hot(target, V).bool() & keep
-    full = torch.ones(N, V)
-    c = Rounded.const(eps_o) * full
-    fused = ((zf - zf.logsumexp()).exp() * 1.0 - c + c.at(pad) - (Rounded.const(1.0 - eps_ls - eps_o) * full).at(gold))
-    d_others, d_nll = Rounded.const(-eps_o) * full, Rounded.const(1.0 - eps_ls) * full
-    dlp = d_others + (-d_others).at(pad) + (-d_others - d_nll).at(gold)
-    lp = zf.log_softmax()
-    ref = dlp - lp.exp() * dlp.sum()
-    return fused.at(keep).to(z.dtype), ref.at(keep).to(z.dtype)
-
-
 def test_fused_loss_bf16_logits_close_to_reference():
     torch.manual_seed(0)
     V = 300
@@ -189,9 +144,9 @@ def test_fused_loss_bf16_logits_close_to_reference():
         sums.loss.backward()
         out.append((sums.loss.float(), logits.grad))
     assert out[0][1].dtype == torch.bfloat16
-    (f_loss, _), (r_loss, _) = _loss_sums(base.view(-1, V), target.view(-1), 0.1, 0)
+    (f_loss, _), (r_loss, _) = loss_sums(base.view(-1, V), target.view(-1), 0.1, 0)
     within(out[0][0], out[1][0].double(), 1.01 * (f_loss.e + r_loss.e).view(()))  # each path's float32 rounding
-    fused, ref = _smoothed_loss_gradients(base.view(-1, V), target.view(-1), 0.1, 0)
+    fused, ref = smoothed_loss_gradients(base.view(-1, V), target.view(-1), 0.1, 0)
     assert torch.allclose(fused.v, ref.v, rtol=1e-9, atol=1e-12)  # both p - q (two float64 evaluations)
     # each path's float32 arithmetic and its rounding to bfloat16 (Rounded); 1.01: float64's own rounding
     within(out[0][1].view(-1, V), out[1][1].view(-1, V).double(), 1.01 * (fused.e + ref.e))
@@ -389,10 +344,10 @@ def test_training_gradients_with_the_loss_kernel(precision):
         grads.append((z, sums.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (z1, l1, g1), (z2, l2, g2) = grads
     # each path's loss against the exact loss of its own logits (the two forwards need not agree bit for bit),
-    # within its float32 rounding (``_loss_sums``: cross_entropy.c has vexp.h's exp and libm's logf); 1.01: float64's
+    # within its float32 rounding (``loss_sums``, tests/arith.py: cross_entropy.c has vexp.h's exp and libm's logf); 1.01: float64's
     t = tgt.reshape(-1)
-    (c_loss, _), _ = _loss_sums(z1.reshape(-1, 50).float(), t, 0.1, 0, exp_rel=EXP_REL_ERR)
-    (pt_loss, _), _ = _loss_sums(z2.reshape(-1, 50).float(), t, 0.1, 0)
+    (c_loss, _), _ = loss_sums(z1.reshape(-1, 50).float(), t, 0.1, 0, exp_rel=EXP_REL_ERR)
+    (pt_loss, _), _ = loss_sums(z2.reshape(-1, 50).float(), t, 0.1, 0)
     within(l1, c_loss.v.view(()), 1.01 * c_loss.e.view(()))
     within(l2, pt_loss.v.view(()), 1.01 * pt_loss.e.view(()))
     tol = 1e-5 if precision == "fp32" else 2e-2  # bf16: the logits' gradient is rounded to bf16 either way
