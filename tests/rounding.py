@@ -397,12 +397,19 @@ def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[..., Tensor],
     return moved(y, c)
 
 
-def step_bound(model: nn.Module, precision: str, src: Tensor, bos: int = SpecialIds.bos) -> Tensor:
-    """``rounding_bound`` of the first step's log-probabilities (after BOS) of every sentence of src
-    (B, S) (its padding 0 dropped): (B, V), one sentence at a time (they share no rounding)."""
-    rows = [rounding_bound(model, precision, row[row != 0][None], torch.tensor([[bos]]), lambda lp: lp[0, 0])
-            for row in src]
-    return torch.stack(rows)
+def step_bound(model: nn.Module, precision: str, src: Tensor, prefix: Tensor | None = None,
+               rows: Tensor | None = None, bos: int = SpecialIds.bos) -> Tensor:
+    """``rounding_bound`` of the log-probabilities of the step after each row's prefix, one row at a
+    time (rows share no rounding): row r continues sentence ``rows[r]`` of src (B, S) (its padding 0
+    dropped) with ``prefix[r]`` (BOS and the tokens before the step, as a cached decoder's rows hold
+    them through reorders); by default BOS alone, a row per sentence. (N, V). Inference tensors
+    (a decoding loop's) are copied: autograd takes them."""
+    if prefix is None:
+        prefix, rows = torch.full((src.size(0), 1), bos), torch.arange(src.size(0))
+    with torch.inference_mode(False):
+        out = [rounding_bound(model, precision, src[b][src[b] != 0][None], prefix[r:r + 1].clone(), lambda lp: lp[0, -1])
+               for r, b in enumerate(rows.tolist())]
+    return torch.stack(out)
 
 
 def score_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,

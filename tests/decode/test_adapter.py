@@ -10,7 +10,7 @@ from aiayn.decode.cache import init_cache
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import SpecialIds, search
 from tests.arith import within
-from tests.rounding import logit_bounds, rounding_bound, same_float_search
+from tests.rounding import logit_bounds, same_float_search, step_bound
 
 V = 24
 
@@ -20,10 +20,6 @@ def tiny_model() -> M.Transformer:
     their maximum length)."""
     torch.manual_seed(0)
     return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
-
-
-def _unpadded(row: torch.Tensor) -> torch.Tensor:
-    return row[row != 0][None]  # (1, S)
 
 
 @pytest.fixture
@@ -57,10 +53,7 @@ def test_cache_reorder_equals_recomputing_the_reordered_prefixes(model, share):
             (lp_c, states[0]), (lp_p, states[1]) = cached.step(tokens, states[0]), plain.step(tokens, states[1])
             assert lp_c.shape == (tokens.numel(), V)
             # both within float64's roundings of the exact step (tests/rounding.py), so within twice that
-            with torch.inference_mode(False):
-                bound = torch.stack([rounding_bound(model, "fp64", _unpadded(src[b]), states[1].prefix[r:r + 1].clone(),
-                                                    lambda lp: lp[0, -1]) for r, b in enumerate(sentence.tolist())])
-            within(lp_c, lp_p, 2 * bound)
+            within(lp_c, lp_p, 2 * step_bound(model, "fp64", src, states[1].prefix, sentence))
             n = tokens.numel()
             idx = {1: torch.randint(0, n, (n - 1,), generator=g),  # repeats and dropped rows
                    2: torch.arange(n).flip(0),  # same number of rows, other sentences
@@ -148,9 +141,7 @@ def test_shared_slots_move_no_keys_and_equal_recomputation(model):
             states[1] = type(states[1])(ref.cache, states[1].sentence, states[1].spare, False)
             # each row's step within float64's roundings of the exact one (tests/rounding.py): the three
             # paths within twice that of each other
-            with torch.inference_mode(False):
-                bound = torch.stack([rounding_bound(model, "fp64", _unpadded(src[b]), states[2].prefix[r:r + 1].clone(),
-                                                    lambda lp: lp[0, -1]) for r, b in enumerate(sentence.tolist())])
+            bound = step_bound(model, "fp64", src, states[2].prefix, sentence)
             within(out.logits[:, -1].log_softmax(-1), lp_p, 2 * bound)
             within(out.logits[:, -1].log_softmax(-1), ref.logits[:, -1].log_softmax(-1), 2 * bound)
             for wa, wb in zip(out.self_weights, ref.self_weights):

@@ -191,9 +191,9 @@ def test_the_kernels_append_is_the_caches(kernels, K, dtype):
 def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
     # the same shared-slot cache driven step by step, beams reordered within sentences and a sentence
     # dropped: log-probabilities with the kernel equal those with PyTorch's attention up to both paths'
-    # float32 roundings (rounding_bound of each row's step, its history followed through the reorders)
+    # float32 roundings (step_bound of each row's step, its history followed through the reorders)
     from aiayn.decode.adapter import CachedDecoder
-    from tests.rounding import rounding_bound
+    from tests.rounding import step_bound
 
     model, src = tiny_model(), sources()[:3]
     g = torch.Generator().manual_seed(2)
@@ -206,11 +206,7 @@ def test_cached_steps_with_the_kernel_equal_pytorchs(kernels):
         tokens = torch.full((12,), 2)
         for step in range(8):
             outs = [d.step(tokens, s) for d, s in zip(decoders, states)]
-            with torch.inference_mode(False):
-                bound = torch.stack([rounding_bound(model, "fp32", src[b:b + 1, : int((src[b] != 0).sum())],
-                                                    history[r:r + 1].clone(), lambda lp: lp[0, -1])
-                                     for r, b in enumerate(sentence.tolist())])  # (n, V)
-            within(outs[0][0], outs[1][0].double(), 2 * bound)
+            within(outs[0][0], outs[1][0].double(), 2 * step_bound(model, "fp32", src, history, sentence))
             states = [o[1] for o in outs]
             n = tokens.numel()
             if step == 4:  # the second sentence leaves
@@ -310,8 +306,7 @@ def test_steps_that_the_kernels_do_not_take(kernels, monkeypatch):
         monkeypatch.setattr(kernels, "cross_attention", refuse)
         out = model.decode(tokens[:, None], cache=state.cache, need_weights=True)  # as attention plots ask
         assert out.self_weights is not None
-        with torch.inference_mode(False):  # the first step's log-probabilities, up to both paths' float32 roundings
-            bound = step_bound(model, "fp32", src).repeat_interleave(4, 0)  # (8, V)
+        bound = step_bound(model, "fp32", src).repeat_interleave(4, 0)  # the first step's, float32's roundings (8, V)
         within(out.logits[:, 0].log_softmax(-1), reference[:, 0].log_softmax(-1).double(), 2 * bound)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             state64 = CachedDecoder(model, kernels=kernels).start(src, 6).reorder(torch.arange(2).repeat_interleave(4))
