@@ -51,7 +51,7 @@ def _step_grads(cfg, batch, device, precision):
     return values, {n: p.grad.float().cpu() for n, p in model.named_parameters()}
 
 
-def test_training_step_on_cuda_equals_the_cpu_step(float32_products):
+def test_training_step_on_cuda_equals_the_cpu_step(float32_sums):
     """fp32: the loop's step on CUDA (pinned, non_blocking batch; device sums; one read) gives the
     CPU's loss and NLL up to both devices' float32 roundings (``_loss_bound``), its gradient norm and
     gradients up to float32 rounding."""
@@ -91,16 +91,7 @@ def _loss_bound(cfg, batch, precision: str, eps_ls: float = 0.1) -> float:
     return total
 
 
-@pytest.fixture
-def float32_products():
-    """cuBLAS's float32 products without TF32 (a training run may have turned it on)."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before
-
-
-def test_bf16_training_step_on_cuda_is_close_to_fp32(float32_products):
+def test_bf16_training_step_on_cuda_is_close_to_fp32(float32_sums):
     """bf16 autocast with the heads in bf16 through the fused kernels: the loss within bf16's roundings
     and float32's of the exact one (``_loss_bound``), so within their sum of the fp32 step's."""
     cfg = _tiny()

@@ -36,17 +36,6 @@ def _problem(V, N=300, D=64):
     return h, W, target.to(CUDA)
 
 
-@pytest.fixture
-def float32_sums():
-    """cuBLAS's products with float32 sums: no TF32, no reduced-precision reductions of bfloat16
-    products (what the bounds of ``_paths`` assume; a training run may have turned TF32 on)."""
-    m = torch.backends.cuda.matmul
-    before = m.allow_tf32, m.allow_bf16_reduced_precision_reduction
-    m.allow_tf32, m.allow_bf16_reduced_precision_reduction = False, False
-    yield
-    m.allow_tf32, m.allow_bf16_reduced_precision_reduction = before
-
-
 def _cuda_rel(h, W):
     """The errors of CUDA's exponentials and logarithms in this problem, for ``_paths``: the Triton
     kernel's tl.exp and tl.log are the fast ex2.approx and lg2.approx (as __expf and __logf, CUDA C
