@@ -412,6 +412,21 @@ def step_bound(model: nn.Module, precision: str, src: Tensor, prefix: Tensor | N
     return torch.stack(out)
 
 
+def _forced(src: Tensor, hyp: Hypothesis, ids: SpecialIds) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A hypothesis's teacher-forced path: src (1, S) without its padding, tgt_in (1, |Y|) (BOS and
+    the tokens before each step), the steps (|Y|,) and the tokens y (|Y|,) (EOS included when it
+    ended there)."""
+    y = list(hyp.tokens) + ([ids.eos] if hyp.eos else [])
+    assert len(y) == hyp.length, (hyp, ids)
+    return src[src != ids.pad][None], torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y)), torch.tensor(y)
+
+
+def _search_sum(hyp: Hypothesis, u: float, penalty: float) -> float:
+    """The search's own sum of the |Y| log-probabilities and its division by the penalty: |Y| + 1
+    roundings below |score| lp(|Y|) (1.01: hyp.score's own error), before the division."""
+    return LAMBDA * float(_roundings(hyp.length + 1, u)) * 1.01 * abs(hyp.score) * penalty
+
+
 def score_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,
                 ids: SpecialIds = SpecialIds()) -> float:
     """``rounding_bound`` of a hypothesis's score, Σ_t log p(y_t) / lp(|Y|) (decode/search.py), for the
@@ -419,14 +434,11 @@ def score_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, 
     ended there), divided by the length penalty of the same |Y| in both searches (``cfg``'s). The
     search's own float32 sum of the |Y| log-probabilities and its division by the penalty, |Y| + 1
     roundings below |score| lp(|Y|), are added."""
-    src = src[src != ids.pad][None]
-    y = list(hyp.tokens) + ([ids.eos] if hyp.eos else [])
-    tgt_in, steps = torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y))
-    bound = rounding_bound(model, precision, src, tgt_in, lambda lp: lp[0, steps, torch.tensor(y)].sum())
+    src, tgt_in, steps, gold = _forced(src, hyp, ids)
+    bound = rounding_bound(model, precision, src, tgt_in, lambda lp: lp[0, steps, gold].sum())
     penalty = length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
     u = FORMATS[precision].u if precision in FORMATS else U32  # the search's sums: float32 but for float64 models
-    sum_bound = LAMBDA * float(_roundings(len(y) + 1, u)) * 1.01 * abs(hyp.score) * penalty  # 1.01: hyp.score's own error
-    return (float(bound) + sum_bound) / penalty
+    return (float(bound) + _search_sum(hyp, u, penalty)) / penalty
 
 
 def log_prob_bound(model: nn.Module, precision: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,
@@ -473,9 +485,7 @@ def ensemble_score_bound(models: list[nn.Module], fmt: str, src: Tensor, hyp: Hy
     difference with fl(log M) (u each, of values below |max| + log M, and the constant's u log M),
     summed over the |Y| steps; and the search's sum (``score_bound``)."""
     a = FORMATS[fmt]
-    src = src[src != ids.pad][None]
-    y = list(hyp.tokens) + ([ids.eos] if hyp.eos else [])
-    tgt_in, steps, gold = torch.tensor([[ids.bos] + y[:-1]]), torch.arange(len(y)), torch.tensor(y)
+    src, tgt_in, steps, gold = _forced(src, hyp, ids)
     members = torch.stack([rounding_bound(m, fmt, src, tgt_in, lambda lp: lp[0, steps, gold]) for m in models])
     with torch.no_grad():
         lp = torch.stack([torch.log_softmax(copy.deepcopy(m).double()(src, tgt_in), -1)[0, steps, gold]
@@ -485,5 +495,4 @@ def ensemble_score_bound(models: list[nn.Module], fmt: str, src: Tensor, hyp: Hy
     own = (a.u * x.abs() + 3 * a.u * (x.abs() + 1) + a.exp_rel).amax(0) + M * a.u + 3 * a.u * math.log(M) \
         + 2 * a.u * (lp.amax(0).abs() + math.log(M))
     penalty = length_penalty(hyp.length, cfg.alpha, cfg.length_norm)
-    sum_bound = LAMBDA * float(_roundings(len(y) + 1, a.u)) * 1.01 * abs(hyp.score) * penalty
-    return (float((members.amax(0) + own).sum()) + sum_bound) / penalty
+    return (float((members.amax(0) + own).sum()) + _search_sum(hyp, a.u, penalty)) / penalty
