@@ -464,6 +464,24 @@ def same_float_search(model: nn.Module | list[nn.Module], src: Tensor, got: list
             assert abs(g.log_prob - w.log_prob) <= 2 * bound * penalty, (b, w.tokens, g.log_prob, w.log_prob)
 
 
+def loss_bound(model: nn.Module, precision: str, batch, eps_ls: float, pad: int = 0) -> float:
+    """``rounding_bound`` of a batch's summed loss (§5.4: label smoothing eps_ls over V - 2 classes;
+    eps_ls 0, the NLL), sentence by sentence (``batch``: a ``Batch``'s src, tgt_in and tgt_out, padded
+    with ``pad``), summed. The loss's own sum over the tokens is the caller's."""
+    total = 0.0
+    for src, tgt_in, tgt_out in zip(batch.src, batch.tgt_in, batch.tgt_out):
+        n = int((tgt_out != pad).sum())
+        gold = tgt_out[:n]
+
+        def loss(lp):
+            lp, V = lp[0], lp.size(-1)
+            lp_gold = lp[torch.arange(n), gold]
+            return (-(1 - eps_ls) * lp_gold - eps_ls / (V - 2) * (lp.sum(-1) - lp_gold - lp[:, pad])).sum()
+
+        total += float(rounding_bound(model, precision, src[src != pad][None], tgt_in[None, :n], loss))
+    return total
+
+
 def logit_bounds(model: nn.Module, fmt: str, src: Tensor, tgt_in: Tensor, pad: int = 0) -> Tensor:
     """``rounding_bound`` of every teacher-forced logit of a batch, sentence by sentence (the padding
     of src dropped; a padded batch's masked keys weigh exactly 0): src (B,S), tgt_in (B,T) -> (B,T,V)."""

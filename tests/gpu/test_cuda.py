@@ -18,7 +18,7 @@ from aiayn.checkpoint.run import Learner
 from aiayn.train import runtime as rt
 from aiayn.train import updates
 from tests.arith import U32, loss_sums, smoothed_loss_gradients, within
-from tests.rounding import rounding_bound, same_float_search
+from tests.rounding import loss_bound, same_float_search
 from tests.train.steps import passes, read_step
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
@@ -71,24 +71,11 @@ def test_training_step_on_cuda_equals_the_cpu_step(float32_sums):
 def _loss_bound(cfg, batch, precision: str, eps_ls: float = 0.1) -> float:
     """How far ``precision``'s arithmetic (tests/rounding.py: "fp32", "fp32-cuda" with CUDA's fast exp
     and log, or "bf16" as autocast rounds: every parameter and result, a superset of autocast's
-    places) moves the step's summed loss (§5.4,
-    label smoothing eps_ls over V - 2 classes; ``read_step``'s first number) from the exact one: the
-    sum of each sentence's ``rounding_bound`` of its loss."""
+    places) moves the step's summed loss (``read_step``'s first number) from the exact one
+    (``loss_bound``)."""
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).eval()  # the step's model (p_drop 0: train and eval forwards agree)
-    V, pad = cfg.vocab_size, cfg.pad_id
-    total = 0.0
-    for src, tgt_in, tgt_out in zip(batch.src, batch.tgt_in, batch.tgt_out):
-        n = int((tgt_out != pad).sum())
-        gold = tgt_out[:n]
-
-        def loss(lp):
-            lp = lp[0]
-            lp_gold = lp[torch.arange(n), gold]
-            return (-(1 - eps_ls) * lp_gold - eps_ls / (V - 2) * (lp.sum(-1) - lp_gold - lp[:, pad])).sum()
-
-        total += float(rounding_bound(model, precision, src[src != pad][None], tgt_in[None, :n], loss))
-    return total
+    return loss_bound(model, precision, batch, eps_ls, cfg.pad_id)
 
 
 def test_bf16_training_step_on_cuda_is_close_to_fp32(float32_sums):

@@ -16,7 +16,7 @@ from aiayn.decode.loading import load_models_for_inference
 from aiayn.checkpoint import load_checkpoint, tokenizer_hashes
 from tests.arith import LAMBDA, U32
 from tests.conftest import COPY_TRAIN, copy_lines
-from tests.rounding import rounding_bound
+from tests.rounding import loss_bound
 
 
 def _reverse_corpus(d: Path) -> list[str]:
@@ -40,20 +40,19 @@ def _finetune(data: Path, out: Path, ckpt: Path, steps: int, *extra: str) -> dic
 
 def _valid_loss_bound(ckpt: Path, data: Path) -> float:
     """How far float32's roundings move the checkpoint's validation loss (NLL per token: eps_ls 0)
-    on ``data``'s valid split from the exact one: each sentence's ``rounding_bound`` of its summed
-    NLL (tests/rounding.py), and the sum's own roundings over the tokens, then the division."""
+    on ``data``'s valid split from the exact one: each sentence's bound of its summed NLL
+    (``loss_bound``, tests/rounding.py), and the sum's own roundings over the tokens, then the
+    division."""
     [model], _, _ = load_models_for_inference(ckpt)
-    exact = copy.deepcopy(model).double()
     valid = DataDir(data).split("valid")
-    total, tokens, nll = 0.0, 0, 0.0
-    for i in range(len(valid)):
-        b = collate([valid[i]], model.cfg.pad_id, model.cfg.bos_id, model.cfg.eos_id)
-        n, gold = b.n_tgt_tokens, b.tgt_out[0]
-        total += float(rounding_bound(model, "fp32", b.src, b.tgt_in, lambda lp: -lp[0, torch.arange(n), gold].sum()))
-        with torch.no_grad():
-            nll -= float(torch.log_softmax(exact(b.src, b.tgt_in), -1)[0, torch.arange(n), gold].sum())
-        tokens += n
-    return (total + LAMBDA * math.sqrt(tokens + 1) * U32 * 1.01 * nll) / tokens
+    cfg = model.cfg
+    batch = collate([valid[i] for i in range(len(valid))], cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    keep = batch.tgt_out != cfg.pad_id
+    with torch.no_grad():
+        lp = torch.log_softmax(copy.deepcopy(model).double()(batch.src, batch.tgt_in), -1)
+        nll = -float(lp.gather(-1, batch.tgt_out[..., None])[..., 0][keep].sum())
+    total = loss_bound(model, "fp32", batch, 0.0, cfg.pad_id)
+    return (total + LAMBDA * math.sqrt(batch.n_tgt_tokens + 1) * U32 * 1.01 * nll) / batch.n_tgt_tokens
 
 
 @pytest.mark.slow
