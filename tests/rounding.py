@@ -22,7 +22,7 @@ from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.layers import FeedForward, SublayerConnection
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding
-from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16
+from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16, loss_sums
 
 UNIT_ROUNDOFF = {"bf16": U_BF16, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
 UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subnormal: the error below the normal range
@@ -199,12 +199,12 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     return _hoeffding(quantity(z if logits else torch.log_softmax(z, dim=-1)).reshape(-1), places)
 
 
-def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor, bool]]) -> Tensor:
+def _hoeffding(q: Tensor, places: list[tuple[Tensor, Tensor, bool]], retain_graph: bool = False) -> Tensor:
     """LAMBDA sqrt(Σ_i (∂q/∂v_i c_i)²) over the roundings, plus Σ_j |∂q/∂v_j c_j| over the systematic
     places (their worst case: no cancellation assumed), for each of the values q (n,)."""
     inputs, bounds, systematic = zip(*places)
     grads = torch.autograd.grad(q, inputs, grad_outputs=torch.eye(q.numel(), dtype=q.dtype), is_grads_batched=True,
-                                allow_unused=True)  # each (n, *place)
+                                allow_unused=True, retain_graph=retain_graph)  # each (n, *place)
     zero = q.new_zeros(q.numel())
     squares = sum((((g * c) ** 2).reshape(q.numel(), -1).sum(1) for g, c, sys in zip(grads, bounds, systematic)
                    if g is not None and not sys), zero)
@@ -224,7 +224,7 @@ def _roundings(n, u: float = U32) -> Tensor:
 
 
 def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[..., Tensor],
-                     a: Arith, logits: bool = False) -> Tensor:
+                     a: Arith, logits: bool = False, record: Callable[..., None] | None = None) -> Tensor:
     """The float64 copy ``m``'s log-probabilities (1, T, V), each result that the arithmetic ``a``
     (float32, or float64 for float64 models) rounds
     ``moved`` by its bound, whatever the order of the sums, with or without FMA, in PyTorch's ops or
@@ -239,23 +239,30 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     exp(x) with relative EXP_REL_ERR (the C kernels'; PyTorch's SLEEF and libm's 1 ulp, 2 u, are below
     it); their sum l, n - 1 roundings below l; then p = exp(x) / l, 2 u p (a division, or a reciprocal and a
     product), or log p = x - log l: logf's 1 ulp (2 u |log l|) and the sums max s + log l and s minus
-    that, u (|max s| + |log l|) and u |log p|."""
+    that, u (|max s| + |log l|) and u |log p|.
+    ``record(kind, **tensors)``, where given, receives each operation's inputs and results as the
+    forward uses them (tests/grad_rounding.py follows the backward from them)."""
     u = a.u
+    record = record or (lambda kind, **tensors: None)
 
     def linear(self, x):
         y = F.linear(x, self.weight, self.bias)
         terms = F.linear(x.detach().abs(), self.weight.detach().abs(),
                          None if self.bias is None else self.bias.detach().abs())
         n = 2 * x.size(-1) + 1
-        return moved(y, _roundings(n, u) * terms + n * a.eta)
+        y = moved(y, _roundings(n, u) * terms + n * a.eta)
+        record("linear", x=x, W=self.weight, b=self.bias, y=y)
+        return y
 
     def post(self, x, sublayer_out):
         y = x + sublayer_out
         y = moved(y, u * y.detach().abs())
+        record("add", x=x, s=sublayer_out, y=y)
         return y if self.pre_norm else self.norm(y)
 
     def embed(self, tokens, embedding, positions, start):
         e = embedding(tokens)  # the lookup times sqrt(d_model): fl(sqrt(d_model))'s error is one for every entry
+        record("embed", E=embedding.weight, tokens=tokens, scale=embedding.scale, pad=embedding.pad_id, e=e)
         e = e * (1 + moved(e.new_zeros(()), _constant(embedding.scale, a), systematic=True))
         e = moved(e, u * e.detach().abs())
         y = e + positions(start, tokens.size(1)).to(e.dtype)
@@ -265,11 +272,11 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
         if isinstance(mod, nn.Linear):
             mod.forward = types.MethodType(linear, mod)
         elif isinstance(mod, nn.LayerNorm):
-            mod.forward = types.MethodType(lambda self, x: _float_layer_norm(self, x, moved, a), mod)
+            mod.forward = types.MethodType(lambda self, x: _float_layer_norm(self, x, moved, a, record), mod)
         elif isinstance(mod, SublayerConnection):
             mod.post = types.MethodType(post, mod)
         elif isinstance(mod, MultiHeadAttention):
-            mod.core = _FloatAttention(moved, a)
+            mod.core = _FloatAttention(moved, a, record)
     for mod in m.modules():
         if isinstance(mod, FeedForward) and mod.activation != "relu":  # ReLU is exact
             mod.act = lambda x, _name=mod.activation: _float_activation(_name, x, moved, a)
@@ -342,9 +349,9 @@ class _FloatAttention(nn.Module):
     - their product with V over the n keys a query sees, 2 n + 1 below p |V| (normalized before or
       after the sum, as flash attention does)."""
 
-    def __init__(self, moved: Callable[..., Tensor], a: Arith):
+    def __init__(self, moved: Callable[..., Tensor], a: Arith, record: Callable[..., None]):
         super().__init__()
-        self.moved, self.a = moved, a
+        self.moved, self.a, self.record = moved, a, record
 
     def forward(self, q, k, v, mask, is_causal=False, need_weights=False):
         T, S, d_k = q.size(-2), k.size(-2), q.size(-1)
@@ -353,6 +360,7 @@ class _FloatAttention(nn.Module):
             causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
             mask = causal if mask is None else mask & causal
         scale = 1 / math.sqrt(d_k)
+        q_in = q
         q = moved(q * scale, a.u * q.detach().abs() * scale)  # (B,H,T,K)
         k = moved(k, a.u * k.detach().abs())
         const = max(_constant(scale, a), abs(torch.tensor(math.sqrt(scale), dtype=a.dtype).item() ** 2 - scale) / scale)
@@ -370,11 +378,13 @@ class _FloatAttention(nn.Module):
         n = torch.isfinite(x.detach()).sum(-1, keepdim=True)  # (B,H,T,1) keys seen
         out = p @ v  # (B,H,T,Dv)
         out = moved(out, _roundings(2 * n + 1, a.u) * (p.detach() @ v.detach().abs()) + 2 * n * a.eta)
+        self.record("attention", q_in=q_in, q=q, k=k, scores=scores, p=p, v=v, out=out)
         B, H, T, Dv = out.shape
         return out.transpose(1, 2).reshape(B, T, H * Dv), None
 
 
-def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[..., Tensor], a: Arith) -> Tensor:
+def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[..., Tensor], a: Arith,
+                      record: Callable[..., None]) -> Tensor:
     """LayerNorm over the last dimension (D), each rounding of the arithmetic ``a`` marked
     (``_float_log_probs``): the mean μ, D + 1 roundings below mean|x|; the variance σ², 3 D + 3 below
     mean(x²), which covers the two-pass mean((x - μ)²), Welford's updates and E[x²] - μ² alike;
@@ -394,7 +404,9 @@ def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[..., Tensor],
     y = d * r * ln.weight + ln.bias
     rw = (r * ln.weight).detach().abs()
     c = 4 * u * (x.detach().abs() * rw + mu.detach().abs() * rw + ln.bias.detach().abs() + y.detach().abs())
-    return moved(y, c)
+    y = moved(y, c)
+    record("layer_norm", x=x, r=r, xhat=(d * r).detach(), w=ln.weight, b=ln.bias, y=y)
+    return y
 
 
 def step_bound(model: nn.Module, precision: str, src: Tensor, prefix: Tensor | None = None,
@@ -480,6 +492,25 @@ def loss_bound(model: nn.Module, precision: str, batch, eps_ls: float, pad: int 
 
         total += float(rounding_bound(model, precision, src[src != pad][None], tgt_in[None, :n], loss))
     return total
+
+
+def summed_loss_bound(model: nn.Module, precision: str, batch, eps_ls: float, pad: int = 0,
+                      loss_fmt: str | None = None) -> float:
+    """How far a step's summed loss (eps_ls 0: the NLL) moves from the exact one: ``loss_bound``'s of
+    ``precision``, plus the loss's own float32 arithmetic on the logits and its sum over the batch's
+    tokens (``loss_sums``, tests/arith.py: the fused path's or the plain one's, the larger), in
+    ``loss_fmt`` ("fp32", "fp32-cuda"; by default ``precision``'s, or "fp32" under bf16): its
+    exponentials, and a logarithm's absolute error once a token."""
+    a = FORMATS[loss_fmt or (precision if precision in FORMATS else "fp32")]
+    with torch.no_grad():
+        z = copy.deepcopy(model).double().eval()(batch.src, batch.tgt_in)
+    V, target = z.size(-1), batch.tgt_out.reshape(-1)
+    zd = z.reshape(-1, V)
+    x_max = float((zd - zd.logsumexp(-1, keepdim=True)).abs().max())
+    rel = dict(exp_rel=a.exp_rel + a.exp_per_x * x_max, log_rel=2 * a.u)
+    fused, plain = loss_sums(zd.float(), target, eps_ls, pad, **rel, ref_exp_rel=rel["exp_rel"], ref_log_rel=2 * a.u)
+    own = max(float(fused[0].e), float(plain[0].e)) + a.log_abs * int((target != pad).sum())
+    return loss_bound(model, precision, batch, eps_ls, pad) + own
 
 
 def logit_bounds(model: nn.Module, fmt: str, src: Tensor, tgt_in: Tensor, pad: int = 0) -> Tensor:

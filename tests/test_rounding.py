@@ -65,3 +65,51 @@ def test_each_decoding_path_within_the_bound_of_its_roundings():
                     lp, state = dec.step(tgt_in[:, t], state)
                     steps.append(lp[0])
             within(torch.stack(steps), exact, bound)
+
+
+def _loss(model, batch, eps_ls: float, scale: float, src_padded: bool = True):
+    """``scale`` times the batch's summed label-smoothed loss (§5.4), as ``gradient_bound`` takes it."""
+    z = model(batch.src, batch.tgt_in, src_padded=src_padded)
+    V = z.size(-1)
+    lp, target = torch.log_softmax(z.reshape(-1, V), -1), batch.tgt_out.reshape(-1)
+    gold = lp.gather(1, target[:, None])[:, 0]
+    others = lp.sum(-1) - gold - lp[:, 0]
+    return scale * ((-(1 - eps_ls) * gold - eps_ls / (V - 2) * others)[target != 0]).sum()
+
+
+@pytest.mark.parametrize("case", ["post-norm", "untied-bias", "pre-norm", "unpadded"])
+def test_float32_gradients_within_the_bound_of_their_roundings(case):
+    """A training step's float32 gradients (PyTorch's attention, and the C kernels' forward and
+    backward where there is a compiler) within ``gradient_bound(model, "fp32")`` of the float64
+    model's, at each parameter's picked entries and in its projection: post-norm with the tied
+    projection, untied with an output bias, pre-norm over two layers, and a batch without padding
+    through attention without a key mask."""
+    from aiayn.data.batching import collate
+    from aiayn.execution import use_attention_kernels
+    from aiayn.kernels.loader import load
+    from tests.grad_rounding import gradient_bound, same_gradients, zero_bound
+
+    sizes = dict(vocab_size=61, n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, p_drop=0.0)
+    sizes.update({"untied-bias": dict(tie_embeddings=False, output_bias=True),
+                  "pre-norm": dict(n_layers=2, pre_norm=True)}.get(case, {}))
+    cfg = aiayn.get_preset("tiny", **sizes)
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).train()
+    if cfg.output_bias:
+        with torch.no_grad():
+            model.out_bias.normal_()
+    g = torch.Generator().manual_seed(1)
+    lengths = [(7, 7)] * 4 if case == "unpadded" else [(int(a), int(b)) for a, b in torch.randint(2, 9, (5, 2), generator=g)]
+    batch = collate([(torch.randint(4, 61, (a,), generator=g).numpy(), torch.randint(4, 61, (b,), generator=g).numpy())
+                     for a, b in lengths], cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    bound = gradient_bound(model, "fp32", batch, 0.1, 0.5)
+    exact = copy.deepcopy(model).double()
+    _loss(exact, batch, 0.1, 0.5).backward()
+    want = {n: p.grad for n, p in exact.named_parameters()}
+    kernels = load()
+    for k in (None, kernels) if kernels is not None else (None,):
+        m = copy.deepcopy(model)
+        use_attention_kernels(m, k)
+        _loss(m, batch, 0.1, 0.5, src_padded=case != "unpadded").backward()
+        got = {n: p.grad for n, p in m.named_parameters()}
+        same_gradients(got, want, bound, zero_bound(bound))
