@@ -34,6 +34,31 @@ def within(got, want, bound):
                             f"{float(err[~ok].max())} against {float(bound.expand_as(err)[~ok][(err[~ok]).argmax()])}")
 
 
+def softmax_sum_bound(n, u=U32, decimals=None):
+    """How far the sum of a float32 softmax's n weights, summed again in float32 (any order), may be
+    from 1: each weight ẽ_j / l̃ (a division, or a reciprocal and a product: 2 roundings) with l̃ = Σ ẽ
+    (n - 1 roundings), whatever the exponentials' own errors (they cancel in the ratio), so Σ p̃
+    within (γ_{n-1} + γ_2) / (1 - γ_{n-1}) of 1; the sum again, γ_{n-1} of it; and each weight
+    written with ``decimals`` decimals, half a unit of the last."""
+    n = torch.as_tensor(n, dtype=torch.float64)
+    weights = (gamma(n - 1, u) + gamma(2, u)) / (1 - gamma(n - 1, u))
+    written = 0.0 if decimals is None else n * 0.5 * 10.0 ** -decimals
+    return weights + gamma(n - 1, u) * (1 + weights + written) + written
+
+
+def log_softmax_exp_sum_bound(V, m_abs, exp_rel=EXP_REL_ERR, u=U32):
+    """How far Σ_j exp(lp_j) may be from 1 for float32 log-probabilities lp = log_softmax(z) over V
+    logits whose largest is m (|m| <= m_abs), exponentiated and summed in float32. Each lp_j is off by
+    δ_j: x_j = z_j - m (u |x_j|), l = Σ exp(x) (exp_rel and γ_{V-1} relative, so as much absolute in
+    log l), log l (2 u |log l|), lse = m + log l (u (|m| + |log l|)), z_j - lse (u |lp_j|): either
+    order. Σ p_j |δ_j| then needs Σ p |x| = log l + H and Σ p |lp| = H, with H <= log V and
+    0 <= log l <= log V: γ_{V-1} + exp_rel + u (6 log V + |m|); 1.01 for e^δ - 1 against δ; then the
+    exponentials (2 u) and their sum (γ_{V-1})."""
+    V = torch.as_tensor(V, dtype=torch.float64)
+    lp = gamma(V - 1, u) + exp_rel + u * (6 * torch.log(V) + m_abs)
+    return 1.01 * lp + (2 * u + gamma(V - 1, u)) * (1 + 1.01 * lp)
+
+
 # PyTorch's float32 exp and log on the CPU: SLEEF's expf_u10 and logf_u10 (ATen's Vectorized<float>::exp
 # and ::log, 1.0 ulp) or libm's (below 1 ulp); 1 ulp is at most 2 u of the result
 PT_EXP_REL_ERR = PT_LOG_REL_ERR = 2 * U32

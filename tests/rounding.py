@@ -22,7 +22,7 @@ from aiayn.decode.search import Hypothesis, SpecialIds, length_penalty
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.layers import FeedForward, SublayerConnection
 from aiayn.model.positional import LearnedPositions, ScaledEmbedding
-from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16, loss_sums
+from tests.arith import EXP_REL_ERR, LAMBDA, U32, U_BF16, log_softmax_exp_sum_bound, loss_sums
 
 UNIT_ROUNDOFF = {"bf16": U_BF16, "fp16": 2.0 ** -11}  # 2^-p for p significand bits (8 and 11)
 UNDERFLOW = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25}  # half the smallest subnormal: the error below the normal range
@@ -521,6 +521,25 @@ def logit_bounds(model: nn.Module, fmt: str, src: Tensor, tgt_in: Tensor, pad: i
         z_bound = rounding_bound(model, fmt, src[b][src[b] != pad][None], tgt_in[b:b + 1], lambda z: z[0], logits=True)
         rows.append(z_bound.view(tgt_in.size(1), -1))
     return torch.stack(rows)
+
+
+def largest_logit(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor, pad: int = 0) -> float:
+    """A bound on every |logit| that ``precision``'s copy of ``model`` computes for the teacher-forced
+    batch src (B,S), tgt_in (B,T): the exact logits' largest magnitude plus ``logit_bounds``' largest."""
+    with torch.no_grad():
+        z = copy.deepcopy(model).double().eval()(src, tgt_in)
+    return float(z.abs().max() + logit_bounds(model, precision, src, tgt_in, pad).max())
+
+
+def assert_normalized(lp: Tensor, model: nn.Module, precision: str, src: Tensor, bos: int = SpecialIds.bos) -> None:
+    """A first decoding step's float32 log-probabilities lp (B, V) from ``precision``'s copy of
+    ``model`` (the rows of src (B,S) after BOS): each row's exponentials, summed in float32, within
+    float32's log_softmax, exp and sum of 1 (``log_softmax_exp_sum_bound``, tests/arith.py), its
+    largest logit bounded by ``largest_logit``."""
+    m_abs = largest_logit(model, precision, src, torch.full((src.size(0), 1), bos))
+    bound = float(log_softmax_exp_sum_bound(lp.size(-1), m_abs))
+    total = lp.exp().sum(-1).double()
+    assert ((total - 1).abs() <= bound).all(), (total, bound)
 
 
 def ensemble_score_bound(models: list[nn.Module], fmt: str, src: Tensor, hyp: Hypothesis, cfg: DecodeConfig,

@@ -11,7 +11,7 @@ from aiayn.decode.search import SpecialIds, search
 from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
-from tests.rounding import score_bound, step_bound
+from tests.rounding import assert_normalized, score_bound, step_bound
 
 
 def test_bf16_translator_casts_a_copy_and_translates(tiny_checkpoint):
@@ -49,7 +49,7 @@ def test_bf16_step_log_probs_close_to_fp32():
     every result, carried to that log-probability by its derivatives, tests/decode/conftest.py)."""
     d32, _, lp32, lp16 = _first_steps(torch.bfloat16)
     assert lp16.dtype == torch.float32
-    assert torch.allclose(lp16.exp().sum(-1), torch.ones(2), atol=1e-4)
+    assert_normalized(lp16, d32.model, "bf16", SRC)
     assert ((lp16 - lp32).abs().double() <= step_bound(d32.model, "bf16", SRC)).all()  # bf16 roundings, derived
 
 
@@ -132,7 +132,7 @@ def test_fp16_step_log_probs_close_to_fp32():
     with torch.inference_mode():
         hyps16, hyps32 = search(d16, SRC, dc, ids), search(d32, SRC, dc, ids)
     assert lp16.dtype == torch.float32
-    assert torch.allclose(lp16.exp().sum(-1), torch.ones(2), atol=1e-4)
+    assert_normalized(lp16, d32.model, "fp16", SRC)
     assert ((lp16 - lp32).abs().double() <= step_bound(d32.model, "fp16", SRC)).all()  # fp16 roundings, derived
     assert [len(h[0].tokens) for h in hyps16] == [6, 6]
     for b, (h16, h32) in enumerate(zip(hyps16, hyps32)):  # a score: 6 steps' log-probabilities over lp(6)

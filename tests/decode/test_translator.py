@@ -19,6 +19,7 @@ from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
 from aiayn.errors import InputError, UserError
 from aiayn.checkpoint import FORMAT, atomic_save, load_checkpoint
+from tests.arith import softmax_sum_bound
 
 LINES = ["the house is small", "", "a cat sat on the mat today", "small", "the cat is in the small house"]
 
@@ -126,7 +127,7 @@ def test_attention_weights_shapes(ckpt):
     T, S = len(t.tokens) + int(t.eos), len(ids)
     assert att["cross"].shape == (2, 4, T, S) and att["encoder"].shape == (2, 4, S, S)
     assert att["decoder_self"].shape == (2, 4, T, T)
-    assert np.allclose(att["cross"].sum(-1), 1.0, atol=1e-5)
+    assert (np.abs(att["cross"].sum(-1) - 1.0) <= float(softmax_sum_bound(S))).all()  # each row a softmax over S keys
     assert len(att["src_tokens"]) == S and att["src_tokens"][-1] == "</s>"
 
 
