@@ -19,7 +19,7 @@ from aiayn.train import runtime as rt
 from aiayn.train import updates
 from tests.arith import U32, loss_sums, smoothed_loss_gradients, within
 from tests.grad_rounding import gradient_bound, same_gradients
-from tests.rounding import FORMATS, same_float_search, summed_loss_bound
+from tests.rounding import FORMATS, logit_bounds, same_float_search, summed_loss_bound
 from tests.train.steps import passes, read_step
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
@@ -217,26 +217,33 @@ def test_graph_replayed_search_on_cuda_equals_the_cached_search(beam, confident_
         assert [hs[0].tokens for hs in out] == want, precision
 
 
-def test_unpadded_batch_on_cuda_without_mask_is_the_masked_one():
+def test_unpadded_batch_on_cuda_without_mask_is_the_masked_one(float32_sums):
     """``src_padded=False`` (no key mask: flash) and the additive mask made once give the boolean
-    mask's logits on CUDA, up to the kernels' rounding."""
+    mask's logits on CUDA under bf16 autocast, each within bf16's roundings of the exact logits
+    (``logit_bounds``, tests/rounding.py: every parameter and result rounded, a superset of
+    autocast's places), so within twice them of each other."""
     cfg = _tiny()
     torch.manual_seed(0)
     model = aiayn.Transformer(cfg).to(CUDA).eval()
-    src = torch.randint(4, cfg.vocab_size, (6, 11), device=CUDA)
-    tgt = torch.randint(4, cfg.vocab_size, (6, 9), device=CUDA)
+    src = torch.randint(4, cfg.vocab_size, (3, 11), device=CUDA)  # 3 sentences: the bound's float64 stays quick
+    tgt = torch.randint(4, cfg.vocab_size, (3, 9), device=CUDA)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         masked = model(src, tgt).float()
         unmasked = model(src, tgt, src_padded=False).float()
-    assert torch.allclose(masked, unmasked, atol=3e-2)
+    bound = logit_bounds(model.cpu(), "bf16", src.cpu(), tgt.cpu(), cfg.pad_id)
+    within(masked.cpu(), unmasked.cpu().double(), 2 * bound)
+    # a padded batch in float32: the boolean mask against the additive one that a run's attention
+    # (``use_attention_kernels``) makes once on CUDA, each within CUDA's float32 roundings of the exact logits
+    import copy
+
+    from aiayn.execution import use_attention_kernels
+    model.to(CUDA)
     src[2, 7:] = cfg.pad_id
-    from aiayn.execution.attention import additive_key_mask
-    from aiayn.model.attention import key_mask
-    enc_bool = model.encoder_layers[0]
-    x = torch.randn(6, 11, cfg.d_model, device=CUDA)
-    a = enc_bool(x, key_mask(src.eq(cfg.pad_id)))[0]
-    b = enc_bool(x, additive_key_mask(key_mask(src.eq(cfg.pad_id)), torch.float32))[0]
-    assert torch.allclose(a, b, atol=1e-5)
+    executed = copy.deepcopy(model)
+    use_attention_kernels(executed, None)
+    with torch.no_grad():
+        a, b = model(src, tgt), executed(src, tgt)
+    within(a.cpu(), b.cpu().double(), 2 * logit_bounds(model.cpu(), "fp32-cuda", src.cpu(), tgt.cpu(), cfg.pad_id))
 
 
 def test_update_queued_before_the_read_on_cuda():
