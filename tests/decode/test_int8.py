@@ -16,7 +16,7 @@ from aiayn.decode.loading import load_model_for_inference, model_for_precision
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from tests.rounding import assert_normalized, int8_half_step, score_bound, step_bound
-from tests.arith import U32
+from tests.arith import U32, gamma, within
 from tests.decode.test_adapter import V, sources
 
 
@@ -24,12 +24,17 @@ def test_int8_linear_golden():
     # W rows: s_W = 1/127 and 2/127; W_q = round([127, -31.75]) = [127, -32], round([31.75, 127]) = [32, 127]
     # x: s_x = 2/127; x_q = round([127, -95.25]) = [127, -95]
     # acc = [127*127 + 95*32, 32*127 - 95*127] = [19169, -8001]; y = acc * s_x * s_W + b
-    lin = Int8Linear(torch.tensor([[1.0, -0.25], [0.5, 2.0]]), torch.tensor([0.1, 0.0]))
+    W, b, x = torch.tensor([[1.0, -0.25], [0.5, 2.0]]), torch.tensor([0.1, 0.0]), torch.tensor([[2.0, -1.5]])
+    lin = Int8Linear(W, b)
     assert lin.w_q.tolist() == [[127, -32], [32, 127]]
-    y = lin(torch.tensor([[2.0, -1.5]]))
-    expected = torch.tensor([[19169 * 2 / 127 ** 2 + 0.1, -8001 * 4 / 127 ** 2]])
-    assert torch.allclose(y, expected, atol=1e-6, rtol=0)
-    assert torch.allclose(y, torch.tensor([[2.375 + 0.1, -2.0]]), atol=0.02)  # the exact product, within int8
+    y = lin(x)
+    scaled = torch.tensor([[19169 * 2 / 127 ** 2, -8001 * 4 / 127 ** 2]], dtype=torch.float64)
+    # float32: the two scales (max / 127), the products acc s_W s_x and the bias's sum, perhaps fused; 0.1 rounded
+    within(y, scaled + b.double(), gamma(5) * scaled.abs() + gamma(2) * b.double().abs())
+    # the exact product, within int8's half steps of x and W (``int8_half_step``) and float32's roundings
+    dx, dW = int8_half_step(x.double()), int8_half_step(W.double())  # (1,1), (2,1)
+    step = dx * W.double().abs().sum(1) + x.double().abs().sum() * dW.T + 2 * dx * dW.T
+    within(y, x.double() @ W.double().T + b.double(), step + gamma(5) * scaled.abs() + gamma(2) * b.double().abs())
     x_q, s = quantize_rows(torch.zeros(1, 3))  # an all-zero row: zeros, no NaN
     assert x_q.tolist() == [[0, 0, 0]] and torch.isfinite(s).all()
 
