@@ -113,10 +113,9 @@ def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alo
         alone = search(CachedDecoder(q), src[b:b + 1, :n], cfg, SpecialIds())[0]
         assert [h.tokens for h in alone] == [h.tokens for h in cached[b]]
         for c, p, a in zip(cached[b], plain[b], alone):
-            if dtype == torch.float32:  # float32's roundings only
-                assert p.score == pytest.approx(c.score, rel=1e-4) and a.score == pytest.approx(c.score, rel=1e-4)
-                continue
-            tol = 2 * score_bound(model, "int8-bf16", src[b], c, cfg)  # each within score_bound of the exact
+            # each within score_bound of the exact score (an activation's int8 step may differ between the
+            # paths: float32's roundings move x / s across a half step), so within twice that of each other
+            tol = 2 * score_bound(model, "int8" if dtype == torch.float32 else "int8-bf16", src[b], c, cfg)
             assert abs(p.score - c.score) <= tol and abs(a.score - c.score) <= tol
 
 
