@@ -409,6 +409,36 @@ def _float_layer_norm(ln: nn.LayerNorm, x: Tensor, moved: Callable[..., Tensor],
     return y
 
 
+def attend_bound(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, precision: str) -> Tensor:
+    """A bound on how far ``precision``'s arithmetic moves each entry of ``attn.attend(q, k, v, mask)``
+    (Eq. 1 on given heads, then W^O: (B,T,D)) from the exact one: "fp32" (``_FloatAttention`` and the
+    linear map's 2 n + 1 roundings below its terms) or "bf16" for a module held in bfloat16 (its
+    weights and the heads bfloat16 numbers already; every result rounded: ``_RoundedAttention``)."""
+    m = copy.deepcopy(attn).double()
+    places: list[tuple[Tensor, Tensor, bool]] = []
+
+    def moved(x: Tensor, c: Tensor, systematic: bool = False) -> Tensor:
+        z = torch.zeros_like(x, requires_grad=True)
+        places.append((z, torch.as_tensor(c, dtype=x.dtype).expand_as(x), systematic))
+        return x + z
+
+    if precision in FORMATS:
+        a = FORMATS[precision]
+        m.core = _FloatAttention(moved, a, lambda kind, **tensors: None)
+        W, b = m.out_proj.weight, m.out_proj.bias
+        n = 2 * W.size(1) + 1
+        m.out_proj.forward = lambda x: moved(F.linear(x, W, b), _roundings(n, a.u) * F.linear(
+            x.detach().abs(), W.detach().abs(), b.detach().abs()) + n * a.eta)
+    else:
+        u, eta = UNIT_ROUNDOFF[PATHS[precision][0]], UNDERFLOW[PATHS[precision][0]]
+        round_ = lambda x: moved(x, u * x.detach().abs() + eta)  # noqa: E731
+        m.core = _RoundedAttention(round_)
+        linear = m.out_proj.forward
+        m.out_proj.forward = lambda x: round_(linear(x))
+    out = m.attend(q.detach().double(), k.detach().double(), v.detach().double(), mask)[0]
+    return _hoeffding(out.reshape(-1), places).view_as(out)
+
+
 def step_bound(model: nn.Module, precision: str, src: Tensor, prefix: Tensor | None = None,
                rows: Tensor | None = None, bos: int = SpecialIds.bos) -> Tensor:
     """``rounding_bound`` of the log-probabilities of the step after each row's prefix, one row at a
