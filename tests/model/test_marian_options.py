@@ -10,7 +10,7 @@ import aiayn
 from aiayn.config import ConfigError
 from aiayn.model.layers import FeedForward
 from tests.arith import within
-from tests.rounding import rounding_bound
+from tests.rounding import logit_bounds, rounding_bound
 
 
 def tiny(**kw):
@@ -44,7 +44,8 @@ def test_output_bias_is_added_to_the_logits(tie):
     src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 5, 6]])
     h, _, _ = model._decoder_stack(tgt, model.encode(src), None, False)
     W = model.tgt_embed.weight if tie else model.out_proj.weight
-    assert torch.allclose(model(src, tgt), h @ W.T + model.out_bias, atol=1e-12)
+    # both float64 evaluations of the logits, each within float64's roundings of the exact ones (tests/rounding.py)
+    within(model(src, tgt), (h @ W.T + model.out_bias).detach(), 2 * logit_bounds(model, "fp64", src, tgt))
 
 
 def test_pre_softmax_carries_the_bias_as_a_column():
@@ -57,7 +58,7 @@ def test_pre_softmax_carries_the_bias_as_a_column():
     pre = model(src, tgt, project=False)
     assert pre.h.shape[-1] == pre.weight.shape[-1] == 17
     logits = pre.h @ pre.weight.T
-    assert torch.allclose(logits, model(src, tgt), atol=1e-12)
+    within(logits, model(src, tgt).detach(), 2 * logit_bounds(model, "fp64", src, tgt))  # as above
     (g_col,) = torch.autograd.grad(logits.logsumexp(-1).sum(), model.out_bias)
     (g_plain,) = torch.autograd.grad(model(src, tgt).logsumexp(-1).sum(), model.out_bias)
     assert torch.allclose(g_col, g_plain, atol=1e-12)
