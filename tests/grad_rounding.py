@@ -88,12 +88,16 @@ def gradient_bound(model: nn.Module, fmt: str, batch, eps_ls: float, scale: floa
       ``rounding_bound``'s bound of h): there the gradient may pass or not, |dy| either way (worst
       case).
     The marks are summed by Hoeffding (tests/rounding.py, ``_hoeffding``), first order, with the
-    gradients of the gradients from autograd in float64."""
+    gradients of the gradients from autograd in float64. Followed: ReLU models with sinusoidal
+    positions (the paper's), without dropout; bf16 autocast is not (its two paths share most of their
+    roundings, which a bound of each path alone cannot use: it comes out above the gradients)."""
     a = FORMATS[fmt]
     u = a.u
     m = copy.deepcopy(model).double().train()
     assert all(mod.p == 0 for mod in m.modules() if isinstance(mod, nn.Dropout)), "a model without dropout"
     assert isinstance(m.src_pos, SinusoidalPositions), "sinusoidal positions (learned ones are not followed)"
+    assert all(mod.activation == "relu" for mod in m.modules() if isinstance(mod, FeedForward)), \
+        "ReLU (Eq. 2): swish's and GELU's backward are not followed"
     params = dict(m.named_parameters())
     places: list[tuple[Tensor, Tensor, bool]] = []
 
