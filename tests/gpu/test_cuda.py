@@ -47,7 +47,7 @@ def _step_grads(cfg, batch, device, precision):
     model = aiayn.Transformer(cfg).to(device).train()
     b = to_device(batch, device)
     sums, _ = passes(model, [b], TrainConfig(), 1 / batch.n_tgt_tokens, device, precision)
-    norm = updates.grad_norm(model, None)
+    norm = updates.grad_norm(list(model.parameters()), None)
     values = read_step(sums, norm, float(batch.n_tgt_tokens), device)
     return values, {n: p.grad.float().cpu() for n, p in model.named_parameters()}
 

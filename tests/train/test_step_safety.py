@@ -97,7 +97,7 @@ def test_train_step_is_the_step_its_parts_make():
     for group in ref_opt.param_groups:
         group["lr"] = s.lr
     sums, _ = passes(ref_model, [batch], t, 1 / batch.n_tgt_tokens, torch.device("cpu"), "fp32")
-    norm = updates.grad_norm(ref_model, None)
+    norm = updates.grad_norm(list(ref_model.parameters()), None)
     loss, nll, kl, tokens, _, norm_value, _ = read_step(sums, norm, float(batch.n_tgt_tokens), torch.device("cpu"))
     updates.update(Learner(ref_model, ref_opt), t.clip_norm, norm)
     assert (s.loss, s.nll, s.norm) == (loss, nll, norm_value)

@@ -16,12 +16,14 @@ def update_early(opt, scaler) -> bool:
     return scaler is None and bool(opt.defaults.get("fused"))
 
 
-def grad_norm(model, scaler) -> torch.Tensor | None:
-    """The accumulated gradients' total 2-norm as a device scalar (not read here), or None under
-    fp16's loss scaling, whose scaler finds non-finite gradients itself and skips their step."""
+def grad_norm(params: list[torch.Tensor], scaler) -> torch.Tensor | None:
+    """The accumulated gradients' total 2-norm of ``params`` (the model's, listed once: walking the
+    module tree at every step is host time a small model's GPU step waits for) as a device scalar
+    (not read here), or None under fp16's loss scaling, whose scaler finds non-finite gradients
+    itself and skips their step."""
     if scaler is not None:
         return None
-    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
 
 def update(learner: Learner, clip_norm: float, norm: torch.Tensor | None = None,
