@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from aiayn.model.layers import FeedForward
 from aiayn.model.positional import SinusoidalPositions
 from tests.arith import LAMBDA, U32, smoothed_loss_gradients
-from tests.rounding import FORMATS, _float_log_probs, _hoeffding, _roundings
+from aiayn.train.objective import label_smoothed_loss_reference
+from tests.rounding import FORMATS, Marks, _float_log_probs, _hoeffding, _roundings, loss_errors
 
 PICKS = 8  # entries of each parameter's gradient held to their bound, beside its largest and one projection
 FLIP_SCAN, FLIP_SAMPLE = 4096, 256  # ``_relu_flips``
@@ -99,12 +100,7 @@ def gradient_bound(model: nn.Module, fmt: str, batch, eps_ls: float, scale: floa
     assert all(mod.activation == "relu" for mod in m.modules() if isinstance(mod, FeedForward)), \
         "ReLU (Eq. 2): swish's and GELU's backward are not followed"
     params = dict(m.named_parameters())
-    places: list[tuple[Tensor, Tensor, bool]] = []
-
-    def moved(v: Tensor, c: Tensor, systematic: bool = False) -> Tensor:
-        z = torch.zeros_like(v, requires_grad=True)
-        places.append((z, torch.as_tensor(c, dtype=v.dtype).expand_as(v), systematic))
-        return v + z
+    places = Marks()
 
     ops: list[tuple[str, dict]] = []
 
@@ -114,14 +110,11 @@ def gradient_bound(model: nn.Module, fmt: str, batch, eps_ls: float, scale: floa
     for mod in m.modules():
         if isinstance(mod, FeedForward) and mod.activation == "relu":
             mod.act = lambda h: _relu(h, record)
-    z = _float_log_probs(m, batch.src, batch.tgt_in, moved, a, logits=True, record=record)  # (B,T,V)
+    z = _float_log_probs(m, batch.src, batch.tgt_in, places.moved, a, logits=True, record=record)  # (B,T,V)
     V = z.size(-1)
     target = batch.tgt_out.reshape(-1)
     keep = target != pad
-    lp = torch.log_softmax(z.reshape(-1, V), -1)
-    gold = lp.gather(1, target[:, None])[:, 0]
-    others = lp.sum(-1) - gold - lp[:, pad]
-    loss = scale * ((-(1 - eps_ls) * gold - eps_ls / (V - 2) * others)[keep]).sum()
+    loss = scale * label_smoothed_loss_reference(z, batch.tgt_out, eps_ls, pad).loss
 
     flips = _relu_flips(ops, places)  # before the backward's marks: the forward's alone move h
     live = {id(t): t for _, ts in ops for t in ts.values() if isinstance(t, Tensor) and t.requires_grad}
@@ -136,8 +129,7 @@ def gradient_bound(model: nn.Module, fmt: str, batch, eps_ls: float, scale: floa
         """dL/dx computed off by at most c: entrywise (coef None), or one error per row of the last
         dimension, times coef, for every entry of the row (c (..., 1)); ``term(δ)``: the loss's
         added term for an error δ that reaches several gradients at once."""
-        zb = torch.zeros_like(c, requires_grad=True)
-        places.append((zb, c, systematic))
+        zb = places.mark(c, systematic)
         if term is not None:
             terms.append(term(zb))
         else:
@@ -182,10 +174,7 @@ def gradient_bound(model: nn.Module, fmt: str, batch, eps_ls: float, scale: floa
             x = entries[0][0]
             wrong(x, _roundings(len(entries) - 1, u) * sum(mag for _, mag in entries))
     zd = z.detach().reshape(-1, V)
-    x_max = float((zd - zd.logsumexp(-1, keepdim=True)).abs().max())  # the largest argument of an exponential
-    exp_rel = a.exp_rel + a.exp_per_x * x_max
-    g_fused, g_plain = smoothed_loss_gradients(zd.float(), target, eps_ls, pad, g_loss=scale, exp_rel=exp_rel,
-                                               log_rel=2 * u, ref_exp_rel=exp_rel, ref_log_rel=2 * u)
+    g_fused, g_plain = smoothed_loss_gradients(zd.float(), target, eps_ls, pad, g_loss=scale, **loss_errors(a, zd))
     log_abs = a.log_abs * abs(scale) * torch.softmax(zd, -1) * keep[:, None]  # log Z's absolute error, in every p
     wrong(z, (torch.maximum(g_fused.e, g_plain.e) + log_abs).view_as(z), systematic=True)
 

@@ -62,6 +62,23 @@ FORMATS = {"fp32": Arith(U32, 2.0 ** -150, 2.0 ** -126, EXP_REL_ERR, 1.5e-7 + 17
                               exp_per_x=2 * 1.173 * U32, log_abs=2.0 ** -21.41)}
 
 
+class Marks(list):
+    """The places where an arithmetic moves a value, as (a zero to differentiate by, c: the bound of
+    its δ, systematic), for ``_hoeffding``."""
+
+    def mark(self, c: Tensor, systematic: bool = False) -> Tensor:
+        """A zero of c's shape to differentiate by, whose δ is at most c."""
+        z = torch.zeros_like(c, requires_grad=True)
+        self.append((z, c, systematic))
+        return z
+
+    def moved(self, v: Tensor, c, systematic: bool = False) -> Tensor:
+        """v plus a zero to differentiate by, where the arithmetic moves v by at most c: a rounding
+        (independent, of mean zero) or, ``systematic``, an error that is neither (a constant's rounding,
+        shared by every use; an approximation's error, smooth in its argument)."""
+        return v + self.mark(torch.as_tensor(c, dtype=v.dtype).expand_as(v), systematic)
+
+
 def _constant(c: float, a: Arith) -> float:
     """How far a constant moves when the arithmetic ``a`` holds it: |fl(c) - c| / |c|, relative."""
     return abs(torch.tensor(c, dtype=a.dtype).item() - c) / abs(c)
@@ -137,15 +154,8 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
     if int8 and m.out_proj is None:  # the tied projection's int8 copy rounds apart from the lookups'
         m.out_proj = nn.Linear(m.cfg.d_model, m.tgt_embed.weight.size(0), bias=False).double()
         m.out_proj.weight = nn.Parameter(m.tgt_embed.weight.detach().clone())
-    places: list[tuple[Tensor, Tensor, bool]] = []  # (a tensor to differentiate by, c: the bound of its δ, systematic)
-
-    def moved(v: Tensor, c: Tensor, systematic: bool = False) -> Tensor:
-        """v plus a zero to differentiate by, where the copy's arithmetic moves v by at most c: a rounding
-        (independent, of mean zero) or, ``systematic``, an error that is neither (a constant's rounding,
-        shared by every use; an approximation's error, smooth in its argument)."""
-        z = torch.zeros_like(v, requires_grad=True)
-        places.append((z, torch.as_tensor(c, dtype=v.dtype).expand_as(v), systematic))
-        return v + z
+    places = Marks()
+    moved = places.moved
 
     def round_(v: Tensor) -> Tensor:
         return moved(v, u * v.detach().abs() + eta) if u else v
@@ -245,13 +255,9 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     u = a.u
     record = record or (lambda kind, **tensors: None)
 
-    def linear(self, x):
-        y = F.linear(x, self.weight, self.bias)
-        terms = F.linear(x.detach().abs(), self.weight.detach().abs(),
-                         None if self.bias is None else self.bias.detach().abs())
-        n = 2 * x.size(-1) + 1
-        y = moved(y, _roundings(n, u) * terms + n * a.eta)
-        record("linear", x=x, W=self.weight, b=self.bias, y=y)
+    def linear(x, weight, bias):
+        y = _float_linear(x, weight, bias, moved, a)
+        record("linear", x=x, W=weight, b=bias, y=y)
         return y
 
     def post(self, x, sublayer_out):
@@ -270,7 +276,7 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
 
     for mod in m.modules():
         if isinstance(mod, nn.Linear):
-            mod.forward = types.MethodType(linear, mod)
+            mod.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias), mod)
         elif isinstance(mod, nn.LayerNorm):
             mod.forward = types.MethodType(lambda self, x: _float_layer_norm(self, x, moved, a, record), mod)
         elif isinstance(mod, SublayerConnection):
@@ -284,7 +290,7 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     def output_logits(self, h):  # the pre-softmax projection (§3.4), tied or its own, and its bias, one linear map
         weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
         biases = [b for b in (getattr(self.out_proj, "bias", None), self.out_bias) if b is not None]
-        return linear(types.SimpleNamespace(weight=weight, bias=sum(biases) if biases else None), h)
+        return linear(h, weight, sum(biases) if biases else None)
 
     m.output_logits = types.MethodType(output_logits, m)
     z = m(src, tgt_in)  # (1,T,V)
@@ -296,6 +302,15 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
     lse = moved(s_max + log_l, u * (3 * log_l.detach().abs() + s_max.abs()) + a.log_abs)  # logf's 2u, the sum's u
     lp = x + s_max - lse
     return moved(lp, u * lp.detach().abs())
+
+
+def _float_linear(x: Tensor, weight: Tensor, bias: Tensor | None, moved: Callable[..., Tensor], a: Arith) -> Tensor:
+    """x Wᵀ + b with the arithmetic ``a``'s roundings marked (``_float_log_probs``): 2 d_in + 1 of
+    values below |x| |W|ᵀ + |b| (``_roundings``), and subnormals' n η."""
+    y = F.linear(x, weight, bias)
+    terms = F.linear(x.detach().abs(), weight.detach().abs(), None if bias is None else bias.detach().abs())
+    n = 2 * x.size(-1) + 1
+    return moved(y, _roundings(n, a.u) * terms + n * a.eta)
 
 
 def _float_activation(name: str, x: Tensor, moved: Callable[..., Tensor], a: Arith) -> Tensor:
@@ -415,20 +430,12 @@ def attend_bound(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask
     linear map's 2 n + 1 roundings below its terms) or "bf16" for a module held in bfloat16 (its
     weights and the heads bfloat16 numbers already; every result rounded: ``_RoundedAttention``)."""
     m = copy.deepcopy(attn).double()
-    places: list[tuple[Tensor, Tensor, bool]] = []
-
-    def moved(x: Tensor, c: Tensor, systematic: bool = False) -> Tensor:
-        z = torch.zeros_like(x, requires_grad=True)
-        places.append((z, torch.as_tensor(c, dtype=x.dtype).expand_as(x), systematic))
-        return x + z
-
+    places = Marks()
+    moved = places.moved
     if precision in FORMATS:
         a = FORMATS[precision]
         m.core = _FloatAttention(moved, a, lambda kind, **tensors: None)
-        W, b = m.out_proj.weight, m.out_proj.bias
-        n = 2 * W.size(1) + 1
-        m.out_proj.forward = lambda x: moved(F.linear(x, W, b), _roundings(n, a.u) * F.linear(
-            x.detach().abs(), W.detach().abs(), b.detach().abs()) + n * a.eta)
+        m.out_proj.forward = lambda x: _float_linear(x, m.out_proj.weight, m.out_proj.bias, moved, a)
     else:
         u, eta = UNIT_ROUNDOFF[PATHS[precision][0]], UNDERFLOW[PATHS[precision][0]]
         round_ = lambda x: moved(x, u * x.detach().abs() + eta)  # noqa: E731
@@ -524,6 +531,16 @@ def loss_bound(model: nn.Module, precision: str, batch, eps_ls: float, pad: int 
     return total
 
 
+def loss_errors(a: Arith, z: Tensor) -> dict:
+    """The relative errors of the loss's exponentials and logarithms under the arithmetic ``a`` over
+    the logits z (N, V), for both of its paths (``loss_sums``, ``smoothed_loss_gradients``,
+    tests/arith.py): ``a``'s exponential at the largest |z - log Z| (CUDA's fast one grows with it),
+    and a logarithm's 1 ulp."""
+    x_max = float((z - z.logsumexp(-1, keepdim=True)).abs().max())
+    exp_rel = a.exp_rel + a.exp_per_x * x_max
+    return dict(exp_rel=exp_rel, log_rel=2 * a.u, ref_exp_rel=exp_rel, ref_log_rel=2 * a.u)
+
+
 def summed_loss_bound(model: nn.Module, precision: str, batch, eps_ls: float, pad: int = 0,
                       loss_fmt: str | None = None) -> float:
     """How far a step's summed loss (eps_ls 0: the NLL) moves from the exact one: ``loss_bound``'s of
@@ -536,9 +553,7 @@ def summed_loss_bound(model: nn.Module, precision: str, batch, eps_ls: float, pa
         z = copy.deepcopy(model).double().eval()(batch.src, batch.tgt_in)
     V, target = z.size(-1), batch.tgt_out.reshape(-1)
     zd = z.reshape(-1, V)
-    x_max = float((zd - zd.logsumexp(-1, keepdim=True)).abs().max())
-    rel = dict(exp_rel=a.exp_rel + a.exp_per_x * x_max, log_rel=2 * a.u)
-    fused, plain = loss_sums(zd.float(), target, eps_ls, pad, **rel, ref_exp_rel=rel["exp_rel"], ref_log_rel=2 * a.u)
+    fused, plain = loss_sums(zd.float(), target, eps_ls, pad, **loss_errors(a, zd))
     own = max(float(fused[0].e), float(plain[0].e)) + a.log_abs * int((target != pad).sum())
     return loss_bound(model, precision, batch, eps_ls, pad) + own
 
