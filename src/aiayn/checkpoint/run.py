@@ -68,6 +68,12 @@ class Learner:
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None = None
     ema: Any = None
+    # the model's parameters, listed once: every step reads their gradients, and walking the module
+    # tree each time is host time that a small model's GPU step waits for
+    params: list = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.params = list(self.model.parameters())
 
     def averaged(self):
         """The weights a validation reads: the moving average's inside the block, where there is one."""

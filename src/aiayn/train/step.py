@@ -68,7 +68,6 @@ class TrainStep:
         self.learner, self.loss, self.strategy, self.schedule, self.rules = learner, loss, strategy, schedule, rules
         self.clock, self.run_dir, self.bad_in_row = clock, run_dir, 0
         self.update_early = update_early(learner.opt, learner.scaler)
-        self.params = list(learner.model.parameters())  # once: the set never changes during a run
         # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``parallel.compile_model``)
         self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
         # the one place the model meets its device's speed code; torch.compile traces PyTorch's attention
@@ -111,7 +110,7 @@ class TrainStep:
                 raise
             self._without_compile(exc)
             sums, step_flops = self.passes(micro, scale)
-        norm = grad_norm(self.params, learner.scaler)
+        norm = grad_norm(learner.params, learner.scaler)
         clock_s = self.clock()
         numbers = strategy.numbers(sums, norm, tokens_dev, clock_s, step_flops)
         if self.update_early:  # skipped on the device where the step is not finite, as the host decides below

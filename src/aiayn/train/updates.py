@@ -17,8 +17,7 @@ def update_early(opt, scaler) -> bool:
 
 
 def grad_norm(params: list[torch.Tensor], scaler) -> torch.Tensor | None:
-    """The accumulated gradients' total 2-norm of ``params`` (the model's, listed once: walking the
-    module tree at every step is host time a small model's GPU step waits for) as a device scalar
+    """The accumulated gradients' total 2-norm of ``params`` (``Learner.params``) as a device scalar
     (not read here), or None under fp16's loss scaling, whose scaler finds non-finite gradients
     itself and skips their step."""
     if scaler is not None:
@@ -32,14 +31,14 @@ def update(learner: Learner, clip_norm: float, norm: torch.Tensor | None = None,
     to ``clip_norm`` if > 0, with ``norm`` from ``grad_norm`` where given), then the gradients cleared.
     ``skip`` (fused Adam, no scaler): a float32 flag on the device, 1 = leave the parameters, Adam's
     moments and step count as they are (the fused step's ``found_inf``): the update is queued unread."""
-    model, opt, scaler = learner.model, learner.opt, learner.scaler
+    opt, scaler = learner.opt, learner.scaler
     if scaler is not None:
         scaler.unscale_(opt)
     if clip_norm > 0:
         if norm is None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+            torch.nn.utils.clip_grad_norm_(learner.params, clip_norm)
         else:
-            torch.nn.utils.clip_grads_with_norm_(model.parameters(), clip_norm, norm)
+            torch.nn.utils.clip_grads_with_norm_(learner.params, clip_norm, norm)
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
