@@ -12,7 +12,17 @@ import zlib
 
 import torch
 
+from tests.arith import gamma
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def table_value(got: float, exact: float, n: int) -> bool:
+    """A score or log-probability of a table's hypothesis of n tokens against its exact value: each
+    float32 log-probability rounded once (u of it), their sum (γ_{n-1} of the sum of their magnitudes,
+    which is |the sum|: all <= 0), the division by the penalty (u, and the penalty's own u):
+    γ_{n+3} of |exact|."""
+    return abs(got - exact) <= float(gamma(n + 3)) * abs(exact)
 
 
 class TableState:

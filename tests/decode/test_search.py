@@ -10,7 +10,7 @@ from aiayn.config import ConfigError
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import (Constraints, SpecialIds, filter_logits, length_penalty, max_output_lengths,
                                  search, topk_rows)
-from tests.decode.stub import BOS, EOS, PAD, TableDecoder
+from tests.decode.stub import BOS, EOS, PAD, TableDecoder, table_value
 from tests.arith import gamma
 
 A, B, C = 4, 5, 6
@@ -40,14 +40,6 @@ def test_max_output_lengths_counts_non_pad_source_tokens():
     assert max_output_lengths(src, DecodeConfig(), PAD, cap=53).tolist() == [53, 52]
 
 
-def _table_value(got: float, exact: float, n: int) -> bool:
-    """A score or log-probability of a table's hypothesis of n tokens against its exact value: each
-    float32 log-probability rounded once (u of it), their sum (γ_{n-1} of the sum of their magnitudes,
-    which is |the sum|: all <= 0), the division by the penalty (u, and the penalty's own u):
-    γ_{n+3} of |exact|."""
-    return abs(got - exact) <= float(gamma(n + 3)) * abs(exact)
-
-
 # The table of the length-penalty example. Complete hypotheses and their log-probs:
 #   [A EOS] ln .3   (|Y| = 2)     [B C EOS] ln .27 (|Y| = 3)     [A C EOS] ln .2    [EOS] ln .2
 LP_TABLE = {1: {
@@ -63,17 +55,17 @@ def test_length_penalty_changes_the_winner():
     # alpha 0.6: ln .3 / lp(2) = -1.0976 beats ln .27 / lp(3) = -1.1017
     hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=2, alpha=0.6, nbest=2), IDS)[0]
     assert [h.tokens for h in hyps] == [(A,), (B, C)]
-    assert _table_value(hyps[0].score, math.log(0.3) / lp(2, 0.6), hyps[0].length)
-    assert _table_value(hyps[1].score, math.log(0.27) / lp(3, 0.6), hyps[1].length)
-    assert _table_value(hyps[0].log_prob, math.log(0.3), hyps[0].length)
+    assert table_value(hyps[0].score, math.log(0.3) / lp(2, 0.6), hyps[0].length)
+    assert table_value(hyps[1].score, math.log(0.27) / lp(3, 0.6), hyps[1].length)
+    assert table_value(hyps[0].log_prob, math.log(0.3), hyps[0].length)
     assert (hyps[0].length, hyps[0].eos) == (2, True)
     # alpha 1.0: ln .27 / (8/6) = -0.982 beats ln .3 / (7/6) = -1.032
     hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=2, alpha=1.0, nbest=2), IDS)[0]
     assert [h.tokens for h in hyps] == [(B, C), (A,)]
-    assert _table_value(hyps[0].score, math.log(0.27) / lp(3, 1.0), hyps[0].length)
+    assert table_value(hyps[0].score, math.log(0.27) / lp(3, 1.0), hyps[0].length)
     # alpha 0: raw log-probs, [A EOS] wins
     hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=2, alpha=0.0), IDS)[0]
-    assert [h.tokens for h in hyps] == [(A,)] and _table_value(hyps[0].score, math.log(0.3), hyps[0].length)
+    assert [h.tokens for h in hyps] == [(A,)] and table_value(hyps[0].score, math.log(0.3), hyps[0].length)
 
 
 def test_power_length_norm_is_transformers_length_penalty():
@@ -83,10 +75,10 @@ def test_power_length_norm_is_transformers_length_penalty():
     cfg = DecodeConfig(beam_size=2, alpha=0.6, nbest=2, length_norm="power")
     hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), cfg, IDS)[0]
     assert [h.tokens for h in hyps] == [(B, C), (A,)]
-    assert _table_value(hyps[0].score, math.log(0.27) / 3 ** 0.6, hyps[0].length)
-    assert _table_value(hyps[1].score, math.log(0.3) / 2 ** 0.6, hyps[1].length)
+    assert table_value(hyps[0].score, math.log(0.27) / 3 ** 0.6, hyps[0].length)
+    assert table_value(hyps[1].score, math.log(0.3) / 2 ** 0.6, hyps[1].length)
     greedy = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=1, alpha=1.0, length_norm="power"), IDS)
-    assert _table_value(greedy[0][0].score, math.log(0.3) / 2, greedy[0][0].length)  # [A EOS]
+    assert table_value(greedy[0][0].score, math.log(0.3) / 2, greedy[0][0].length)  # [A EOS]
     with pytest.raises(ConfigError, match="length_norm"):
         DecodeConfig(length_norm="linear")
 
@@ -96,7 +88,7 @@ def test_eos_at_first_step_and_greedy():
     cfg = DecodeConfig(beam_size=1, alpha=0.6)
     [[h]] = search(TableDecoder(table), src_of(1, 2), cfg, IDS)
     assert h.tokens == () and h.length == 1 and h.eos
-    assert _table_value(h.score, math.log(0.6), h.length)  # lp(1) = 1
+    assert table_value(h.score, math.log(0.6), h.length)  # lp(1) = 1
     # beam 2 still prefers [EOS] (ln .6 > ln .4 / lp(2)) and both are in the 2-best list
     hyps = search(TableDecoder(table), src_of(1, 2), DecodeConfig(beam_size=2, nbest=2), IDS)[0]
     assert [h.tokens for h in hyps] == [(), (A,)]
@@ -126,7 +118,7 @@ def test_early_stop_not_taken_when_the_bound_still_allows_a_win():
     assert len(dec.rows_per_step) == 52
     assert h.tokens == (B,) * 52 and not h.eos and h.length == 52
     expected = (math.log(0.1) + 51 * math.log(0.999)) / lp(52, 3.0)
-    assert _table_value(h.score, expected, h.length)
+    assert table_value(h.score, expected, h.length)
 
 
 def test_max_length_reached_without_eos():
@@ -134,7 +126,7 @@ def test_max_length_reached_without_eos():
     cfg = DecodeConfig(beam_size=2, alpha=0.6, max_len_a=0.0, max_len_b=3, nbest=2)
     hyps = search(dec, src_of(1, 4), cfg, IDS)[0]
     assert hyps[0].tokens == (A, A, A) and not hyps[0].eos and hyps[0].length == 3
-    assert _table_value(hyps[0].score, 3 * math.log(0.7) / lp(3, 0.6), hyps[0].length)
+    assert table_value(hyps[0].score, 3 * math.log(0.7) / lp(3, 0.6), hyps[0].length)
     assert hyps[1].tokens in {(A, A, B), (A, B, A), (B, A, A)}
     assert len(dec.rows_per_step) == 3
     [[g]] = search(TableDecoder(default={A: 0.7, B: 0.3}), src_of(1, 4), DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=3), IDS)
@@ -146,7 +138,7 @@ def test_min_len_suppresses_eos():
     cfg = DecodeConfig(beam_size=2, min_len=3)
     [[h]] = search(dec, src_of(1, 2), cfg, IDS)
     assert h.tokens == (A, A, A) and h.eos and h.length == 4
-    assert _table_value(h.log_prob, 3 * math.log(0.1) + math.log(0.9), h.length)  # no renormalization
+    assert table_value(h.log_prob, 3 * math.log(0.1) + math.log(0.9), h.length)  # no renormalization
     # min_len = max_len forces a fixed length (the benchmark setting)
     cfg = DecodeConfig(beam_size=2, min_len=5, max_len_a=0.0, max_len_b=5)
     [[h]] = search(TableDecoder(default={EOS: 0.9, A: 0.1}), src_of(1, 2), cfg, IDS)
@@ -379,7 +371,7 @@ def test_allowed_masks_tokens_before_the_choice(beam):
     hyps = search(TableDecoder(LP_TABLE), src_of(1, 3), DecodeConfig(beam_size=beam, alpha=0.6), IDS,
                   Constraints(allowed=allowed))[0]
     assert [h.tokens for h in hyps] == [(B, C)]
-    assert _table_value(hyps[0].log_prob, math.log(0.27), hyps[0].length)
+    assert table_value(hyps[0].log_prob, math.log(0.27), hyps[0].length)
     assert seen[0] == ([0] * beam, 0) and seen[1] == ([0] * beam, 1)
 
 
