@@ -568,6 +568,16 @@ def logit_bounds(model: nn.Module, fmt: str, src: Tensor, tgt_in: Tensor, pad: i
     return torch.stack(rows)
 
 
+def two_implementations_bound(model: nn.Module, src: Tensor, tgt_in: Tensor, pad: int = 0) -> Tensor:
+    """How far another float32 implementation of ``model``'s function (transformers' Marian) may put
+    each teacher-forced logit from the model's own: src (B,S), tgt_in (B,T) -> (B,T,V). Each is within
+    ``logit_bounds`` "fp32" of the exact logits, whatever its order of sums; the other may apply Eq. 1's
+    1/sqrt(d_k) to q before the product instead of to the scores, a rounding of u |q_i| in each term,
+    u sum |q_i k_i| in all: 1/d_k of the product's own gamma_{d_k} sum |q_i k_i|. So
+    (1 + 1/d_k) + 1 times the model's bound."""
+    return (2 + 1 / model.cfg.d_k) * logit_bounds(model, "fp32", src, tgt_in, pad)
+
+
 def largest_logit(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor, pad: int = 0) -> float:
     """A bound on every |logit| that ``precision``'s copy of ``model`` computes for the teacher-forced
     batch src (B,S), tgt_in (B,T): the exact logits' largest magnitude plus ``logit_bounds``' largest."""
