@@ -13,10 +13,11 @@ from aiayn.data.stream import to_device
 from tests.train.steps import passes
 from aiayn.train.config import TrainConfig
 from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, torch_rows
-from tests.arith import U32
+from tests.arith import U32, Rounded, within
 from tests.grad_rounding import gradient_bound, same_gradients
 from tests.rounding import summed_loss_bound
-from tests.train.test_fused_loss import PAD, _assert_same, _batch, _fused, _paths, _plain, _sums_and_grads
+from tests.train.test_fused_loss import (PAD, _assert_same, _batch, _fused, _masks, _paths, _plain, _rows,
+                                       _sums_and_grads)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -39,14 +40,19 @@ def _problem(V, N=300, D=64):
 
 
 def _cuda_rel(h, W):
-    """The errors of CUDA's exponentials and logarithms in this problem, for ``_paths``: the Triton
+    """``_cuda_rel_of`` the logits h W^T."""
+    return _cuda_rel_of(h.detach().double().cpu() @ W.detach().double().cpu().T)
+
+
+def _cuda_rel_of(z):
+    """The errors of CUDA's exponentials and logarithms over the logits z (N,V), for ``_paths``: the Triton
     kernel's tl.exp and tl.log are the fast ex2.approx and lg2.approx (as __expf and __logf, CUDA C
     Programming Guide, Intrinsic Functions): exp(x) within 2 + floor(1.173 |x|) ulp; log d within 3
     ulp, or 2^-21.41 absolute for d in [0.5, 2]; PyTorch's expf and logf within 2 and 1 ulp. An ulp
     is at most 2 u of the result; every argument x here (z - m, a block's rescaling, z - log Z) lies
     within a row's range of logits plus log V. Returns (the kernel's relative error, its log's
     absolute one, PyTorch's relative error)."""
-    z = h.detach().double().cpu() @ W.detach().double().cpu().T  # (N,V)
+    z = z.double().cpu()
     reach = float((z.amax(-1) - z.amin(-1)).max()) + math.log(z.size(-1))
     return 2 * U32 * max(2 + 1.173 * reach, 3), 2.0 ** -21.41, 2 * 2 * U32
 
@@ -75,8 +81,22 @@ def test_kernel_rows_equal_torch_rows_on_cuda(kernel, dtype):
     out = [(z.clone(), torch.empty(64, device=CUDA), torch.empty(64, device=CUDA)) for _ in range(2)]
     torch_rows(out[0][0], tgt, 0.1, PAD, out[0][1], out[0][2], True)
     kernel.smoothed_ce_rows(out[1][0], tgt, 0.1, PAD, out[1][1], out[1][2], True)
-    for a, b in zip(*out):
-        torch.testing.assert_close(b.float(), a.float(), rtol=1e-4, atol=1e-5 if dtype == torch.float32 else 1e-2)
+    # each path's loss, NLL and d loss / d z (rounded to dtype) from the same logits, within the sum of
+    # the two bounds: the kernel's exp and log CUDA's fast ones, torch_rows' PyTorch's (_cuda_rel_of)
+    rows_rel, rows_log_abs, plain_rel = _cuda_rel_of(z.float())
+    zc, tc = Rounded(z.cpu()), tgt.cpu()
+    pad, gold = _masks(tc, z.size(1))
+    eps_o = 0.1 / (z.size(1) - 2)
+    bounds = []
+    for rel, log_abs in ((plain_rel, 0.0), (rows_rel, rows_log_abs)):
+        loss, nll, lz, keep = _rows(zc, tc, 0.1, rel, log_abs)
+        dz = ((zc - lz).exp(rel) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
+              + Rounded.const(eps_o - 0.9).at(gold)).at(keep).to(dtype)
+        bounds.append((dz, loss, nll))  # out's order: z (overwritten by d loss / d z), loss, nll
+    for i, (a, b) in enumerate(zip(*out)):
+        r_torch, r_kernel = bounds[0][i], bounds[1][i]
+        want = a.cpu().double().reshape(r_torch.v.shape)
+        within(b.cpu().double().reshape(r_torch.v.shape), want, 1.01 * (r_torch.e + r_kernel.e))
 
 
 def test_fused_loss_holds_no_whole_logits(kernel):
