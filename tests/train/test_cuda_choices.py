@@ -44,16 +44,24 @@ def test_tf32_is_a_cuda_setting_only(cuda_flags):
 
 @pytest.mark.parametrize("capability,name,chosen", [((7, 5), "Tesla T4", "fp16"), ((7, 0), "Tesla V100-SXM2-16GB", "fp16"),
                                                      ((8, 0), "NVIDIA A100-SXM4-40GB", "bf16"),
-                                                     ((9, 0), "NVIDIA H100 80GB HBM3", "bf16")])
+                                                     ((9, 0), "NVIDIA H100 80GB HBM3", "bf16"),
+                                                     ((6, 0), "Tesla P100-PCIE-16GB", "fp16"),
+                                                     ((6, 1), "NVIDIA GeForce GTX 1080 Ti", "fp32"),
+                                                     ((6, 1), "Tesla P40", "fp32"),
+                                                     ((5, 3), "NVIDIA Tegra X1", "fp16"), ((6, 2), "NVIDIA Tegra X2", "fp16"),
+                                                     ((5, 2), "Tesla M60", "fp32"),
+                                                     ((3, 7), "Tesla K80", "fp32")])
 def test_auto_precision_is_bf16_only_where_the_gpu_has_it_natively(monkeypatch, capability, name, chosen):
     """``train.precision=auto`` on CUDA: bf16 from compute capability 8.0 on, fp16 (with its loss scaler)
-    before it, whatever ``torch.cuda.is_bf16_supported`` answers (True on a T4, by emulation)."""
+    before it where fp16 runs at least twice float32's rate (7.x; 5.3, 6.0, 6.2), fp32 elsewhere (6.1's
+    fp16 runs at 1/64 of its fp32), whatever ``torch.cuda.is_bf16_supported`` answers (True on a T4, by
+    emulation)."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     precision, why = rt.resolve_precision("auto", CUDA)
     assert precision == chosen
-    native = "native bf16" if chosen == "bf16" else "has no native bf16"
+    native = {"bf16": "native bf16", "fp16": "has no native bf16", "fp32": "has neither native bf16 nor fast fp16"}[chosen]
     assert why == f"auto: {name}, compute capability {capability[0]}.{capability[1]}, {native}"
     if capability == (7, 5):
         assert rt.describe_precision(precision, why) == \

@@ -2,7 +2,8 @@
 
 ``peak_tflops`` is the vendor's dense peak (no structured sparsity) in the precision aiayn trains
 in on that device (``train.precision=auto``: bf16 where the device has it, fp16 with a gradient
-scaler on V100; fp32 on P100, as the paper trained). ``table2_tflops`` is the "sustained
+scaler on V100; the older GPUs' in fp32, as the paper trained them: with ``train.precision=fp32``
+on a P100, where auto takes fp16, ``train.runtime.fast_fp16``). ``table2_tflops`` is the "sustained
 TFLOPS" Table 2 of the paper multiplies by time and device count (2.8 K80, 3.7 K40, 6.0 M40,
 9.5 P100); for devices the paper did not use it is the peak, Table 2's convention carried over.
 

@@ -69,7 +69,7 @@ class TrainConfig:
     # machinery
     seed: int = param(1, "seed for initialization, dropout and batch order")
     device: str = param("auto", "auto | cpu | cuda | cuda:N")
-    precision: str = param("auto", "auto | fp32 | bf16 | fp16 (fp16 only on CUDA, with a gradient scaler); auto = bf16 where the device computes it natively (CUDA compute capability >= 8.0, CPUs with AVX512-BF16/AMX), else fp16 on CUDA, fp32 on the CPU")
+    precision: str = param("auto", "auto | fp32 | bf16 | fp16 (fp16 only on CUDA, with a gradient scaler); auto = bf16 where the device computes it natively (CUDA compute capability >= 8.0, CPUs with AVX512-BF16/AMX), else fp16 on CUDA where its fp16 is fast (compute capability 7.0 on; P100), fp32 elsewhere")
     threads: int = param(0, "CPU threads for torch; 0 = leave torch's default")
     dist_timeout_s: float = param(120.0, "data parallel: seconds a process waits for the others before it stops with an error, so a dead or hung rank ends the run (PyTorch's default: 30 minutes; docs/training.md)")
     log_every_steps: int = param(50, "write a log line / scalars every N optimizer steps")

@@ -140,19 +140,30 @@ def _is_x86() -> bool:
 NATIVE_BF16_CAPABILITY = (8, 0)  # Ampere on: bf16 tensor cores. Before it CUDA emulates bf16.
 
 
+def fast_fp16(capability: tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability computes float16 at twice float32's rate or more:
+    Volta on (7.0: tensor cores), and before it the GPUs that the CUDA C Programming Guide's table of
+    arithmetic throughput gives twice float32's: 5.3 (Jetson TX1, Nano), 6.0 (P100), 6.2 (Jetson
+    TX2). Elsewhere float16 is slower than float32 (6.1: GTX 10xx, P4, P40, at 1/64 of its rate)."""
+    return capability >= (7, 0) or capability in ((5, 3), (6, 0), (6, 2))
+
+
 def resolve_precision(spec: str, device: torch.device) -> tuple[str, str]:
     """``train.precision`` = ``spec`` on ``device``: the precision ("fp32", "bf16", "fp16") and why,
     in words for the log. auto on CUDA: bf16 where the GPU computes it natively (compute capability
-    >= 8.0), else fp16, which trains with a gradient scaler; not ``torch.cuda.is_bf16_supported()``,
-    which answers True on a T4 (7.5) or a V100 (7.0) by emulating bf16. auto on the CPU: bf16 where
-    it is native (``cpu_supports_bf16``: AVX512-BF16, AMX, Arm's BF16), else fp32."""
+    >= 8.0), else fp16, which trains with a gradient scaler, where the GPU's fp16 is fast (``fast_fp16``),
+    else fp32; not ``torch.cuda.is_bf16_supported()``, which answers True on a T4 (7.5) or a V100 (7.0)
+    by emulating bf16. auto on the CPU: bf16 where it is native (``cpu_supports_bf16``: AVX512-BF16,
+    AMX, Arm's BF16), else fp32."""
     if spec == "auto":
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
-            native = (major, minor) >= NATIVE_BF16_CAPABILITY
-            why = (f"auto: {torch.cuda.get_device_name(device)}, compute capability {major}.{minor}, "
-                   + ("native bf16" if native else "has no native bf16"))
-            return ("bf16" if native else "fp16"), why
+            where = f"auto: {torch.cuda.get_device_name(device)}, compute capability {major}.{minor}, "
+            if (major, minor) >= NATIVE_BF16_CAPABILITY:
+                return "bf16", where + "native bf16"
+            if fast_fp16((major, minor)):
+                return "fp16", where + "has no native bf16"
+            return "fp32", where + "has neither native bf16 nor fast fp16"
         if device.type == "cpu" and cpu_supports_bf16():
             return "bf16", "auto: the CPU has native bf16 matmuls (AVX512-BF16, AMX or Arm's BF16)"
         return "fp32", f"auto: {device.type} without native bf16"
