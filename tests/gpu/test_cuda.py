@@ -21,6 +21,7 @@ from tests.arith import U32, loss_sums, smoothed_loss_gradients, within
 from tests.grad_rounding import gradient_bound, same_gradients
 from tests.rounding import FORMATS, logit_bounds, same_float_search, summed_loss_bound
 from tests.train.steps import passes, read_step
+from tests.train.test_fp16 import overflow_then_recover
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
 
@@ -92,6 +93,13 @@ def test_bf16_training_step_on_cuda_is_close_to_fp32(float32_sums):
     fp32, _ = _step_grads(cfg, batch, CUDA, "fp32")
     bf16, _ = _step_grads(cfg, batch, CUDA, "bf16")
     assert abs(bf16[0] - fp32[0]) <= _loss_bound(cfg, batch, "bf16") + _loss_bound(cfg, batch, "fp32-cuda")
+
+
+def test_fp16_step_on_cuda_skips_an_overflow_and_recovers():
+    """fp16 with its gradient scaler, what ``precision=auto`` takes on a T4, V100 or P100: an overflowing
+    step leaves the weights and Adam as they were and halves the scale; then a step updates
+    (``overflow_then_recover``, which tests/train/test_fp16.py runs on the CPU)."""
+    overflow_then_recover(CUDA)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -167,7 +167,7 @@ class _Run:
         # and fp16's gradient scaler (None otherwise).
         model = Transformer(m).to(self.device)
         opt = optimizer_for(model.parameters(), t, schedule_of(cfg), self.device)
-        scaler = torch.amp.GradScaler("cuda") if place.precision == "fp16" else None
+        scaler = torch.amp.GradScaler(self.device.type) if place.precision == "fp16" else None
         self.learner = Learner(model, opt, scaler)
         if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)
             self.learner.restore(saved, self.dist)

@@ -1,0 +1,94 @@
+"""fp16 training with its gradient scaler: what ``train.precision=auto`` takes on a T4, V100 or
+P100 (``runtime.resolve_precision``). aiayn refuses fp16 on the CPU because it is slow there, not
+because it computes anything else, so these tests run the scaler's path on the CPU (PyTorch's CPU
+autocast to float16 and ``GradScaler("cpu")``) with that refusal lifted; tests/gpu/test_cuda.py
+runs the same step on CUDA."""
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.checkpoint import load_checkpoint
+from aiayn.checkpoint.run import Learner
+from aiayn.cli import main
+from aiayn.train import runtime as rt
+from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.loop import schedule_of
+from aiayn.train.objective import optimizer_for
+from aiayn.train.step import TrainStep
+from tests.train.test_fused_loss import _batch
+from tests.train.test_training import FAST
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def fp16_on_cpu(monkeypatch):
+    """``train.precision=fp16`` accepted on the CPU (the refusal lifted, nothing else changed)."""
+    resolve = rt.resolve_precision
+    monkeypatch.setattr(rt, "resolve_precision",
+                        lambda spec, device: ("fp16", "test") if spec == "fp16" else resolve(spec, device))
+
+
+def overflow_then_recover(device: torch.device) -> None:
+    """The loop's fp16 step (``TrainStep.for_run``) on ``device`` with its scaler started at 2^40: the
+    float16 gradients overflow, and the scaler leaves the weights and Adam's state as they were (fused
+    Adam's step count and moments stay 0) and halves its scale; the step's loss is finite, so the run
+    goes on, and once the scale has come down a step updates the weights."""
+    cfg = aiayn.get_preset("tiny", vocab_size=61, p_drop=0.0)
+    t = TrainConfig(precision="fp16", warmup_steps=4)
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).to(device).train()
+    schedule = schedule_of(RunConfig(cfg, t))
+    learner = Learner(model, optimizer_for(model.parameters(), t, schedule, device),
+                      torch.amp.GradScaler(device.type, init_scale=2.0 ** 40))
+    stepper = TrainStep.for_run(t, learner, rt.Place(rt.Dist(), device, "fp16"), schedule)
+    batch = _batch(cfg, n=8)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    s = stepper.step([batch], 1)
+    assert s.finite  # the loss: the skip is the scaler's
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    assert all(int(st["step"]) == 0 and not st["exp_avg"].any() for st in learner.opt.state.values())
+    assert learner.scaler.get_scale() == 2.0 ** 39
+    n = 1
+    while all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items()):
+        n += 1
+        assert n <= 40, "the scale never came down to where float16 holds the gradients"
+        stepper.step([batch], n)
+    assert learner.scaler.get_scale() == 2.0 ** (41 - n)  # halved at each of the n - 1 skipped steps
+    assert int(learner.opt.state[learner.params[0]]["step"]) == 1  # Adam took the one step
+
+
+def test_an_overflowing_fp16_step_is_skipped_and_its_scale_halved():
+    overflow_then_recover(CPU)
+
+
+def test_the_scalers_state_is_saved_and_resumed(small_data_dir, tmp_path, fp16_on_cpu, monkeypatch):
+    """An fp16 run of 12 steps, and the same run stopped at step 6 and resumed: the same weights and
+    the same scaler state (its scale and growth count: with a growth interval of 3 the scale moves
+    within the run, so a resume that lost it would end elsewhere)."""
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, growth_interval=3))
+
+    def train(run, steps):
+        argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
+                *FAST, "--max-steps", str(steps), "--set", "train.precision=fp16", "--set", "train.save_every_steps=3",
+                "--set", "train.log_every_steps=1"]
+        assert main(argv) == 0
+        return load_checkpoint(run / "last.pt")
+
+    whole = train(tmp_path / "whole", 12)
+    half = train(tmp_path / "resumed", 6)
+    assert half["step"] == 6 and half["scaler"] != whole["scaler"]
+    resumed = train(tmp_path / "resumed", 12)
+    assert whole["scaler"]["scale"] != 65536.0  # it moved
+    assert resumed["scaler"] == whole["scaler"]
+    for k, v in whole["model"].items():
+        assert torch.equal(resumed["model"][k], v), k
+    logged = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
+    again = [json.loads(line) for line in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    loss = lambda rows: {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}  # noqa: E731
+    assert loss(again) == loss(logged)
