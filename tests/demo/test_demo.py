@@ -171,6 +171,24 @@ def test_demo_without_sacremoses_stops_before_training(tmp_path, monkeypatch, ca
     assert not (tmp_path / "demo").exists()
 
 
+def _one_gpu(monkeypatch, gpus=1, free_gib=80, capability=(9, 0), name="NVIDIA H200", tflops=794.0, cores=16):
+    """The device's and the host's answers to ``auto_members``, mocked: an H200 by default."""
+    import os
+
+    import torch
+
+    from aiayn.train import runtime as rt
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    rates = []
+    monkeypatch.setattr(rt, "matmul_tflops", lambda device, n, seconds, dtype: rates.append(dtype) or tflops)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    return rates
+
+
 @pytest.mark.parametrize("gpus, options, members", [
     (1, {}, 4),                                   # one GPU, the GPU recipe: four members at once
     (0, {}, 1),                                   # a CPU: one model
@@ -184,14 +202,10 @@ def test_demo_without_sacremoses_stops_before_training(tmp_path, monkeypatch, ca
 ])
 def test_members_default_to_four_on_one_gpu_with_the_gpu_recipe(monkeypatch, gpus, options, members):
     """--members 0 (the default) is ``GPU_MEMBERS`` where the demo's step leaves one GPU mostly idle,
-    else 1; the device's answers mocked (80 GiB free)."""
-    import torch
-
+    else 1; the device's answers mocked (an H200, 80 GiB free)."""
     from aiayn.demo.config import GPU_MEMBERS, DemoConfig
     from aiayn.demo.stages import auto_members
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 80 << 30))
+    _one_gpu(monkeypatch, gpus=gpus)
     assert GPU_MEMBERS == 4
     assert auto_members(DemoConfig(**options)) == members
 
@@ -200,14 +214,34 @@ def test_members_default_to_four_on_one_gpu_with_the_gpu_recipe(monkeypatch, gpu
 def test_members_are_fewer_where_the_gpu_holds_fewer(monkeypatch, free_gib, members):
     """Each member needs its training peak (``aiayn.cost.memory``: 0.37 GiB for multi30k-gpu.json at
     its 4,096 + 4,096 tokens in bf16, vocabulary 8,000) and 1 GiB for its process: 1.37 GiB."""
+    from aiayn.demo.config import DemoConfig
+    from aiayn.demo.stages import auto_members
+    _one_gpu(monkeypatch, free_gib=free_gib)
+    assert auto_members(DemoConfig()) == members
+
+
+@pytest.mark.parametrize("gpu, capability, tflops, cores, minutes, members", [
+    ("NVIDIA H200", (9, 0), 794.0, 16, 0, 4),     # the measured case: 4.0 ms a step, 4 x 58 s of 14,500 steps
+    ("NVIDIA A100-SXM4-40GB", (8, 0), 280.0, 16, 0, 2),  # 11.3 ms a step: 2 x 164 s fit 8 minutes, 3 do not
+    ("NVIDIA L4", (8, 9), 100.0, 16, 0, 1),
+    ("Tesla T4", (7, 5), 40.0, 2, 0, 1),          # fp16: one model, trained to the clock
+    ("NVIDIA H200", (9, 0), 794.0, 2, 0, 2),      # a host of 2 cores issues 2 members' steps
+    ("NVIDIA A100-SXM4-40GB", (8, 0), 280.0, 16, 16, 4),  # --minutes 16: 4 x 164 s fit
+])
+def test_members_are_as_many_as_the_device_serves_in_the_minutes(monkeypatch, caplog, gpu, capability, tflops,
+                                                                 cores, minutes, members):
+    """On a GPU slower than the H200 the members take turns on the device: as many as still reach the
+    recipe's 14,500 steps in its minutes (a step's device work scaled by the matmul rate measured in
+    the run's precision), and no more than the host has cores; the count and why are logged."""
     import torch
 
     from aiayn.demo.config import DemoConfig
     from aiayn.demo.stages import auto_members
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib << 30, 80 << 30))
-    assert auto_members(DemoConfig()) == members
+    rates = _one_gpu(monkeypatch, capability=capability, name=gpu, tflops=tflops, cores=cores)
+    with caplog.at_level("INFO", logger="aiayn.demo.stages"):
+        assert auto_members(DemoConfig(minutes=minutes)) == members
+    assert rates == [torch.float16 if capability < (8, 0) else torch.bfloat16]
+    assert f"members: {members} on {gpu}" in caplog.text
 
 
 def test_negative_members_are_refused(capsys):

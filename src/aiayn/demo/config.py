@@ -13,6 +13,11 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # package data (recip
 DEMO_STEP_TOKENS = 4096  # source and target tokens of one step of the demo's recipes (docs/recipe.md), on any process count
 GPU_MEMBERS = 4  # --members 0 on one GPU with multi30k-gpu.json: its step leaves the device mostly idle (docs/gpu.md)
 CUDA_PROCESS_BYTES = 1 << 30  # what a member's process holds on the GPU beside its training peak: CUDA's context, the allocator's slack
+# The device's share of one step of multi30k-gpu.json, measured where the members were chosen: 4.0 ms of
+# GPU work a step on an H200 whose 8192^3 bf16 matmul ran at 794 TFLOP/s (BENCHMARKS.md, GPU training and
+# decoding). Another GPU's share is taken as that work at its own matmul rate (``stages.auto_members``).
+GPU_STEP_DEVICE_S = 0.0040
+GPU_STEP_MATMUL_TFLOPS = 794.0
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class DemoConfig:
     minutes: float = param(0.0, f"training wall-time budget in minutes; 0 = the recipe's ({MINUTES:g} for the full run, {QUICK_MINUTES:g} for --quick)")
     max_steps: int = param(0, "also stop training after this many steps; 0 = only the time budget")
     threads: int = param(0, "CPU threads for training; 0 = the recipe's")
-    members: int = param(0, f"train this many models at once, each on threads/members threads with seed train.seed + i, each averaged, translating as one ensemble (docs/training.md); 1 = one model on all the threads; 0 = {GPU_MEMBERS} on one GPU with the default recipe (recipes/multi30k-gpu.json, whose step leaves the GPU mostly idle: docs/gpu.md; fewer where its free memory holds fewer), else 1")
+    members: int = param(0, f"train this many models at once, each on threads/members threads with seed train.seed + i, each averaged, translating as one ensemble (docs/training.md); 1 = one model on all the threads; 0 = up to {GPU_MEMBERS} on one GPU with the default recipe (recipes/multi30k-gpu.json, whose step leaves a fast GPU mostly idle): as many as the GPU serves while each reaches the recipe's steps in its minutes, the host's cores issue and its memory holds (docs/gpu.md), else 1")
     processes: int = param(0, "data-parallel processes training the one model, each on threads/processes threads (docs/training.md); 0 = one per GPU, or 2 on a CPU with 2 or more cores; 1 = one process")
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")

@@ -10,7 +10,7 @@ decoding options given):
                with its 4,096 + 4,096-token steps on any process count (train.accum_steps)
                (--processes P: one model, P data-parallel processes, each on 1/P of the threads;
                --members N: N models at once, OUT/run/memberI, each on 1/N of the threads; on one
-               GPU with multi30k-gpu.json, 4 by default)
+               GPU with multi30k-gpu.json, up to 4 by default)
   3. average   the last --average-last checkpoints (§6.1)              OUT/model.pt
                (--members N: each member's, then one ensemble file of the N averages)
   4. tune α    length penalty chosen on the validation set (never on test)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.data.multi30k import read_text
-from aiayn.demo.config import CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, RECIPES, DemoConfig
+from aiayn.demo.config import (CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, GPU_STEP_DEVICE_S,
+                               GPU_STEP_MATMUL_TFLOPS, RECIPES, DemoConfig)
 from aiayn.errors import UserError
 from aiayn.progress import progress_bar
 
@@ -108,11 +109,16 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
 
 
 def auto_members(cfg: DemoConfig) -> int:
-    """``--members 0``: ``GPU_MEMBERS`` where the demo trains multi30k-gpu.json on one GPU in one
-    process (no --recipe, no --quick, --processes 0 or 1), whose step leaves the device mostly idle,
-    so that several models train at once at nearly the speed of one; fewer where the GPU's free
-    memory holds fewer (each member's training peak by ``aiayn.cost.memory``, and
-    ``CUDA_PROCESS_BYTES``); else 1."""
+    """``--members 0``: up to ``GPU_MEMBERS`` where the demo trains multi30k-gpu.json on one GPU in one
+    process (no --recipe, no --quick, --processes 0 or 1), whose step waits on the host more than on a
+    fast GPU, so that several models train at once at nearly the speed of one; else 1. As many as
+    - the device serves while each still reaches the recipe's ``max_steps`` in its minutes: a
+      member's step takes ``GPU_STEP_DEVICE_S`` of an H200's work, scaled by this GPU's matmul rate
+      in the run's precision (``runtime.matmul_tflops``), and the members take turns on the device;
+    - the host has cores: each member's step is issued by its own process;
+    - the GPU's free memory holds (each member's training peak by ``aiayn.cost.memory``, and
+      ``CUDA_PROCESS_BYTES``).
+    The count and its reasons are logged."""
     import torch
     if cfg.members:
         return cfg.members
@@ -122,14 +128,27 @@ def auto_members(cfg: DemoConfig) -> int:
     import dataclasses
 
     from aiayn.cost.memory import peak_memory
+    from aiayn.train import runtime as rt
     from aiayn.train.config import batching, load_recipe
     run = load_recipe(default_recipe(False, cuda=True))
     b = batching(run.train)
     peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), run.train, b.max_src_tokens,
                        b.max_tgt_tokens, "bf16")
-    need = peak.total + CUDA_PROCESS_BYTES
-    free = torch.cuda.mem_get_info()[0]
-    return max(1, min(GPU_MEMBERS, free // need))
+    by_memory = torch.cuda.mem_get_info()[0] // (peak.total + CUDA_PROCESS_BYTES)
+    by_cores = os.cpu_count() or 1
+    device = torch.device("cuda")
+    precision, _ = rt.resolve_precision(run.train.precision, device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    rate = rt.matmul_tflops(device, n=8192, seconds=0.5, dtype=dtype)
+    step_s = GPU_STEP_DEVICE_S * GPU_STEP_MATMUL_TFLOPS / rate  # one member's step of device work here
+    budget_s = (cfg.minutes or run.train.max_time_min) * 60
+    by_device = int(budget_s // (step_s * run.train.max_steps))
+    members = max(1, min(GPU_MEMBERS, by_device, by_cores, by_memory))
+    log.info("members: %d on %s (%s matmuls at %.0f TFLOP/s: a member's step about %.1f ms of its work, so "
+             "%d reach %d steps in %g minutes; its free memory holds %d, the host's cores %d)", members,
+             torch.cuda.get_device_name(device), precision, rate, step_s * 1e3, by_device, run.train.max_steps,
+             budget_s / 60, by_memory, by_cores)
+    return members
 
 
 def auto_processes() -> int:
