@@ -130,23 +130,24 @@ def auto_members(cfg: DemoConfig) -> int:
     from aiayn.cost.memory import peak_memory
     from aiayn.train import runtime as rt
     from aiayn.train.config import batching, load_recipe
+    from aiayn.train.loop import precision_of, schedule_of
     run = load_recipe(default_recipe(False, cuda=True))
     b = batching(run.train)
     peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), run.train, b.max_src_tokens,
                        b.max_tgt_tokens, "bf16")
     by_memory = torch.cuda.mem_get_info()[0] // (peak.total + CUDA_PROCESS_BYTES)
     by_cores = os.cpu_count() or 1
-    device = torch.device("cuda")
-    precision, _ = rt.resolve_precision(run.train.precision, device)
+    device, schedule = torch.device("cuda"), schedule_of(run)
+    precision = precision_of(run, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     rate = rt.matmul_tflops(device, n=8192, seconds=0.5, dtype=dtype)
     step_s = GPU_STEP_DEVICE_S * GPU_STEP_MATMUL_TFLOPS / rate  # one member's step of device work here
-    budget_s = (cfg.minutes or run.train.max_time_min) * 60
-    by_device = int(budget_s // (step_s * run.train.max_steps))
+    budget_s = (cfg.minutes or schedule.max_time_min) * 60
+    by_device = int(budget_s // (step_s * schedule.max_steps))
     members = max(1, min(GPU_MEMBERS, by_device, by_cores, by_memory))
     log.info("members: %d on %s (%s matmuls at %.0f TFLOP/s: a member's step about %.1f ms of its work, so "
              "%d reach %d steps in %g minutes; its free memory holds %d, the host's cores %d)", members,
-             torch.cuda.get_device_name(device), precision, rate, step_s * 1e3, by_device, run.train.max_steps,
+             torch.cuda.get_device_name(device), precision, rate, step_s * 1e3, by_device, schedule.max_steps,
              budget_s / 60, by_memory, by_cores)
     return members
 
