@@ -59,9 +59,9 @@ def predicted_budget(minutes: float, processes: int, threads: int, measure=None,
     of ``threads`` threads each, the matmul TFLOP/s of one process in ``precision`` it came from)."""
     import torch
 
-    from aiayn.train.runtime import matmul_tflops
+    from aiayn.train.runtime import matmul_tflops, precision_dtype
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = precision_dtype(precision)
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:

@@ -139,8 +139,7 @@ def auto_members(cfg: DemoConfig) -> int:
     by_cores = os.cpu_count() or 1
     device, schedule = torch.device("cuda"), schedule_of(run)
     precision = precision_of(run, device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    rate = rt.matmul_tflops(device, n=8192, seconds=0.5, dtype=dtype)
+    rate = rt.matmul_tflops(device, n=8192, seconds=0.5, dtype=rt.precision_dtype(precision))
     torch.cuda.empty_cache()  # the measure's matrices: this process decodes later, the members train now
     step_s = GPU_STEP_DEVICE_S * GPU_STEP_MATMUL_TFLOPS / rate  # one member's step of device work here
     budget_s = (cfg.minutes or schedule.max_time_min) * 60

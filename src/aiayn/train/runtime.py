@@ -178,11 +178,15 @@ def describe_precision(precision: str, why: str) -> str:
     return f"precision: {precision}{scaled} ({why})"
 
 
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype a precision ("fp32", "bf16", "fp16") computes its products in."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
 def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=precision_dtype(precision))
 
 
 def seed_everything(seed: int) -> None:
