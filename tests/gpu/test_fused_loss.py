@@ -16,7 +16,7 @@ from aiayn.train.fused_loss import fused_label_smoothed_loss, fused_loss_on, tor
 from tests.arith import U32, Rounded, within
 from tests.grad_rounding import gradient_bound, same_gradients
 from tests.rounding import summed_loss_bound
-from tests.train.test_fused_loss import (PAD, _assert_same, _batch, _fused, _masks, _paths, _plain, _rows,
+from tests.train.test_fused_loss import (PAD, _assert_same, _batch, _fused, _paths, _plain, _rows, _rows_dz,
                                        _sums_and_grads)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -85,13 +85,10 @@ def test_kernel_rows_equal_torch_rows_on_cuda(kernel, dtype):
     # the two bounds: the kernel's exp and log CUDA's fast ones, torch_rows' PyTorch's (_cuda_rel_of)
     rows_rel, rows_log_abs, plain_rel = _cuda_rel_of(z.float())
     zc, tc = Rounded(z.cpu()), tgt.cpu()
-    pad, gold = _masks(tc, z.size(1))
-    eps_o = 0.1 / (z.size(1) - 2)
     bounds = []
     for rel, log_abs in ((plain_rel, 0.0), (rows_rel, rows_log_abs)):
         loss, nll, lz, keep = _rows(zc, tc, 0.1, rel, log_abs)
-        dz = ((zc - lz).exp(rel) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
-              + Rounded.const(eps_o - 0.9).at(gold)).at(keep).to(dtype)
+        dz = _rows_dz(zc, tc, 0.1, rel, lz, keep, dtype)
         bounds.append((dz, loss, nll))  # out's order: z (overwritten by d loss / d z), loss, nll
     for i, (a, b) in enumerate(zip(*out)):
         r_torch, r_kernel = bounds[0][i], bounds[1][i]

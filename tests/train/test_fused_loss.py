@@ -74,6 +74,15 @@ def _rows(z, tgt, eps_ls, rel, log_abs=0.0):
     return loss.at(keep), (lz - zg).at(keep), lz, keep
 
 
+def _rows_dz(z, tgt, eps_ls, rel, lz, keep, dtype):
+    """torch_rows' d loss / d z of the ``Rounded`` logits z (c,V), softmax - q (0 on padding rows),
+    rounded to ``dtype``, from ``_rows``' log Z and rows kept; ``rel``: the exponential's relative error."""
+    pad, gold = _masks(tgt, z.v.size(-1))
+    eps_o = eps_ls / (z.v.size(-1) - 2)
+    return ((z - lz).exp(rel) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
+            + Rounded.const(eps_o - (1.0 - eps_ls)).at(gold)).at(keep).to(dtype)
+
+
 def _masks(tgt, V):
     """The pad and gold columns of the rows kept: (c,V) each."""
     keep = (tgt != PAD)[:, None]
@@ -109,9 +118,7 @@ def _paths(h, W, target, eps_ls, dtype, chunk_rows, plain_rel=PT_EXP_REL_ERR, ro
     for i in range(0, N, chunk):
         zc, tgt = (H[i:i + chunk] @ Wd.T).to(dtype), target[i:i + chunk]
         lc, nc, lz, keep = rows(zc, tgt, rows_rel, rows_log_abs)
-        pad, gold = masks(tgt)
-        dz = ((zc - lz).exp(rows_rel) - Rounded.const(eps_o) + Rounded.const(eps_o).at(pad)
-              + Rounded.const(eps_o - (1.0 - eps_ls)).at(gold)).at(keep).to(dtype)
+        dz = _rows_dz(zc, tgt, eps_ls, rows_rel, lz, keep, dtype)
         loss.append(lc)
         nll.append(nc)
         grad_h.append((dz @ Wd).to(dtype))
