@@ -14,14 +14,13 @@ import torch
 import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.checkpoint.run import Learner
-from aiayn.cli import main
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.loop import schedule_of
 from aiayn.train.objective import optimizer_for
 from aiayn.train.step import TrainStep
 from tests.train.test_fused_loss import _batch
-from tests.train.test_training import FAST
+from tests.train.test_training import _train_in_process
 
 CPU = torch.device("cpu")
 
@@ -74,10 +73,7 @@ def test_the_scalers_state_is_saved_and_resumed(small_data_dir, tmp_path, fp16_o
     monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, growth_interval=3))
 
     def train(run, steps):
-        argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--preset", "tiny", "--no-progress",
-                *FAST, "--max-steps", str(steps), "--set", "train.precision=fp16", "--set", "train.save_every_steps=3",
-                "--set", "train.log_every_steps=1"]
-        assert main(argv) == 0
+        _train_in_process(small_data_dir, run, steps, "train.precision=fp16", "train.save_every_steps=3")
         return load_checkpoint(run / "last.pt")
 
     whole = train(tmp_path / "whole", 12)
