@@ -6,7 +6,6 @@ runs the same step on CUDA."""
 from __future__ import annotations
 
 import functools
-import json
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from aiayn.train.loop import schedule_of
 from aiayn.train.objective import optimizer_for
 from aiayn.train.step import TrainStep
 from tests.train.test_fused_loss import _batch
-from tests.train.test_training import _train_in_process
+from tests.train.test_training import _logged, _train_in_process
 
 CPU = torch.device("cpu")
 
@@ -84,7 +83,4 @@ def test_the_scalers_state_is_saved_and_resumed(small_data_dir, tmp_path, fp16_o
     assert resumed["scaler"] == whole["scaler"]
     for k, v in whole["model"].items():
         assert torch.equal(resumed["model"][k], v), k
-    logged = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
-    again = [json.loads(line) for line in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
-    loss = lambda rows: {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}  # noqa: E731
-    assert loss(again) == loss(logged)
+    assert _logged(tmp_path / "resumed") == _logged(tmp_path / "whole")
