@@ -244,6 +244,22 @@ def test_members_are_as_many_as_the_device_serves_in_the_minutes(monkeypatch, ca
     assert f"members: {members} on {gpu}" in caplog.text
 
 
+def test_members_memory_is_sized_in_the_run_precision(monkeypatch):
+    """A GPU without native bf16 or fast fp16 (compute capability 6.1: a P40) trains in fp32, and each
+    member's peak is sized in fp32 (``aiayn.cost.memory``: 0.58 GiB, 1.58 GiB with its process's 1 GiB,
+    against bf16's 1.37): 3 GiB free hold one member, where bf16's sizing made it two. Sixteen cores
+    and 600 minutes, so that neither the host nor the device's turns are what limits."""
+    import torch
+
+    from aiayn.demo.config import DemoConfig
+    from aiayn.demo.stages import auto_members
+    rates = _one_gpu(monkeypatch, free_gib=3, capability=(6, 1), name="Tesla P40", tflops=12.0)
+    assert auto_members(DemoConfig(minutes=600)) == 1
+    assert rates == [torch.float32]
+    _one_gpu(monkeypatch, free_gib=3)  # the same free memory on an H200, in bf16: two
+    assert auto_members(DemoConfig(minutes=600)) == 2
+
+
 def test_negative_members_are_refused(capsys):
     assert main(["demo", "--members", "-1", "--out", "unused"]) == 2
     assert "--members and --processes must be at least 0" in capsys.readouterr().err

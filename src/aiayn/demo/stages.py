@@ -116,8 +116,8 @@ def auto_members(cfg: DemoConfig) -> int:
       member's step takes ``GPU_STEP_DEVICE_S`` of an H200's work, scaled by this GPU's matmul rate
       in the run's precision (``runtime.matmul_tflops``), and the members take turns on the device;
     - the host has cores: each member's step is issued by its own process;
-    - the GPU's free memory holds (each member's training peak by ``aiayn.cost.memory``, and
-      ``CUDA_PROCESS_BYTES``).
+    - the GPU's free memory holds (each member's training peak in the run's precision by
+      ``aiayn.cost.memory``, and ``CUDA_PROCESS_BYTES``).
     The count and its reasons are logged."""
     import torch
     if cfg.members:
@@ -133,12 +133,12 @@ def auto_members(cfg: DemoConfig) -> int:
     from aiayn.train.loop import precision_of, schedule_of
     run = load_recipe(default_recipe(False, cuda=True))
     b = batching(run.train)
-    peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), run.train, b.max_src_tokens,
-                       b.max_tgt_tokens, "bf16")
-    by_memory = torch.cuda.mem_get_info()[0] // (peak.total + CUDA_PROCESS_BYTES)
-    by_cores = os.cpu_count() or 1
     device, schedule = torch.device("cuda"), schedule_of(run)
     precision = precision_of(run, device)
+    peak = peak_memory(dataclasses.replace(run.model, vocab_size=cfg.vocab_size), run.train, b.max_src_tokens,
+                       b.max_tgt_tokens, precision)
+    by_memory = torch.cuda.mem_get_info()[0] // (peak.total + CUDA_PROCESS_BYTES)
+    by_cores = os.cpu_count() or 1
     rate = rt.matmul_tflops(device, n=8192, seconds=0.5, dtype=rt.precision_dtype(precision))
     torch.cuda.empty_cache()  # the measure's matrices: this process decodes later, the members train now
     step_s = GPU_STEP_DEVICE_S * GPU_STEP_MATMUL_TFLOPS / rate  # one member's step of device work here
