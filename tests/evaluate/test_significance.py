@@ -9,7 +9,7 @@ import pytest
 
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import tokenized_bleu
-from aiayn.evaluate.significance import bleu_from_stats, corpus_stats, paired_bootstrap, sentence_stats
+from aiayn.evaluate.significance import bleu_from_stats, corpus_stats, format_p, paired_bootstrap, sentence_stats
 
 
 def _read(path, n=0):
@@ -91,6 +91,12 @@ def test_choose_alpha_keeps_the_first_unless_validation_says_otherwise(shared_da
     assert alpha == 0.6
 
 
+def test_a_p_value_no_set_reversed_is_below_the_resolution_not_0():
+    """p = 0 from n resampled sets means fewer than 1 in n reverse the order: printed "< 1/n"."""
+    assert format_p(0.0, 1000) == "< 0.001" and format_p(0.0, 200) == "< 0.005" and format_p(0.0, 300) == "< 0.00333"
+    assert format_p(0.281, 1000) == "0.281" and format_p(0.0125, 200) == "0.013" and format_p(1.0, 1000) == "1.000"
+
+
 def test_cli_score_compare(tmp_path, capsys, shared_data):
     """aiayn score --compare: paired bootstrap of --hyp against other systems, on 300 test_2016 references."""
     import json
@@ -116,7 +122,7 @@ def test_cli_score_compare(tmp_path, capsys, shared_data):
     assert vs_self["difference"] == 0.0 and vs_self["p_value"] == 1.0
     # the text form; the tokenized form scores the given tokens
     assert main(args + ["--compare", str(tmp_path / "worse")]) == 0
-    assert "p = 0.000" in capsys.readouterr().out.splitlines()[-1]
+    assert "p < 0.005" in capsys.readouterr().out.splitlines()[-1]  # no set of 200 reversed the order
     assert main(args + ["--tokenized", "--compare", str(tmp_path / "worse"), "--json"]) == 0
     tok = json.loads(capsys.readouterr().out)["paired_bootstrap"][0]
     assert tok["hyp_bleu"] == pytest.approx(tokenized_bleu(better, refs).score, abs=0.01)

@@ -9,7 +9,7 @@ import sys
 from aiayn.data.textio import check_line_counts, decode_lines, read_input
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import score_all
-from aiayn.evaluate.significance import compare_systems
+from aiayn.evaluate.significance import compare_systems, format_p
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         print(r.format())
     for c in comparisons:
+        p = format_p(c["p_value"], args.samples)
         print(f"paired bootstrap ({args.samples} sets, {'given tokens' if args.tokenized else '13a tokens'}, no smoothing): "
               f"{args.hyp or 'stdin'} {c['hyp_bleu']:.2f} {c['hyp_interval_95']} vs {c['system']} {c['bleu']:.2f} "
-              f"{c['interval_95']}: difference {c['difference']:+.2f}, p = {c['p_value']:.3f}")
+              f"{c['interval_95']}: difference {c['difference']:+.2f}, p {p if p.startswith('<') else '= ' + p}")
     return 0

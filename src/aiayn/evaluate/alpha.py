@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from aiayn.evaluate.significance import SAMPLES
 from aiayn.progress import progress_bar
 
 
@@ -43,7 +44,7 @@ def tune_alpha(translator, valid: ValidationSet, alphas: str, beam_size: int,
 
 
 def choose_alpha(translations: dict[float, list[str]], tok_refs: list[str], tgt: str, p_level: float,
-                 n_samples: int = 1000, tokenize=None) -> tuple[float, dict[float, float]]:
+                 n_samples: int = SAMPLES, tokenize=None) -> tuple[float, dict[float, float]]:
     """The length penalty to use on test, from validation translations at each α (insertion order; the first is
     the reference, §6.1's 0.6). "Keep the paper's decoding settings unless the validation set says otherwise":
     an α other than the reference is eligible only if its Multi30k BLEU beats the reference's with paired

@@ -66,7 +66,16 @@ class PairedBootstrap:
         return float(np.mean(self.samples[a] <= self.samples[b]))
 
 
-def paired_bootstrap(hyps: Mapping[Hashable, Sequence[str]], refs: Sequence[str], n_samples: int = 1000,
+SAMPLES = 1000  # resampled sets, unless a caller asks for others (``aiayn score --samples``)
+
+
+def format_p(p: float, n_samples: int) -> str:
+    """A bootstrap p-value as printed: where no resampled set of ``n_samples`` reversed the order, p is
+    below what they resolve, not 0: "< 1/n_samples"; else three decimals."""
+    return f"< {1 / n_samples:.3g}" if p == 0 else f"{p:.3f}"
+
+
+def paired_bootstrap(hyps: Mapping[Hashable, Sequence[str]], refs: Sequence[str], n_samples: int = SAMPLES,
                      seed: int = 12345) -> PairedBootstrap:
     """Koehn (2004)'s paired bootstrap over tokenized hypotheses of several systems against one tokenized
     reference. The draws depend only on ``seed`` and the set's size, so a result is reproducible."""
