@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from aiayn.errors import UserError
+from aiayn.evaluate.alpha import p_values_text
 from aiayn.evaluate.bleu import tokenized_bleu
 from aiayn.evaluate.significance import bleu_from_stats, corpus_stats, format_p, paired_bootstrap, sentence_stats
 
@@ -95,6 +96,7 @@ def test_a_p_value_no_set_reversed_is_below_the_resolution_not_0():
     """p = 0 from n resampled sets means fewer than 1 in n reverse the order: printed "< 1/n"."""
     assert format_p(0.0, 1000) == "< 0.001" and format_p(0.0, 200) == "< 0.005" and format_p(0.0, 300) == "< 0.00333"
     assert format_p(0.281, 1000) == "0.281" and format_p(0.0125, 200) == "0.013" and format_p(1.0, 1000) == "1.000"
+    assert p_values_text({1.0: 0.281, 1.4: 0.0}) == "1.0 0.281, 1.4 < 0.001"  # the demos' line, 1,000 sets
 
 
 def test_cli_score_compare(tmp_path, capsys, shared_data):

@@ -34,8 +34,7 @@ from aiayn.demo import stages
 from aiayn.demo.config import DemoConfig
 from aiayn.demo.own import run_own_demo
 from aiayn.errors import UserError
-from aiayn.evaluate.alpha import ValidationSet, choose_alpha, tune_alpha
-from aiayn.evaluate.significance import SAMPLES, format_p
+from aiayn.evaluate.alpha import ValidationSet, choose_alpha, p_values_text, tune_alpha
 from aiayn.files import claim_folder
 
 DEMO_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
@@ -117,9 +116,8 @@ def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, 
     best_alpha, p_values = choose_alpha(val_translations, val_tok, tgt, cfg.alpha_significance)
     for a, p in p_values.items():
         tuning[a]["p_vs_first"] = round(p, 3)
-    why = (f"p against α {next(iter(tuning))}, paired bootstrap: "
-           + ", ".join(f"{a} {format_p(p, SAMPLES)}" for a, p in p_values.items())
-           + f"; significant below {cfg.alpha_significance}") if p_values else "the highest-scoring"
+    why = (f"p against α {next(iter(tuning))}, paired bootstrap: {p_values_text(p_values)}"
+           f"; significant below {cfg.alpha_significance}") if p_values else "the highest-scoring"
     print(f"[4/7] α {best_alpha} for test ({why})", flush=True)
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha

@@ -114,8 +114,7 @@ def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dic
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
     from aiayn.decode.config import DecodeConfig
-    from aiayn.evaluate.alpha import ValidationSet, choose_alpha, tune_alpha
-    from aiayn.evaluate.significance import SAMPLES, format_p
+    from aiayn.evaluate.alpha import ValidationSet, choose_alpha, p_values_text, tune_alpha
     from aiayn.evaluate.bleu import chrf, sacre_bleu
     val_src, val_ref = _lines(files["raw.valid.src"]), _lines(files["raw.valid.tgt"])
     tok_13a = Tokenizer13a()
@@ -131,9 +130,8 @@ def _stage_alpha(cfg, translator, files: dict[str, Path], tgt: str, results: dic
     best_alpha, p_values = choose_alpha(translations, tokenize(val_ref), tgt, cfg.alpha_significance, tokenize=tokenize)
     for a, p in p_values.items():
         tuning[a]["p_vs_first"] = round(p, 3)
-    print(f"[4/7] α {best_alpha} for test" + (f" (p against α {next(iter(tuning))}: "
-          + ", ".join(f"{a} {format_p(p, SAMPLES)}" for a, p in p_values.items()) + ")" if p_values else ""),
-          flush=True)
+    print(f"[4/7] α {best_alpha} for test" + (f" (p against α {next(iter(tuning))}: {p_values_text(p_values)})"
+                                               if p_values else ""), flush=True)
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha
     translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)

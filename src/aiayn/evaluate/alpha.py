@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from aiayn.evaluate.significance import SAMPLES
+from aiayn.evaluate.significance import SAMPLES, format_p
 from aiayn.progress import progress_bar
 
 
@@ -64,3 +64,9 @@ def choose_alpha(translations: dict[float, list[str]], tok_refs: list[str], tgt:
     p = {a: bs.p_value(a, ref_alpha) for a in alphas[1:]}
     eligible = [ref_alpha] + [a for a in alphas[1:] if p[a] < p_level and bs.full[a] > bs.full[ref_alpha]]
     return max(eligible, key=lambda a: bs.full[a]), p
+
+
+def p_values_text(p_values: dict[float, float], n_samples: int = SAMPLES) -> str:
+    """``choose_alpha``'s p-values (of ``n_samples`` resampled sets, its default) as the demos print
+    them: "1.0 0.281, 1.4 < 0.001"."""
+    return ", ".join(f"{a} {format_p(p, n_samples)}" for a, p in p_values.items())
