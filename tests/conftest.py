@@ -42,6 +42,29 @@ def _seed():
     yield
 
 
+def int8_refusal() -> str | None:
+    """Why decoding refuses precision int8 in this process (``require_int8_product``: no VNNI for
+    oneDNN, and no C kernels with their AVX2 product, e.g. an Arm CPU or one without AVX2), else None."""
+    from aiayn.decode.int8 import require_int8_product
+    from aiayn.errors import UserError
+    from aiayn.kernels.loader import load
+    try:
+        require_int8_product("int8", load())
+    except UserError as e:
+        return str(e)
+    return None
+
+
+@pytest.fixture
+def int8_anywhere(monkeypatch):
+    """Decoding in int8 on any CPU, in this process: the refusal where its products would be slower
+    than fp32's (``require_int8_product``, a speed rule tested on its own) lifted. The results are the
+    same on every path: VNNI's ``torch._int_mm``, ``int8_gemm.c`` and ``int_mm_float`` all sum the
+    int8 products exactly."""
+    from aiayn.decode import loading
+    monkeypatch.setattr(loading, "require_int8_product", lambda precision, kernels: None)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     path = shared_data_dir()

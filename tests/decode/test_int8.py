@@ -94,7 +94,7 @@ def test_int8_step_log_probs_close_to_fp32(model):
 # attention over a different number of positions, so it is compared on a model whose decisions lead by
 # more than its rounding moves them (``confident_model``), on CPUs with bf16 instructions and without
 # alike. Its scores, cached, recomputed or alone, are each within ``score_bound`` of the exact score
-# (int8's steps and bfloat16's roundings along the hypothesis's path, tests/decode/conftest.py), so
+# (int8's steps and bfloat16's roundings along the hypothesis's path, tests/rounding.py), so
 # within twice that of each other. (Fixed bounds set on one model failed on the next one trained with
 # other roundings, the training loss's AVX2 kernel: this one is the model's own.)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["int8", "int8-bf16"])
@@ -119,7 +119,7 @@ def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alo
             assert abs(p.score - c.score) <= tol and abs(a.score - c.score) <= tol
 
 
-def test_int8_translator_translates_a_checkpoint(tiny_checkpoint):
+def test_int8_translator_translates_a_checkpoint(tiny_checkpoint, int8_anywhere):
     model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
     tr = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="int8", batch_tokens=16))
     assert any(isinstance(m, nn.Linear) for m in model.modules())  # the caller's model is untouched
@@ -161,7 +161,7 @@ def test_int8_bf16_copy_keeps_scales_and_logits_in_float32(model):
 def test_int8_bf16_step_log_probs_close_to_int8_and_fp32(model):
     """The first step's log-probabilities with bfloat16 between the int8 maps: not int8's (bfloat16
     rounds), and within the bound of int8's steps and bfloat16's roundings (unit roundoff 2^-8) along
-    each one's path of float32's (``step_bound``, tests/decode/conftest.py)."""
+    each one's path of float32's (``step_bound``, tests/rounding.py)."""
     src = sources()
     with torch.inference_mode():
         out = []
@@ -176,7 +176,7 @@ def test_int8_bf16_step_log_probs_close_to_int8_and_fp32(model):
     assert ((out[2] - out[0]).abs().double() <= step_bound(model, "int8-bf16", src)).all()
 
 
-def test_int8_bf16_translator_translates_a_checkpoint(tiny_checkpoint):
+def test_int8_bf16_translator_translates_a_checkpoint(tiny_checkpoint, int8_anywhere):
     model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
     tr = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="int8-bf16", batch_tokens=16))
     assert tr.model.tgt_embed.weight.dtype == torch.bfloat16

@@ -46,7 +46,7 @@ def _first_steps(dtype: torch.dtype):
 def test_bf16_step_log_probs_close_to_fp32():
     """The first step's log-probabilities of a bfloat16 copy against float32's, each within the bound of
     bfloat16's roundings along its path (``step_bound``: unit roundoff 2^-8 at every parameter and
-    every result, carried to that log-probability by its derivatives, tests/decode/conftest.py)."""
+    every result, carried to that log-probability by its derivatives, tests/rounding.py)."""
     d32, _, lp32, lp16 = _first_steps(torch.bfloat16)
     assert lp16.dtype == torch.float32
     assert_normalized(lp16, d32.model, "bf16", SRC)
@@ -64,15 +64,16 @@ def test_bf16_search_runs_with_fixed_length():
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "int8", "int8-bf16"])
-def test_reduced_precision_beam_search_finds_fp32s_best_hypotheses(confident_model, monkeypatch, precision):
+def test_reduced_precision_beam_search_finds_fp32s_best_hypotheses(confident_model, monkeypatch, int8_anywhere,
+                                                                   precision):
     """Beam search (K = 4, α = 0.6, §6.1) through the Translator's decoder (the C kernels where they
     build) in each reduced precision against float32's, on a model whose every decision leads by
     CONFIDENT_MARGIN (``confident_model``): the same best hypothesis for every sentence, on CPUs with
     bf16 and VNNI instructions and without, and its score within the bound of the precision's roundings
     along its path (``score_bound``: unit roundoff 2^-8 for bfloat16 and 2^-11 for float16 at every
     parameter and result, steps s_x / 2 and s_W / 2 at int8's, carried to the score by its
-    derivatives; tests/decode/conftest.py). fp16 runs with its CUDA check lifted (as in
-    ``test_fp16_translator_casts_a_copy_and_translates``)."""
+    derivatives; tests/rounding.py). fp16 runs with its CUDA check lifted (as in
+    ``test_fp16_translator_casts_a_copy_and_translates``), int8 with its speed rule lifted (``int8_anywhere``)."""
     from aiayn.decode import loading, translator
     monkeypatch.setattr(loading, "require_cuda_for_fp16", lambda model: None)
     monkeypatch.setattr(translator, "require_cuda_for_fp16", lambda model: None)
@@ -80,12 +81,8 @@ def test_reduced_precision_beam_search_finds_fp32s_best_hypotheses(confident_mod
     out = {}
     for p in ("fp32", precision):
         tr = Translator(model, None, None, DecodeConfig(beam_size=4, precision=p))
-        try:
-            decoder = tr.decoder
-        except UserError as e:  # int8 on a CPU without VNNI and without the C kernels' AVX2 product
-            pytest.skip(f"nothing to compare: {e}")
         with torch.inference_mode():
-            out[p] = search(decoder, src, tr.cfg, tr.ids)
+            out[p] = search(tr.decoder, src, tr.cfg, tr.ids)
     for b, (hyps, ref) in enumerate(zip(out[precision], out["fp32"])):
         assert hyps[0].tokens == ref[0].tokens
         # the precision's roundings along the path, derived (score_bound)
@@ -93,7 +90,7 @@ def test_reduced_precision_beam_search_finds_fp32s_best_hypotheses(confident_mod
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int8-bf16"])
-def test_a_decoding_copy_is_not_copied_again(tiny_checkpoint, precision):
+def test_a_decoding_copy_is_not_copied_again(tiny_checkpoint, precision, int8_anywhere):
     """The service hands its Translator's decoding copies to a Translator per request batch: they are
     used as they are, not cast or quantized again on every batch."""
     from aiayn.decode.loading import model_for_precision

@@ -276,7 +276,7 @@ def test_int8_bf16_is_refused_without_vnni_and_without_the_kernels_avx2_product(
             t.decoder
 
 
-def test_decoding_kernels_follow_the_config(kernels, monkeypatch):
+def test_decoding_kernels_follow_the_config(kernels, monkeypatch, int8_anywhere):
     from aiayn.decode import loading
     from aiayn.decode.config import DecodeConfig
 

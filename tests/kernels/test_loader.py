@@ -134,7 +134,7 @@ def test_a_target_the_compiler_refuses_is_an_error_not_the_portable_build(monkey
 # (no AVX2: the portable loops), x86-64-v3 (AVX2 + FMA), x86-64-v4 (AVX-512), and 64-bit Arm with
 # Debian's cross compiler (gcc-aarch64-linux-gnu; .ci/run installs it), so a Graviton or an Arm laptop
 # is not the first to find a compile error. Only the x86 builds this CPU can run are run
-# (test_the_portable_build_gives_the_same_numbers, and the AVX2 pass of .ci/run).
+# (test_the_portable_build_gives_the_same_numbers, and the AVX2 and below-AVX passes of .ci/run).
 TARGETS = [("cc", "-march=x86-64"), ("cc", "-march=x86-64-v3"), ("cc", "-march=x86-64-v4"),
            ("aarch64-linux-gnu-gcc", "-march=armv8-a"), ("aarch64-linux-gnu-gcc", "-march=armv8.2-a+bf16")]
 
