@@ -74,9 +74,8 @@ def test_reduced_precision_beam_search_finds_fp32s_best_hypotheses(confident_mod
     parameter and result, steps s_x / 2 and s_W / 2 at int8's, carried to the score by its
     derivatives; tests/rounding.py). fp16 runs with its CUDA check lifted (as in
     ``test_fp16_translator_casts_a_copy_and_translates``), int8 with its speed rule lifted (``int8_anywhere``)."""
-    from aiayn.decode import loading, translator
+    from aiayn.decode import loading
     monkeypatch.setattr(loading, "require_cuda_for_fp16", lambda model: None)
-    monkeypatch.setattr(translator, "require_cuda_for_fp16", lambda model: None)
     model, src = confident_model
     out = {}
     for p in ("fp32", precision):
@@ -146,10 +145,9 @@ def test_fp16_is_refused_off_cuda(tiny_checkpoint):
 def test_fp16_translator_casts_a_copy_and_translates(tiny_checkpoint, monkeypatch):
     """The Translator's fp16 path on the CPU with the CUDA check lifted: a float16 copy, the caller's
     model untouched, every line translated, the copy not copied again (the numbers: the test above)."""
-    from aiayn.decode import loading, translator
+    from aiayn.decode import loading
     from aiayn.decode.loading import model_for_precision
     monkeypatch.setattr(loading, "require_cuda_for_fp16", lambda model: None)
-    monkeypatch.setattr(translator, "require_cuda_for_fp16", lambda model: None)
     model, src_tok, tgt_tok = load_model_for_inference(tiny_checkpoint)
     fp16 = Translator(model, src_tok, tgt_tok, DecodeConfig(beam_size=2, precision="fp16"))
     lines = ["A dog runs.", "", "Two men are sitting on a bench in the park."]

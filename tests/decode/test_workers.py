@@ -102,7 +102,7 @@ def test_workers_refuse_a_packed_copy(tiny_checkpoint):
             tr.translate(LINES)
 
 
-def test_workers_refuse_an_int8_copy(tiny_checkpoint):
+def test_workers_refuse_an_int8_copy(tiny_checkpoint, int8_anywhere):
     from aiayn.decode.int8 import int8_copy
     from aiayn.errors import UserError
 

@@ -260,8 +260,9 @@ def test_translator_beam_search_with_and_without_the_kernel(request, kernels, mo
 
 
 def test_int8_bf16_is_refused_without_vnni_and_without_the_kernels_avx2_product(portable, monkeypatch):
-    # on a CPU without VNNI (onednn_vnni, here made to say so on any CPU) the Translator's decoder refuses
-    # int8-bf16 with the kernels off, and with a build of the kernels' plain loops (no AVX2) alike
+    # on a CPU without VNNI (onednn_vnni, here made to say so on any CPU) the Translator refuses int8-bf16
+    # with the kernels off, and with a build of the kernels' plain loops (no AVX2) alike: when it is made,
+    # not at its first batch in each worker process; and so does a decoding copy made without a Translator
     from aiayn.decode import int8, loading, translator as tr_mod
     from aiayn.decode.config import DecodeConfig
     from aiayn.errors import UserError
@@ -271,9 +272,12 @@ def test_int8_bf16_is_refused_without_vnni_and_without_the_kernels_avx2_product(
     monkeypatch.setattr(loading, "load_kernels", lambda: portable)
     assert not portable.int8_vector
     for on in (False, True):
-        t = tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, precision="int8-bf16", c_kernels=on))
+        for n in (1, 2):
+            with pytest.raises(UserError, match="needs a CPU with VNNI"):
+                tr_mod.Translator(model, None, None, DecodeConfig(beam_size=4, precision="int8-bf16", c_kernels=on,
+                                                                   workers=n))
         with pytest.raises(UserError, match="needs a CPU with VNNI"):
-            t.decoder
+            loading.model_for_precision(model, "int8-bf16", portable if on else None)
 
 
 def test_decoding_kernels_follow_the_config(kernels, monkeypatch, int8_anywhere):

@@ -147,6 +147,16 @@ def require_cuda_for_fp16(model: Transformer) -> None:
                         "on a CPU use bf16 (with AVX512-BF16 or AMX) or fp32")
 
 
+def require_precision(cfg: DecodeConfig, model: Transformer) -> None:
+    """Refuse ``cfg.precision`` where ``model_for_precision`` would: fp16 off CUDA, int8 where its products
+    would be slower than fp32's (``require_int8_product``). For a Translator to say so at once, not at
+    its first batch, nor in each of its worker processes."""
+    if cfg.precision == "fp16":
+        require_cuda_for_fp16(model)
+    elif cfg.precision in ("int8", "int8-bf16"):
+        require_int8_product(cfg.precision, decoding_kernels(cfg, model))
+
+
 def decoding_kernels(cfg: DecodeConfig, model: Transformer) -> Kernels | None:
     """The C kernels (kernels/loader.py: beam-step attention, the int8 passes) when ``cfg.c_kernels`` asks
     for them and the model is on the CPU; None (PyTorch's operations) otherwise or without a C compiler."""

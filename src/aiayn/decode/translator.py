@@ -32,7 +32,7 @@ from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.graphs import GraphDecoder, replays_graphs
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.loading import (decoding_kernels, load_models_for_inference, model_for_precision,
-                                  require_cuda_for_fp16)
+                                  require_precision)
 from aiayn.decode.search import Constraints, Hypothesis, SpecialIds, Stop, Stopped, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -90,8 +90,7 @@ class Translator:
         self.input_limit = min(limits)
         caps = [g.cfg.max_positions for g in given if g.cfg.learned_positions]
         self.output_cap = min(caps) if caps else None
-        if cfg.precision == "fp16":
-            require_cuda_for_fp16(given[0])  # at once, not at the first batch
+        require_precision(cfg, given[0])  # at once, not at the first batch (nor in each worker)
         self._pool: DecodePool | None = None
         if decoder is not None:  # one kept by the caller (a serving thread's: its CUDA graphs captured once)
             self.decoder = decoder
