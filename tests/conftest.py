@@ -1,4 +1,5 @@
-"""Shared fixtures: a seed for every test, and the location of ../shared/data.
+"""Shared fixtures: a seed for every test, the location of ../shared/data, prepared data and trained
+checkpoints, and int8 decoding on any CPU.
 
 The data location comes from $AIAYN_SHARED_DATA, else ../shared/data beside the checkout.
 """
@@ -58,7 +59,8 @@ def int8_refusal() -> str | None:
 @pytest.fixture
 def int8_anywhere(monkeypatch):
     """Decoding in int8 on any CPU, in this process: the refusal where its products would be slower
-    than fp32's (``require_int8_product``, a speed rule tested on its own) lifted. The results are the
+    than fp32's (``require_int8_product``, a speed rule tested on its own:
+    tests/kernels/test_beam_attention.py) lifted. The results are the
     same on every path: VNNI's ``torch._int_mm``, ``int8_gemm.c`` and ``int_mm_float`` all sum the
     int8 products exactly."""
     from aiayn.decode import loading
