@@ -9,6 +9,7 @@ import pytest
 
 from aiayn.model.transformer import count_preset_parameters
 from aiayn.config import ConfigError, apply_sets, to_dict
+from aiayn.files import write_json_atomic
 from aiayn.model.config import PRESETS
 from aiayn.train.config import load_recipe, run_config_from_preset
 
@@ -176,7 +177,7 @@ def test_a_run_directorys_config_json_is_its_recipe(preset, tmp_path):
     cfg = apply_sets(run_config_from_preset(preset), ["model.n_dec_layers=1", "model.tie_src_tgt_embeddings=false",
                                                       "model.tgt_vocab_size=37", "train.eps_ls=0"])
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+    write_json_atomic(path, to_dict(cfg))  # RunCheckpoints' own call
     assert load_recipe(path) == cfg
     path.write_text(json.dumps(to_dict(run_config_from_preset(preset))))
     assert load_recipe(path) == run_config_from_preset(preset)
