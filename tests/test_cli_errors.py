@@ -126,3 +126,18 @@ def test_ctrl_c_in_training_says_where_the_run_resumes(small_data_dir, tmp_path,
     monkeypatch.setattr(loop._Run, "log_step", log_step)
     assert main(argv) == 0
     assert "resuming from" in capsys.readouterr().out
+
+
+def test_ctrl_c_before_the_command_starts_is_one_line(monkeypatch, capsys):
+    """Ctrl-C while the modules load (the first second or two, before the command runs): status 130
+    and one line, as later; --debug keeps the traceback."""
+    import aiayn.cli
+
+    def loading():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aiayn.cli, "build_parser", loading)
+    assert main(["presets"]) == 130
+    assert _error_line(capsys) == "aiayn: interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        main(["presets", "--debug"])

@@ -61,6 +61,18 @@ PROGRESS_COMMANDS = ("translate", "evaluate", "prepare", "average", "data", "dem
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line ``argv`` (None: the process's) run; the exit status. Ctrl-C before the
+    command has started (while Python loads its modules, a second or two) is one line too."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            raise
+        print("aiayn: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     from aiayn.errors import UserError
     from aiayn.host.process import configure_process
     try:

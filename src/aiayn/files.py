@@ -218,6 +218,36 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> None:
         raise UserError(f"{path}: already exists (pass --overwrite to replace it)")
 
 
+def check_ancestors(path: str | Path) -> None:
+    """Refuse (a UserError), before any work, a ``path`` to create below something that is not a
+    folder: its nearest existing ancestor must be one (``--out FILE/sub`` fails here, not after the work)."""
+    path = Path(path)
+    for parent in path.absolute().parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise UserError(f"{path}: {parent} is not a folder; choose another path")
+            return
+
+
+def refuse_inputs_inside(out: str | Path, inputs: Iterable[str | Path | None], option: str = "--out") -> None:
+    """Refuse (a UserError) a folder ``out`` that holds one of the command's ``inputs`` (at any depth,
+    links resolved): the command replaces or empties ``out``, which would delete what it reads."""
+    try:
+        there = Path(out).resolve()
+    except OSError:
+        return
+    for given in inputs:
+        if given is None:
+            continue
+        try:
+            path = Path(given).resolve()
+        except OSError:
+            continue
+        if path == there or there in path.parents:
+            raise UserError(f"{option} {out}: holds the input {given}, which writing there would delete; "
+                            f"choose another {option} or move the input")
+
+
 def refuse_input_as_output(out: str | Path | None, inputs: Iterable[str | Path | None], option: str = "--out") -> None:
     """Refuse (a UserError) an output file that is one of the command's ``inputs``: the same file
     by inode (``os.path.samefile``), so another path or a link to it counts. Writing it would
@@ -310,6 +340,7 @@ class OutputDir:
         before the work, as well (``__enter__`` and the final rename check again)."""
         out = self.out
         if not os.path.lexists(out):
+            check_ancestors(out)
             return
         if out.is_symlink() or not out.is_dir():
             raise UserError(f"{out}: exists and is not a folder; choose another --out")
@@ -362,6 +393,7 @@ def claim_folder(out: str | Path, names: Collection[str], *, overwrite: bool = F
     in one step, the old one then deleted). Anything else is refused: a UserError naming what
     the command did not write."""
     out = Path(out)
+    check_ancestors(out)
     if os.path.lexists(out):
         if out.is_symlink() or not out.is_dir():
             raise UserError(f"{out}: exists and is not a folder; choose another --out")

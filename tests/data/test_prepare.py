@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -272,6 +274,29 @@ def test_existing_output(corpus, tmp_path):
     with pytest.raises(UserError, match="not a data directory"):
         prepare({"train": corpus.train}, other, SMALL, force=True)
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_overwrite_never_deletes_an_input_or_a_file_of_the_users(corpus, tmp_path):
+    """--overwrite replaces a data directory holding only what prepare writes: one that holds the
+    corpus it is asked to read, or a file put there by hand, is refused and left as it was."""
+    out = tmp_path / "out"
+    prepare({"train": corpus.train}, out, SMALL)
+    inside = SplitFiles(out / "train.en", out / "train.de")
+    for given, copy in ((corpus.train.src, inside.src), (corpus.train.tgt, inside.tgt)):
+        copy.write_bytes(Path(given).read_bytes())
+    with pytest.raises(UserError, match=rf"--out {re.escape(str(out))}: holds the input {re.escape(str(inside.src))}"):
+        prepare({"train": inside}, out, SMALL, force=True)
+    with pytest.raises(UserError, match="not empty and not a data directory"):  # the files are the user's
+        prepare({"train": corpus.train}, out, SMALL, force=True)
+    assert inside.src.read_bytes() == Path(corpus.train.src).read_bytes() and (out / "manifest.json").is_file()
+    inside.src.unlink()
+    inside.tgt.unlink()
+    prepare({"train": corpus.train}, out, SMALL, force=True)  # only prepare's own files: replaced
+
+
+def test_an_out_below_a_file_is_refused_before_the_work(corpus, tmp_path):
+    with pytest.raises(UserError, match=rf"{re.escape(str(corpus.train.src))} is not a folder"):
+        prepare({"train": corpus.train}, Path(corpus.train.src) / "sub", SMALL)
 
 
 def _parser():

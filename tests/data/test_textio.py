@@ -15,6 +15,7 @@ def test_a_carriage_return_inside_a_line_is_kept_and_warned_of_once(tmp_path, ca
     path.write_bytes(b"a b\r\nc\rd\ne\rf\n")  # CRLF, then two lines with a \r inside
     with caplog.at_level("WARNING"):
         assert list(read_lines(path)) == ["a b", "c\rd", "e\rf"]
+        assert list(read_lines(path)) == ["a b", "c\rd", "e\rf"]  # read again (prepare reads twice): no second warning
     assert [r.getMessage()[:len(str(path)) + 3] for r in caplog.records] == [f"{path}:2:"]
 
 

@@ -100,3 +100,21 @@ def test_bpe_dropout_needs_a_bpe_model(tmp_path, train_lines):
     assert uni.model_type == "unigram"
     with pytest.raises(UserError, match="uni.model: BPE-dropout needs a BPE model, this one is unigram"):
         uni.encode_dropout(["a man"], 0.1)
+
+
+def test_a_long_lines_characters_are_learnt(tmp_path, train_lines):
+    """SentencePiece skips lines over 4,192 bytes unless told: a rare character found only in one
+    such line would be <unk> despite a character coverage of 1.0. Every sampled line is learnt from."""
+    from aiayn.data.vocab import SPM_MAX_SENTENCE_BYTES, SentencePieceSpec, train_sentencepiece
+    lines = train_lines[0][:300]
+    long = " ".join(lines[:200]) + " Σ ǂ Ω"
+    assert len(long.encode("utf-8")) > SPM_MAX_SENTENCE_BYTES
+    spec = SentencePieceSpec(vocab_size=300, model_type="bpe", character_coverage=1.0)
+    tok = Tokenizer.load(train_sentencepiece([*lines, long], tmp_path / "long.model", spec, num_threads=1))
+    assert tok.decode(tok.encode("Σ ǂ Ω")) == "Σ ǂ Ω"  # no <unk>
+    from sentencepiece import sentencepiece_model_pb2
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((tmp_path / "long.model").read_bytes())
+    assert proto.trainer_spec.max_sentence_length == len(long.encode("utf-8"))
+    proto.ParseFromString(train_sentencepiece(lines, tmp_path / "plain.model", spec, num_threads=1).read_bytes())
+    assert proto.trainer_spec.max_sentence_length == SPM_MAX_SENTENCE_BYTES  # short lines: the model as before

@@ -86,6 +86,9 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     assert "training" not in capsys.readouterr().out
     assert (out / "run" / "summary.json").stat().st_mtime == mtime
+    # other training lines are not a silent reuse of the data and model trained on these
+    assert main([*argv, "--train-lines", "300"]) == 2
+    assert "its train split was prepared from" in capsys.readouterr().err
 
 
 def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
@@ -104,6 +107,25 @@ def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
     assert f"{short}:10: source and target line counts differ" in refused(["--train", files["train"][0], short, *own])
     assert not (tmp_path / "out" / "run").exists()
     assert "--data-root" in refused(["--train", *files["train"], *own, "--data-root", str(tmp_path)])
+    # with --train-lines the files given are read whole, as prepare reads them: errors name them
+    assert f"{short}:10: line counts differ" in refused(["--train", files["train"][0], short, *own, "--train-lines", "5"])
+    bad = tmp_path / "corpus" / "bad.de"
+    bad.write_bytes(gzip.decompress(Path(files["train"][1]).read_bytes()).replace(b"\n", b"\n\xff", 1))
+    assert f"{bad}:2: invalid UTF-8" in refused(["--train", files["train"][0], str(bad), *own, "--train-lines", "5"])
+    blank = _write(tmp_path / "corpus" / "blank.en", ["", " "])
+    assert f"{blank}: no non-empty line" in refused(["--train", *files["train"], "--valid", blank, blank,
+                                                     "--out", str(tmp_path / "out")])
+    # nothing the demo reads may lie in --out (--overwrite would delete it); --results-to is checked first
+    inside = tmp_path / "mine" / "data"
+    inside.mkdir(parents=True)
+    mine = [_write(inside / "train.en", copy_lines(10, 1)), _write(inside / "train.de", copy_lines(10, 1))]
+    assert f"--out {tmp_path / 'mine'}: holds the input {mine[0]}" in refused(
+        ["--train", *mine, "--valid", *files["valid"], "--out", str(tmp_path / "mine"), "--overwrite"])
+    assert Path(mine[0]).is_file()
+    assert f"--results-to {files['valid'][1]}: the same file as the input" in refused(
+        ["--train", *files["train"], *own, "--results-to", files["valid"][1]])
+    assert "a folder; name a file to write" in refused(["--train", *files["train"], *own, "--results-to", str(inside)])
+    assert f"{mine[0]} is not a folder" in refused(["--train", *files["train"], *own, "--results-to", f"{mine[0]}/r.json"])
     assert "--train needs --valid" in refused(["--train", *files["train"], "--out", str(tmp_path / "out")])
     assert "--valid, --tgt-lang go with --train" in refused(["--valid", *files["valid"], "--tgt-lang", "fr"])
     assert "--src-lang must be en or de for Multi30k" in refused(["--src-lang", "fr"])

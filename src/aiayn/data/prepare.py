@@ -54,7 +54,7 @@ from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyApp
 from aiayn.data.textio import check_readable, read_pairs
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, SentencePieceSpec, Tokenizer, train_sentencepiece
 from aiayn.errors import UserError
-from aiayn.files import write_json_atomic
+from aiayn.files import refuse_inputs_inside, write_json_atomic
 from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -375,6 +375,7 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
     if tokenizers is None:
         cfg = _with_symbols(cfg, symbols)
     out = Path(out)
+    refuse_inputs_inside(out, [f for ps in parts.values() for c in ps for f in (c.src, c.tgt)])
     atomic = AtomicDir(out, force=force)
     atomic.check_destination()
     t0 = time.perf_counter()

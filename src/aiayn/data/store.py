@@ -19,12 +19,13 @@ complete.
 """
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from aiayn.files import OutputDir
+from aiayn.files import LEFTOVER, OutputDir
 
 MANIFEST = "manifest.json"
 FORMAT = "aiayn-data"
@@ -71,9 +72,16 @@ class NpyAppender:
         self._f.close()
 
 
+DATA_FILE = re.compile(r"manifest\.json|spm(?:\.src|\.tgt)?\.model|[^/]+\.(?:src|tgt)\.(?:tokens|offsets)\.npy")
+
+
 def is_data_dir(path: Path) -> bool:
-    """Whether ``path`` is a data directory (its manifest written): what ``--overwrite`` may replace."""
-    return (path / MANIFEST).is_file()
+    """Whether ``path`` is a data directory (its manifest written) holding only what ``aiayn prepare``
+    writes (``DATA_FILE``, and aiayn's temporaries): what ``--overwrite`` may replace. A file of the
+    user's put there (the corpus itself, notes) makes it not one, so nothing of theirs is deleted."""
+    if not (path / MANIFEST).is_file():
+        return False
+    return all(DATA_FILE.fullmatch(p.name) and p.is_file() or LEFTOVER.match(p.name) for p in path.iterdir())
 
 
 class AtomicDir(OutputDir):

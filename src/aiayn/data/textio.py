@@ -19,6 +19,7 @@ from aiayn.errors import InputError, UserError
 log = logging.getLogger(__name__)
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_CR_WARNED: set[str] = set()  # files whose carriage return was warned of (read_lines): once a file
 CHUNK_LINES = 10_000  # lines of input_chunks' chunks: translated and written at a time (bounds memory)
 
 
@@ -63,14 +64,16 @@ def count_lines(path: Path) -> int:
 def read_lines(path: Path) -> Iterator[str]:
     """Lines of ``path`` decoded as UTF-8 (a leading BOM dropped), surrounding whitespace stripped.
     Lines end at ``\\n`` only (a stray carriage return in a corpus line does not split the pair); the
-    first carriage return inside a line is warned of, as a file with old Mac line ends reads as one line."""
-    n, warned = 0, False
+    first carriage return inside a line is warned of (once a file, however often it is read), as a
+    file with old Mac line ends reads as one line."""
+    n, warned = 0, str(path) in _CR_WARNED
     try:
         with _open_binary(path) as f:
             for n, raw in enumerate(f, 1):
                 line = decode_line(raw, path, n)
                 if not warned and "\r" in line:
                     warned = True
+                    _CR_WARNED.add(str(path))
                     log.warning("%s:%d: a carriage return inside the line; lines end at \\n only (a file with "
                                 "\\r line ends: tr '\\r' '\\n')", path, n)
                 yield line

@@ -201,6 +201,9 @@ class SentencePieceSpec:
     lowercase: bool = False
 
 
+SPM_MAX_SENTENCE_BYTES = 4192  # SentencePiece's max_sentence_length: longer lines it skips without a word
+
+
 def _training_refused(message: str, spec: SentencePieceSpec, path: Path) -> str:
     """SentencePiece's refusal in aiayn's words: which model (``path``: spm.model shared, spm.src.model,
     spm.tgt.model) and the option to change, for the two a small corpus meets; else its own message."""
@@ -219,6 +222,10 @@ def _training_refused(message: str, spec: SentencePieceSpec, path: Path) -> str:
 def train_sentencepiece(sentences: Iterable[str], path: Path, spec: SentencePieceSpec, *, num_threads: int) -> Path:
     """Train a SentencePiece model as ``spec`` says on ``sentences`` (already sampled) and write it
     to ``path``.
+
+    Every sentence is learnt from, however long (SentencePiece skips lines over 4,192 bytes unless
+    told otherwise, so the characters of a long line would become ``<unk>`` despite a character
+    coverage of 1.0): for such a sample its ``max_sentence_length`` is the longest line's.
 
     The file depends only on the sentences and ``spec``: the thread count, which
     SentencePiece records in the model, is reset to 1, so the sha256 is reproducible.
@@ -242,6 +249,10 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, spec: SentencePiec
     if spec.user_symbols:
         symbols |= {"user_defined_symbols": [WORD_BOUNDARY + s for s in spec.user_symbols],
                     "required_chars": "".join(sorted(set("".join(spec.user_symbols))))}
+    sentences = list(sentences)
+    longest = max((len(s.encode("utf-8")) for s in sentences if 4 * len(s) > SPM_MAX_SENTENCE_BYTES), default=0)
+    if longest > SPM_MAX_SENTENCE_BYTES:  # SentencePiece would leave such lines out, and their characters with them
+        symbols["max_sentence_length"] = longest
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

@@ -35,7 +35,6 @@ from aiayn.demo.config import DemoConfig
 from aiayn.demo.own import run_own_demo
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import ValidationSet, choose_alpha, p_values_text, tune_alpha
-from aiayn.files import claim_folder
 
 DEMO_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
 LANGS = ("en", "de")
@@ -69,7 +68,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     _check_scorer()
     files = find_multi30k(cfg.data_root, src, tgt)
     stages.check_sets(cfg)  # before any work
-    out = claim_folder(cfg.out or "runs/demo", DEMO_FILES, overwrite=cfg.overwrite, what="aiayn demo")
+    out = stages.claim_out(cfg, "runs/demo", DEMO_FILES, files)
     files = stages.subset(files, out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}

@@ -25,7 +25,6 @@ from aiayn.data.corpora import check_lang
 from aiayn.data.textio import check_readable, read_lines
 from aiayn.demo import stages
 from aiayn.errors import UserError
-from aiayn.files import claim_folder
 
 OWN_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test.hyp", "plots", "results.json")  # all it writes in --out
 SPLITS = ("train", "valid", "test")
@@ -83,8 +82,11 @@ def run_own_demo(cfg) -> dict:
     again, with the options given. ``out/results.json`` holds what each measured."""
     files, src, tgt = own_files(cfg)
     stages.check_sets(cfg)  # before any work
-    out = claim_folder(cfg.out or f"runs/demo-{src}-{tgt}", OWN_FILES, overwrite=cfg.overwrite, what="aiayn demo")
+    out = stages.claim_out(cfg, f"runs/demo-{src}-{tgt}", OWN_FILES, files)
     files = stages.subset(files, out / "subset", cfg)
+    if not any(_lines(files["raw.valid.src"])):
+        raise UserError(f"{cfg.valid[0]}: no non-empty line{' among the first --eval-lines' if cfg.eval_lines else ''}"
+                        f"; the length penalty is chosen, and examples are taken, on --valid")
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
     data_dir = stages.stage_prepare(cfg, files, out / "data", "src", "tgt", results)

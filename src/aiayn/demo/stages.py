@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.data.multi30k import read_text
+from aiayn.data.textio import count_lines, read_lines
 from aiayn.demo.config import (CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, GPU_STEP_DEVICE_S,
                                GPU_STEP_MATMUL_TFLOPS, RECIPES, DemoConfig)
-from aiayn.errors import UserError
+from aiayn.errors import InputError, UserError
+from aiayn.files import (check_ancestors, claim_folder, refuse_input_as_output, refuse_inputs_inside,
+                         write_text_output)
 from aiayn.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -58,18 +60,48 @@ def step_sets(b: Batching, local_sgd: bool, processes: int, step_tokens: int) ->
     return out
 
 
+def claim_out(cfg: DemoConfig, default: str, names: tuple[str, ...], files: dict[str, Path]) -> Path:
+    """The demo's --out (``claim_folder``: new, resumed, or with --overwrite started afresh), before
+    any work: refused where it holds one of the demo's inputs (``files``, --recipe), which starting
+    afresh would delete; --results-to checked as well, not only once the run is over."""
+    out = Path(cfg.out or default)
+    inputs = [*files.values(), *([cfg.recipe] if cfg.recipe else [])]
+    refuse_inputs_inside(out, inputs)
+    if cfg.results_to:
+        refuse_input_as_output(cfg.results_to, inputs, "--results-to")
+        if os.path.isdir(cfg.results_to):
+            raise UserError(f"--results-to {cfg.results_to}: a folder; name a file to write")
+        check_ancestors(cfg.results_to)
+    return claim_folder(out, names, overwrite=cfg.overwrite, what="aiayn demo")
+
+
 def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Path]:
-    """Write the first N lines of each file when --train-lines / --eval-lines ask for it."""
+    """The first --train-lines / --eval-lines lines of each file (``files`` by "KIND.SPLIT.SIDE"),
+    written to ``work`` on every run, when those options ask for it. The files are read as ``aiayn
+    prepare`` reads them (``read_lines``: gzip by content, lines ending at ``\\n`` only, an error
+    naming the given file and line) and whole: a split's two raw files with different line counts
+    are an error naming the shorter one, as without a subset."""
     if not cfg.train_lines and not cfg.eval_lines:
         return files
     work.mkdir(parents=True, exist_ok=True)
-    out = {}
+    out, counts = {}, {}
     for key, path in files.items():
         limit = cfg.train_lines if ".train." in key else cfg.eval_lines
-        dst = work / key
-        if not dst.exists():
-            dst.write_text("".join(line + "\n" for line in read_text(path, limit)), encoding="utf-8")
-        out[key] = dst
+        lines, n = [], 0
+        for n, line in enumerate(read_lines(path), 1):
+            if not limit or n <= limit:
+                lines.append(line)
+        counts[key] = n
+        if key.startswith("raw."):  # a split's pair, source first: aligned in the files given
+            split = key.split(".")[1]
+            pair = [k for k in counts if k.startswith(f"raw.{split}.")]
+            if len(pair) == 2:
+                (a, n_a), (b, n_b) = ((files[k], counts[k]) for k in pair)
+                if n_a != n_b:
+                    raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
+                                     f"line counts differ: {a} has {n_a} lines, {b} has {n_b} lines")
+        out[key] = work / key
+        write_text_output(out[key], "".join(line + "\n" for line in lines))
     return out
 
 
@@ -249,14 +281,31 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
                  for s in ("train", "valid", "test") if f"raw.{s}.{src}" in files}, data_dir, prep_cfg)
         results["prepare_seconds"] = round(time.monotonic() - t0, 1)
     else:
-        had = json.loads((data_dir / "manifest.json").read_text())["options"]
+        manifest = json.loads((data_dir / "manifest.json").read_text())
+        had = manifest["options"]
         differ = [k for k in ("vocab_size", "lowercase", "character_coverage") if had.get(k, False) != getattr(prep_cfg, k)]
         if differ:
             raise UserError(f"{data_dir / 'manifest.json'}: prepared with "
                             f"{', '.join(f'{k}={had.get(k, False)}' for k in differ)}, but this run asks for "
                             f"{', '.join(f'{k}={getattr(prep_cfg, k)}' for k in differ)}; use another --out")
+        for split in ("train", "valid"):  # what the model was trained and validated on (test is read raw)
+            had = manifest["splits"].get(split, {}).get("inputs")
+            if had is not None:  # (recorded since the manifest's inputs were)
+                _check_same_inputs(data_dir, split, had, files[f"raw.{split}.{src}"], files[f"raw.{split}.{tgt}"])
     print(f"[1/7] data: {data_dir}", flush=True)
     return data_dir
+
+
+def _check_same_inputs(data_dir: Path, split: str, had: dict, src: Path, tgt: Path) -> None:
+    """A data directory of an earlier run is reused only for the same files of ``split`` (the same
+    paths and line counts; a subset's lines are its --train-lines / --eval-lines): other files are an
+    error, not a silent reuse of the earlier data and model."""
+    now = {"src": str(src.resolve()), "tgt": str(tgt.resolve()), "lines": count_lines(src)}
+    was = {k: had.get(k) for k in now}
+    if was != now:
+        raise UserError(f"{data_dir / 'manifest.json'}: its {split} split was prepared from {was['src']} and "
+                        f"{was['tgt']} ({was['lines']} lines), but this run gives {now['src']} and {now['tgt']} "
+                        f"({now['lines']} lines); use another --out, or --overwrite to start afresh")
 
 
 def check_sets(cfg: DemoConfig) -> None:
