@@ -175,3 +175,22 @@ def test_log_softmax_in_place_equals_the_out_of_place_call(dtype):
     view = torch.randn(4, 3, 50, generator=g)[:, -1]  # not contiguous: computed out of place
     before = view.clone()
     assert torch.equal(log_softmax_rows(view), before.log_softmax(dim=-1)) and torch.equal(view, before)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2, max_len_b=40),
+                                 DecodeConfig(beam_size=1, max_len_b=40)])
+def test_a_cache_that_grows_decodes_as_one_made_whole(model, cfg, share, monkeypatch):
+    """The cache starts at ``first_capacity`` positions, not max_len (which may be a model's every
+    position), and doubles as the outputs grow: from 1 position, or from max_len, the same search."""
+    import aiayn.decode.cache as cache_module
+    from aiayn.decode.cache import first_capacity
+    assert first_capacity(1024, 7) == 30 and first_capacity(9, 7) == 9
+    src = sources()
+    out = {}
+    for name, first in (("grows", lambda max_len, S: 1), ("whole", lambda max_len, S: max_len)):
+        monkeypatch.setattr(cache_module, "first_capacity", first)
+        out[name] = search(CachedDecoder(model, share_slots=share), src, cfg, SpecialIds())
+    assert max(len(hs[0].tokens) for hs in out["whole"]) > 8  # several doublings from 1
+    # (the buffers' strides differ, so a product may round otherwise: up to float64's roundings, derived)
+    same_float_search(model, src, out["grows"], out["whole"], cfg, SpecialIds(), "fp64")

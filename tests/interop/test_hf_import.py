@@ -413,3 +413,23 @@ def test_pytorch_bin_with_every_key_imports_as_safetensors(marian_dir, tmp_path)
     torch.save(state, d / "pytorch_model.bin")
     with pytest.raises(UserError, match="model.decoder.embed_positions.weight is not Marian's sinusoidal table"):
         import_hf(d)
+
+
+@pytest.mark.slow
+def test_an_export_imported_back_translates_as_the_checkpoint(copy_checkpoint, tmp_path, caplog):
+    """generation_config.json tells transformers 4 beams and the model's every position, which is not
+    aiayn's search (GNMT's α 0.6, |x| + 50): an export's aiayn.json records the checkpoint's own
+    decoding, and the import restores that, not generate's settings."""
+    out, back = tmp_path / "hf", tmp_path / "back.pt"
+    assert main(["export", "--format", "hf", "--checkpoint", str(copy_checkpoint), "--out", str(out)]) == 0
+    assert json.loads((out / "generation_config.json").read_text())["num_beams"] == 4
+    with caplog.at_level("INFO"):
+        assert main(["import", "--format", "hf", str(out), "--out", str(back)]) == 0
+    assert "exported by aiayn: decodes with the exported checkpoint's settings (aiayn's defaults)" in caplog.text
+    assert "decode" not in torch.load(back, map_location="cpu", weights_only=True)
+    lines = copy_lines(12, seed=5)
+    with Translator.from_checkpoint(copy_checkpoint) as a, Translator.from_checkpoint(back) as b:
+        assert b.cfg == a.cfg and b.translate(lines) == a.translate(lines)
+    # a record that is not settings is refused, naming the file
+    (out / "aiayn.json").write_text(json.dumps({"format": "hf", "decode": {"beam": 3}}))
+    assert main(["import", "--format", "hf", str(out), "--out", str(back), "--overwrite"]) == 2

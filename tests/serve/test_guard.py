@@ -256,3 +256,23 @@ def test_metrics_in_prometheus_text_format(translator):
     assert value['aiayn_request_duration_seconds_count{path="/translate"}'] == 4
     assert value["aiayn_queue_sentences"] == 0 and value["aiayn_requests_in_flight"] == 1  # this request
     assert value["aiayn_model_calls_total"] >= 1
+
+
+def test_a_number_of_too_many_digits_is_said_as_such(client):
+    """Python converts at most sys.get_int_max_str_digits() digits (4,300; 640 here to fit the body
+    limit): valid JSON, so not called NaN or Infinity."""
+    import sys
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        r = client.post("/translate", content=b'{"sentences": ["a"], "beam": 1' + b"0" * 700 + b"}", headers=JSON)
+    finally:
+        sys.set_int_max_str_digits(before)
+    assert r.status_code == 422 and "more digits than this service reads" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("field", ["beam", "alpha", "nbest", "attention", "prefix", "no_repeat_ngram"])
+def test_null_is_an_optional_field_left_out(client, field):
+    r = client.post("/translate", json={"sentences": ["a b"], field: None})
+    assert r.status_code == 200, r.text
+    assert r.json()["translations"] == client.post("/translate", json={"sentences": ["a b"]}).json()["translations"]

@@ -22,7 +22,9 @@ def run(args) -> int:
     if args.format == "hf":
         if args.quantization:
             raise UserError("--quantization applies to --format ct2")
-        record = {"checkpoint": str(args.checkpoint), "format": "hf"}
+        from aiayn.commands.decode_settings import stored_settings
+        # the checkpoint's own decoding, which generation_config.json cannot say: `aiayn import` restores it
+        record = {"checkpoint": str(args.checkpoint), "format": "hf", "decode": stored_settings([args.checkpoint])}
         out = export_hf(model, src_tok, tgt_tok, args.out, overwrite=args.overwrite,
                         files={RECORD: (json.dumps(record, indent=1) + "\n").encode()})
         print(f"hugging face marian model: {out}")

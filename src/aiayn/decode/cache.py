@@ -276,11 +276,20 @@ def share_slots(layers: list[LayerCache], src_pad: Tensor, group: int, capacity:
     return DecoderCache(out, src_pad, 0, group, ancestors, kernels)
 
 
+def first_capacity(max_len: int, src_len: int) -> int:
+    """Positions a new cache holds before it first grows: what a translation of ``src_len`` source
+    positions is likely to need, not ``max_len``, which may be a model's every position (1,024):
+    buffers of that size would be allocated, copied and reordered at every step of every sentence."""
+    return max(1, min(max_len, 2 * src_len + 16))
+
+
 def init_cache(model: "Transformer", enc: "EncoderOutput", max_len: int) -> DecoderCache:
     """An empty cache for ``model``'s decoder over ``enc``: encoder-decoder keys/values computed once,
-    self-attention buffers preallocated for ``max_len`` positions (grown when needed)."""
+    self-attention buffers for up to ``max_len`` positions, allocated for ``first_capacity`` of them
+    and doubled when needed (``DecoderCache.append``, ``slots``)."""
     layers = []
     N = enc.memory.size(0)
+    max_len = first_capacity(max_len, enc.memory.size(1))
     for layer in model.decoder_layers:
         k, v = layer.cross_attn.project_kv(enc.memory)
         H = layer.self_attn.n_heads

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from aiayn.errors import UserError
-from aiayn.interop.export_dir import ExportDir
+from aiayn.interop.export_dir import RECORD, ExportDir
 from aiayn.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,7 @@ def export_hf(model: Transformer, src_tok, tgt_tok, out: str | Path, *, overwrit
         log.warning("LayerNorm epsilon: Marian's is %g, this model's %g; the logits differ slightly (about 1e-5)",
                     MARIAN_LAYER_NORM_EPS, cfg.layer_norm_eps)
     hf = marian_model(model)
+    files = {RECORD: (json.dumps({"format": "hf", "decode": {}}) + "\n").encode(), **(files or {})}  # aiayn's defaults
     with ExportDir(out, overwrite) as tmp:
         _write_hf(hf, cfg, src_tok, tgt_tok, tmp)
         for name, data in (files or {}).items():

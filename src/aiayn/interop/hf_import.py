@@ -244,6 +244,36 @@ SAME_EFFECT = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_to
 MINOR = {"early_stopping", "renormalize_logits", "forced_eos_token_id"}
 
 
+def exported_settings(path: Path) -> dict | None:
+    """The decoding settings of a folder aiayn's ``export --format hf`` wrote (its ``RECORD`` says
+    so): the exported checkpoint's own (its ``decode`` entry; {} for a model aiayn trained, which
+    translates with aiayn's defaults), as its generation_config.json gives transformers' ``generate``
+    only what that can express (no GNMT penalty, no |x| + b). None for any other folder."""
+    import json
+
+    from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE
+    from aiayn.interop.export_dir import RECORD
+    file = path / RECORD
+    if not file.is_file():
+        return None
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{file}: not JSON ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != "hf":
+        return None
+    settings = record.get("decode", {})
+    if not isinstance(settings, dict) or any(k not in CHECKPOINT_FIELDS for k in settings):
+        raise UserError(f"{file}: decode holds {settings!r}, not settings of {', '.join(CHECKPOINT_FIELDS)}")
+    try:
+        replace(TRANSLATE_DECODE, **settings)
+    except (ConfigError, TypeError) as exc:
+        raise UserError(f"{file}: decode: {exc}") from None
+    log.info("%s: exported by aiayn: decodes with the exported checkpoint's settings%s", file,
+             "".join(f", {k} {v}" for k, v in settings.items()) or " (aiayn's defaults)")
+    return settings
+
+
 def decode_settings(g: dict, name: str | Path, pad: int, start: int) -> dict:
     """The DecodeConfig fields of transformers' generation settings ``g`` (generation_config.json,
     named ``name``) as ``generate`` reads them, its defaults where ``g`` has none: num_beams is
@@ -320,8 +350,10 @@ def import_hf(path: str | Path, opts: ImportConfig = ImportConfig()) -> dict:
         raise UserError(f"{d.path}: cannot import: model_config.{exc}") from None
     model = Transformer(cfg)
     model.load_state_dict(aiayn_state(d, cfg, src_order, tgt_order, enc, dec, out_w))
-    settings = decode_settings(d.generation, d.generation_file, c["pad_token_id"], c["decoder_start_token_id"]) \
-        if d.generation else {}
+    settings = exported_settings(d.path)
+    if settings is None:
+        settings = decode_settings(d.generation, d.generation_file, c["pad_token_id"], c["decoder_start_token_id"]) \
+            if d.generation else {}
     log.info("imported %s: %d+%d layers, d_model %d, h %d, d_ff %d, activation %s, vocabulary %d%s, output bias %s",
              d.path, cfg.n_layers, cfg.decoder_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.activation,
              cfg.vocab_size, "" if joint else f"/{cfg.target_vocab_size}", cfg.output_bias)

@@ -268,6 +268,14 @@ def _shape_refusals(state: dict[str, Tensor], c: dict) -> list[str]:
     bias = state.get("final_logits_bias")
     if bias is not None and (bias.dim() != 2 or bias.size(0) != 1):
         out.append(f"final_logits_bias {tuple(bias.shape)}, not (1, vocabulary)")
+    V = c["vocab_size"]
+    V_dec = c.get("decoder_vocab_size") or V  # None: vocab_size's (transformers' reading)
+    rows = {EMBEDDING_KEYS[0]: ("vocab_size", V), EMBEDDING_KEYS[1]: ("vocab_size", V),
+            EMBEDDING_KEYS[2]: ("decoder_vocab_size", V_dec), EMBEDDING_KEYS[3]: ("decoder_vocab_size", V_dec)}
+    out += [f"{k} {tuple(state[k].shape)} where config.json's {field} makes it {n} rows"
+            for k, (field, n) in rows.items() if k in state and state[k].dim() == 2 and state[k].size(0) != n]
+    if bias is not None and bias.dim() == 2 and bias.size(1) != V_dec:
+        out.append(f"final_logits_bias {tuple(bias.shape)} where config.json's decoder_vocab_size makes it (1, {V_dec})")
     return out
 
 

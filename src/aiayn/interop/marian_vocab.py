@@ -115,6 +115,8 @@ def segmenter(model_bytes: bytes, pieces: list[str], *, source: bool, name: str,
         proto.ParseFromString(model_bytes)
     except Exception as exc:  # protobuf's DecodeError, or anything a foreign file raises
         raise UserError(f"{name}: not a SentencePiece model ({exc})") from exc
+    if not proto.pieces:  # an empty file parses as an empty model, which SentencePiece itself refuses
+        raise UserError(f"{name}: not a SentencePiece model (no pieces: {len(model_bytes)} bytes)")
     own = {p.piece: p for p in proto.pieces}
     known = {c for p in proto.pieces if p.type in _PRODUCED for c in p.piece}  # characters it segments
     floor = min((p.score for p in proto.pieces if p.type in _PRODUCED), default=0.0)

@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -84,6 +84,12 @@ class TranslateRequest(BaseModel):
     no_repeat_ngram: int | None = Field(None, ge=0, description="no n-gram of this many tokens twice in an output "
                                                                 "(0 = off; DecodeConfig.no_repeat_ngram)")
 
+    @field_validator("nbest", "attention", mode="before")
+    @classmethod
+    def _null_is_left_out(cls, value, info):
+        """null for any optional field is the field left out, as it is for beam, alpha and prefix."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
 
 def plain(text: str, limit: int = 300) -> str:
     """``text`` safe to send back: valid UTF-8 (lone surrogates replaced) and at most ``limit`` characters."""
@@ -117,8 +123,12 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return bytes(body)
 
 
+class _Constant(ValueError):
+    """NaN, Infinity or -Infinity in a body: Python's json reads them, JSON has no such numbers."""
+
+
 def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
+    raise _Constant(f"{name} is not JSON")
 
 
 def _is_text(s: str) -> bool:
@@ -156,8 +166,10 @@ def _parse(body: bytes) -> TranslateRequest:
         raise ApiError(400, "the body is not JSON (it is not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the body is not JSON (line {exc.lineno}, column {exc.colno})") from None
-    except ValueError:
+    except _Constant:
         raise ApiError(400, "the body is not JSON (NaN and Infinity are not JSON numbers)") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ApiError(422, "the body holds a number of more digits than this service reads") from None
     except RecursionError:
         raise ApiError(400, "the body is not JSON this service reads: it is nested too deeply") from None
     if not isinstance(data, dict):
