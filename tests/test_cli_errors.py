@@ -3,6 +3,8 @@ the setting to lower and by how much), the traceback with --debug. Each command'
 replaced by a function that raises, so nothing runs out of memory for real."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -141,3 +143,31 @@ def test_ctrl_c_before_the_command_starts_is_one_line(monkeypatch, capsys):
     assert _error_line(capsys) == "aiayn: interrupted"
     with pytest.raises(KeyboardInterrupt):
         main(["presets", "--debug"])
+
+
+def test_options_out_of_range_are_one_line(small_data_dir, tiny_checkpoint, tmp_path, capsys):
+    """Each of these once ran into a traceback (or was silently read as another value)."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n")
+    refs = tmp_path / "ref.txt"
+    refs.write_text("a b\nc d\n")
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "wmt14-ende-base.json")
+    long_src = " ".join(["a man rides a bike down the street ."] * 150)
+    cases = [
+        (["train", "--data", str(small_data_dir), "--out", str(a_file), "--preset", "tiny", "--max-steps", "1"],
+         f"{a_file}: exists and is not a folder"),
+        (["train", "--data", str(small_data_dir), "--out", str(a_file / "sub"), "--preset", "tiny"],
+         f"{a_file} is not a folder"),
+        (["estimate", "--recipe", recipe, "--tokens-per-step", "0"], "--tokens-per-step must be >= 1, got 0"),
+        (["estimate", "--recipe", recipe, "--tokens-per-step", "25000", "--max-device-tokens", "0"],
+         "--max-device-tokens must be >= 1, got 0"),
+        (["score", "--ref", str(refs), "--hyp", str(refs), "--compare", str(refs), "--samples", "0"],
+         "--samples must be >= 1, got 0"),
+        (["evaluate", "--checkpoint", str(tiny_checkpoint), "--src", str(refs), "--ref", str(refs), "--nbest", "2"],
+         "--nbest 2: evaluate scores each sentence's best translation"),
+        (["plot", "attention", "--checkpoint", str(tiny_checkpoint), "--src", long_src, "--out", str(tmp_path / "p")],
+         "exceed the model's limit of"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2, argv
+        assert says in _error_line(capsys), argv

@@ -55,8 +55,14 @@ def parse_value(text: str, typ: Any, name: str) -> Any:
         parts = [p for p in text.replace(",", " ").split() if p]
         return tuple(parse_value(p, args[0], name) for p in parts)
     try:
-        if typ is int:
-            return int(float(text)) if "e" in text.lower() else int(text)
+        if typ is int:  # "4096", or a whole number written otherwise ("1e2", "100.0"); never rounded
+            try:
+                return int(text)
+            except ValueError:
+                number = float(text)
+                if not number.is_integer():
+                    raise
+                return int(number)
         if typ is float:
             return float(text)
     except ValueError as exc:

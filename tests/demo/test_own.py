@@ -73,6 +73,8 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     assert set(tuned) == {"0.6", "1.0"} and "p_vs_first" not in tuned["0.6"]
     won = tuned["1.0"]["p_vs_first"] < 0.05 and tuned["1.0"]["valid_sacrebleu"] > tuned["0.6"]["valid_sacrebleu"]
     assert results["alpha"] == (1.0 if won else 0.6)  # §6.1's 0.6 unless 1.0 wins the paired bootstrap
+    from aiayn.checkpoint import load_checkpoint
+    assert load_checkpoint(out / "model.pt")["decode"] == {"alpha": results["alpha"]}  # translate's default now
     assert set(results["test"]) == {"sacreBLEU", "chrF2"}
     hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 30

@@ -136,3 +136,12 @@ def test_cli_score(tmp_path, capsys, monkeypatch):
     for extra in ([], ["--json"], ["--tokenized"], ["--compare", str(tmp_path / "empty")]):
         assert main(["score", "--ref", str(tmp_path / "empty"), "--hyp", str(tmp_path / "empty"), *extra]) == 2
         assert f"{tmp_path / 'empty'} and {tmp_path / 'empty'} have no lines: nothing to score" in capsys.readouterr().err
+
+
+def test_lowercase_applies_to_both_bleus_of_tokenized_text():
+    """score --tokenized --lc: the tokenized BLEU and its compound-split form both -lc."""
+    refs = [["ein kleines haus-boot am see .", "zwei hunde spielen im schnee ."]]
+    hyps = [r.upper() for r in refs[0]]
+    plain, split = score_all(hyps, refs, tokenized=True, lowercase=True)
+    assert plain.score == pytest.approx(100.0) and split.score == pytest.approx(100.0)  # (exp of a sum of logs)
+    assert score_all(hyps, refs, tokenized=True)[1].score == 0.0

@@ -212,3 +212,46 @@ def test_a_sections_own_check_names_the_section_and_the_recipe(tmp_path):
     path.write_text('{"train": {\n  "accum_steps": "x"}}')  # a field's own parse keeps its line
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:2: train.accum_steps: expected int"):
         load_recipe(path)
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("train.lr_scale=nan", "lr_scale must be a finite number, got nan"),
+    ("train.weight_decay=inf", "weight_decay must be a finite number, got inf"),
+    ("train.lr_scale=0", "lr_scale must be > 0"),
+    ("train.adam_beta1=1.5", "adam_beta1 and adam_beta2 must be in [0, 1)"),
+    ("train.adam_eps=-1", "adam_eps must be >= 0"),
+    ("train.seed=-1", "seed must be in [0, 2^63)"),
+    ("train.seed=99999999999999999999", "seed must be in [0, 2^63)"),
+    ("train.device=tpu", "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("model.max_positions=0", "max_positions = 0: outside [1, 1,048,576]"),
+    ("train.max_steps=2.5e0", "expected int, got '2.5e0'"),
+    ("train.save_every_steps=5e-1", "expected int, got '5e-1'"),
+])
+def test_a_value_the_run_cannot_use_is_refused_before_it_starts(setting, says):
+    """Values that torch or numpy would refuse with a traceback mid-start, and sizes every later load
+    of the checkpoints refuses (``check_limits``), are one ConfigError at once."""
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        apply_sets(run_config_from_preset("tiny"), [setting])
+
+
+def test_a_whole_number_may_be_written_as_a_float():
+    cfg = apply_sets(run_config_from_preset("tiny"), ["train.max_steps=1e2"])
+    assert cfg.train.max_steps == 100
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"preset": "tiny", "model": [1]}', "model must be an object of fields, got list"),
+    ('{"preset": "tiny", "train": "x"}', "train must be an object of fields, got str"),
+    ('[1, 2]', "a recipe is a JSON object"),
+    ('{"train": {"max_steps": 1e2}}', None),
+])
+def test_a_recipe_of_the_wrong_shape_names_the_file(tmp_path, text, says):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    if says is None:
+        assert load_recipe(path).train.max_steps == 100
+        return
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {re.escape(says)}"):
+        load_recipe(path)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path))}: cannot read the recipe"):
+        load_recipe(tmp_path)

@@ -19,6 +19,9 @@ def run(args: argparse.Namespace) -> int:
     t = cfg.train
     if args.devices < 1:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
+    for flag, value in (("--tokens-per-step", args.tokens_per_step), ("--max-device-tokens", args.max_device_tokens)):
+        if value is not None and value < 1:  # (0 read as "not given" would estimate another batch than asked)
+            raise UserError(f"{flag} must be >= 1, got {value}")
     thr = measured_throughput(Path(args.measured)) if args.measured else \
         device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
     if args.max_device_tokens and not args.tokens_per_step:

@@ -53,6 +53,9 @@ def run(args) -> int:
         tok_ref = read_input(args.tok_ref, "evaluation input")
         check_line_counts(args.tok_ref, len(tok_ref), source, len(src))
     decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings
+    if decode_cfg.nbest > 1:
+        raise UserError(f"--nbest {decode_cfg.nbest}: evaluate scores each sentence's best translation; "
+                        f"for n-best lists, aiayn translate --nbest")
     with Translator.from_checkpoint(args.checkpoint, cfg=decode_cfg, device=args.device) as translator:
         t0 = time.perf_counter()  # the workers (decode.workers) start inside this call
         with progress_bar(len(src), unit=" lines", desc="evaluate") as bar:

@@ -56,14 +56,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_attention(args: argparse.Namespace) -> int:
     from aiayn.decode.config import DecodeConfig
-    from aiayn.decode.translator import Translator
+    from aiayn.decode.translator import LongLineError, Translator
     from aiayn.viz.attention import plot_attention
     try:
         cfg = from_args(DecodeConfig, args)
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
     _claim_attention_folder(Path(args.out), args.overwrite)
-    for path in plot_attention(Translator.from_checkpoint(args.checkpoint, cfg), args.src, args.out):
+    try:
+        paths = plot_attention(Translator.from_checkpoint(args.checkpoint, cfg), args.src, args.out)
+    except LongLineError as exc:  # (translate's advice, --long-lines, is not an option here)
+        raise UserError(f"--src: {exc.tokens} source tokens (EOS included) exceed the model's limit of "
+                        f"{exc.limit}; plot a shorter sentence") from None
+    for path in paths:
         print(path)
     return 0
 

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     results = score_all(hyps, refs, lang=args.lang, tokenized=args.tokenized, lowercase=args.lc)
     comparisons = []
     if args.compare:
+        if args.samples < 1:
+            raise UserError(f"--samples must be >= 1, got {args.samples}")
         if len(refs) != 1:
             raise UserError(f"--compare takes one reference file, not {len(refs)}")
         others = {}

@@ -80,6 +80,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     from aiayn.decode.translator import Translator
     translator = Translator.from_checkpoint(model_path, device=cfg.device)
     _stage_alpha(cfg, translator, files, src, tgt, results)
+    stages.record_alpha(model_path, results["alpha"])
     hyp_path = _stage_test(cfg, translator, files, out / "test_2016.hyp", src, tgt, results)
 
     plots_dir = stages.stage_examples(translator, EXAMPLES[src], out / "plots", results)

@@ -97,6 +97,7 @@ def run_own_demo(cfg) -> dict:
     from aiayn.decode.translator import Translator
     translator = Translator.from_checkpoint(model_path, device=cfg.device)
     val_src = _stage_alpha(cfg, translator, files, tgt, results)
+    stages.record_alpha(model_path, results["alpha"])
     hyp_path = _stage_test(cfg, translator, files, out / "test.hyp", results) if cfg.test else None
     examples = [line for line in val_src if line][:N_EXAMPLES]
     plots_dir = stages.stage_examples(translator, examples, out / "plots", results)

@@ -242,6 +242,16 @@ def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: 
                 proc.wait()
 
 
+def record_alpha(model_path: Path, alpha: float) -> None:
+    """The α chosen on validation stored in ``model_path`` (its ``decode`` entry, which translate,
+    evaluate and serve read unless a flag says otherwise): the demo's model translates as the demo
+    scored it."""
+    from aiayn.checkpoint import atomic_save, load_checkpoint
+    ckpt = load_checkpoint(model_path, ensemble_ok=True)
+    if ckpt.get("decode") != {"alpha": alpha}:
+        atomic_save({**ckpt, "decode": {"alpha": alpha}}, model_path)
+
+
 def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
     """``out/results.json``, and the same file at ``--results-to`` (written whole; a results folder's
     copy for BENCHMARKS.md)."""

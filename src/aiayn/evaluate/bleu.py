@@ -117,9 +117,9 @@ def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
 
 
 def compound_split_bleu(hyps: Sequence[str], refs, lang: str = "de",
-                        tokenized: bool = False) -> BleuResult:
+                        tokenized: bool = False, lowercase: bool = False) -> BleuResult:
     """The paper's BLEU (tensor2tensor get_ende_bleu.sh): Moses-tokenize (unless ``tokenized``),
-    split hyphenated compounds, case-sensitive multi-bleu."""
+    split hyphenated compounds, case-sensitive multi-bleu (``lowercase``: multi-bleu -lc)."""
     streams = _ref_streams(hyps, refs)
     if not tokenized:
         hyps = moses_tokenize(hyps, lang)
@@ -128,7 +128,7 @@ def compound_split_bleu(hyps: Sequence[str], refs, lang: str = "de",
     streams = [[split_compounds(r) for r in s] for s in streams]
     tok = "given" if tokenized else f"moses-{lang}"
     return tokenized_bleu(hyps, streams, label="tokenized BLEU with compound splitting (paper's metric)",
-                          prefix=f"pre:{tok}+compound-split|")
+                          prefix=f"pre:{tok}+compound-split|", lowercase=lowercase)
 
 
 def score_all(hyps: Sequence[str], refs, lang: str = "de", tokenized: bool = False,
@@ -139,6 +139,6 @@ def score_all(hyps: Sequence[str], refs, lang: str = "de", tokenized: bool = Fal
     sacreBLEU stays first and sacreBLEU -lc is added (e.g. for a model trained lowercased)."""
     if tokenized:
         return [tokenized_bleu(hyps, refs, lowercase=lowercase),
-                compound_split_bleu(hyps, refs, lang, tokenized=True)]
+                compound_split_bleu(hyps, refs, lang, tokenized=True, lowercase=lowercase)]
     lc = [sacre_bleu(hyps, refs, lowercase=True)] if lowercase else []
     return [sacre_bleu(hyps, refs), *lc, chrf(hyps, refs), compound_split_bleu(hyps, refs, lang)]

@@ -5,7 +5,7 @@ one way to turn a name into a ``ModelConfig``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from aiayn.config import ConfigError, param, replace
 
@@ -51,6 +51,7 @@ class ModelConfig:
             raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.tgt_vocab_size is not None and self.tie_src_tgt_embeddings and self.tgt_vocab_size != self.vocab_size:
             raise ConfigError("separate vocabularies (tgt_vocab_size != vocab_size) need tie_src_tgt_embeddings=false")
+        check_limits({f.name: getattr(self, f.name) for f in fields(self)})  # what every load of it checks
 
     @property
     def target_vocab_size(self) -> int:

@@ -7,7 +7,9 @@ fields), the ``TrainConfig`` or a few of its values.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import math
+import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
@@ -79,6 +81,20 @@ class TrainConfig:
     cudnn_attention: bool = param(False, "CUDA: let PyTorch's attention pick cuDNN's kernel, which plans again for each new batch shape (nearly every step with length buckets); false = flash or memory-efficient (docs/gpu.md)")
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN or infinity would reach the optimizer or the schedule as such
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
+        if self.lr_scale <= 0:
+            raise ConfigError(f"lr_scale must be > 0 (1 = the paper), got {self.lr_scale}")
+        if not (0.0 <= self.adam_beta1 < 1.0 and 0.0 <= self.adam_beta2 < 1.0):
+            raise ConfigError(f"adam_beta1 and adam_beta2 must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}")
+        if self.adam_eps < 0:
+            raise ConfigError(f"adam_eps must be >= 0, got {self.adam_eps}")
+        if not 0 <= self.seed < 1 << 63:
+            raise ConfigError(f"seed must be in [0, 2^63), got {self.seed}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.best_metric not in ("loss", "bleu"):
@@ -154,6 +170,15 @@ def load_recipe(path: str | Path) -> RunConfig:
         raise ConfigError(f"{path}: recipe file not found") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a recipe (not UTF-8 text)") from None
+    except OSError as exc:  # a folder, no permission
+        raise ConfigError(f"{path}: cannot read the recipe ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f'{path}: a recipe is a JSON object {{"preset": ..., "model": {{...}}, "train": {{...}}}}')
+    wrong = [k for k in ("model", "train") if not isinstance(data.get(k, {}), dict)]
+    if wrong:
+        raise ConfigError(f"{path}: {wrong[0]} must be an object of fields, got {type(data[wrong[0]]).__name__}")
     extra = set(data) - {"preset", "model", "train", "description"}
     if extra:
         raise ConfigError(f"{path}: unknown recipe keys {sorted(extra)}; known: preset, model, train, description")

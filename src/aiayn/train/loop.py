@@ -15,7 +15,9 @@ is resumed exactly (model, optimizer, schedule, RNG, data position).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from aiayn.config import replace
 from aiayn.data.dataset import DataDir
 from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
+from aiayn.errors import UserError
+from aiayn.files import check_ancestors
 from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
@@ -85,8 +89,16 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
 def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
     """The main rank's claim on ``run_dir``: created, locked for this process, and cleared of the
     temporaries an earlier killed run left."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    held.enter_context(RunLock(run_dir))
+    check_ancestors(run_dir)
+    if os.path.lexists(run_dir) and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: exists and is not a folder; choose another --out")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(RunLock(run_dir))
+    except OSError as exc:  # no permission, a read-only disk (a full one is said where the command catches it)
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+        raise UserError(f"{exc.filename or run_dir}: cannot write ({exc.strerror}); choose another --out") from None
     remove_stale_temps(run_dir)
 
 
