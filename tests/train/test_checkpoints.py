@@ -204,13 +204,14 @@ def test_resume_falls_back_to_the_newest_intact_step_checkpoint(tmp_path, caplog
     from aiayn.checkpoint.run import resume_checkpoint
     for step in (2, 4):
         ck.atomic_save(_handmade(step), tmp_path / f"ckpt_step{step:08d}.pt")
-    assert resume_checkpoint(tmp_path)["step"] == 4  # last.pt lost (killed before its copy)
+    assert resume_checkpoint(tmp_path)[1]["step"] == 4  # last.pt lost (killed before its copy)
+    assert resume_checkpoint(tmp_path)[0] == tmp_path / "ckpt_step00000004.pt"  # the file the run names
     ck.atomic_copy(tmp_path / "ckpt_step00000004.pt", tmp_path / "last.pt")
-    assert resume_checkpoint(tmp_path)["step"] == 4
+    assert resume_checkpoint(tmp_path)[0] == tmp_path / "last.pt"
     _flip_a_tensor_bit(tmp_path / "last.pt")
     _flip_a_tensor_bit(tmp_path / "ckpt_step00000004.pt")
     with caplog.at_level(logging.WARNING):
-        assert resume_checkpoint(tmp_path)["step"] == 2
+        assert resume_checkpoint(tmp_path)[1]["step"] == 2
     assert "last.pt: damaged" in caplog.text and "resuming from" in caplog.text
     assert "ckpt_step00000002.pt (step 2) instead" in caplog.text
     _flip_a_tensor_bit(tmp_path / "ckpt_step00000002.pt")

@@ -14,7 +14,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -89,13 +89,21 @@ class Learner:
         rt.set_rng_state(_own(saved.rank_rng, dist) or saved.rng)
 
 
-def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Contents | None:
+class Resumed(NamedTuple):
+    """The checkpoint a run resumes from: its file (``last.pt``, or a step checkpoint where that is
+    damaged or lost) and what it holds."""
+    path: Path
+    saved: Contents
+
+
+def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Resumed | None:
     """The checkpoint a run directory resumes from (``resume_checkpoint``), or None where it holds none
     (a new run). Refused where its model configuration is not ``model`` or its tokenizers are not
     ``tokenizers`` (``tokenizer_payload``)."""
     if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
         return None
-    saved = Contents.from_dict(resume_checkpoint(run_dir))
+    path, ckpt = resume_checkpoint(run_dir)
+    saved = Contents.from_dict(ckpt)
     was = from_dict(ModelConfig, saved.run_config["model"])
     if was != model:
         changed = ", ".join(f"model.{f.name} {getattr(was, f.name)!r}, now {getattr(model, f.name)!r}"
@@ -104,8 +112,8 @@ def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Cont
                         f"(--recipe {run_dir / 'config.json'}) or train a new run with another --out")
     if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(tokenizers):
         raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
-    log.info("resuming from %s at step %d (epoch %d)", run_dir / "last.pt", saved.step, saved.epoch)
-    return saved
+    log.info("resuming from %s at step %d (epoch %d)", path, saved.step, saved.epoch)
+    return Resumed(path, saved)
 
 
 def tokenizer_payload(data: DataDir) -> dict:
@@ -135,11 +143,11 @@ def save(run_dir: Path, saved: Contents, keep_last: int, best: bool, ema_decay: 
         prune(run_dir, keep_last)
 
 
-def resume_checkpoint(run_dir: Path) -> dict:
+def resume_checkpoint(run_dir: Path) -> tuple[Path, dict]:
     """``last.pt``, or if it is damaged (or unreadable) the newest intact step checkpoint, with a
-    warning; the error of ``last.pt`` if none is intact."""
+    warning: (the file, its checkpoint); the error of ``last.pt`` if none is intact."""
     try:
-        return load_checkpoint(run_dir / "last.pt")
+        return run_dir / "last.pt", load_checkpoint(run_dir / "last.pt")
     except UserError as exc:
         for path in reversed(step_checkpoints(run_dir)):
             try:
@@ -148,7 +156,7 @@ def resume_checkpoint(run_dir: Path) -> dict:
                 log.warning("%s", other)
                 continue
             log.warning("%s; resuming from %s (step %d) instead", exc, path, ckpt["step"])
-            return ckpt
+            return path, ckpt
         raise
 
 
@@ -166,17 +174,17 @@ class RunCheckpoints:
     """One run's checkpoints in its run directory: its ``config.json``, written when they are made,
     then checkpoints written when due (``save``). Every rank calls them; the main rank writes the files.
     ``cfg``: the run's configuration, recorded whole in ``config.json`` and every checkpoint; of its
-    train section the checkpoints follow ``keep_last`` and ``best_metric``. ``saved``: the checkpoint
+    train section the checkpoints follow ``keep_last`` and ``best_metric``. ``resume``: the checkpoint
     the run resumed from (restored already; None: a new run), whose lines the main rank prints first
     (``resumed``)."""
 
     def __init__(self, run_dir: Path, cfg: RunConfig, tokenizers: dict, dist: rt.Dist, learner: Learner, stream,
-                 saved: Contents | None = None):
+                 resume: Resumed | None = None):
         self.run_dir, self.tokenizers, self.dist = run_dir, tokenizers, dist
         self.keep_last, self.best_metric = cfg.train.keep_last, cfg.train.best_metric
         self.learner, self.stream = learner, stream
-        if dist.is_main and saved is not None:
-            resumed(run_dir, saved, stream.state_dict(), stream.accum_steps, dist.world_size)
+        if dist.is_main and resume is not None:
+            resumed(run_dir, resume, stream.state_dict(), stream.accum_steps, dist.world_size)
         self.run_config = to_dict(cfg)
         if dist.is_main:  # made once resumed: a refused resume leaves the run directory's config.json as it was
             write_json_atomic(run_dir / "config.json", self.run_config)
@@ -218,14 +226,15 @@ def _own(per_rank: list | None, dist: rt.Dist):
     return per_rank[dist.rank] if per_rank and len(per_rank) == dist.world_size else None
 
 
-def resumed(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:
+def resumed(run_dir: Path, resume: Resumed, position: dict, accum: int, world_size: int) -> None:
     """The main rank's lines of a resume: on another number of processes, the one warning of what
     cannot carry over (``position``: the data position resumed from, on these ranks); then the line
     that says the run resumes."""
+    saved = resume.saved
     ranks = int(saved.sampler["num_replicas"])
     if ranks != world_size:
         _warn_other_ranks(run_dir, saved, position, accum, world_size)
-    print(f"resuming from {run_dir / 'last.pt'} at step {saved.step}", flush=True)
+    print(f"resuming from {resume.path} at step {saved.step}", flush=True)
 
 
 def _warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:

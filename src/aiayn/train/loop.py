@@ -171,7 +171,8 @@ class _Run:
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
         tokenizers = tokenizer_payload(data)
-        saved = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
+        resume = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
+        saved = resume.saved if resume is not None else None
         self.stream = BatchStream(data, batching(t), m, run_dir, self.dist, self.device,
                                   saved.sampler if saved else None)
         # What a checkpoint restores besides the data position, freshly made: the model (seeded by
@@ -190,7 +191,7 @@ class _Run:
         self.validated = (saved.step, saved.valid) if saved is not None and saved.valid else (-1, None)
         self.saved_step = saved.step if saved is not None else -1
         saved_ema = saved.ema if saved is not None else None
-        self.checkpoints = RunCheckpoints(run_dir, cfg, tokenizers, self.dist, self.learner, self.stream, saved)
+        self.checkpoints = RunCheckpoints(run_dir, cfg, tokenizers, self.dist, self.learner, self.stream, resume)
         if t.ema_decay:
             self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
