@@ -423,6 +423,11 @@ def test_an_export_imported_back_translates_as_the_checkpoint(copy_checkpoint, t
     out, back = tmp_path / "hf", tmp_path / "back.pt"
     assert main(["export", "--format", "hf", "--checkpoint", str(copy_checkpoint), "--out", str(out)]) == 0
     assert json.loads((out / "generation_config.json").read_text())["num_beams"] == 4
+    import os
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == \
+        {p.name: oct(0o666 & ~umask) for p in out.iterdir()}  # what open() gives; safetensors' file too
     with caplog.at_level("INFO"):
         assert main(["import", "--format", "hf", str(out), "--out", str(back)]) == 0
     assert "exported by aiayn: decodes with the exported checkpoint's settings (aiayn's defaults)" in caplog.text

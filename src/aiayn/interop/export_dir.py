@@ -3,9 +3,10 @@ only an earlier export."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from aiayn.files import OutputDir
+from aiayn.files import OutputDir, current_umask
 
 RECORD = "aiayn.json"  # what says a folder is an export of aiayn's (the only folders --overwrite replaces)
 
@@ -22,3 +23,7 @@ class ExportDir(OutputDir):
     def finish(self, tmp: Path) -> None:
         if not (tmp / RECORD).exists():
             (tmp / RECORD).write_text(json.dumps({"exported_by": "aiayn"}) + "\n")
+        mode = 0o666 & ~current_umask()  # as open() gives: a writer's private 0600 (safetensors') is not kept
+        for path in tmp.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                os.chmod(path, mode)
