@@ -165,6 +165,8 @@ def test_options_out_of_range_are_one_line(small_data_dir, tiny_checkpoint, tmp_
          "--samples must be >= 1, got 0"),
         (["evaluate", "--checkpoint", str(tiny_checkpoint), "--src", str(refs), "--ref", str(refs), "--nbest", "2"],
          "--nbest 2: evaluate scores each sentence's best translation"),
+        (["demo", "--average-last", "0", "--out", str(tmp_path / "d")], "average_last must be >= 1, got 0"),
+        (["parse", "demo", "--average-last", "0", "--out", str(tmp_path / "d")], "average_last must be >= 1, got 0"),
         (["plot", "attention", "--checkpoint", str(tiny_checkpoint), "--src", long_src, "--out", str(tmp_path / "p")],
          "exceed the model's limit of"),
     ]

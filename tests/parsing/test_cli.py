@@ -1,5 +1,7 @@
 """The ``aiayn parse`` commands, run through the real entry point."""
 import json
+import shutil
+import zipfile
 
 from aiayn.cli import main
 from aiayn.data.dataset import DataDir
@@ -106,3 +108,47 @@ def test_prepare_refuses_concatenated_file(tmp_path, capsys):
     combined.write_text("( (S (NN a)))\n( (S (NN b)))\n")
     assert main(["parse", "prepare", "--treebank", str(combined), "--out", str(tmp_path / "x"), "--no-data"]) == 2
     assert "wsj_NNNN file names" in capsys.readouterr().err
+
+
+def test_prepare_overwrite_keeps_what_it_did_not_write(treebank_zip, tmp_path, capsys):
+    """--overwrite replaces an earlier prepared treebank only: a run trained into it (docs/parsing.md
+    trains into OUT/run), or the treebank it reads, is refused and kept."""
+    mrg = tmp_path / "mrg"
+    mrg.mkdir()
+    with zipfile.ZipFile(treebank_zip) as zf:
+        for n in ("0001", "0002", "0160", "0180"):
+            (mrg / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
+    out = tmp_path / "ptb"
+    argv = ["parse", "prepare", "--treebank", str(mrg), "--out", str(out), "--no-data"]
+    assert main(argv) == 0
+    assert main([*argv, "--overwrite"]) == 0  # its own output: replaced
+    (out / "run").mkdir()
+    (out / "run" / "last.pt").write_bytes(b"a checkpoint")
+    capsys.readouterr()
+    assert main([*argv, "--overwrite"]) == 2
+    assert "not a prepared treebank" in capsys.readouterr().err
+    assert (out / "run" / "last.pt").read_bytes() == b"a checkpoint"
+    inside = out / "run" / "mrg"
+    shutil.copytree(mrg, inside)
+    assert main(["parse", "prepare", "--treebank", str(inside), "--out", str(out), "--no-data", "--overwrite"]) == 2
+    assert f"holds the input {inside}" in capsys.readouterr().err and inside.is_dir()
+
+
+def test_a_damaged_treebank_zip_is_one_line(treebank_zip, tmp_path, capsys):
+    data = bytearray(treebank_zip.read_bytes())
+    at = data.rfind(b"PK\x01\x02")  # a central directory entry's magic
+    data[at:at + 4] = b"XXXX"
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bytes(data))
+    assert main(["parse", "prepare", "--treebank", str(bad), "--out", str(tmp_path / "o"), "--no-data"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad}" in err and "a damaged zip" in err, err
+
+
+def test_data_out_below_a_file_is_one_line(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n")
+    assert main(["data", "ptb-sample", "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err  # (after the lines that say what is downloaded, and its terms)
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        f"aiayn data: error: {a_file / 'ptb-wsj-nltk-sample'}: cannot make the download's folder"), err

@@ -17,6 +17,7 @@ from aiayn.parsing.trees import parse_tree
 
 class StubTranslator:
     tgt_tok = types.SimpleNamespace(user_symbols=frozenset({"▁XX", "▁(S", "▁)S"}))
+    cfg = types.SimpleNamespace(long_lines="error")  # (a Translator's DecodeConfig: no line skipped)
 
     def __init__(self, outputs):
         self.outputs = outputs
@@ -115,3 +116,54 @@ def test_train_rejects_unknown_field(tmp_path, capsys):
     assert main(["parse", "train", "--data", str(tmp_path), "--out", str(tmp_path / "r"),
                  "--set", "train.learning_rate=1"]) == 2
     assert "unknown field 'learning_rate'" in capsys.readouterr().err
+
+
+def test_bad_paths_and_budgets_are_one_line_naming_the_file(tiny_parser, tmp_path, capsys):
+    """Each of these was a traceback, an output written before the inputs were checked, or an error
+    naming ``<input>`` for the gold file."""
+    out, run = tiny_parser
+    ckpt, gold = str(run / "last.pt"), str(out / "test.gold")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n")
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("The cat sat .\n")
+
+    def refused(argv) -> str:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "a folder; name a file" in refused(["parse", "--checkpoint", ckpt, "--input", str(sentences),
+                                               "--output", str(tmp_path)])
+    assert f"{a_file} is not a folder" in refused(["parse", "--checkpoint", ckpt, "--input", str(sentences),
+                                                    "--output", str(a_file / "x")])
+    assert "no such file (--input)" in refused(["parse", "--checkpoint", ckpt, "--input", str(tmp_path / "none"),
+                                                "--output", str(tmp_path / "o.txt")])
+    assert not (tmp_path / "o.txt").exists()  # nothing written by a command that could not start
+    assert f"{a_file} is not a folder" in refused(["parse", "decode", "--checkpoint", ckpt, "--gold", gold,
+                                                    "--out", str(a_file / "x.pred")])
+    # the constrained search's length budget: the line named, not a ValueError
+    assert re.search(rf"{re.escape(gold)}:\d+: the maximum output length leaves no room for a tree", refused(
+        ["parse", "decode", "--checkpoint", ckpt, "--gold", gold, "--out", str(tmp_path / "p"), "--beam-size", "1",
+         "--max-len-a", "0", "--max-len-b", "3"]))
+    # a long line: named by the gold file; with --long-lines skip, an empty line out
+    assert f"{gold}:1: " in refused(["parse", "decode", "--checkpoint", ckpt, "--gold", gold, "--out",
+                                     str(tmp_path / "p"), "--beam-size", "1", "--max-input-tokens", "5"])
+    long = tmp_path / "long.txt"
+    long.write_text("The cat sat .\n" + " ".join(["word"] * 60) + "\n")
+    assert main(["parse", "--checkpoint", ckpt, "--beam-size", "1", "--input", str(long), "--max-input-tokens", "30",
+                 "--long-lines", "skip"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert parse_tree(lines[0]).words() == "The cat sat .".split() and lines[1] == ""
+
+
+def test_score_refuses_files_of_other_lengths(tiny_parser, tmp_path, capsys):
+    """EVALB scores the lines both files have and warns; a truncated prediction file would then score
+    as a whole one. ``parse score`` refuses it, naming the shorter file at the first line it lacks."""
+    out, _ = tiny_parser
+    gold = out / "test.gold"
+    short = tmp_path / "short.pred"
+    short.write_text("".join(line + "\n" for line in read_lines(gold)[:3]))
+    assert main(["parse", "score", "--gold", str(gold), "--test", str(short)]) == 2
+    assert f"{short}:4: line counts differ" in capsys.readouterr().err

@@ -14,9 +14,10 @@ from pathlib import Path
 from aiayn.commands.demo import add_demo_arguments, config_with_sets
 from aiayn.config import add_arguments, from_args, replace
 from aiayn.data.prepare import PrepareConfig
+from aiayn.data.textio import check_readable
 from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.errors import UserError
-from aiayn.files import refuse_input_as_output, write_text_output
+from aiayn.files import check_ancestors, check_output_folder, refuse_input_as_output, write_text_output
 from aiayn.model.config import PRESETS
 from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
@@ -78,9 +79,12 @@ def _register_score(sub) -> None:
 
 
 def run_score(args: argparse.Namespace) -> int:
+    from aiayn.data.textio import check_line_counts
     params = read_params(args.param) if args.param else COLLINS
-    result = evalb(read_lines(args.gold), read_lines(args.test), params, gold_name=str(args.gold),
-                   test_name=str(args.test))
+    gold, test = read_lines(args.gold), read_lines(args.test)
+    # EVALB only warns and scores the lines both have: a truncated prediction file would score as whole
+    check_line_counts(args.gold, len(gold), args.test, len(test))
+    result = evalb(gold, test, params, gold_name=str(args.gold), test_name=str(args.test))
     if args.sentences or params.debug >= 1:
         print(format_report(result), end="")
     else:
@@ -218,14 +222,23 @@ def _register_decode(sub) -> None:
     p.set_defaults(func=run_decode)
 
 
+def _check_output(path: Path, option: str) -> None:
+    """An output file's path, before the work: not a folder, its folder there and writable."""
+    if path.is_dir():
+        raise UserError(f"{option} {path}: a folder; name a file to write")
+    check_ancestors(path)
+    check_output_folder(path)
+
+
 def run_decode(args: argparse.Namespace) -> int:
     from aiayn.decode.translator import Translator
     refuse_input_as_output(args.out, [args.checkpoint, args.gold, args.param])
+    _check_output(Path(args.out), "--out")
     cfg = from_args(DecodeConfig, args)
     params = read_params(args.param) if args.param else COLLINS
     gold_lines, gold = read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
-    trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args))
+    trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args), str(args.gold))
     test_lines = [t.to_bracketed() for t in trees]
     write_text_output(args.out, "".join(line + "\n" for line in test_lines))
     result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold), test_name=str(args.out))
@@ -271,11 +284,20 @@ def run_text(args: argparse.Namespace) -> int:
         raise UserError("give --checkpoint to parse text (aiayn parse --checkpoint F < sentences), "
                         "or a subcommand (aiayn parse --help)")
     refuse_input_as_output(args.output, [*args.checkpoint, args.input], "--output")
+    if args.output:  # said before the work, and no empty file left by a command that failed to start
+        _check_output(args.output, "--output")
+    if args.input:
+        check_readable(args.input, "--input", stream=True)
     cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
     source, stats = str(args.input or "<stdin>"), RepairStats()
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    out = sys.stdout
     try:
         with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
+            if args.output:  # (written as it goes, as stdout is: a pipe's reader sees each chunk)
+                try:
+                    out = open(args.output, "w", encoding="utf-8")
+                except OSError as exc:
+                    raise UserError(f"{args.output}: cannot write ({exc.strerror})") from None
             for first, lines in input_chunks(str(args.input) if args.input else None):
                 sentences = [[PTB_ESCAPES.get(w, w) for w in line.split()] for line in lines]
                 for result in parse_words(translator, sentences, options=options, source=source, first_line=first):

@@ -181,7 +181,11 @@ def fetch(url: str, dest: Path, pinned: Pinned, *, quiet: bool = False, timeout:
             raise UserError(f"{dest}: {kept:,} bytes, expected {size:,}: not the pinned file; remove it and run "
                             f"again to download it")
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # below a file, no permission, a read-only disk
+        raise UserError(f"{dest.parent}: cannot make the download's folder ({exc.strerror}); give another "
+                        f"--out (or $AIAYN_CACHE)") from None
     part = dest.with_name(dest.name + ".part")
     start = _part_size(part)
     limit = size if size is not None else UNPINNED_MAX

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import param
+from aiayn.config import ConfigError, param
 
 MINUTES = 45  # the demo's training wall time: train.max_time_min of its CPU recipes and of parse-sample.json
 QUICK_MINUTES = 4  # --quick's: multi30k-quick.json's train.max_time_min
@@ -51,3 +51,7 @@ class DemoConfig:
     train_lines: int = param(0, "use only the first N training pairs (0 = all); for smoke runs")
     eval_lines: int = param(0, "use only the first N validation and test pairs (0 = all); for smoke runs")
     results_to: str = param("", "also write results.json to this file, e.g. bench/results/FOLDER/demo.json when the run is one BENCHMARKS.md cites; empty = only OUT/results.json")
+
+    def __post_init__(self) -> None:
+        if self.average_last < 1:  # (0 would take every checkpoint: [-0:])
+            raise ConfigError(f"average_last must be >= 1, got {self.average_last}")

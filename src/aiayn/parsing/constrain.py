@@ -130,6 +130,15 @@ class WordPieces:
         return cls(ids.to(device), starts.to(device), torch.tensor([len(f) for f in flat], device=device))
 
 
+class NoRoomForTree(ValueError):
+    """Rows (``rows``, indices of the batch) whose maximum output length leaves no room for a tree
+    over every word: two brackets and the words at least."""
+
+    def __init__(self, rows: list[int]):
+        super().__init__("the maximum output length leaves no room for a tree over every word")
+        self.rows = rows
+
+
 class TreeConstraint:
     """``allowed(rows, prefix)`` for ``aiayn.decode.search`` (module docstring).
 
@@ -148,8 +157,9 @@ class TreeConstraint:
                 raise UserError("a word is spelled with a bracket piece of the tree vocabulary: "
                                 "escape brackets as -LRB- and -RRB-")
             n_words = words.count
-        if bool((budget < n_words + 2).any()):
-            raise ValueError("the maximum output length leaves no room for a tree over every word")
+        short = (budget < n_words + 2).nonzero().flatten().tolist()
+        if short:
+            raise NoRoomForTree(short)
         self.vocab, self.n_words, self.budget, self.words = vocab.to(n_words.device), n_words, budget, words
         self.word_mass = word_mass
 

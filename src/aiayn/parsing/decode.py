@@ -19,7 +19,7 @@ from aiayn.config import param, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Constraints, max_output_lengths, search
 from aiayn.errors import InputError
-from aiayn.parsing.constrain import SPACE, TreeConstraint, TreeVocab, WordPieces, linearization_of
+from aiayn.parsing.constrain import SPACE, NoRoomForTree, TreeConstraint, TreeVocab, WordPieces, linearization_of
 from aiayn.parsing.linearize import Delinearized, RepairStats, delinearize
 from aiayn.parsing.evalb import read_lines
 from aiayn.parsing.trees import BracketError, Tree, parse_tree
@@ -48,10 +48,12 @@ def tree_vocab(translator) -> TreeVocab:
 
 
 def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
-                        sentences: Sequence[Sequence[str]], word_mass: bool = True) -> list[list[str]]:
+                        sentences: Sequence[Sequence[str]], word_mass: bool = True,
+                        where: tuple[str, int] = ("<input>", 1)) -> list[list[str]]:
     """The best constrained output per line of source ids (``translator.encode``), as tree tokens
     (``(NP``, ``)NP``) and words (``XX``, or the sentence's own words: never detokenized, where
-    ``<unk>`` pieces would come back as ``⁇``)."""
+    ``<unk>`` pieces would come back as ``⁇``). A line whose maximum output length leaves no room
+    for its tree is an ``InputError`` naming it (``where``: the source and its first line)."""
     out: list[list[str]] = [[] for _ in ids]
     dev = translator.device
     for batch in translator.batches(ids):
@@ -62,8 +64,13 @@ def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
         budget = max_output_lengths(src, translator.cfg, translator.ids.pad, translator.output_cap) - 1  # (B,)
         spelled = [[translator.tgt_tok.encode(w) for w in sentences[i]] for i in batch]
         words = None if vocab.word >= 0 else WordPieces.from_lists(spelled, dev)
-        allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget, words,
-                                 word_mass)
+        try:
+            allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget,
+                                     words, word_mass)
+        except NoRoomForTree as exc:
+            i = batch[exc.rows[0]]
+            raise InputError(where[0], where[1] + i, f"{exc} ({len(sentences[i])} words, at most "
+                             f"{int(budget[exc.rows[0]])} output tokens: raise --max-len-b, or split the line)") from None
         hyps = search(translator.decoder, src, translator.cfg, translator.ids,
                       Constraints(translator.output_cap, allowed=allowed))
         for b, (i, hs) in enumerate(zip(batch, hyps)):  # (none only if every allowed piece had probability 0)
@@ -100,15 +107,20 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
     """
     lines = [" ".join(words) for words in sentences]
     linearization = linearization_of(translator.tgt_tok.user_symbols)
+    skipped = set()  # lines --long-lines skip leaves out: an empty line, as translate writes
+    if translator.cfg.long_lines == "skip":
+        skipped = {k for k, ids in enumerate(translator.src_tok.encode_batch(lines))
+                   if ids and len(ids) + 1 > translator.input_limit}
     if options.constrained:
         ids = translator.encode(lines, source, first_line)
-        linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences, options.word_mass)
+        linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences, options.word_mass,
+                                     (source, first_line))
     else:
         linear = [text.split() for text in translator.translate(lines, source, first_line)]
     out: list[Delinearized | None] = []
     for k, (words, tokens) in enumerate(zip(sentences, linear)):
         out.append(delinearize(tokens, words, tags[k] if tags is not None else None, linearization)
-                   if words else None)
+                   if words and k not in skipped else None)
     return out
 
 
@@ -124,11 +136,11 @@ def read_gold_trees(path) -> tuple[list[str], list[Tree]]:
     return lines, trees
 
 
-def parse_trees(translator, gold: Sequence[Tree], options: ParseOptions = ParseOptions()
+def parse_trees(translator, gold: Sequence[Tree], options: ParseOptions = ParseOptions(), source: str = "<input>"
                 ) -> tuple[list[Tree], RepairStats]:
-    """Predicted trees over the words of ``gold`` (one per gold tree, in order, with its POS tags)
-    and the repair counts."""
-    results = parse_words(translator, [g.words() for g in gold], [g.tags() for g in gold], options)
+    """Predicted trees over the words of ``gold`` (one per gold tree, in order, with its POS tags;
+    ``source`` names its file in errors) and the repair counts."""
+    results = parse_words(translator, [g.words() for g in gold], [g.tags() for g in gold], options, source)
     stats = RepairStats()
     for result in results:
         stats.add(result)

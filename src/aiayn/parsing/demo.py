@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import param, replace
+from aiayn.config import ConfigError, param, replace
 from aiayn.demo.config import MINUTES
 from aiayn.demo.stages import recipe_sets, train_recipe
 from aiayn.errors import UserError
@@ -63,6 +63,10 @@ class ParseDemoConfig:
     alpha: float = param(0.3, "length penalty α (§6.3: 0.3)")
     device: str = param("auto", "where the parser decodes: auto, cpu, cuda or cuda:N")
     splits: str = param("dev,test", "the splits to parse and score, comma-separated (dev alone while choosing a recipe)")
+
+    def __post_init__(self) -> None:
+        if self.average_last < 1:  # (0 would take every checkpoint: [-0:])
+            raise ConfigError(f"average_last must be >= 1, got {self.average_last}")
 
 
 def _treebank(cfg: ParseDemoConfig) -> Path:

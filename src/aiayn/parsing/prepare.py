@@ -41,7 +41,8 @@ from typing import Sequence
 from aiayn.config import ConfigError, param, replace
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
 from aiayn.errors import UserError
-from aiayn.files import OutputDir
+from aiayn.data.store import is_data_dir
+from aiayn.files import LEFTOVER, OutputDir, refuse_inputs_inside
 from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS, WORD, linearize
 from aiayn.parsing.ptb import TreebankTree, read_treebank
 
@@ -155,6 +156,17 @@ class PreparedParsing:
     data_dir: Path | None
 
 
+def is_prepared_treebank(path: Path) -> bool:
+    """Whether ``path`` holds an output of ``prepare_parsing`` and nothing else (its splits.json, the
+    split files, the data directory ``data``, aiayn's temporaries): what ``--overwrite`` may replace.
+    A run trained into it, or any file of the user's, makes it not one, so nothing of theirs is deleted."""
+    if not (path / "splits.json").is_file():
+        return False
+    split_file = re.compile(rf"[^/]+\.(?:{'|'.join(EXTENSIONS)})")
+    return all(p.name == "splits.json" and p.is_file() or p.name == "data" and p.is_dir() and is_data_dir(p)
+               or split_file.fullmatch(p.name) and p.is_file() or LEFTOVER.match(p.name) for p in path.iterdir())
+
+
 def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = PARSE_DATA_DEFAULTS,
                     force: bool = False, splits: SplitConfig = SplitConfig(),
                     linearization: str = SLOTS) -> PreparedParsing:
@@ -164,7 +176,8 @@ def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = 
     must be empty or, with ``force``, an earlier output of this function (it holds splits.json)."""
     if linearization not in LINEARIZATIONS:
         raise UserError(f"linearization must be one of {', '.join(LINEARIZATIONS)}, got {linearization!r}")
-    dest = OutputDir(out, overwrite=force, ours=lambda d: (d / "splits.json").is_file(), what="a prepared treebank")
+    refuse_inputs_inside(out, [treebank])
+    dest = OutputDir(out, overwrite=force, ours=is_prepared_treebank, what="a prepared treebank")
     dest.check()
     by_split = assign_splits(read_treebank(treebank), splits)
     out = Path(out)

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 from aiayn.data.textio import decode_text, read_unpacked, text_mode
@@ -87,12 +88,17 @@ def _read_zip(path: Path) -> list[TreebankTree]:
     of them together no more than ``UnpackBound`` allows, checked before each is read."""
     trees: list[TreebankTree] = []
     bound = UnpackBound(path)
-    with zipfile.ZipFile(path) as zf:
-        members = sorted((i for i in zf.infolist() if _MRG_NAME.search(i.filename)), key=lambda i: i.filename)
-        for info in members:
-            bound.take(info.filename, info.file_size)
-            text = text_mode(decode_text(zf.read(info), f"{path}:{info.filename}"))
-            trees += read_mrg_text(text, _MRG_NAME.search(info.filename).group(1), f"{path}:{info.filename}")
+    where = str(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = sorted((i for i in zf.infolist() if _MRG_NAME.search(i.filename)), key=lambda i: i.filename)
+            for info in members:
+                bound.take(info.filename, info.file_size)
+                where = f"{path}:{info.filename}"
+                text = text_mode(decode_text(zf.read(info), where))
+                trees += read_mrg_text(text, _MRG_NAME.search(info.filename).group(1), where)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # a damaged archive: its directory or a member
+        raise UserError(f"{where}: a damaged zip ({exc})") from None
     if not trees:
         raise UserError(f"{path}: no wsj_NNNN.mrg files in this zip")
     return trees
