@@ -94,6 +94,7 @@ def test_prepare_train_decode_end_to_end(tiny_parser, tmp_path, capsys):
 def test_parse_text_stdin_and_files(tiny_parser, tmp_path, capsys, monkeypatch):
     _, run = tiny_parser
     monkeypatch.setattr("sys.stdin", io.StringIO("The cat sat on the mat .\n\n( a ) b\n"))
+    # (a bracket inside a word is escaped as well: the tree stays well formed)
     assert main(["parse", "--checkpoint", str(run / "last.pt"), "--beam-size", "3"]) == 0
     lines = capsys.readouterr().out.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
@@ -105,6 +106,10 @@ def test_parse_text_stdin_and_files(tiny_parser, tmp_path, capsys, monkeypatch):
     assert main(["parse", "text", "--checkpoint", str(run / "last.pt"), "--beam-size", "3", "--input", str(src),
                  "--output", str(dst), "--device", "auto"]) == 0
     assert dst.read_text().split("\n") == lines
+    src.write_text("ok :-) y\nsaid (NP x\n")
+    assert main(["parse", "--checkpoint", str(run / "last.pt"), "--beam-size", "2", "--input", str(src)]) == 0
+    trees = capsys.readouterr().out.splitlines()
+    assert [parse_tree(t).words() for t in trees] == [["ok", ":--RRB-", "y"], ["said", "-LRB-NP", "x"]]
 
 
 def test_parse_without_checkpoint_or_subcommand_is_an_error(capsys):

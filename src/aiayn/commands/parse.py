@@ -274,6 +274,14 @@ def _register_text(sub) -> None:
 PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
 
 
+def ptb_escaped(word: str) -> str:
+    """``word`` with each bracket spelled as the treebank spells a bracket token (``(`` -> ``-LRB-``,
+    ``:-)`` -> ``:--RRB-``): a bracket inside a leaf would end the tree there."""
+    for bracket, name in PTB_ESCAPES.items():
+        word = word.replace(bracket, name)
+    return word
+
+
 def run_text(args: argparse.Namespace) -> int:
     import sys
 
@@ -299,7 +307,7 @@ def run_text(args: argparse.Namespace) -> int:
                 except OSError as exc:
                     raise UserError(f"{args.output}: cannot write ({exc.strerror})") from None
             for first, lines in input_chunks(str(args.input) if args.input else None):
-                sentences = [[PTB_ESCAPES.get(w, w) for w in line.split()] for line in lines]
+                sentences = [[ptb_escaped(w) for w in line.split()] for line in lines]
                 for result in parse_words(translator, sentences, options=options, source=source, first_line=first):
                     if result is not None:
                         stats.add(result)
