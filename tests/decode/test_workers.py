@@ -110,3 +110,42 @@ def test_workers_refuse_an_int8_copy(tiny_checkpoint, int8_anywhere):
     with Translator(int8_copy(model), src_tok, tgt_tok, DecodeConfig(precision="int8", workers=2)) as tr:
         with pytest.raises(UserError, match="float model"):
             tr.translate(LINES)
+
+
+def test_workers_started_without_the_main_guard_fail_at_once(tiny_checkpoint, tmp_path):
+    """A script without ``if __name__ == "__main__":`` makes each spawned worker die starting. The weights
+    reach the workers in a file, so the start message is small: the pool breaks (a UserError saying
+    why) instead of this process waiting forever on a full pipe; the file is removed at close."""
+    import subprocess
+    import sys
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from aiayn.decode.config import DecodeConfig\n"
+        "from aiayn.decode.translator import Translator\n"
+        f"t = Translator.from_checkpoint({str(tiny_checkpoint)!r}, DecodeConfig(workers=2))\n"
+        "print(t.translate(['a b c']))\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode != 0
+    assert "must start them under `if __name__ == \"__main__\":`" in res.stderr.splitlines()[-1], res.stderr[-2000:]
+
+
+def test_the_pools_file_is_removed_when_it_closes(tiny_checkpoint):
+    import glob
+    import tempfile
+    before = set(glob.glob(f"{tempfile.gettempdir()}/aiayn-workers-*"))
+    with Translator.from_checkpoint(tiny_checkpoint, DecodeConfig(workers=2)) as t:
+        assert t.translate(["a b c"]) == Translator.from_checkpoint(tiny_checkpoint).translate(["a b c"])
+        assert len(set(glob.glob(f"{tempfile.gettempdir()}/aiayn-workers-*")) - before) == 1
+    assert set(glob.glob(f"{tempfile.gettempdir()}/aiayn-workers-*")) == before
+
+
+def test_from_checkpoint_decodes_with_the_settings_the_checkpoint_carries(tiny_checkpoint, tmp_path):
+    """The demo stores the α it chose in model.pt; the library decodes with it, as the commands do,
+    unless given a DecodeConfig."""
+    from aiayn.checkpoint import atomic_save, load_checkpoint
+    path = tmp_path / "with_alpha.pt"
+    atomic_save({**load_checkpoint(tiny_checkpoint), "decode": {"alpha": 1.4}}, path)
+    assert Translator.from_checkpoint(path).cfg.alpha == 1.4
+    assert Translator.from_checkpoint(path, DecodeConfig()).cfg.alpha == 0.6
+    assert Translator.from_checkpoint(tiny_checkpoint).cfg == DecodeConfig()

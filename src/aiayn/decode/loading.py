@@ -14,9 +14,9 @@ from typing import Sequence
 
 import torch
 
-from aiayn.config import ConfigError, from_dict
+from aiayn.config import ConfigError, from_dict, replace
 from aiayn.data.vocab import Tokenizer
-from aiayn.decode.config import DecodeConfig
+from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy, require_int8_product
 from aiayn.decode.packed import PackedLinear, packed_copy, resolve_library
 from aiayn.errors import UserError
@@ -65,6 +65,36 @@ def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu
 
     path = Path(path)
     return _model_from_checkpoint(load_checkpoint(path, map_location=device), path, device)
+
+
+def stored_settings(paths: list[str]) -> dict:
+    """The ``decode`` entry of one checkpoint (``CHECKPOINT_FIELDS``: an imported model's generation
+    settings), {} for several or none. Only that entry is read (the tensors are mapped, not read);
+    the Translator's load then verifies the whole file."""
+    from aiayn.checkpoint import check_torch
+    if len(paths) != 1 or not Path(paths[0]).is_file():
+        return {}
+    check_torch()
+    try:
+        ckpt = torch.load(paths[0], map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a checkpoint, or an older file format: the Translator's load says which
+        return {}
+    settings = ckpt.get("decode") if isinstance(ckpt, dict) else None
+    if settings is None:
+        return {}
+    kinds = {f: DecodeConfig.__dataclass_fields__[f].type for f in CHECKPOINT_FIELDS}
+    ok = {"int": lambda v: type(v) is int, "float": lambda v: type(v) in (int, float),
+          "bool": lambda v: type(v) is bool, "str": lambda v: type(v) is str}
+    bad = ([f"{k} = {v!r}" for k, v in settings.items() if k not in kinds or not ok[kinds[k]](v)]
+           if isinstance(settings, dict) else [repr(settings)])
+    if bad:
+        raise UserError(f"{paths[0]}: its decode entry holds {', '.join(bad[:3])}, not settings of "
+                        f"{', '.join(kinds)}")
+    try:
+        replace(TRANSLATE_DECODE, **settings)
+    except ConfigError as exc:
+        raise UserError(f"{paths[0]}: its decode entry: {exc}") from None
+    return settings
 
 
 def inference_device(spec: str | torch.device) -> torch.device:

@@ -27,12 +27,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from aiayn.config import replace
 from aiayn.data.vocab import Tokenizer
 from aiayn.decode.adapter import CachedDecoder, EnsembleDecoder
 from aiayn.decode.graphs import GraphDecoder, replays_graphs
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.loading import (decoding_kernels, load_models_for_inference, model_for_precision,
-                                  require_precision)
+                                  require_precision, stored_settings)
 from aiayn.decode.search import Constraints, Hypothesis, SpecialIds, Stop, Stopped, search
 from aiayn.decode.workers import DecodePool, spread
 from aiayn.errors import InputError, UserError
@@ -98,9 +99,14 @@ class Translator:
             self._check_workers_device()
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], cfg: DecodeConfig = DecodeConfig(),
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], cfg: DecodeConfig | None = None,
                         device: str | torch.device = "cpu") -> "Translator":
-        """A checkpoint, an ensemble file, or a list of them (an ensemble of all their models)."""
+        """A checkpoint, an ensemble file, or a list of them (an ensemble of all their models). ``cfg``
+        None: ``DecodeConfig()`` with the settings one checkpoint carries (its ``decode`` entry: the α
+        the demo chose, an imported model's generation settings), as ``aiayn translate`` decodes it."""
+        if cfg is None:
+            paths = [path] if isinstance(path, (str, Path)) else list(path)
+            cfg = replace(DecodeConfig(), **stored_settings([str(p) for p in paths]))
         return cls(*load_models_for_inference(path, device), cfg=cfg)
 
     @functools.cached_property

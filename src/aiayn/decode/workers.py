@@ -12,7 +12,7 @@ its batch: tests/decode/test_translator.py). The results come back in input orde
 
 The workers are started (``spawn``) the first time they are needed and live as long as the
 ``Translator`` (``Translator.close()`` stops them). They receive the checkpoint's weights and
-tokenizers once, as bytes, and set the process settings of the ``aiayn`` command (denormals, huge
+tokenizers once, in a temporary file (removed at close), and set the process settings of the ``aiayn`` command (denormals, huge
 pages, allocator) before they create a tensor. On Linux they end with the thread that started them
 (``PR_SET_PDEATHSIG``), so a killed ``aiayn translate`` leaves no orphans; start them from a thread
 that outlives the Translator (the main thread, as the CLI does). Sampling (``DecodeConfig.sampling``)
@@ -22,9 +22,10 @@ CPU only: on a GPU, one process with large batches is the fast way.
 """
 from __future__ import annotations
 
-import io
 import multiprocessing as mp
 import os
+import tempfile
+import weakref
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from typing import Iterator, Sequence
@@ -35,10 +36,10 @@ from aiayn.decode.search import Hypothesis
 _WORKER = None  # the worker process's Translator
 
 
-def _init_worker(translator_class: type, models: list[tuple[dict, bytes]], tokenizers: tuple, cfg: DecodeConfig,
-                 threads: int, parent_pid: int) -> None:
+def _init_worker(translator_class: type, payload: str, cfg: DecodeConfig, threads: int, parent_pid: int) -> None:
     """In each worker: the aiayn command's process settings first, then its thread count, then the model(s)
-    in a ``translator_class`` (``Translator``, given by its caller: this module does not import it)."""
+    of the file ``payload`` (``DecodePool``) in a ``translator_class`` (``Translator``, given by its
+    caller: this module does not import it)."""
     global _WORKER
     from aiayn.host.process import configure_process, die_with_parent
 
@@ -48,15 +49,17 @@ def _init_worker(translator_class: type, models: list[tuple[dict, bytes]], token
     import torch
 
     from aiayn.config import from_dict
+    from aiayn.data.vocab import Tokenizer
     from aiayn.model import ModelConfig, Transformer
 
     torch.set_num_threads(threads)
+    saved = torch.load(payload, map_location="cpu", weights_only=True)
     built = []
-    for model_cfg, state in models:
+    for model_cfg, state in saved["models"]:
         model = Transformer(from_dict(ModelConfig, model_cfg))
-        model.load_state_dict(torch.load(io.BytesIO(state), map_location="cpu", weights_only=True))
+        model.load_state_dict(state)
         built.append(model.eval())
-    _WORKER = translator_class(built, *tokenizers, cfg=cfg)
+    _WORKER = translator_class(built, *(Tokenizer(b, name) for b, name in saved["tokenizers"]), cfg=cfg)
 
 
 def _translate(rows: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
@@ -95,23 +98,27 @@ class DecodePool:
         if any(isinstance(m, (Int8Linear, PackedLinear)) for model in models for m in model.modules()):
             raise UserError("decoding workers load the float model and make their own decoding copy (int8 or "
                             "packed): give the Translator the float model with its precision, not such a copy")
-        payload = []
-        for model in models:
-            buf = io.BytesIO()
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-            payload.append((asdict(model.cfg), buf.getvalue()))
+        # The weights and tokenizers go to the workers in a file, not through the pipe that starts each one:
+        # a worker that dies starting (a script without the __main__ guard) would leave that pipe full and
+        # its writer, this process, waiting forever; with a small start message the pool says it broke.
+        fd, path = tempfile.mkstemp(prefix="aiayn-workers-", suffix=".pt")
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"models": [(asdict(m.cfg), {k: v.detach().cpu() for k, v in m.state_dict().items()})
+                                   for m in models],
+                        "tokenizers": [(t.model_bytes, t.name) for t in (src_tok, tgt_tok)]}, f)
+        self._payload = weakref.finalize(self, _remove, path)  # at close, or when the pool is collected
         self.workers = cfg.workers
         self.threads = max(1, threads // cfg.workers)
         self._pool = ProcessPoolExecutor(
             max_workers=cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-            initargs=(translator_class, payload, (src_tok, tgt_tok), replace(cfg, workers=1), self.threads,
-                      os.getpid()))
+            initargs=(translator_class, path, replace(cfg, workers=1), self.threads, os.getpid()))
 
     def map(self, batches: list[list[list[int]]], cfg: DecodeConfig) -> Iterator[list[list[Hypothesis]]]:
         """Each batch (rows of source ids + EOS) -> its rows' hypotheses under ``cfg``, in the order
         given, each as soon as it and those before it are done (all are sent to the workers at once)."""
         one = replace(cfg, workers=1)
-        return self._pool.map(_translate, batches, [one] * len(batches))
+        results = self._pool.map(_translate, batches, [one] * len(batches))
+        return _unbroken(results)
 
     def pids(self) -> list[int]:
         """The worker processes' ids (those started so far)."""
@@ -119,3 +126,24 @@ class DecodePool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._payload()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _unbroken(results: Iterator) -> Iterator:
+    """``results`` of the pool; a worker that died (at its start, or killed) is a UserError saying so."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from aiayn.errors import UserError
+    try:
+        yield from results
+    except BrokenProcessPool:
+        raise UserError("a decoding worker process ended before its work was done; a script that decodes "
+                        "with workers must start them under `if __name__ == \"__main__\":` (they are "
+                        "spawned and import the script: docs/decoding.md)") from None
