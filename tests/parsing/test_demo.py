@@ -51,6 +51,10 @@ def test_parse_demo_end_to_end_and_resumes(four_files, tmp_path, capsys):
     again = json.loads((out / "results.json").read_text())
     assert again["test"] == results["test"] and (out / "model.pt").stat().st_mtime_ns == mtime
     assert "test_parse_seconds" not in again                   # not parsed again
+    # another search on the same folder is refused: its trees are the earlier search's
+    capsys.readouterr()
+    assert main([*argv, "--beam-size", "3"]) == 2
+    assert "made with beam_size 2; this run asks for beam_size 3" in capsys.readouterr().err
 
 
 def test_parse_demo_refuses_other_options_on_a_prepared_folder(four_files, tmp_path, capsys):

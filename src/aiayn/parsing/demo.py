@@ -161,6 +161,20 @@ def format_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def _check_same_decoding(cfg: ParseDemoConfig, earlier: Path) -> None:
+    """A re-run keeps the averaged model and the trees of the run before (stages 3-4 are skipped where
+    done), so it must ask for the same averaging and search: other values are an error, not a table of
+    the old trees under the new settings."""
+    if not earlier.is_file():
+        return
+    had = json.loads(earlier.read_text(encoding="utf-8")).get("config", {})
+    differ = [k for k in ("average_last", "beam_size", "alpha") if k in had and had[k] != getattr(cfg, k)]
+    if differ:
+        raise UserError(f"{earlier}: its model and trees were made with "
+                        f"{', '.join(f'{k} {had[k]}' for k in differ)}; this run asks for "
+                        f"{', '.join(f'{k} {getattr(cfg, k)}' for k in differ)}: use another --out")
+
+
 def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     """Prepare, train, average, parse dev and test, score (module docstring); ``OUT/results.json``."""
     from aiayn.parsing.linearize import LINEARIZATIONS
@@ -171,6 +185,7 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     results: dict = {"config": dataclasses.asdict(cfg)}
     splits = _splits(cfg)
     ptb = _stage_prepare(cfg, out)
+    _check_same_decoding(cfg, out / "results.json")
     run_dir, model_path = out / "run", out / "model.pt"
     _stage_train(cfg, ptb / "data", run_dir, results)
     _stage_average(cfg, run_dir, model_path, results)
