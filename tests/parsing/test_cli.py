@@ -79,6 +79,9 @@ def test_prepare_builds_data_directory(treebank_zip, tmp_path, capsys):
     assert len(manifest["options"]["user_symbols"]) == 53            # XX and 26 labels, opened and closed
     train_tokens = len((out / "train.linear").read_text().split())
     assert manifest["splits"]["train"]["tgt"]["tokens"] == train_tokens  # every tree token is one piece
+    # the inputs as they are once in place (not the temporary folder they were built in)
+    assert manifest["splits"]["valid"]["inputs"]["tgt"] == str((out / "dev.linear").resolve())
+    assert DataDir(out / "data").references("valid") == (out / "dev.linear").read_text().splitlines()
 
 
 def test_prepared_dev_targets_decode_to_the_gold_trees(treebank_zip, tmp_path, capsys):

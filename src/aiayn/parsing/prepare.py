@@ -41,8 +41,8 @@ from typing import Sequence
 from aiayn.config import ConfigError, param, replace
 from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
 from aiayn.errors import UserError
-from aiayn.data.store import is_data_dir
-from aiayn.files import LEFTOVER, OutputDir, refuse_inputs_inside
+from aiayn.data.store import MANIFEST, is_data_dir
+from aiayn.files import LEFTOVER, OutputDir, refuse_inputs_inside, write_json_atomic
 from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS, WORD, linearize
 from aiayn.parsing.ptb import TreebankTree, read_treebank
 
@@ -194,6 +194,12 @@ def prepare_parsing(treebank: Path, out: Path, data_cfg: PrepareConfig | None = 
             pairs = {DATA_SPLIT_NAMES[s]: SplitFiles(f["words"], f["linear"]) for s, f in files.items()}
             data_cfg = with_tree_symbols(data_cfg, by_split["train"], linearization)
             log.info("%d target tokens kept whole as SentencePiece user symbols", len(data_cfg.user_symbols))
-            prepare(pairs, tmp / "data", data_cfg)
+            manifest = prepare(pairs, tmp / "data", data_cfg)
+            # its inputs as they will be found: the split files once this folder is in place at ``out``
+            here, there = str(tmp.resolve()), str(out.resolve())
+            for entry in manifest["splits"].values():
+                entry["inputs"] = {k: there + v[len(here):] if isinstance(v, str) and v.startswith(here) else v
+                                   for k, v in entry["inputs"].items()}
+            write_json_atomic(tmp / "data" / MANIFEST, manifest)
     files = {split: {ext: out / p.name for ext, p in f.items()} for split, f in files.items()}
     return PreparedParsing(out, counts, files, None if data_cfg is None else out / "data")
