@@ -229,6 +229,14 @@ def check_ancestors(path: str | Path) -> None:
             return
 
 
+def check_output_path(path: str | Path, option: str = "--out") -> None:
+    """Refuse (a UserError), before the work, an output file ``path`` that is a folder or lies below
+    something that is not one (``check_ancestors``); the writer (``write_output``) makes missing folders."""
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path}: a folder; name a file to write")
+    check_ancestors(path)
+
+
 def refuse_inputs_inside(out: str | Path, inputs: Iterable[str | Path | None], option: str = "--out") -> None:
     """Refuse (a UserError) a folder ``out`` that holds one of the command's ``inputs`` (at any depth,
     links resolved): the command replaces or empties ``out``, which would delete what it reads."""

@@ -17,7 +17,7 @@ from aiayn.data.prepare import PrepareConfig
 from aiayn.data.textio import check_readable
 from aiayn.decode.config import DecodeConfig, add_device_argument
 from aiayn.errors import UserError
-from aiayn.files import check_ancestors, check_output_folder, refuse_input_as_output, write_text_output
+from aiayn.files import check_output_folder, check_output_path, refuse_input_as_output, write_text_output
 from aiayn.model.config import PRESETS
 from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
@@ -224,9 +224,7 @@ def _register_decode(sub) -> None:
 
 def _check_output(path: Path, option: str) -> None:
     """An output file's path, before the work: not a folder, its folder there and writable."""
-    if path.is_dir():
-        raise UserError(f"{option} {path}: a folder; name a file to write")
-    check_ancestors(path)
+    check_output_path(path, option)
     check_output_folder(path)
 
 

@@ -82,18 +82,24 @@ def stored_settings(paths: list[str]) -> dict:
     settings = ckpt.get("decode") if isinstance(ckpt, dict) else None
     if settings is None:
         return {}
+    return checked_settings(settings, f"{paths[0]}: its decode entry")
+
+
+def checked_settings(settings, where: str) -> dict:
+    """``settings`` (a checkpoint's or an export's ``decode`` entry) as DecodeConfig fields a checkpoint
+    may carry (``CHECKPOINT_FIELDS``) of their types and within their bounds; else a UserError
+    beginning with ``where``."""
     kinds = {f: DecodeConfig.__dataclass_fields__[f].type for f in CHECKPOINT_FIELDS}
     ok = {"int": lambda v: type(v) is int, "float": lambda v: type(v) in (int, float),
           "bool": lambda v: type(v) is bool, "str": lambda v: type(v) is str}
     bad = ([f"{k} = {v!r}" for k, v in settings.items() if k not in kinds or not ok[kinds[k]](v)]
            if isinstance(settings, dict) else [repr(settings)])
     if bad:
-        raise UserError(f"{paths[0]}: its decode entry holds {', '.join(bad[:3])}, not settings of "
-                        f"{', '.join(kinds)}")
+        raise UserError(f"{where} holds {', '.join(bad[:3])}, not settings of {', '.join(kinds)}")
     try:
         replace(TRANSLATE_DECODE, **settings)
     except ConfigError as exc:
-        raise UserError(f"{paths[0]}: its decode entry: {exc}") from None
+        raise UserError(f"{where}: {exc}") from None
     return settings
 
 

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.data.textio import count_lines, read_lines
+from aiayn.data.textio import check_line_counts, count_lines, read_lines
 from aiayn.demo.config import (CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, GPU_STEP_DEVICE_S,
                                GPU_STEP_MATMUL_TFLOPS, RECIPES, DemoConfig)
-from aiayn.errors import InputError, UserError
-from aiayn.files import (check_ancestors, claim_folder, refuse_input_as_output, refuse_inputs_inside,
+from aiayn.errors import UserError
+from aiayn.files import (check_output_path, claim_folder, refuse_input_as_output, refuse_inputs_inside,
                          write_text_output)
 from aiayn.progress import progress_bar
 
@@ -69,9 +69,7 @@ def claim_out(cfg: DemoConfig, default: str, names: tuple[str, ...], files: dict
     refuse_inputs_inside(out, inputs)
     if cfg.results_to:
         refuse_input_as_output(cfg.results_to, inputs, "--results-to")
-        if os.path.isdir(cfg.results_to):
-            raise UserError(f"--results-to {cfg.results_to}: a folder; name a file to write")
-        check_ancestors(cfg.results_to)
+        check_output_path(cfg.results_to, "--results-to")
     return claim_folder(out, names, overwrite=cfg.overwrite, what="aiayn demo")
 
 
@@ -97,9 +95,8 @@ def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pat
             pair = [k for k in counts if k.startswith(f"raw.{split}.")]
             if len(pair) == 2:
                 (a, n_a), (b, n_b) = ((files[k], counts[k]) for k in pair)
-                if n_a != n_b:
-                    raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
-                                     f"line counts differ: {a} has {n_a} lines, {b} has {n_b} lines")
+                if n_a != n_b:  # (two empty files are prepare's to refuse: its message names the split)
+                    check_line_counts(a, n_a, b, n_b)
         out[key] = work / key
         write_text_output(out[key], "".join(line + "\n" for line in lines))
     return out

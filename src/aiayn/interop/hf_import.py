@@ -251,7 +251,7 @@ def exported_settings(path: Path) -> dict | None:
     only what that can express (no GNMT penalty, no |x| + b). None for any other folder."""
     import json
 
-    from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE
+    from aiayn.decode.loading import checked_settings
     from aiayn.interop.export_dir import RECORD
     file = path / RECORD
     if not file.is_file():
@@ -262,13 +262,7 @@ def exported_settings(path: Path) -> dict | None:
         raise UserError(f"{file}: not JSON ({exc})") from None
     if not isinstance(record, dict) or record.get("format") != "hf":
         return None
-    settings = record.get("decode", {})
-    if not isinstance(settings, dict) or any(k not in CHECKPOINT_FIELDS for k in settings):
-        raise UserError(f"{file}: decode holds {settings!r}, not settings of {', '.join(CHECKPOINT_FIELDS)}")
-    try:
-        replace(TRANSLATE_DECODE, **settings)
-    except (ConfigError, TypeError) as exc:
-        raise UserError(f"{file}: decode: {exc}") from None
+    settings = checked_settings(record.get("decode", {}), f"{file}: its decode entry")
     log.info("%s: exported by aiayn: decodes with the exported checkpoint's settings%s", file,
              "".join(f", {k} {v}" for k, v in settings.items()) or " (aiayn's defaults)")
     return settings
