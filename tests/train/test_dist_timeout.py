@@ -55,3 +55,43 @@ def test_the_timeout_is_a_positive_number_of_seconds():
     assert TrainConfig().dist_timeout_s == 120.0
     with pytest.raises(ConfigError, match="dist_timeout_s must be > 0"):
         TrainConfig(dist_timeout_s=0)
+
+
+PEER_WORKER = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    import aiayn.train.loop as loop
+    from aiayn import cli
+    from aiayn.train import runtime as rt
+    rank = int(os.environ["RANK"])
+
+    def train(*args, **kwargs):  # in place of the loop: rank 0 ends between two collectives
+        rt.init_distributed("cpu", timeout_s=60)
+        torch.distributed.barrier()
+        if rank == 0:
+            os._exit(1)  # killed (out of memory, SIGKILL)
+        time.sleep(1)
+        torch.distributed.all_reduce(torch.ones(1))
+
+    loop.train = train
+    sys.exit(cli.main(["train", "--data", sys.argv[1], "--out", sys.argv[2], "--preset", "tiny"]))
+""")
+
+
+def test_a_rank_that_ends_is_one_line_on_the_others(tmp_path):
+    """gloo's "Connection closed by peer" on the ranks that remain is the error line of a failed
+    rank, not a traceback."""
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", PEER_WORKER, str(tmp_path), str(tmp_path / "run")],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        _, err = procs[1].communicate(timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert f"aiayn train: error: {tmp_path / 'run'}: rank 1 of 2 lost its connection to another process" in err, err
+    assert "Traceback" not in err, err
+    assert procs[1].returncode == 2, err

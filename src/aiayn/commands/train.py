@@ -49,14 +49,14 @@ def run(args) -> int:
         raise UserError(f"{exc.filename or args.out}: cannot write ({exc.strerror}); free some space and run the "
                         f"same command again: it resumes from the last checkpoint, which is intact") from exc
     except RuntimeError as exc:
-        from aiayn.train.runtime import timed_out
-        if not timed_out(exc):
+        from aiayn.train.runtime import peer_lost, timed_out
+        if not (timed_out(exc) or peer_lost(exc)):
             raise
         import torch.distributed as tdist
-        raise UserError(f"{args.out}: rank {tdist.get_rank()} of {tdist.get_world_size()} waited "
-                        f"train.dist_timeout_s = {cfg.train.dist_timeout_s:g} s for the other processes: one of them "
-                        f"failed or hangs (its own error says why); the last checkpoint is intact and the same "
-                        f"command resumes") from exc
+        what = (f"waited train.dist_timeout_s = {cfg.train.dist_timeout_s:g} s for the other processes: one of them "
+                f"failed or hangs" if timed_out(exc) else "lost its connection to another process, which ended")
+        raise UserError(f"{args.out}: rank {tdist.get_rank()} of {tdist.get_world_size()} {what} (its own error "
+                        f"says why); the last checkpoint is intact and the same command resumes") from exc
     return 0
 
 

@@ -92,6 +92,15 @@ def timed_out(exc: BaseException) -> bool:
             and "Timed out" in str(exc))
 
 
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective whose connection to another rank broke (gloo's "Connection closed
+    by peer" or "reset by peer"): that rank ended (killed, out of memory, its own error) before or during
+    the collective; NCCL's watchdog ends the process itself."""
+    text = str(exc)
+    return (tdist.is_available() and tdist.is_initialized() and isinstance(exc, RuntimeError)
+            and "gloo" in text and ("by peer" in text or "Broken pipe" in text))
+
+
 def resolve_device(spec: str, dist: Dist) -> torch.device:
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
