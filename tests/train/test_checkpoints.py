@@ -444,3 +444,26 @@ def test_an_older_checkpoint_s_execution_settings_move_to_the_training_section(t
     ck.atomic_save(old, tmp_path / "mixed.pt")
     cfg = run_config_from_dict(ck.load_checkpoint(tmp_path / "mixed.pt")["run_config"])
     assert (cfg.train.fast_dropout, cfg.train.attn_fp32) == (False, True)
+
+
+def test_a_resume_drops_what_the_interrupted_run_logged_after_its_checkpoint(small_data_dir, tmp_path):
+    """Killed after step 4 was logged but before its checkpoint, in the middle of a line: the resumed
+    run trains steps 3 and 4 again from step 2's checkpoint, and the train log holds each step once,
+    the resumed run's (the lost steps' lines and the cut line are gone), and the lines before."""
+    import json
+    from tests.train.test_training import _train_in_process
+    run = tmp_path / "run"
+    _train_in_process(small_data_dir, run, 4, "train.save_every_steps=2", "model.p_drop=0.1")
+    shutil.copyfile(run / "ckpt_step00000002.pt", run / "last.pt")  # as if killed before step 4's save
+    (run / "ckpt_step00000004.pt").unlink()
+    (run / "summary.json").unlink()
+    log = run / "train_log.jsonl"
+    before = [json.loads(line) for line in log.read_text().splitlines()]
+    with open(log, "a") as f:
+        f.write('{"step": 5, "train_lo')
+    _train_in_process(small_data_dir, run, 4, "train.save_every_steps=2", "model.p_drop=0.1")
+    after = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(d["step"], "valid_loss" in d) for d in after] == [(1, False), (2, False), (2, True), (3, False),
+                                                               (4, False), (4, True)]
+    assert after[:3] == before[:3]  # up to the checkpoint, as logged
+    assert [d["train_loss"] for d in after[3:5]] == [d["train_loss"] for d in before[3:5]]  # trained again alike

@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from aiayn.files import write_json_atomic
+from aiayn.files import atomic_write, write_json_atomic
 from aiayn.train import runtime as rt
 from aiayn.checkpoint.run import TrainState
 
@@ -23,10 +23,14 @@ class Monitor:
         self.window_tokens, self.window_t0 = 0, time.monotonic()  # since the last train-log line
         if not is_main:
             return
+        # A resumed run trains again the steps after its checkpoint: what the interrupted run logged of
+        # them is dropped (the train log's lines, TensorBoard's events from the next step on), so that
+        # each step has the numbers of the weights it went on from.
+        forget_after(run_dir / "train_log.jsonl", state.step)
         self.jsonl = open(run_dir / "train_log.jsonl", "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.step + 1)
         except ImportError:  # tensorboard is a dependency, but keep training without it
             self.writer = None
         if progress:
@@ -83,6 +87,28 @@ class Monitor:
         if self.writer is not None:
             self.writer.close()
         print(summary_text(summary), flush=True)
+
+
+def forget_after(log: Path, step: int) -> None:
+    """Rewrite the train log ``log`` (atomically) without its lines of steps after ``step``, the
+    checkpoint a run resumes from, and without a line cut short by a kill; unchanged if it has none."""
+    try:
+        lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return
+    kept = [line for line in lines if _logged_step(line) <= step]
+    if len(kept) != len(lines):
+        atomic_write(log, lambda f: f.write("".join(kept).encode("utf-8")))
+
+
+def _logged_step(line: str) -> float:
+    """The step of a train log line; infinity for a line that is not a complete JSON object with one."""
+    try:
+        value = json.loads(line) if line.endswith("\n") else None
+    except ValueError:
+        value = None
+    step = value.get("step") if isinstance(value, dict) else None
+    return step if isinstance(step, int) else math.inf
 
 
 def summary(state: TrainState, best_metric: str, n_params: int, place: rt.Place, stop_reason: str,
