@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -72,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _other_rank() -> bool:
+    """Whether this process is a rank other than the first of a distributed run (torchrun's RANK):
+    its info lines would repeat the main rank's, once a process."""
+    try:
+        return int(os.environ.get("RANK", "0")) > 0
+    except ValueError:
+        return False
+
+
 def _main(argv: list[str] | None) -> int:
     from aiayn.errors import UserError
     from aiayn.host.process import configure_process
@@ -89,6 +99,8 @@ def _main(argv: list[str] | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not args.verbose and _other_rank():  # the main rank says it once; the others warn and fail only
+        logging.getLogger("aiayn").setLevel(logging.WARNING)
     from aiayn import progress
     from aiayn.config import ConfigError
     from aiayn.commands.oom import is_out_of_memory, out_of_memory_message

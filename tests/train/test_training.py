@@ -171,6 +171,7 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
     res = subprocess.run(_torchrun_cmd(small_data_dir, two, steps, extra + ddp_sets), env=env, capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.count(" model: ") == 1, res.stderr[-3000:]  # said by the main rank alone
     a, b = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
     assert a["step"] == b["step"] == steps and a["tokens"] == b["tokens"]
     for k in a["model"]:
