@@ -142,3 +142,30 @@ def test_aiayn_own_gpu_figure_is_used_for_base_and_big():
     # 100K base steps on 8 H200: 9.5333376e12 / (8 * 152.8e12) = 0.0077989 s per step, 779.89 s
     e = paper_step_estimate("wmt14-ende-base.json", 8, h200)
     assert e.seconds == pytest.approx(779.887, rel=1e-5)
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--tokens-per-step", "7"], "7 tokens per step cannot be shared by 8 devices"),
+    (["--tokens-per-step", "100"], "sentences of 31 tokens do not fit a batch of 12 tokens on one device"),
+    (["--length", "100000"], "sentences of 100000 tokens do not fit a batch of 3125 tokens"),
+    (["--price", "-1"], "--price must be a finite number >= 0"),
+    (["--price", "nan"], "--price must be a finite number >= 0")])
+def test_nonsense_is_refused_in_one_line(extra, said, capsys):
+    """Fewer tokens a step than devices, a sentence longer than a batch, or a price below 0 or not a
+    number: one line naming the option, not a ZeroDivisionError or a cost of "$-89.2"."""
+    assert main(["estimate", "--recipe", str(RECIPES / "wmt14-ende-base.json"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_utilization_beside_a_measurement_is_an_error(tmp_path, capsys):
+    """--utilization replaces an assumed utilization; a measured rate has none, so the two together
+    are refused rather than the option silently dropped."""
+    measured = tmp_path / "train_base.json"
+    measured.write_text(json.dumps({"machine": {"cpu_model": "x", "threads": 2, "date": "2026-01-01"},
+                                    "systems": {"aiayn-fp32": {"model_gflops_per_s": 100.0, "peak_gflops": 400.0}}}))
+    recipe = str(RECIPES / "multi30k.json")
+    assert main(["estimate", "--recipe", recipe, "--measured", str(measured), "--gpus", "1"]) == 0
+    capsys.readouterr()
+    assert main(["estimate", "--recipe", recipe, "--measured", str(measured), "--utilization", "0.3"]) == 2
+    assert "--utilization applies where nothing was measured" in capsys.readouterr().err

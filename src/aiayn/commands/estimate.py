@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from aiayn.errors import UserError
 from aiayn.cost import estimate
 from aiayn.train.config import load_recipe
 from aiayn.cost.devices import DEVICES
-from aiayn.cost.estimate import (DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
+from aiayn.cost.estimate import (BENCH_RESULTS, DEFAULT_LENGTH, data_length, device_throughput, format_estimate,
                                   measured_throughput, paper_model, step_batch)
 from aiayn.cost.memory import format_peak, peak_memory
 
@@ -22,6 +23,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--tokens-per-step", args.tokens_per_step), ("--max-device-tokens", args.max_device_tokens)):
         if value is not None and value < 1:  # (0 read as "not given" would estimate another batch than asked)
             raise UserError(f"{flag} must be >= 1, got {value}")
+    if args.price is not None and not (math.isfinite(args.price) and args.price >= 0):
+        raise UserError(f"--price must be a finite number >= 0 (a device-hour's price), got {args.price}")
+    measurement = Path(args.measured) if args.measured else BENCH_RESULTS / args.device / "train_base.json"
+    if args.utilization is not None and measurement.is_file():  # a measured rate has no utilization to replace
+        raise UserError(f"--utilization applies where nothing was measured, and {measurement} is a measurement: "
+                        f"drop one of them")
     thr = measured_throughput(Path(args.measured)) if args.measured else \
         device_throughput(args.device, args.utilization, model=paper_model(cfg.model))
     if args.max_device_tokens and not args.tokens_per_step:
@@ -29,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
                         "as written: change train.max_tgt_tokens in the recipe instead)")
     length = data_length(Path(args.data)) if args.data else args.length
     batch = step_batch(args.devices, t.max_tgt_tokens, t.accum_steps, args.tokens_per_step, args.max_device_tokens)
+    if length > batch.per_device_tokens:  # a step of tokens / length sentences: under one a batch is no batch
+        raise UserError(f"sentences of {length} tokens do not fit a batch of {batch.per_device_tokens} tokens on one "
+                        f"device; lower --length or raise the batch (--tokens-per-step, train.max_tgt_tokens)")
     e = estimate.estimate(cfg.model, t.max_steps, batch, thr, length)
     # one batch on one device: the recipe's, or the per-device share of --tokens-per-step on both sides
     src_tokens = e.per_device_tokens if args.tokens_per_step else t.max_src_tokens

@@ -48,6 +48,8 @@ def paper_batch(devices: int, max_per_device: int, tokens: int = PAPER_TOKENS_PE
     if devices < 1 or max_per_device < 1 or tokens < 1:
         raise UserError(f"devices, tokens per device and tokens per step must be >= 1, got {devices}, "
                         f"{max_per_device}, {tokens}")
+    if tokens < devices:  # tokens // devices would be an empty batch on every device
+        raise UserError(f"{tokens:,} tokens per step cannot be shared by {devices} devices (under one token each)")
     accum = math.ceil(tokens / (devices * max_per_device))
     return tokens // (devices * accum), accum
 

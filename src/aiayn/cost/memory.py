@@ -1,7 +1,7 @@
 """The peak device memory of one training step, from the model's shapes (``aiayn estimate``).
 
-Not yet checked against ``torch.cuda.max_memory_allocated`` on a GPU: ``bench/gpu_check.sh``'s
-``memory`` stage records both. What it counts is the CUDA path of ``aiayn train`` (the fused attention
+``bench/gpu_check.sh``'s ``memory`` stage records it beside ``torch.cuda.max_memory_allocated``
+of the same step on a GPU (the comparison: docs/gpu.md). What it counts is the CUDA path of ``aiayn train`` (the fused attention
 kernels, ``train.fused_loss``, autocast), for one process's batch of M_s = B x S source and
 M_t = B x T target tokens, padding included. Symbols: D d_model, F d_ff, H heads, K d_k, Dv d_v,
 V the target vocabulary, N_e and N_d the layers, P the parameters; b the bytes of a matmul's
