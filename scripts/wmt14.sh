@@ -53,7 +53,11 @@ EOF
 
 PAIR=ende MODEL=base RAW="" WORK="" GPUS="" TOKENS_PER_GPU="" STAGES=fetch,clean,prepare,train,average,evaluate
 MAX_STEPS="" CI=0 SETS=()
+die() { echo "wmt14.sh: error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
+  case "$1" in  # an option that takes a value, given none: one line, not bash's "$2: unbound variable"
+    --pair|--model|--raw|--work|--gpus|--tokens-per-gpu|--stages|--max-steps|--set) [ $# -ge 2 ] || die "$1 needs a value" ;;
+  esac
   case "$1" in
     --pair) PAIR=$2; shift 2 ;;
     --model) MODEL=$2; shift 2 ;;
@@ -69,7 +73,6 @@ while [ $# -gt 0 ]; do
     *) echo "wmt14.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-die() { echo "wmt14.sh: error: $*" >&2; exit 2; }
 say() { echo "== $*" >&2; }
 [ -n "$WORK" ] || die "--work is required"
 RAW=${RAW:-$WORK/raw}
@@ -204,7 +207,8 @@ fi
 
 if has_stage average; then
   say "average: the last $AVERAGE checkpoints of $RUN -> $RUN/average.pt"
-  aiayn average "$RUN" --last "$AVERAGE" --out "$RUN/average.pt"
+  # --overwrite: average.pt is this stage's own file, and a run trained further needs it again
+  aiayn average "$RUN" --last "$AVERAGE" --out "$RUN/average.pt" --overwrite
 fi
 
 if has_stage evaluate; then

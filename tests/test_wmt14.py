@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,22 @@ def test_missing_corpus_is_named(tmp_path):
                            "--ci", "--stages", "clean"], capture_output=True, text=True,
                           env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO / "src")})
     assert proc.returncode == 2 and "no europarl-v7.de-en.en (or europarl-v7.de-en.en.gz)" in proc.stderr
+
+
+def test_average_stage_reruns(tmp_path, tiny_checkpoint):
+    """The average stage is rerunnable like the others: its own average.pt is replaced (a rerun after
+    a failed evaluate, or after training further), not an error that stops the script there."""
+    run = tmp_path / "w" / "run"
+    run.mkdir(parents=True)
+    shutil.copy(tiny_checkpoint, run / "ckpt_step00000003.pt")
+    for _ in range(2):
+        proc = run_script("--work", str(tmp_path / "w"), "--ci", "--stages", "average")
+        assert "averaged 1 checkpoint(s)" in proc.stdout
+    assert (run / "average.pt").is_file()
+
+
+@pytest.mark.parametrize("option", ["--work", "--gpus", "--set"])
+def test_an_option_without_its_value_is_one_line(tmp_path, option):
+    args = ["--work", str(tmp_path)] if option != "--work" else []
+    proc = subprocess.run(["bash", str(SCRIPT), *args, option], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr == f"wmt14.sh: error: {option} needs a value\n"
