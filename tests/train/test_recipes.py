@@ -220,6 +220,7 @@ def test_a_sections_own_check_names_the_section_and_the_recipe(tmp_path):
     ("train.lr_scale=0", "lr_scale must be > 0"),
     ("train.adam_beta1=1.5", "adam_beta1 and adam_beta2 must be in [0, 1)"),
     ("train.adam_eps=-1", "adam_eps must be >= 0"),
+    ("train.clip_norm=-1", "clip_norm must be >= 0 (0 = off), got -1.0"),
     ("train.seed=-1", "seed must be in [0, 2^63)"),
     ("train.seed=99999999999999999999", "seed must be in [0, 2^63)"),
     ("train.device=tpu", "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
@@ -243,6 +244,8 @@ def test_a_whole_number_may_be_written_as_a_float():
     ('{"preset": "tiny", "model": [1]}', "model must be an object of fields, got list"),
     ('{"preset": "tiny", "train": "x"}', "train must be an object of fields, got str"),
     ('[1, 2]', "a recipe is a JSON object"),
+    ('{"preset": "bse"}', "unknown preset 'bse'; known: base,"),
+    ('{"preset": ["base"]}', 'preset must be a name (a string), got ["base"]'),
     ('{"train": {"max_steps": 1e2}}', None),
 ])
 def test_a_recipe_of_the_wrong_shape_names_the_file(tmp_path, text, says):

@@ -125,6 +125,8 @@ class TrainConfig:
             raise ConfigError("weight_decay must be >= 0 (0 = the paper's Adam)")
         if self.rdrop_alpha < 0:
             raise ConfigError("rdrop_alpha must be >= 0")
+        if self.clip_norm < 0:  # a negative norm would turn clipping off, as 0 does, without a word
+            raise ConfigError(f"clip_norm must be >= 0 (0 = off), got {self.clip_norm}")
         if self.keep_last < 0:
             raise ConfigError("keep_last must be >= 0 (0 keeps every step checkpoint)")
         if not 0.0 <= self.lr_decay_frac <= 1.0:
@@ -182,7 +184,13 @@ def load_recipe(path: str | Path) -> RunConfig:
     extra = set(data) - {"preset", "model", "train", "description"}
     if extra:
         raise ConfigError(f"{path}: unknown recipe keys {sorted(extra)}; known: preset, model, train, description")
-    base = run_config_from_preset(data.get("preset", "base"))
+    preset = data.get("preset", "base")
+    if not isinstance(preset, str):
+        raise ConfigError(f"{path}: preset must be a name (a string), got {json.dumps(preset)}")
+    try:
+        base = run_config_from_preset(preset)
+    except ConfigError as exc:  # an unknown name: the file it came from
+        raise ConfigError(f"{path}: {exc}") from None
     sets = [f"{section}.{k}={_as_text(v)}" for section in ("model", "train") for k, v in data.get(section, {}).items()]
 
     def where(key: str) -> str:  # "section.field" -> "FILE:LINE: section.field", the field's line in its section
