@@ -80,3 +80,21 @@ def test_decoding_copies_keep_activation_and_bias():
             got = copy(src, tgt)
             within(got.log_softmax(-1)[0], want.log_softmax(-1)[0].double(), (int8 if copy is copies[0] else fp32) + fp32)
             assert F.softmax(got, -1).argmax(-1).tolist() == want.argmax(-1).tolist()
+
+
+def test_ffn_dropout_drops_the_activation_in_training_only():
+    """ModelConfig.p_drop_ffn (fairseq's activation_dropout): dropout on max(0, x W1 + b1), inside
+    Eq. 2, in training; the paper has none (default 0), and evaluation never drops."""
+    assert aiayn.ModelConfig().p_drop_ffn == 0.0
+    ffn = FeedForward(8, 16, 0.5).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    torch.manual_seed(3)
+    got = ffn(x)
+    torch.manual_seed(3)
+    mask = F.dropout(torch.ones(3, 5, 16, dtype=torch.float64), 0.5, training=True)
+    assert torch.allclose(got, ffn.w2(ffn.w1(x).clamp(min=0) * mask), atol=1e-12)
+    assert not torch.allclose(got, ffn.w2(ffn.w1(x).clamp(min=0)))
+    assert torch.allclose(ffn.eval()(x), ffn.w2(ffn.w1(x).clamp(min=0)), atol=1e-12)
+    model = aiayn.Transformer(tiny(p_drop_ffn=0.3, n_layers=2))
+    layers = [*model.encoder_layers, *model.decoder_layers]
+    assert len(layers) == 4 and all(layer.ffn.dropout.p == 0.3 for layer in layers)

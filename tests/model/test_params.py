@@ -80,3 +80,16 @@ def test_presets_table_rounds_once_and_refuses_a_vocabulary_outside_the_limits(c
     for bad in ("-5", "0", "3"):
         assert main(["presets", "--vocab-size", bad]) == 2
         assert f"aiayn presets: error: --vocab-size {bad}: outside [4, 2,097,152]" in capsys.readouterr().err
+
+
+def test_presets_show_the_label_smoothing_of_rows_d3_and_d4(capsys):
+    """D3 and D4 change ε_ls alone (a training setting): the table and the JSON say so, where the
+    model columns alone printed them as copies of base."""
+    assert main(["presets"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    header_eps = 8  # name N d_model d_ff h d_k d_v P_drop eps_ls
+    assert (rows["base"][header_eps], rows["D3"][header_eps], rows["D4"][header_eps]) == ("0.1", "0.0", "0.2")
+    assert main(["presets", "--json"]) == 0
+    train = {r["name"]: r["train"] for r in json.loads(capsys.readouterr().out)}
+    assert (train["D3"], train["D4"], train["base"], train["big"]) == ({"eps_ls": 0.0}, {"eps_ls": 0.2}, {},
+                                                                       {"max_steps": 300_000})
