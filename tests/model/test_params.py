@@ -91,5 +91,6 @@ def test_presets_show_the_label_smoothing_of_rows_d3_and_d4(capsys):
     assert (rows["base"][header_eps], rows["D3"][header_eps], rows["D4"][header_eps]) == ("0.1", "0.0", "0.2")
     assert main(["presets", "--json"]) == 0
     train = {r["name"]: r["train"] for r in json.loads(capsys.readouterr().out)}
-    assert (train["D3"], train["D4"], train["base"], train["big"]) == ({"eps_ls": 0.0}, {"eps_ls": 0.2}, {},
-                                                                       {"max_steps": 300_000})
+    assert (train["D3"], train["D4"], train["base"], train["big"]) == (
+        {"eps_ls": 0.0, "max_steps": 100_000}, {"eps_ls": 0.2, "max_steps": 100_000},
+        {"eps_ls": 0.1, "max_steps": 100_000}, {"eps_ls": 0.1, "max_steps": 300_000})
