@@ -95,3 +95,58 @@ def test_a_rank_that_ends_is_one_line_on_the_others(tmp_path):
     assert f"aiayn train: error: {tmp_path / 'run'}: rank 1 of 2 lost its connection to another process" in err, err
     assert "Traceback" not in err, err
     assert procs[1].returncode == 2, err
+
+
+ORPHAN_WORKER = textwrap.dedent("""
+    import os, sys, time
+    import aiayn.train.loop as loop
+    from aiayn import cli
+
+    def train(*args, **kwargs):  # in place of the loop: a rank that trains on and on
+        open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pid"), "w").write(str(os.getpid()))
+        time.sleep(600)
+
+    loop.train = train
+    sys.exit(cli.main(["train", "--data", sys.argv[1], "--out", sys.argv[2], "--preset", "tiny"]))
+""")
+
+
+def test_the_ranks_end_with_a_killed_torchrun(tmp_path):
+    """SIGKILL of the launcher (the out-of-memory killer's choice, a scheduler's kill -9) leaves no rank
+    training on as an orphan, holding the run's lock against the command that would resume it."""
+    import signal
+    import time
+    script = tmp_path / "worker.py"
+    script.write_text(ORPHAN_WORKER)
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 str(script), str(tmp_path), str(tmp_path / "run")],
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    pids, ranks = [tmp_path / f"rank{r}.pid" for r in (0, 1)], []
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.exists() and p.read_text() for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks = [int(p.read_text()) for p in pids]
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in ranks if _alive(pid)]
+    finally:
+        launcher.kill()
+        for pid in ranks:  # (torchrun starts its ranks in sessions of their own)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process ``pid`` runs (a zombie awaiting its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

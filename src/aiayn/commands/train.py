@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 
 from aiayn.config import apply_sets, sets_help
 from aiayn.errors import UserError, WriteError
@@ -35,6 +36,9 @@ def run_config_of(path: str) -> RunConfig:
 
 def run(args) -> int:
     from aiayn.train.loop import train
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank torchrun started: it ends with its launcher, even a
+        from aiayn.host.process import die_with_parent  # killed one, rather than train on as an orphan
+        die_with_parent(os.getppid())
     cfg = resolve_run_config(args)
     if args.resume_optimizer and not args.init_from:
         raise UserError("--resume-optimizer needs --init-from")
