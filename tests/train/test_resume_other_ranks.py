@@ -79,3 +79,37 @@ def test_resume_on_another_number_of_processes_trains_the_pairs_not_yet_seen(sma
         seen, now = {i for b in first for i in b}, [i for b in rest for i in b]
         assert len(now) == len(set(now)) and not seen & set(now)  # no pair twice
         assert ck.load_checkpoint(run / "last.pt")["sampler"]["batches_done"] == len(first) + len(rest)
+
+
+def test_ranks_that_share_their_gradients_resume_with_one_adam(caplog):
+    """A local-SGD checkpoint keeps an Adam state per rank. Resumed as local SGD on as many ranks,
+    each rank takes its own; resumed as DDP, every rank keeps the main rank's (which the restore
+    gave), since different moments would turn one averaged gradient into different updates and the
+    ranks' weights would drift apart without a word."""
+    import logging
+    import torch
+    from types import SimpleNamespace
+    from aiayn.train import runtime as rt
+    from aiayn.train.parallel import DataParallel, LocalSGD
+
+    def adam_after(steps: int) -> dict:
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.Adam([w], lr=0.1)
+        for k in range(steps):
+            w.grad = torch.full((3,), float(k + 1))
+            opt.step()
+        return opt.state_dict()
+
+    main_rank, rank1 = adam_after(1), adam_after(3)
+    saved = SimpleNamespace(rank_optimizers=[main_rank, rank1], optimizer=main_rank)
+    for strategy, rank, expected in ((LocalSGD(rt.Place(rt.Dist(1, 2), torch.device("cpu"), "fp32"), 2), 1, rank1),
+                                     (DataParallel(rt.Place(rt.Dist(1, 2), torch.device("cpu"), "fp32")), 1, main_rank),
+                                     (DataParallel(rt.Place(rt.Dist(0, 2), torch.device("cpu"), "fp32")), 0, main_rank)):
+        opt = torch.optim.Adam([torch.nn.Parameter(torch.ones(3))], lr=0.1)
+        opt.load_state_dict(main_rank)  # what Learner.restore gave every rank
+        with caplog.at_level(logging.WARNING):
+            strategy.resume_optimizer(opt, saved)
+        state = opt.state_dict()["state"][0]
+        assert int(state["step"]) == int(expected["state"][0]["step"]), (type(strategy).__name__, rank)
+        assert torch.equal(state["exp_avg"], expected["state"][0]["exp_avg"])
+    assert caplog.text.count("this run shares one among its ranks: the main rank's") == 1  # said by the main rank

@@ -80,10 +80,12 @@ class Learner:
         return self.ema.weights() if self.ema is not None else contextlib.nullcontext()
 
     def restore(self, saved: Contents, dist: rt.Dist) -> None:
-        """The weights, the optimizer (this rank's own, where local SGD kept one per rank), the scaler
-        and this process's generators (its own, where every rank's were kept) from ``saved``."""
+        """The weights, the optimizer (the main rank's: ranks that share their gradients stay equal
+        only with equal Adam moments; a run that keeps one per rank takes its own after,
+        ``own_optimizer``), the scaler and this process's generators (its own, where every rank's
+        were kept) from ``saved``."""
         self.model.load_state_dict(saved.model)
-        self.opt.load_state_dict(_own(saved.rank_optimizers, dist) or saved.optimizer)
+        self.opt.load_state_dict(saved.optimizer)
         if self.scaler is not None and saved.scaler:
             self.scaler.load_state_dict(saved.scaler)
         rt.set_rng_state(_own(saved.rank_rng, dist) or saved.rng)
@@ -219,6 +221,18 @@ class RunCheckpoints:
             save(self.run_dir, saved, self.keep_last, is_best, learner.ema.decay if learner.ema is not None else None,
                  step_file)
             self.stream.saved()
+
+
+def own_optimizer(opt: torch.optim.Optimizer, saved: Contents, dist: rt.Dist, per_rank: bool) -> None:
+    """After ``Learner.restore``, which gave every rank the main rank's optimizer: this rank's own,
+    where the run keeps one per rank (``per_rank``: local SGD) and ``saved`` kept one for each of as
+    many ranks. A run that shares one resumed from such a checkpoint keeps the main rank's, said once."""
+    own = _own(saved.rank_optimizers, dist)
+    if own is not None and per_rank:
+        opt.load_state_dict(own)
+    elif own is not None and dist.is_main:
+        log.warning("the checkpoint kept an Adam state per rank (local SGD); this run shares one among its ranks: "
+                    "the main rank's")
 
 
 def _own(per_rank: list | None, dist: rt.Dist):

@@ -196,6 +196,8 @@ class _Run:
             self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
         self.stepper = TrainStep.for_run(t, self.learner, place, schedule_of(cfg), self.clock, run_dir)
+        if saved is not None:  # each rank's own Adam, where the ranks keep their own
+            self.stepper.strategy.resume_optimizer(self.learner.opt, saved)
         self.n_params = count_parameters(model)
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, place.precision, self.dist.world_size)

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
+from aiayn.checkpoint.contents import Contents
+from aiayn.checkpoint.run import own_optimizer
 from aiayn.train import runtime as rt
 from aiayn.train.config import TrainConfig
 
@@ -118,6 +120,7 @@ class OneProcess:
 
     period = 1  # steps between two synchronization points
     counts_skipped = False  # a non-finite step counts as a step (so the ranks average together)
+    own_optimizers = False  # each rank an optimizer of its own, saved and resumed per rank
 
     def __init__(self, place: rt.Place):
         self.place = place
@@ -179,6 +182,10 @@ class OneProcess:
         """Every rank's own optimizer state for a checkpoint (None: the ranks share one)."""
         return None
 
+    def resume_optimizer(self, opt, saved: Contents) -> None:
+        """After the checkpoint ``saved`` is restored: the optimizer state each rank resumes with."""
+        own_optimizer(opt, saved, self.place.dist, self.own_optimizers)
+
 
 class DataParallel(OneProcess):
     """DDP: the ranks' gradients all-reduced at every step, through a ``DistributedDataParallel``
@@ -217,6 +224,7 @@ class LocalSGD(OneProcess):
     its rank alone), so the ranks average together."""
 
     counts_skipped = True
+    own_optimizers = True
 
     def __init__(self, place: rt.Place, period: int):
         super().__init__(place)
