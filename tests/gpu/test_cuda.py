@@ -21,7 +21,7 @@ from tests.arith import U32, loss_sums, smoothed_loss_gradients, within
 from tests.grad_rounding import gradient_bound, same_gradients
 from tests.rounding import FORMATS, logit_bounds, same_float_search, summed_loss_bound
 from tests.train.steps import passes, read_step
-from tests.train.test_fp16 import overflow_then_recover
+from tests.train.test_fp16 import gradients_not_finite_at_any_scale, overflow_then_recover
 from aiayn.train.config import TrainConfig
 from aiayn.train.objective import label_smoothed_loss, label_smoothed_loss_reference
 
@@ -100,6 +100,12 @@ def test_fp16_step_on_cuda_skips_an_overflow_and_recovers():
     step leaves the weights and Adam as they were and halves the scale; then a step updates
     (``overflow_then_recover``, which tests/train/test_fp16.py runs on the CPU)."""
     overflow_then_recover(CUDA)
+
+
+def test_fp16_gradients_not_finite_at_any_scale_stop_the_run_on_cuda():
+    """A NaN gradient behind a finite loss at every fp16 step: the scaler's skips take its scale below
+    ``MIN_LOSS_SCALE`` and the run stops, its weights untouched (tests/train/test_fp16.py on the CPU)."""
+    gradients_not_finite_at_any_scale(CUDA)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -13,6 +13,7 @@ import torch
 import aiayn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.checkpoint.run import Learner
+from aiayn.errors import UserError
 from aiayn.train import runtime as rt
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.loop import schedule_of
@@ -63,6 +64,40 @@ def overflow_then_recover(device: torch.device) -> None:
 
 def test_an_overflowing_fp16_step_is_skipped_and_its_scale_halved():
     overflow_then_recover(CPU)
+
+
+def gradients_not_finite_at_any_scale(device: torch.device) -> None:
+    """The loop's fp16 step on ``device`` with a NaN in one parameter's gradient at every step behind a
+    finite loss: the scaler skips every update and halves its scale each time, and each skip is
+    logged; once the scale falls below ``MIN_LOSS_SCALE`` the run stops with an error that says why,
+    its weights untouched. (Left to go on, every step counted as trained, nothing said why the loss
+    stood still, and after some 165 skips the scale reached 0: the first step with finite gradients
+    after that was unscaled as 0 x 1/0, NaN in every weight.)"""
+    cfg = aiayn.get_preset("tiny", vocab_size=61, p_drop=0.0)
+    t = TrainConfig(precision="fp16", warmup_steps=4)
+    torch.manual_seed(0)
+    model = aiayn.Transformer(cfg).to(device).train()
+    schedule = schedule_of(RunConfig(cfg, t))
+    learner = Learner(model, optimizer_for(model.parameters(), t, schedule, device), torch.amp.GradScaler(device.type))
+    learner.params[-1].register_hook(lambda g: torch.full_like(g, float("nan")))
+    stepper = TrainStep.for_run(t, learner, rt.Place(rt.Dist(), device, "fp16"), schedule)
+    batch = _batch(cfg, n=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    skipped = 0
+    with pytest.raises(UserError, match=r"fp16's loss scale fell to .* at step \d+.*not finite at any scale.*"
+                                        r"precision=fp32"):
+        for n in range(1, 200):
+            s = stepper.step([batch], n)
+            assert s.finite  # the loss is
+            skipped = n
+    assert 16 + 13 <= skipped + 1 < 60  # 2^16 halved past 1e-4 (2^-13.3)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_gradients_not_finite_at_any_scale_stop_an_fp16_run(caplog):
+    with caplog.at_level("INFO", logger="aiayn.train.step"):
+        gradients_not_finite_at_any_scale(CPU)
+    assert sum("fp16 gradients overflowed" in m for m in caplog.messages) >= 29
 
 
 def test_the_scalers_state_is_saved_and_resumed(small_data_dir, tmp_path, fp16_on_cpu, monkeypatch):

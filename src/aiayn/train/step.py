@@ -34,6 +34,10 @@ from aiayn.train.updates import grad_norm, not_finite, update, update_early
 
 log = logging.getLogger(__name__)
 
+# fp16's loss scale below which its gradients are taken to be non-finite at any scale (fairseq's
+# --min-loss-scale): GradScaler starts at 2^16, so some 30 skipped updates in a row with no growth between
+MIN_LOSS_SCALE = 1e-4
+
 
 @dataclass(frozen=True)
 class StepRules:
@@ -67,6 +71,7 @@ class TrainStep:
                  run_dir: Path | None = None):
         self.learner, self.loss, self.strategy, self.schedule, self.rules = learner, loss, strategy, schedule, rules
         self.clock, self.run_dir, self.bad_in_row = clock, run_dir, 0
+        self.loss_scale: float | None = None  # fp16's, as the last step read it (``_watch_loss_scale``)
         self.update_early = update_early(learner.opt, learner.scaler)
         # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``parallel.compile_model``)
         self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
@@ -119,6 +124,8 @@ class TrainStep:
             while_busy()
         s = Step(**vars(strategy.read(numbers, local_tokens, clock_s, step_flops)), lr=lr,
                  kl_logged=self.loss.kl_logged)
+        if learner.scaler is not None:
+            self._watch_loss_scale(n)
         s.finite = self._settle(s, n, norm)
         if s.finite and learner.ema is not None:
             learner.ema.update()  # the moving average of the weights, after the update
@@ -152,6 +159,24 @@ class TrainStep:
         self.learner.opt.zero_grad(set_to_none=True)  # what the failed pass accumulated
         self.net = self.plain_net
         use_attention_kernels(self.learner.model, self.rules.execution.kernels)
+
+    def _watch_loss_scale(self, n: int) -> None:
+        """fp16: the loss scale that step ``n - 1``'s update left, read after step ``n``'s numbers (the
+        device is past that update then: nothing waits for it). A fall means the scaler found
+        non-finite gradients and skipped that update (logged; the step still counts). It halves at
+        every skip, so gradients that are not finite at any scale (a NaN behind a finite loss, which
+        the loss and gradient-norm test of ``_settle`` cannot see under the scaler) take it below
+        ``MIN_LOSS_SCALE`` within some 30 steps, which stops the run: left alone it reaches 0, and the
+        next finite gradients are unscaled as 0 x 1/0, NaN written into the weights."""
+        scale = self.learner.scaler.get_scale()
+        if self.loss_scale is not None and scale < self.loss_scale:
+            log.info("step %d: fp16 gradients overflowed; its update skipped, the loss scale now %g", n - 1, scale)
+        self.loss_scale = scale
+        if scale < MIN_LOSS_SCALE:
+            last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
+            raise UserError(f"fp16's loss scale fell to {scale:g} at step {n}, below {MIN_LOSS_SCALE:g}: the "
+                            f"gradients are not finite at any scale and their updates were skipped; stopping.{last} "
+                            f"try train.precision=fp32 (bf16 where the GPU has it natively) or a lower lr_scale")
 
     def _settle(self, s: Step, n: int, norm: torch.Tensor | None) -> bool:
         """The update of step ``n`` if its loss (R-Drop's KL term included: it reaches the gradients too)
