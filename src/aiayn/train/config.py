@@ -76,7 +76,7 @@ class TrainConfig:
     dist_timeout_s: float = param(120.0, "data parallel: seconds a process waits for the others before it stops with an error, so a dead or hung rank ends the run (PyTorch's default: 30 minutes; docs/training.md)")
     log_every_steps: int = param(50, "write a log line / scalars every N optimizer steps")
     max_bad_steps: int = param(5, "stop after this many consecutive non-finite losses")
-    compile: bool = param(False, "wrap the model in torch.compile (a model that fails to compile trains without it); dynamic shapes; off: slower on the CPUs measured, not yet timed on a GPU (docs/gpu.md)")
+    compile: bool = param(False, "wrap the model in torch.compile (a model that fails to compile trains without it); dynamic shapes; off: slower on the CPUs measured; on a GPU its compiling costs the GPU demo more of its minutes than its faster step gives back; not yet timed at base or big (docs/gpu.md)")
     tf32: bool = param(True, "CUDA: float32 matmuls in TF32 on the tensor cores (inputs rounded to 10 mantissa bits, float32 sums); bf16, fp16 and the CPU untouched; false = full float32 (docs/gpu.md)")
     cudnn_attention: bool = param(False, "CUDA: let PyTorch's attention pick cuDNN's kernel, which plans again for each new batch shape (nearly every step with length buckets); false = flash or memory-efficient (docs/gpu.md)")
 
