@@ -378,3 +378,66 @@ def test_a_vocabulary_the_text_cannot_fill_names_the_option(corpus, tmp_path, ov
 def test_a_bad_option_is_named_with_its_value(over, message):
     with pytest.raises(ConfigError, match=message):
         replace(SMALL, **over)
+
+
+def test_tokenizer_from_records_the_stored_models_options(corpus, tmp_path):
+    """prepare with a checkpoint's models (--tokenizer-from): the manifest's options say what the
+    data was encoded with (the stored models' size, sharing, coverage, symbols, lowercasing) and
+    name the checkpoint, not the defaults of options that never applied."""
+    from aiayn.checkpoint.run import tokenizer_payload
+    base = replace(SMALL, vocab_size=400, shared_vocab=False, lowercase=True, character_coverage=1.0,
+                   user_symbols=("XX",))
+    prepare({"train": corpus.train}, tmp_path / "base", base)
+    ckpt = {"tokenizers": tokenizer_payload(DataDir(tmp_path / "base"))}
+    tuning = PrepareConfig(num_workers=1)
+    toks = prep.tokenizers_from_checkpoint(ckpt, tmp_path / "model.pt", tuning)
+    m = prepare({"train": corpus.train}, tmp_path / "d", tuning, tokenizers=toks)
+    options = m["options"]
+    assert (options["vocab_size"], options["shared_vocab"], options["lowercase"]) == (400, False, True)
+    assert options["character_coverage"] == 1.0 and options["user_symbols"] == ["XX"]
+    assert options["model_type"] == "bpe" and options["spm_sample_pairs"] is None and options["seed"] is None
+    assert options["tokenizer_from"] == str((tmp_path / "model.pt").resolve())
+    assert m["vocab"]["src"]["sha256"] == ckpt["tokenizers"]["src_sha256"]
+    with pytest.raises(UserError, match="--seed would train a new one"):
+        prep.tokenizers_from_checkpoint(ckpt, tmp_path / "model.pt", replace(tuning, seed=2))
+
+
+def test_valid_bleu_of_a_lowercasing_tokenizer_is_case_insensitive(corpus, tmp_path, train_lines, monkeypatch):
+    """A data directory prepared with --lowercase (or from such a checkpoint) trains a model whose
+    translations are lowercase: train.valid_bleu scores them case-insensitively against the raw
+    references (sacreBLEU -lc), so a perfect lowercase translation scores 100, not the cased score
+    of its capitals alone."""
+    import torch
+    from aiayn.decode.search import Hypothesis
+    from aiayn.decode.translator import Translator
+    from aiayn.model import ModelConfig, Transformer
+    from aiayn.train.validation import Bleu, valid_bleu
+    valid = corpus("valid", train_lines[0][:40], train_lines[1][:40])
+    prepare({"train": corpus.train, "valid": valid}, tmp_path / "d",
+            replace(SMALL, lowercase=True, character_coverage=1.0))
+    d = DataDir(tmp_path / "d")
+    split, refs = d.split("valid"), d.references("valid")
+    assert refs == train_lines[1][:40]
+
+    def perfect(self, ids, *args, **kwargs):  # the stored (lowercased) references, as a model's output
+        return [[Hypothesis(tuple(int(t) for t in split.tgt(i)), 0.0, 0.0, 0, True)] for i in range(len(ids))]
+    monkeypatch.setattr(Translator, "translate_ids", perfect)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=d.vocab_size, n_layers=1, d_model=16, d_ff=32, n_heads=2,
+                                    d_k=8, d_v=8)).eval()
+    score = valid_bleu(model, split, Bleu((d.src_tokenizer, d.tgt_tokenizer), refs), beam=1)
+    assert score > 99.0, score
+
+
+def test_separate_vocabularies_untie_the_embeddings_and_say_so(corpus, tmp_path, caplog):
+    """A data directory of separate vocabularies cannot share source and target embeddings (§3.4):
+    training turns model.tie_src_tgt_embeddings off, and says so rather than dropping a true (the
+    presets', or a --set's) unseen."""
+    import logging
+    from aiayn.train.config import RunConfig
+    from aiayn.train.loop import fit_to_data
+    prepare({"train": corpus.train}, tmp_path / "d", replace(SMALL, vocab_size=400, shared_vocab=False))
+    with caplog.at_level(logging.INFO, logger="aiayn.train.loop"):
+        fitted = fit_to_data(RunConfig(), DataDir(tmp_path / "d"))
+    assert fitted.model.tie_src_tgt_embeddings is False and fitted.model.tgt_vocab_size == 400
+    assert "model.tie_src_tgt_embeddings: false" in caplog.text

@@ -19,7 +19,9 @@ The manifest (``manifest.json``, format "aiayn-data", version 1) is written last
                                                       "length": {min, max, mean, p50, p90, p99}},
                                         "corpora": [...]}}   # a train split of several corpora, in place
                                                              # of "inputs" (aiayn.data.corpora)
-    options                          the PrepareConfig used (aiayn.data.prepare)
+    options                          the PrepareConfig used (aiayn.data.prepare); with --tokenizer-from,
+                                     the tokenizer fields are what the checkpoint's models hold,
+                                     spm_sample_pairs and seed null, and tokenizer_from names it
     created                          ISO time (UTC)
 
 Lengths count subword tokens without bos/eos. ``ParallelData`` opens the arrays by memory map,

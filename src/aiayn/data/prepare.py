@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+from sentencepiece import sentencepiece_model_pb2
 
 from aiayn.config import ConfigError, param, replace, to_dict
 from aiayn.data.corpora import Corpus, check_corpora, check_lang
@@ -182,13 +183,13 @@ def _train_tokenizers(sample: list[tuple[str, str]], tmp: Path, cfg: PrepareConf
 
 
 TOKENIZER_FIELDS = ("vocab_size", "model_type", "shared_vocab", "character_coverage", "spm_sample_pairs",
-                    "user_symbols", "lowercase")  # PrepareConfig fields that only shape a new tokenizer
+                    "seed", "user_symbols", "lowercase")  # PrepareConfig fields that only shape a new tokenizer
 
 
 def tokenizers_from_checkpoint(ckpt: dict, path: Path, cfg: PrepareConfig) -> dict:
-    """The ``tokenizers`` entry of a checkpoint dict, its model bytes checked against their sha256;
-    a ``cfg`` that sets an option of SentencePiece training (which the stored models make moot)
-    is an error naming it."""
+    """The ``tokenizers`` entry of a checkpoint dict, its model bytes checked against their sha256,
+    with ``checkpoint``: ``path`` (the manifest names it); a ``cfg`` that sets an option of
+    SentencePiece training (which the stored models make moot) is an error naming it."""
     toks = ckpt.get("tokenizers")
     if not isinstance(toks, dict) or not all(isinstance(toks.get(s), (bytes, bytearray)) for s in SIDES):
         raise UserError(f"{path}: the checkpoint holds no SentencePiece models (tokenizers.src/.tgt)")
@@ -201,7 +202,7 @@ def tokenizers_from_checkpoint(ckpt: dict, path: Path, cfg: PrepareConfig) -> di
     if changed:
         raise UserError(f"--tokenizer-from {path} uses the checkpoint's SentencePiece model(s); "
                         f"{', '.join('--' + f.replace('_', '-') for f in changed)} would train a new one")
-    return toks
+    return {**toks, "checkpoint": str(path)}
 
 
 def _write_tokenizers(toks: dict, tmp: Path) -> dict[str, str]:
@@ -212,6 +213,25 @@ def _write_tokenizers(toks: dict, tmp: Path) -> dict[str, str]:
     for side in SIDES:
         (tmp / f"spm.{side}.model").write_bytes(bytes(toks[side]))
     return {side: f"spm.{side}.model" for side in SIDES}
+
+
+def _stored_tokenizer_options(toks: dict[str, Tokenizer], source: str) -> dict[str, Any]:
+    """The manifest's tokenizer options for model(s) taken from a checkpoint (``--tokenizer-from``):
+    what the models themselves record (size, type, sharing, character coverage, user symbols,
+    lowercasing: the source model's; a size the two models do not share is null, the manifest's
+    ``vocab`` has each), so the manifest says what the data was encoded with, not the defaults of
+    options that never applied. No sample was drawn, so its size and seed are null;
+    ``tokenizer_from`` names the checkpoint."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(toks["src"].model_bytes)
+    user = sentencepiece_model_pb2.ModelProto.SentencePiece.Type.USER_DEFINED
+    sizes = {toks[side].vocab_size for side in SIDES}
+    return {"vocab_size": sizes.pop() if len(sizes) == 1 else None, "model_type": toks["src"].model_type,
+            "shared_vocab": toks["src"].sha256 == toks["tgt"].sha256,
+            "character_coverage": round(proto.trainer_spec.character_coverage, 6),
+            "user_symbols": [p.piece.removeprefix(WORD_BOUNDARY) for p in proto.pieces if p.type == user],
+            "lowercase": toks["src"].lowercases,
+            "spm_sample_pairs": None, "seed": None, "tokenizer_from": source}
 
 
 def _chunks(files: SplitFiles | Corpus, size: int) -> Iterator[list[tuple[int, str, str]]]:
@@ -413,7 +433,8 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             "splits": {split: _encode_split(_SplitPlan(split, ps, lines=lines[split], clean=(split == "train"),
                                                        listed=bool(corpora) and split == "train"), toks, tmp, cfg)
                        for split, ps in parts.items()},
-            "options": to_dict(cfg),
+            "options": to_dict(cfg) if tokenizers is None else {
+                **to_dict(cfg), **_stored_tokenizer_options(toks, str(Path(tokenizers["checkpoint"]).resolve()))},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         write_json_atomic(tmp / MANIFEST, manifest)

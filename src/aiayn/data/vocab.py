@@ -45,6 +45,7 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 WORD_BOUNDARY = "\u2581"  # "▁", SentencePiece's mark for the space before a word
 SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
 _DROPPED_ON_DECODE = frozenset((PAD_ID, BOS_ID, EOS_ID))
+LOWERCASE_NORMALIZER = "nfkc_lowercase"  # the normalizer name of a model trained with lowercase=True
 MAX_MODEL_BYTES = 64 << 20  # a SentencePiece model of 1M pieces is about 20 MB; larger is refused unparsed
 
 
@@ -70,6 +71,7 @@ class Tokenizer:
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(model_bytes)
         self._model_type = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+        self._lowercases = proto.normalizer_spec.name == LOWERCASE_NORMALIZER
         kind = sentencepiece_model_pb2.ModelProto.SentencePiece.Type
         self._user_symbols = frozenset(p.piece for p in proto.pieces if p.type == kind.USER_DEFINED)
         self._unproduced = {p.piece: i for i, p in enumerate(proto.pieces)
@@ -136,6 +138,12 @@ class Tokenizer:
     def model_type(self) -> str:
         """"bpe" or "unigram" (or another SentencePiece model type, lowercased)."""
         return self._model_type
+
+    @property
+    def lowercases(self) -> bool:
+        """Whether the model lowercases its input (trained with ``lowercase=True``): its outputs
+        are lowercase, so BLEU against cased references is scored case-insensitively."""
+        return self._lowercases
 
     @property
     def user_symbols(self) -> frozenset[str]:
@@ -273,6 +281,6 @@ def train_sentencepiece(sentences: Iterable[str], path: Path, spec: SentencePiec
     proto.trainer_spec.num_threads = 1
     if spec.lowercase:  # the rules are compiled into precompiled_charsmap; the temporary file's name is noise
         proto.normalizer_spec.ClearField("normalization_rule_tsv")
-        proto.normalizer_spec.name = "nfkc_lowercase"
+        proto.normalizer_spec.name = LOWERCASE_NORMALIZER
     path.write_bytes(proto.SerializeToString())
     return path

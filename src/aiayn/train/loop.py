@@ -54,6 +54,9 @@ def fit_to_data(cfg: RunConfig, data: DataDir) -> RunConfig:
     else:
         model = replace(m, vocab_size=data.vocab_size, tgt_vocab_size=data.tgt_vocab_size,
                         tie_src_tgt_embeddings=False)
+        if m.tie_src_tgt_embeddings:  # the preset's (or a --set's) true cannot hold: said, not dropped unseen
+            log.info("model.tie_src_tgt_embeddings: false, as the data directory's source and target "
+                     "vocabularies are separate (§3.4's shared embedding needs one vocabulary)")
     if (m.vocab_size, m.tgt_vocab_size) != (model.vocab_size, model.tgt_vocab_size):
         log.info("vocabulary: %s, the data directory's (the configuration's model.vocab_size %s is not used)",
                  f"{model.vocab_size:,}" + (f" + {model.tgt_vocab_size:,}" if model.tgt_vocab_size else ""),

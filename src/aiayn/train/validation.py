@@ -92,7 +92,9 @@ def valid_bleu(model, data, bleu: Bleu, max_lines: int = 0, src_cap: int | None 
                dist=None) -> float:
     """sacreBLEU of the first ``max_lines`` validation pairs (0 = all) translated as ``aiayn
     translate`` would (§6.1: beam search of ``beam``, alpha 0.6, max length |x| + 50), against
-    ``bleu.references`` (the raw target lines) or, without them, the detokenized reference ids; sources cut to ``src_cap`` ids (``valid_caps``). In a data-parallel
+    ``bleu.references`` (the raw target lines) or, without them, the detokenized reference ids,
+    case-insensitively (-lc) where the target tokenizer lowercases (its translations are lowercase);
+    sources cut to ``src_cap`` ids (``valid_caps``). In a data-parallel
     run (``dist``) each rank translates every G-th line and the translations are gathered, so
     every rank scores the same text in 1/G of the time."""
     from aiayn.decode.config import DecodeConfig
@@ -113,7 +115,7 @@ def valid_bleu(model, data, bleu: Bleu, max_lines: int = 0, src_cap: int | None 
             out[r::world] = part
     refs = references[:n] if references is not None else [tgt_tok.decode(list(map(int, data.tgt(i))))
                                                         for i in range(n)]
-    return sacre_bleu(out, refs).score
+    return sacre_bleu(out, refs, lowercase=tgt_tok.lowercases).score  # a lowercasing model: -lc
 
 
 class Validator:
