@@ -289,6 +289,30 @@ def test_config_errors():
         DecodeConfig(top_p=0.0)
 
 
+@pytest.mark.parametrize("field", ["alpha", "max_len_a", "temperature", "top_p"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_settings_are_refused(field, value):
+    """NaN passes every bound check (NaN < 0 is False): a NaN alpha made every score NaN and every
+    output empty, a NaN max_len_a every output one token."""
+    with pytest.raises(ConfigError, match=f"{field} must be a finite number"):
+        DecodeConfig(**{field: value})
+
+
+@pytest.mark.parametrize("seed", [-1, 1 << 63, 10 ** 23])
+def test_seed_out_of_the_generators_range_is_refused(seed):
+    with pytest.raises(ConfigError, match="seed must be in"):
+        DecodeConfig(seed=seed)
+
+
+@pytest.mark.parametrize("flags, said", [(["--alpha", "nan"], "alpha must be a finite number, got nan"),
+                                         (["--sampling", "--seed", "99999999999999999999999"], "seed must be in")])
+def test_translate_refuses_a_non_finite_or_out_of_range_setting_in_one_line(flags, said, tmp_path, capsys):
+    from aiayn.cli import main
+    assert main(["translate", "--checkpoint", str(tmp_path / "m.pt"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
 # --------------------------------------------------------------------------------------------
 # topk_rows: the beam's top-k by block maxima
 

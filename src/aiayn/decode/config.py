@@ -5,7 +5,8 @@ Defaults are the paper's: beam size 4, length penalty α = 0.6, maximum output l
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 from aiayn.config import ConfigError, param, replace
 from aiayn.execution.linear import ROW_BITS
@@ -46,6 +47,10 @@ class DecodeConfig:
     long_lines: str = param("error", "a source line over max_input_tokens: error (naming its line), truncate (to max_input_tokens - 1 tokens) or skip (an empty line out), with a warning; docs/translate.md")
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every bound below and would reach the scores (NaN alpha: empty outputs)
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
         if self.beam_size < 1:
             raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
         if self.alpha < 0:
@@ -66,6 +71,8 @@ class DecodeConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ConfigError("top_k must be >= 0 and top_p in (0, 1]")
+        if not 0 <= self.seed < 1 << 63:  # torch.Generator.manual_seed's range, as train.seed's
+            raise ConfigError(f"seed must be in [0, 2^63), got {self.seed}")
         if self.precision not in ("fp32", "bf16", "fp16", "int8", "int8-bf16"):
             raise ConfigError(f"precision must be fp32, bf16, fp16, int8 or int8-bf16, got {self.precision!r}")
         if self.packed_library not in ("auto", *PACKED_LIBRARIES):
