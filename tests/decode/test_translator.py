@@ -76,6 +76,16 @@ def test_translate_keeps_input_order_and_matches_one_by_one(ckpt):
     assert [ts[0].text if ts else "" for ts in nbest] == out
 
 
+def test_one_string_for_the_list_of_lines_is_refused(ckpt):
+    """A str is a sequence of characters: it was translated as one sentence per character."""
+    tr = Translator.from_checkpoint(ckpt, DecodeConfig(max_len_b=3))
+    with pytest.raises(UserError, match="a list of lines, not one string"):
+        tr.translate("the cat sat")
+    with pytest.raises(UserError, match="prefixes: a list of lines"):
+        tr.translate(["the cat sat"], prefixes="the")
+    assert len(tr.translate(["the cat sat"])) == 1
+
+
 def test_batches_are_token_bounded_and_longest_first(ckpt):
     tr = Translator.from_checkpoint(ckpt, DecodeConfig(batch_tokens=12))
     ids = [[5] * 3, [], [5] * 6, [5] * 2, [5] * 4, [5] * 13]

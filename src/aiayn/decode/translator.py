@@ -51,6 +51,13 @@ class LongLineError(InputError):
         self.tokens, self.limit = tokens, limit
 
 
+def _check_lines(lines, what: str) -> None:
+    """A str is a sequence of characters: given for a list of lines, each character would be
+    translated as a sentence of its own."""
+    if isinstance(lines, str):
+        raise UserError(f"{what}: a list of lines, not one string (translate([text]) for one sentence)")
+
+
 @dataclass(frozen=True)
 class Translation:
     text: str  # detokenized
@@ -143,6 +150,7 @@ class Translator:
     def encode(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[list[int]]:
         """Source ids + [EOS] per line ([] for an empty line); a too long line as ``cfg.long_lines``
         says (``_long_line``)."""
+        _check_lines(lines, "lines")
         out = []
         for n, ids in enumerate(self.src_tok.encode_batch([line.strip() for line in lines]), first_line):
             if ids and len(ids) + 1 > self.input_limit:
@@ -264,6 +272,8 @@ class Translator:
 
     def encode_prefixes(self, prefixes: Sequence[str] | None) -> list[list[int]] | None:
         """Target ids of forced prefixes (target text, "" for none), for ``translate_ids``."""
+        if prefixes is not None:
+            _check_lines(prefixes, "prefixes")
         return None if prefixes is None else self.tgt_tok.encode_batch([p.strip() for p in prefixes])
 
     def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
