@@ -186,3 +186,18 @@ def test_cli_translate_with_several_checkpoints_and_aiayn_ensemble(two_ckpts, tm
     assert "training, resuming, averaging and export take single checkpoints" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "e.pt"), "--out", str(tmp_path / "ct2")]) == 2
     assert "an ensemble of 2 models" in capsys.readouterr().err
+
+
+def test_cli_evaluate_with_several_checkpoints_scores_their_ensemble(two_ckpts, tmp_path, capsys):
+    """`aiayn evaluate` takes the ensembles `aiayn translate` does (several --checkpoint files)."""
+    a, b = two_ckpts
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    expected = Translator.from_checkpoint([a, b], DecodeConfig(max_len_b=3)).translate(LINES)
+    hyp = tmp_path / "hyp.txt"
+    assert main(["evaluate", "--checkpoint", a, b, "--src", str(tmp_path / "in.txt"), "--ref", str(tmp_path / "in.txt"),
+                 "--max-len-b", "3", "--json", "--out", str(hyp)]) == 0
+    capsys.readouterr()
+    assert hyp.read_text().split("\n")[:-1] == expected
+    assert main(["evaluate", "--checkpoint", a, str(hyp), "--src", str(tmp_path / "in.txt"),
+                 "--ref", str(tmp_path / "in.txt"), "--out", str(hyp)]) == 2  # --out is one of the checkpoints
+    assert "the same file as the input" in capsys.readouterr().err

@@ -43,7 +43,7 @@ def run(args) -> int:
     from aiayn.evaluate.bleu import score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
 
-    refuse_input_as_output(args.out, [args.checkpoint, args.src, args.ref, args.tok_ref])
+    refuse_input_as_output(args.out, [*args.checkpoint, args.src, args.ref, args.tok_ref])
     src, ref, source = _inputs(args)
     lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
     if args.out:
@@ -52,7 +52,7 @@ def run(args) -> int:
     if args.tok_ref:  # read before translating: a wrong file is said before the work
         tok_ref = read_input(args.tok_ref, "evaluation input")
         check_line_counts(args.tok_ref, len(tok_ref), source, len(src))
-    decode_cfg = decode_config(args, [args.checkpoint])  # the flags, else the model's own settings
+    decode_cfg = decode_config(args, args.checkpoint)  # the flags, else the model's own settings
     if decode_cfg.nbest > 1:
         raise UserError(f"--nbest {decode_cfg.nbest}: evaluate scores each sentence's best translation; "
                         f"for n-best lists, aiayn translate --nbest")
@@ -80,7 +80,9 @@ def run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and score it (sacreBLEU, chrF, the paper's BLEU)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--checkpoint", required=True, help="checkpoint (e.g. the average of the last 5)")
+    p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
+                   help="checkpoint (e.g. the average of the last 5); several (or an ensemble file from `aiayn "
+                        "ensemble`) translate with their ensemble, as in aiayn translate")
     p.add_argument("--src", help="source sentences (plain or .gz)")
     p.add_argument("--ref", help="reference translations, raw text (plain or .gz)")
     p.add_argument("--testset", metavar="NAME",
