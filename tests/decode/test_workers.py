@@ -149,3 +149,24 @@ def test_from_checkpoint_decodes_with_the_settings_the_checkpoint_carries(tiny_c
     assert Translator.from_checkpoint(path).cfg.alpha == 1.4
     assert Translator.from_checkpoint(path, DecodeConfig()).cfg.alpha == 0.6
     assert Translator.from_checkpoint(tiny_checkpoint).cfg == DecodeConfig()
+
+
+def test_an_ensemble_decodes_with_the_settings_its_members_share(tiny_checkpoint, tmp_path, caplog):
+    """Two checkpoints, or an `aiayn ensemble` file of them, that carry the same α decode with it; if
+    they carry different ones (or one carries none), the defaults, and the warning names each."""
+    import logging
+    from aiayn.checkpoint import atomic_save, ensemble_checkpoint, load_checkpoint
+    plain = load_checkpoint(tiny_checkpoint)
+    paths = {}
+    for name, decode in (("a", {"alpha": 1.4}), ("b", {"alpha": 1.4}), ("c", {"alpha": 1.0}), ("none", None)):
+        paths[name] = tmp_path / f"{name}.pt"
+        atomic_save({**plain, "decode": decode} if decode else plain, paths[name])
+    atomic_save(ensemble_checkpoint([paths["a"], paths["b"]]), tmp_path / "ab.pt")
+    atomic_save(ensemble_checkpoint([paths["a"], paths["c"]]), tmp_path / "ac.pt")
+    assert Translator.from_checkpoint([paths["a"], paths["b"]]).cfg.alpha == 1.4
+    assert Translator.from_checkpoint(tmp_path / "ab.pt").cfg.alpha == 1.4
+    for agreeing_not in ([paths["a"], paths["c"]], [tmp_path / "ac.pt"], [paths["a"], paths["none"]]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert Translator.from_checkpoint(agreeing_not).cfg == DecodeConfig()
+        assert "carry different decoding settings" in caplog.text and "1.4" in caplog.text

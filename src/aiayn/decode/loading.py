@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -24,6 +25,8 @@ from aiayn.kernels.loader import Kernels, load as load_kernels
 from aiayn.model import ModelConfig, Transformer
 from aiayn.execution import pad_linear_rows
 from aiayn.execution.linear import ROW_BITS
+
+log = logging.getLogger(__name__)
 
 
 def _tokenizer_from_checkpoint(toks: dict, side: str, path: Path) -> Tokenizer:
@@ -68,21 +71,41 @@ def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu
 
 
 def stored_settings(paths: list[str]) -> dict:
-    """The ``decode`` entry of one checkpoint (``CHECKPOINT_FIELDS``: an imported model's generation
-    settings), {} for several or none. Only that entry is read (the tensors are mapped, not read);
-    the Translator's load then verifies the whole file."""
-    from aiayn.checkpoint import check_torch
-    if len(paths) != 1 or not Path(paths[0]).is_file():
+    """The decoding settings the checkpoints ``paths`` carry (their ``decode`` entries, of
+    ``CHECKPOINT_FIELDS``: the α the demo chose, an imported model's generation settings), {} for
+    none. Several checkpoints (or an ensemble file's members) give theirs where every one carries
+    the same; where they differ, none, with a warning: no one member's α is the ensemble's. Only
+    those entries are read (the tensors are mapped, not read); the Translator's load then verifies
+    the whole files."""
+    entries = [entry for p in paths for entry in _decode_entries(p)]
+    settings = [s for _, s in entries]
+    if not entries or all(s is None for s in settings):
         return {}
+    if any(s != settings[0] for s in settings[1:]):
+        log.warning("the checkpoints carry different decoding settings (%s); their ensemble decodes with "
+                    "aiayn's defaults where no option is given",
+                    "; ".join(f"{where}: {s or 'none'}" for where, s in entries))
+        return {}
+    return checked_settings(settings[0], f"{entries[0][0]}: its decode entry")
+
+
+def _decode_entries(path: str) -> list[tuple[str, dict | None]]:
+    """(where, its ``decode`` entry or None) of the checkpoint ``path``, or of each member of an
+    ensemble file; [] where it is no file or not a checkpoint (the Translator's load says which)."""
+    from aiayn.checkpoint import check_torch
+    if not Path(path).is_file():
+        return []
     check_torch()
     try:
-        ckpt = torch.load(paths[0], map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a checkpoint, or an older file format: the Translator's load says which
-        return {}
-    settings = ckpt.get("decode") if isinstance(ckpt, dict) else None
-    if settings is None:
-        return {}
-    return checked_settings(settings, f"{paths[0]}: its decode entry")
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a checkpoint, or an older file format
+        return []
+    if not isinstance(ckpt, dict):
+        return []
+    if isinstance(ckpt.get("members"), list):
+        return [(f"{path} member {k + 1}", m.get("decode") if isinstance(m, dict) else None)
+                for k, m in enumerate(ckpt["members"])]
+    return [(path, ckpt.get("decode"))]
 
 
 def checked_settings(settings, where: str) -> dict:
