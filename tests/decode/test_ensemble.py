@@ -2,6 +2,7 @@
 files, and `aiayn translate` / `aiayn ensemble` with several checkpoints."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -201,3 +202,19 @@ def test_cli_evaluate_with_several_checkpoints_scores_their_ensemble(two_ckpts, 
     assert main(["evaluate", "--checkpoint", a, str(hyp), "--src", str(tmp_path / "in.txt"),
                  "--ref", str(tmp_path / "in.txt"), "--out", str(hyp)]) == 2  # --out is one of the checkpoints
     assert "the same file as the input" in capsys.readouterr().err
+
+
+def test_cli_evaluate_of_a_lowercasing_model_adds_sacrebleu_lc(two_ckpts, tmp_path, capsys, monkeypatch):
+    """A model whose target tokenizer lowercases writes lowercase translations: evaluate reports
+    sacreBLEU -lc beside the cased score (as the demo does with --lowercase); a cased one does not."""
+    from aiayn.data.vocab import Tokenizer
+    a, _ = two_ckpts
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    argv = ["evaluate", "--checkpoint", a, "--src", str(tmp_path / "in.txt"), "--ref", str(tmp_path / "in.txt"),
+            "--max-len-b", "3", "--json"]
+    assert main(argv) == 0
+    assert "sacreBLEU -lc" not in [s["label"] for s in json.loads(capsys.readouterr().out)["scores"]]
+    monkeypatch.setattr(Tokenizer, "lowercases", property(lambda self: True))
+    assert main(argv) == 0
+    labels = [s["label"] for s in json.loads(capsys.readouterr().out)["scores"]]
+    assert labels[:2] == ["sacreBLEU", "sacreBLEU -lc"]

@@ -61,9 +61,10 @@ def run(args) -> int:
         with progress_bar(len(src), unit=" lines", desc="evaluate") as bar:
             hyps = translator.translate(src, source=source, progress=bar.update)
         seconds = time.perf_counter() - t0
+        lowercases = translator.tgt_tok is not None and translator.tgt_tok.lowercases  # lowercase output
     if args.out:
         write_text_output(args.out, "".join(h + "\n" for h in hyps))
-    results = score_all(hyps, ref, lang)
+    results = score_all(hyps, ref, lang, lowercase=lowercases)  # a lowercasing model: sacreBLEU -lc beside
     if tok_ref is not None:
         results.append(multi30k_bleu(hyps, tok_ref, lang))
     if args.json:
