@@ -185,3 +185,13 @@ def test_invalid_utf8_on_stdin_is_an_error_naming_the_line(ckpt, monkeypatch, ca
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"small\n\xff\xfe big\n"), encoding="utf-8"))
     assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3"]) == 2
     assert "<stdin>:2: invalid UTF-8 (byte 1 of the line" in capsys.readouterr().err
+
+
+def test_input_dash_reads_stdin(ckpt, monkeypatch, capsys):
+    """``--input -`` is stdin, as no --input is (the Unix convention fairseq-interactive users bring)."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"small\nbig\n"), encoding="utf-8"))
+    assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3", "--input", "-"]) == 0
+    dashed = capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"small\nbig\n"), encoding="utf-8"))
+    assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3"]) == 0
+    assert dashed == capsys.readouterr().out and len(dashed.splitlines()) == 2

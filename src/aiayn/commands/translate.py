@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _stdin_as_none(value: str) -> str | None:
+    """``--input -``: stdin, as no --input is (Unix's convention)."""
+    return None if value == "-" else value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "translate", help="translate sentences with a checkpoint (beam search, §6.1)",
@@ -40,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
                    help="checkpoint written by `aiayn train` or `aiayn average`; several (or an ensemble file from "
                         "`aiayn ensemble`) translate with their ensemble, the mean of their next-token probabilities")
-    p.add_argument("--input", metavar="FILE", help="source sentences, one per line, plain or gzip (default: stdin)")
+    p.add_argument("--input", metavar="FILE", type=_stdin_as_none,
+                   help="source sentences, one per line, plain or gzip (default, or -: stdin)")
     p.add_argument("--attention-out", metavar="FILE",
                    help="write attention weights of each best translation to FILE.json or FILE.npz")
     add_device_argument(p)
@@ -80,6 +86,7 @@ def _write_attention(path: Path, records: list[dict]) -> None:
         i = r["line"]
         arrays[f"{i}_src_tokens"] = np.array(r["src_tokens"])
         arrays[f"{i}_tgt_tokens"] = np.array(r["tgt_tokens"])
+        arrays[f"{i}_tgt_in_tokens"] = np.array(r["tgt_in_tokens"])
         for name in ("encoder", "decoder_self", "cross"):
             arrays[f"{i}_{name}"] = r[name]
     write_output(path, lambda f: np.savez_compressed(f, **arrays))
