@@ -4,7 +4,7 @@
 # (git-ignored; carry it along), then one call per stage there. A stage that fails says FAILED loudly,
 # the next stage still runs, and the script exits nonzero at the end.
 #
-#   bash bench/gpu_check.sh pack                  # here: Multi30k + the sacremoses wheel -> gpu_pack/
+#   bash bench/gpu_check.sh pack                  # here: Multi30k + the sacremoses and CTranslate2 wheels -> gpu_pack/
 #   bash bench/gpu_check.sh env tests             # on the GPU machine (stages and their times below)
 #   bash bench/gpu_check.sh demo                  # the GPU recipe as written: 8 minutes of training
 #   bash bench/gpu_check.sh demo --set train.compile=true   # the same under torch.compile
@@ -13,7 +13,8 @@
 #   bash bench/gpu_check.sh cpu-smoke real demo   # those stages only, tiny, on the CPU
 #
 # Stages (H100/H200; each fits one 10-minute call; the times are an H200's, 2026-11-27, where measured):
-#   env        the device, torch, triton, sacremoses                                  5 s
+#   env        the device, torch and the packages; fails where the demo's (sacremoses, sacrebleu,
+#              sentencepiece) are missing                                               5 s
 #   tests      the CUDA tests (tests/gpu) and the CPU halves of the GPU paths (240 s cap) 28 s before
 #              the derived bounds of the gradients and masks (about 75 s more on a 2-core CPU)
 #   train      training tok/s, synthetic batches, base and big, bf16: aiayn (and with train.cast_weights_once)
@@ -38,8 +39,9 @@
 #
 # Results go to $RESULTS (default bench/results/<device>-<date>/) as they come: a log per stage and
 # the benchmarks' JSON, written after every measurement, so a stage stopped at its limit keeps what it
-# measured. Work files go to $WORK (default /tmp/aiayn-gpu). PY names the interpreter (.venv/bin/python
-# when there is one, else python3).
+# measured; a system that fails (out of memory, say) drops out and the others are still measured.
+# Work files go to $WORK (default /tmp/aiayn-gpu). PY names the interpreter (.venv/bin/python when
+# there is one, else python3).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -65,7 +67,7 @@ while [ $# -gt 0 ]; do
             "options: --minutes M; for the demo --set SECTION.FIELD=VALUE, --members N)" >&2; exit 2 ;;
   esac
 done
-[ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ ${#STAGES[@]} -gt 0 ] || [ "$SMOKE" = 1 ] || { sed -n '2,/^[^#]/{/^#/p;}' "$0"; exit 2; }  # the header above
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(env tests train compile real translate memory small demo)  # cpu-smoke alone: all
 
 export PYTHONPATH=$ROOT/src:$ROOT/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -98,10 +100,17 @@ else
 fi
 export BENCH_RESULTS=${RESULTS:-}
 
-# The wheels of the pack (sacremoses), where the machine lacks them: into a folder of their own.
+# The wheels of the pack (sacremoses, CTranslate2) into a folder of their own ($WORK/site), ahead of the
+# machine's packages; each on its own, so that one this Python cannot take (CTranslate2's, built for a
+# PACK_PYTHON other than its own) is named and the others still go in.
 if [ "$SMOKE" = 0 ] && ls "$PACK"/wheels/*.whl >/dev/null 2>&1 && [[ " ${STAGES[*]} " != *" pack "* ]]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/aiayn-site "$PACK"/wheels/*.whl >/dev/null 2>&1 \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/aiayn-site
+  mkdir -p "$W/site"
+  for whl in "$PACK"/wheels/*.whl; do
+    if ! err=$($PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$W/site" "$whl" 2>&1); then
+      echo "gpu_pack: $(basename "$whl") not installed: $(echo "$err" | grep -v '^ *$' | tail -1)"
+    fi
+  done
+  export PYTHONPATH=$PYTHONPATH:$W/site
 fi
 
 # -- the stages ---------------------------------------------------------------------------------
@@ -129,12 +138,15 @@ stage_env() {
 import importlib, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA")
-for name in ("triton", "sacremoses", "sacrebleu", "sentencepiece", "transformers"):
+needed = ("sacremoses", "sacrebleu", "sentencepiece")  # the demo's; the others' stages say what they miss
+missing = []
+for name in ("triton", *needed, "transformers", "ctranslate2"):
     try:
         print(name, getattr(importlib.import_module(name), "__version__", "(no version)"))
     except ImportError as exc:
         print(name, "MISSING:", exc)
-        raise SystemExit(1 if name in ("sacremoses", "sacrebleu", "sentencepiece") else 0)
+        missing += [name] if name in needed else []
+raise SystemExit(f"missing: {', '.join(missing)}" if missing else 0)
 EOF
 }
 

@@ -52,8 +52,9 @@ def measure_case(size: str, tokens: int, args, device) -> dict:
             step(0)
         sync(device)
         del step, batches
-    except torch.cuda.OutOfMemoryError as exc:
-        case["failed"] = f"out of memory: {exc}"[:300]
+    except Exception as exc:  # this case's failure, not the next case's (near the limit cuBLAS's is a RuntimeError)
+        what = "out of memory" if isinstance(exc, torch.cuda.OutOfMemoryError) else type(exc).__name__
+        case["failed"] = f"{what}: {exc}"[:300]
     if device.type == "cuda":
         case["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
         case["max_memory_reserved"] = torch.cuda.max_memory_reserved(device)

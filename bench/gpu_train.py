@@ -31,7 +31,9 @@ batches it timed, and the median round's rates are reported. Model FLOPs are
     python bench/gpu_train.py --sizes tiny --precisions bf16 --vocab 500 --batch 8 --len 12   # CPU smoke
 
 Results: ``$BENCH_RESULTS/gpu_train.json`` (default bench/results/), written again after every case,
-so a run stopped half way keeps the cases it measured.
+so a run stopped half way keeps the cases it measured. A system that fails (at its build, its warm-up
+or a timed round; ``aiayn-compile`` where compiling failed and the plain model trained) is in the case's
+``failed``, the others measured; a failed profile is ``profile_failed``; either makes the exit status 1.
 """
 from __future__ import annotations
 
@@ -145,6 +147,7 @@ def build_aiayn(cfg, batches: Batches, device, precision: str, compile_: bool = 
 
     def step(k: int):
         stepper.step([batches.aiayn[k]], k + 1)
+    step.compiled = lambda: stepper.net is not stepper.plain_net  # False where compiling failed: the plain model
     return step
 
 
@@ -238,18 +241,30 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed_rounds(fns: dict, rounds: int, device, calls=lambda r: [()]) -> dict[str, list[float]]:
+def timed_rounds(fns: dict, rounds: int, device, calls=lambda r: [()], failed: dict | None = None
+                 ) -> dict[str, list[float]]:
     """Interleaved rounds: in round r each function is called with each argument tuple of ``calls(r)``
     (default: once, with none), the functions in turn (so a drift of the machine hits all alike); per
-    function the seconds of each round."""
+    function the seconds of each round. With ``failed`` (a dict), a function that raises is taken out of
+    ``fns`` (its model freed) and out of the times, its error in ``failed``, and the others' rounds go
+    on: one system's failure (out of memory, a kernel that fails at a shape first seen) costs no other
+    system's measurement. Without it the error propagates."""
     times = {k: [] for k in fns}
     for r in range(rounds):
-        for name, fn in fns.items():
-            sync(device)
-            t0 = time.perf_counter()
-            for args in calls(r):
-                fn(*args)
-            sync(device)
+        for name, fn in list(fns.items()):
+            try:
+                sync(device)
+                t0 = time.perf_counter()
+                for args in calls(r):
+                    fn(*args)
+                sync(device)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed[name] = f"round {r}: {type(exc).__name__}: {exc}"[:400]
+                print(f"{name}: failed in timed round {r}: {failed[name]}", flush=True)
+                del fns[name], times[name], fn
+                continue
             times[name].append(time.perf_counter() - t0)
     return times
 
@@ -259,15 +274,17 @@ def round_batches(r: int, n_steps: int, n_batches: int, warmup: int = 0) -> list
     return [(warmup + r * n_steps + i) % n_batches for i in range(n_steps)]
 
 
-def measure(steps: dict, batches: Batches, cfg, device, n_steps: int, rounds: int, warmup: int) -> dict:
+def measure(steps: dict, batches: Batches, cfg, device, n_steps: int, rounds: int, warmup: int,
+            failed: dict | None = None) -> dict:
     """Interleaved rounds over the same batches for every system; per system the median round's
-    target tok/s and model TFLOP/s, each round's counted over exactly the batches it timed."""
+    target tok/s and model TFLOP/s, each round's counted over exactly the batches it timed. A system
+    that fails in a round is left out, its error in ``failed`` (``timed_rounds``)."""
     n = len(batches.shapes)
     per_round = [round_batches(r, n_steps, n, warmup) for r in range(rounds)]
     real = [sum(batches.real_tokens[k] for k in ks) for ks in per_round]
     padded = [sum(batches.shapes[k][0] * batches.shapes[k][2] for k in ks) for ks in per_round]
     flops = [sum(train_flops(cfg, *batches.shapes[k]) for k in ks) for ks in per_round]
-    times = timed_rounds(steps, rounds, device, lambda r: [(k,) for k in per_round[r]])
+    times = timed_rounds(steps, rounds, device, lambda r: [(k,) for k in per_round[r]], failed)
     out = {}
     for name, ts in times.items():
         out[name] = {"tgt_tok_s": round(statistics.median(x / t for x, t in zip(real, ts))),
@@ -302,13 +319,16 @@ def run_case(size: str, precision: str, batches_kind: str, args, device) -> dict
             for k in range(args.warmup):
                 steps[name](k % len(batches.shapes))
             sync(device)
+            if name == "aiayn-compile" and not steps[name].compiled():  # the step went on without it (warned)
+                raise RuntimeError("torch.compile failed in the warm-up and the step trains the plain model: "
+                                   "not a measurement of train.compile")
             print(f"{size:5s} {precision} {batches_kind:9s} {name:14s} warm-up {time.perf_counter() - t0:.1f} s",
                   flush=True)
         except Exception as exc:  # a system that cannot run here is reported, not fatal
             failed[name] = f"{type(exc).__name__}: {exc}"[:400]
             print(f"{size} {precision} {batches_kind} {name}: failed: {failed[name]}", flush=True)
             steps.pop(name, None)
-    res = measure(steps, batches, cfg, device, args.steps, args.rounds, args.warmup)
+    res = measure(steps, batches, cfg, device, args.steps, args.rounds, args.warmup, failed)
     for name, r in res.items():
         print(f"{size:5s} {precision} {batches_kind:9s} {name:14s} {r['tgt_tok_s']:>10,} tgt tok/s "
               f"{r['tflops']:7.1f} TFLOP/s  step {r['step_ms']:.1f} ms", flush=True)
@@ -386,8 +406,14 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     head = {"device": name, "stated_peak_tflops": peak, "measured_matmul_tflops": measured,
             "torch": torch.__version__, "args": vars(args)}
-    if args.profile:
-        profile_aiayn(sizes[0], precisions[0], args, device)
+    profile_failed = ""
+    if args.profile:  # a profiler that fails (CUPTI missing, say) costs the profile, not the measurements
+        try:
+            profile_aiayn(sizes[0], precisions[0], args, device)
+        except Exception as exc:
+            profile_failed = f"{type(exc).__name__}: {exc}"[:400]
+            print(f"profile of aiayn's step failed: {profile_failed}", flush=True)
+            head["profile_failed"] = profile_failed
     cases = []
     for size in sizes:
         for precision in precisions:
@@ -400,7 +426,7 @@ def main() -> int:
                 cases.append(case)
                 out.write_text(json.dumps({**head, "cases": cases}, indent=1))  # after every case
     print(f"results: {out}")
-    return 1 if any(c["failed"] for c in cases) else 0
+    return 1 if profile_failed or any(c["failed"] for c in cases) else 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ of decoder steps on the same rows (as bench/translate_throughput.py does on the 
           nvidia-cublas-cu12 package where one is installed; bench/gpu_check.sh otherwise names the
           installed cuBLAS (13 beside a CUDA 13 torch) libcublas.so.12 on LD_LIBRARY_PATH, the
           functions CTranslate2 calls being the same in both (recorded as ``cublas`` in the results)
-Interleaved rounds, median round; target tokens/s = batch * L / time.
+Interleaved rounds, median round; target tokens/s = batch * L / time. A system whose warm-up call
+generated other than batch * L tokens did other work than the rest: its line says so, ``same_work``
+is false in the results, and the script exits nonzero.
 
     python bench/gpu_translate.py --sizes base,big
     python bench/gpu_translate.py --sizes tiny --batch 4 --out-len 8 --vocab 300 --device cpu \
@@ -75,7 +77,7 @@ def hf_system(cfg, dtype: torch.dtype, src_aiayn: torch.Tensor, L: int, K: int, 
     def run():
         out = model.generate(input_ids=src, attention_mask=mask, num_beams=K, do_sample=False, min_new_tokens=L,
                              max_new_tokens=L, early_stopping=True, use_cache=True, suppress_tokens=[pad])
-        return out.size(0) * (out.size(1) - 1)
+        return int((out[:, 1:] != pad).sum())  # after the start token; a row ended early is padded
     return run
 
 
@@ -161,13 +163,14 @@ def main() -> int:
                 failed[sys_name] = f"{type(exc).__name__}: {exc}"[:400]
                 print(f"{size} {sys_name}: failed: {failed[sys_name]}", flush=True)
                 runs.pop(sys_name, None)
-        times = timed_rounds(runs, args.rounds, device)
-        res = {}
+        times = timed_rounds(runs, args.rounds, device, failed=failed)  # a failure in a round: that system out
+        res, expected = {}, args.batch * args.out_len
         for k, ts in times.items():
             t = statistics.median(ts)
-            res[k] = {"tgt_tok_s": round(args.batch * args.out_len / t), "seconds": round(t, 4),
-                      "tokens_generated": tokens[k], "rounds_s": [round(x, 4) for x in ts]}
-            print(f"{size:5s} {k:17s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call)", flush=True)
+            res[k] = {"tgt_tok_s": round(expected / t), "seconds": round(t, 4), "tokens_generated": tokens[k],
+                      "same_work": tokens[k] == expected, "rounds_s": [round(x, 4) for x in ts]}
+            other = "" if res[k]["same_work"] else f"; NOT THE SAME WORK: {tokens[k]} tokens generated, not {expected}"
+            print(f"{size:5s} {k:17s} {res[k]['tgt_tok_s']:>10,} tgt tok/s  ({t:.3f} s per call){other}", flush=True)
         for a, b in (("aiayn-fp32", "hf-fp32"), ("aiayn-bf16", "hf-bf16"), ("aiayn-bf16", "aiayn-fp32"),
                      ("aiayn-fp32", "ct2-fp32"), ("aiayn-bf16", "ct2-bf16"), ("aiayn-bf16", "ct2-fp16"),
                      ("aiayn-bf16", "ct2-int8"), ("aiayn-fp16", "ct2-fp16"), ("aiayn-fp16", "hf-fp16"),
@@ -182,7 +185,7 @@ def main() -> int:
                                    "cublas": os.environ.get("AIAYN_CUBLAS12", "as installed"), "cases": cases},
                                   indent=1))  # after every case
     print(f"results: {out}")
-    return 1 if any(c["failed"] for c in cases) else 0
+    return 1 if any(c["failed"] or not all(r["same_work"] for r in c["systems"].values()) for c in cases) else 0
 
 
 if __name__ == "__main__":
