@@ -139,6 +139,8 @@ def test_attention_weights_shapes(ckpt):
     assert att["decoder_self"].shape == (2, 4, T, T)
     assert (np.abs(att["cross"].sum(-1) - 1.0) <= float(softmax_sum_bound(S))).all()  # each row a softmax over S keys
     assert len(att["src_tokens"]) == S and att["src_tokens"][-1] == "</s>"
+    # decoder self-attention's keys are the decoder's inputs: BOS, then the outputs shifted by one
+    assert att["tgt_in_tokens"] == [tr.tgt_tok.piece(tr.ids.bos)] + att["tgt_tokens"][:-1]
 
 
 def test_cli_translate(ckpt, tmp_path, capsys, monkeypatch):
@@ -153,6 +155,7 @@ def test_cli_translate(ckpt, tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 8 and out[0].startswith("0 ||| ") and out[2].startswith("2 ||| ")
     assert np.load(tmp_path / "att.npz")["4_cross"].ndim == 4
+    assert np.load(tmp_path / "att.npz")["4_tgt_in_tokens"].shape == np.load(tmp_path / "att.npz")["4_tgt_tokens"].shape
     monkeypatch.setattr("sys.stdin", io.StringIO("small\n\n"))
     assert main(["translate", "--checkpoint", ckpt, "--max-len-b", "3"]) == 0
     assert capsys.readouterr().out.split("\n")[:2] == [expected[3], ""]

@@ -70,6 +70,30 @@ def test_plot_attention_draws_the_models_weights(translator, tmp_path, monkeypat
             assert np.triu(weights, k=1).max() == 0.0
 
 
+def test_decoder_self_attention_columns_are_the_decoders_inputs(translator, tmp_path, monkeypatch):
+    """Decoder position t predicts output token t from the inputs BOS, y_1 .. y_{t-1} (§3.1): its
+    row is labelled with the prediction, its keys with the shifted inputs, so that the causal
+    diagonal pairs a prediction with the token before it (never with itself)."""
+    drawn = {}
+    real = viz_attention.attention_figure
+
+    def spy(weights, rows, cols, title):
+        drawn[title] = (rows, cols)
+        return real(weights, rows, cols, title)
+
+    monkeypatch.setattr(viz_attention, "attention_figure", spy)
+    viz_attention.plot_attention(translator, SRC, tmp_path / "att")
+    src_ids = translator.encode([SRC])[0]
+    best = translator.translate_ids([src_ids])[0][0]
+    out_ids = list(best.tokens) + ([translator.ids.eos] if best.eos else [])
+    piece = translator.tgt_tok.piece
+    rows, cols = drawn["decoder self-attention, layer 1"]
+    assert rows == [piece(i) for i in out_ids]
+    assert cols == [piece(i) for i in [translator.ids.bos] + out_ids[:-1]]
+    rows, cols = drawn["encoder-decoder attention, layer 1"]
+    assert rows == [piece(i) for i in out_ids]
+
+
 def test_attention_figure_rows_and_labels():
     w = np.random.default_rng(0).random((3, 2, 4))
     w /= w.sum(-1, keepdims=True)
@@ -124,6 +148,10 @@ def test_smoothing_plot_shows_smoothed_targets(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, msg", [
     (["plot", "lr", "--pairs", "512-4000"], "D_MODEL:WARMUP"),
     (["plot", "smoothing", "--targets", "7"], "--targets"),
+    (["plot", "lr", "--scale", "nan"], "--scale"),
+    (["plot", "lr", "--scale", "inf"], "--scale"),
+    (["plot", "lr", "--scale", "0"], "--scale"),
+    (["plot", "lr", "--scale", "-1"], "--scale"),
 ])
 def test_cli_plot_bad_arguments_exit_2(argv, msg, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path / "x.png")]) == 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from pathlib import Path
@@ -116,6 +117,8 @@ def run_lr(args: argparse.Namespace) -> int:
     from aiayn.viz.curves import plot_lr
     if args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if not (math.isfinite(args.scale) and args.scale > 0):  # (else an empty or a NaN plot, written silently)
+        raise UserError(f"--scale must be a positive finite number, got {args.scale}")
     print(plot_lr(_png_out(args.out, args.overwrite), _pairs(args.pairs), args.steps, args.scale))
     return 0
 

@@ -296,8 +296,11 @@ class Translator:
         recomputed teacher-forced (the same math as the search).
 
         Returns source/target pieces and float32 arrays: ``encoder`` (L, H, S, S), ``decoder_self``
-        (L, H, T, T) and ``cross`` (L, H, T, S); target rows are the predicted tokens (EOS last
-        when generated), source columns include the EOS.
+        (L, H, T, T) and ``cross`` (L, H, T, S); target rows are the predicted tokens
+        (``tgt_tokens``, EOS last when generated), source columns include the EOS. The columns of
+        ``decoder_self`` are the decoder's inputs (``tgt_in_tokens``: BOS, then the output shifted
+        right by one, §3.1): position t attends to the tokens before the one it predicts, so
+        labelling those columns with ``tgt_tokens`` would show each prediction attending to itself.
         """
         out_ids = list(tokens) + ([self.ids.eos] if eos else [])
         src = torch.tensor([src_ids], device=self.device)
@@ -307,5 +310,6 @@ class Translator:
         stack = lambda ws: np.stack([w[0].float().cpu().numpy() for w in ws])  # noqa: E731
         return {"src_tokens": [self.src_tok.piece(i) for i in src_ids],
                 "tgt_tokens": [self.tgt_tok.piece(i) for i in out_ids],
+                "tgt_in_tokens": [self.tgt_tok.piece(i) for i in tgt_in[0].tolist()],
                 "encoder": stack(enc.weights), "decoder_self": stack(dec.self_weights),
                 "cross": stack(dec.cross_weights)}

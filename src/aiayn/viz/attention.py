@@ -20,10 +20,11 @@ from aiayn.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# kind -> (title, query side, key side)
+# kind -> (title, query side, key side); a decoder position's keys are the decoder's inputs (BOS,
+# then the output shifted right), its row the token it predicts (``Translator.attention``)
 KINDS: dict[str, tuple[str, str, str]] = {
     "encoder": ("encoder self-attention", "src_tokens", "src_tokens"),
-    "decoder_self": ("decoder self-attention", "tgt_tokens", "tgt_tokens"),
+    "decoder_self": ("decoder self-attention", "tgt_tokens", "tgt_in_tokens"),
     "cross": ("encoder-decoder attention", "tgt_tokens", "src_tokens"),
 }
 
