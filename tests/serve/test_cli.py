@@ -57,3 +57,44 @@ def test_serve_takes_how_its_model_decodes(tiny_checkpoint, monkeypatch):
                  "--threads", "1"]) == 0
     cfg = seen["translator"].cfg
     assert cfg.precision == "bf16" and cfg.cuda_graphs
+
+
+def test_serve_on_a_taken_port_is_one_line_before_serving(tiny_checkpoint, capsys, caplog):
+    """A port another service listens on: exit 2 with the address and the reason, and no banner
+    saying it serves there (uvicorn alone would log its bind error after startup and exit 3)."""
+    import socket
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with caplog.at_level("INFO"):
+            assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", str(port), "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--host 127.0.0.1 --port {port}: cannot listen on 127.0.0.1 port {port}" in err
+    assert "choose another --port" in err and "Traceback" not in err
+    assert not [r for r in caplog.records if r.getMessage().startswith("serving ")]
+
+
+def test_serve_on_a_host_that_does_not_resolve_is_one_line(tiny_checkpoint, capsys):
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--host", "no-such-host.invalid",
+                 "--threads", "1"]) == 2
+    assert "--host no-such-host.invalid --port 8000: cannot resolve the host" in capsys.readouterr().err
+
+
+def test_listen_check_skips_an_address_the_machine_lacks_as_asyncio_does(monkeypatch):
+    """A name resolving to an address the machine does not have (an IPv6 localhost where IPv6 is
+    off) is listened on at its other addresses (asyncio's create_server skips it); only when no
+    address is left is it an error."""
+    import socket
+
+    import pytest
+
+    from aiayn.errors import UserError
+    from aiayn.serve import server
+    absent = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", 0))  # TEST-NET-1: never this machine's
+    here = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [absent, here])
+    server.check_listen("twofold.example", 0)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [absent])
+    with pytest.raises(UserError, match="--host onlyabsent.example --port 0: cannot listen on 192.0.2.1 port 0"):
+        server.check_listen("onlyabsent.example", 0)

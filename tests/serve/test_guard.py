@@ -100,6 +100,27 @@ def test_allowed_origins_get_cors(translator):
                       headers={"origin": "https://other.example"}).status_code == 403
 
 
+@pytest.mark.parametrize("field, entry", [
+    ("allow_host", "mt.example.org:8000"), ("allow_host", "https://mt.example.org"), ("allow_host", "::1"),
+    ("allow_origin", "tools.example"), ("allow_origin", "https://tools.example/app"), ("allow_origin", "*"),
+])
+def test_access_lists_refuse_entries_that_could_never_match(field, entry):
+    """The guard compares the Host name without its port, and the Origin as scheme://host[:port]:
+    an entry of another form would refuse every request it was meant to allow, so it is an error."""
+    from aiayn.config import ConfigError
+    with pytest.raises(ConfigError, match=f"{field}: {re.escape(repr(entry))} is not a"):
+        ServeConfig(host="0.0.0.0", **{field: (entry,)})
+
+
+def test_access_lists_take_names_and_origins(translator):
+    cfg = replace(SERVE, host="0.0.0.0", allow_host=("mt.example.org", "[::1]", "10.0.0.2"),
+                  allow_origin=("https://tools.example/", "http://[::1]:8000"))
+    with TestClient(create_app(translator, cfg), base_url="http://mt.example.org:8000") as c:
+        for origin in ("https://tools.example", "http://[::1]:8000"):
+            assert c.post("/translate", json={"sentences": ["A dog."]}, headers={"origin": origin}).status_code == 200
+        assert c.get("/health", headers={"host": "[::1]:8000"}).status_code == 200
+
+
 def test_api_key(translator):
     cfg = replace(SERVE, api_key="s3cret-token")
     assert "s3cret" not in repr(cfg)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     app = create_app(Translator.from_checkpoint(args.checkpoint, decode, device=args.device), cfg)
-    log.info("serving %s on http://%s:%d/ (hosts %s%s)", args.checkpoint, cfg.host, cfg.port,
-             ",".join(cfg.allowed_hosts), ", API key required" if cfg.api_key else "")
-    make_server(app, cfg, log_level="info").run()
+    banner = (f"serving {args.checkpoint} on http://{cfg.host}:{cfg.port}/ (hosts {','.join(cfg.allowed_hosts)}"
+              f"{', API key required' if cfg.api_key else ''})")
+    make_server(app, cfg, banner, log_level="info").run()  # (the banner once the port is known to be free)
     return 0

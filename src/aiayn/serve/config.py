@@ -20,6 +20,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# what --allow-host and --allow-origin entries may be (``ServeConfig``): a Host name without its port
+# (an IPv6 address in brackets, as a Host header writes it), and an Origin header's scheme://host[:port]
+HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]", re.ASCII)
+ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?/?", re.ASCII)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """HTTP address, request limits (answered with 4xx errors), time bounds, access rules and the
@@ -115,6 +121,16 @@ class ServeConfig:
         if not 1 <= self.client_ipv6_prefix <= 128:
             raise ConfigError(f"client_ipv6_prefix must be in [1, 128] (bits), got {self.client_ipv6_prefix}")
         trusted_networks(self.forwarded_allow_ips)  # a ConfigError naming a bad entry
+        # the guard compares a request's Host name (its port dropped) and its Origin with these as
+        # written: an entry of another form would never match, every request refused 403
+        for entry in self.allow_host:
+            if entry != "*" and not HOST_NAME.fullmatch(entry):
+                raise ConfigError(f"allow_host: {entry!r} is not a host name (like mt.example.org, 10.0.0.2 or "
+                                  "[::1]; no scheme, path or port: any port is accepted), nor '*'")
+        for entry in self.allow_origin:
+            if not ORIGIN.fullmatch(entry):
+                raise ConfigError(f"allow_origin: {entry!r} is not a browser origin (scheme://host or "
+                                  "scheme://host:port like https://tools.example, no path; each origin listed)")
         if self.languages and not re.fullmatch(r"[A-Za-z]\w{0,15}-[A-Za-z]\w{0,15}", self.languages, re.ASCII):
             raise ConfigError(f"languages must be SRC-TGT like en-de, got {self.languages!r}")
 

@@ -14,14 +14,17 @@ listener open, answering 503, until the queue is empty or the drain time is over
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import socket
 from collections import Counter
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from aiayn.errors import UserError
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.clients import client_key
 from aiayn.serve.config import ServeConfig
@@ -143,9 +146,19 @@ class Server(uvicorn.Server):
     retries elsewhere) instead of finding the port closed. A second SIGINT exits at once.
     """
 
-    def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float):
+    def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float, banner: str = ""):
         super().__init__(config)
         self.batcher, self.drain_s = batcher, drain_s
+        self.banner = banner  # logged once the address is known to be free (``run``)
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve; without ``sockets``, first check that ``--host``/``--port`` can be listened on
+        (``check_listen``): uvicorn would log its bind error and exit 3 after starting up."""
+        if sockets is None:
+            check_listen(self.config.host, self.config.port)
+        if self.banner:
+            log.info("%s", self.banner)
+        super().run(sockets=sockets)
 
     def handle_exit(self, sig, frame) -> None:
         log.info("signal %s: new requests get 503; queued work is finished for %.1f s", sig, self.drain_s)
@@ -157,12 +170,46 @@ class Server(uvicorn.Server):
         return stop and (self.force_exit or not self.batcher.shutting_down or self.batcher.drained)
 
 
-def make_server(app, cfg: ServeConfig, **uvicorn_kw) -> Server:
-    """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``. uvicorn's own
+def check_listen(host: str, port: int) -> None:
+    """A ``UserError`` naming ``host:port`` when a listener cannot be bound there (the port taken by
+    another service, an address this machine does not have, a name that does not resolve). Each of
+    the addresses ``host`` resolves to is bound once and released as asyncio's ``create_server``
+    (uvicorn's listener) binds them: with SO_REUSEADDR and IPV6_V6ONLY, an address the machine
+    lacks skipped (an IPv6 ``localhost`` where IPv6 is off) unless none is left, so that a port
+    uvicorn could take passes and a port held by a listening socket fails."""
+    where = f"--host {host} --port {port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise UserError(f"{where}: cannot resolve the host ({getattr(exc, 'strerror', None) or exc})") from None
+    missing, bound = None, False
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                missing = missing or (address, exc)
+                continue
+            hint = "; another service listens there: stop it or choose another --port" if exc.errno == errno.EADDRINUSE else ""
+            raise UserError(f"{where}: cannot listen on {address[0]} port {address[1]} "
+                            f"({exc.strerror or exc}){hint}") from None
+        bound = True
+    if not bound and missing is not None:
+        (address, exc) = missing
+        raise UserError(f"{where}: cannot listen on {address[0]} port {address[1]} ({exc.strerror or exc})")
+
+
+def make_server(app, cfg: ServeConfig, banner: str = "", **uvicorn_kw) -> Server:
+    """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``, logging
+    ``banner`` when it starts (after ``check_listen``). uvicorn's own
     proxy headers are off (by default it believes X-Forwarded-For from loopback peers): the app reads
     X-Forwarded-For itself, from the proxies ``cfg.forwarded_allow_ips`` names (clients.py)."""
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, http=guarded_protocol(cfg, app.state.metrics),
                             timeout_keep_alive=cfg.keep_alive_s, lifespan="on", proxy_headers=False,
                             h11_max_incomplete_event_size=cfg.max_header_bytes,
                             timeout_graceful_shutdown=cfg.shutdown_timeout_s + 5, **uvicorn_kw)
-    return Server(config, app.state.batcher, cfg.shutdown_timeout_s)
+    return Server(config, app.state.batcher, cfg.shutdown_timeout_s, banner)
