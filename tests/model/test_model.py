@@ -201,3 +201,14 @@ def test_public_api_unknown_override_is_an_error():
         aiayn.get_preset("base", d_modle=3)
     with pytest.raises(ValueError, match="unknown preset"):
         aiayn.get_preset("huge")
+
+
+@pytest.mark.parametrize("field, value", [("p_drop_attn", 1.5), ("p_drop_ffn", -0.1), ("p_drop_attn", float("nan")),
+                                          ("layer_norm_eps", 0.0), ("layer_norm_eps", -1e-6),
+                                          ("layer_norm_eps", float("nan"))])
+def test_config_refuses_dropout_and_epsilon_out_of_range(field, value):
+    """A dropout rate outside [0, 1) fails torch's check only at the first training step, with a
+    traceback; an epsilon <= 0 or NaN makes LayerNorm's outputs NaN without any error."""
+    from aiayn.config import ConfigError
+    with pytest.raises(ConfigError, match=f"{field} must be in"):
+        aiayn.get_preset("tiny", vocab_size=50, **{field: value})

@@ -45,8 +45,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.d_model <= 0 or self.n_heads <= 0 or self.d_k <= 0 or self.d_v <= 0:
             raise ConfigError("d_model, n_heads, d_k and d_v must be positive")
-        if not 0.0 <= self.p_drop < 1.0:
-            raise ConfigError(f"p_drop must be in [0, 1), got {self.p_drop}")
+        for name in ("p_drop", "p_drop_attn", "p_drop_ffn"):  # (else torch's error at the first training step)
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.layer_norm_eps < 1.0:  # (NaN or <= 0: LayerNorm's outputs NaN, silently)
+            raise ConfigError(f"layer_norm_eps must be in (0, 1), got {self.layer_norm_eps}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.tgt_vocab_size is not None and self.tie_src_tgt_embeddings and self.tgt_vocab_size != self.vocab_size:
