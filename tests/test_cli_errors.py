@@ -48,6 +48,21 @@ def test_evaluate_out_of_memory_in_ram(monkeypatch, capsys, tmp_path):
     assert "out of memory in RAM: lower --batch-tokens (now 4096): halve it, --batch-tokens 2048" in _error_line(capsys)
 
 
+def test_translate_out_of_memory_names_a_huge_output_length(monkeypatch, capsys):
+    """The search holds room for the maximum output length from its first step, for one sentence
+    too: where --max-len-a/--max-len-b allow a huge one, they are the advice, not --batch-tokens."""
+    monkeypatch.setattr("aiayn.decode.translator.Translator.from_checkpoint", _raiser(CPU_OOM))
+    assert main(["translate", "--checkpoint", "m.pt", "--max-len-a", "1e9"]) == 2
+    line = _error_line(capsys)
+    assert ("out of memory in RAM: the maximum output length floor(1e+09 x |x| + 50) (--max-len-a, --max-len-b) "
+            "allows 1,024,000,000,050 tokens for a line of 1024 tokens (--max-input-tokens)") in line
+    assert "lower --max-len-a or --max-len-b" in line and "halve it" not in line
+    assert main(["translate", "--checkpoint", "m.pt", "--max-len-a", "1e9", "--max-input-tokens", "2"]) == 2
+    assert "allows 2,000,000,050 tokens for a line of 2 tokens" in _error_line(capsys)
+    assert main(["translate", "--checkpoint", "m.pt", "--max-len-a", "2", "--max-len-b", "300"]) == 2  # in use: 2,348
+    assert "lower --batch-tokens (now 4096): halve it" in _error_line(capsys)
+
+
 def test_train_out_of_memory_names_the_token_budgets(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("aiayn.train.loop.train", _raiser(CUDA_OOM))
     args = ["train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--preset", "tiny",

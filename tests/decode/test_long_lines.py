@@ -79,3 +79,17 @@ def test_cli_evaluate_long_lines(ckpt, tmp_path, capsys):
     assert main(["evaluate", "--checkpoint", str(tmp_path / "no-such.pt"), "--src", str(tmp_path / "empty.txt"),
                  "--ref", str(tmp_path / "empty.txt")]) == 2
     assert "empty.txt have no lines: nothing to score" in capsys.readouterr().err
+
+
+def test_a_limit_that_keeps_no_token_is_refused(ckpt, tmp_path, capsys):
+    """max_input_tokens counts EOS: 1 would leave truncate nothing to keep (every line skipped
+    instead), so it is refused at configuration; 2 keeps one token of a long line."""
+    with pytest.raises(ConfigError, match="max_input_tokens must be >= 2"):
+        DecodeConfig(max_input_tokens=1)
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    args = ["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), *FAST]
+    assert main(args + ["--max-input-tokens", "1", "--long-lines", "truncate"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "max_input_tokens must be >= 2" in captured.err and captured.err.count("\n") == 1
+    tr = Translator.from_checkpoint(ckpt, DecodeConfig(max_input_tokens=2, long_lines="truncate", c_kernels=False))
+    assert [len(x) for x in tr.encode(LINES)] == [2, 2, 0, 2]

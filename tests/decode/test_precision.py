@@ -117,6 +117,23 @@ def test_bf16_padded_rows_translate_the_same(tiny_checkpoint):
     assert results[6] == results[0]
 
 
+def test_cpu_row_bits_outside_its_range_is_refused(tiny_checkpoint, capsys):
+    """cpu_row_bits is 0 (off) or the leading bits kept: a negative value was read as off, silently;
+    it is refused, in the translator's settings and in training's, and by the command in one line."""
+    from aiayn.cli import main
+    from aiayn.config import ConfigError
+    from aiayn.train.config import TrainConfig
+    for bad in (-1, 63):
+        with pytest.raises(ConfigError, match=r"cpu_row_bits must be in \[0, 62\]"):
+            DecodeConfig(cpu_row_bits=bad)
+        with pytest.raises(ConfigError, match=r"cpu_row_bits must be in \[0, 62\]"):
+            TrainConfig(cpu_row_bits=bad)
+    assert DecodeConfig(cpu_row_bits=0).cpu_row_bits == 0 and DecodeConfig(cpu_row_bits=62).cpu_row_bits == 62
+    assert main(["translate", "--checkpoint", str(tiny_checkpoint), "--precision", "bf16", "--cpu-row-bits", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "cpu_row_bits must be in [0, 62] (0 = off), got -1" in captured.err
+
+
 def test_fp16_step_log_probs_close_to_fp32():
     """float16 (CUDA, for GPUs without native bf16) decodes through the same code as bf16, with 11
     significand bits where bfloat16 has 8: the first step's log-probabilities, and the scores of

@@ -1,6 +1,8 @@
 """Forced target prefixes: search's Constraints.prefix, Translator, translate --prefix (aiayn/decode/search.py)."""
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -71,4 +73,27 @@ def test_translate_prefix_file(copy_checkpoint, tmp_path, capsys):
     assert out[0].startswith("c") and out[1] == "l k j i"
     pre.write_text("c\n")
     assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src), "--prefix", str(pre)]) == 2
-    assert "fewer than the input's" in capsys.readouterr().err
+    assert f"prefix.txt:2: line counts differ: {pre} has 1 lines, {src} has 2" in capsys.readouterr().err
+
+
+def test_translate_prefix_count_is_checked_before_decoding(copy_checkpoint, tmp_path, capsys, monkeypatch):
+    """A --prefix file of more (or fewer) lines than an --input file: one error line before any
+    translation is written. From stdin the count is known as lines arrive: a short file stops at
+    the first line it lacks, a long one after the translations."""
+    src, pre = tmp_path / "src.txt", tmp_path / "prefix.txt"
+    src.write_text("a b c\nl k j i\n")
+    pre.write_text("c\n\nk\n")
+    args = ["translate", "--checkpoint", str(copy_checkpoint), "--prefix", str(pre)]
+    assert main(args + ["--input", str(src)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert f"src.txt:3: line counts differ: {pre} has 3 lines, {src} has 2" in captured.err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2 and "3 lines for 2 input lines" in captured.err
+    pre.write_text("c\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    assert main(args + ["--buffer", "1"]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 and "1 lines, fewer than the input's" in captured.err

@@ -24,7 +24,30 @@ def _where(exc: BaseException) -> str:
     return "on the GPU" if "CUDA" in str(exc) or type(exc).__name__ == "OutOfMemoryError" else "in RAM"
 
 
+LENGTH_FACTOR = 4  # output lengths past this many times §6.1's |x| + 50 for the longest line are named as the cause
+
+
+def _output_length(args: argparse.Namespace) -> str | None:
+    """The advice when the maximum output length floor(a |x| + b) is what is huge: the search holds
+    room for all of its positions from the first step (``_Results``, the decoder's cache), for a
+    batch of one sentence too, so a smaller --batch-tokens does not help. Huge: beyond
+    ``LENGTH_FACTOR`` times §6.1's |x| + 50 for a line of --max-input-tokens tokens (settings in use,
+    Marian's length factor 3 or parsing's + 300 (§6.3), stay under it). None otherwise."""
+    from aiayn.decode.config import DecodeConfig
+    a = DecodeConfig.max_len_a if args.max_len_a is None else args.max_len_a  # None: not given (the checkpoint's)
+    b = DecodeConfig.max_len_b if args.max_len_b is None else args.max_len_b
+    longest = int(a * args.max_input_tokens + b)
+    if longest <= LENGTH_FACTOR * (args.max_input_tokens + 50):
+        return None
+    return (f"the maximum output length floor({a:g} x |x| + {b}) (--max-len-a, --max-len-b) allows {longest:,} tokens "
+            f"for a line of {args.max_input_tokens} tokens (--max-input-tokens), and the search holds room for all of them "
+            f"from its first step, whatever --batch-tokens is: lower --max-len-a or --max-len-b (the paper's: 1 and 50)")
+
+
 def _batch_tokens(args: argparse.Namespace) -> str:
+    length = _output_length(args)
+    if length is not None:
+        return length
     n = args.batch_tokens
     return f"lower --batch-tokens (now {n}): halve it, --batch-tokens {max(1, n // 2)}, and again if it still runs out"
 

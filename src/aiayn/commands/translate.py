@@ -119,6 +119,19 @@ def _read_prefixes(path: str | None) -> list[str] | None:
     return [line.strip() for line in read_lines(Path(path))]
 
 
+def _check_prefix_count(prefixes: list[str] | None, prefix_path: str | None, input_path: str | None) -> None:
+    """--prefix and an --input file of different line counts: an error before the model is loaded
+    (``check_line_counts``, as ``evaluate`` checks its references). From stdin (or a pipe) the count
+    is known only as the lines arrive: a short prefix file stops at the first line it lacks
+    (``_chunk_prefixes``), a long one after the last translation."""
+    if prefixes is None or input_path is None or not Path(input_path).is_file():
+        return
+    from aiayn.data.textio import check_line_counts, count_lines
+    n_input = count_lines(Path(input_path))
+    if n_input != len(prefixes):
+        check_line_counts(prefix_path, len(prefixes), input_path, n_input)
+
+
 def _chunk_prefixes(prefixes: list[str] | None, path: str | None, first: int, n: int) -> list[str] | None:
     """The prefixes of input lines first..first+n-1; an error when the file has fewer lines."""
     if prefixes is None:
@@ -157,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_folder(att_path)  # written after the translations: said before them
     buffer = _buffer_lines(args)
     prefixes = _read_prefixes(args.prefix)
+    _check_prefix_count(prefixes, args.prefix, args.input)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
         if args.alignments:
             from aiayn.decode.align import check_layer

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, fields
 
 from aiayn.config import ConfigError, param, replace
-from aiayn.execution.linear import ROW_BITS
+from aiayn.execution.linear import MAX_ROW_BITS, ROW_BITS
 
 
 PACKED_LIBRARIES = ("mkl", "onednn")  # DecodeConfig.packed_library besides "auto" (decode/packed.py)
@@ -37,13 +37,13 @@ class DecodeConfig:
     seed: int = param(0, "sampling: random seed (sampled outputs depend on it and on batch composition)")
     batch_tokens: int = param(4096, "source tokens per batch, counting padding (sentences are sorted by length into batches; output keeps input order)")
     precision: str = param("fp32", "fp32 (exact), bf16 (the model in bfloat16, log-probabilities in float32), fp16 (CUDA: the model in float16, for GPUs without native bf16 such as the T4 and V100), int8 (CPU: int8 linear maps) or int8-bf16 (CPU: int8 linear maps, bfloat16 between them); docs/decoding.md")
-    cpu_row_bits: int = param(ROW_BITS, "precision bf16 on the CPU: pad each linear map's rows with zero rows to a count that keeps this many leading bits, so a long-running translator's memory stays flat (docs/training.md); 0 = off")
+    cpu_row_bits: int = param(ROW_BITS, "precision bf16 on the CPU: pad each linear map's rows with zero rows to a count that keeps this many leading bits, so a long-running translator's memory stays flat (docs/training.md); 0 = off, at most 62")
     workers: int = param(1, "decoding processes on the CPU sharing the length-sorted batches, each with its own copy of the model and threads/workers threads (docs/decoding.md); 1 = decode in this process")
     c_kernels: bool = param(True, "C kernels on the CPU (docs/kernels.md): beam search's attention and top-k (the same up to rounding), the int8 row passes (bit-identical); false, or no C compiler, = PyTorch's operations")
     packed_weights: bool = param(True, "precision fp32 on the CPU: linear maps from weights packed once for the library's kernels instead of at every call; the same products up to rounding (docs/decoding.md); false = PyTorch's")
     packed_library: str = param("auto", "whose packed weights packed_weights uses: mkl (MKL's packed sgemm), onednn (oneDNN's blocked format) or auto (MKL on Intel CPUs, oneDNN on others; docs/decoding.md)")
     cuda_graphs: bool = param(False, "CUDA: each decoding step replayed as a CUDA graph over buffers of fixed size, so the host issues one launch a step instead of hundreds of operations; the same search up to the order of sums (docs/gpu.md); the CPU decodes as without it")
-    max_input_tokens: int = param(1024, "the longest source line, in subword tokens with EOS; also capped by the model's max_positions; a longer line is handled as long_lines says")
+    max_input_tokens: int = param(1024, "the longest source line, in subword tokens with EOS (at least 2); also capped by the model's max_positions; a longer line is handled as long_lines says")
     long_lines: str = param("error", "a source line over max_input_tokens: error (naming its line), truncate (to max_input_tokens - 1 tokens) or skip (an empty line out), with a warning; docs/translate.md")
 
     def __post_init__(self) -> None:
@@ -81,8 +81,12 @@ class DecodeConfig:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.long_lines not in LONG_LINES:
             raise ConfigError(f"long_lines must be {', '.join(LONG_LINES)}, got {self.long_lines!r}")
-        if self.batch_tokens < 1 or self.max_input_tokens < 1:
-            raise ConfigError("batch_tokens and max_input_tokens must be >= 1")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.max_input_tokens < 2:  # one for EOS: a limit of 1 keeps no token of any line, truncated or not
+            raise ConfigError(f"max_input_tokens must be >= 2 (a source token and EOS), got {self.max_input_tokens}")
+        if not 0 <= self.cpu_row_bits <= MAX_ROW_BITS:
+            raise ConfigError(f"cpu_row_bits must be in [0, {MAX_ROW_BITS}] (0 = off), got {self.cpu_row_bits}")
 
 
 # The defaults of `aiayn translate` and `aiayn evaluate`: a job goes on past an overlong line, as

@@ -20,6 +20,7 @@ from aiayn.model.positional import ScaledEmbedding
 
 
 ROW_BITS = 6  # the default of train.cpu_row_bits and DecodeConfig.cpu_row_bits
+MAX_ROW_BITS = 62  # their largest value: padded_rows compares M with 2^bits, and no row count reaches 2^62
 
 
 def padded_rows(M: int, bits: int) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
-from aiayn.execution.linear import ROW_BITS
+from aiayn.execution.linear import MAX_ROW_BITS, ROW_BITS
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_bad_steps < 1:
             raise ConfigError(f"max_bad_steps must be >= 1, got {self.max_bad_steps}")
+        if not 0 <= self.cpu_row_bits <= MAX_ROW_BITS:
+            raise ConfigError(f"cpu_row_bits must be in [0, {MAX_ROW_BITS}] (0 = off), got {self.cpu_row_bits}")
         budget = self.max_time_min > 0 or self.max_flops > 0
         if self.lr_decay_by_time and not (self.lr_decay_frac > 0 and budget):
             raise ConfigError("lr_decay_by_time needs lr_decay_frac > 0 and max_time_min or max_flops > 0 "
