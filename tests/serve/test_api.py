@@ -45,6 +45,18 @@ def test_health(client, translator):
     assert data["defaults"] == {"beam": 4, "alpha": 0.6, "no_repeat_ngram": 0} and data["limits"]["max_sentences"] == 4
 
 
+def test_health_answers_head(client):
+    """HEAD /health (load balancers' probes, curl -I): GET's status without the body, not 405."""
+    r = client.head("/health")
+    assert r.status_code == 200 and r.content == b"" and r.headers["content-type"] == "application/json"
+    assert client.head("/health", headers={"host": "elsewhere.example"}).status_code == 403  # the same guard
+
+
+def test_a_sentence_limit_that_keeps_no_token_is_refused():
+    with pytest.raises(ConfigError, match="max_sentence_tokens must be >= 2"):
+        replace(SERVE, max_sentence_tokens=1)
+
+
 def test_translate_matches_the_translator(client, translator):
     r = client.post("/translate", json={"sentences": SENTS})
     assert r.status_code == 200, r.text

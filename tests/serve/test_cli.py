@@ -98,3 +98,29 @@ def test_listen_check_skips_an_address_the_machine_lacks_as_asyncio_does(monkeyp
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [absent])
     with pytest.raises(UserError, match="--host onlyabsent.example --port 0: cannot listen on 192.0.2.1 port 0"):
         server.check_listen("onlyabsent.example", 0)
+
+
+def test_the_serving_line_names_the_port_bound(tiny_checkpoint, monkeypatch, caplog):
+    """The "serving ... on http://HOST:PORT/" line is logged once the port is bound, with that port:
+    with --port 0, the one the system chose (a client cannot reach port 0)."""
+    import threading
+    import time
+
+    from aiayn.serve.server import Server
+    seen, run = {}, Server.run
+    monkeypatch.setattr(Server, "run", lambda self: seen.update(server=self))
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", "0", "--threads", "1"]) == 0
+    server = seen["server"]  # the command's server, run here in a thread
+    thread = threading.Thread(target=run, args=(server,), daemon=True)
+    with caplog.at_level("INFO", logger="aiayn.serve.server"):
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        try:
+            port = server.servers[0].sockets[0].getsockname()[1]
+        finally:
+            server.should_exit = True
+            thread.join(20)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving ")]
+    assert port != 0 and len(lines) == 1 and lines[0].startswith(f"serving {tiny_checkpoint} on http://127.0.0.1:{port}/ ")

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     app = create_app(Translator.from_checkpoint(args.checkpoint, decode, device=args.device), cfg)
-    banner = (f"serving {args.checkpoint} on http://{cfg.host}:{cfg.port}/ (hosts {','.join(cfg.allowed_hosts)}"
-              f"{', API key required' if cfg.api_key else ''})")
-    make_server(app, cfg, banner, log_level="info").run()  # (the banner once the port is known to be free)
+    def banner(port: int) -> str:  # of the port bound (--port 0: the one the system chose)
+        return (f"serving {args.checkpoint} on http://{cfg.host}:{port}/ (hosts {','.join(cfg.allowed_hosts)}"
+                f"{', API key required' if cfg.api_key else ''})")
+    make_server(app, cfg, banner, log_level="info").run()  # (the banner once the port is bound)
     return 0

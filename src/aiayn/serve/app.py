@@ -338,7 +338,7 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
                    "defaults": {"beam": base.beam_size, "alpha": base.alpha, "no_repeat_ngram": base.no_repeat_ngram},
                    "limits": {k: getattr(cfg, k) for k in LIMITS}}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and curl -I's probe (no body)
     async def health() -> dict:
         status = "shutting down" if batcher.shutting_down else "ok"
         return {"status": status, "queued": batcher.queued, "queued_clients": batcher.queued_clients,

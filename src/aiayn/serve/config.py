@@ -106,6 +106,8 @@ class ServeConfig:
                      "max_connections_per_client", "concurrent_calls", "client_burst"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_sentence_tokens < 2:  # the translator's max_input_tokens: one token besides EOS at least
+            raise ConfigError(f"max_sentence_tokens must be >= 2 (a source token and EOS), got {self.max_sentence_tokens}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s", "shutdown_timeout_s"):
             if not 0 < getattr(self, name) < 1e6:
                 raise ConfigError(f"{name} must be > 0 (seconds), got {getattr(self, name)}")

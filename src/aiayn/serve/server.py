@@ -19,6 +19,7 @@ import json
 import logging
 import socket
 from collections import Counter
+from typing import Callable
 
 import h11
 import uvicorn
@@ -146,19 +147,26 @@ class Server(uvicorn.Server):
     retries elsewhere) instead of finding the port closed. A second SIGINT exits at once.
     """
 
-    def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float, banner: str = ""):
+    def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float,
+                 banner: Callable[[int], str] | None = None):
         super().__init__(config)
         self.batcher, self.drain_s = batcher, drain_s
-        self.banner = banner  # logged once the address is known to be free (``run``)
+        self.banner = banner  # of the port listened on, logged once it is bound (``startup``)
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         """Serve; without ``sockets``, first check that ``--host``/``--port`` can be listened on
         (``check_listen``): uvicorn would log its bind error and exit 3 after starting up."""
         if sockets is None:
             check_listen(self.config.host, self.config.port)
-        if self.banner:
-            log.info("%s", self.banner)
         super().run(sockets=sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, then the banner with the port bound: with ``--port 0`` the one the
+        system chose, which a client needs (not 0)."""
+        await super().startup(sockets=sockets)
+        listening = [s for server in getattr(self, "servers", []) for s in server.sockets or ()]
+        if self.banner is not None and listening:
+            log.info("%s", self.banner(listening[0].getsockname()[1]))
 
     def handle_exit(self, sig, frame) -> None:
         log.info("signal %s: new requests get 503; queued work is finished for %.1f s", sig, self.drain_s)
@@ -203,9 +211,9 @@ def check_listen(host: str, port: int) -> None:
         raise UserError(f"{where}: cannot listen on {address[0]} port {address[1]} ({exc.strerror or exc})")
 
 
-def make_server(app, cfg: ServeConfig, banner: str = "", **uvicorn_kw) -> Server:
+def make_server(app, cfg: ServeConfig, banner: Callable[[int], str] | None = None, **uvicorn_kw) -> Server:
     """The uvicorn server of ``app`` (from ``create_app``) with the bounds of ``cfg``, logging
-    ``banner`` when it starts (after ``check_listen``). uvicorn's own
+    ``banner(port)`` once it listens (after ``check_listen``; the port bound). uvicorn's own
     proxy headers are off (by default it believes X-Forwarded-For from loopback peers): the app reads
     X-Forwarded-For itself, from the proxies ``cfg.forwarded_allow_ips`` names (clients.py)."""
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, http=guarded_protocol(cfg, app.state.metrics),
