@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -227,7 +228,9 @@ def test_sigterm_finishes_or_refuses_queued_work_within_the_bound(translator):
                 time.sleep(0.01)
             t0 = time.monotonic()
             server.server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
-            assert get(server.url + "/health")["status"] == "shutting down"
+            with pytest.raises(urllib.error.HTTPError) as health:  # 503: a load balancer's probe fails
+                get(server.url + "/health")
+            assert health.value.code == 503 and json.loads(health.value.read())["status"] == "shutting down"
             status, data = post(server.url, {"sentences": ["Too late."]})
             assert status == 503 and "shutting down" in data["error"]
             time.sleep(1.3)  # past the drain time: the queued requests are refused, not decoded

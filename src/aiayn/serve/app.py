@@ -339,10 +339,13 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
                    "limits": {k: getattr(cfg, k) for k in LIMITS}}
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and curl -I's probe (no body)
-    async def health() -> dict:
+    async def health() -> JSONResponse:
+        # 503 while shutting down: a load balancer's probe reads the status code, and stops sending
+        # requests here that would be refused
         status = "shutting down" if batcher.shutting_down else "ok"
-        return {"status": status, "queued": batcher.queued, "queued_clients": batcher.queued_clients,
-                "model_calls": batcher.calls, "stopped_model_calls": batcher.stopped, **health_body}
+        return JSONResponse({"status": status, "queued": batcher.queued, "queued_clients": batcher.queued_clients,
+                             "model_calls": batcher.calls, "stopped_model_calls": batcher.stopped, **health_body},
+                            status_code=503 if batcher.shutting_down else 200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
