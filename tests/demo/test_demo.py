@@ -263,3 +263,37 @@ def test_members_memory_is_sized_in_the_run_precision(monkeypatch):
 def test_negative_members_are_refused(capsys):
     assert main(["demo", "--members", "-1", "--out", "unused"]) == 2
     assert "--members and --processes must be at least 0" in capsys.readouterr().err
+
+
+def _finished_run(run_dir, recipe, sets):
+    """A run directory as a finished ``aiayn train`` of ``recipe`` with ``sets`` leaves it: its
+    config.json (threads per process and the data directory's vocabulary, as training records them)
+    and summary.json."""
+    import dataclasses
+
+    from aiayn.config import apply_sets, to_dict
+    from aiayn.train.config import load_recipe
+    run = apply_sets(load_recipe(recipe), sets)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({
+        "model": to_dict(dataclasses.replace(run.model, vocab_size=1000)),
+        "train": to_dict(dataclasses.replace(run.train, threads=1, accum_steps=2))}))
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 40, "train_seconds": 5.0}))
+
+
+def test_a_finished_run_is_reused_only_for_the_options_it_was_trained_with(tmp_path):
+    """A re-run resumes a finished training only as it was asked for: another --max-steps (or
+    --minutes, --recipe, --set) is an error naming the field, not the earlier model scored and
+    recorded in results.json under the new options; the fields the demo derives from the process
+    and thread counts, and the data directory's vocabulary, are no difference."""
+    from aiayn.demo.config import RECIPES
+    from aiayn.demo.stages import recipe_sets, train_recipe
+    from aiayn.errors import UserError
+    recipe, run_dir = RECIPES / "multi30k-quick.json", tmp_path / "run"
+    _finished_run(run_dir, recipe, recipe_sets("", 1.0, 40))
+    train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("", 1.0, 40), 1, "[2/7]")  # the same: reused
+    with pytest.raises(UserError, match=r"config\.json: the finished run was trained with train\.max_steps=40, "
+                                        r"but this run asks for train\.max_steps=60; use another --out"):
+        train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("", 1.0, 60), 1, "[2/7]")
+    with pytest.raises(UserError, match=r"model\.d_ff=.*model\.d_ff=64"):
+        train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("model.d_ff=64", 1.0, 40), 1, "[2/7]")

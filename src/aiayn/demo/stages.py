@@ -6,6 +6,7 @@ its scores reported, examples translated and one attention plot (``stage_example
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -27,7 +28,7 @@ from aiayn.progress import progress_bar
 
 if TYPE_CHECKING:
     from aiayn.data.stream import Batching
-    from aiayn.train.config import TrainConfig
+    from aiayn.train.config import RunConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +348,7 @@ def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], p
     from aiayn.train.loop import train
     run_cfg = apply_sets(load_recipe(recipe), sets)
     if (run_dir / "summary.json").exists():
+        check_finished_run(run_dir, run_cfg)
         return
     processes = processes or auto_processes()
     t, b = run_cfg.train, batching(run_cfg.train)
@@ -357,6 +359,35 @@ def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], p
         train_data_parallel(data_dir, run_dir, recipe, sets, t, processes)
     else:
         train(data_dir, run_dir, run_cfg, progress=True)
+
+
+DERIVED_TRAIN_FIELDS = ("threads", "accum_steps", "max_src_tokens", "max_tgt_tokens")  # from --processes, --threads
+DATA_MODEL_FIELDS = ("vocab_size", "tgt_vocab_size", "tie_src_tgt_embeddings")  # the data directory's (fit_to_data)
+
+
+def check_finished_run(run_dir: Path, run_cfg: RunConfig) -> None:
+    """A run that finished in ``run_dir`` (its summary.json) is reused only where it was trained as
+    ``run_cfg`` asks (its config.json): the model (the fields the data directory sets aside,
+    ``DATA_MODEL_FIELDS``)
+    and the training options (those the demo derives from the process and thread counts aside,
+    ``DERIVED_TRAIN_FIELDS``: a step holds the same tokens on any count). Another --recipe,
+    --minutes, --max-steps or --set is an error naming the field, as prepare's options are, not the
+    earlier model scored under the new options."""
+    from aiayn.config import to_dict
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return
+    had = json.loads(path.read_text())
+    differ = []
+    for section, derived in (("model", DATA_MODEL_FIELDS), ("train", DERIVED_TRAIN_FIELDS)):
+        was = had.get(section, {})
+        for k, v in to_dict(getattr(run_cfg, section)).items():
+            if k not in derived and k in was and was[k] != v:
+                differ.append((f"{section}.{k}", was[k], v))
+    if differ:
+        raise UserError(f"{path}: the finished run was trained with {', '.join(f'{k}={a!r}' for k, a, _ in differ)}, "
+                        f"but this run asks for {', '.join(f'{k}={b!r}' for k, _, b in differ)}; use another --out, "
+                        f"or --overwrite to start afresh")
 
 
 def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -> list[Path]:
@@ -375,6 +406,10 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
         train_recipe(data_dir, run_dir, recipe, sets + step, processes, "[2/7]")
     else:
         member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
+        run_cfg = apply_sets(load_recipe(recipe), sets)
+        for i, d in enumerate(member_dirs):
+            if (d / "summary.json").exists():
+                check_finished_run(d, dataclasses.replace(run_cfg, train=dataclasses.replace(t, seed=t.seed + i)))
         if not all((d / "summary.json").exists() for d in member_dirs):
             print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
                   f"{t.max_time_min:g} minutes into {run_dir}", flush=True)
