@@ -118,8 +118,8 @@ def _run_training(cmd: list[str], log_path: Path | None, env: dict | None = None
 
 def _train_cmd(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], processes: int = 1) -> list[str]:
     """``aiayn train`` in a child process; with several processes, through torchrun's launcher
-    (``torch.distributed.run``): one model, data parallel over gloo on a CPU."""
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    (``aiayn.demo.launch``: torchrun's, quiet when interrupted): one model, data parallel over gloo on a CPU."""
+    launch = ([sys.executable, "-m", "aiayn.demo.launch", "--standalone", f"--nproc_per_node={processes}"]
               if processes > 1 else [sys.executable])
     cmd = [*launch, "-m", "aiayn.cli", "train", "--data", str(data_dir), "--out", str(run_dir), "--recipe", str(recipe)]
     for s in sets:
@@ -190,6 +190,9 @@ def auto_processes() -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
+STOP_WAIT_S = 15.0  # how long an interrupted launcher is given to stop its ranks before SIGTERM
+
+
 def train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], t: TrainConfig,
                         processes: int) -> None:
     """Train one model of ``recipe`` and ``sets`` (whose train section is ``t``) with ``processes``
@@ -202,8 +205,11 @@ def train_data_parallel(data_dir: Path, run_dir: Path, recipe: Path, sets: list[
             raise UserError(f"{run_dir}: training failed (exit code {proc.returncode})")
     finally:
         if proc.poll() is None:
-            proc.terminate()
-            proc.wait()
+            try:  # a Ctrl-C reached the launcher too (one process group): it stops its ranks itself
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait()
 
 
 def _train_members(data_dir: Path, member_dirs: list[Path], recipe: Path, sets: list[str], t: TrainConfig) -> None:
