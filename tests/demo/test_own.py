@@ -86,7 +86,8 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     # a re-run resumes: nothing is prepared or trained again
     mtime = (out / "run" / "summary.json").stat().st_mtime
     assert main(argv) == 0
-    assert "training" not in capsys.readouterr().out
+    rerun = capsys.readouterr().out
+    assert "training" not in rerun and "(prepared before: a re-run)" in rerun
     assert (out / "run" / "summary.json").stat().st_mtime == mtime
     # other training lines are not a silent reuse of the data and model trained on these
     assert main([*argv, "--train-lines", "300"]) == 2

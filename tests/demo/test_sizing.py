@@ -69,6 +69,8 @@ def test_the_demo_sizes_its_default_recipe_and_says_why(tmp_path, capsys, monkey
     assert recipe == RECIPES / QUICK_SIZES[0].recipe and results["sizing"]["minutes"] == QUICK_MINUTES
     assert results["sizing"]["processes"] >= 1 and results["sizing"]["matmul_tflops_per_process"] > 0
     assert "[2/7] sized to this machine: multi30k-quick.json" in capsys.readouterr().out
+    assert stages._sized_recipe(DemoConfig(quick=True, members=1), tmp_path, {}) == recipe  # a re-run: kept, said
+    assert "[2/7] sized to this machine when the run began (sizing.json): multi30k-quick.json" in capsys.readouterr().out
     monkeypatch.setattr(stages, "default_recipe", lambda quick, cuda=None: RECIPES / "multi30k-gpu.json")  # CUDA
     assert stages._sized_recipe(DemoConfig(), tmp_path / "gpu", {}) == RECIPES / "multi30k-gpu.json"
 

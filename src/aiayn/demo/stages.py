@@ -289,7 +289,8 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
     from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
     prep_cfg = PrepareConfig(vocab_size=cfg.vocab_size, lowercase=cfg.lowercase,
                              character_coverage=cfg.character_coverage)
-    if not (data_dir / "manifest.json").exists():
+    again = (data_dir / "manifest.json").exists()  # prepared before: a re-run
+    if not again:
         t0 = time.monotonic()
         prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"])
                  for s in ("train", "valid", "test") if f"raw.{s}.{src}" in files}, data_dir, prep_cfg)
@@ -306,7 +307,7 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
             had = manifest["splits"].get(split, {}).get("inputs")
             if had is not None:  # (recorded since the manifest's inputs were)
                 _check_same_inputs(data_dir, split, had, files[f"raw.{split}.{src}"], files[f"raw.{split}.{tgt}"])
-    print(f"[1/7] data: {data_dir}", flush=True)
+    print(f"[1/7] data: {data_dir}{' (prepared before: a re-run)' if again else ''}", flush=True)
     return data_dir
 
 
@@ -449,9 +450,11 @@ def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
     threads = max(1, (cfg.threads or first.threads or os.cpu_count() or 1) // (processes * cfg.members))
     precision = precision_of(apply_sets(first_run, recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps)),
                              torch.device("cpu"))
+    again = (out / "sizing.json").exists()  # a re-run: the choice made when the run began, not measured now
     recipe, record = sized_recipe(cfg.quick, minutes, processes, threads, out, precision=precision)
     results["sizing"] = record
-    print(f"[2/7] sized to this machine: {describe(record)}", flush=True)
+    print(f"[2/7] sized to this machine{' when the run began (sizing.json)' if again else ''}: {describe(record)}",
+          flush=True)
     return recipe
 
 
