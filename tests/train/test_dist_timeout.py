@@ -93,7 +93,7 @@ def test_a_rank_that_ends_is_one_line_on_the_others(tmp_path):
             p.kill()
             p.wait()
     assert f"aiayn train: error: {tmp_path / 'run'}: rank 1 of 2 lost its connection to another process" in err, err
-    assert "Traceback" not in err, err
+    assert "Traceback" not in err and "terminate called" not in err, err  # (gloo's threads at exit: status -6)
     assert procs[1].returncode == 2, err
 
 

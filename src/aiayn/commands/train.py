@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import sys
 
 from aiayn.config import apply_sets, sets_help
 from aiayn.errors import UserError, WriteError
@@ -59,8 +60,15 @@ def run(args) -> int:
         import torch.distributed as tdist
         what = (f"waited train.dist_timeout_s = {cfg.train.dist_timeout_s:g} s for the other processes: one of them "
                 f"failed or hangs" if timed_out(exc) else "lost its connection to another process, which ended")
-        raise UserError(f"{args.out}: rank {tdist.get_rank()} of {tdist.get_world_size()} {what} (its own error "
-                        f"says why); the last checkpoint is intact and the same command resumes") from exc
+        message = (f"{args.out}: rank {tdist.get_rank()} of {tdist.get_world_size()} {what} (its own error says "
+                   f"why); the last checkpoint is intact and the same command resumes")
+        if getattr(args, "debug", False):
+            raise UserError(message) from exc
+        # said here and left at once: the broken process group's threads make the interpreter's exit
+        # abort (std::terminate, status -6) after the message
+        print(f"aiayn train: error: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
     return 0
 
 
