@@ -136,7 +136,7 @@ def test_the_ranks_end_with_a_killed_torchrun(tmp_path):
         assert not [pid for pid in ranks if _alive(pid)]
     finally:
         launcher.kill()
-        for pid in ranks:  # (torchrun starts its ranks in sessions of their own)
+        for pid in ranks:  # (torchrun puts its ranks outside its own process group)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
