@@ -6,6 +6,7 @@ runs the same step on CUDA."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -37,7 +38,8 @@ def overflow_then_recover(device: torch.device) -> None:
     """The loop's fp16 step (``TrainStep.for_run``) on ``device`` with its scaler started at 2^40: the
     float16 gradients overflow, and the scaler leaves the weights and Adam's state as they were (fused
     Adam's step count and moments stay 0) and halves its scale; the step's loss is finite, so the run
-    goes on, and once the scale has come down a step updates the weights."""
+    goes on, the step not counted (as fairseq), and once the scale has come down a step updates the
+    weights."""
     cfg = aiayn.get_preset("tiny", vocab_size=61, p_drop=0.0)
     t = TrainConfig(precision="fp16", warmup_steps=4)
     torch.manual_seed(0)
@@ -49,7 +51,7 @@ def overflow_then_recover(device: torch.device) -> None:
     batch = _batch(cfg, n=8)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     s = stepper.step([batch], 1)
-    assert s.finite  # the loss: the skip is the scaler's
+    assert not s.finite and math.isfinite(s.loss) and not math.isfinite(s.norm)  # the gradients overflowed
     assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
     assert all(int(st["step"]) == 0 and not st["exp_avg"].any() for st in learner.opt.state.values())
     assert learner.scaler.get_scale() == 2.0 ** 39
@@ -57,7 +59,8 @@ def overflow_then_recover(device: torch.device) -> None:
     while all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items()):
         n += 1
         assert n <= 40, "the scale never came down to where float16 holds the gradients"
-        stepper.step([batch], n)
+        s = stepper.step([batch], n)
+    assert s.finite and 0 < s.norm < math.inf  # the unscaled gradients' norm
     assert learner.scaler.get_scale() == 2.0 ** (41 - n)  # halved at each of the n - 1 skipped steps
     assert int(learner.opt.state[learner.params[0]]["step"]) == 1  # Adam took the one step
 
@@ -88,7 +91,7 @@ def gradients_not_finite_at_any_scale(device: torch.device) -> None:
                                         r"precision=fp32"):
         for n in range(1, 200):
             s = stepper.step([batch], n)
-            assert s.finite  # the loss is
+            assert not s.finite and math.isfinite(s.loss)  # the loss is finite, the gradients not
             skipped = n
     assert 16 + 13 <= skipped + 1 < 60  # 2^16 halved past 1e-4 (2^-13.3)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -119,3 +122,20 @@ def test_the_scalers_state_is_saved_and_resumed(small_data_dir, tmp_path, fp16_o
     for k, v in whole["model"].items():
         assert torch.equal(resumed["model"][k], v), k
     assert _logged(tmp_path / "resumed") == _logged(tmp_path / "whole")
+
+
+def test_overflowing_fp16_steps_do_not_count(small_data_dir, tmp_path, fp16_on_cpu, monkeypatch, caplog):
+    """A run whose scaler starts at 2^40: its first steps overflow, and each is skipped without counting
+    (as fairseq's ``num_updates``): a run of 6 steps takes 6 updates, Adam's step count is 6, and the
+    log names every overflow and gives a finite gradient norm at every logged step (the unscaled
+    gradients', not 0)."""
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=2.0 ** 40))
+    with caplog.at_level("INFO", logger="aiayn.train.step"):
+        _train_in_process(small_data_dir, tmp_path, 6, "train.precision=fp16")
+    overflows = [m for m in caplog.messages if "fp16 gradients overflowed" in m]
+    assert len(overflows) >= 10  # 2^40 halved to where float16 holds the gradients
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    assert ckpt["step"] == 6
+    assert {int(st["step"]) for st in ckpt["optimizer"]["state"].values()} == {6}
+    norms = _logged(tmp_path, "grad_norm")
+    assert sorted(norms) == [1, 2, 3, 4, 5, 6] and all(0 < v < math.inf for v in norms.values())

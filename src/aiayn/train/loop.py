@@ -238,7 +238,7 @@ class _Run:
         self.monitor.count(self.pending_tokens)
         self.pending_tokens = 0
         if due:
-            self.monitor.train_step(s.loss, s.nll, s.kl if s.kl_logged else None, s.tokens, s.lr)
+            self.monitor.train_step(s.loss, s.nll, s.kl if s.kl_logged else None, s.tokens, s.lr, s.norm)
 
     def validate(self) -> dict | None:
         valid = self.validator(self.learner, self.state, self.monitor.scalars)

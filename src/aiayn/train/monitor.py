@@ -53,15 +53,16 @@ class Monitor:
         """Target tokens trained on since the last synchronization point (for ``tokens_per_s``)."""
         self.window_tokens += tokens
 
-    def train_step(self, loss: float, nll: float, kl: float | None, tokens: float, lr: float) -> None:
+    def train_step(self, loss: float, nll: float, kl: float | None, tokens: float, lr: float, norm: float) -> None:
         """A line of the train log and the progress bar's numbers: the step's sums per target token
-        (``kl``: R-Drop's, or None), and the target tokens per second since the last line."""
+        (``kl``: R-Drop's, or None), its gradients' norm before clipping (fairseq's gnorm), and the
+        target tokens per second since the last line."""
         tps = self.window_tokens / max(time.monotonic() - self.window_t0, 1e-9)
         self.window_tokens, self.window_t0 = 0, time.monotonic()
         state = self.state
         self.postfix(loss=f"{loss / tokens:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
         rss = rt.resident_mb()
-        self.scalars({"train_loss": loss / tokens, "train_nll": nll / tokens, "lr": lr,
+        self.scalars({"train_loss": loss / tokens, "train_nll": nll / tokens, "lr": lr, "grad_norm": norm,
                       **({"train_kl": kl / tokens} if kl is not None else {}),
                       "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
                       **({"rss_mb": rss} if rss is not None else {})})

@@ -71,7 +71,6 @@ class TrainStep:
                  run_dir: Path | None = None):
         self.learner, self.loss, self.strategy, self.schedule, self.rules = learner, loss, strategy, schedule, rules
         self.clock, self.run_dir, self.bad_in_row = clock, run_dir, 0
-        self.loss_scale: float | None = None  # fp16's, as the last step read it (``_watch_loss_scale``)
         self.update_early = update_early(learner.opt, learner.scaler)
         # the net: the model, or its DDP wrapper, compiled with ``train.compile`` (``parallel.compile_model``)
         self.plain_net, self.net = strategy.prepare(learner.model, rules.static_graph, rules.compile)
@@ -115,7 +114,7 @@ class TrainStep:
                 raise
             self._without_compile(exc)
             sums, step_flops = self.passes(micro, scale)
-        norm = grad_norm(learner.params, learner.scaler)
+        norm = grad_norm(learner.params, learner.scaler, learner.opt)
         clock_s = self.clock()
         numbers = strategy.numbers(sums, norm, tokens_dev, clock_s, step_flops)
         if self.update_early:  # skipped on the device where the step is not finite, as the host decides below
@@ -124,8 +123,6 @@ class TrainStep:
             while_busy()
         s = Step(**vars(strategy.read(numbers, local_tokens, clock_s, step_flops)), lr=lr,
                  kl_logged=self.loss.kl_logged)
-        if learner.scaler is not None:
-            self._watch_loss_scale(n)
         s.finite = self._settle(s, n, norm)
         if s.finite and learner.ema is not None:
             learner.ema.update()  # the moving average of the weights, after the update
@@ -160,40 +157,38 @@ class TrainStep:
         self.net = self.plain_net
         use_attention_kernels(self.learner.model, self.rules.execution.kernels)
 
-    def _watch_loss_scale(self, n: int) -> None:
-        """fp16: the loss scale that step ``n - 1``'s update left, read after step ``n``'s numbers (the
-        device is past that update then: nothing waits for it). A fall means the scaler found
-        non-finite gradients and skipped that update (logged; the step still counts). It halves at
-        every skip, so gradients that are not finite at any scale (a NaN behind a finite loss, which
-        the loss and gradient-norm test of ``_settle`` cannot see under the scaler) take it below
-        ``MIN_LOSS_SCALE`` within some 30 steps, which stops the run: left alone it reaches 0, and the
-        next finite gradients are unscaled as 0 x 1/0, NaN written into the weights."""
-        scale = self.learner.scaler.get_scale()
-        if self.loss_scale is not None and scale < self.loss_scale:
-            log.info("step %d: fp16 gradients overflowed; its update skipped, the loss scale now %g", n - 1, scale)
-        self.loss_scale = scale
-        if scale < MIN_LOSS_SCALE:
-            last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
-            raise UserError(f"fp16's loss scale fell to {scale:g} at step {n}, below {MIN_LOSS_SCALE:g}: the "
-                            f"gradients are not finite at any scale and their updates were skipped; stopping.{last} "
-                            f"try train.precision=fp32 (bf16 where the GPU has it natively) or a lower lr_scale")
-
     def _settle(self, s: Step, n: int, norm: torch.Tensor | None) -> bool:
         """The update of step ``n`` if its loss (R-Drop's KL term included: it reaches the gradients too)
-        and gradient norm are finite (queued already where ``update_early``); else the step is skipped."""
+        and gradient norm are finite (queued already where ``update_early``); else the step is skipped.
+        Under fp16, a finite loss behind gradients that are not finite is the scaler's overflow: the
+        update skipped and the scale halved, as fairseq does, without counting towards
+        ``max_bad_steps``; should the scale fall below ``MIN_LOSS_SCALE`` (gradients not finite at any
+        scale: a NaN behind a finite loss), the run stops: left alone it reaches 0, and the next finite
+        gradients are unscaled as 0 x 1/0, NaN written into the weights."""
         finite = math.isfinite(s.loss + s.kl) and math.isfinite(s.norm)  # (``not_finite`` on the device)
         if finite:
             self.bad_in_row = 0
             if not self.update_early:
                 update(self.learner, self.rules.clip_norm, norm)
             return True
-        self.bad_in_row += 1
+        scaler = self.learner.scaler
+        last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
         if not self.update_early:  # (a queued update was skipped on the device, and cleared the gradients)
             self.learner.opt.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()  # halves the scale: ``grad_norm``'s unscaling found the overflow
+            if (scale := scaler.get_scale()) < MIN_LOSS_SCALE:
+                raise UserError(f"fp16's loss scale fell to {scale:g} at step {n}, below {MIN_LOSS_SCALE:g}: the "
+                                f"gradients are not finite at any scale and their updates were skipped; stopping."
+                                f"{last} try train.precision=fp32 (bf16 where the GPU has it natively) or a lower "
+                                f"lr_scale")
+            if math.isfinite(s.loss + s.kl):
+                log.info("step %d: fp16 gradients overflowed; its update skipped, the loss scale now %g", n, scale)
+                return False
+        self.bad_in_row += 1
         log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
                     "(%d in a row)", n, s.loss, s.norm, self.bad_in_row)
         if self.bad_in_row >= self.rules.max_bad_steps:
-            last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
             raise UserError(f"{self.bad_in_row} non-finite losses or gradients in a row at step {n}; stopping."
                             f"{last} try a lower lr_scale or precision=fp32")
         return False

@@ -16,23 +16,23 @@ def update_early(opt, scaler) -> bool:
     return scaler is None and bool(opt.defaults.get("fused"))
 
 
-def grad_norm(params: list[torch.Tensor], scaler) -> torch.Tensor | None:
+def grad_norm(params: list[torch.Tensor], scaler=None, opt=None) -> torch.Tensor:
     """The accumulated gradients' total 2-norm of ``params`` (``Learner.params``) as a device scalar
-    (not read here), or None under fp16's loss scaling, whose scaler finds non-finite gradients
-    itself and skips their step."""
+    (not read here). Under fp16's loss scaling, of the gradients unscaled first (``scaler.unscale_``
+    of ``opt``): inf or NaN where they overflowed, a step whose update the scaler skips."""
     if scaler is not None:
-        return None
+        scaler.unscale_(opt)
     return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
 
 def update(learner: Learner, clip_norm: float, norm: torch.Tensor | None = None,
            skip: torch.Tensor | None = None) -> None:
-    """The optimizer step on the accumulated gradients (unscaled first under fp16's loss scaling, clipped
-    to ``clip_norm`` if > 0, with ``norm`` from ``grad_norm`` where given), then the gradients cleared.
+    """The optimizer step on the accumulated gradients (under fp16's loss scaling, unscaled by ``grad_norm``
+    where ``norm`` is given, else here), clipped to ``clip_norm`` if > 0, then the gradients cleared.
     ``skip`` (fused Adam, no scaler): a float32 flag on the device, 1 = leave the parameters, Adam's
     moments and step count as they are (the fused step's ``found_inf``): the update is queued unread."""
     opt, scaler = learner.opt, learner.scaler
-    if scaler is not None:
+    if scaler is not None and norm is None:
         scaler.unscale_(opt)
     if clip_norm > 0:
         if norm is None:
