@@ -269,3 +269,39 @@ def test_compiled_model_compiles_one_graph_per_padding_case_over_bucket_shapes()
             src[0, -2:] = cfg.pad_id
         net(src, tgt, src_padded=padded).float().sum().backward()
     assert len(graphs) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_training_model_keeps_its_graphs_over_bucket_shapes_on_the_cpu(dtype):
+    """The training step's compiled net on the CPU (``compiled`` of the run's execution, as
+    ``TrainStep`` applies it, fast dropout and row padding on in the run's settings) over bucketed
+    shapes under its autocast: one graph per padding case and no graph break. The fast dropout's
+    integer draw broke the graph at every dropout, and each padded row count was a guard on the
+    shape, so bf16 compiled nearly every batch anew."""
+    import random
+
+    from aiayn.execution import apply, compiled, training
+    from aiayn.model import ModelConfig
+    from aiayn.train.config import TrainConfig
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=300, d_model=32, n_heads=4, d_k=8, d_v=8, d_ff=64, n_layers=2)
+    t = TrainConfig(fast_dropout=True, cpu_row_bits=3)
+    assert t.fast_dropout and t.cpu_row_bits == 3
+    model = apply(aiayn.Transformer(cfg).train(), compiled(training(t, torch.device("cpu"), None)))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    net = parallel.compile_model(model, backend=backend)
+    rng = random.Random(0)
+    for i in range(12):
+        B, S, T = rng.choice([(40, 10, 10), (33, 12, 14), (20, 20, 19), (25, 16, 16), (18, 23, 26), (50, 8, 9)])
+        src, tgt = torch.randint(4, 300, (B, S)), torch.randint(4, 300, (B, T))
+        if padded := i % 3 > 0:
+            src[0, -2:] = cfg.pad_id
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            out = net(src, tgt, src_padded=padded)
+        out.float().sum().backward()
+    assert len(graphs) == 2

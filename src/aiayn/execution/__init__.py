@@ -56,9 +56,13 @@ def training(t, device: torch.device, kernels: "Kernels | None") -> Execution:
 
 
 def compiled(ex: Execution) -> Execution:
-    """What of ``ex`` a net compiled by torch.compile keeps: not the C kernels (it traces PyTorch's
-    attention), not the weights cast once (inductor fuses autocast's casts into its kernels)."""
-    return replace(ex, kernels=None, cast_weights_once=False)
+    """What of ``ex`` a net compiled by torch.compile keeps: the fp32 attention alone. Not the C
+    kernels (it traces PyTorch's attention), nor the weights cast once (inductor fuses autocast's
+    casts into its kernels), nor the fast dropout (its in-place integer draw breaks the graph at
+    every dropout, some frames then left to eager) or the padded rows (each padded row count is a
+    guard on the shape: a graph compiled anew for nearly every batch, the dynamic shapes lost, until
+    torch.compile's recompile limit leaves the frames to eager); inductor generates its own dropout."""
+    return replace(ex, kernels=None, cast_weights_once=False, fast_dropout=False, row_bits=None)
 
 
 def apply(model: nn.Module, ex: Execution) -> nn.Module:

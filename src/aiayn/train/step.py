@@ -19,7 +19,7 @@ import torch
 
 from aiayn.checkpoint.run import Learner
 from aiayn.errors import UserError
-from aiayn.execution import Execution, apply, compiled, training, use_attention_kernels
+from aiayn.execution import Execution, apply, compiled, training
 from aiayn.execution.attention import attention_backends
 from aiayn.kernels.loader import for_training
 from aiayn.train import parallel
@@ -150,12 +150,12 @@ class TrainStep:
 
     def _without_compile(self, exc: Exception) -> None:
         """torch.compile failed (at the first forward, and backward, of each new shape): the run goes on
-        with the plain model (and the C kernels, where it has them), after a warning that says why. (A
+        with the plain model and its execution (the C kernels, fast dropout, padded rows), after a warning that says why. (A
         failure in DDP's backward leaves its reducer mid-step: only the forward's are taken back there.)"""
         log.warning("torch.compile failed (%s: %s); training without it", type(exc).__name__, str(exc)[:500])
         self.learner.opt.zero_grad(set_to_none=True)  # what the failed pass accumulated
         self.net = self.plain_net
-        use_attention_kernels(self.learner.model, self.rules.execution.kernels)
+        apply(self.learner.model, self.rules.execution)  # the plain net's execution, C kernels and all
 
     def _settle(self, s: Step, n: int, norm: torch.Tensor | None) -> bool:
         """The update of step ``n`` if its loss (R-Drop's KL term included: it reaches the gradients too)
