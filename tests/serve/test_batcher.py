@@ -113,6 +113,30 @@ def test_shutdown_refuses_new_jobs_and_drops_queued_ones_after_the_drain(transla
     assert b.calls == 0 and b.queued == 0
 
 
+def test_abort_answers_the_call_in_progress_and_the_queue_and_ends_the_workers(translator, monkeypatch):
+    """``abort`` (a second Ctrl-C): the request in a model call and the one waiting are answered
+    ``ShuttingDown`` at once; the call stops before its next decoding step, the workers end."""
+    import threading
+
+    from aiayn.serve.batcher import ShuttingDown
+    cfg = DecodeConfig(max_len_b=50, beam_size=1)
+    b = make(translator, wait_ms=0, concurrent_calls=1)
+    in_step, aborted = threading.Event(), threading.Event()
+    steps = count_steps(monkeypatch, 1, lambda: in_step.set() or aborted.wait(60))  # the call holds in step 1
+    b.start()
+    try:
+        running = b.submit(cfg, translator.encode(["A man is riding a bicycle."]), client="a")
+        assert in_step.wait(60)
+        waiting = b.submit(cfg, translator.encode(["A dog."]), client="a")  # its client's call is in progress
+        b.abort()
+        for job in (running, waiting):
+            with pytest.raises(ShuttingDown, match="stopped before the request was translated"):
+                job.future.result(timeout=0)  # answered by ``abort`` itself, not by the worker
+    finally:
+        aborted.set()
+        b.stop(timeout=60)
+    assert not b.working and b.queued == 0 and len(steps) <= 2  # step 1, and one whose stop check it passed
+
 def count_steps(monkeypatch, k: int = 0, at_k=None) -> list[int]:
     """Counts the model's decoding steps (``CachedDecoder._logits``: one per step of greedy and beam
     search alike) in the list it returns; in step ``k`` it calls ``at_k()``, in the worker, so the

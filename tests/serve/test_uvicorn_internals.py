@@ -2,7 +2,8 @@
 
 ``GuardedH11Protocol`` subclasses uvicorn's ``H11Protocol`` and reads its ``conn``, ``cycle``,
 ``connections``, ``transport``, ``loop`` and ``client``; ``Server`` overrides ``handle_exit`` and
-``on_tick``. uvicorn is pinned in constraints/common.txt; a new pin must pass this file first.
+``on_tick``, ``serve`` and ``shutdown`` (whose ``server_state.tasks`` and ``lifespan`` it reads).
+uvicorn is pinned in constraints/common.txt; a new pin must pass this file first.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import h11
 import uvicorn
+from uvicorn.lifespan.on import LifespanOn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
@@ -83,7 +85,12 @@ def test_server_has_what_the_drain_overrides():
     assert list(inspect.signature(uvicorn.Server.handle_exit).parameters) == ["self", "sig", "frame"]
     assert inspect.iscoroutinefunction(uvicorn.Server.on_tick)
     assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
+    for method in ("serve", "shutdown"):  # overridden for a second SIGINT (the answers, the app's shutdown)
+        assert inspect.iscoroutinefunction(getattr(uvicorn.Server, method))
+        assert list(inspect.signature(getattr(uvicorn.Server, method)).parameters) == ["self", "sockets"]
     server = uvicorn.Server(uvicorn.Config(empty_app))
     assert server.should_exit is False and server.force_exit is False
+    assert isinstance(server.server_state.tasks, set)  # the requests in progress
+    assert inspect.iscoroutinefunction(LifespanOn.shutdown)  # ``server.lifespan``'s, the app's shutdown
     for option in ("h11_max_incomplete_event_size", "timeout_graceful_shutdown", "timeout_keep_alive"):
         assert option in inspect.signature(uvicorn.Config).parameters, option

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
 from aiayn.config import add_arguments, from_args, replace
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         from aiayn.serve.app import create_app
-        from aiayn.serve.server import make_server
+        from aiayn.serve.server import FORCED_EXIT, make_server
     except ImportError as exc:
         raise UserError(f"`aiayn serve` needs the web stack: pip install 'aiayn[serve]' ({exc})") from exc
     import torch
@@ -59,5 +60,9 @@ def run(args: argparse.Namespace) -> int:
     def banner(port: int) -> str:  # of the port bound (--port 0: the one the system chose)
         return (f"serving {args.checkpoint} on http://{cfg.host}:{port}/ (hosts {','.join(cfg.allowed_hosts)}"
                 f"{', API key required' if cfg.api_key else ''})")
-    make_server(app, cfg, banner, log_level="info").run()  # (the banner once the port is bound)
+    server = make_server(app, cfg, banner, log_level="info")
+    server.run()  # (the banner once the port is bound)
+    if server.force_exit:  # a second Ctrl-C: the requests in progress were answered 503
+        print("aiayn serve: stopped at once (Ctrl-C twice); requests in progress were answered 503", file=sys.stderr)
+        return FORCED_EXIT
     return 0

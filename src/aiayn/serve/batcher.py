@@ -27,7 +27,9 @@ A request is not decoded (or not decoded further) when, at collection time, its 
 drain time is over (``ShuttingDown``). A model call in progress stops between two decoding
 steps once every request in it has lost its client or passed its deadline (``search``'s
 ``stop``), so requests nobody waits for no longer hold a worker; they are answered with
-``Expired`` (``stopped`` counts such calls). A call in progress is finished during a drain.
+``Expired`` (``stopped`` counts such calls). A call in progress is finished during a drain;
+``abort`` (a second interrupt) answers every request waiting or in a call ``ShuttingDown`` at once
+and stops the calls before their next decoding step.
 Attention maps are computed only within a request's budget of weights, which counts every map
 computed (``attention_values``), not only those returned.
 """
@@ -38,6 +40,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from concurrent.futures import InvalidStateError
 
 import torch
 
@@ -62,6 +65,9 @@ class ClientBusy(Busy):
 
 class ShuttingDown(Busy):
     """The service is stopping: the request is refused, or was queued and not reached in time (HTTP 503)."""
+
+
+STOPPED = "the service stopped before the request was translated; retry on another instance"
 
 
 class Expired(Exception):
@@ -115,6 +121,8 @@ class Batcher:
         self.yield_s = yield_ms / 1000.0
         # model calls in progress: id -> (tokens, ``Part.n_tokens`` summed; client -> share of them)
         self._running: dict[int, tuple[int, dict[str, float]]] = {}
+        self._calls: dict[int, list[Part]] = {}  # model calls in progress: id -> their parts (``abort``)
+        self._aborted = False  # ``abort``: every request answered, the calls stop at their next step
         self._running_changed = threading.Condition()
         self._call_ids = 0
         self._served: dict[str, float] = {}  # client -> model seconds used, decayed (``SERVED_HALF_LIFE_S``)
@@ -151,12 +159,32 @@ class Batcher:
         for thread in self._threads:
             thread.join(max(0.0, end - time.monotonic()))
 
+    @property
+    def working(self) -> bool:
+        """Whether a worker thread is still running (after ``stop``: one inside a model step)."""
+        return any(thread.is_alive() for thread in self._threads)
+
     def begin_shutdown(self, drain_s: float) -> None:
         """Refuse new requests (``ShuttingDown``); queued ones are decoded for ``drain_s`` seconds more,
         the rest are answered with ``ShuttingDown``."""
         with self._lock:
             if self._drain_until is None:
                 self._drain_until = time.monotonic() + drain_s
+
+    def abort(self) -> None:
+        """Stop at once (a second interrupt): every request waiting or in a model call is answered
+        ``ShuttingDown`` now, the calls stop before their next decoding step and the workers end."""
+        with self._ready:
+            self._aborted = self._stopping = True
+            if self._drain_until is None:
+                self._drain_until = time.monotonic()
+            jobs = self._waiting.clear()
+            self._ready.notify_all()
+        with self._running_changed:
+            jobs += [part.job for parts in self._calls.values() for part in parts]
+            self._running_changed.notify_all()  # a call giving way to another goes on to its stop
+        for job in jobs:
+            job.fail(ShuttingDown(STOPPED))
 
     @property
     def shutting_down(self) -> bool:
@@ -300,13 +328,15 @@ class Batcher:
             now = time.monotonic()
             self._charge(me, now - last)
             last = now + self._give_way(me)
-            return all(self._gone(part.job, last) for part in parts)  # (a call is finished during a drain)
+            # (a call is finished during a drain, stopped by ``abort``)
+            return self._aborted or all(self._gone(part.job, last) for part in parts)
 
         try:
             hyps = translator.translate_ids(ids, prefixes if any(prefixes) else None, stop=stop)
-        except Stopped:  # every request's client left or its deadline passed, for good
+        except Stopped:  # every request's client left or its deadline passed, for good; or ``abort``
             for part in parts:
-                part.job.fail(Expired("the request's deadline passed while the model decoded it; decoding stopped"))
+                part.job.fail(ShuttingDown(STOPPED) if self._aborted else
+                              Expired("the request's deadline passed while the model decoded it; decoding stopped"))
             with self._lock:
                 self.calls += 1
                 self.stopped += 1
@@ -330,7 +360,10 @@ class Batcher:
             nbest = [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
                      for hs in job.hyps]
             att = self._attention(translator, job, job.hyps) if job.attention and not job.abandoned else None
-            job.future.set_result(Result(nbest, att))
+            try:
+                job.future.set_result(Result(nbest, att))
+            except InvalidStateError:  # answered meanwhile (``abort``)
+                pass
 
     def _enter(self, parts: list[Part]) -> int:
         """Record a model call as running, with each client's share of its tokens; its id."""
@@ -341,11 +374,12 @@ class Batcher:
         with self._running_changed:
             self._call_ids += 1
             self._running[self._call_ids] = size, shares
+            self._calls[self._call_ids] = parts
             return self._call_ids
 
     def _leave(self, me: int) -> None:
         with self._running_changed:
-            del self._running[me]
+            del self._running[me], self._calls[me]
             self._running_changed.notify_all()
 
     def _charge(self, me: int, seconds: float) -> None:
@@ -375,7 +409,7 @@ class Batcher:
         with self._running_changed:
             start = time.monotonic()
             end = start + self.yield_s
-            while (any(self._gives_way_to(me, k) for k in self._running if k != me)
+            while (not self._aborted and any(self._gives_way_to(me, k) for k in self._running if k != me)
                    and (left := end - time.monotonic()) > 0):
                 self._running_changed.wait(left)
             return time.monotonic() - start

@@ -92,6 +92,14 @@ class FairQueue:
             del self._ring[client]
         self._count(job, -(len(job.ids) - job.next), -sum(job.costs[job.next:]))
 
+    def clear(self) -> list["Job"]:
+        """Remove every waiting job (the service stops at once); the jobs removed."""
+        jobs = [job for waiting in self._ring.values() for job in waiting]
+        self._ring.clear()
+        self.sentences = self.tokens = 0
+        self.per_client.clear()
+        return jobs
+
     def _count(self, job: "Job", sentences: int, tokens: int) -> None:
         self.sentences += sentences
         self.tokens += tokens

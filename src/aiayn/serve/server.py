@@ -9,15 +9,22 @@ closed at once, not counted among the open connections (so a client that keeps r
 holds no slots); a response sent before the client finished its body closes the connection
 (nobody reads the rest). ``Server`` starts
 the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives and keeps its
-listener open, answering 503, until the queue is empty or the drain time is over.
+listener open, answering 503, until the queue is empty or the drain time is over; a second SIGINT
+answers every request waiting or in a model call 503 (``Batcher.abort``), lets those answers go
+out, and the command ends with status 130.
 """
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import json
 import logging
+import os
+import signal
 import socket
+import sys
+import time
 from collections import Counter
 from typing import Callable
 
@@ -139,12 +146,22 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
     return GuardedH11Protocol
 
 
+FORCED_ANSWERS_S = 2.0  # after a second SIGINT: time for the 503 answers of the requests in progress to go out
+FORCED_WORKERS_S = 2.0  # ... and for the model calls to stop at their next step, before the process ends anyway
+FORCED_EXIT = 130  # the exit status after a second SIGINT (128 + SIGINT, as a shell reports Ctrl-C)
+
+
 class Server(uvicorn.Server):
     """uvicorn's server whose exit signal first tells the batcher to drain (``shutdown_timeout_s``).
 
     uvicorn closes its listener at the first tick after the signal; here it waits until the
     batcher is drained, so a client that connects meanwhile is told 503 "shutting down" (and
-    retries elsewhere) instead of finding the port closed. A second SIGINT exits at once.
+    retries elsewhere) instead of finding the port closed. A second SIGINT stops at once: the
+    requests waiting or in a model call are answered 503 (``Batcher.abort``), and ``run`` returns
+    (``force_exit`` set) once their answers went out and the calls stopped, within
+    ``FORCED_ANSWERS_S`` + ``FORCED_WORKERS_S``. The batcher is told from the event loop, not from
+    the signal handler, which interrupts the loop's thread anywhere, perhaps holding the
+    batcher's lock.
     """
 
     def __init__(self, config: uvicorn.Config, batcher: Batcher, drain_s: float,
@@ -152,13 +169,23 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.batcher, self.drain_s = batcher, drain_s
         self.banner = banner  # of the port listened on, logged once it is bound (``startup``)
+        self.draining = False  # a signal came: the batcher drains before the listener closes
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         """Serve; without ``sockets``, first check that ``--host``/``--port`` can be listened on
         (``check_listen``): uvicorn would log its bind error and exit 3 after starting up."""
         if sockets is None:
             check_listen(self.config.host, self.config.port)
-        super().run(sockets=sockets)
+        try:
+            super().run(sockets=sockets)
+        finally:
+            if self.force_exit:
+                self._stop_workers()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's startup, then the banner with the port bound: with ``--port 0`` the one the
@@ -169,13 +196,54 @@ class Server(uvicorn.Server):
             log.info("%s", self.banner(listening[0].getsockname()[1]))
 
     def handle_exit(self, sig, frame) -> None:
-        log.info("signal %s: new requests get 503; queued work is finished for %.1f s", sig, self.drain_s)
-        self.batcher.begin_shutdown(self.drain_s)
+        again = self.should_exit and sig == signal.SIGINT  # uvicorn's rule for a forced exit
         super().handle_exit(sig, frame)
+        self.draining = True
+        if again:
+            log.info("signal %s again: stopping now; requests waiting or in progress get 503", sig)
+            self._in_loop(self.batcher.abort)
+        else:
+            log.info("signal %s: new requests get 503; queued work is finished for %.1f s", sig, self.drain_s)
+            self._in_loop(functools.partial(self.batcher.begin_shutdown, self.drain_s))
+
+    def _in_loop(self, tell: Callable[[], None]) -> None:
+        """``tell`` run by the event loop (at once where none runs)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            tell()
+        else:
+            loop.call_soon_threadsafe(tell)
 
     async def on_tick(self, counter: int) -> bool:
         stop = await super().on_tick(counter)
-        return stop and (self.force_exit or not self.batcher.shutting_down or self.batcher.drained)
+        return stop and (self.force_exit or not self.draining or self.batcher.drained)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown; after a second SIGINT, then the 503 answers of the requests in
+        progress sent (uvicorn would cancel their tasks, which answers a plain 500), and the app's
+        own shutdown (which uvicorn skips then: the batcher's workers end), each bounded."""
+        await super().shutdown(sockets=sockets)
+        if not self.force_exit:
+            return
+        end = time.monotonic() + FORCED_ANSWERS_S
+        while self.server_state.tasks and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(self.lifespan.shutdown(), FORCED_WORKERS_S)
+        except asyncio.TimeoutError:
+            pass  # (``_stop_workers`` ends the process)
+
+    def _stop_workers(self) -> None:
+        """After a second SIGINT: the batcher's workers ended (their calls stop at the next decoding
+        step), waiting ``FORCED_WORKERS_S`` at most; a worker still inside a model step then ends the
+        process with ``FORCED_EXIT`` at once (Python's exit would abort in it)."""
+        self.batcher.stop(timeout=FORCED_WORKERS_S)
+        if self.batcher.working:
+            log.warning("a model step did not end within %.0f s; exiting without it", FORCED_WORKERS_S)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(FORCED_EXIT)
 
 
 def check_listen(host: str, port: int) -> None:
