@@ -4,8 +4,12 @@ output file needs ``--overwrite``; replacements happen in one step; what interru
 behind is deleted by the next write in that folder."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -209,7 +213,7 @@ def test_leftovers_of_interrupted_writes_are_removed_by_the_next_write(tmp_path)
     old_file.write_bytes(b"x")
     _aged(old_file)
     young = tmp_path / ".summary.json.aiayn-tmp-zzzzzzzz"
-    young.write_bytes(b"a writer may be about to lock it")
+    young.write_bytes(b"a killed writer's, a moment ago (unlocked)")
     busy = tmp_path / ".summary.json.aiayn-tmp-busybusy"
     busy.write_bytes(b"being written")
     _aged(busy)
@@ -218,13 +222,66 @@ def test_leftovers_of_interrupted_writes_are_removed_by_the_next_write(tmp_path)
     for p in others:  # not aiayn's, or another output's (its writer may still be at work)
         p.write_bytes(b"not ours")
         _aged(p)
-    import fcntl
     with open(busy, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a writer still at work (a slow disk)
         files.write_json_atomic(tmp_path / "summary.json", {"a": 1})
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted(["summary.json", young.name, busy.name, *(p.name for p in others)])
+    assert left == sorted(["summary.json", busy.name, *(p.name for p in others)])
 
+
+_KILLED_PREPARE = """
+import os, signal, sys
+from aiayn.cli import main
+from aiayn.data import store
+store.NpyAppender.append = lambda self, values: os.kill(os.getpid(), signal.SIGKILL)  # mid-way
+main(sys.argv[1:])
+"""
+
+
+def test_a_rerun_of_a_killed_prepare_removes_its_folder_at_once(corpus, tmp_path):
+    """``aiayn prepare`` killed (SIGKILL) while it fills its temporary folder leaves that folder
+    beside --out; the next prepare of the same --out, run straight after, deletes it (no process
+    holds its lock), and keeps the temporary of a concurrent run still at work (locked)."""
+    out = tmp_path / "data"
+    args = ["prepare", "--train-src", str(corpus.src), "--train-tgt", str(corpus.tgt), "--vocab-size", "29",
+            "--num-workers", "1", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    killed = subprocess.run([sys.executable, "-c", _KILLED_PREPARE, *args], env=env, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    left = [p for p in tmp_path.iterdir() if files.leftovers_of("data").match(p.name)]
+    assert len(left) == 1 and (left[0] / "spm.model").is_file() and not out.exists()
+    at_work = tmp_path / ".data.aiayn-tmp-atwork_1"  # another prepare of the same --out, at work
+    at_work.mkdir()
+    fd = os.open(at_work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert main(args) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["data", at_work.name])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_temporary_taken_before_it_was_locked_is_made_anew(tmp_path, monkeypatch, folder):
+    """A remover in another process may delete a temporary in the moment between its making and
+    its lock (it is unlocked then): the writer makes another, and works only in one it holds."""
+    made = []
+
+    def make_then_lose(real):
+        def make(*args, **kwargs):
+            got = real(*args, **kwargs)
+            made.append(got)
+            if len(made) == 1:
+                assert files.remove_leftovers(tmp_path, "out") != []
+            return got
+        return make
+    name = "mkdtemp" if folder else "mkstemp"
+    monkeypatch.setattr(files.tempfile, name, make_then_lose(getattr(files.tempfile, name)))
+    tmp, fd = files.locked_temporary(tmp_path / "out", folder=folder)
+    try:
+        assert len(made) == 2 and tmp.exists() and files.remove_leftovers(tmp_path, "out") == []
+    finally:
+        os.close(fd)
 
 def test_an_output_folder_removes_only_its_own_leftovers(tmp_path):
     mine = [tmp_path / ".data.aiayn-tmp-k2j4h5g6", tmp_path / ".data.aiayn-old-q1w2e3r4"]

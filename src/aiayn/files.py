@@ -3,10 +3,12 @@ never a torn one (data directories, checkpoints, exports, run summaries all go t
 
 A file is written to ``.NAME.aiayn-tmp-XXXXXXXX`` beside it, a folder built in
 ``.NAME.aiayn-tmp-XXXXXXXX`` beside it, then renamed into place (XXXXXXXX: tempfile's random
-token). What a killed writer leaves behind (those names, and the ``.NAME.aiayn-old-XXXXXXXX`` of
-a folder being replaced) is deleted by the next write of the same NAME (``remove_leftovers``):
-only names that carry aiayn's mark and that output's name, never a name a person chose such as
-``.bashrc.old-20240101``. A folder is replaced only if it is empty or, when asked, one the same
+token). Every temporary is locked (``flock``) by its writer from the moment it is made until it
+is renamed into place or deleted, so the kernel says which writer is still at work: what a killed
+writer leaves behind (those names, and the ``.NAME.aiayn-old-XXXXXXXX`` of a folder being replaced)
+is unlocked, and the next write of the same NAME deletes it at once (``remove_leftovers``), however
+young, while a temporary of a concurrent writer is left alone. Only names that carry aiayn's mark
+and that output's name are touched, never a name a person chose such as ``.bashrc.old-20240101``. A folder is replaced only if it is empty or, when asked, one the same
 command wrote (``OutputDir``): no command deletes what aiayn did not write.
 """
 from __future__ import annotations
@@ -21,7 +23,6 @@ import re
 import shutil
 import stat
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Collection, Iterable
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 TMP_MARK, OLD_MARK = ".aiayn-tmp-", ".aiayn-old-"
 _TOKEN = r"[a-z0-9_]{8}"
 LEFTOVER = re.compile(rf"^\..+(?:{re.escape(TMP_MARK)}|{re.escape(OLD_MARK)}){_TOKEN}$")  # any output's
-LEFTOVER_AGE_S = 60.0  # younger temporaries may belong to a writer that has not locked them yet
+_TEMPORARY_TRIES = 100  # times a writer makes its temporary again when a remover took it before it was locked
 
 
 def temporary_prefix(path: str | Path, mark: str = TMP_MARK) -> str:
@@ -62,23 +63,50 @@ def current_umask() -> int:
     return umask
 
 
+def locked_temporary(path: str | Path, mark: str = TMP_MARK, *, folder: bool) -> tuple[Path, int]:
+    """A new temporary of ``path`` beside it (a file, or with ``folder`` a folder), made and locked
+    (an exclusive ``flock``, which the kernel drops when the writer ends, however it ends): its
+    path and the descriptor that holds the lock. ``remove_leftovers`` in another process deletes
+    any temporary it finds unlocked; one it took in the moment between making and locking is made
+    anew, so a writer never works in a temporary that is gone."""
+    path = Path(path)
+    for _ in range(_TEMPORARY_TRIES):
+        if folder:
+            tmp = tempfile.mkdtemp(prefix=temporary_prefix(path, mark), dir=path.parent)
+            try:
+                fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue
+        else:
+            fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path, mark), dir=path.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            st, held = os.stat(tmp, follow_symlinks=False), os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+                return Path(tmp), fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "temporaries deleted as soon as made", str(path))
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a temporary file in the same directory, fsync, then rename over ``path``.
 
     A kill at any moment leaves either the old file or the new one, never a torn file. The file
     gets the permissions ``open`` would give it (0666 less the umask), not the temporary's 0600.
+    The temporary is locked until renamed (``locked_temporary``).
     """
     path = Path(path)
     remove_leftovers(path.parent, path.name)
-    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
+    tmp, fd = locked_temporary(path, folder=False)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # in use: ``remove_leftovers`` elsewhere leaves it alone
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # before the lock goes with the descriptor
     except BaseException:
         try:
             os.unlink(tmp)
@@ -106,25 +134,24 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def remove_leftovers(folder: str | Path, name: str, min_age_s: float = LEFTOVER_AGE_S) -> list[Path]:
+def remove_leftovers(folder: str | Path, name: str) -> list[Path]:
     """Delete what interrupted atomic writes of the output ``name`` left in ``folder``: entries
-    named as ``leftovers_of(name)`` (files or folders, never links), owned by this user,
-    unchanged for ``min_age_s`` seconds and not locked by a writer still at work (every writer
-    holds a ``flock`` on its temporary). Returns what it deleted."""
+    named as ``leftovers_of(name)`` (files or folders, never links), owned by this user and not
+    locked by a writer still at work (every writer holds a ``flock`` on its temporary from the
+    moment it is made, ``locked_temporary``; a killed one holds none). Returns what it deleted."""
     removed: list[Path] = []
     ours = leftovers_of(name)
     try:
         entries = [e for e in os.scandir(folder) if ours.match(e.name)]
     except OSError:
         return removed
-    now = time.time()
     for e in entries:
         try:
             st = e.stat(follow_symlinks=False)
         except OSError:
             continue
         is_dir = stat.S_ISDIR(st.st_mode)
-        if not (is_dir or stat.S_ISREG(st.st_mode)) or st.st_uid != os.geteuid() or now - st.st_mtime < min_age_s:
+        if not (is_dir or stat.S_ISREG(st.st_mode)) or st.st_uid != os.geteuid():
             continue
         try:
             fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if is_dir else 0))
@@ -132,14 +159,15 @@ def remove_leftovers(folder: str | Path, name: str, min_age_s: float = LEFTOVER_
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino != st.st_ino:
+            now, held = os.stat(e.path, follow_symlinks=False), os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
                 continue
             if is_dir:
                 shutil.rmtree(e.path, ignore_errors=True)
             else:
                 os.unlink(e.path)
             removed.append(Path(e.path))
-        except OSError:  # locked: a writer is still at work on it
+        except OSError:  # locked: a writer is still at work on it (or it is gone already)
             continue
         finally:
             os.close(fd)
@@ -187,10 +215,13 @@ def replace_dir(new: str | Path, out: str | Path) -> None:
     elif exchange(new, out):
         shutil.rmtree(new, ignore_errors=True)  # the old one, now at the temporary's name
     else:
-        old = Path(tempfile.mkdtemp(prefix=temporary_prefix(out, OLD_MARK), dir=out.parent))
-        os.replace(out, old / "d")
-        os.replace(new, out)
-        shutil.rmtree(old, ignore_errors=True)
+        old, fd = locked_temporary(out, OLD_MARK, folder=True)
+        try:
+            os.replace(out, old / "d")
+            os.replace(new, out)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            os.close(fd)
     _sync_folder(out.parent)
 
 
@@ -369,9 +400,7 @@ class OutputDir:
         self.check()
         self.out.parent.mkdir(parents=True, exist_ok=True)
         remove_leftovers(self.out.parent, self.out.name)
-        self.tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(self.out), dir=self.out.parent))
-        self._lock = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)  # in use: ``remove_leftovers`` leaves it alone
+        self.tmp, self._lock = locked_temporary(self.out, folder=True)  # in use: ``remove_leftovers`` leaves it alone
         os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 is for the temporary only
         return self.tmp
 
@@ -412,9 +441,12 @@ def claim_folder(out: str | Path, names: Collection[str], *, overwrite: bool = F
         if overwrite and any(out.iterdir()):
             if _holds_cwd(out):
                 raise UserError(f"{out}: holds the current directory; choose another --out")
-            fresh = Path(tempfile.mkdtemp(prefix=temporary_prefix(out), dir=out.parent))
-            os.chmod(fresh, 0o777 & ~current_umask())
-            replace_dir(fresh, out)
+            fresh, fd = locked_temporary(out, folder=True)
+            try:
+                os.chmod(fresh, 0o777 & ~current_umask())
+                replace_dir(fresh, out)
+            finally:
+                os.close(fd)
             log.info("%s: started afresh (--overwrite); the earlier run's files are deleted", out)
     out.mkdir(parents=True, exist_ok=True)
     return out
