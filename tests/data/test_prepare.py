@@ -390,7 +390,7 @@ def test_tokenizer_from_records_the_stored_models_options(corpus, tmp_path):
     prepare({"train": corpus.train}, tmp_path / "base", base)
     ckpt = {"tokenizers": tokenizer_payload(DataDir(tmp_path / "base"))}
     tuning = PrepareConfig(num_workers=1)
-    toks = prep.tokenizers_from_checkpoint(ckpt, tmp_path / "model.pt", tuning)
+    toks = prep.tokenizers_from_checkpoint(ckpt, tmp_path / "model.pt", {})
     m = prepare({"train": corpus.train}, tmp_path / "d", tuning, tokenizers=toks)
     options = m["options"]
     assert (options["vocab_size"], options["shared_vocab"], options["lowercase"]) == (400, False, True)
@@ -398,8 +398,34 @@ def test_tokenizer_from_records_the_stored_models_options(corpus, tmp_path):
     assert options["model_type"] == "bpe" and options["spm_sample_pairs"] is None and options["seed"] is None
     assert options["tokenizer_from"] == str((tmp_path / "model.pt").resolve())
     assert m["vocab"]["src"]["sha256"] == ckpt["tokenizers"]["src_sha256"]
-    with pytest.raises(UserError, match="--seed would train a new one"):
-        prep.tokenizers_from_checkpoint(ckpt, tmp_path / "model.pt", replace(tuning, seed=2))
+    with pytest.raises(UserError, match="which have --seed none; --seed 2 would train a new one"):
+        prep.tokenizers_from_checkpoint(ckpt, tmp_path / "model.pt", {"seed": 2})
+
+
+def test_tokenizer_from_judges_the_options_given_not_their_defaults(corpus, tmp_path, monkeypatch, capsys):
+    """``prepare --tokenizer-from``: an option of SentencePiece training given on the command line
+    is refused when the stored models differ from it, at its default too (``--vocab-size 37000``,
+    ``--shared-vocab``), each named with the stored value; given as the stored models have it, it
+    is accepted."""
+    import aiayn.checkpoint
+    from aiayn.checkpoint.run import tokenizer_payload
+    prepare({"train": corpus.train}, tmp_path / "base", replace(SMALL, vocab_size=400, shared_vocab=False))
+    ckpt = {"tokenizers": tokenizer_payload(DataDir(tmp_path / "base"))}
+    monkeypatch.setattr(aiayn.checkpoint, "load_checkpoint", lambda path, **kw: ckpt)
+    argv = ["prepare", "--train-src", str(corpus.train.src), "--train-tgt", str(corpus.train.tgt),
+            "--tokenizer-from", str(tmp_path / "model.pt"), "--num-workers", "1"]
+    args = _parser().parse_args([*argv, "--out", str(tmp_path / "d"), "--vocab-size", "37000", "--shared-vocab",
+                                 "--seed", "1", "--model-type", "bpe"])
+    with pytest.raises(UserError) as refused:
+        args.func(args)
+    assert str(refused.value).endswith(
+        "which have --vocab-size 400, --shared-vocab false, --seed none; --vocab-size 37000, --shared-vocab true, "
+        "--seed 1 would train a new one (leave the option out, or give the stored value)")
+    assert not (tmp_path / "d").exists()
+    args = _parser().parse_args([*argv, "--out", str(tmp_path / "d"), "--vocab-size", "400", "--shared-vocab", "false",
+                                 "--model-type", "bpe", "--lowercase", "false", "--character-coverage", "0.9999"])
+    assert args.func(args) == 0
+    assert DataDir(tmp_path / "d").manifest["vocab"]["src"]["sha256"] == ckpt["tokenizers"]["src_sha256"]
 
 
 def test_valid_bleu_of_a_lowercasing_tokenizer_is_case_insensitive(corpus, tmp_path, train_lines, monkeypatch):

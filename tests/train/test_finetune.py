@@ -101,5 +101,5 @@ def test_tokenizer_from_refuses_new_tokenizer_options(copy_checkpoint, tmp_path,
     files = _reverse_corpus(tmp_path / "raw")
     rc = main(["prepare", *files, "--out", str(tmp_path / "d"), "--tokenizer-from", str(copy_checkpoint),
                "--vocab-size", "100"])
-    assert rc == 2 and "--vocab-size would train a new one" in capsys.readouterr().err
+    assert rc == 2 and "--vocab-size 100 would train a new one" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()

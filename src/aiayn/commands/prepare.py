@@ -7,8 +7,10 @@ from pathlib import Path
 
 from aiayn.config import ConfigError, add_arguments, from_args, replace
 from aiayn.data.corpora import CORPUS_SPEC, Corpus, parse_corpus
-from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare, tokenizers_from_checkpoint
+from aiayn.data.prepare import TOKENIZER_FIELDS, PrepareConfig, SplitFiles, prepare, tokenizers_from_checkpoint
 from aiayn.errors import UserError
+
+NOT_GIVEN = object()  # the parsed value of a tokenizer option left off the command line (its default applies)
 
 
 def register(subparsers) -> None:
@@ -37,7 +39,7 @@ def register(subparsers) -> None:
                    help="replace --out if it is an existing data directory, in one step once the new one is "
                         "complete (an empty folder needs no flag; anything else is never replaced)")
     add_arguments(p, PrepareConfig, defaults=replace(PrepareConfig(), num_workers=os.cpu_count() or 1))
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, **dict.fromkeys(TOKENIZER_FIELDS, NOT_GIVEN))  # the help still shows the defaults
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
         corpora.insert(0, Corpus("train", train.src, train.tgt))
     if "train" not in splits and not corpora:
         raise UserError("give the train split: --train-src and --train-tgt, or --corpus (repeatable)")
+    given = {f: getattr(args, f) for f in TOKENIZER_FIELDS if getattr(args, f) is not NOT_GIVEN}
+    default = PrepareConfig()
+    for f in TOKENIZER_FIELDS:
+        if f not in given:
+            setattr(args, f, getattr(default, f))
     try:
         cfg = from_args(PrepareConfig, args)
     except ConfigError as exc:
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizers = None
     if args.tokenizer_from is not None:
         from aiayn.checkpoint import load_checkpoint
-        tokenizers = tokenizers_from_checkpoint(load_checkpoint(args.tokenizer_from), args.tokenizer_from, cfg)
+        tokenizers = tokenizers_from_checkpoint(load_checkpoint(args.tokenizer_from), args.tokenizer_from, given)
     manifest = prepare(splits, args.out, cfg, force=args.overwrite, tokenizers=tokenizers, corpora=corpora)
     for name, entry in manifest["splits"].items():
         print(f"{name}: {entry['pairs']} pairs, {entry['src']['tokens']} source / "

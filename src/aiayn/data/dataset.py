@@ -23,6 +23,7 @@ The manifest (``manifest.json``, format "aiayn-data", version 1) is written last
                                      the tokenizer fields are what the checkpoint's models hold,
                                      spm_sample_pairs and seed null, and tokenizer_from names it
     created                          ISO time (UTC)
+    seconds                          wall seconds the preparation took (the demo's prepare_seconds)
 
 Lengths count subword tokens without bos/eos. ``ParallelData`` opens the arrays by memory map,
 so opening a 4.5M-pair corpus costs only the offsets.

@@ -44,7 +44,7 @@ import time
 from datetime import datetime, timezone
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 from sentencepiece import sentencepiece_model_pb2
@@ -186,10 +186,12 @@ TOKENIZER_FIELDS = ("vocab_size", "model_type", "shared_vocab", "character_cover
                     "seed", "user_symbols", "lowercase")  # PrepareConfig fields that only shape a new tokenizer
 
 
-def tokenizers_from_checkpoint(ckpt: dict, path: Path, cfg: PrepareConfig) -> dict:
+def tokenizers_from_checkpoint(ckpt: dict, path: Path, given: Mapping[str, Any]) -> dict:
     """The ``tokenizers`` entry of a checkpoint dict, its model bytes checked against their sha256,
-    with ``checkpoint``: ``path`` (the manifest names it); a ``cfg`` that sets an option of
-    SentencePiece training (which the stored models make moot) is an error naming it."""
+    with ``checkpoint``: ``path`` (the manifest names it). ``given``: the options of SentencePiece
+    training (``TOKENIZER_FIELDS``) given on the command line, each with its value, at a default
+    or not; one that differs from what the stored models have (``_stored_tokenizer_options``: a
+    sample's size and seed they never have) would train new models, and is an error naming each."""
     toks = ckpt.get("tokenizers")
     if not isinstance(toks, dict) or not all(isinstance(toks.get(s), (bytes, bytearray)) for s in SIDES):
         raise UserError(f"{path}: the checkpoint holds no SentencePiece models (tokenizers.src/.tgt)")
@@ -197,12 +199,40 @@ def tokenizers_from_checkpoint(ckpt: dict, path: Path, cfg: PrepareConfig) -> di
         digest = Tokenizer(bytes(toks[side])).sha256
         if toks.get(f"{side}_sha256") not in (None, digest):
             raise UserError(f"{path}: the stored {side} tokenizer does not match its sha256; the checkpoint is corrupt")
-    default = PrepareConfig()
-    changed = [f for f in TOKENIZER_FIELDS if getattr(cfg, f) != getattr(default, f)]
+    stored = _stored_tokenizer_options({side: Tokenizer(bytes(toks[side])) for side in SIDES}, str(path))
+    changed = [f for f in TOKENIZER_FIELDS if f in given and not _same_option(given[f], stored[f])]
     if changed:
-        raise UserError(f"--tokenizer-from {path} uses the checkpoint's SentencePiece model(s); "
-                        f"{', '.join('--' + f.replace('_', '-') for f in changed)} would train a new one")
+        def flag(f: str, value: Any) -> str:
+            return f"--{f.replace('_', '-')} {_shown(value)}"
+        raise UserError(f"--tokenizer-from {path} uses the checkpoint's SentencePiece model(s), which have "
+                        f"{', '.join(flag(f, stored[f]) for f in changed)}; "
+                        f"{', '.join(flag(f, given[f]) for f in changed)} would train a new one "
+                        f"(leave the option out, or give the stored value)")
     return {**toks, "checkpoint": str(path)}
+
+
+def _same_option(given: Any, stored: Any) -> bool:
+    """Whether an option's value on the command line is what the stored models have (a coverage to
+    the six places they record; symbols in any container)."""
+    if stored is None:
+        return False
+    if isinstance(stored, float):
+        return round(float(given), 6) == stored
+    if isinstance(stored, list):
+        return list(given) == stored
+    return given == stored
+
+
+def _shown(value: Any) -> str:
+    """An option's value as the command line spells it (``none`` where the stored models have none:
+    a sample's size and seed, or one size for two models of different sizes)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(value) or "''"
+    return str(value)
 
 
 def _write_tokenizers(toks: dict, tmp: Path) -> dict[str, str]:
@@ -436,6 +466,7 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             "options": to_dict(cfg) if tokenizers is None else {
                 **to_dict(cfg), **_stored_tokenizer_options(toks, str(Path(tokenizers["checkpoint"]).resolve()))},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - t0, 1),
         }
         write_json_atomic(tmp / MANIFEST, manifest)
     log.info("wrote %s in %.1fs", out, time.perf_counter() - t0)
