@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from aiayn.demo.config import RECIPES
+from aiayn.demo import stages
+from aiayn.demo.config import RECIPES, DemoConfig
 from aiayn.train.config import load_recipe
 
 from aiayn.cli import main
@@ -88,11 +89,27 @@ def test_demo_on_own_files_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     rerun = capsys.readouterr().out
     assert "training" not in rerun and "(prepared before: a re-run)" in rerun
+    again = json.loads((out / "results.json").read_text())  # what it took from the first run, said
+    assert again["prepare_seconds"] == results["prepare_seconds"] and again["train"] == results["train"]
+    assert again["reused"] == ["prepare", "sizing", "train", "average"] and "reused" not in results
     assert (out / "run" / "summary.json").stat().st_mtime == mtime
     # other training lines are not a silent reuse of the data and model trained on these
     assert main([*argv, "--train-lines", "300"]) == 2
     assert "its train split was prepared from" in capsys.readouterr().err
 
+
+def test_a_rerun_carries_the_timing_of_the_prepare_it_reused(tmp_path):
+    """A re-run of the demo (its training interrupted, resumed) does not prepare again: its
+    results.json still has prepare_seconds, those the first run's prepare stored in the manifest,
+    and lists prepare among the stages it reused."""
+    files = _corpus(tmp_path / "corpus", n_train=40)
+    raw = {f"raw.{split}.{side}": Path(p) for split, pair in files.items() for side, p in zip(("src", "tgt"), pair)}
+    cfg, first, again = DemoConfig(vocab_size=29), {}, {}
+    stages.stage_prepare(cfg, raw, tmp_path / "data", "src", "tgt", first)
+    stages.stage_prepare(cfg, raw, tmp_path / "data", "src", "tgt", again)
+    assert again.get("prepare_seconds") == first["prepare_seconds"]
+    assert again.get("reused") == ["prepare"] and "reused" not in first
+    assert json.loads((tmp_path / "data" / "manifest.json").read_text())["seconds"] == first["prepare_seconds"]
 
 def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
     """Unaligned files name the file and line (as `aiayn prepare`), before any training; flags of

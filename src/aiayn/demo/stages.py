@@ -281,6 +281,13 @@ def stage_examples(translator, examples: list[str], plots_dir: Path, results: di
     return plots_dir
 
 
+def mark_reused(results: dict, stage: str) -> None:
+    """``stage`` taken whole from an earlier run of the same --out (a re-run): listed in
+    results.json's ``reused``, and what it measured there (``prepare_seconds``, ``train``,
+    ``sizing``) is what that run stored."""
+    results.setdefault("reused", []).append(stage)
+
+
 def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
     """1. The shared BPE and the binarized splits of ``files`` ("raw.SPLIT.SIDE", SIDE ``src`` or
     ``tgt``; train and valid, test where given) in ``data_dir``, unless a run prepared them already
@@ -291,10 +298,8 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
                              character_coverage=cfg.character_coverage)
     again = (data_dir / "manifest.json").exists()  # prepared before: a re-run
     if not again:
-        t0 = time.monotonic()
-        prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"])
-                 for s in ("train", "valid", "test") if f"raw.{s}.{src}" in files}, data_dir, prep_cfg)
-        results["prepare_seconds"] = round(time.monotonic() - t0, 1)
+        manifest = prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"])
+                            for s in ("train", "valid", "test") if f"raw.{s}.{src}" in files}, data_dir, prep_cfg)
     else:
         manifest = json.loads((data_dir / "manifest.json").read_text())
         had = manifest["options"]
@@ -307,6 +312,9 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
             had = manifest["splits"].get(split, {}).get("inputs")
             if had is not None:  # (recorded since the manifest's inputs were)
                 _check_same_inputs(data_dir, split, had, files[f"raw.{split}.{src}"], files[f"raw.{split}.{tgt}"])
+        mark_reused(results, "prepare")
+    if "seconds" in manifest:  # what prepare took, as it stored it (manifests since it was stored)
+        results["prepare_seconds"] = manifest["seconds"]
     print(f"[1/7] data: {data_dir}{' (prepared before: a re-run)' if again else ''}", flush=True)
     return data_dir
 
@@ -405,14 +413,14 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
     recipe = Path(cfg.recipe) if cfg.recipe else _sized_recipe(cfg, run_dir.parent, results)
     sets = recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps, cfg.threads)
     t = apply_sets(load_recipe(recipe), sets).train
+    member_dirs = [run_dir] if cfg.members == 1 else [run_dir / f"member{i + 1}" for i in range(cfg.members)]
+    finished = all((d / "summary.json").exists() for d in member_dirs)  # before: not trained again
     if cfg.members == 1:
-        member_dirs = [run_dir]
         processes = cfg.processes or auto_processes()
         own_step = bool(cfg.recipe or cfg.quick or any(s.strip().startswith("train.accum_steps") for s in sets))
         step = step_sets(batching(t), t.local_sgd_period > 0, processes, 0 if own_step else DEMO_STEP_TOKENS)
         train_recipe(data_dir, run_dir, recipe, sets + step, processes, "[2/7]")
     else:
-        member_dirs = [run_dir / f"member{i + 1}" for i in range(cfg.members)]
         run_cfg = apply_sets(load_recipe(recipe), sets)
         for i, d in enumerate(member_dirs):
             if (d / "summary.json").exists():
@@ -421,6 +429,8 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
             print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
                   f"{t.max_time_min:g} minutes into {run_dir}", flush=True)
             _train_members(data_dir, member_dirs, recipe, sets, t)
+    if finished:
+        mark_reused(results, "train")
     summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
     results["train"] = summaries[0]
     if cfg.members > 1:
@@ -453,6 +463,8 @@ def _sized_recipe(cfg: DemoConfig, out: Path, results: dict) -> Path:
     again = (out / "sizing.json").exists()  # a re-run: the choice made when the run began, not measured now
     recipe, record = sized_recipe(cfg.quick, minutes, processes, threads, out, precision=precision)
     results["sizing"] = record
+    if again:
+        mark_reused(results, "sizing")
     print(f"[2/7] sized to this machine{' when the run began (sizing.json)' if again else ''}: {describe(record)}",
           flush=True)
     return recipe
@@ -474,6 +486,8 @@ def stage_average(cfg: DemoConfig, member_dirs: list[Path], run_dir: Path, model
         atomic_save(ensemble_checkpoint(averages), model_path)
         again = True
     done = "averaged" if again else "averaged before (a re-run):"
+    if not again:
+        mark_reused(results, "average")
     results["averaged"] = averaged[0] if cfg.members == 1 else averaged
     if cfg.members == 1:
         print(f"[3/7] {done} {len(averaged[0])} checkpoints -> {model_path}", flush=True)
