@@ -2,7 +2,7 @@
 one left half-written is removed when the next starts (``remove_stale_temps``).
 
 Every file of a run directory is written through ``aiayn.files.atomic_write``: a temporary
-``.NAME.XXXXXXXX.tmp`` beside the destination, renamed over it when complete. A SIGKILL between
+``.NAME.aiayn-tmp-XXXXXXXX`` beside the destination, renamed over it when complete. A SIGKILL between
 the two leaves the temporary behind; the holder of the lock deletes those of the files a
 training writes.
 """
