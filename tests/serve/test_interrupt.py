@@ -98,3 +98,34 @@ def test_ctrl_c_twice_answers_the_request_in_progress_503_and_exits_130(tiny_che
     [(status, body)] = answers
     assert status == 503 and "stopped before the request was translated" in json.loads(body)["error"], body
     assert "terminate called" not in text and "Traceback" not in text, text[-3000:]
+
+
+def test_a_call_running_past_the_drain_is_answered_503_before_uvicorn_cancels_it(tiny_checkpoint):
+    """One SIGTERM, a request whose model call outlasts the drain (``--shutdown-timeout-s 1``) and
+    uvicorn's graceful time after it (+ 5 s): the request is answered 503 with the JSON error before
+    uvicorn cancels its task (which answered starlette's plain 500), and the command ends as a
+    drained SIGTERM does (uvicorn raises the signal again once it has shut down: -15; 0 where an older
+    uvicorn does not)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", ENDLESS, "serve", "--checkpoint", str(tiny_checkpoint),
+                             "--port", "0", "--threads", "1", "--shutdown-timeout-s", "1"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        err = Lines(proc.stderr)
+        port = err.wait_for(r"serving .* on http://127\.0\.0\.1:(\d+)/").group(1)
+        answers: list = []
+        client = threading.Thread(target=_post, args=(f"http://127.0.0.1:{port}/translate",
+                                                      {"sentences": ["A man rides a bicycle."]}, answers))
+        client.start()
+        err.wait_for("^translating")
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(1 + 5 + APP_STOP_S + 10.0)
+        client.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(err.lines)
+    [(status, body)] = answers
+    assert status == 503 and "stopped before the request was translated" in json.loads(body)["error"], body
+    assert rc in (0, -signal.SIGTERM) and "terminate called" not in text and "Traceback" not in text, text[-3000:]

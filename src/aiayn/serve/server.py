@@ -219,10 +219,20 @@ class Server(uvicorn.Server):
         return stop and (self.force_exit or not self.draining or self.batcher.drained)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's shutdown; after a second SIGINT, then the 503 answers of the requests in
+        """uvicorn's shutdown, whose requests still in a model call when its graceful time is nearly
+        over are answered 503 (``Batcher.abort``); after a second SIGINT, then the 503 answers of the requests in
         progress sent (uvicorn would cancel their tasks, which answers a plain 500), and the app's
         own shutdown (which uvicorn skips then: the batcher's workers end), each bounded."""
-        await super().shutdown(sockets=sockets)
+        # a call still running when uvicorn's graceful time is nearly over (it then cancels the request's
+        # task, a plain 500): its requests answered 503 first, the call stopped at its next step
+        graceful = self.config.timeout_graceful_shutdown
+        late = None if graceful is None else asyncio.get_running_loop().call_later(
+            max(0.0, graceful - FORCED_ANSWERS_S), self.batcher.abort)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            if late is not None:
+                late.cancel()
         if not self.force_exit:
             return
         end = time.monotonic() + FORCED_ANSWERS_S
