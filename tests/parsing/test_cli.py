@@ -44,6 +44,23 @@ def test_score_user_errors_exit_2(evalb_dir, capsys, tmp_path):
     assert main(["parse", "score", "--gold", gold, "--test", str(tmp_path / "none")]) == 2
 
 
+def test_score_warns_when_the_test_trees_have_no_pos_tags(tmp_path, capsys, caplog):
+    """`aiayn parse` writes XX preterminals; scored against gold trees, EVALB deletes the gold's
+    punctuation and not the test's, so every line with punctuation is a "Length unmatch" error
+    for words that are the same. The score says why, once, and names `aiayn parse decode`."""
+    gold, test = tmp_path / "g.gold", tmp_path / "t.txt"
+    gold.write_text("(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))\n")
+    test.write_text("(S (NP (XX The) (XX cat)) (VP (XX sat)) (XX .))\n")
+    assert main(["parse", "score", "--gold", str(gold), "--test", str(test)]) == 0
+    assert "Number of Error sentence  =      1" in capsys.readouterr().out
+    hints = [r.getMessage() for r in caplog.records if "every preterminal is XX" in r.getMessage()]
+    assert len(hints) == 1 and str(test) in hints[0] and "aiayn parse decode" in hints[0]
+    caplog.clear()
+    test.write_text("(S (NP (DT The) (NN cat)) (VP (VBD sat) (. .)))\n")    # tagged: no hint
+    assert main(["parse", "score", "--gold", str(gold), "--test", str(test)]) == 0
+    assert not [r for r in caplog.records if "every preterminal" in r.getMessage()]
+
+
 def test_prepare_and_baseline(treebank_zip, tmp_path, capsys):
     out = tmp_path / "ptb"
     assert main(["parse", "prepare", "--treebank", str(treebank_zip), "--out", str(out), "--no-data"]) == 0

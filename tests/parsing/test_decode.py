@@ -172,3 +172,45 @@ def test_score_refuses_files_of_other_lengths(tiny_parser, tmp_path, capsys):
     short.write_text("".join(line + "\n" for line in read_lines(gold)[:3]))
     assert main(["parse", "score", "--gold", str(gold), "--test", str(short)]) == 2
     assert f"{short}:4: line counts differ" in capsys.readouterr().err
+
+
+def test_decode_long_lines_skip_writes_an_empty_line_evalb_skips(tiny_parser, tmp_path, capsys):
+    """``decode --long-lines skip``: the over-long sentence gets an empty line in --out (EVALB's skip
+    sentence), the others their trees; it was an AttributeError traceback."""
+    _, run = tiny_parser
+    gold = tmp_path / "g.gold"
+    short = "(S (NP (DT a)) (VP (VBD b)))"                     # 2 one-letter words: at most 5 pieces with EOS
+    long = "(S " + " ".join(["(NN word)"] * 60) + ")"          # 60 words: more than 8 pieces
+    gold.write_text(f"{short}\n{long}\n{short}\n")
+    pred = tmp_path / "g.pred"
+    assert main(["parse", "decode", "--checkpoint", str(run / "last.pt"), "--gold", str(gold), "--out", str(pred),
+                 "--beam-size", "1", "--max-input-tokens", "8", "--long-lines", "skip"]) == 0
+    printed = capsys.readouterr().out
+    lines = read_lines(pred)
+    assert len(lines) == 3 and lines[1] == ""
+    assert parse_tree(lines[0]).words() == parse_tree(lines[2]).words() == ["a", "b"]
+    assert re.search(r"^Number of Skip  sentence  =\s+1$", printed, re.M)
+    assert re.search(r"^repaired 0/2 trees$", printed, re.M)
+
+
+def test_search_options_that_fight_the_tree_constraint_are_refused(tiny_parser, tmp_path, capsys):
+    """--min-len forbids the EOS after a finished tree and --no-repeat-ngram the repeats every tree
+    has (``XX XX``): under the constraint the search then ended with no tree and a flat one was
+    written instead, exit 0. Refused before any output; the plain search still takes them."""
+    out, run = tiny_parser
+    ckpt = str(run / "last.pt")
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("The cat sat on the mat .\n")
+    trees = tmp_path / "out.txt"
+    for option in (["--min-len", "3"], ["--no-repeat-ngram", "2"]):
+        assert main(["parse", "--checkpoint", ckpt, "--beam-size", "2", "--input", str(sentences),
+                     "--output", str(trees), *option]) == 2
+        err = capsys.readouterr().err
+        assert f"{option[0]} {option[1]}: not with --constrained true" in err and err.count("\n") == 1
+        assert not trees.exists()
+        assert main(["parse", "decode", "--checkpoint", ckpt, "--gold", str(out / "test.gold"),
+                     "--out", str(tmp_path / "p"), "--beam-size", "2", *option]) == 2
+        assert "not with --constrained true" in capsys.readouterr().err
+    assert main(["parse", "--checkpoint", ckpt, "--beam-size", "2", "--input", str(sentences), "--output", str(trees),
+                 "--min-len", "3", "--max-len-b", "8", "--constrained", "false"]) == 0
+    assert parse_tree(read_lines(trees)[0]).words() == "The cat sat on the mat .".split()

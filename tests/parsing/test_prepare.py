@@ -39,6 +39,8 @@ def test_file_ranges_and_schemes():
             parse_ranges(bad)
     with pytest.raises(ConfigError, match="train and test share WSJ files"):
         SplitConfig(test_files="0150-0160,0190")
+    with pytest.raises(ConfigError, match="^--dev-files: bad file range '5-1'"):   # the option named
+        SplitConfig(dev_files="5-1")
     wsj = SPLIT_SCHEMES["wsj"]
     assert [wsj.split_of(n) for n in (199, 200, 2199, 2215, 2300, 2399, 2400)] == \
         [None, "train", "train", "dev", "test", "test", None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from pathlib import Path
 
 from aiayn.commands.demo import add_demo_arguments, config_with_sets
@@ -21,11 +22,12 @@ from aiayn.files import check_output_folder, check_output_path, refuse_input_as_
 from aiayn.model.config import PRESETS
 from aiayn.parsing import demo as parse_demo
 from aiayn.parsing.baseline import right_branching
-from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees, parse_words, read_gold_trees
+from aiayn.parsing.decode import (PARSE_DECODE, ParseOptions, bracketed_lines, check_constrainable, parse_trees,
+                                  parse_words, read_gold_trees)
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS, read_params
 from aiayn.parsing.evalb_report import format_report, format_summary
-from aiayn.parsing.linearize import LINEARIZATIONS, SLOTS
+from aiayn.parsing.linearize import DEFAULT_TAG, LINEARIZATIONS, SLOTS
 from aiayn.parsing.prepare import PARSE_DATA_DEFAULTS, SPLIT_SCHEMES, SplitConfig, prepare_parsing
 
 log = logging.getLogger(__name__)
@@ -84,12 +86,24 @@ def run_score(args: argparse.Namespace) -> int:
     gold, test = read_lines(args.gold), read_lines(args.test)
     # EVALB only warns and scores the lines both have: a truncated prediction file would score as whole
     check_line_counts(args.gold, len(gold), args.test, len(test))
+    if params.delete_labels and _preterminal_labels(test) == {DEFAULT_TAG} != _preterminal_labels(gold):
+        log.warning("%s: every preterminal is %s, as `aiayn parse` writes them; EVALB deletes punctuation by its "
+                    "tag (DELETE_LABEL), so a line with punctuation will not align with %s: `aiayn parse decode` "
+                    "puts the gold tags on the leaves", args.test, DEFAULT_TAG, args.gold)
     result = evalb(gold, test, params, gold_name=str(args.gold), test_name=str(args.test))
     if args.sentences or params.debug >= 1:
         print(format_report(result), end="")
     else:
         print(format_summary(result), end="")
     return 0
+
+
+_PRETERMINAL = re.compile(r"\(([^\s()]+)\s+[^\s()]+\s*\)")
+
+
+def _preterminal_labels(lines: list[str]) -> set[str]:
+    """The tags of the ``(TAG word)`` terminals in ``lines``."""
+    return {m.group(1) for line in lines for m in _PRETERMINAL.finditer(line)}
 
 
 SCHEME_VOCAB = {"wsj": 16000}  # §6.3: a 16K vocabulary for the WSJ-only setting
@@ -237,8 +251,9 @@ def run_decode(args: argparse.Namespace) -> int:
     gold_lines, gold = read_gold_trees(args.gold)
     translator = Translator.from_checkpoint(args.checkpoint, cfg, device=args.device)
     trees, stats = parse_trees(translator, gold, from_args(ParseOptions, args), str(args.gold))
-    test_lines = [t.to_bracketed() for t in trees]
-    write_text_output(args.out, "".join(line + "\n" for line in test_lines))
+    text = bracketed_lines(trees)
+    write_text_output(args.out, text)
+    test_lines = text.split("\n")[:-1]
     result = evalb(gold_lines, test_lines, params, gold_name=str(args.gold), test_name=str(args.out))
     print(format_summary(result), end="")
     print(f"\n{stats.summary()}")
@@ -295,6 +310,8 @@ def run_text(args: argparse.Namespace) -> int:
     if args.input:
         check_readable(args.input, "--input", stream=True)
     cfg, options = from_args(DecodeConfig, args), from_args(ParseOptions, args)
+    if options.constrained:
+        check_constrainable(cfg)
     source, stats = str(args.input or "<stdin>"), RepairStats()
     out = sys.stdout
     try:

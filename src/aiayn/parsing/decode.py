@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from aiayn.config import param, replace
+from aiayn.config import ConfigError, param, replace
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Constraints, max_output_lengths, search
 from aiayn.errors import InputError
@@ -96,6 +96,17 @@ def _tree_tokens(tok, vocab: TreeVocab, tokens, words: Sequence[str], spelled: l
     return out
 
 
+def check_constrainable(cfg: DecodeConfig) -> None:
+    """Refuse the search options that fight the tree constraint: ``min_len`` forbids the EOS that
+    ends a finished tree, ``no_repeat_ngram`` the repeats every tree has (``XX XX``, ``)NP )VP``).
+    With either, the search could end with no tree, and a flat one would be made in its place."""
+    clash = [f"--{name.replace('_', '-')} {value}" for name, value in
+             (("min-len", cfg.min_len), ("no-repeat-ngram", cfg.no_repeat_ngram)) if value]
+    if clash:
+        raise ConfigError(f"{' and '.join(clash)}: not with --constrained true (the tree constraint alone decides "
+                          f"where a parse ends and what it repeats); give --constrained false for the plain search")
+
+
 def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[str]] | None = None,
                 options: ParseOptions = ParseOptions(), source: str = "<input>",
                 first_line: int = 1) -> list[Delinearized | None]:
@@ -105,6 +116,8 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
     preterminals (default ``XX``). Too long sentences are ``InputError``s naming ``source`` and
     the line (``first_line`` + index).
     """
+    if options.constrained:
+        check_constrainable(translator.cfg)
     lines = [" ".join(words) for words in sentences]
     linearization = linearization_of(translator.tgt_tok.user_symbols)
     skipped = set()  # lines --long-lines skip leaves out: an empty line, as translate writes
@@ -137,12 +150,19 @@ def read_gold_trees(path) -> tuple[list[str], list[Tree]]:
 
 
 def parse_trees(translator, gold: Sequence[Tree], options: ParseOptions = ParseOptions(), source: str = "<input>"
-                ) -> tuple[list[Tree], RepairStats]:
+                ) -> tuple[list[Tree | None], RepairStats]:
     """Predicted trees over the words of ``gold`` (one per gold tree, in order, with its POS tags;
-    ``source`` names its file in errors) and the repair counts."""
+    ``source`` names its file in errors; None for a line ``--long-lines skip`` left out) and the
+    repair counts (of the trees made)."""
     results = parse_words(translator, [g.words() for g in gold], [g.tags() for g in gold], options, source)
     stats = RepairStats()
     for result in results:
-        stats.add(result)
+        if result is not None:
+            stats.add(result)
     log.info("%s", stats.summary())
-    return [r.tree for r in results], stats
+    return [r.tree if r is not None else None for r in results], stats
+
+
+def bracketed_lines(trees: Sequence[Tree | None]) -> str:
+    """One bracketing a line; an empty line for a tree not made (EVALB skips the sentence)."""
+    return "".join((t.to_bracketed() if t is not None else "") + "\n" for t in trees)

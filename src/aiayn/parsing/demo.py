@@ -119,7 +119,7 @@ def _stage_parse(cfg: ParseDemoConfig, splits: tuple[str, ...], model_path: Path
     """4-5. Dev and test parsed (constrained), EVALB-scored beside the right-branching baseline."""
     from aiayn.decode.config import DecodeConfig
     from aiayn.parsing.baseline import right_branching
-    from aiayn.parsing.decode import PARSE_DECODE, parse_trees, read_gold_trees
+    from aiayn.parsing.decode import PARSE_DECODE, bracketed_lines, parse_trees, read_gold_trees
     from aiayn.parsing.evalb import evalb, read_lines
     from aiayn.parsing.evalb_params import COLLINS
     translator = None
@@ -136,7 +136,7 @@ def _stage_parse(cfg: ParseDemoConfig, splits: tuple[str, ...], model_path: Path
             results[f"{split}_parse_seconds"] = round(time.monotonic() - t0, 1)
             results[f"{split}_repaired"] = stats.repaired
             tmp = pred.with_suffix(".tmp")
-            tmp.write_text("".join(t.to_bracketed() + "\n" for t in trees), encoding="utf-8")
+            tmp.write_text(bracketed_lines(trees), encoding="utf-8")
             tmp.replace(pred)
         baseline = [right_branching(g.words(), g.tags()).to_bracketed() for g in gold]
         for name, lines in (("aiayn", read_lines(pred)), ("right-branching", baseline)):

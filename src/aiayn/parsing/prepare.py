@@ -78,7 +78,12 @@ class SplitConfig:
     test_files: str = param("0180-0199", "test split, as train_files (section 23: 2300-2399)")
 
     def __post_init__(self) -> None:
-        ranges = [(r, name) for name in SPLIT_NAMES for r in parse_ranges(self.files(name))]
+        ranges = []
+        for name in SPLIT_NAMES:
+            try:
+                ranges += [(r, name) for r in parse_ranges(self.files(name))]
+            except ConfigError as exc:
+                raise ConfigError(f"--{name}-files: {exc}") from None
         for i, ((a, b), x) in enumerate(ranges):
             for (c, d), y in ranges[i + 1:]:
                 if a <= d and c <= b:
