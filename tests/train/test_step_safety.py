@@ -150,7 +150,7 @@ def test_the_run_step_follows_the_configuration(monkeypatch):
     assert isinstance(made(rdrop_alpha=0.5, c_kernels=False).loss, RDrop)
     compiled = object()
     monkeypatch.setattr(parallel, "compile_model", lambda net: compiled)
-    s = made(compile=True, cpu_row_bits=0)
+    s = made(Place(Dist(), cpu, "bf16"), compile=True, cpu_row_bits=5)  # the compiled net's rows unpadded
     assert s.net is compiled and s.plain_net is model and row_bits(model) == {0}
     broadcast = []
     monkeypatch.setattr(parallel, "broadcast_parameters", lambda params, dist: broadcast.append(len(params)))

@@ -62,7 +62,7 @@ def compiled(ex: Execution) -> Execution:
     every dropout, some frames then left to eager) or the padded rows (each padded row count is a
     guard on the shape: a graph compiled anew for nearly every batch, the dynamic shapes lost, until
     torch.compile's recompile limit leaves the frames to eager); inductor generates its own dropout."""
-    return replace(ex, kernels=None, cast_weights_once=False, fast_dropout=False, row_bits=None)
+    return replace(ex, kernels=None, cast_weights_once=False, fast_dropout=False, row_bits=0)
 
 
 def apply(model: nn.Module, ex: Execution) -> nn.Module:
