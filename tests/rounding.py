@@ -198,7 +198,7 @@ def rounding_bound(model: nn.Module, precision: str, src: Tensor, tgt_in: Tensor
         elif isinstance(mod, MultiHeadAttention):
             mod.core = _RoundedAttention(round_)
 
-    def embed(self, tokens, embedding, positions, start):
+    def embed(self, tokens, embedding, positions, start, what=None):
         e = round_(embedding(tokens))
         return round_(e + round_(positions(start, tokens.size(1)).to(e.dtype)))
 
@@ -266,7 +266,7 @@ def _float_log_probs(m: nn.Module, src: Tensor, tgt_in: Tensor, moved: Callable[
         record("add", x=x, s=sublayer_out, y=y)
         return y if self.pre_norm else self.norm(y)
 
-    def embed(self, tokens, embedding, positions, start):
+    def embed(self, tokens, embedding, positions, start, what=None):
         e = embedding(tokens)  # the lookup times sqrt(d_model): fl(sqrt(d_model))'s error is one for every entry
         record("embed", E=embedding.weight, tokens=tokens, scale=embedding.scale, pad=embedding.pad_id, e=e)
         e = e * (1 + moved(e.new_zeros(()), _constant(embedding.scale, a), systematic=True))

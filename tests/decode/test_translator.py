@@ -86,6 +86,16 @@ def test_one_string_for_the_list_of_lines_is_refused(ckpt):
     assert len(tr.translate(["the cat sat"])) == 1
 
 
+def test_a_line_that_is_not_text_is_refused_naming_it(ckpt):
+    """Not an AttributeError from deep inside the tokenizer's preparation of the lines."""
+    tr = Translator.from_checkpoint(ckpt, DecodeConfig(max_len_b=3))
+    with pytest.raises(UserError, match=r"lines\[1\]: a line of text \(str\), got NoneType"):
+        tr.translate(["the cat sat", None])
+    with pytest.raises(UserError, match=r"prefixes\[0\]: a line of text \(str\), got int"):
+        tr.translate(["the cat sat"], prefixes=[3])
+    assert len(tr.translate(line for line in ["the cat sat", "small"])) == 2  # any iterable of lines
+
+
 def test_batches_are_token_bounded_and_longest_first(ckpt):
     tr = Translator.from_checkpoint(ckpt, DecodeConfig(batch_tokens=12))
     ids = [[5] * 3, [], [5] * 6, [5] * 2, [5] * 4, [5] * 13]
@@ -141,6 +151,9 @@ def test_attention_weights_shapes(ckpt):
     assert len(att["src_tokens"]) == S and att["src_tokens"][-1] == "</s>"
     # decoder self-attention's keys are the decoder's inputs: BOS, then the outputs shifted by one
     assert att["tgt_in_tokens"] == [tr.tgt_tok.piece(tr.ids.bos)] + att["tgt_tokens"][:-1]
+    # an empty source (no ids, not even EOS) is a (1, 0) batch of ids, not a float tensor the embedding refuses
+    empty = tr.attention([], [], False)
+    assert empty["encoder"].shape == (2, 4, 0, 0) and empty["cross"].shape == (2, 4, 1, 0)
 
 
 def test_cli_translate(ckpt, tmp_path, capsys, monkeypatch):

@@ -8,6 +8,7 @@ import torch
 
 import aiayn
 from aiayn.decode.cache import init_cache
+from aiayn.errors import UserError
 from aiayn.model.attention import attention_explicit
 from aiayn.model.positional import sinusoidal_table
 from tests.arith import gamma, within
@@ -139,6 +140,60 @@ def test_sdpa_path_equals_explicit_path():
         assert torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)))
     assert torch.all(enc_slow.weights[0][1, :, :, 3:] == 0)
     assert torch.all(slow.self_weights[0][0].triu(1) == 0)
+
+
+def test_a_row_of_padding_alone_gets_zero_weights_on_both_paths():
+    """A source row of padding alone: no key may be attended to. The fused path gives such a query a
+    zero output; the explicit one (weights asked for) gives the same, zero weights, not softmax's 0/0 = NaN,
+    and its gradient stays finite. The other rows are as they were."""
+    model = make(tiny())
+    src = torch.tensor([[5, 6, 7, 8, 3], [0, 0, 0, 0, 0]])
+    tgt = torch.tensor([[2, 11, 12, 13], [2, 16, 17, 0]])
+    enc_fast, enc_slow = model.encode(src), model.encode(src, need_weights=True)
+    assert torch.isfinite(enc_slow.memory).all()
+    assert all(torch.all(w[1] == 0) for w in enc_slow.weights)
+    fast = model.decode(tgt, enc_fast)
+    slow = model.decode(tgt, enc_slow, need_weights=True)
+    assert torch.isfinite(slow.logits).all() and all(torch.all(w[1] == 0) for w in slow.cross_weights)
+    within(fast.logits[:1], slow.logits[:1], 2 * logit_bounds(model, "fp64", src[:1], tgt[:1]))
+    q = torch.randn(1, 1, 2, 4, dtype=torch.float64, requires_grad=True)
+    out, w = attention_explicit(q, q.detach(), q.detach(), torch.zeros(1, 1, 1, 2, dtype=torch.bool))
+    assert torch.all(out == 0) and torch.all(w == 0)
+    out.sum().backward()
+    assert torch.all(q.grad == 0)
+
+
+@pytest.mark.parametrize("src, message", [
+    (torch.tensor([5, 6, 3]), r"src: expected a \(B, L\) tensor of token ids \(torch.long, batch first; one sentence: "
+                              r"src\[None\]\), got torch.int64 of shape \(3,\)$"),
+    (torch.tensor([[[5, 6, 3]]]), r"src: expected a \(B, L\) tensor .* got torch.int64 of shape \(1, 1, 3\)$"),
+    ([[5, 6, 3]], r"src: expected a \(B, L\) tensor of token ids .*, got list$"),
+    (torch.tensor([[5.0, 6.0, 3.0]]), r"src: expected a \(B, L\) tensor of token ids \(torch.long.* got torch.float32 of shape \(1, 3\)"),
+    (torch.tensor([[5, 23, 3]]), r"src: token ids must be in \[0, 23\) \(the model's vocabulary\), got ids from 3 to 23"),
+    (torch.tensor([[5, -1, 3]]), r"src: token ids must be in \[0, 23\) .* got ids from -1 to 5"),
+])
+def test_misused_token_ids_are_one_line_errors(src, message):
+    """What a caller gets wrong about the ids (a 1-D sentence, a list, floats, ids past the vocabulary)
+    is said in one line naming the argument, not an index error from inside attention or the embedding."""
+    model = make(tiny())
+    with pytest.raises(UserError, match=message) as info:
+        model.encode(src)
+    err = info.value  # one line, and no chained traceback of the embedding's own error under it
+    assert "\n" not in str(err) and err.__cause__ is None and (err.__context__ is None or err.__suppress_context__)
+
+
+def test_misused_target_ids_are_one_line_errors():
+    model = make(tiny())
+    src = torch.tensor([[5, 6, 3], [7, 3, 0]])
+    with pytest.raises(UserError, match=r"tgt_in: expected a \(B, L\) tensor .* got torch.int64 of shape \(3,\)"):
+        model(src, torch.tensor([2, 5, 6]))
+    with pytest.raises(UserError, match=r"tgt_in: token ids must be in \[0, 23\)"):
+        model(src, torch.tensor([[2, 5], [2, 99]]))
+    with pytest.raises(UserError, match=r"tgt_in: 3 rows for an encoder output of 2 \(as many, or one\)"):
+        model(src, torch.tensor([[2, 5], [2, 6], [2, 7]]))
+    enc = model.encode(src[:1])  # one encoder row is broadcast over the target rows, as before
+    assert model.decode(torch.tensor([[2, 5], [2, 6], [2, 7]]), enc).logits.shape == (3, 2, 23)
+    assert model(src.int(), torch.tensor([[2, 5], [2, 6]], dtype=torch.int32)).shape == (2, 2, 23)
 
 
 def test_padded_batch_equals_each_sentence_alone():

@@ -51,11 +51,16 @@ class LongLineError(InputError):
         self.tokens, self.limit = tokens, limit
 
 
-def _check_lines(lines, what: str) -> None:
-    """A str is a sequence of characters: given for a list of lines, each character would be
-    translated as a sentence of its own."""
+def _check_lines(lines, what: str) -> list[str]:
+    """``lines`` as a list, each a str. A str is a sequence of characters: given for a list of lines,
+    each character would be translated as a sentence of its own."""
     if isinstance(lines, str):
         raise UserError(f"{what}: a list of lines, not one string (translate([text]) for one sentence)")
+    lines = list(lines)
+    for n, line in enumerate(lines):
+        if not isinstance(line, (str, bytes)):  # (bytes: UTF-8, as SentencePiece reads them)
+            raise UserError(f"{what}[{n}]: a line of text (str), got {type(line).__name__}")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ class Translator:
     def encode(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1) -> list[list[int]]:
         """Source ids + [EOS] per line ([] for an empty line); a too long line as ``cfg.long_lines``
         says (``_long_line``)."""
-        _check_lines(lines, "lines")
+        lines = _check_lines(lines, "lines")
         out = []
         for n, ids in enumerate(self.src_tok.encode_batch([line.strip() for line in lines]), first_line):
             if ids and len(ids) + 1 > self.input_limit:
@@ -273,7 +278,7 @@ class Translator:
     def encode_prefixes(self, prefixes: Sequence[str] | None) -> list[list[int]] | None:
         """Target ids of forced prefixes (target text, "" for none), for ``translate_ids``."""
         if prefixes is not None:
-            _check_lines(prefixes, "prefixes")
+            prefixes = _check_lines(prefixes, "prefixes")
         return None if prefixes is None else self.tgt_tok.encode_batch([p.strip() for p in prefixes])
 
     def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
@@ -303,8 +308,8 @@ class Translator:
         labelling those columns with ``tgt_tokens`` would show each prediction attending to itself.
         """
         out_ids = list(tokens) + ([self.ids.eos] if eos else [])
-        src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[self.ids.bos] + out_ids[:-1]], device=self.device)
+        src = torch.tensor([list(src_ids)], dtype=torch.long, device=self.device)
+        tgt_in = torch.tensor([[self.ids.bos] + out_ids[:-1]], dtype=torch.long, device=self.device)
         enc = self.model.encode(src, need_weights=True)
         dec = self.model.decode(tgt_in, enc, need_weights=True)
         stack = lambda ws: np.stack([w[0].float().cpu().numpy() for w in ws])  # noqa: E731

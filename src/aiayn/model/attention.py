@@ -24,13 +24,16 @@ def attention_explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     """Eq. 1, written out: softmax(Q K^T / sqrt(d_k)) V; returns (output, weights).
 
     q (B,H,T,K), k (B,H,S,K), v (B,H,S,Dv), mask (B|1,1,T|1,S) bool -> (B,H,T,Dv), (B,H,T,S).
-    Illegal connections are set to -inf before the softmax, so their weight is exactly 0.
+    Illegal connections are set to -inf before the softmax, so their weight is exactly 0; a query with
+    no legal key (a row of padding alone) gets zero weights and output, as on the fused path, not 0/0.
     """
     d_k = q.size(-1)
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d_k)  # (B,H,T,S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # NaN rows (no legal key) -> 0; the others unchanged
     dropped = F.dropout(weights, p=p_drop, training=training) if p_drop > 0 else weights
     return torch.matmul(dropped, v), weights
 

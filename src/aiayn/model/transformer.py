@@ -11,6 +11,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import UserError
 from aiayn.model.attention import key_mask
 from aiayn.model.config import ModelConfig
 from aiayn.model.layers import DecoderLayer, EncoderLayer, KeysValues, TeacherForced
@@ -87,9 +88,18 @@ class Transformer(nn.Module):
             nn.init.normal_(self.out_proj.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
 
     # -- embeddings ---------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int) -> Tensor:
-        """Embedding * sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4)."""
-        x = embed(tokens) + pos(start, tokens.size(1)).to(embed.weight.dtype)  # (B,L,D)
+    def _embed(self, tokens: Tensor, embed: ScaledEmbedding, pos: nn.Module, start: int, what: str = "tokens") -> Tensor:
+        """Embedding * sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4). ``tokens`` that
+        are not a (B, L) tensor of the vocabulary's ids: a one-line UserError naming ``what``."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+            got = f"{tokens.dtype} of shape {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise UserError(f"{what}: expected a (B, L) tensor of token ids (torch.long, batch first; one sentence: "
+                            f"{what}[None]), got {got}")
+        try:
+            x = embed(tokens) + pos(start, tokens.size(1)).to(embed.weight.dtype)  # (B,L,D)
+        except IndexError:  # (the CPU's lookup; CUDA asserts on the device)
+            raise UserError(f"{what}: token ids must be in [0, {embed.weight.size(0)}) (the model's vocabulary), "
+                            f"got ids from {int(tokens.min())} to {int(tokens.max())}") from None
         return self.dropout(x)
 
     def output_logits(self, h: Tensor) -> Tensor:
@@ -116,9 +126,9 @@ class Transformer(nn.Module):
         """src (B,S) ids -> EncoderOutput(memory (B,S,D), src_pad (B,S)). ``padded=False``: the caller
         knows that src holds no padding (``Batch.src_padded``), so no attention takes a key mask (the
         fused attention may then take its flash kernel)."""
+        x = self._embed(src, self.src_embed, self.src_pos, 0, "src")
         src_pad = src.eq(self.cfg.pad_id)
         mask = key_mask(src_pad) if padded else None  # (B,1,1,S), made once for every layer
-        x = self._embed(src, self.src_embed, self.src_pos, 0)
         weights = [] if need_weights else None
         for layer in self.encoder_layers:
             x, w = layer(x, mask, need_weights)
@@ -143,15 +153,16 @@ class Transformer(nn.Module):
                        need_weights: bool) -> tuple[Tensor, list | None, list | None]:
         """``decode`` up to the pre-softmax projection: the normalized states (B,T,D) and the
         attention weights when asked for; advances ``cache`` where given."""
+        x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, 0 if cache is None else cache.length, "tgt_in")
         if cache is None:
             if enc is None:
                 raise ValueError("decode needs the encoder output or a cache")
+            if enc.memory.size(0) not in (1, len(tgt_in)):  # (one encoder row is broadcast over them all)
+                raise UserError(f"tgt_in: {len(tgt_in)} rows for an encoder output of {enc.memory.size(0)} (as many, or one)")
             memory_mask = key_mask(enc.src_pad) if enc.padded else None  # (B,1,1,S)
             kv = [TeacherForced(*layer.cross_attn.project_kv(enc.memory), memory_mask) for layer in self.decoder_layers]
-            start = 0
         else:
-            kv, start = cache.attention(), cache.length
-        x = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, start)
+            kv = cache.attention()
         w_self = [] if need_weights else None
         w_cross = [] if need_weights else None
         for layer, layer_kv in zip(self.decoder_layers, kv):
