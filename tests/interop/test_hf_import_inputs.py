@@ -54,6 +54,13 @@ def string_id(d: Path) -> None:
     (d / "vocab.json").write_text(json.dumps({**vocab, "</s>": "0"}), encoding="utf-8")
 
 
+def separate_vocabs(d: Path) -> None:
+    """tokenizer_config.json saying the target side has its own vocabulary, which is not there."""
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, "separate_vocabs": True}), encoding="utf-8")
+    (d / "target_vocab.json").unlink(missing_ok=True)
+
+
 # case -> (the edit, the file its one line names)
 BAD_INPUTS = {
     "weights a pickle naming code": (torch_weights({"w": argparse.Namespace()}), "pytorch_model.bin"),
@@ -77,6 +84,7 @@ BAD_INPUTS = {
     "generation_config.json a list": (write("generation_config.json", "[]"), "generation_config.json"),
     "num_beams a string": (write("generation_config.json", '{"num_beams": "4"}'), "generation_config.json"),
     "tokenizer_config.json a list": (write("tokenizer_config.json", "[]"), "tokenizer_config.json"),
+    "separate_vocabs without target_vocab.json": (separate_vocabs, "target_vocab.json"),
 }
 
 

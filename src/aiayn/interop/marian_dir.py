@@ -200,6 +200,9 @@ def read_marian_dir(path: str | Path) -> MarianDir:
     tgt_vocab = src_vocab
     if separate and (path / "target_vocab.json").is_file():
         tgt_vocab = read_vocab(path / "target_vocab.json")
+    elif tok_cfg.get("separate_vocabs"):  # MarianTokenizer cannot load it; vocab.json would number the wrong side
+        raise UserError(f"{path}: tokenizer_config.json sets separate_vocabs but there is no target_vocab.json "
+                        f"(the target side's vocabulary)")
     gen = path / "generation_config.json"
     if gen.is_file():
         generation = read_json(gen)
