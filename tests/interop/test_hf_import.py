@@ -297,7 +297,8 @@ def test_trained_model_translates_as_generate_greedy_and_beam(copy_checkpoint, t
 
 @pytest.mark.parametrize("over, model_type", [
     ({}, "unigram"), ({"tie_src_tgt_embeddings": False}, "unigram"),
-    ({"activation": "swish", "output_bias": True, "scale_embeddings": False, "n_dec_layers": 1}, "bpe")])
+    ({"activation": "swish", "output_bias": True, "scale_embeddings": False, "n_dec_layers": 1}, "bpe"),
+    ({"tie_embeddings": False, "tie_src_tgt_embeddings": False}, "unigram"), ({"tie_embeddings": False}, "unigram")])
 def test_export_then_import_gives_the_same_tensors(shared_data, tmp_path, over, model_type):
     from aiayn.data.vocab import SentencePieceSpec, train_sentencepiece
     en, de = read_lines(shared_data, "train.en.gz", 300), read_lines(shared_data, "train.de.gz", 300)

@@ -21,7 +21,8 @@ each checked here:
   permuted alike; LayerNorm's mean and variance do not depend on the order), so the exported
   model computes the same function with Marian's table (``model_permutation``);
 - embeddings scaled by sqrt(d_model) (§3.4) or not (``scale_embedding``), the pre-softmax
-  projection tied to the target embedding (§3.4; an untied one is refused) plus Marian's
+  projection tied to the target embedding (§3.4) or the model's own (``tie_embeddings`` false:
+  Marian's ``lm_head`` with ``tie_word_embeddings`` false) plus Marian's
   final-logits bias: the model's ``output_bias``, or zeros; one shared vocabulary with one
   shared matrix (§3.4), or separate source and target vocabularies or matrices
   (``share_encoder_decoder_embeddings`` false, ``target_vocab.json``);
@@ -71,9 +72,6 @@ def marian_refusals(cfg: ModelConfig) -> list[str]:
                    "pre-norm (pre_norm)")
     if cfg.learned_positions:
         out.append("Marian has sinusoidal positions only; this model learned its positions (learned_positions)")
-    if not cfg.tie_embeddings:
-        out.append("this exporter writes the pre-softmax projection tied to the target embedding (§3.4); this model "
-                   "has its own (tie_embeddings false)")
     return out
 
 
@@ -99,7 +97,7 @@ def marian_config(cfg: ModelConfig, **special_ids):
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
         dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn, activation_dropout=cfg.p_drop_ffn,
         max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
-        share_encoder_decoder_embeddings=shared, tie_word_embeddings=True, **ids)
+        share_encoder_decoder_embeddings=shared, tie_word_embeddings=cfg.tie_embeddings, **ids)
 
 
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -155,6 +153,8 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         out["model.shared.weight"] = src
     out["model.encoder.embed_tokens.weight"] = src
     out["model.decoder.embed_tokens.weight"] = out["lm_head.weight"] = tgt
+    if model.out_proj is not None:  # untied (tie_embeddings false): Marian's lm_head of its own
+        out["lm_head.weight"] = model.out_proj.weight[:, P]
     bias = model.out_bias if model.out_bias is not None else torch.zeros(cfg.target_vocab_size)
     out["final_logits_bias"] = bias[None]  # (1, V)
     return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
