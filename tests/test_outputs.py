@@ -87,6 +87,45 @@ def test_export_refuses_the_current_directory(model_file, tmp_path, capsys, monk
     assert "holds the current directory" in _err(capsys)
 
 
+def test_export_into_a_folder_it_cannot_write_is_refused_before_the_work(model_file, tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.access(locked, os.W_OK):  # the superuser writes anywhere: answer as for any other user
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real(path, mode))
+    monkeypatch.setattr("aiayn.decode.loading.load_model_for_inference", _never_loaded)
+    assert main(["export", "--checkpoint", str(model_file), "--out", str(locked / "sub" / "ct2")]) == 2
+    assert _err(capsys).strip().endswith(f"its folder {locked} is not writable; choose another --out")
+
+
+def _never_loaded(*args, **kwargs):
+    raise AssertionError("the checkpoint was read before --out was checked")
+
+
+def test_export_refuses_quantizing_a_hugging_face_model_before_reading_the_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("aiayn.decode.loading.load_model_for_inference", _never_loaded)
+    argv = ["export", "--format", "hf", "--quantization", "int8", "--checkpoint", str(tmp_path / "model.pt"),
+            "--out", str(tmp_path / "hf")]
+    assert main(argv) == 2
+    assert _err(capsys) == "aiayn export: error: --quantization applies to --format ct2\n"
+
+
+def test_export_where_no_folder_can_be_made_is_one_line(model_file, tmp_path, capsys, monkeypatch):
+    """A file system that refuses what the access check allows (read-only to root too): one line,
+    no traceback, nothing left behind."""
+    pytest.importorskip("ctranslate2")
+
+    def refused(path, mark=files.TMP_MARK, *, folder):
+        raise PermissionError(1, "Operation not permitted", str(path))
+    monkeypatch.setattr(files, "locked_temporary", refused)
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(model_file), "--out", str(out)]) == 2
+    assert _err(capsys).strip().endswith(f"{out}: cannot write its folder {tmp_path} (Operation not permitted); "
+                                         f"choose another --out")
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- files: average, ensemble, upgrade-checkpoint -------------------------------------------------
 
 def test_checkpoint_outputs_need_overwrite(model_file, tmp_path, capsys):

@@ -359,6 +359,15 @@ def _holds_cwd(path: Path) -> bool:
     return here == there or there in here.parents
 
 
+def _check_writable(out: Path) -> None:
+    """Refuse (a UserError), before the work, an output folder ``out`` whose temporary cannot be made
+    beside it: its parent, or where that is still to be made, the nearest folder above that exists,
+    must be writable."""
+    folder = next((p for p in out.absolute().parents if os.path.lexists(p)), None)
+    if folder is not None and not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{out}: its folder {folder} is not writable; choose another --out")
+
+
 class OutputDir:
     """A folder a command writes whole: built in a temporary folder beside ``out`` (the context's
     value) and put in place in one step once complete; removed on error, so a failed command
@@ -380,27 +389,32 @@ class OutputDir:
         out = self.out
         if not os.path.lexists(out):
             check_ancestors(out)
+            _check_writable(out)
             return
         if out.is_symlink() or not out.is_dir():
             raise UserError(f"{out}: exists and is not a folder; choose another --out")
         if _holds_cwd(out):
             raise UserError(f"{out}: holds the current directory; choose another --out")
-        if not any(out.iterdir()):
-            return
-        if not self.ours(out):
-            raise UserError(f"{out}: not empty and not {self.what} (aiayn replaces only what it wrote); "
-                            f"choose another --out")
-        if not self.overwrite:
-            raise UserError(f"{out}: already exists and holds {self.what} (pass --overwrite to replace it)")
+        if any(out.iterdir()):
+            if not self.ours(out):
+                raise UserError(f"{out}: not empty and not {self.what} (aiayn replaces only what it wrote); "
+                                f"choose another --out")
+            if not self.overwrite:
+                raise UserError(f"{out}: already exists and holds {self.what} (pass --overwrite to replace it)")
+        _check_writable(out)
 
     def finish(self, tmp: Path) -> None:
         """Called on success, before ``tmp`` is put in place."""
 
     def __enter__(self) -> Path:
         self.check()
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(self.out.parent, self.out.name)
-        self.tmp, self._lock = locked_temporary(self.out, folder=True)  # in use: ``remove_leftovers`` leaves it alone
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(self.out.parent, self.out.name)
+            self.tmp, self._lock = locked_temporary(self.out, folder=True)  # in use: ``remove_leftovers`` leaves it alone
+        except OSError as exc:  # what the access check cannot see (a file system that refuses even root)
+            raise UserError(f"{self.out}: cannot write its folder {self.out.parent} ({exc.strerror or exc}); "
+                            f"choose another --out") from None
         os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 is for the temporary only
         return self.tmp
 

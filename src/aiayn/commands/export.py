@@ -17,11 +17,11 @@ def run(args) -> int:
     from aiayn.decode.loading import load_model_for_inference
     from aiayn.interop.hf_export import export_hf
 
+    if args.format == "hf" and args.quantization:  # before the checkpoint is read
+        raise UserError("--quantization applies to --format ct2")
     ExportDir(args.out, args.overwrite).check()  # before the work: a folder it may not replace
     model, src_tok, tgt_tok = load_model_for_inference(args.checkpoint)  # a bad file is named first
     if args.format == "hf":
-        if args.quantization:
-            raise UserError("--quantization applies to --format ct2")
         from aiayn.commands.decode_settings import stored_settings
         # the checkpoint's own decoding, which generation_config.json cannot say: `aiayn import` restores it
         record = {"checkpoint": str(args.checkpoint), "format": "hf", "decode": stored_settings([args.checkpoint])}
