@@ -188,3 +188,19 @@ def test_options_out_of_range_are_one_line(small_data_dir, tiny_checkpoint, tmp_
     for argv, says in cases:
         assert main(argv) == 2, argv
         assert says in _error_line(capsys), argv
+
+
+@pytest.mark.parametrize("flag, value", [("--top-k", "5"), ("--top-p", "0.9"), ("--temperature", "0.7")])
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_sampling_setting_without_sampling_is_refused(command, flag, value, tiny_checkpoint, tmp_path, capsys):
+    """Beam search and greedy search read none of temperature, top-k and top-p: given without
+    --sampling (fairseq refuses its --sampling-topk and --sampling-topp so), each was accepted and
+    the translations came out as if it had not been given."""
+    text = tmp_path / "in.txt"
+    text.write_text("a dog runs .\n")
+    io = ["--input", str(text)] if command == "translate" else ["--src", str(text), "--ref", str(text)]
+    argv = [command, "--checkpoint", str(tiny_checkpoint), *io, "--quiet", "--max-len-b", "2"]
+    assert main([*argv, flag, value]) == 2
+    assert _error_line(capsys).endswith(f"{flag} {value} shapes sampling only: add --sampling "
+                                        "(beam search and greedy search ignore it)")
+    assert main([*argv, flag, value, "--sampling"]) == 0
