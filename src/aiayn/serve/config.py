@@ -78,7 +78,8 @@ class ServeConfig:
         30.0, "deadline of a request from its arrival: a request not translated by then gets 503 and is not "
               "decoded (or its result is dropped)")
     shutdown_timeout_s: float = param(
-        10.0, "on SIGTERM: new requests get 503, queued work is finished for this many seconds, the rest gets 503")
+        10.0, "on SIGTERM or Ctrl-C: new requests get 503, queued work is finished for this many seconds, the rest "
+              "gets 503; a second Ctrl-C answers 503 at once and exits with status 130 (docs/serve.md)")
     allow_host: tuple[str, ...] = param(
         (), "Host header names accepted (comma separated; '*' = any); default: localhost names for a loopback "
             "address, any for other addresses")
