@@ -186,6 +186,21 @@ def test_linear_decay_measured_in_wall_time_golden():
     assert learning_rate(200, 256, 1000, 1.5, 1000, 0.0, time_frac=0.9) == pytest.approx(eq3_200, rel=1e-12)  # ramp off
 
 
+def test_linear_decay_measured_in_epochs_golden():
+    # train.max_epochs: the ramp's progress is max(step / max_steps, epochs / max_epochs).
+    # d_model 256, warmup 1000, scale 1.5, max_steps 100,000, max_epochs 2, decay over the last 40%.
+    from aiayn.train.objective import Schedule
+    schedule = Schedule(256, 1000, 1.5, 100_000, 0.4, by_budget=False, whole_by_time=False, max_time_min=0.0,
+                        max_flops=0.0, max_epochs=2)
+    eq3_800 = 2.3717082451262845e-03  # 1.5 * 256^-0.5 * 800 * 1000^-1.5
+    assert schedule.rate(800, epochs=1.0) == pytest.approx(eq3_800, rel=1e-12)  # half the epochs: no ramp yet
+    assert schedule.rate(800, epochs=1.6) == pytest.approx(0.5 * eq3_800, rel=1e-9)  # (1 - 0.8) / 0.4
+    assert schedule.rate(800, epochs=2.0) == 0.0  # the last epoch's last step
+    unbounded = Schedule(256, 1000, 1.5, 100_000, 0.4, by_budget=False, whole_by_time=False, max_time_min=0.0,
+                         max_flops=0.0, max_epochs=0)
+    assert unbounded.rate(800, epochs=1.6) == pytest.approx(eq3_800, rel=1e-12)  # no epoch limit: steps alone
+
+
 def _whole_by_time(step: int, max_steps: int, decay_frac: float, time_frac: float, whole: bool = True) -> float:
     """``Schedule.rate`` with d_model 256, warmup 1000, scale 1.5, a budget of 1 minute of which
     ``time_frac`` is gone, and ``train.lr_schedule_by_time`` = ``whole``."""

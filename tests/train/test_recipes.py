@@ -11,7 +11,7 @@ from aiayn.model.transformer import count_preset_parameters
 from aiayn.config import ConfigError, apply_sets, to_dict
 from aiayn.files import write_json_atomic
 from aiayn.model.config import PRESETS
-from aiayn.train.config import load_recipe, run_config_from_preset
+from aiayn.train.config import load_recipe, run_config_from_preset, unused_settings
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -233,6 +233,25 @@ def test_a_value_the_run_cannot_use_is_refused_before_it_starts(setting, says):
     of the checkpoints refuses (``check_limits``), are one ConfigError at once."""
     with pytest.raises(ConfigError, match=re.escape(says)):
         apply_sets(run_config_from_preset("tiny"), [setting])
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["train.valid_beam=1"], ["train.valid_beam=1 has no effect without train.valid_bleu=true"]),
+    (["train.valid_bleu_max_lines=50"], ["train.valid_bleu_max_lines=50 has no effect without train.valid_bleu=true"]),
+    (["train.bpe_dropout_target=false"], ["train.bpe_dropout_target=false has no effect without train.bpe_dropout > 0"]),
+    (["train.valid_beam=1", "train.valid_bleu=true"], []),
+    (["train.bpe_dropout_target=false", "train.bpe_dropout=0.1"], []),
+    (["train.valid_beam=4"], []),  # the default: nothing was asked for
+])
+def test_a_setting_that_refines_one_that_is_off_is_said(sets, says):
+    """A field set away from its default whose run ignores it, as what it refines is off, is a line
+    (the run logs it as a warning at its start), not an error: a recipe may carry it on purpose."""
+    assert unused_settings(apply_sets(run_config_from_preset("tiny"), sets).train) == says
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.json")), ids=lambda p: p.name)
+def test_shipped_recipes_set_nothing_they_do_not_use(path):
+    assert unused_settings(load_recipe(path).train) == []
 
 
 def test_a_whole_number_may_be_written_as_a_float():

@@ -338,6 +338,25 @@ def test_max_epochs_stops_at_the_boundary_and_a_rerun_stays_stopped(small_data_d
     assert more["steps"] == 2 * per_epoch and more["target_tokens"] == 2 * first["target_tokens"]
 
 
+def test_ramp_ends_with_a_run_that_max_epochs_bounds(small_data_dir, tmp_path):
+    """train.lr_decay_frac with train.max_epochs=1 binding long before max_steps: the ramp's
+    progress is the share of the epoch done (batches handed out / batches in the epoch, one a
+    step here), so Eq. 3 is scaled by min(1, (1 - s / n) / 0.5) at step s of n, and the last
+    step's rate is 0, as at the end of a run that max_steps bounds."""
+    from aiayn.data.batching import TokenBatchSampler, TokenBounds
+    from aiayn.data.dataset import DataDir
+    big = ("train.max_src_tokens=4000", "train.max_tgt_tokens=4000")
+    train = DataDir(small_data_dir).split("train")
+    n = len(TokenBatchSampler(train.src_lens + 1, train.tgt_lens + 1, TokenBounds(4000, 4000), shuffle=True))
+    run = tmp_path / "run"
+    summary = _train_in_process(small_data_dir, run, 10_000, *big, "train.max_epochs=1", "train.lr_decay_frac=0.5")
+    assert summary["stop_reason"] == "max_epochs" and summary["steps"] == n
+    lrs = _logged(run, "lr")
+    for s in range(1, n + 1):
+        assert lrs[s] == pytest.approx(noam_lr(s, 64, 50, 1.0) * min(1.0, (1 - s / n) / 0.5), rel=1e-9, abs=1e-15), s
+    assert lrs[n] == 0.0
+
+
 def test_learned_positions_too_short_for_the_data_is_a_clear_error(small_data_dir, tmp_path, capsys):
     """Table 3 row E's learned positions have a hard limit: a pair beyond it is named before
     training starts (not a ValueError from the embedding at its first batch)."""

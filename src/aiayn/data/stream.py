@@ -124,6 +124,13 @@ class BatchStream:
         """The data position after the batches handed out (the sampler's state then)."""
         return dict(self._state)
 
+    @property
+    def epochs(self) -> float:
+        """The epochs the batches handed out complete, fractional: the epoch plus the share of its
+        batches handed to all ranks (the same on every rank)."""
+        state = self._state
+        return state["epoch"] + state["batches_done"] / max(1, state["n_batches_total"])
+
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a checkpoint's ``sampler`` entry), on this stream's number of
         ranks. BPE-dropout (and corpus weights): the batches are cut on the saved epoch's lengths. If

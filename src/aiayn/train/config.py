@@ -28,7 +28,7 @@ class TrainConfig:
     adam_eps: float = param(1e-9, "Adam epsilon (§5.3)")
     warmup_steps: int = param(4000, "warmup_steps of Eq. 3")
     lr_scale: float = param(1.0, "factor on Eq. 3 (1 = the paper); the peak rate is lr_scale * d_model^-0.5 * warmup^-0.5")
-    lr_decay_frac: float = param(0.0, "multiply Eq. 3 by a linear ramp from 1 to 0 over the last fraction of max_steps (0 = off, the paper); for short fixed-budget runs")
+    lr_decay_frac: float = param(0.0, "multiply Eq. 3 by a linear ramp from 1 to 0 over the last fraction of the run: of max_steps, or of max_epochs where that is further along (0 = off, the paper); for short fixed-budget runs")
     lr_decay_by_time: bool = param(False, "measure the lr_decay_frac ramp in the run's budget (max_time_min, max_flops) as well as in max_steps (whichever is further along), so a budget-bounded run ends its ramp on any machine")
     lr_schedule_by_time: bool = param(False, "take Eq. 3 and the lr_decay_frac ramp at max(step, b * max_steps), b the share of the budget spent (elapsed / max_time_min or FLOPs / max_flops, the larger): a machine too slow to reach max_steps in the budget runs the whole schedule, compressed (docs/recipe.md)")
     weight_decay: float = param(0.0, "decoupled weight decay (AdamW); 0 = the paper's Adam")
@@ -223,6 +223,24 @@ def batching(t: TrainConfig) -> Batching:
     return Batching(max_src_tokens=t.max_src_tokens, max_tgt_tokens=t.max_tgt_tokens, accum_steps=t.accum_steps,
                     seed=t.seed, max_epochs=t.max_epochs, bpe_dropout=t.bpe_dropout,
                     bpe_dropout_target=t.bpe_dropout_target)
+
+
+# Fields that refine another one, and the condition under which that one is off: set away from their
+# defaults while it is, they change nothing, which the run says at its start (``unused_settings``).
+_REFINES = {
+    "valid_beam": ("train.valid_bleu=true", lambda t: not t.valid_bleu),
+    "valid_bleu_max_lines": ("train.valid_bleu=true", lambda t: not t.valid_bleu),
+    "bpe_dropout_target": ("train.bpe_dropout > 0", lambda t: t.bpe_dropout == 0),
+}
+
+
+def unused_settings(t: TrainConfig) -> list[str]:
+    """One line for each field of ``t`` set away from its default that the run does not use, as what it
+    refines is off (``valid_beam`` without ``valid_bleu``): said, since the setting looks in force, but
+    not refused, as a recipe may carry it for a run that turns the other on."""
+    default = {f.name: f.default for f in fields(TrainConfig)}
+    return [f"train.{name}={_as_text(getattr(t, name))} has no effect without {needs}"
+            for name, (needs, off) in _REFINES.items() if getattr(t, name) != default[name] and off(t)]
 
 
 def run_config_from_dict(data: dict) -> RunConfig:

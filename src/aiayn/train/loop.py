@@ -34,7 +34,7 @@ from aiayn.host.allocator import TRIM_EVERY_STEPS, release_free_memory
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
 from aiayn.train import runtime as rt
-from aiayn.train.config import RunConfig, TrainConfig, batching
+from aiayn.train.config import RunConfig, TrainConfig, batching, unused_settings
 from aiayn.train.ema import WeightAverage
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import Schedule, optimizer_for
@@ -69,7 +69,7 @@ def schedule_of(cfg: RunConfig) -> Schedule:
     t = cfg.train
     return Schedule(cfg.model.d_model, t.warmup_steps, t.lr_scale, t.max_steps, t.lr_decay_frac,
                     by_budget=t.lr_decay_by_time or t.lr_schedule_by_time, whole_by_time=t.lr_schedule_by_time,
-                    max_time_min=t.max_time_min, max_flops=t.max_flops)
+                    max_time_min=t.max_time_min, max_flops=t.max_flops, max_epochs=t.max_epochs)
 
 
 def precision_of(cfg: RunConfig, device: torch.device) -> str:
@@ -128,7 +128,8 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         state.epoch = run.stream.epoch
         if not batches:
             continue  # the epoch limit reached (the stop check above ends the run): nothing was drawn
-        step = run.stepper.step(batches, state.step + 1, elapsed, state.flops, while_busy=run.stream.prefetch)
+        step = run.stepper.step(batches, state.step + 1, elapsed, state.flops, run.stream.epochs,
+                                while_busy=run.stream.prefetch)
         state.flops += ranks.counted_flops(step.flops)
         if step.mean_clock is not None:
             elapsed = step.mean_clock
@@ -178,6 +179,8 @@ class _Run:
         saved = resume.saved if resume is not None else None
         self.stream = BatchStream(data, batching(t), m, run_dir, self.dist, self.device,
                                   saved.sampler if saved else None)
+        for line in unused_settings(t) if self.dist.is_main else ():
+            log.warning("%s", line)
         # What a checkpoint restores besides the data position, freshly made: the model (seeded by
         # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; the step sets each step's rate)
         # and fp16's gradient scaler (None otherwise).

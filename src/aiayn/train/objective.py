@@ -33,12 +33,14 @@ def learning_rate(step: float, d_model: int, warmup_steps: int, scale: float = 1
 
     With ``decay_frac`` f > 0 (a deviation, off by default) the rate is multiplied by
     min(1, (1 - p) / f), where p is the run's progress in [0, 1]: p = step / max_steps,
-    or ``time_frac`` (the fraction of the wall-time budget used so far) when that is larger.
+    or ``time_frac`` (another measure of the run's progress: the share of its epochs or of its
+    wall-time budget done) when that is larger.
     The rate is unchanged until p = 1 - f, then falls linearly to 0 at p = 1. Short
     fixed-budget runs end nearer a minimum this way than with Eq. 3's slow step^-0.5 tail
-    (budgeted training). ``time_frac`` makes the ramp end with a wall-time budget on a
-    machine slower than the one ``max_steps`` was chosen for (``train.lr_decay_by_time``).
-    ``Schedule.rate`` also measures Eq. 3 itself in the budget (``train.lr_schedule_by_time``).
+    (budgeted training). ``Schedule.rate`` passes the epochs' share (``train.max_epochs``), so the
+    ramp ends with a run that its epochs bound, and the budget's (``train.lr_decay_by_time``), so it
+    ends with a wall-time budget on a machine slower than the one ``max_steps`` was chosen for; it
+    also measures Eq. 3 itself in the budget (``train.lr_schedule_by_time``).
     """
     lr = noam_lr(step, d_model, warmup_steps, scale)
     if decay_frac > 0 and (max_steps > 0 or time_frac > 0):
@@ -52,7 +54,8 @@ class Schedule:
     """The run's learning rate (Eq. 3 and its named deviations): ``model.d_model`` and the
     ``train`` fields of the same names. ``by_budget``: ``train.lr_decay_by_time`` or
     ``train.lr_schedule_by_time``, the schedules that follow the budget (``budget_fraction``);
-    ``whole_by_time``: ``train.lr_schedule_by_time``."""
+    ``whole_by_time``: ``train.lr_schedule_by_time``. ``max_epochs`` (0: no limit): the ramp's
+    progress is also the share of these epochs done, where that is further along."""
     d_model: int
     warmup_steps: int
     lr_scale: float
@@ -62,6 +65,7 @@ class Schedule:
     whole_by_time: bool
     max_time_min: float
     max_flops: float
+    max_epochs: int = 0
 
     def budget_fraction(self, elapsed: float, flops: float) -> float:
         """How much of the run's budget is spent: the larger of the wall time's share of
@@ -76,17 +80,20 @@ class Schedule:
         """The rate of step 1 (the optimizer's construction)."""
         return self.rate(1)
 
-    def rate(self, step: int, elapsed: float = 0.0, flops: float = 0.0) -> float:
-        """The rate of optimizer step ``step`` (from 1), after ``elapsed`` training seconds and ``flops``
-        counted FLOPs. ``whole_by_time`` takes Eq. 3 at step' = max(step, p * max_steps), p the budget's
+    def rate(self, step: int, elapsed: float = 0.0, flops: float = 0.0, epochs: float = 0.0) -> float:
+        """The rate of optimizer step ``step`` (from 1), after ``elapsed`` training seconds, ``flops``
+        counted FLOPs and ``epochs`` epochs (fractional: the data position once the step's batches are
+        drawn, so a run that ``max_epochs`` bounds ends its ramp at 0 as one that ``max_steps`` bounds
+        does). ``whole_by_time`` takes Eq. 3 at step' = max(step, p * max_steps), p the budget's
         share spent: a slower machine then runs the whole schedule that ``max_steps`` describes (warmup
         to the peak, the step^-0.5 decay, the ramp) in fewer updates, so its warmup ends at the same
         fraction of the budget instead of late or never; a run that reaches ``max_steps`` first has
         step' = step."""
         frac = self.budget_fraction(elapsed, flops) if self.by_budget else 0.0
         at = max(float(step), frac * self.max_steps) if self.whole_by_time and self.max_steps > 0 else step
+        epoch_frac = epochs / self.max_epochs if self.max_epochs > 0 else 0.0
         return learning_rate(at, self.d_model, self.warmup_steps, self.lr_scale, self.max_steps, self.lr_decay_frac,
-                             frac)
+                             max(frac, epoch_frac))
 
 
 def make_optimizer(params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0,

@@ -94,16 +94,17 @@ class TrainStep:
                           static_graph=t.accum_steps == 1 and not t.compile, execution=training(t, device, kernels))
         return cls(learner, loss, parallel.for_run(t, place), schedule, rules, clock, run_dir)
 
-    def step(self, micro: list, n: int, elapsed: float = 0.0, flops: float = 0.0,
+    def step(self, micro: list, n: int, elapsed: float = 0.0, flops: float = 0.0, epochs: float = 0.0,
              while_busy: Callable[[], None] | None = None) -> Step:
         """Optimizer step ``n`` (counted from 1) over the batches ``micro``. ``elapsed``: the run's
         training seconds (the ranks' mean under DDP), ``flops``: its counted FLOPs over all ranks so
-        far, for the schedules measured in the run's budget. ``while_busy`` runs while the device
-        computes, before the step's one wait (the loop draws the next step's batches there)."""
+        far, for the schedules measured in the run's budget; ``epochs``: the epochs done once ``micro``
+        was drawn (``BatchStream.epochs``), for the ramp of ``train.max_epochs``. ``while_busy`` runs
+        while the device computes, before the step's one wait (the loop draws the next step's batches there)."""
         learner, strategy = self.learner, self.strategy
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         tokens_dev = strategy.step_tokens(local_tokens)
-        lr = self.schedule.rate(n, strategy.budget_seconds(elapsed, self.clock), flops)
+        lr = self.schedule.rate(n, strategy.budget_seconds(elapsed, self.clock), flops, epochs)
         for group in learner.opt.param_groups:
             group["lr"] = lr
         scale = strategy.grad_scale(local_tokens, tokens_dev, self.loss.passes)
