@@ -145,3 +145,97 @@ def test_lowercase_applies_to_both_bleus_of_tokenized_text():
     plain, split = score_all(hyps, refs, tokenized=True, lowercase=True)
     assert plain.score == pytest.approx(100.0) and split.score == pytest.approx(100.0)  # (exp of a sum of logs)
     assert score_all(hyps, refs, tokenized=True)[1].score == 0.0
+
+
+def _multi_bleu_perl(hyps: list[str], refs: list[list[str]], lc: bool = False) -> tuple[float, int, int]:
+    """multi-bleu.perl's rules, written out: UTF-8 bytes split at ASCII whitespace (Perl's ``split`` on
+    undecoded text), ``lc`` of ASCII letters only, n-grams clipped by the most any reference has, the
+    closest reference length (the shorter on a tie), corpus brevity penalty, no smoothing."""
+    import re
+    from collections import Counter
+
+    def words(line):
+        line = line.encode()
+        return re.split(rb"[ \t\n\r\f\v]+", (re.sub(rb"[A-Z]", lambda m: m[0].lower(), line) if lc else line).strip())
+
+    correct, total, c, r = [0] * 4, [0] * 4, 0, 0
+    for i, hyp in enumerate(hyps):
+        h = [w for w in words(hyp) if w]
+        ref_words = [[w for w in words(stream[i]) if w] for stream in refs]
+        r += min((abs(len(h) - len(rw)), len(rw)) for rw in ref_words)[1]
+        c += len(h)
+        for n in range(1, 5):
+            hn = Counter(tuple(h[k:k + n]) for k in range(len(h) - n + 1))
+            rn = Counter()
+            for rw in ref_words:
+                rn |= Counter(tuple(rw[k:k + n]) for k in range(len(rw) - n + 1))
+            total[n - 1] += sum(hn.values())
+            correct[n - 1] += sum(min(v, rn[g]) for g, v in hn.items())
+    if not all(correct):
+        return 0.0, c, r
+    log_p = sum(math.log(m / t) for m, t in zip(correct, total)) / 4
+    return 100 * math.exp(min(0.0, 1 - r / c) + log_p), c, r
+
+
+def test_tokenized_bleu_is_multi_bleu_perl_on_moses_tokenized_text(shared_data):
+    """IWSLT14 (lowercased, Moses-tokenized) and Multi30k references, words dropped, lines shuffled or emptied,
+    one and two references: the score multi-bleu.perl's rules give, to float64 rounding of a few logs."""
+    import gzip
+    import random
+
+    def read(path, n):
+        with gzip.open(shared_data / path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\n") for line, _ in zip(f, range(n))]
+
+    rng = random.Random(3)
+    for refs in (read("iwslt14-de-en-test/test.en.gz", 1500),
+                 read("multi30k/tok/test_2016_flickr.lc.norm.tok.de.gz", 1000)):
+        hyps = []
+        for line in refs:
+            w = [x for x in line.split() if rng.random() > 0.1]
+            hyps.append("" if rng.random() < 0.05 else " ".join(rng.sample(w, len(w)) if rng.random() < 0.2 else w))
+        second = [" ".join(line.split()[1:]) for line in refs]
+        for streams in ([refs], [refs, second]):
+            ours = tokenized_bleu(hyps, streams)
+            score, c, r = _multi_bleu_perl(hyps, streams)
+            assert ours.score == pytest.approx(score, rel=1e-12) and (ours.sys_len, ours.ref_len) == (c, r)
+            assert 40 < score < 90
+
+
+def test_tokenized_bleu_splits_and_lowercases_as_fairseq_score_not_multi_bleu_perl():
+    """The two places multi-bleu.perl (bytes) and fairseq-score (Unicode text) part: ours is fairseq-score's."""
+    nbsp = ["a\xa0b c d e f"]  # French typography: "Pourquoi\xa0?"
+    assert tokenized_bleu(["a b c d e f"], nbsp).score == pytest.approx(100.0)
+    assert _multi_bleu_perl(["a b c d e f"], [nbsp])[0] < 60
+    cased = ["Über die Brücke geht er heute"]
+    assert tokenized_bleu(["über die brücke geht er heute"], cased, lowercase=True).score == pytest.approx(100.0)
+    assert _multi_bleu_perl(["über die brücke geht er heute"], [cased], lc=True)[0] < 80
+
+
+def test_sacrebleu_tokenizes_a_chinese_target_as_sacrebleu_l_does(tmp_path, capsys):
+    """`sacrebleu -l en-zh` scores with its zh tokenizer (a token per Chinese character): so does --lang zh.
+    Hypothesis 我今天很高兴。 against 我今天非常高兴。: 6/7, 4/6, 2/5 and no 4-gram of 4,
+    which exp smoothing makes 1/(2*4); BP exp(1 - 8/7). With 13a each is one word and nothing matches."""
+    hyp, ref = ["我今天很高兴。"], ["我今天非常高兴。"]
+    gold = 100 * math.exp(1 - 8 / 7) * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 8) ** 0.25
+    zh = sacre_bleu(hyp, ref, lang="zh")
+    assert zh.score == pytest.approx(gold, rel=1e-12) and "tok:zh" in zh.signature
+    assert sacre_bleu(hyp, ref).score == 0.0
+    assert sacre_bleu(hyp, ref, lang="de").signature == sacre_bleu(hyp, ref).signature
+    assert "tok:zh" in score_all(hyp, ref, lang="zh", lowercase=True)[1].signature  # -lc too
+    (tmp_path / "ref").write_text(ref[0] + "\n", encoding="utf-8")
+    (tmp_path / "hyp").write_text(hyp[0] + "\n", encoding="utf-8")
+    args = ["score", "--ref", str(tmp_path / "ref"), "--hyp", str(tmp_path / "hyp"), "--lang", "zh"]
+    assert main(args + ["--compare", str(tmp_path / "ref"), "--samples", "10"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"sacreBLEU: {gold:.2f}") and "tok:zh" in lines[0]
+    assert lines[-1].startswith("paired bootstrap (10 sets, zh tokens, no smoothing)")
+    import importlib.util
+    if importlib.util.find_spec("MeCab") is None:  # sacreBLEU's ja-mecab not installed
+        assert main(args[:-1] + ["ja"]) == 2
+        err = capsys.readouterr().err
+        assert "target language ja: sacreBLEU's tokenizer for it needs `pip install sacrebleu[ja]`" in err
+        # evaluate says so before it loads a model or translates anything
+        assert main(["evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--src", str(tmp_path / "ref"),
+                     "--ref", str(tmp_path / "ref"), "--lang", "ja"]) == 2
+        assert "target language ja" in capsys.readouterr().err

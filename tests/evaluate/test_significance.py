@@ -136,3 +136,49 @@ def test_cli_score_compare(tmp_path, capsys, shared_data):
     assert main(["score", "--ref", str(tmp_path / "ref"), str(tmp_path / "ref"), "--hyp", str(tmp_path / "better"),
                  "--compare", str(tmp_path / "worse")]) == 2
     assert "one reference file, not 2" in capsys.readouterr().err
+
+
+def test_same_resampled_sets_as_sacrebleu_paired_bs_but_a_one_sided_p(shared_data):
+    """With sacreBLEU's seed (12345) and sample count, ``paired_bootstrap`` draws sacreBLEU ``--paired-bs``'s
+    sets: each system's mean over them is sacreBLEU's "mean". Its p-value is Koehn's one-sided share of sets on
+    which the system does not win; sacreBLEU's is two-sided, (#{|Δ_s| - mean|Δ| > |Δ|} + 1) / (n + 1), which the
+    same samples reproduce. 400 newstest2014 En-De references, two systems that each drop
+    a different seventh of the words (BLEU 65.5 and 64.9)."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    refs = _read(shared_data / "wmt14-newstest/newstest2014-deen.de.gz", 400)
+    a = [" ".join(w for j, w in enumerate(r.split()) if (i + j) % 7) for i, r in enumerate(refs)]
+    b = [" ".join(w for j, w in enumerate(r.split()) if (i + 2 * j + 1) % 7) for i, r in enumerate(refs)]
+    n = 300
+    test = PairedTest([("b", b), ("a", a)], {"BLEU": BLEU(references=[refs])}, None, test_type="bs", n_samples=n)
+    theirs = test()[1]["BLEU"][1]  # system a against baseline b
+    tok = Tokenizer13a()
+    bs = paired_bootstrap({"a": [tok(h) for h in a], "b": [tok(h) for h in b]}, [tok(r) for r in refs], n_samples=n)
+    # sacreBLEU's resampled statistics are float32 (integer sums below 2^24: exact), so each of the 4 precisions
+    # and r/c is rounded by at most u = 2^-24 relative: log BLEU is off by at most u + 1.2u (r/c < 1.2 here)
+    assert float(np.mean(bs.samples["a"])) == pytest.approx(theirs.mean, rel=4 * 2.0 ** -24)
+    assert bs.full["a"] == pytest.approx(theirs.score, rel=1e-12)  # the full set: float64 on both sides
+    d = np.abs(bs.samples["a"] - bs.samples["b"])
+    two_sided = (np.sum(d - d.mean() > abs(bs.full["a"] - bs.full["b"])) + 1) / (n + 1)
+    assert two_sided == pytest.approx(theirs.p_value, abs=1 / (n + 1))  # that rounding may move one set
+    assert 0.01 < theirs.p_value < 0.5 and bs.p_value("a", "b") == float(np.mean(bs.samples["a"] <= bs.samples["b"]))
+
+
+def test_cli_score_compare_says_it_lowercased(tmp_path, capsys, shared_data):
+    """With --lc, the bootstrap scores lowercased text: its line says so, as the scores beside it are -lc ones."""
+    from aiayn.cli import main
+    from aiayn.evaluate.bleu import sacre_bleu
+    refs = _read(shared_data / "multi30k/raw/test_2016_flickr.de.gz", 100)
+    hyp = [r.upper() if i % 2 else " ".join(r.split()[:-1]) for i, r in enumerate(refs)]
+    for name, lines in (("ref", refs), ("hyp", hyp), ("other", refs)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = ["score", "--ref", str(tmp_path / "ref"), "--hyp", str(tmp_path / "hyp"), "--samples", "50",
+            "--compare", str(tmp_path / "other"), "--lc"]
+    assert main(args) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("paired bootstrap (50 sets, 13a tokens, lowercased, no smoothing)")
+    assert f"{sacre_bleu(hyp, refs, lowercase=True).score:.2f}" in line
+    assert main(args + ["--tokenized"]) == 0
+    assert "(50 sets, given tokens, lowercased, no smoothing)" in capsys.readouterr().out.splitlines()[-1]

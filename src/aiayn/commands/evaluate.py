@@ -40,12 +40,13 @@ def _inputs(args) -> tuple[list[str], list[str], str]:
 def run(args) -> int:
     from aiayn.data.textio import check_line_counts, read_input
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import score_all
+    from aiayn.evaluate.bleu import sacre_metric, score_all
     from aiayn.evaluate.multi30k import multi30k_bleu
 
     refuse_input_as_output(args.out, [*args.checkpoint, args.src, args.ref, args.tok_ref])
     src, ref, source = _inputs(args)
     lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
+    sacre_metric(lang)  # sacreBLEU's tokenizer for it (zh, ja, ko): a missing package said before translating
     if args.out:
         check_output_folder(args.out)  # written after the translations: said before them
     tok_ref = None
@@ -92,7 +93,8 @@ def register(sub) -> None:
     p.add_argument("--langpair", default="en-de", help="language pair of --testset (default en-de)")
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
     p.add_argument("--lang", default=None,
-                   help="target language for the Moses tokenizer (default: --langpair's target with --testset, else de)")
+                   help="target language for the Moses tokenizer, and for zh, ja, ko sacreBLEU's (default: "
+                        "--langpair's target with --testset, else de)")
     p.add_argument("--out", help="also write the translations here")
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="JSON output")

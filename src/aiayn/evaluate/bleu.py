@@ -2,15 +2,21 @@
 
 Three BLEU flavours, never to be mixed up in a report:
 
-- ``sacre_bleu``: sacreBLEU's corpus BLEU on detokenized text (its own 13a tokenization), with
-  its signature. The number to compare across papers today.
+- ``sacre_bleu``: sacreBLEU's corpus BLEU on detokenized text (its own 13a tokenization; for a
+  Chinese, Japanese or Korean target its zh, ja-mecab or ko-mecab, as ``sacrebleu -l xx-zh`` picks),
+  with its signature. The number to compare across papers today.
 - ``compound_split_bleu``: the paper's metric, as tensor2tensor's ``get_ende_bleu.sh`` computes
   it: Moses ``replace-unicode-punctuation`` and ``tokenizer.perl -l LANG`` on both sides (here
   via sacremoses), hyphenated compounds split as ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``, then
   multi-bleu.perl (case-sensitive, no smoothing).
 - ``tokenized_bleu``: multi-bleu / ``fairseq-score`` style BLEU on text that is already tokenized
   (e.g. lowercased Moses-tokenized Multi30k): whitespace tokens, no smoothing. Equal to sacreBLEU
-  with ``tokenize='none', smooth_method='none', force=True``.
+  with ``tokenize='none', smooth_method='none', force=True``. Where multi-bleu.perl and fairseq-score
+  disagree, it is fairseq-score: tokens end at any Unicode space (multi-bleu.perl reads bytes, so a
+  no-break space, as in newstest2014's French references, joins two words there), and ``-lc``
+  lowercases every letter (multi-bleu.perl's only ASCII ones: "Über" stays, which cost a lowercased
+  system 0.36 BLEU on Moses-tokenized newstest2014 En-De). Both rules are written out and compared
+  in tests/evaluate/test_bleu.py.
 """
 from __future__ import annotations
 
@@ -67,19 +73,30 @@ def _ref_streams(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[st
     return streams
 
 
-def _bleu(label: str, hyps: Sequence[str], refs, prefix: str = "", **kw) -> BleuResult:
+def sacre_metric(lang: str = "", **kw):
+    """sacreBLEU's BLEU for target language ``lang``: its default tokenizer for it (13a, or zh, ja-mecab,
+    ko-mecab), as its command line chooses with ``-l``; a tokenizer whose package is missing is a
+    ``UserError`` naming the language."""
     from sacrebleu.metrics import BLEU
 
-    metric = BLEU(**kw)
+    try:
+        return BLEU(trg_lang=lang, **kw)
+    except RuntimeError as exc:  # sacreBLEU's "pip install sacrebleu[ja]" for the MeCab tokenizers
+        raise UserError(f"target language {lang}: sacreBLEU's tokenizer for it needs `pip install "
+                        f"sacrebleu[{lang}]` ({str(exc).strip().splitlines()[0]})") from None
+
+
+def _bleu(label: str, hyps: Sequence[str], refs, prefix: str = "", lang: str = "", **kw) -> BleuResult:
+    metric = sacre_metric(lang, **kw)
     res = metric.corpus_score(list(hyps), _ref_streams(hyps, refs))
     return BleuResult(label, res.score, prefix + str(metric.get_signature()), tuple(res.precisions),
                       res.bp, res.sys_len, res.ref_len)
 
 
-def sacre_bleu(hyps: Sequence[str], refs, lowercase: bool = False) -> BleuResult:
-    """sacreBLEU corpus BLEU on detokenized text (defaults: 13a tokenization, exp smoothing);
-    ``lowercase`` is its -lc (case-insensitive)."""
-    return _bleu("sacreBLEU -lc" if lowercase else "sacreBLEU", hyps, refs, lowercase=lowercase)
+def sacre_bleu(hyps: Sequence[str], refs, lowercase: bool = False, lang: str = "") -> BleuResult:
+    """sacreBLEU corpus BLEU on detokenized text (defaults: 13a tokenization, exp smoothing; the
+    tokenizer for a ``lang`` of zh, ja or ko as ``sacrebleu -l``); ``lowercase`` is its -lc."""
+    return _bleu("sacreBLEU -lc" if lowercase else "sacreBLEU", hyps, refs, lang=lang, lowercase=lowercase)
 
 
 def chrf(hyps: Sequence[str], refs) -> ChrfResult:
@@ -140,5 +157,5 @@ def score_all(hyps: Sequence[str], refs, lang: str = "de", tokenized: bool = Fal
     if tokenized:
         return [tokenized_bleu(hyps, refs, lowercase=lowercase),
                 compound_split_bleu(hyps, refs, lang, tokenized=True, lowercase=lowercase)]
-    lc = [sacre_bleu(hyps, refs, lowercase=True)] if lowercase else []
-    return [sacre_bleu(hyps, refs), *lc, chrf(hyps, refs), compound_split_bleu(hyps, refs, lang)]
+    lc = [sacre_bleu(hyps, refs, lowercase=True, lang=lang)] if lowercase else []
+    return [sacre_bleu(hyps, refs, lang=lang), *lc, chrf(hyps, refs), compound_split_bleu(hyps, refs, lang)]

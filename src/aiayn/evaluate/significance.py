@@ -1,9 +1,14 @@
-"""Paired bootstrap resampling for corpus BLEU (Koehn, EMNLP 2004), as sacreBLEU's ``--paired-bs``.
+"""Paired bootstrap resampling for corpus BLEU (Koehn, EMNLP 2004).
 
 Two systems translate the same test set; is A's BLEU higher than B's by more than the choice of
 sentences explains? Draw ``n_samples`` test sets of the same size from the sentences with
 replacement, the same draws for every system, and compute each system's corpus BLEU on each. The
-p-value of "A is better than B" is the share of draws on which A does not beat B.
+p-value of "A is better than B" is the share of draws on which A does not beat B (Koehn's, one-sided).
+
+With the same seed (12345, sacreBLEU's default) and sample count the draws are sacreBLEU
+``--paired-bs``'s, so each system's mean over them is its "mean"; its p-value is another test:
+two-sided, (#{|Δ_s| - mean |Δ| > |Δ|} + 1) / (n_samples + 1) over the per-set differences Δ_s, and
+its interval is mean ± half the 2.5-97.5% spread, where ours is the 2.5 and 97.5 percentiles.
 
 BLEU is computed from per-sentence sufficient statistics (clipped n-gram matches and hypothesis
 n-gram counts for n = 1..4, hypothesis and reference lengths) over whitespace tokens, with no
@@ -92,15 +97,15 @@ def paired_bootstrap(hyps: Mapping[Hashable, Sequence[str]], refs: Sequence[str]
 
 
 def compare_systems(hyps: list[str], others: dict[str, list[str]], refs: list[str], tokenized: bool,
-                    lowercase: bool, n_samples: int) -> list[dict]:
+                    lowercase: bool, n_samples: int, lang: str = "") -> list[dict]:
     """Paired bootstrap of ``hyps`` against each of ``others`` (``aiayn score --compare``): per other system,
     both full-set BLEU scores, the difference, the p-value of "hyps is better" and the 95% interval of each score
-    over the resampled sets."""
+    over the resampled sets. Detokenized text gets sacreBLEU's tokens for target language ``lang``."""
     if tokenized:
         prep = (lambda line: line.lower()) if lowercase else (lambda line: line)
     else:
-        from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
-        tok = Tokenizer13a()
+        from aiayn.evaluate.bleu import sacre_metric
+        tok = sacre_metric(lang).tokenizer
         prep = (lambda line: tok(line.lower())) if lowercase else tok
     systems = {"hyp": [prep(h) for h in hyps], **{name: [prep(h) for h in other] for name, other in others.items()}}
     bs = paired_bootstrap(systems, [prep(r) for r in refs], n_samples=n_samples)
