@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import re
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import aiayn.files
 from aiayn.commands import prepare as prepare_command
 from aiayn.config import ConfigError, replace
 from aiayn.data import store
+from aiayn.data.corpora import Corpus
 from aiayn.data.dataset import DataDir
 from aiayn.data.prepare import PrepareConfig, SplitFiles, clean_reason, prepare
 from aiayn.data.vocab import lowercase_rules
@@ -135,6 +137,24 @@ def test_lowercase_is_built_into_the_model(corpus, tmp_path, train_lines):
     assert cased.decode(cased.encode("Two dogs")) == "Two dogs"
 
 
+def test_lowercase_reads_nfd_as_nfc(tmp_path, train_lines):
+    """With lowercase, the same German text written composed (NFC) in one corpus and decomposed
+    (NFD: u + U+0308) in another is one token sequence, as nmt_nfkc makes it without lowercase."""
+    en, de = train_lines[0][:300], train_lines[1][:300]
+    assert any(unicodedata.normalize("NFD", line) != line for line in de)
+    nfc = Corpus("nfc", write_lines(tmp_path / "a.en", en), write_lines(tmp_path / "a.de", de))
+    nfd = Corpus("nfd", write_lines(tmp_path / "b.en", en),
+                 write_lines(tmp_path / "b.de", [unicodedata.normalize("NFD", line) for line in de]))
+    prepare({}, tmp_path / "d", replace(SMALL, lowercase=True), corpora=[nfc, nfd])
+    d = DataDir(tmp_path / "d")
+    train, tok = d.split("train"), d.tgt_tokenizer
+    assert len(train) == 600
+    assert all(list(train.tgt(i)) == list(train.tgt(300 + i)) for i in range(300))
+    text = "Zwei Männer über Füße, ÄRGER"
+    assert tok.encode(unicodedata.normalize("NFD", text)) == tok.encode(text)
+    assert tok.decode(tok.encode(unicodedata.normalize("NFD", text))) == text.lower()
+
+
 def test_lowercase_rules_golden():
     rules = dict(line.split("\t") for line in lowercase_rules().splitlines())
     assert rules["41"] == "61"                 # A -> a
@@ -144,6 +164,7 @@ def test_lowercase_rules_golden():
     assert rules["FF21"] == "61"               # full-width A -> NFKC A -> a
     assert rules["FB01"] == "66 69"            # the fi ligature -> f i
     assert rules["130"] == "69 307"            # İ -> i + combining dot above
+    assert rules["41 308"] == rules["61 308"] == "E4"   # A or a + combining diaeresis (NFD) -> ä
     assert rules["9"] == rules["A0"] == rules["2028"] == "20"   # tab, no-break space, line separator
     assert rules["1"] == ""                                  # control characters are removed
     assert "61" not in rules and "E4" not in rules and "20" not in rules
@@ -156,6 +177,22 @@ def test_user_symbols_refused(symbols, message):
         PrepareConfig(user_symbols=symbols)
     with pytest.raises(ConfigError, match="4 special ids \\+ 3 user symbols"):
         PrepareConfig(vocab_size=7, user_symbols=("a", "b", "c"))
+
+
+def test_user_symbols_the_tokenizer_cannot_match_refused(tmp_path):
+    """A user symbol, tag or target-language token the tokenizer's normalization changes (NFKC,
+    and lowercasing with lowercase) could never be one piece: refused before any text is read."""
+    with pytest.raises(ConfigError, match=re.escape("write them as ['<x>']")):
+        PrepareConfig(user_symbols=("<X>",), lowercase=True)
+    with pytest.raises(ConfigError, match=re.escape("write them as ['<x>']")):
+        PrepareConfig(user_symbols=("\uff1cx\uff1e",))  # full-width brackets: NFKC writes <x>
+    assert PrepareConfig(user_symbols=("<X>",)).user_symbols == ("<X>",)
+    assert PrepareConfig(user_symbols=("<x>",), lowercase=True).user_symbols == ("<x>",)
+    bad_utf8 = tmp_path / "a.en"
+    bad_utf8.write_bytes(b"caf\xe9\n")
+    tagged = Corpus("a", bad_utf8, write_lines(tmp_path / "a.de", ["Cafe"]), tag="<BT>", lang="DE")
+    with pytest.raises(UserError, match=re.escape("['<BT>', '<2DE>']")):  # not the file's invalid UTF-8
+        prepare({}, tmp_path / "d", replace(SMALL, lowercase=True), corpora=[tagged])
 
 
 def _listing(path):
@@ -386,7 +423,7 @@ def test_tokenizer_from_records_the_stored_models_options(corpus, tmp_path):
     name the checkpoint, not the defaults of options that never applied."""
     from aiayn.checkpoint.run import tokenizer_payload
     base = replace(SMALL, vocab_size=400, shared_vocab=False, lowercase=True, character_coverage=1.0,
-                   user_symbols=("XX",))
+                   user_symbols=("xx",))
     prepare({"train": corpus.train}, tmp_path / "base", base)
     ckpt = {"tokenizers": tokenizer_payload(DataDir(tmp_path / "base"))}
     tuning = PrepareConfig(num_workers=1)
@@ -394,7 +431,7 @@ def test_tokenizer_from_records_the_stored_models_options(corpus, tmp_path):
     m = prepare({"train": corpus.train}, tmp_path / "d", tuning, tokenizers=toks)
     options = m["options"]
     assert (options["vocab_size"], options["shared_vocab"], options["lowercase"]) == (400, False, True)
-    assert options["character_coverage"] == 1.0 and options["user_symbols"] == ["XX"]
+    assert options["character_coverage"] == 1.0 and options["user_symbols"] == ["xx"]
     assert options["model_type"] == "bpe" and options["spm_sample_pairs"] is None and options["seed"] is None
     assert options["tokenizer_from"] == str((tmp_path / "model.pt").resolve())
     assert m["vocab"]["src"]["sha256"] == ckpt["tokenizers"]["src_sha256"]

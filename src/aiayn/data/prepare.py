@@ -41,6 +41,7 @@ import logging
 import os
 import random
 import time
+import unicodedata
 from datetime import datetime, timezone
 from itertools import chain, islice
 from pathlib import Path
@@ -60,6 +61,12 @@ from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
 PROGRESS_LINES = 10_000  # the check's bar moves every this many lines
+
+
+def normalized(text: str, lowercase: bool) -> str:
+    """``text`` as the tokenizer sees it (``aiayn.data.vocab``): NFKC, lowercased with ``lowercase``."""
+    text = unicodedata.normalize("NFKC", text)
+    return text.lower() if lowercase else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +97,12 @@ class PrepareConfig:
         bad = [s for s in self.user_symbols if not s or WORD_BOUNDARY in s or any(c.isspace() for c in s)]
         if bad:
             raise ConfigError(f"user_symbols must be words without spaces or {WORD_BOUNDARY!r}, got {bad!r}")
+        unmatched = [s for s in self.user_symbols if normalized(s, self.lowercase) != s]
+        if unmatched:
+            raise ConfigError(f"user_symbols {unmatched!r}: the tokenizer normalizes its input (NFKC"
+                              f"{', lowercased' if self.lowercase else ''}) before it looks for them, so they "
+                              f"would never be one piece; write them as "
+                              f"{[normalized(s, self.lowercase) for s in unmatched]!r}")
         if len(set(self.user_symbols)) != len(self.user_symbols):
             twice = sorted({s for s in self.user_symbols if self.user_symbols.count(s) > 1})
             raise ConfigError(f"user_symbols given more than once: {twice!r}")
@@ -398,7 +411,7 @@ def _check_one_piece(symbols: list[str], tok: Tokenizer, from_checkpoint: bool) 
     split = [s for s in symbols if len(tok.encode(s)) != 1]
     if split:
         why = ("the checkpoint's tokenizer (--tokenizer-from) was not trained with them as user symbols"
-               if from_checkpoint else "with --lowercase, write them in lowercase")
+               if from_checkpoint else "SentencePiece did not keep them whole")
         raise UserError(f"{', '.join(split)}: not one piece of the source tokenizer; {why}")
 
 

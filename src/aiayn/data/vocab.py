@@ -179,9 +179,11 @@ def lowercase_rules() -> str:
     differs from c; as in nmt_nfkc, other whitespace (tab, no-break space, line separators)
     becomes a space and the remaining control characters are removed. Unlike SentencePiece's own
     ``nmt_nfkc_cf`` (Unicode case folding) this keeps German ß (folding writes "ss", which
-    lowercased references do not). Per-character only: combining sequences are not composed,
-    as NFKC would."""
-    rows = []
+    lowercased references do not). Each character's canonical decomposition (NFD: a letter and
+    its combining marks, ``u`` + U+0308) maps to the same target, so the same text written in NFC
+    or in NFD is one token sequence, as under nmt_nfkc; other combining sequences (marks in
+    another order, or on a letter with no precomposed form) are not composed, as NFKC would."""
+    rows: dict[str, str] = {}
     for cp in range(1, 0x10000):  # NUL cannot be a rule's key
         if 0xD800 <= cp <= 0xDFFF:  # surrogates are not characters
             continue
@@ -193,8 +195,16 @@ def lowercase_rules() -> str:
         else:
             target = unicodedata.normalize("NFKC", c).lower()
         if target != c:
-            rows.append(f"{cp:X}\t{' '.join(f'{ord(t):X}' for t in target)}\n")
-    return "".join(rows)
+            rows[c] = target
+        decomposed = unicodedata.normalize("NFD", c)
+        if len(decomposed) > 1 and decomposed != target:  # the same text written decomposed (NFD)
+            rows.setdefault(decomposed, target)
+    return "".join(f"{_hex(key)}\t{_hex(target)}\n" for key, target in rows.items())
+
+
+def _hex(text: str) -> str:
+    """Code points as a SentencePiece rule writes them: hex, space-separated."""
+    return " ".join(f"{ord(c):X}" for c in text)
 
 
 @dataclass(frozen=True)
