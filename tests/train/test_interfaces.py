@@ -239,7 +239,7 @@ def _receives_run_config(fn, p: ast.arg, defs: dict[str, list[list[ast.arg]]] | 
                 or isinstance(n.value, ast.Name) and n.value.id in aliases):
             return True  # p.train.F, t.F
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and defs:  # passed on to a RunConfig parameter
-            given = [*enumerate(n.args), *((k.arg, k.value) for k in n.keywords)]
+            given = [*enumerate(n.args), *((k.arg, k.value) for k in n.keywords if k.arg is not None)]  # (**kw: no one parameter)
             for params in defs.get(n.func.id, []):
                 for where, a in given:
                     q = _argument_of(params, where)
