@@ -467,3 +467,128 @@ def test_a_resume_drops_what_the_interrupted_run_logged_after_its_checkpoint(sma
                                                                (4, False), (4, True)]
     assert after[:3] == before[:3]  # up to the checkpoint, as logged
     assert [d["train_loss"] for d in after[3:5]] == [d["train_loss"] for d in before[3:5]]  # trained again alike
+
+
+def _first_format(ckpt: dict) -> dict:
+    """``ckpt`` as the first format wrote it: numpy's and Python's generator states as their own
+    objects, no checksum, no per-rank states, validation BLEU, validation times or moving average,
+    the sampler's position per rank, and ``fast_dropout`` and ``attn_fp32`` in the model sections."""
+    old = {k: v for k, v in ckpt.items() if k not in ("sha256", "rank_rng", "best_valid_bleu", "valid_seconds",
+                                                       "valid_bleu_seconds", "ema")}
+    n, p = ckpt["rng"]["numpy"], ckpt["rng"]["python"]
+    old["rng"] = {"torch": ckpt["rng"]["torch"],
+                  "numpy": (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                            n["cached_gaussian"]),
+                  "python": (p["version"], tuple(p["words"].tolist()), p["gauss"])}
+    s = ckpt["sampler"]
+    old["sampler"] = {"epoch": s["epoch"], "position": s["batches_done"] // s["num_replicas"], "seed": s["seed"],
+                      "num_replicas": s["num_replicas"], "rank": s["rank"], "n_examples": s["n_examples"],
+                      "n_batches": s["n_batches_total"] // s["num_replicas"]}
+    old["run_config"] = _first_format_config(ckpt["run_config"])
+    old["model_config"] = old["run_config"]["model"]
+    return old
+
+
+def _first_format_config(run: dict) -> dict:
+    train = dict(run["train"])
+    return {"model": {**run["model"], **{k: train.pop(k) for k in ("fast_dropout", "attn_fp32")}}, "train": train}
+
+
+def test_a_run_of_the_first_format_converted_resumes_exactly(small_data_dir, tmp_path, capsys):
+    """A run directory as the first format left it at step 2 (its checkpoints and its config.json):
+    resuming it is refused with the way to convert; converted, it resumes with its own config.json
+    as the recipe and reaches step 4 with the weights of 4 uninterrupted steps, bit for bit."""
+    import json
+    from tests.train.test_training import _train_in_process
+    whole, run = tmp_path / "whole", tmp_path / "old"
+    _train_in_process(small_data_dir, whole, 4, "train.save_every_steps=2", "model.p_drop=0.1")
+    run.mkdir()
+    old = _first_format(torch.load(whole / "ckpt_step00000002.pt", weights_only=True))
+    for name in ("ckpt_step00000002.pt", "last.pt"):
+        torch.save(old, run / name)
+    (run / "config.json").write_text(json.dumps(_first_format_config(json.loads((whole / "config.json").read_text()))))
+    argv = ["train", "--data", str(small_data_dir), "--out", str(run), "--recipe", str(run / "config.json"),
+            "--no-progress"]
+    assert main(argv) == 2
+    assert "older format" in capsys.readouterr().err
+    for name in ("ckpt_step00000002.pt", "last.pt"):
+        assert main(["upgrade-checkpoint", str(run / name)]) == 0
+    assert main(argv) == 0
+    a, b = (ck.load_checkpoint(d / "last.pt") for d in (whole, run))
+    assert a["step"] == b["step"] == 4
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda c: c.pop("step"), "not a training checkpoint: it lacks step (an average"),
+    (lambda c: [c.pop(k) for k in ("optimizer", "sampler", "rng")], "it lacks optimizer, sampler, rng"),
+    (lambda c: c.update(step="3"), "not a training checkpoint as aiayn writes one: step is str, not int"),
+    (lambda c: c.update(flops=True), "flops is bool, not float"),
+    (lambda c: c.update(rank_rng={}), "rank_rng is dict, not list or None"),
+    (lambda c: c.update(surprise=1), "holds key(s) surprise, which this version of aiayn does not know")])
+def test_a_resume_from_what_is_no_training_checkpoint_says_so(edit, said, small_data_dir, tiny_checkpoint, tmp_path,
+                                                              capsys):
+    """A sealed last.pt without a key a resume restores, with one of another type, or with one this
+    version does not know: one line naming the file and the key, not a traceback."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, run)
+    for p in ck.step_checkpoints(run):
+        p.unlink()
+    ckpt = ck.load_checkpoint(run / "last.pt")
+    edit(ckpt)
+    ck.atomic_save(ckpt, run / "last.pt")
+    assert main(["train", "--data", str(small_data_dir), "--out", str(run), "--recipe", str(run / "config.json"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"aiayn train: error: {run / 'last.pt'}: ") and said in err[-1], err
+    assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.parametrize("value, said", [
+    (float("nan"), "holds NaN or infinite values"), (float("inf"), "holds NaN or infinite values")])
+def test_weights_that_are_not_finite_are_refused(value, said, tmp_path):
+    """Training never writes a NaN or an infinity into weights (``check_finite_weights``); a file
+    that holds one is refused at load, naming the tensor, not translated with."""
+    ckpt = _handmade()
+    name = next(iter(ckpt["model"]))
+    ckpt["model"][name].view(-1)[0] = value
+    ck.atomic_save(ckpt, tmp_path / "c.pt")
+    with pytest.raises(UserError, match=f"{tmp_path / 'c.pt'}: model.{name} {said}"):
+        ck.load_checkpoint(tmp_path / "c.pt")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_weights_that_are_not_floating_point_are_refused(dtype, tmp_path):
+    """load_state_dict would cast integer, boolean or complex tensors into the weights silently."""
+    ckpt = _handmade()
+    name = next(iter(ckpt["model"]))
+    ckpt["model"][name] = ckpt["model"][name].to(dtype)
+    ck.atomic_save(ckpt, tmp_path / "c.pt")
+    with pytest.raises(UserError, match=f"model.{name} holds {dtype} values, not floating point weights"):
+        ck.load_checkpoint(tmp_path / "c.pt")
+
+
+def test_bytes_after_the_archive_are_refused(tmp_path):
+    """A file with bytes after torch.save's archive (appended to, or written over a longer file)
+    loads as the archive alone; it is refused instead, by every reader."""
+    path = tmp_path / "c.pt"
+    ck.atomic_save(_handmade(), path)
+    with open(path, "ab") as f:
+        f.write(b"\x00" * 100)
+    for read in (ck.load_checkpoint, lambda p: ck.upgrade_checkpoint(p, tmp_path / "new.pt")):
+        with pytest.raises(UserError, match=f"{path}: damaged: bytes follow the end of its archive"):
+            read(path)
+
+
+def test_an_older_run_s_config_json_reads_as_a_recipe(tmp_path):
+    """A run directory's config.json of the versions that kept ``fast_dropout`` and ``attn_fp32`` in the
+    model section (the recipe a refused resume names): they are the training section's."""
+    import json
+    from aiayn.train.config import RunConfig, load_recipe
+    run = to_dict(RunConfig(model=aiayn.get_preset("tiny", vocab_size=10)))
+    run["train"]["fast_dropout"], run["train"]["attn_fp32"] = False, False
+    (tmp_path / "config.json").write_text(json.dumps(_first_format_config(run)))
+    cfg = load_recipe(tmp_path / "config.json")
+    assert cfg.model == aiayn.get_preset("tiny", vocab_size=10)
+    assert (cfg.train.fast_dropout, cfg.train.attn_fp32) == (False, False)

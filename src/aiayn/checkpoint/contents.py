@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
+from aiayn.errors import UserError
+
 FORMAT = "aiayn-checkpoint-1"
+CHECKSUM = "sha256"  # the key of the content checksum (``format.content_sha256``) in every file's dict
 _REQUIRED = dataclasses.MISSING
 
 
@@ -60,11 +65,43 @@ class Contents:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, ckpt: dict) -> "Contents":
-        """A training checkpoint's keys (``with_defaults``: an older file's missing ones filled in);
-        other keys (``sha256``, ``averaged_from``, ...) are left out."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in with_defaults(ckpt).items() if k in names})
+    def from_dict(cls, ckpt: dict, path: Any = "checkpoint") -> "Contents":
+        """A training checkpoint's keys (``with_defaults``: an older file's missing ones filled in),
+        each of its field's type; ``sha256`` is left out. A file that is no training checkpoint (an
+        average, ``ema.pt``, an import: no optimizer) or holds a key of another type or one this
+        version does not know is a UserError naming ``path`` and the key."""
+        hints = typing.get_type_hints(cls)
+        ckpt = with_defaults(ckpt)
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in ckpt and f.default is _REQUIRED]
+        if missing:
+            raise UserError(f"{path}: not a training checkpoint: it lacks {', '.join(missing)} (an average, "
+                            f"ema.pt or an import holds weights only; start a run from it with --init-from)")
+        unknown = [k for k in ckpt if k not in hints and k != CHECKSUM]
+        if unknown:
+            raise UserError(f"{path}: holds key(s) {', '.join(map(str, unknown))}, which this version of aiayn "
+                            f"does not know (written by a newer one?); resuming would drop them")
+        wrong = [f"{k} is {type(ckpt[k]).__name__}, not {_type_name(hints[k])}" for k in hints
+                 if not _is_a(ckpt[k], hints[k])]
+        if wrong:
+            raise UserError(f"{path}: not a training checkpoint as aiayn writes one: " + "; ".join(wrong[:3]))
+        return cls(**{k: v for k, v in ckpt.items() if k in hints})
+
+
+def _is_a(value: Any, kind: Any) -> bool:
+    """Whether a checkpoint's ``value`` is of its field's annotated ``kind`` (an int is a float; a
+    bool is neither an int nor a float)."""
+    if isinstance(kind, types.UnionType):
+        return any(_is_a(value, k) for k in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return type(value) in (int, float)
+    return type(value) is kind if kind is int else isinstance(value, kind)
+
+
+def _type_name(kind: Any) -> str:
+    return " or ".join(_type_name(k) for k in typing.get_args(kind)) if isinstance(kind, types.UnionType) \
+        else "None" if kind is type(None) else kind.__name__
 
 
 def with_defaults(ckpt: dict) -> dict:

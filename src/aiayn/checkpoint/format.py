@@ -23,14 +23,13 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint.contents import FORMAT, with_defaults
+from aiayn.checkpoint.contents import CHECKSUM, FORMAT, with_defaults
 from aiayn.errors import UserError, WriteError
 from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
 ENSEMBLE_FORMAT = "aiayn-ensemble-1"
 TRAINING_STATE = ("optimizer", "rank_optimizers", "scaler", "rng", "rank_rng", "sampler")
-CHECKSUM = "sha256"  # the key of the content checksum (``content_sha256``) in every file's dict
 STEP_RE = re.compile(r"ckpt_step(\d+)\.pt$")
 SAFE_TORCH = (2, 6)  # torch.load(weights_only=True) had a code-execution bypass before 2.6 (CVE-2025-32434)
 UPGRADE_HINT = ("convert it once with `aiayn upgrade-checkpoint FILE` (it reads tensors, plain values and "
@@ -131,6 +130,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
         raise UserError(_refusal(path, str(exc))) from None
     except Exception as exc:  # a truncated or foreign file
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+    check_archive_end(path)
     if isinstance(ckpt, dict) and ckpt.get("format") == ENSEMBLE_FORMAT:
         if not ensemble_ok:
             raise UserError(f"{path}: an ensemble of {len(ckpt.get('members', []))} models, which only translation "
@@ -173,8 +173,9 @@ def upgrade_model_sections(ckpt: dict) -> None:
 
 def check_model_config(ckpt: dict, label: str) -> None:
     """A checkpoint's model configuration within ``aiayn.model.config.LIMITS`` and describing the
-    tensors it stores (the model is built on the meta device: no memory), checked before any
-    model is built from it: a UserError naming the file and the field."""
+    tensors it stores (the model is built on the meta device: no memory), and those tensors finite
+    floating point values, checked before any model is built from it: a UserError naming the file
+    and the field."""
     from aiayn.config import ConfigError, from_dict
     from aiayn.model import ModelConfig, Transformer
     from aiayn.model.config import check_limits
@@ -206,6 +207,13 @@ def check_model_config(ckpt: dict, label: str) -> None:
     if differ:
         raise UserError(f"{label}: model_config does not describe the stored weights: " + "; ".join(differ[:3])
                         + (f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""))
+    for k, v in state.items():  # what training writes, and what load_state_dict would cast in silently
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point()):
+            raise UserError(f"{label}: model.{k} holds {getattr(v, 'dtype', type(v).__name__)} values, not "
+                            f"floating point weights")
+        if not bool(v.isfinite().all()):
+            raise UserError(f"{label}: model.{k} holds NaN or infinite values (training never writes them); "
+                            f"use another copy or an earlier checkpoint")
 
 
 def check_torch(version: str | None = None) -> None:
@@ -250,6 +258,22 @@ def check_saved_file(path: Path) -> None:
         raise UserError(f"{path}: empty, not a checkpoint")
     if not head.startswith(TORCH_SAVE_STARTS):
         raise UserError(f"{path}: not a checkpoint: it begins {head!r}, not as torch.save writes a file")
+
+
+ZIP_END = b"PK\x05\x06"  # the zip archive's end record, 22 bytes where no comment follows (torch.save writes none)
+
+
+def check_archive_end(path: Path) -> None:
+    """A file torch.save wrote as a zip archive (and torch.load read) ends with the archive's end
+    record: bytes after it (appended, or the tail of a longer file written over) are a UserError."""
+    with open(path, "rb") as f:
+        if f.read(4) != TORCH_SAVE_STARTS[0]:
+            return  # the pickle of torch before 1.6 (older files aiayn upgrade-checkpoint reads)
+        size = f.seek(0, 2)
+        f.seek(max(0, size - 22))
+        if f.read(4) != ZIP_END:
+            raise UserError(f"{path}: damaged: bytes follow the end of its archive (appended to, or written over "
+                            f"a longer file); use another copy or an earlier checkpoint")
 
 
 def _refusal(path: Path, message: str) -> str:
@@ -383,6 +407,7 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
         raise UserError(_refusal(path, str(exc)).replace(UPGRADE_HINT, "it cannot be converted")) from None
     except Exception as exc:
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+    check_archive_end(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
         raise UserError(f"{path}: not an aiayn checkpoint")
     if CHECKSUM in ckpt:

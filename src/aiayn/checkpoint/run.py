@@ -105,7 +105,7 @@ def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Resu
     if not ((run_dir / "last.pt").exists() or step_checkpoints(run_dir)):  # (last.pt lost: a step checkpoint)
         return None
     path, ckpt = resume_checkpoint(run_dir)
-    saved = Contents.from_dict(ckpt)
+    saved = Contents.from_dict(ckpt, path)
     was = from_dict(ModelConfig, saved.run_config["model"])
     if was != model:
         changed = ", ".join(f"model.{f.name} {getattr(was, f.name)!r}, now {getattr(model, f.name)!r}"

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from aiayn.checkpoint.format import upgrade
 from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
@@ -193,7 +194,9 @@ def load_recipe(path: str | Path) -> RunConfig:
         base = run_config_from_preset(preset)
     except ConfigError as exc:  # an unknown name: the file it came from
         raise ConfigError(f"{path}: {exc}") from None
-    sets = [f"{section}.{k}={_as_text(v)}" for section in ("model", "train") for k, v in data.get(section, {}).items()]
+    model, execution = upgrade(data.get("model", {}))  # a config.json of older versions: see ``upgrade``
+    sections = {"model": model, "train": {**execution, **data.get("train", {})}}
+    sets = [f"{section}.{k}={_as_text(v)}" for section, fields in sections.items() for k, v in fields.items()]
 
     def where(key: str) -> str:  # "section.field" -> "FILE:LINE: section.field", the field's line in its section
         section, _, field = key.partition(".")
