@@ -36,6 +36,36 @@ def test_upgrade_refuses_a_damaged_file_instead_of_sealing_it(tmp_path, capsys):
     assert "damaged" in capsys.readouterr().err and path.read_bytes() == before
 
 
+
+def _nan_weight(ckpt: dict) -> str:
+    ckpt["model"]["src_embed.weight"][0, 0] = float("nan")
+    return "holds NaN or infinite values"
+
+
+def _positions_out_of_bounds(ckpt: dict) -> str:
+    ckpt["model_config"]["max_positions"] = 10 ** 9
+    return "model_config.max_positions = 1000000000"
+
+
+@pytest.mark.parametrize("spoil", [_nan_weight, _positions_out_of_bounds])
+def test_upgrade_refuses_before_it_writes(tmp_path, capsys, spoil):
+    """An older file (no checksum) that loading would refuse once converted: the converter refuses it
+    before it writes, so an input converted in place keeps its bytes and its modification time, and
+    no --out is made."""
+    path, out = tmp_path / "old.pt", tmp_path / "new.pt"
+    old = _handmade()
+    said = spoil(old)
+    torch.save(old, path)
+    before, stat = path.read_bytes(), path.stat()
+    assert main(["upgrade-checkpoint", str(path)]) == 2
+    assert f"{path}: " in (err := capsys.readouterr().err) and said in err, err
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert path.stat().st_ino == stat.st_ino  # not replaced by a file of the same bytes
+    assert main(["upgrade-checkpoint", str(path), "--out", str(out)]) == 2
+    assert said in capsys.readouterr().err and not out.exists()
+    assert not list(tmp_path.glob(".*aiayn-tmp*"))
+
+
 def _sealed_with(tmp_path: Path, **model_config) -> Path:
     state = _handmade()
     state["model_config"] = {**state["model_config"], **model_config}

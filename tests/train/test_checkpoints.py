@@ -592,3 +592,86 @@ def test_an_older_run_s_config_json_reads_as_a_recipe(tmp_path):
     cfg = load_recipe(tmp_path / "config.json")
     assert cfg.model == aiayn.get_preset("tiny", vocab_size=10)
     assert (cfg.train.fast_dropout, cfg.train.attn_fp32) == (False, False)
+
+
+def _of_run(tmp_path: Path, name: str, lineage: dict | None, step: int = 0) -> Path:
+    """A handmade checkpoint of the run ``lineage`` names (None: written before checkpoints kept one)."""
+    ckpt = _handmade(step)
+    if lineage is not None:
+        ckpt["lineage"] = lineage
+    ck.atomic_save(ckpt, tmp_path / name)
+    return tmp_path / name
+
+
+def test_average_refuses_checkpoints_of_two_runs(tmp_path, caplog, capsys):
+    """Two runs begun apart (other seeds: other initial weights) average to no model: refused, naming
+    both; --across-runs averages them with the same words as a warning, and the average keeps no lineage."""
+    a = _of_run(tmp_path, "a.pt", {"seed": 1, "init_sha256": "a" * 64})
+    b = _of_run(tmp_path, "b.pt", {"seed": 2, "init_sha256": "b" * 64})
+    with pytest.raises(UserError, match=f"{b}: of another run than {a} \\(seed 2, initial weights bbbbbbbbbbbb; "
+                                        f"seed 1, initial weights aaaaaaaaaaaa\\)"):
+        ck.average_checkpoints([a, b])
+    assert main(["average", str(a), str(b), "--out", str(tmp_path / "avg.pt")]) == 2
+    assert "--across-runs" in capsys.readouterr().err and not (tmp_path / "avg.pt").exists()
+    with caplog.at_level(logging.WARNING):
+        assert main(["average", str(a), str(b), "--out", str(tmp_path / "avg.pt"), "--across-runs"]) == 0
+    assert f"{b}: of another run than {a}" in caplog.text
+    assert "lineage" not in ck.load_checkpoint(tmp_path / "avg.pt")
+
+
+def test_average_of_one_run_or_of_fine_tunings_of_one_checkpoint_says_nothing(tmp_path, caplog):
+    """A run's last checkpoints, and models fine-tuned from one checkpoint (their own seeds, its
+    initial weights), average without a word; the average keeps the lineage, so a model fine-tuned
+    from it is of the run too."""
+    run = {"seed": 1, "init_sha256": "a" * 64}
+    last = [_of_run(tmp_path, f"ckpt_step{s:08d}.pt", run, s) for s in range(1, 6)]
+    tuned = [_of_run(tmp_path, f"tuned{s}.pt", {**run, "seed": s}) for s in (3, 4)]
+    with caplog.at_level(logging.WARNING):
+        assert ck.average_checkpoints(last)["lineage"] == run
+        assert ck.average_checkpoints([*tuned, last[-1]])["lineage"]["init_sha256"] == run["init_sha256"]
+    assert caplog.text == ""
+
+
+def test_average_warns_of_checkpoints_without_a_lineage(tmp_path, caplog):
+    """A file written before checkpoints kept a lineage cannot say its run: averaged with others, a
+    warning names it (alone, nothing to compare: no word)."""
+    a = _of_run(tmp_path, "a.pt", {"seed": 1, "init_sha256": "a" * 64})
+    old = _of_run(tmp_path, "old.pt", None)
+    with caplog.at_level(logging.WARNING):
+        avg = ck.average_checkpoints([a, old])
+        assert caplog.text.count("no lineage") == 1 and f"{old}: no lineage" in caplog.text
+        assert "lineage" not in avg
+        caplog.clear()
+        ck.average_checkpoints([old])
+    assert caplog.text == ""
+
+
+@pytest.mark.slow
+def test_runs_record_their_lineage_and_fine_tuning_carries_it(small_data_dir, tmp_path, caplog):
+    """A new run's checkpoints share one lineage (its seed, the checksum of its initial weights), kept by a
+    resume; runs fine-tuned from it carry it whatever their seed; a run of another seed has another one;
+    a fine-tuning of a file without one takes the checksum of that file's weights."""
+    def train(out: Path, steps: int, *extra: str) -> Path:
+        assert main(["train", "--data", str(small_data_dir), "--out", str(out), "--preset", "tiny", "--no-progress",
+                     *FAST, "--max-steps", str(steps), "--set", "train.save_every_steps=1", *extra]) == 0
+        return out
+    run = train(tmp_path / "a", 2, "--set", "train.seed=1")
+    train(run, 3, "--set", "train.seed=1")  # resumed
+    lineage = ck.load_checkpoint(run / "ckpt_step00000001.pt")["lineage"]
+    assert lineage["seed"] == 1 and len(lineage["init_sha256"]) == 64
+    assert all(ck.load_checkpoint(p)["lineage"] == lineage for p in [*ck.step_checkpoints(run), run / "last.pt"])
+    tuned = [train(tmp_path / f"t{s}", 1, "--init-from", str(run / "last.pt"), "--set", f"train.seed={s}")
+             for s in (3, 4)]
+    assert all(ck.load_checkpoint(t / "last.pt")["lineage"] == lineage for t in tuned)
+    other = train(tmp_path / "b", 1, "--set", "train.seed=2")
+    assert ck.load_checkpoint(other / "last.pt")["lineage"]["init_sha256"] != lineage["init_sha256"]
+    with caplog.at_level(logging.WARNING):
+        ck.average_checkpoints([*ck.step_checkpoints(run), *(t / "last.pt" for t in tuned)])
+    assert caplog.text == ""
+    with pytest.raises(UserError, match="of another run"):
+        ck.average_checkpoints([run / "last.pt", other / "last.pt"])
+    old = {k: v for k, v in ck.load_checkpoint(run / "last.pt").items() if k != "lineage"}
+    ck.atomic_save(old, tmp_path / "old.pt")
+    tuned_old = train(tmp_path / "t_old", 1, "--init-from", str(tmp_path / "old.pt"))
+    assert ck.load_checkpoint(tuned_old / "last.pt")["lineage"] == {"seed": None,
+                                                                    "init_sha256": ck.content_sha256(old["model"])}

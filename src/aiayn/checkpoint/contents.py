@@ -59,6 +59,11 @@ class Contents:
     valid_seconds: float = _key("of `train_seconds`, spent validating", 0.0)
     valid_bleu_seconds: float = _key("of `valid_seconds`, spent translating for `valid_bleu`", 0.0)
     ema: dict | None = _key("the moving average of the weights, or None; `ema.pt` holds it as its `model`", None)
+    lineage: dict | None = _key("the run's identity, what `aiayn average` compares: `seed`, the run's "
+                                "`train.seed`, and `init_sha256`, the checksum (`content_sha256`) of the weights it "
+                                "started from; a run started with `--init-from` carries its checkpoint's (where that "
+                                "has none: seed None and the checksum of its weights); None in a run begun before "
+                                "the key", None)
 
     def to_dict(self) -> dict:
         """The file's dict, keys in field order (the tensors themselves, not copies)."""

@@ -1,5 +1,6 @@
 """The checkpoint file: sealed with a content checksum, written atomically, loaded without running
-code (``weights_only``), averaged (§6.1), gathered into an ensemble file, upgraded from older formats.
+code (``weights_only``), gathered into an ensemble file, upgraded from older formats (averaged, §6.1:
+``aiayn.checkpoint.average``).
 
 A checkpoint is a torch file holding a dict of tensors and plain values only (docs/checkpoints.md):
 the keys of ``contents.Contents`` plus ``sha256``, the checksum of everything else
@@ -131,6 +132,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     except Exception as exc:  # a truncated or foreign file
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
     check_archive_end(path)
+    check_kind(ckpt, path, ensemble_ok)
+    verify(ckpt, path)
+    check_models(ckpt, path)
+    return ckpt
+
+
+def check_kind(ckpt: Any, path: str | Path, ensemble_ok: bool) -> None:
+    """``ckpt`` an aiayn checkpoint dict, or an ensemble file with members where ``ensemble_ok``."""
     if isinstance(ckpt, dict) and ckpt.get("format") == ENSEMBLE_FORMAT:
         if not ensemble_ok:
             raise UserError(f"{path}: an ensemble of {len(ckpt.get('members', []))} models, which only translation "
@@ -140,11 +149,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
             raise UserError(f"{path}: an ensemble file without members")
     elif not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
-    verify(ckpt, path)
-    for n, member in enumerate(ckpt["members"] if ckpt["format"] == ENSEMBLE_FORMAT else [ckpt]):
+
+
+def check_models(ckpt: dict, path: str | Path) -> None:
+    """Every model of ``ckpt`` (an ensemble file's members) with its model sections upgraded in place
+    (``upgrade_model_sections``) and checked (``check_model_config``)."""
+    ensemble = ckpt["format"] == ENSEMBLE_FORMAT
+    for n, member in enumerate(ckpt["members"] if ensemble else [ckpt]):
         upgrade_model_sections(member)
-        check_model_config(member, f"{path} (member {n})" if ckpt["format"] == ENSEMBLE_FORMAT else str(path))
-    return ckpt
+        check_model_config(member, f"{path} (member {n})" if ensemble else str(path))
 
 
 # Settings that checkpoints of older versions kept in their model sections: how a run computes, not
@@ -307,43 +320,6 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
         p.unlink(missing_ok=True)
 
 
-def average_checkpoints(paths: list[str | Path]) -> dict:
-    """Mean of the model parameters of ``paths`` in float32 (§6.1); everything else from the last.
-    A progress bar counts the checkpoints read (``aiayn.progress``).
-
-    The result loads like any other checkpoint (for inference; it carries no optimizer).
-    """
-    if not paths:
-        raise UserError("no checkpoints to average")
-    from aiayn.progress import progress_bar
-    total: dict[str, torch.Tensor] | None = None
-    last = None
-    with progress_bar(len(paths), unit=" checkpoints", desc="average") as bar:
-        for p in paths:
-            ckpt = load_checkpoint(p)
-            state = ckpt["model"]
-            if total is None:
-                total = {k: v.detach().to(torch.float32).clone() if v.is_floating_point() else v.clone()
-                         for k, v in state.items()}
-                ref_cfg, ref_toks = ckpt.get("model_config"), tokenizer_hashes(ckpt.get("tokenizers"))
-            else:
-                if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
-                    raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
-                if tokenizer_hashes(ckpt.get("tokenizers")) != ref_toks:
-                    raise UserError(f"{p}: trained with other tokenizers than {paths[0]}; cannot average")
-                for k, v in state.items():
-                    if v.is_floating_point():
-                        total[k] += v.to(torch.float32)
-            last = ckpt
-            bar.update(1)
-    n = len(paths)
-    model = {k: (v / n if v.is_floating_point() else v) for k, v in total.items()}
-    out = {k: v for k, v in last.items() if k not in (*TRAINING_STATE, CHECKSUM)}
-    out["model"] = model
-    out["averaged_from"] = [str(p) for p in paths]
-    return out
-
-
 def tokenizer_hashes(tokenizers: dict | None) -> tuple:
     """The source and target tokenizer models' SHA-256 of a checkpoint's ``tokenizers`` entry
     (None where it has none): what says two checkpoints (or a checkpoint and a data directory,
@@ -391,7 +367,9 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     its time lacked are added at their defaults (``contents.with_defaults``) and the checksum is added.
     It is read with ``weights_only`` plus numpy's array reconstruction only: still no code runs.
     A file that carries a checksum is verified first: a damaged or edited file is refused, not
-    sealed again (a new seal would make it verify)."""
+    sealed again (a new seal would make it verify). The converted checkpoint passes every check of
+    ``load_checkpoint`` before a byte of ``out`` is written: a refused file leaves ``out`` (and an
+    input converted in place) as it was."""
     import numpy as np
 
     path = Path(path)
@@ -408,8 +386,7 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     except Exception as exc:
         raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
     check_archive_end(path)
-    if not isinstance(ckpt, dict) or ckpt.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
-        raise UserError(f"{path}: not an aiayn checkpoint")
+    check_kind(ckpt, path, ensemble_ok=True)
     if CHECKSUM in ckpt:
         verify(ckpt, path)
     for c in ckpt.get("members") or [ckpt]:
@@ -417,8 +394,13 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
             c["rng"] = rng_state_from_legacy(c["rng"])
     if "members" not in ckpt:
         ckpt = with_defaults(ckpt)  # the keys an older training checkpoint lacks (``contents.Contents``)
+    check_models(ckpt, path)  # what load_checkpoint would refuse, refused before anything is written
+    try:
+        ckpt = sealed(ckpt)
+    except TypeError as exc:  # a value weights_only loading would refuse
+        raise UserError(f"{path}: cannot be converted: {exc}") from None
     atomic_save(ckpt, out)
-    return load_checkpoint(out, ensemble_ok=True)
+    return ckpt
 
 
 def rng_state_from_legacy(state: dict) -> dict:

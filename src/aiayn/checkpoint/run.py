@@ -63,11 +63,13 @@ class TrainState:
 class Learner:
     """What a step changes and a checkpoint restores besides the data position: the model, its
     optimizer, fp16's gradient scaler and the moving average of the weights (``train.ema_decay``,
-    an ``aiayn.train.ema.WeightAverage``; each None where the run has none)."""
+    an ``aiayn.train.ema.WeightAverage``; each None where the run has none); and the run's lineage,
+    which no step changes (``Contents.lineage``; None for a run begun before checkpoints kept one)."""
     model: torch.nn.Module
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None = None
     ema: Any = None
+    lineage: dict | None = None
     # the model's parameters, listed once: every step reads their gradients, and walking the module
     # tree each time is host time that a small model's GPU step waits for
     params: list = field(init=False, repr=False)
@@ -82,9 +84,10 @@ class Learner:
     def restore(self, saved: Contents, dist: rt.Dist) -> None:
         """The weights, the optimizer (the main rank's: ranks that share their gradients stay equal
         only with equal Adam moments; a run that keeps one per rank takes its own after,
-        ``own_optimizer``), the scaler and this process's generators (its own, where every rank's
-        were kept) from ``saved``."""
+        ``own_optimizer``), the scaler, this process's generators (its own, where every rank's
+        were kept) and the lineage from ``saved``."""
         self.model.load_state_dict(saved.model)
+        self.lineage = saved.lineage
         self.opt.load_state_dict(saved.optimizer)
         if self.scaler is not None and saved.scaler:
             self.scaler.load_state_dict(saved.scaler)
@@ -217,7 +220,8 @@ class RunCheckpoints:
                 scaler=learner.scaler.state_dict() if learner.scaler is not None else None,
                 sampler=self.stream.state_dict(), rng=rank_rng[0] if rank_rng else rt.rng_state(),
                 rank_rng=rank_rng, tokenizers=self.tokenizers, valid=valid,
-                ema=learner.ema.state_dict() if learner.ema is not None else None, **state.counters())
+                ema=learner.ema.state_dict() if learner.ema is not None else None, lineage=learner.lineage,
+                **state.counters())
             save(self.run_dir, saved, self.keep_last, is_best, learner.ema.decay if learner.ema is not None else None,
                  step_file)
             self.stream.saved()

@@ -1,4 +1,5 @@
-"""``aiayn average``: the float32 mean of checkpoints (§6.1), of a run's last N or of given files."""
+"""``aiayn average``: the float32 mean of checkpoints (§6.1), of a run's last N or of given files, of one
+run (or of models fine-tuned from one checkpoint) unless ``--across-runs``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +28,7 @@ def run(args) -> int:
             raise UserError("--last applies to a run directory, not to a list of files")
         paths = inputs
     refuse_input_as_output(args.out, paths)  # (a run directory's: known only now)
-    avg = average_checkpoints(paths)
+    avg = average_checkpoints(paths, args.across_runs)
     atomic_save(avg, args.out)
     print(f"averaged {len(paths)} checkpoint(s) into {args.out}: " + ", ".join(p.name for p in paths))
     return 0
@@ -41,4 +42,7 @@ def register(sub) -> None:
                    help="with a run directory: average its last N step checkpoints (default 5)")
     a.add_argument("--out", required=True, help="output checkpoint file (new, unless --overwrite)")
     a.add_argument("--overwrite", action="store_true", help="replace an existing --out (in one step)")
+    a.add_argument("--across-runs", action="store_true",
+                   help="average checkpoints of different runs (other initial weights) with a warning, not an "
+                        "error: their mean is no trained model")
     a.set_defaults(func=run)

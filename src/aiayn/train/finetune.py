@@ -64,9 +64,11 @@ def check_model(ckpt: dict, path: Path, model_config: ModelConfig, model: torch.
 
 
 def init_from(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, model_config: ModelConfig,
-              tokenizers: dict, resume_optimizer: bool = False) -> None:
+              tokenizers: dict, resume_optimizer: bool = False) -> dict:
     """Load the weights of checkpoint ``path`` into ``model`` (and, with ``resume_optimizer``, its
-    Adam state into ``opt``) after checking tokenizers and shapes (module docstring)."""
+    Adam state into ``opt``) after checking tokenizers and shapes (module docstring). Returns the
+    new run's lineage (``Contents.lineage``): the checkpoint's, so that models fine-tuned from one run
+    average with each other and with it; for a checkpoint without one, that of its weights (seed None)."""
     path = Path(path)
     ckpt = ck.load_checkpoint(path)
     check_tokenizers(ckpt, path, tokenizers)
@@ -85,3 +87,4 @@ def init_from(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimiz
             group.update(own)  # this run's betas, epsilon and weight decay
     log.info("initialized from %s (step %s)%s", path, ckpt.get("step"),
              ", with its optimizer state" if resume_optimizer else "")
+    return ckpt.get("lineage") or ck.run_lineage(ckpt["model"], None)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from aiayn.checkpoint import run_lineage
 from aiayn.checkpoint.run import Learner, RunCheckpoints, TrainState, last_checkpoint, tokenizer_payload
 from aiayn.config import replace
 from aiayn.data.dataset import DataDir
@@ -191,7 +192,9 @@ class _Run:
         if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)
             self.learner.restore(saved, self.dist)
         elif init_from is not None:
-            finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
+            self.learner.lineage = finetune.init_from(init_from, model, opt, m, tokenizers, resume_optimizer)
+        else:  # a new run, named by its seed and initial weights (what ``aiayn average`` compares)
+            self.learner.lineage = run_lineage(model.state_dict(), t.seed)
         self.state = TrainState.of(saved) if saved is not None else TrainState()
         # the step last validated (and its numbers) and saved: the checkpoint resumed from, if any
         self.validated = (saved.step, saved.valid) if saved is not None and saved.valid else (-1, None)
