@@ -8,6 +8,7 @@ import pytest
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserError
 from aiayn.serve.batcher import Batcher, Busy
 from aiayn.serve.job import max_output_tokens
 
@@ -62,7 +63,7 @@ def test_a_failing_call_answers_its_clients_and_the_worker_goes_on(translator):
     b = make(translator, wait_ms=0).start()
     try:
         bad = b.submit(cfg, [[10**6, 3]]).future  # no such token id: the embedding lookup fails
-        with pytest.raises(IndexError):
+        with pytest.raises(UserError, match=r"src: token ids must be in \[0, "):
             bad.result(timeout=60)
         good = b.submit(cfg, translator.encode(["A girl."])).future
         single = Translator(translator.model, translator.src_tok, translator.tgt_tok, cfg).translate(["A girl."])
