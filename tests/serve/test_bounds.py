@@ -3,6 +3,7 @@ connections, clients that hang up, deadlines, /health while the model is busy, a
 on SIGTERM."""
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -255,3 +256,40 @@ def test_sigterm_on_an_idle_service_exits_without_waiting_for_the_drain_time(tra
         assert not server.thread.is_alive() and time.monotonic() - t0 < 3
     finally:
         server.__exit__(None, None, None)
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One complete response (head and its Content-Length of body) read from ``sock``."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        out += sock.recv(65536)
+    head = out.split(b"\r\n\r\n", 1)[0].lower()
+    length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    while len(out) < len(head) + 4 + length:
+        out += sock.recv(65536)
+    return out
+
+
+@pytest.mark.parametrize("client_close", [False, True])
+def test_an_answer_before_the_body_says_close_and_reads_what_still_comes(live_server, client_close):
+    """413 before the body is read: the answer says ``connection: close`` (a keep-alive client would
+    send its next request into a closing connection), and the connection goes on reading what the
+    client still sends before it ends (closing with unread data resets it, losing the answer)."""
+    head = (f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: 10000000\r\n{'Connection: close' if client_close else ''}\r\n\r\n")
+    sock = connect(live_server, head.encode())
+    answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 413") and b"connection: close\r\n" in answer.lower()
+    for _ in range(8):  # the client still sends its body, within LINGER_S
+        sock.sendall(b"x" * 65536)
+        time.sleep(0.01)
+    assert read_until_closed(sock) == b""  # then an end of stream, no reset
+
+
+def test_a_keep_alive_client_goes_on_after_a_413(live_server):
+    conn = http.client.HTTPConnection("127.0.0.1", live_server.port, timeout=60)
+    for body, status in ((b"x" * 1_000_000, 413), (json.dumps({"sentences": ["A dog."]}).encode(), 200)):
+        conn.request("POST", "/translate", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == status and json.loads(resp.read())
+    conn.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 import h11
 import uvicorn
 from uvicorn.lifespan.on import LifespanOn
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
@@ -74,6 +75,10 @@ def test_h11_protocol_has_what_the_guard_reads():
         proto.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
         assert proto.conn.their_state is h11.SEND_BODY and proto.cycle is not None
         assert proto.cycle.response_complete is False
+        # an early answer's cycle: its ``send`` (wrapped) and ``transport`` (whose close lingers) are attributes
+        assert inspect.iscoroutinefunction(proto.cycle.send) and proto.cycle.transport is transport
+        assert CLOSE_HEADER == (b"connection", b"close")
+        assert callable(getattr(H11Protocol, "handle_events"))
         proto.connection_lost(None)
         assert proto not in state.connections
         for name in ("connection_made", "connection_lost", "data_received", "on_response_complete"):

@@ -6,8 +6,8 @@
 a connection beyond ``max_connections_per_client`` from one peer address (an IPv6 one by its
 network, clients.py) is answered 429, one beyond ``max_connections`` in all 503, and either is
 closed at once, not counted among the open connections (so a client that keeps reconnecting
-holds no slots); a response sent before the client finished its body closes the connection
-(nobody reads the rest). ``Server`` starts
+holds no slots); a response sent before the client finished its body says ``connection: close``
+and closes the connection after reading and dropping what still comes for ``LINGER_S``. ``Server`` starts
 the batcher's drain (``Batcher.begin_shutdown``) when SIGTERM or SIGINT arrives and keeps its
 listener open, answering 503, until the queue is empty or the drain time is over; a second SIGINT
 answers every request waiting or in a model call 503 (``Batcher.abort``), lets those answers go
@@ -30,6 +30,7 @@ from typing import Callable
 
 import h11
 import uvicorn
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from aiayn.errors import UserError
@@ -49,6 +50,21 @@ def raw_response(status: int, reason: str, message: str) -> bytes:
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n")
     return head.encode() + body
+
+
+class LingeringClose:
+    """A connection's transport as one request's cycle sees it, whose ``close`` is the protocol's
+    ``_linger``: uvicorn closes at once after a ``connection: close`` answer, and a close while the
+    client still sends its body resets the connection, which may lose the answer."""
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self.protocol.transport, name)
+
+    def close(self) -> None:
+        self.protocol._linger()
 
 
 def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
@@ -96,6 +112,22 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
                 return
             super().data_received(data)
             self._follow()
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not None and self.cycle is not cycle:  # a request began (its task runs later)
+                self.cycle.send = functools.partial(self._send, self.cycle, self.cycle.send)
+
+        async def _send(self, cycle, send: Callable, message: dict) -> None:
+            """uvicorn's ``send`` of ``cycle``, except that an answer started before the request's body
+            was read says ``connection: close`` (the rest of the body is dropped, so the connection
+            cannot carry a next request), and uvicorn's close after it lingers (``_linger``)."""
+            if message["type"] == "http.response.start" and self.conn.their_state is h11.SEND_BODY:
+                headers = list(message.get("headers", []))
+                message = {**message, "headers": headers + [CLOSE_HEADER] * (CLOSE_HEADER not in headers)}
+                cycle.transport = LingeringClose(self)
+            await send(message)
 
         def on_response_complete(self) -> None:
             if self.conn.their_state is h11.SEND_BODY:  # answered before the body was read: nobody reads it
