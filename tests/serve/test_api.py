@@ -125,6 +125,16 @@ def test_unknown_routes_answer_json_errors(client):
     assert client.get("/nope").status_code == 404 and "error" in client.get("/nope").json()
     r = client.get("/translate")
     assert r.status_code == 405 and "error" in r.json()
+    assert r.headers["allow"] == "POST"  # a 405 names the methods the resource has (RFC 9110 §15.5.6)
+    assert set(client.delete("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/metrics"])
+def test_every_get_route_answers_head(client, path):
+    """HEAD is GET without the body on every GET route (RFC 9110 §9.3.2: curl -I, link checkers)."""
+    got, head = client.get(path), client.head(path)
+    assert head.status_code == got.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
 
 
 def test_page_is_self_contained(client):

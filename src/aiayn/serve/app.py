@@ -295,8 +295,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": plain(exc.message)}, status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": plain(str(exc.detail))}, status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:  # 404, 405 (its Allow)
+        return JSONResponse({"error": plain(str(exc.detail))}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -347,12 +347,12 @@ def create_app(translator: Translator, cfg: ServeConfig = ServeConfig()) -> Fast
                              "model_calls": batcher.calls, "stopped_model_calls": batcher.stopped, **health_body},
                             status_code=503 if batcher.shutting_down else 200)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus() -> Response:
         text = metrics.render(batcher.queued, batcher.calls, batcher.skipped, batcher.stopped)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def page() -> str:
         return index_html(beam=base.beam_size, alpha=base.alpha, max_sentences=cfg.max_sentences,
                           key_input=bool(cfg.api_key), model=health_body["model"],
