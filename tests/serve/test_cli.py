@@ -124,3 +124,12 @@ def test_the_serving_line_names_the_port_bound(tiny_checkpoint, monkeypatch, cap
             thread.join(20)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving ")]
     assert port != 0 and len(lines) == 1 and lines[0].startswith(f"serving {tiny_checkpoint} on http://127.0.0.1:{port}/ ")
+
+
+def test_serve_names_the_environment_variable_of_a_key_no_client_can_send(tiny_checkpoint, monkeypatch, capsys):
+    from aiayn.serve.server import Server
+    monkeypatch.setattr(Server, "run", lambda self: None)  # (the service is not started)
+    monkeypatch.setenv("AIAYN_API_KEY", "from-a-crlf-file\r")
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert "AIAYN_API_KEY" in err and "visible ASCII" in err and "from-a-crlf-file" not in err

@@ -11,7 +11,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from aiayn.config import replace
+from aiayn.config import ConfigError, replace
 from aiayn.serve import app as app_module
 from aiayn.serve.app import TranslateRequest, create_app
 from aiayn.serve.batcher import attention_values
@@ -297,3 +297,12 @@ def test_null_is_an_optional_field_left_out(client, field):
     r = client.post("/translate", json={"sentences": ["a b"], field: None})
     assert r.status_code == 200, r.text
     assert r.json()["translations"] == client.post("/translate", json={"sentences": ["a b"]}).json()["translations"]
+
+
+@pytest.mark.parametrize("key", ["s3cret\r", " s3cret", "two words", "k\u00e9y", "tab\tkey"])
+def test_an_api_key_no_client_can_send_is_refused(key):
+    """Header values lose their outer whitespace, and a browser sends é as one Latin-1 byte where
+    curl sends its UTF-8: such a key (a key file's CRLF, say) would refuse every request 401."""
+    with pytest.raises(ConfigError, match="api_key must be visible ASCII") as err:
+        replace(SERVE, api_key=key)
+    assert key.strip() not in str(err.value)  # the key is not echoed

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from aiayn.config import add_arguments, from_args, replace
+from aiayn.config import ConfigError, add_arguments, from_args, replace
 from aiayn.commands.decode_settings import decode_config
 from aiayn.decode.config import CHECKPOINT_FIELDS, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     # the flags, else the model's own settings (an imported model's generation settings), else the defaults
     cfg, decode = from_args(ServeConfig, args), decode_config(args, [args.checkpoint], base=DecodeConfig())
     if not cfg.api_key and os.environ.get(API_KEY_ENV):
-        cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
+        try:
+            cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
+        except ConfigError as exc:
+            raise UserError(f"${API_KEY_ENV}: {exc}") from None
     if not cfg.model_name:
         cfg = replace(cfg, model_name=Path(args.checkpoint).name)
     if cfg.threads:

@@ -88,7 +88,8 @@ class ServeConfig:
             "service's own page; they get CORS headers")
     api_key: str = dataclasses.field(default="", repr=False, metadata={"help": (
         "a token clients must send (Authorization: Bearer KEY or X-API-Key: KEY) for /translate and /metrics; "
-        "empty = no token; better set through the AIAYN_API_KEY environment variable (not visible in ps)")})
+        "visible ASCII; empty = no token; better set through the AIAYN_API_KEY environment variable (not visible in "
+        "ps)")})
     batch_wait_ms: float = param(5.0, "the batching worker waits this long after a request for more to join its model call")
     batch_tokens: int = param(
         4096, "tokens per model call: each sentence counts its source tokens plus the most its search may "
@@ -134,6 +135,10 @@ class ServeConfig:
             if not ORIGIN.fullmatch(entry):
                 raise ConfigError(f"allow_origin: {entry!r} is not a browser origin (scheme://host or "
                                   "scheme://host:port like https://tools.example, no path; each origin listed)")
+        if self.api_key and not re.fullmatch(r"[!-~]+", self.api_key):  # (not echoed: it is a secret)
+            raise ConfigError("api_key must be visible ASCII characters (no spaces, line breaks or accents): a header "
+                              "loses its outer whitespace and a browser sends accented letters in another encoding "
+                              "than curl, so such a key would refuse requests")
         if self.languages and not re.fullmatch(r"[A-Za-z]\w{0,15}-[A-Za-z]\w{0,15}", self.languages, re.ASCII):
             raise ConfigError(f"languages must be SRC-TGT like en-de, got {self.languages!r}")
 
