@@ -240,3 +240,25 @@ def test_errors_are_shown_on_the_page(page):
     page.click("#translate")
     page.wait_for_function("document.getElementById('error').textContent.length > 0")
     assert "beam: 99 exceeds the limit" in page.text_content("#error")
+
+
+def test_an_emptied_number_field_takes_the_service_default(page, live_server):
+    """A cleared beam or α is left out of the request (the service's default), not sent as 0."""
+    page.fill("#source", "A cat.")
+    page.fill("#alpha", "")
+    answered(page, lambda: page.click("#translate"))
+    assert "alpha" not in page.sent[-1] and page.sent[-1]["beam"] == 4
+    page.fill("#beam", "")
+    answered(page, lambda: page.click("#translate"))
+    assert "beam" not in page.sent[-1] and page.text_content("#error") == ""
+    assert page.text_content("#translations li .text") == api(live_server.url, {"sentences": ["A cat."]})["translations"][0]
+
+
+def test_an_answer_that_is_not_json_shows_its_status(page):
+    """A proxy's HTML error page (502) is reported by its status, not as a JSON syntax error."""
+    page.route("**/translate", lambda route: route.fulfill(status=502, content_type="text/html",
+                                                           body="<html><body>Bad Gateway</body></html>"))
+    page.fill("#source", "A cat.")
+    page.click("#translate")
+    page.wait_for_function("document.getElementById('error').textContent.length > 0")
+    assert page.text_content("#error").startswith("HTTP 502")

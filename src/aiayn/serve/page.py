@@ -185,6 +185,19 @@ function showAttention(att, sentence) {
   drawMap();
 }
 
+function number(id) {  // a number field's value; undefined when empty
+  const text = $(id).value.trim();
+  return text === "" ? undefined : Number(text);
+}
+
+async function answerOf(resp) {  // the JSON answer; an error (the service's message, else the HTTP status) when not ok
+  const text = await resp.text();
+  let data = null;
+  try { data = JSON.parse(text); } catch (err) { data = null; }  // a proxy's HTML error page, say
+  if (resp.ok && data) return data;
+  throw new Error((data && data.error) || `HTTP ${resp.status} ${resp.statusText}`.trim());
+}
+
 async function translate() {
   if ($("translate").disabled) return;  // its reason is shown beside it
   const lines = splitText($("source").value), sentences = lines.flat();
@@ -196,12 +209,10 @@ async function translate() {
     const headers = {"Content-Type": "application/json"};
     if ($("api-key") && $("api-key").value) headers.Authorization = `Bearer ${$("api-key").value}`;
     const resp = await fetch("/translate", {
-      method: "POST", headers,
-      body: JSON.stringify({sentences, beam: Number($("beam").value), alpha: Number($("alpha").value),
-                            attention: ATTENTION_VALUES > 0}),
+      method: "POST", headers,  // an emptied field is left out (undefined): the service's default
+      body: JSON.stringify({sentences, beam: number("beam"), alpha: number("alpha"), attention: ATTENTION_VALUES > 0}),
     });
-    const data = await resp.json();
-    if (!resp.ok) throw new Error(data.error || resp.statusText);
+    const data = await answerOf(resp);
     const list = $("translations");
     list.replaceChildren();
     data.translations.forEach((text, i) => {
