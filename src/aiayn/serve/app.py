@@ -197,6 +197,8 @@ def _settings(req: TranslateRequest, base: DecodeConfig, cfg: ServeConfig) -> De
     alpha = base.alpha if req.alpha is None else req.alpha
     if not (math.isfinite(alpha) and alpha <= cfg.max_alpha):
         raise ApiError(422, f"alpha: must be in [0, {cfg.max_alpha:g}]")
+    if req.nbest > beam:  # (DecodeConfig's own check names its field, beam_size)
+        raise ApiError(422, f"nbest: {req.nbest} exceeds beam ({beam}); give nbest <= beam")
     ngram = base.no_repeat_ngram if req.no_repeat_ngram is None else req.no_repeat_ngram
     if ngram > cfg.max_no_repeat_ngram:
         raise ApiError(422, f"no_repeat_ngram: {ngram} exceeds the limit of {cfg.max_no_repeat_ngram}")
