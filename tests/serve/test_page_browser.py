@@ -262,3 +262,32 @@ def test_an_answer_that_is_not_json_shows_its_status(page):
     page.click("#translate")
     page.wait_for_function("document.getElementById('error').textContent.length > 0")
     assert page.text_content("#error").startswith("HTTP 502")
+
+
+def test_the_page_works_behind_a_proxy_under_a_path_prefix(browser, live_server):
+    """Served at http://proxy.test/mt/ (a reverse proxy passing /mt/... to the service), the page
+    posts to /mt/translate, beside itself, not to the proxy's own /translate."""
+    import urllib.request as ur
+    html = ur.urlopen(live_server.url + "/", timeout=60).read()
+    posted = []
+
+    def service(route):
+        posted.append(route.request.url)
+        # (a proxy passes its own Host on, so the page's Origin is the service's; here the Origin goes)
+        sent = {k: v for k, v in route.request.headers.items() if k.lower() not in ("origin", "host", "referer")}
+        route.fulfill(response=route.fetch(url=live_server.url + "/translate", headers=sent))
+    pg = browser.new_page()
+    pg.set_default_timeout(30_000)
+    try:
+        pg.route("http://proxy.test/mt/", lambda route: route.fulfill(status=200, content_type="text/html", body=html))
+        pg.route("http://proxy.test/mt/translate", service)
+        pg.route("http://proxy.test/translate", lambda route: route.fulfill(status=404, body="not here"))
+        pg.goto("http://proxy.test/mt/")
+        pg.fill("#source", "A cat.")
+        with pg.expect_response("http://proxy.test/mt/translate"):
+            pg.click("#translate")
+        pg.wait_for_function("!busy")
+        assert posted == ["http://proxy.test/mt/translate"] and pg.text_content("#error") == ""
+        assert pg.text_content("#translations li .text") == api(live_server.url, {"sentences": ["A cat."]})["translations"][0]
+    finally:
+        pg.close()

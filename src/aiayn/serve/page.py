@@ -208,7 +208,7 @@ async function translate() {
   try {
     const headers = {"Content-Type": "application/json"};
     if ($("api-key") && $("api-key").value) headers.Authorization = `Bearer ${$("api-key").value}`;
-    const resp = await fetch("/translate", {
+    const resp = await fetch("translate", {  // relative: the service behind a proxy under a path prefix
       method: "POST", headers,  // an emptied field is left out (undefined): the service's default
       body: JSON.stringify({sentences, beam: number("beam"), alpha: number("alpha"), attention: ATTENTION_VALUES > 0}),
     });
