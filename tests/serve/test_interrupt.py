@@ -72,10 +72,13 @@ def _post(url: str, body: dict, answers: list) -> None:
         answers.append((e.code, e.read()))
 
 
-def test_ctrl_c_twice_answers_the_request_in_progress_503_and_exits_130(tiny_checkpoint):
+def _interrupted(checkpoint, extra: list[str], interrupt) -> tuple[int, list, str]:
+    """`aiayn serve` of ``checkpoint`` (with ``extra`` options) translating one request without end,
+    then ``interrupt(proc, err)`` (signals; returns the exit status): the status, the request's
+    answers and what the process wrote to stderr."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-c", ENDLESS, "serve", "--checkpoint", str(tiny_checkpoint),
-                             "--port", "0", "--threads", "1"], env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", ENDLESS, "serve", "--checkpoint", str(checkpoint),
+                             "--port", "0", "--threads", "1", *extra], env=env, stderr=subprocess.PIPE, text=True)
     try:
         err = Lines(proc.stderr)
         port = err.wait_for(r"serving .* on http://127\.0\.0\.1:(\d+)/").group(1)
@@ -84,16 +87,22 @@ def test_ctrl_c_twice_answers_the_request_in_progress_503_and_exits_130(tiny_che
                                                       {"sentences": ["A man rides a bicycle."]}, answers))
         client.start()
         err.wait_for("^translating")
-        proc.send_signal(signal.SIGINT)
-        err.wait_for("signal 2: new requests get 503")
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(EXIT_BOUND_S)
+        rc = interrupt(proc, err)
         client.join(10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    text = "".join(err.lines)
+    return rc, answers, "".join(err.lines)
+
+
+def test_ctrl_c_twice_answers_the_request_in_progress_503_and_exits_130(tiny_checkpoint):
+    def twice(proc, err):
+        proc.send_signal(signal.SIGINT)
+        err.wait_for("signal 2: new requests get 503")
+        proc.send_signal(signal.SIGINT)
+        return proc.wait(EXIT_BOUND_S)
+    rc, answers, text = _interrupted(tiny_checkpoint, [], twice)
     assert rc == FORCED_EXIT, text[-3000:]
     [(status, body)] = answers
     assert status == 503 and "stopped before the request was translated" in json.loads(body)["error"], body
@@ -106,26 +115,10 @@ def test_a_call_running_past_the_drain_is_answered_503_before_uvicorn_cancels_it
     uvicorn cancels its task (which answered starlette's plain 500), and the command ends as a
     drained SIGTERM does (uvicorn raises the signal again once it has shut down: -15; 0 where an older
     uvicorn does not)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-c", ENDLESS, "serve", "--checkpoint", str(tiny_checkpoint),
-                             "--port", "0", "--threads", "1", "--shutdown-timeout-s", "1"],
-                            env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        err = Lines(proc.stderr)
-        port = err.wait_for(r"serving .* on http://127\.0\.0\.1:(\d+)/").group(1)
-        answers: list = []
-        client = threading.Thread(target=_post, args=(f"http://127.0.0.1:{port}/translate",
-                                                      {"sentences": ["A man rides a bicycle."]}, answers))
-        client.start()
-        err.wait_for("^translating")
+    def once(proc, err):
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(1 + 5 + APP_STOP_S + 10.0)
-        client.join(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = "".join(err.lines)
+        return proc.wait(1 + 5 + APP_STOP_S + 10.0)
+    rc, answers, text = _interrupted(tiny_checkpoint, ["--shutdown-timeout-s", "1"], once)
     [(status, body)] = answers
     assert status == 503 and "stopped before the request was translated" in json.loads(body)["error"], body
     assert rc in (0, -signal.SIGTERM) and "terminate called" not in text and "Traceback" not in text, text[-3000:]
