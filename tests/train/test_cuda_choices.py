@@ -250,25 +250,34 @@ def test_compiled_model_compiles_one_graph_per_padding_case_over_bucket_shapes()
     the graph; only a batch with a source mask and one without give two graphs. Dropout as on CUDA
     (the model's own, without ``train.fast_dropout``'s CPU draw, which is not traced). A counting backend stands in
     for inductor: what is counted is dynamo's graphs, as on a GPU."""
-    import random
-
     from aiayn.model import ModelConfig
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=300, d_model=32, n_heads=4, d_k=8, d_v=8, d_ff=64, n_layers=2)
+    assert _graphs_over_bucket_shapes(aiayn.Transformer(cfg), cfg, 16) == 2
+
+
+def _graphs_over_bucket_shapes(model, cfg, batches: int, bf16: bool = False) -> int:
+    """The graphs dynamo compiles for ``model`` (``compile_model``; a counting backend stands in for
+    inductor) over ``batches`` forward and backward passes of length-bucketed (B, S, T) shapes, two
+    in three with a padded source, under bf16 autocast with ``bf16``."""
+    import random
     graphs = []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
-    net = parallel.compile_model(aiayn.Transformer(cfg), backend=backend)
+    torch._dynamo.reset()
+    net = parallel.compile_model(model, backend=backend)
     rng = random.Random(0)
-    for i in range(16):
+    for i in range(batches):
         B, S, T = rng.choice([(40, 10, 10), (33, 12, 14), (20, 20, 19), (25, 16, 16), (18, 23, 26), (50, 8, 9)])
         src, tgt = torch.randint(4, 300, (B, S)), torch.randint(4, 300, (B, T))
         if padded := i % 3 > 0:
             src[0, -2:] = cfg.pad_id
-        net(src, tgt, src_padded=padded).float().sum().backward()
-    assert len(graphs) == 2
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = net(src, tgt, src_padded=padded)
+        out.float().sum().backward()
+    return len(graphs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -278,8 +287,6 @@ def test_compiled_training_model_keeps_its_graphs_over_bucket_shapes_on_the_cpu(
     shapes under its autocast: one graph per padding case and no graph break. The fast dropout's
     integer draw broke the graph at every dropout, and each padded row count was a guard on the
     shape, so bf16 compiled nearly every batch anew."""
-    import random
-
     from aiayn.execution import apply, compiled, training
     from aiayn.model import ModelConfig
     from aiayn.train.config import TrainConfig
@@ -288,20 +295,4 @@ def test_compiled_training_model_keeps_its_graphs_over_bucket_shapes_on_the_cpu(
     t = TrainConfig(fast_dropout=True, cpu_row_bits=3)
     assert t.fast_dropout and t.cpu_row_bits == 3
     model = apply(aiayn.Transformer(cfg).train(), compiled(training(t, torch.device("cpu"), None)))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-    torch._dynamo.reset()
-    net = parallel.compile_model(model, backend=backend)
-    rng = random.Random(0)
-    for i in range(12):
-        B, S, T = rng.choice([(40, 10, 10), (33, 12, 14), (20, 20, 19), (25, 16, 16), (18, 23, 26), (50, 8, 9)])
-        src, tgt = torch.randint(4, 300, (B, S)), torch.randint(4, 300, (B, T))
-        if padded := i % 3 > 0:
-            src[0, -2:] = cfg.pad_id
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            out = net(src, tgt, src_padded=padded)
-        out.float().sum().backward()
-    assert len(graphs) == 2
+    assert _graphs_over_bucket_shapes(model, cfg, 12, bf16=dtype == torch.bfloat16) == 2
