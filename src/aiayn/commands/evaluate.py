@@ -3,7 +3,8 @@
 For WMT14 (§6.1, Table 2): ``aiayn evaluate --checkpoint avg.pt --src newstest2014-deen.en.gz
 --ref newstest2014-deen.de.gz`` decodes with the paper's settings (beam 4, α 0.6, +50) and
 prints sacreBLEU (with its signature), chrF2 and the paper's tokenized BLEU with compound
-splitting, each labelled. ``--tok-ref`` adds the Multi30k lowercased tokenized BLEU.
+splitting, each labelled. ``--tok-ref`` adds the Multi30k lowercased tokenized BLEU, ``--ter``
+sacreBLEU's TER; ``--tokenize`` chooses sacreBLEU's tokenizer, as in ``aiayn score``.
 ``--testset wmt14 [--langpair en-de]`` takes the source and reference through sacreBLEU's own
 test-set downloader instead of --src and --ref (``aiayn.evaluate.testsets``).
 """
@@ -15,6 +16,7 @@ import time
 
 from aiayn.config import add_arguments
 from aiayn.commands.decode_settings import decode_config
+from aiayn.commands.score import TOKENIZE_HELP
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.files import check_output_folder, refuse_input_as_output, write_text_output
@@ -46,7 +48,7 @@ def run(args) -> int:
     refuse_input_as_output(args.out, [*args.checkpoint, args.src, args.ref, args.tok_ref])
     src, ref, source = _inputs(args)
     lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
-    sacre_metric(lang)  # sacreBLEU's tokenizer for it (zh, ja, ko): a missing package said before translating
+    sacre_metric(lang, args.tokenize)  # sacreBLEU's tokenizer (zh, ja, ko, --tokenize): a missing package said first
     if args.out:
         check_output_folder(args.out)  # written after the translations: said before them
     tok_ref = None
@@ -65,7 +67,8 @@ def run(args) -> int:
         lowercases = translator.tgt_tok is not None and translator.tgt_tok.lowercases  # lowercase output
     if args.out:
         write_text_output(args.out, "".join(h + "\n" for h in hyps))
-    results = score_all(hyps, ref, lang, lowercase=lowercases)  # a lowercasing model: sacreBLEU -lc beside
+    results = score_all(hyps, ref, lang, lowercase=lowercases,  # a lowercasing model: sacreBLEU -lc beside
+                        tokenize=args.tokenize, with_ter=args.ter)
     if tok_ref is not None:
         results.append(multi30k_bleu(hyps, tok_ref, lang))
     if args.json:
@@ -94,7 +97,9 @@ def register(sub) -> None:
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
     p.add_argument("--lang", default=None,
                    help="target language for the Moses tokenizer, and for zh, ja, ko sacreBLEU's (default: "
-                        "--langpair's target with --testset, else de)")
+                        "--langpair's target with --testset, else de), unless --tokenize")
+    p.add_argument("--tokenize", metavar="NAME", help=TOKENIZE_HELP)
+    p.add_argument("--ter", action="store_true", help="add sacreBLEU's TER (case-insensitive, lower is better)")
     p.add_argument("--out", help="also write the translations here")
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="JSON output")

@@ -3,8 +3,9 @@
 Three BLEU flavours, never to be mixed up in a report:
 
 - ``sacre_bleu``: sacreBLEU's corpus BLEU on detokenized text (its own 13a tokenization; for a
-  Chinese, Japanese or Korean target its zh, ja-mecab or ko-mecab, as ``sacrebleu -l xx-zh`` picks),
-  with its signature. The number to compare across papers today.
+  Chinese, Japanese or Korean target its zh, ja-mecab or ko-mecab, as ``sacrebleu -l xx-zh`` picks;
+  any of its tokenizers when asked, as ``sacrebleu --tokenize``), with its signature. The number to
+  compare across papers today.
 - ``compound_split_bleu``: the paper's metric, as tensor2tensor's ``get_ende_bleu.sh`` computes
   it: Moses ``replace-unicode-punctuation`` and ``tokenizer.perl -l LANG`` on both sides (here
   via sacremoses), hyphenated compounds split as ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``, then
@@ -17,6 +18,9 @@ Three BLEU flavours, never to be mixed up in a report:
   lowercases every letter (multi-bleu.perl's only ASCII ones: "Über" stays, which cost a lowercased
   system 0.36 BLEU on Moses-tokenized newstest2014 En-De). Both rules are written out and compared
   in tests/evaluate/test_bleu.py.
+
+Beside them, sacreBLEU's chrF2 (``chrf``) and, when asked, its TER (``ter``: Snover et al. 2006's
+translation edit rate, edits including block shifts over reference words; lower is better).
 """
 from __future__ import annotations
 
@@ -62,6 +66,22 @@ class ChrfResult:
         return f"{self.label}: {self.score:.2f}  {self.signature}"
 
 
+@dataclass(frozen=True)
+class TerResult:
+    """TER (0-100, lower is better): the fewest edits (insertions, deletions, substitutions and shifts of
+    a block of words) that turn each hypothesis into its closest reference, over the reference words."""
+
+    label: str
+    score: float
+    signature: str
+    num_edits: int
+    ref_length: float  # summed over sentences; with several references, each sentence's average
+
+    def format(self) -> str:
+        return (f"{self.label}: {self.score:.2f}  (edits={self.num_edits}, ref_len={self.ref_length:.10g})  "
+                f"{self.signature}")
+
+
 def _ref_streams(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
     """One or several reference streams, each as long as the hypotheses."""
     streams = [list(refs)] if refs and isinstance(refs[0], str) else [list(r) for r in refs]
@@ -73,17 +93,53 @@ def _ref_streams(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[st
     return streams
 
 
-def sacre_metric(lang: str = "", **kw):
-    """sacreBLEU's BLEU for target language ``lang``: its default tokenizer for it (13a, or zh, ja-mecab,
-    ko-mecab), as its command line chooses with ``-l``; a tokenizer whose package is missing is a
-    ``UserError`` naming the language."""
+# what each of sacreBLEU's tokenizers imports beyond sacreBLEU's own requirements (``pip install ...``)
+_TOKENIZER_PACKAGES = {"ja-mecab": "sacrebleu[ja]", "ko-mecab": "sacrebleu[ko]", "intl": "regex",
+                       "spm": "sentencepiece", "flores101": "sentencepiece", "flores200": "sentencepiece",
+                       "spBLEU-1K": "sentencepiece"}
+
+
+def sacre_metric(lang: str = "", tokenize: str | None = None, **kw):
+    """sacreBLEU's BLEU with tokenizer ``tokenize``, else its default for target language ``lang`` (13a, or
+    zh, ja-mecab, ko-mecab), as its command line chooses with ``--tokenize`` and ``-l``. A tokenizer whose
+    package is missing, or whose SentencePiece model cannot be downloaded, is a ``UserError`` naming it."""
     from sacrebleu.metrics import BLEU
 
+    if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
+        raise UserError(f"--tokenize {tokenize}: not a sacreBLEU tokenizer (one of {', '.join(BLEU.TOKENIZERS)})")
+    name = tokenize or BLEU._TOKENIZER_MAP.get(lang, BLEU.TOKENIZER_DEFAULT)
+    which = f"target language {lang}: sacreBLEU's tokenizer for it" if tokenize is None else f"--tokenize {name}"
     try:
-        return BLEU(trg_lang=lang, **kw)
-    except RuntimeError as exc:  # sacreBLEU's "pip install sacrebleu[ja]" for the MeCab tokenizers
-        raise UserError(f"target language {lang}: sacreBLEU's tokenizer for it needs `pip install "
-                        f"sacrebleu[{lang}]` ({str(exc).strip().splitlines()[0]})") from None
+        return BLEU(trg_lang=lang, tokenize=tokenize, **kw)
+    except (RuntimeError, ImportError) as exc:  # "pip install sacrebleu[ja]", "... sentencepiece"
+        why = str(exc).strip().splitlines()[0]
+        raise UserError(f"{which} needs `pip install {_TOKENIZER_PACKAGES.get(name, 'sacrebleu')}` ({why})") from None
+    except (OSError, SystemExit) as exc:  # the SentencePiece model, fetched into sacreBLEU's cache on first use
+        from sacrebleu.utils import SACREBLEU_DIR
+        raise UserError(f"{which}: sacreBLEU could not download its SentencePiece model into "
+                        f"{SACREBLEU_DIR}/models ({exc!r}); check the network") from None
+
+
+def _given_tokens(tokenize: str | None) -> None:
+    """Text already tokenized is scored by its whitespace tokens: no tokenizer to choose."""
+    if tokenize is not None:
+        raise UserError(f"--tokenize {tokenize} tokenizes detokenized text; --tokenized scores the given tokens")
+
+
+def bleu_tokens(tokenized: bool, lowercase: bool, lang: str = "", tokenize: str | None = None):
+    """The tokens BLEU counts, as a function of a line, and their name for a report ("13a tokens, lowercased"):
+    the given whitespace tokens of tokenized text; else sacreBLEU's, after its -lc and right strip (``sacre_metric``
+    picks the tokenizer)."""
+    if tokenized:
+        _given_tokens(tokenize)
+        tok, name = (lambda line: line), "given"
+    else:
+        sacre_tok = sacre_metric(lang, tokenize).tokenizer
+        tok, name = (lambda line: sacre_tok(line.rstrip())), sacre_tok.signature()
+
+    def prep(line: str) -> str:
+        return tok(line.lower() if lowercase else line)
+    return prep, f"{name} tokens" + (", lowercased" if lowercase else "")
 
 
 def _bleu(label: str, hyps: Sequence[str], refs, prefix: str = "", lang: str = "", **kw) -> BleuResult:
@@ -93,10 +149,13 @@ def _bleu(label: str, hyps: Sequence[str], refs, prefix: str = "", lang: str = "
                       res.bp, res.sys_len, res.ref_len)
 
 
-def sacre_bleu(hyps: Sequence[str], refs, lowercase: bool = False, lang: str = "") -> BleuResult:
+def sacre_bleu(hyps: Sequence[str], refs, lowercase: bool = False, lang: str = "",
+               tokenize: str | None = None) -> BleuResult:
     """sacreBLEU corpus BLEU on detokenized text (defaults: 13a tokenization, exp smoothing; the
-    tokenizer for a ``lang`` of zh, ja or ko as ``sacrebleu -l``); ``lowercase`` is its -lc."""
-    return _bleu("sacreBLEU -lc" if lowercase else "sacreBLEU", hyps, refs, lang=lang, lowercase=lowercase)
+    tokenizer for a ``lang`` of zh, ja or ko as ``sacrebleu -l``, or ``tokenize`` as its --tokenize);
+    ``lowercase`` is its -lc."""
+    return _bleu("sacreBLEU -lc" if lowercase else "sacreBLEU", hyps, refs, lang=lang, tokenize=tokenize,
+                 lowercase=lowercase)
 
 
 def chrf(hyps: Sequence[str], refs) -> ChrfResult:
@@ -106,6 +165,16 @@ def chrf(hyps: Sequence[str], refs) -> ChrfResult:
     metric = CHRF()
     res = metric.corpus_score(list(hyps), _ref_streams(hyps, refs))
     return ChrfResult("chrF2", res.score, str(metric.get_signature()))
+
+
+def ter(hyps: Sequence[str], refs) -> TerResult:
+    """sacreBLEU's TER with its defaults (``sacrebleu -m ter``: tercom's rules, case-insensitive, no
+    normalization, so whitespace tokens): total edits / total reference words."""
+    from sacrebleu.metrics import TER
+
+    metric = TER()
+    res = metric.corpus_score(list(hyps), _ref_streams(hyps, refs))
+    return TerResult("TER", res.score, str(metric.get_signature()), res.num_edits, res.ref_length)
 
 
 def tokenized_bleu(hyps: Sequence[str], refs, lowercase: bool = False,
@@ -149,13 +218,18 @@ def compound_split_bleu(hyps: Sequence[str], refs, lang: str = "de",
 
 
 def score_all(hyps: Sequence[str], refs, lang: str = "de", tokenized: bool = False,
-              lowercase: bool = False) -> list[BleuResult | ChrfResult]:
-    """Every metric that fits the input: detokenized text -> sacreBLEU, chrF2 and the paper's
-    compound-split BLEU; already tokenized text -> tokenized BLEU and its compound-split form.
-    ``lowercase`` scores BLEU case-insensitively (-lc); for detokenized text, case-sensitive
-    sacreBLEU stays first and sacreBLEU -lc is added (e.g. for a model trained lowercased)."""
+              lowercase: bool = False, *, tokenize: str | None = None,
+              with_ter: bool = False) -> list[BleuResult | ChrfResult | TerResult]:
+    """Every metric that fits the input: detokenized text -> sacreBLEU (with ``tokenize``, else the tokenizer
+    for ``lang``), chrF2 and the paper's compound-split BLEU; already tokenized text -> tokenized BLEU and its
+    compound-split form. ``lowercase`` scores BLEU case-insensitively (-lc); for detokenized text,
+    case-sensitive sacreBLEU stays first and sacreBLEU -lc is added (e.g. for a model trained lowercased).
+    ``with_ter`` adds sacreBLEU's TER after the sacreBLEU scores, as ``sacrebleu -m bleu chrf ter`` orders them."""
+    extra = [ter(hyps, refs)] if with_ter else []
     if tokenized:
-        return [tokenized_bleu(hyps, refs, lowercase=lowercase),
+        _given_tokens(tokenize)
+        return [tokenized_bleu(hyps, refs, lowercase=lowercase), *extra,
                 compound_split_bleu(hyps, refs, lang, tokenized=True, lowercase=lowercase)]
-    lc = [sacre_bleu(hyps, refs, lowercase=True, lang=lang)] if lowercase else []
-    return [sacre_bleu(hyps, refs, lang=lang), *lc, chrf(hyps, refs), compound_split_bleu(hyps, refs, lang)]
+    lc = [sacre_bleu(hyps, refs, lowercase=True, lang=lang, tokenize=tokenize)] if lowercase else []
+    return [sacre_bleu(hyps, refs, lang=lang, tokenize=tokenize), *lc, chrf(hyps, refs), *extra,
+            compound_split_bleu(hyps, refs, lang)]

@@ -1,4 +1,5 @@
-"""Paired bootstrap resampling for corpus BLEU (Koehn, EMNLP 2004).
+"""Paired significance tests for corpus BLEU: bootstrap resampling (Koehn, EMNLP 2004) and approximate
+randomization (Riezler and Maxwell, 2005), as sacreBLEU's ``--paired-bs`` and ``--paired-ar``.
 
 Two systems translate the same test set; is A's BLEU higher than B's by more than the choice of
 sentences explains? Draw ``n_samples`` test sets of the same size from the sentences with
@@ -10,6 +11,11 @@ With the same seed (12345, sacreBLEU's default) and sample count the draws are s
 two-sided, (#{|Δ_s| - mean |Δ| > |Δ|} + 1) / (n_samples + 1) over the per-set differences Δ_s, and
 its interval is mean ± half the 2.5-97.5% spread, where ours is the 2.5 and 97.5 percentiles.
 
+Approximate randomization asks instead how often chance alone makes a difference as large: each trial
+swaps each sentence's two translations with probability 1/2 and rescores both shuffled systems. With
+the same seed and trial count (10,000 by default) the coin flips are sacreBLEU ``--paired-ar``'s, and
+so is the p-value: two-sided, (#{trials with |Δ| > the observed |Δ|} + 1) / (n_trials + 1).
+
 BLEU is computed from per-sentence sufficient statistics (clipped n-gram matches and hypothesis
 n-gram counts for n = 1..4, hypothesis and reference lengths) over whitespace tokens, with no
 smoothing: ``tokenized_bleu`` (multi-bleu / fairseq-score), the Multi30k metric, on the full set.
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -96,19 +102,48 @@ def paired_bootstrap(hyps: Mapping[Hashable, Sequence[str]], refs: Sequence[str]
                            samples={k: bleu_from_stats(counts @ s) for k, s in stats.items()})
 
 
-def compare_systems(hyps: list[str], others: dict[str, list[str]], refs: list[str], tokenized: bool,
-                    lowercase: bool, n_samples: int, lang: str = "") -> list[dict]:
-    """Paired bootstrap of ``hyps`` against each of ``others`` (``aiayn score --compare``): per other system,
-    both full-set BLEU scores, the difference, the p-value of "hyps is better" and the 95% interval of each score
-    over the resampled sets. Detokenized text gets sacreBLEU's tokens for target language ``lang``."""
-    if tokenized:
-        prep = (lambda line: line.lower()) if lowercase else (lambda line: line)
-    else:
-        from aiayn.evaluate.bleu import sacre_metric
-        tok = sacre_metric(lang).tokenizer
-        prep = (lambda line: tok(line.lower())) if lowercase else tok
-    systems = {"hyp": [prep(h) for h in hyps], **{name: [prep(h) for h in other] for name, other in others.items()}}
-    bs = paired_bootstrap(systems, [prep(r) for r in refs], n_samples=n_samples)
+AR_TRIALS = 10000  # sacreBLEU --paired-ar-n's default
+_AR_CHUNK = 1000  # trials per matrix product: (1000, N) float64, 24 MB for newstest2014's 3,003 sentences
+
+
+def approximate_randomization(a: Sequence[str], b: Sequence[str], refs: Sequence[str], n_trials: int = AR_TRIALS,
+                              seed: int = 12345) -> tuple[float, float, float]:
+    """Full-set BLEU of tokenized systems ``a`` and ``b`` against one tokenized reference, and the two-sided
+    approximate randomization p-value of their difference: the share of ``n_trials`` shuffles (each sentence's
+    pair swapped on a fair coin, sacreBLEU's draws for ``seed``) whose |ΔBLEU| exceeds the observed, +1 corrected.
+    Swapping ``a`` and ``b`` gives the same p."""
+    s_a, s_b = corpus_stats(list(a), list(refs)), corpus_stats(list(b), list(refs))  # (N, 10) each
+    total_a, total_b = s_a.sum(axis=0), s_b.sum(axis=0)
+    bleu_a, bleu_b = float(bleu_from_stats(total_a)), float(bleu_from_stats(total_b))
+    observed = abs(bleu_a - bleu_b)
+    # swap[t, i]: trial t gives sentence i's translation in b to the first shuffled system (sacreBLEU's pos_sel)
+    swap = np.random.default_rng(seed).integers(2, size=(n_trials, len(refs)), dtype=bool)
+    moved = s_b - s_a  # (N, 10): what a swap moves into the first system's sums (integers: exact in float64)
+    larger = 0
+    for start in range(0, n_trials, _AR_CHUNK):
+        shift = swap[start:start + _AR_CHUNK].astype(np.float64) @ moved  # (C, 10)
+        delta = np.abs(bleu_from_stats(total_a + shift) - bleu_from_stats(total_b - shift))  # (C,)
+        larger += int(np.sum(delta > observed))
+    return bleu_a, bleu_b, (larger + 1) / (n_trials + 1)
+
+
+def compare_systems(hyps: list[str], others: dict[str, list[str]], refs: list[str], tokens: Callable[[str], str],
+                    n_samples: int, test: str = "bs") -> list[dict]:
+    """``aiayn score --compare``: ``hyps`` against each of ``others``, all as BLEU's ``tokens`` of each line
+    (``aiayn.evaluate.bleu.bleu_tokens``). Per other system, both full-set BLEU scores, the difference and a
+    p-value: ``test`` "bs" is the paired bootstrap over ``n_samples`` resampled sets (the one-sided p of "hyps is
+    better", and the 95% interval of each score over the sets); "ar" approximate randomization over ``n_samples``
+    trials (sacreBLEU's two-sided p)."""
+    systems = {"hyp": [tokens(h) for h in hyps], **{name: [tokens(h) for h in other] for name, other in others.items()}}
+    ref_tokens = [tokens(r) for r in refs]
+    if test == "ar":
+        out = []
+        for name in others:
+            hyp_bleu, bleu, p = approximate_randomization(systems["hyp"], systems[name], ref_tokens, n_samples)
+            out.append({"system": name, "bleu": round(bleu, 2), "hyp_bleu": round(hyp_bleu, 2),
+                        "difference": round(hyp_bleu - bleu, 2), "p_value": p})
+        return out
+    bs = paired_bootstrap(systems, ref_tokens, n_samples=n_samples)
     interval = {k: [round(float(np.percentile(v, q)), 2) for q in (2.5, 97.5)] for k, v in bs.samples.items()}
     return [{"system": name, "bleu": round(bs.full[name], 2), "hyp_bleu": round(bs.full["hyp"], 2),
              "difference": round(bs.full["hyp"] - bs.full[name], 2), "p_value": bs.p_value("hyp", name),
