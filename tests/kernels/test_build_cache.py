@@ -159,6 +159,22 @@ def test_a_cache_dir_owned_by_another_user(built, load, tmp_path, monkeypatch, c
     assert f"{mine} is not this user's private folder" in caplog.text and len(built) == 1
 
 
+def test_a_cache_on_a_noexec_file_system_is_refused_before_building(built, load, tmp_path, monkeypatch, caplog):
+    """No library on a file system mounted noexec (Docker's /dev/shm, a hardened /tmp) can be loaded:
+    one warning naming the folder, no build (else every process would compile and fail again)."""
+    real = os.fstatvfs
+
+    def noexec(fd):
+        st = real(fd)
+        return os.statvfs_result((*st[:8], st.f_flag | os.ST_NOEXEC, *st[9:]))
+    monkeypatch.setattr(os, "fstatvfs", noexec)
+    base = tmp_path / "cache"
+    with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
+        assert load(base) is None
+    assert len(caplog.messages) == 1 and f"{base} is on a file system mounted noexec" in caplog.text
+    assert not built
+
+
 def test_a_checksum_that_does_not_match_means_a_rebuild(built, load, tmp_path, caplog):
     base = tmp_path / "cache"
     k = load(base)

@@ -2,6 +2,7 @@
 cached library, and the library built without -march=native (the portable loops) giving the numbers
 of the native one."""
 import os
+import platform
 import shutil
 
 import pytest
@@ -118,6 +119,89 @@ def test_the_march_setting_names_the_build(monkeypatch, tmp_path):
     monkeypatch.setenv(kernel_mod.MARCH_ENV, "native -o /etc/x")
     with pytest.raises(UserError, match="not a compiler target name"):
         kernel_mod._march()
+
+
+# /proc/cpuinfo's flags of a CPU with AVX2 and FMA but no AVX-512 (a Haswell, a Zen 3)
+AVX2_CPU = frozenset("fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx avx2 fma f16c bmi1 bmi2 abm movbe".split())
+
+
+def _no_build(cc, out, archs=None):
+    raise AssertionError("compiled for a target this CPU cannot run")
+
+
+def test_a_named_target_this_cpu_cannot_run_is_not_built(kernels, monkeypatch, tmp_path, caplog):
+    """A library built for x86-64-v4 stops at its first AVX-512 instruction (SIGILL) on a CPU without
+    AVX-512: on such a CPU (its flags faked) that target is refused with a warning, PyTorch's path runs;
+    x86-64-v3 and native are built."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"x86 targets; this is {platform.machine()}")
+    monkeypatch.setattr(kernel_mod, "cpu_flags", lambda: AVX2_CPU)
+    monkeypatch.setattr(kernel_mod, "_compile", _no_build)
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86-64-v4")
+    kernel_mod.load.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
+            assert kernel_mod.load() is None
+        assert caplog.messages == ["AIAYN_KERNELS_MARCH=x86-64-v4: this CPU lacks avx512bw avx512cd avx512dq "
+                                   "avx512f avx512vl, which code built for that target may use: decoding and "
+                                   "the training loss use PyTorch's operations"]
+        assert not list(tmp_path.iterdir())
+        built = _counting_build(monkeypatch, kernels.path.read_bytes())
+        for march in ("x86-64-v3", "native"):  # this CPU has all of v3; native is whatever this CPU is
+            monkeypatch.setenv(kernel_mod.MARCH_ENV, march)
+            kernel_mod.load.cache_clear()
+            assert kernel_mod.load() is not None
+        assert len(built) == 2
+    finally:
+        kernel_mod.load.cache_clear()
+
+
+def test_the_cached_name_follows_the_cpu_the_target_and_the_compiler(kernels, monkeypatch, tmp_path):
+    """A home directory shared by machines with other CPUs or compilers: each gets its own build, and the
+    same machine reuses its own."""
+    built = _counting_build(monkeypatch, kernels.path.read_bytes())
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    real_target = kernel_mod.compiler_target
+
+    def name() -> str:
+        kernel_mod.load.cache_clear()
+        k = kernel_mod.load()
+        assert k is not None
+        return k.path.name
+    try:
+        here = name()
+        assert name() == here and len(built) == 1  # reused
+        signature = kernel_mod._cpu_signature()
+        monkeypatch.setattr(kernel_mod, "_cpu_signature",  # what /proc/cpuinfo says on an AVX2 machine
+                            lambda: signature.split("flags")[0] + "flags\t\t: " + " ".join(sorted(AVX2_CPU)))
+        other_cpu = name()
+        monkeypatch.setattr(kernel_mod, "compiler_target",  # another version of the compiler
+                            lambda cc, march: real_target(cc, march) + "#define __VERSION__ \"99.0\"\n")
+        other_compiler = name()
+        monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86-64-v2" if kernel_mod._march() == "x86-64" else "x86-64")
+        other_march = name()
+        assert len({here, other_cpu, other_compiler, other_march}) == 4 and len(built) == 4
+    finally:
+        kernel_mod.load.cache_clear()
+
+
+def test_a_full_disk_is_one_warning_naming_the_cache(kernels, monkeypatch, tmp_path, caplog):
+    import errno
+
+    _counting_build(monkeypatch, kernels.path.read_bytes())
+
+    def full(self, name, built):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(kernel_mod.CacheFolder, "install", full)
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    kernel_mod.load.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
+            assert kernel_mod.load() is None
+    finally:
+        kernel_mod.load.cache_clear()
+    assert len(caplog.messages) == 1 and f"({tmp_path}: [Errno 28] No space left on device)" in caplog.text
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")

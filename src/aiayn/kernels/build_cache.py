@@ -9,8 +9,9 @@ O_EXCL | O_NOFOLLOW, its mode set with fchmod), renamed over the library's name,
 the bytes it copied recorded beside it the same way. ``load`` opens the library and its record with
 O_NOFOLLOW, checks the open files and loads the library through ``/proc/self/fd``, so a symbolic link in
 the cache is neither followed nor written through (a rebuild renames a new file over the link). A cache
-directory that is a symbolic link, or a folder of this user's that another user owns or could write, is
-refused: ``loader.load`` logs the path and why, and decoding and training use PyTorch's operations.
+directory that is a symbolic link, or a folder of this user's that another user owns or could write, or
+one on a file system mounted noexec, is refused: ``loader.load`` logs the path and why, and decoding and
+training use PyTorch's operations.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ class CacheFolder:
             pass
         fd, st = _open_dir(base, base)
         if _private(st):
-            return cls(fd, base)
+            return cls._executable(fd, base)
         name = f"user-{os.getuid()}"
         mine = base / name
         try:
@@ -99,7 +100,17 @@ class CacheFolder:
             os.close(sub)
             raise OSError(f"{mine} is not this user's private folder (owner uid {st.st_uid}, "
                           f"mode {stat.filemode(st.st_mode)}): refused")
-        return cls(sub, mine)
+        return cls._executable(sub, mine)
+
+    @classmethod
+    def _executable(cls, fd: int, path: Path) -> "CacheFolder":
+        """The folder open as ``fd``, unless its file system is mounted noexec (Docker's /dev/shm, a
+        hardened /tmp or home): no library there could be loaded, and each process would build it again."""
+        if os.fstatvfs(fd).f_flag & getattr(os, "ST_NOEXEC", 0):
+            os.close(fd)
+            raise OSError(f"{path} is on a file system mounted noexec, where no library can be loaded; "
+                          "set AIAYN_CACHE_DIR to a folder on another")
+        return cls(fd, path)
 
     def close(self) -> None:
         os.close(self.fd)

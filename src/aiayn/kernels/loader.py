@@ -38,14 +38,15 @@ How it is built: the first ``load()`` of a process compiles the seven C files wi
 ``x86-64-v3`` for the AVX2 + FMA loops a CPU without AVX-512 runs, or ``x86-64`` for the portable ones) into
 the cache directory
 (``$AIAYN_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiayn`` or ``~/.cache/aiayn``), under a name that
-hashes the sources, the flags and the CPU, written atomically with the SHA-256 of its bytes beside it;
-later loads reuse the file only if it is this user's, writable by no one else, and its bytes match
-(``load``; else it is built again; a cache directory shared between users gets a private folder per
-user; kernels/build_cache.py says how no step follows a symbolic link or a name others could swap).
-Without a
-compiler (or if compiling fails) ``load()`` logs why once and returns None, and decoding and training use
-PyTorch's operations: the same numbers up to rounding for attention and log-probabilities, identical
-for int8 (``tests/kernels/``, a file per kernel, checks both kinds of attention step against
+hashes the sources, the flags, the CPU and the compiler's target (its version and the instruction sets the
+-march enables; a named target this CPU lacks one of is not built: kernels/target.py), written
+atomically with the SHA-256 of its bytes beside it; later loads reuse the file only if it is this
+user's, writable by no one else, and its bytes match (``load``; else it is built again; a cache
+directory shared between users gets a private folder per user; kernels/build_cache.py says how no step
+follows a symbolic link or a name others could swap). Without a compiler (or if compiling fails)
+``load()`` logs why once and returns None, and decoding and training use PyTorch's operations: the
+same numbers up to rounding for attention and log-probabilities, identical for int8
+(``tests/kernels/``, a file per kernel, checks both kinds of attention step against
 ``attention_explicit`` in float32 and bfloat16, the top-k log-probabilities against PyTorch's
 log_softmax and topk, the int8 passes against PyTorch's, all of them also built without
 -march=native (the portable loops), and beam search with and without the kernels; the loss against the
@@ -71,7 +72,9 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import UserError
+from aiayn.host.isa import cpu_flags
 from aiayn.kernels.build_cache import NOT_BUILT, CacheFolder, cache_dir
+from aiayn.kernels.target import compiler_target, missing_flags
 
 log = logging.getLogger(__name__)
 
@@ -510,8 +513,15 @@ def load() -> Kernels | None:
         log.info("no C compiler (%s): decoding and the training loss use PyTorch's operations",
                  os.environ.get("CC") or "cc")
         return None
+    march = _march()
+    target = compiler_target(cc, march)
+    missing = missing_flags(target, cpu_flags()) if march != "native" else []
+    if missing:  # its code would stop at the first of these instructions (kernels/target.py)
+        log.warning("%s=%s: this CPU lacks %s, which code built for that target may use: decoding and the "
+                    "training loss use PyTorch's operations", MARCH_ENV, march, " ".join(missing))
+        return None
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), _march(), _cpu_signature()]).encode())
+    key = hashlib.sha256("\n".join([*texts, cc, " ".join(_FLAGS), march, _cpu_signature(), target]).encode())
     name = f"aiayn-kernels-{key.hexdigest()[:16]}.so"
     try:
         cache = CacheFolder.open(cache_dir())
@@ -533,8 +543,8 @@ def load() -> Kernels | None:
                 if reason is None:
                     what = "load"
                     lib, reason = cache.load(name)
-        except OSError as e:  # e.g. the cache folder cannot be written
-            lib, reason = None, str(e)
+        except OSError as e:  # e.g. the cache folder cannot be written, or its disk is full
+            lib, reason = None, f"{cache.path}: {e}"
     if lib is None:
         log.warning("could not %s %s (%s): decoding and the training loss use PyTorch's operations",
                     what, " ".join(src.name for src in SOURCES), reason)
