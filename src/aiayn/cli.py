@@ -132,6 +132,8 @@ def _where_it_resumes(args: argparse.Namespace) -> str:
     validation may have written after the newest step checkpoint), else from that step checkpoint."""
     if args.command == "demo":
         return "; the same command resumes (prepare, train and average are skipped where done; training from its last checkpoint)"
+    if args.command == "data":
+        return "; the same command resumes the download (what arrived is kept in FILE.part)"
     if args.command != "train":
         return ""
     from pathlib import Path

@@ -1,6 +1,7 @@
 """Downloads against a local HTTP server on 127.0.0.1 that serves Multi30k's files under the
 repository's paths, built from ../shared/data/multi30k: whole files, a wrong checksum, a
-truncated ``.part`` resumed, a server that stops mid-file, a 404, and the data root lookup."""
+truncated ``.part`` resumed, a server that stops mid-file, a 404, a server that is not HTTP, a
+full disk, a mirror that is a local folder, and the data root lookup."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,9 @@ import hashlib
 import http.server
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -255,6 +259,129 @@ def test_404_names_the_url(server, tmp_path):
 def test_no_server_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match=r"http://127.0.0.1:9/x: cannot connect .*AIAYN_DATA_URL"):
         fetch("http://127.0.0.1:9/x", tmp_path / "x", Pinned("x", "x", 10, "0" * 64), timeout=2)
+
+
+def run_with_file_size_limit(code: str, limit: int, *args: str) -> str:
+    """What ``code`` prints, run in a new Python process whose files may grow to ``limit`` bytes
+    (RLIMIT_FSIZE: a write past it fails as on a full disk, with EFBIG; Python ignores SIGXFSZ)."""
+    prelude = f"import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + code, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+FETCH_ONE = """from pathlib import Path
+from aiayn.data.fetch import Pinned, fetch
+from aiayn.errors import UserError
+try:
+    fetch(sys.argv[1], Path(sys.argv[2]), Pinned("", "", int(sys.argv[3]), sys.argv[4]), quiet=True)
+except UserError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_full_disk_is_named_as_such_and_the_part_resumes(server, tmp_path, repo_files):
+    """A write that fails is not a network stop: one line naming the ``.part`` and the cause; what
+    it holds is a beginning of the file, which the next run, with room, resumes."""
+    dest = tmp_path / "val.de.gz"
+    said = run_with_file_size_limit(FETCH_ONE, 10_000, server.url + VAL_DE.remote, str(dest), str(VAL_DE.size),
+                                    VAL_DE.sha256)
+    assert said == (f"WriteError {dest}.part: cannot write (File too large); the bytes so far are kept: free some "
+                    f"space and run the same command again to resume it, or give another --out (or $AIAYN_CACHE)")
+    assert (tmp_path / "val.de.gz.part").stat().st_size == 10_000 and not dest.exists()
+    fetch(server.url + VAL_DE.remote, dest, VAL_DE, quiet=True)
+    assert dest.read_bytes() == repo_files["/" + VAL_DE.remote] and server.requests[-1][1] == "bytes=10000-"
+
+
+def test_ctrl_c_mid_download_leaves_only_the_part_and_the_same_command_resumes(server, tmp_path, monkeypatch,
+                                                                               capsys, repo_files):
+    from aiayn.cli import main
+    monkeypatch.setattr(fetch_module, "BLOCK", 1000)
+    real_write = fetch_module._write
+
+    def ctrl_c_after_5_blocks(f, block, part):
+        real_write(f, block, part)
+        if f.tell() >= 5000:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(fetch_module, "_write", ctrl_c_after_5_blocks)
+    out = tmp_path / "d"
+    argv = ["data", "multi30k", "--base-url", server.url, "--out", str(out)]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "aiayn data: interrupted; the same command resumes the download (what arrived is kept in FILE.part)")
+    raw = out / "multi30k" / "raw"
+    assert [p.name for p in raw.iterdir()] == ["train.en.gz.part"]  # nothing under a name a later run takes as whole
+    assert (raw / "train.en.gz.part").read_bytes() == repo_files["/data/task1/raw/train.en.gz"][:5000]
+    monkeypatch.setattr(fetch_module, "_write", real_write)
+    assert main(argv) == 0
+    assert ("/data/task1/raw/train.en.gz", "bytes=5000-") in server.requests
+    assert (raw / "train.en.gz").read_bytes() == repo_files["/data/task1/raw/train.en.gz"]
+
+
+class Canned:
+    """A server on 127.0.0.1 that answers every connection with ``answer``, whatever it is asked."""
+
+    def __init__(self, answer: bytes):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
+        threading.Thread(target=self._serve, args=(answer,), daemon=True).start()
+
+    def _serve(self, answer: bytes) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+
+@pytest.mark.parametrize("answer, said", [
+    (b"SSH-2.0-OpenSSH_9.6\r\n", r"not an HTTP answer \(BadStatusLine: SSH-2.0-OpenSSH_9.6\); is it the mirror's "
+                                 r"address\? \(\$AIAYN_DATA_URL\)"),
+    (b"HTTP/1.1 302 Found\r\nLocation: /again\r\nContent-Length: 0\r\n\r\n",
+     r"HTTP 302 The HTTP server returned a redirect error that would lead to an infinite loop. The last 30x"),
+])
+def test_a_server_that_is_not_a_mirror_is_one_line(tmp_path, answer, said):
+    canned = Canned(answer)
+    try:
+        with pytest.raises(UserError, match=rf"^{canned.url}x: {said}") as err:
+            fetch(canned.url + "x", tmp_path / "x", Pinned("x", "x", 10, "0" * 64), timeout=5)
+    finally:
+        canned.sock.close()
+    assert "\n" not in str(err.value) and list(tmp_path.iterdir()) == []
+
+
+def test_a_range_answered_from_byte_0_starts_over(tmp_path, repo_files):
+    """A 206 whose Content-Range begins at 0, not where the ``.part`` ends: the whole file again."""
+    body = repo_files["/" + VAL_DE.remote]
+    canned = Canned(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-%d/%d\r\nContent-Length: %d\r\n\r\n"
+                    % (len(body) - 1, len(body), len(body)) + body)
+    (tmp_path / "val.de.gz.part").write_bytes(b"x" * 1000)
+    try:
+        fetch(canned.url + VAL_DE.remote, tmp_path / "val.de.gz", VAL_DE, quiet=True)
+    finally:
+        canned.sock.close()
+    assert (tmp_path / "val.de.gz").read_bytes() == body
+
+
+def test_a_mirror_may_be_a_local_folder(repo_files, tmp_path, capsys):
+    """``--base-url`` (or the variable) naming a folder laid out as the repository; a ``.part``
+    there is started over (a file: URL has no ranges)."""
+    from aiayn.cli import main
+    mirror = tmp_path / "mirror"
+    for path, body in repo_files.items():
+        (mirror / path[1:]).parent.mkdir(parents=True, exist_ok=True)
+        (mirror / path[1:]).write_bytes(body)
+    out = tmp_path / "d"
+    (out / "multi30k" / "raw").mkdir(parents=True)
+    (out / "multi30k" / "raw" / "val.de.gz.part").write_bytes(b"x" * 1000)
+    assert main(["data", "multi30k", "--base-url", str(mirror), "--out", str(out)]) == 0
+    assert f"--data-root {out}" in capsys.readouterr().out
+    assert multi30k.multi30k_files(out, "en", "de", given=True)["raw.valid.de"].read_bytes() == \
+        repo_files["/" + VAL_DE.remote]
+    assert not list(out.rglob("*.part"))
 
 
 @pytest.fixture

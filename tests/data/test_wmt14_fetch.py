@@ -1,7 +1,8 @@
 """The WMT14 archives fetched from a local HTTP server on 127.0.0.1 (tests/data/test_fetch.py's),
 with small stand-in archives under statmt.org's paths and the pins patched to theirs: good files,
 already present, a wrong checksum, a truncated file, a server that stops mid-file, a 404, the
-archives whose size or SHA-256 is not published, unpacking, and the fetch stage of scripts/wmt14.sh."""
+archives whose size or SHA-256 is not published, unpacking (on a full disk, interrupted), and the
+fetch stage of scripts/wmt14.sh."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,7 @@ import pytest
 from aiayn.data import wmt14
 from aiayn.data.fetch import Pinned, fetch
 from aiayn.errors import UserError
-from tests.data.test_fetch import Server
+from tests.data.test_fetch import Server, run_with_file_size_limit
 from tests.test_wmt14 import REPO, SCRIPT, stand_in
 
 # members of each stand-in archive, as the real ones name them; a few the scripts never read
@@ -206,6 +207,56 @@ def test_unpack_names_a_member_the_archive_lacks(server, pins, bodies, tmp_path,
     with pytest.raises(UserError, match=r"dev.tgz: holds no newstest2013-ref.de.sgm, newstest2013-src.en.sgm, "
                                         r"newstest2013.de; is it the WMT14 archive\?"):
         wmt14.unpack(tmp_path, "en-de")
+
+
+UNPACK_ONE = """from pathlib import Path
+from aiayn.data import wmt14
+from aiayn.errors import UserError
+try:
+    wmt14.unpack(Path(sys.argv[1]), "en-de")
+except UserError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def _europarl_alone(root, bodies):
+    archive = root / wmt14.ARCHIVES["europarl"].pinned.local
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(bodies["europarl"])
+    return archive
+
+
+def _unpacked(root) -> list[str]:
+    return sorted(str(p.relative_to(root / "wmt14")) for p in (root / "wmt14").rglob("*")
+                  if p.is_file() and not p.name.endswith(".tgz") and not p.name.startswith("."))
+
+
+def test_unpack_on_a_full_disk_names_the_file_and_keeps_the_archive(tmp_path, bodies):
+    """A member that does not fit is a write error (not "download the archive anew"); no file is
+    left under its name, where scripts/wmt14.sh would take it as whole; with room, the same
+    command unpacks it."""
+    archive = _europarl_alone(tmp_path, bodies)
+    member = tmp_path / "wmt14" / "training" / "europarl-v7.de-en.en"  # the first the script reads
+    said = run_with_file_size_limit(UNPACK_ONE, 4000, str(tmp_path))
+    assert said == (f"WriteError {member}: cannot write (File too large); free some space and run the same command "
+                    f"again (the archive {archive.name} is kept)")
+    assert archive.read_bytes() == bodies["europarl"] and _unpacked(tmp_path) == []
+    with pytest.raises(UserError, match="training-parallel-commoncrawl.tgz: not there"):  # europarl done, then the next
+        wmt14.unpack(tmp_path, "en-de")
+    assert _unpacked(tmp_path) == ["training/europarl-v7.de-en.de", "training/europarl-v7.de-en.en"]
+
+
+def test_unpack_interrupted_mid_member_leaves_no_file_under_its_name(tmp_path, bodies, monkeypatch):
+    _europarl_alone(tmp_path, bodies)
+    real = tarfile.copyfileobj
+
+    def half_then_ctrl_c(src, dst, length=None, *args, **kwargs):
+        real(src, dst, length // 2, *args, **kwargs)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tarfile, "copyfileobj", half_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        wmt14.unpack(tmp_path, "en-de")
+    assert _unpacked(tmp_path) == []
 
 
 def test_unpack_refuses_an_archive_that_unpacks_to_far_more_than_it_holds(tmp_path, monkeypatch):

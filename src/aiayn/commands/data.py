@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     m.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache ($AIAYN_CACHE, "
                         "else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), where `aiayn demo` looks")
+    m.add_argument("--base-url", default=None, metavar="URL",
+                   help="a mirror holding the repository's paths data/task1/raw/... and data/task1/tok/..., a URL "
+                        "or a local folder (default: $AIAYN_DATA_URL, else "
+                        "https://raw.githubusercontent.com/multi30k/dataset/master/)")
     m.set_defaults(func=run_multi30k)
     w = which.add_parser("wmt14", help="the WMT14 archives of a pair (training corpora, newstest2013, newstest2014) "
                                        "from statmt.org, or $AIAYN_WMT14_URL",
@@ -34,7 +38,8 @@ def register(subparsers) -> None:
                    help="folder to fill (DIR/wmt14/); default: the cache ($AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn or "
                         "~/.cache/aiayn)")
     w.add_argument("--base-url", default=None, metavar="URL",
-                   help="a mirror holding statmt.org's paths (default: $AIAYN_WMT14_URL, else https://www.statmt.org/)")
+                   help="a mirror holding statmt.org's paths, a URL or a local folder (default: $AIAYN_WMT14_URL, else "
+                        "https://www.statmt.org/)")
     w.add_argument("--unpack", action="store_true",
                    help="also extract the files scripts/wmt14.sh reads into DIR/wmt14 (where its --raw DIR finds them)")
     w.set_defaults(func=run_wmt14)
@@ -45,14 +50,15 @@ def register(subparsers) -> None:
                    help="data root to fill (DIR/ptb-wsj-nltk-sample/treebank.zip); default: the cache ($AIAYN_CACHE, "
                         "else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), where `aiayn parse demo` looks")
     t.add_argument("--base-url", default=None, metavar="URL",
-                   help="a mirror holding the repository's path packages/corpora/treebank.zip (default: "
-                        "$AIAYN_NLTK_DATA_URL, else https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/)")
+                   help="a mirror holding the repository's path packages/corpora/treebank.zip, a URL or a local "
+                        "folder (default: $AIAYN_NLTK_DATA_URL, else "
+                        "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/)")
     t.set_defaults(func=run_ptb_sample)
 
 
 def run_multi30k(args: argparse.Namespace) -> int:
     from aiayn.data.multi30k import cache_root, download_multi30k
-    root = download_multi30k(args.out if args.out is not None else cache_root())
+    root = download_multi30k(args.out if args.out is not None else cache_root(), base_url=args.base_url)
     print(f"multi30k: {root / 'multi30k'} (--data-root {root})")
     return 0
 

@@ -3,6 +3,7 @@ on this machine (``aiayn.data.multi30k``) and the WMT14 archives (``aiayn.data.w
 
 One file at a time: an HTTP(S) GET into ``FILE.part`` beside its destination; a ``.part`` left by
 an interrupted run is resumed with a ``Range`` request (started over if the server ignores it);
+a write that fails (a full disk) is a one-line ``WriteError`` naming ``FILE.part``, kept to resume;
 the whole file's SHA-256 is compared with the pinned one, and only then is ``FILE.part`` renamed
 to ``FILE``. A mismatch removes ``FILE.part`` and is a one-line ``UserError`` naming the file and
 both checksums, so no half-written or wrong file is ever left under the real name. A file already
@@ -12,6 +13,8 @@ Bounds, whatever the server says: no more than the pinned size is written (a ser
 more is refused, ``FILE.part`` removed), each file has an overall deadline as well as the
 per-read timeout (at least ``MIN_RATE`` on average; ``FILE.part`` is kept to resume), and a
 ``FILE.part`` that is a symbolic link or not a regular file is refused, never written through.
+
+A mirror may be a local folder as well as a URL (``mirror_url``).
 
 Where no published source gives a file's size or SHA-256, the pin leaves it out: the size the
 server sends then stands in for it, a published MD5 for the SHA-256 (a weaker check), and a file
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn import __version__
-from aiayn.errors import UserError
+from aiayn.errors import UserError, WriteError
 from aiayn.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,17 @@ def sha256_of(path: Path) -> str:
     return digest_of(path, "sha256")
 
 
+def mirror_url(base: str) -> str:
+    """``base`` as a URL ending in "/": a URL as it is, a local folder (no "scheme://") as its file: URL."""
+    if "://" not in base:
+        base = Path(base).expanduser().absolute().as_uri()
+    return base if base.endswith("/") else base + "/"
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def _open(url: str, start: int, timeout: float, env: str):
     """The response to a GET of ``url`` from byte ``start``; None when the server's file ends
     before ``start`` (HTTP 416: it is not the file a ``.part`` that long began). ``env``: the
@@ -82,9 +96,12 @@ def _open(url: str, start: int, timeout: float, env: str):
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and start:
             return None
-        raise UserError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+        raise UserError(f"{url}: HTTP {exc.code} {_one_line(exc.reason)}") from None
+    except http.client.HTTPException as exc:  # a server that does not speak HTTP there (another port's)
+        raise UserError(f"{url}: not an HTTP answer ({type(exc).__name__}: {_one_line(exc)[:200]}); is it the "
+                        f"mirror's address? (${env})") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = _one_line(getattr(exc, "reason", exc))
         raise UserError(f"{url}: cannot connect ({reason}); check the network, or set ${env} to a mirror") from None
 
 
@@ -112,7 +129,8 @@ def _part_size(part: Path) -> int:
 
 def _open_part(part: Path, append: bool):
     """``part`` opened to append (else truncated), never through a link (``O_NOFOLLOW``) and only
-    if it is a regular file (``O_NONBLOCK``: a FIFO planted there does not hang the open)."""
+    if it is a regular file (``O_NONBLOCK``: a FIFO planted there does not hang the open);
+    unbuffered, so a failed write fails in ``_write`` and no bytes wait in memory."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_APPEND if append else os.O_TRUNC)
     try:
         fd = os.open(part, flags, 0o666)
@@ -125,7 +143,20 @@ def _open_part(part: Path, append: bool):
         _part_size(part)
         raise UserError(f"{part}: not a regular file; remove it and run again")
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "ab" if append else "wb")
+    return os.fdopen(fd, "ab" if append else "wb", buffering=0)
+
+
+def _write(f, block: bytes, part: Path) -> None:
+    """All of ``block`` appended to ``part`` (``f``); a write that fails (a full disk, a file-size
+    limit) is a WriteError: what ``part`` holds is a beginning of the file, kept to resume."""
+    view = memoryview(block)
+    try:
+        while view:
+            view = view[f.write(view):]
+    except OSError as exc:
+        raise WriteError(f"{part}: cannot write ({exc.strerror or exc}); the bytes so far are kept: free some "
+                         f"space and run the same command again to resume it, or give another --out "
+                         f"(or $AIAYN_CACHE)") from None
 
 
 def _deadline_s(nbytes: int) -> float:
@@ -134,13 +165,13 @@ def _deadline_s(nbytes: int) -> float:
 
 
 def _receive(resp, part: Path, start: int, name: str, quiet: bool, limit: int, deadline_s: float) -> int:
-    """Append the body of ``resp`` to ``part`` (from byte 0 when the server ignored the range);
-    returns the bytes now in ``part``. A connection that breaks ends the body early. At most
-    ``limit`` bytes are ever in ``part``: a body that goes on past them is a UserError (``part``
-    removed); so is one that takes more than ``deadline_s`` seconds (checked after each read;
-    ``part`` kept, to resume)."""
-    if start and resp.status != 206:
-        start = 0  # a 200 to a Range request: the whole file again
+    """Append the body of ``resp`` to ``part`` (from byte 0 when the server ignored the range, or
+    answered it from byte 0); returns the bytes now in ``part``. A connection that breaks ends the
+    body early; a write that fails is a WriteError (``_write``). At most ``limit`` bytes are ever
+    in ``part``: a body that goes on past them is a UserError (``part`` removed); so is one that
+    takes more than ``deadline_s`` seconds (checked after each read; ``part`` kept, to resume)."""
+    if start and (resp.status != 206 or (resp.headers.get("Content-Range") or "").startswith("bytes 0-")):
+        start = 0  # a 200 to a Range request, or a 206 from byte 0: the whole file again
     read = getattr(resp, "read1", resp.read)  # one receive a call: a trickle cannot hold a read past the deadline
     end = time.monotonic() + deadline_s
     more, late = b"", False
@@ -149,7 +180,7 @@ def _receive(resp, part: Path, start: int, name: str, quiet: bool, limit: int, d
         have = start
         try:
             while have < limit and not (late := time.monotonic() > end) and (block := read(min(BLOCK, limit - have))):
-                f.write(block)
+                _write(f, block, part)
                 have += len(block)
                 bar.update(len(block))
             more = have >= limit and read(1)
@@ -237,7 +268,8 @@ def _check(part: Path, name: str, url: str, sha256: str, md5: str) -> None:
 
 def fetch_all(base_url: str, files: list[Pinned], root: Path, *, quiet: bool = False,
               env: str = "AIAYN_DATA_URL") -> list[Path]:
-    """Every one of ``files`` under ``root``, each from ``base_url`` + its remote path (``env``: the
-    variable that replaces ``base_url``, named when there is no connection)."""
-    base = base_url if base_url.endswith("/") else base_url + "/"
+    """Every one of ``files`` under ``root``, each from ``base_url`` (a URL or a local folder,
+    ``mirror_url``) + its remote path (``env``: the variable that replaces ``base_url``, named when
+    there is no connection)."""
+    base = mirror_url(base_url)
     return [fetch(base + f.remote, root / f.local, f, quiet=quiet, env=env) for f in files]

@@ -102,10 +102,11 @@ def multi30k_files(root: Path, src: str, tgt: str, given: bool = False) -> dict[
     return files
 
 
-def download_multi30k(root: Path, *, quiet: bool = False) -> Path:
-    """Every pinned Multi30k file into ``root``/multi30k (those present are kept), from
-    $AIAYN_DATA_URL or the data set's repository; the terms of use are printed first."""
-    base = os.environ.get("AIAYN_DATA_URL") or BASE_URL
+def download_multi30k(root: Path, *, base_url: str | None = None, quiet: bool = False) -> Path:
+    """Every pinned Multi30k file into ``root``/multi30k (those present are kept), from ``base_url``
+    (a URL or a local folder), else $AIAYN_DATA_URL, else the data set's repository; the terms of
+    use are printed first."""
+    base = base_url or os.environ.get("AIAYN_DATA_URL") or BASE_URL
     if any(not (root / f.local).is_file() for f in PINNED):
         print(f"Downloading Multi30k into {root / 'multi30k'} from {base}\n{TERMS}.", file=sys.stderr, flush=True)
     fetch_all(base, PINNED, root, quiet=quiet)

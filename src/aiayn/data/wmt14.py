@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from aiayn.data.fetch import Pinned, fetch_all
-from aiayn.errors import UserError
+from aiayn.errors import UserError, WriteError
 from aiayn.files import UnpackBound
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,9 @@ def unpack(root: Path, pair: str) -> Path:
     """The members scripts/wmt14.sh reads, from each archive of ``pair`` under ``root``/wmt14 (as
     ``download_wmt14`` left them), extracted there with the archive's folders. An archive done for
     this pair before (its ``.NAME.unpacked-PAIR`` marker) is skipped; an interrupted one is redone.
-    What one archive may give is bounded (``UnpackBound``: ten times its size and 64 MiB)."""
+    Each member is written as ``NAME.part`` and renamed once whole (``_extract``), so an extraction
+    that stops (Ctrl-C, a full disk: a WriteError, the archive kept) leaves no file under a name the
+    script reads. What one archive may give is bounded (``UnpackBound``: ten times its size and 64 MiB)."""
     out = root / "wmt14"
     x = pair.split("-")[1]
     for a in archives(pair):
@@ -129,11 +132,32 @@ def unpack(root: Path, pair: str) -> Path:
                     name = PurePosixPath(member.name).name
                     if member.isfile() and name in wanted:
                         bound.take(member.name, member.size)
-                        tar.extract(member, out, filter="data")
+                        _extract(tar, member, out)
                         found.add(name)
-        except (tarfile.TarError, EOFError, OSError) as exc:
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             raise UserError(f"{path}: cannot unpack it ({exc}); remove it and run again to download it anew") from None
         if not_found := wanted - found:
             raise UserError(f"{path}: holds no {', '.join(sorted(not_found))}; is it the WMT14 archive?")
         marker.touch()
     return out
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, out: Path) -> None:
+    """``member`` of ``tar`` into ``out`` with its folders (``filter="data"``), through ``NAME.part``
+    renamed once whole. A write that fails (a full disk; not the archive's fault) is a WriteError
+    naming the file; the ``.part`` is removed whatever stops it."""
+    safe = tarfile.data_filter(member, str(out))  # its name as it lands under out (a leading / dropped)
+    target = out / safe.name
+    part = target.with_name(target.name + ".part")
+    try:
+        tar.extract(safe.replace(name=safe.name + ".part", deep=False), out, filter="data")
+        os.replace(part, target)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        if exc.errno is None:  # gzip's BadGzipFile: the archive, not the disk
+            raise
+        raise WriteError(f"{target}: cannot write ({exc.strerror}); free some space and run the same command "
+                         f"again (the archive {Path(tar.name).name} is kept)") from None
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
