@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="The Transformer of 'Attention Is All You Need': prepare, train, translate, score, plot, serve.",
         allow_abbrev=False,
     )
+    parser.add_argument("-V", "--version", action=PrintVersion,
+                        help="the version of aiayn, where it is installed, and the torch and Python it runs on")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -39,6 +41,29 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in sub.choices.items():
         _command_options(command, name in PROGRESS_COMMANDS)
     return parser
+
+
+class PrintVersion(argparse.Action):
+    """``--version``: ``version_line()`` on one line (argparse's own version action wraps it to the terminal's
+    width), then exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """What ``aiayn --version`` prints: ``aiayn VERSION from PACKAGE_DIR (torch VERSION, Python VERSION)``."""
+    import platform
+
+    import torch
+
+    import aiayn
+    return (f"aiayn {aiayn.__version__} from {os.path.dirname(os.path.abspath(aiayn.__file__))} "
+            f"(torch {torch.__version__}, Python {platform.python_version()})")
 
 
 def _command_options(command: argparse.ArgumentParser, progress: bool) -> None:

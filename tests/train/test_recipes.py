@@ -158,6 +158,20 @@ def test_recipes_ship_inside_the_package():
     assert (RECIPES / "multi30k.json").is_file() and (RECIPES / "multi30k-gpu.json").is_file()
 
 
+def test_the_docs_recipe_paths_run_outside_a_checkout(tmp_path, monkeypatch):
+    """`--recipe recipes/NAME.json`, as the docs write it, in a folder without recipes/ (an installed
+    aiayn, run anywhere): the installed recipe of that name; a file of that path that is there wins."""
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("recipes/wmt14-ende-base.json") == load_recipe(RECIPES / "wmt14-ende-base.json")
+    with pytest.raises(ConfigError, match=r"recipes/no-such\.json: recipe file not found"):
+        load_recipe("recipes/no-such.json")
+    with pytest.raises(ConfigError, match=r"elsewhere/wmt14-ende-base\.json: recipe file not found"):
+        load_recipe("elsewhere/wmt14-ende-base.json")  # only recipes/NAME.json, the installed folder's name
+    (tmp_path / "recipes").mkdir()
+    write_json_atomic(tmp_path / "recipes" / "wmt14-ende-base.json", {"preset": "tiny"})
+    assert load_recipe("recipes/wmt14-ende-base.json").model == run_config_from_preset("tiny").model
+
+
 @pytest.mark.parametrize("text, want", [("2", 2), ("none", None), ("null", None), ("None", None)])
 def test_set_reads_a_field_that_may_be_none(text, want):
     """``n_dec_layers: int | None``: a number, or none (the encoder's depth)."""

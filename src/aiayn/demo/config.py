@@ -3,13 +3,13 @@ trains (``MINUTES``, the one place that says it) and how many tokens a step hold
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiayn.config import ConfigError, param
+from aiayn.train import config as train_config
 
 MINUTES = 45  # the demo's training wall time: train.max_time_min of its CPU recipes and of parse-sample.json
 QUICK_MINUTES = 4  # --quick's: multi30k-quick.json's train.max_time_min
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # package data (recipes/ in the checkout links here)
+RECIPES = train_config.RECIPES  # the recipes installed with aiayn (package data)
 DEMO_STEP_TOKENS = 4096  # source and target tokens of one step of the demo's recipes (docs/recipe.md), on any process count
 GPU_MEMBERS = 4  # --members 0 on one GPU with multi30k-gpu.json: its step leaves the device mostly idle (docs/gpu.md)
 CUDA_PROCESS_BYTES = 1 << 30  # what a member's process holds on the GPU beside its training peak: CUDA's context, the allocator's slack

@@ -112,13 +112,15 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes; the limit is {limit}")
     body = bytearray()
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
     try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
-    except TimeoutError:
+        await asyncio.wait_for(read(), timeout_s)  # (not asyncio.timeout: Python 3.11's, and 3.10 is supported)
+    except asyncio.TimeoutError:  # (the built-in TimeoutError from Python 3.11 on; not yet in 3.10)
         raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s") from None
     return bytes(body)
 

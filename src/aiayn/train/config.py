@@ -7,6 +7,7 @@ fields), the ``TrainConfig`` or a few of its values.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -17,6 +18,9 @@ from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
 from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.execution.linear import MAX_ROW_BITS, ROW_BITS
+
+log = logging.getLogger(__name__)
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # installed with aiayn (package data; recipes/ in the checkout links here)
 
 
 @dataclass(frozen=True)
@@ -164,10 +168,21 @@ def run_config_from_preset(name: str) -> RunConfig:
     return RunConfig(model=get_preset(name), train=replace(TrainConfig(), **PRESET_TRAIN.get(name, {})))
 
 
+def installed_recipe(path: Path) -> Path:
+    """``path``; or, where it reads ``recipes/NAME.json`` and no file is there, the recipe of that name
+    installed with aiayn (``RECIPES``), so the docs' ``--recipe recipes/NAME.json`` runs in any folder,
+    with or without a checkout."""
+    if path.is_absolute() or path.parent != Path("recipes") or path.exists() or not (RECIPES / path.name).is_file():
+        return path
+    log.info("%s: none in this folder; taking the recipe installed with aiayn, %s", path, RECIPES / path.name)
+    return RECIPES / path.name
+
+
 def load_recipe(path: str | Path) -> RunConfig:
     """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors).
-    A run directory's ``config.json`` is one: it names every field, so it trains the same configuration again."""
-    path = Path(path)
+    A run directory's ``config.json`` is one: it names every field, so it trains the same configuration again.
+    ``recipes/NAME.json`` where no such file is here is the recipe installed with aiayn (``installed_recipe``)."""
+    path = installed_recipe(Path(path))
     try:
         text = path.read_text()
         data = json.loads(text)
