@@ -117,8 +117,7 @@ def last_checkpoint(run_dir: Path, tokenizers: dict, model: ModelConfig) -> Resu
                         f"(--recipe {run_dir / 'config.json'}) or train a new run with another --out")
     if tokenizer_hashes(saved.tokenizers) != tokenizer_hashes(tokenizers):
         raise UserError(f"{run_dir}: the run was trained with a different tokenizer than this data directory's")
-    log.info("resuming from %s at step %d (epoch %d)", path, saved.step, saved.epoch)
-    return Resumed(path, saved)
+    return Resumed(path, saved)  # (the main rank says it: ``resumed``)
 
 
 def tokenizer_payload(data: DataDir) -> dict:
@@ -252,7 +251,7 @@ def resumed(run_dir: Path, resume: Resumed, position: dict, accum: int, world_si
     ranks = int(saved.sampler["num_replicas"])
     if ranks != world_size:
         _warn_other_ranks(run_dir, saved, position, accum, world_size)
-    print(f"resuming from {resume.path} at step {saved.step}", flush=True)
+    print(f"resuming from {resume.path} at step {saved.step} (epoch {saved.epoch})", flush=True)
 
 
 def _warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int, world_size: int) -> None:

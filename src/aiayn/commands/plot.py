@@ -1,4 +1,5 @@
-"""``aiayn plot attention|lr|smoothing``: PNG figures of attention, Eq. 3 and label smoothing."""
+"""``aiayn plot attention|lr|smoothing``: PNG figures of attention, Eq. 3 (or a run's own rate) and label
+smoothing."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,9 @@ from pathlib import Path
 from aiayn.config import ConfigError, add_arguments, from_args
 from aiayn.errors import UserError
 from aiayn.files import check_output_file
+
+LR_PAIRS = ("512:4000", "512:8000", "256:4000")  # the Annotated Transformer's
+LR_STEPS = 20000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,13 +36,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(a, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
     a.set_defaults(func=run_attention)
 
-    lr = sub.add_parser("lr", help="learning-rate curves of Eq. 3 for (d_model, warmup) pairs",
-                        description="Plot lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3).",
+    lr = sub.add_parser("lr", help="learning-rate curves of Eq. 3 for (d_model, warmup) pairs, or a run's own rate",
+                        description="Plot lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3) for "
+                                    "--pairs; with --run, the rate a trained run used (its train_log.jsonl) beside "
+                                    "the rate its config.json gives through the training's own schedule.",
                         allow_abbrev=False)
-    lr.add_argument("--pairs", nargs="+", default=["512:4000", "512:8000", "256:4000"], metavar="D:W",
-                    help="d_model:warmup_steps pairs (default: 512:4000 512:8000 256:4000)")
-    lr.add_argument("--steps", type=int, default=20000, help="last step plotted (default: 20000)")
-    lr.add_argument("--scale", type=float, default=1.0, help="factor on Eq. 3 (default: 1)")
+    lr.add_argument("--run", metavar="RUN_DIR",
+                    help="a run directory of aiayn train: draw its logged and its configured rate "
+                         "(instead of --pairs, --steps and --scale)")
+    lr.add_argument("--pairs", nargs="+", default=None, metavar="D:W",
+                    help=f"d_model:warmup_steps pairs (default: {' '.join(LR_PAIRS)})")
+    lr.add_argument("--steps", type=int, default=None, help=f"last step plotted (default: {LR_STEPS})")
+    lr.add_argument("--scale", type=float, default=None, help="factor on Eq. 3 (default: 1)")
     lr.add_argument("--out", default="lr.png", metavar="FILE", help="PNG path (default: lr.png)")
     lr.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     lr.set_defaults(func=run_lr)
@@ -47,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        description="Heat map of smoothed_targets (the training loss's q) for --targets.",
                        allow_abbrev=False)
     s.add_argument("--targets", nargs="+", type=int, default=[2, 1, 0, 3, 3], help="target ids (default: 2 1 0 3 3)")
-    s.add_argument("--vocab-size", type=int, default=5, help="V (default: 5)")
+    s.add_argument("--vocab-size", type=int, default=5, help="V, at most 200 (default: 5)")
     s.add_argument("--eps-ls", type=float, default=0.4, help="eps_ls (default: 0.4; the paper trains with 0.1)")
     s.add_argument("--pad-id", type=int, default=0, help="padding id (default: 0)")
     s.add_argument("--out", default="smoothing.png", metavar="FILE", help="PNG path (default: smoothing.png)")
@@ -115,19 +124,34 @@ def _pairs(texts: list[str]) -> list[tuple[int, int]]:
 
 def run_lr(args: argparse.Namespace) -> int:
     from aiayn.viz.curves import plot_lr
-    if args.steps < 1:
-        raise UserError(f"--steps must be >= 1, got {args.steps}")
-    if not (math.isfinite(args.scale) and args.scale > 0):  # (else an empty or a NaN plot, written silently)
-        raise UserError(f"--scale must be a positive finite number, got {args.scale}")
-    print(plot_lr(_png_out(args.out, args.overwrite), _pairs(args.pairs), args.steps, args.scale))
+    if args.run is not None:
+        given = [f"--{name}" for name in ("pairs", "steps", "scale") if getattr(args, name) is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: Eq. 3's curves; with --run the run's config.json sets the "
+                            f"schedule (drop {' and '.join(given)})")
+        from aiayn.viz.run_lr import plot_run_lr
+        out = _png_out(args.out, args.overwrite)
+        print(plot_run_lr(args.run, out))
+        return 0
+    steps = LR_STEPS if args.steps is None else args.steps
+    scale = 1.0 if args.scale is None else args.scale
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    if not (math.isfinite(scale) and scale > 0):  # (else an empty or a NaN plot, written silently)
+        raise UserError(f"--scale must be a positive finite number, got {scale}")
+    print(plot_lr(_png_out(args.out, args.overwrite), _pairs(args.pairs or list(LR_PAIRS)), steps, scale))
     return 0
 
 
 def run_smoothing(args: argparse.Namespace) -> int:
-    from aiayn.viz.curves import plot_smoothing
+    from aiayn.viz.curves import SMOOTHING_MAX, plot_smoothing
     V = args.vocab_size
     if V < 3 or not 0 <= args.pad_id < V or any(not 0 <= t < V for t in args.targets):
         raise UserError(f"--vocab-size must be >= 3 and --pad-id and --targets in [0, {V})")
+    if V > SMOOTHING_MAX or len(args.targets) > SMOOTHING_MAX:
+        raise UserError(f"--vocab-size and the number of --targets: at most {SMOOTHING_MAX} (each is a column or a row "
+                        f"of the picture; a larger vocabulary's q is the same: 1 - eps_ls on the target, "
+                        f"eps_ls / (V - 2) on each other token, 0 on padding)")
     if not 0.0 <= args.eps_ls < 1.0:
         raise UserError(f"--eps-ls must be in [0, 1), got {args.eps_ls}")
     print(plot_smoothing(_png_out(args.out, args.overwrite), tuple(args.targets), V, args.eps_ls, args.pad_id))

@@ -87,7 +87,9 @@ def register(sub) -> None:
     g.add_argument("--recipe", help="JSON recipe file {preset, model: {...}, train: {...}} instead of --preset")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a field (repeatable)")
     p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (none either where stderr is not a terminal): a log line at every "
+                        "train.log_every_steps instead")
     p.add_argument("--init-from", metavar="MODEL.pt", default=None,
                    help="fine-tune: a new run from this checkpoint's weights, fresh optimizer and schedule; same "
                         "tokenizers and shapes; without --preset/--recipe, its configuration (docs/finetuning.md)")

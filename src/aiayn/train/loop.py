@@ -211,6 +211,7 @@ class _Run:
         log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
                  self.device, place.precision, self.dist.world_size)
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
+        held.callback(self.monitor.end)  # the bar ended, TensorBoard written, however the run stops (Ctrl-C)
         self.pending_tokens = 0  # this rank's target tokens since the last synchronization point
 
     def clock(self) -> float:
@@ -244,10 +245,12 @@ class _Run:
         self.monitor.count(self.pending_tokens)
         self.pending_tokens = 0
         if due:
-            self.monitor.train_step(s.loss, s.nll, s.kl if s.kl_logged else None, s.tokens, s.lr, s.norm)
+            self.monitor.train_step(s.loss, s.nll, s.kl if s.kl_logged else None, s.tokens, s.lr, s.norm,
+                                    s.lr_at)
 
     def validate(self) -> dict | None:
-        valid = self.validator(self.learner, self.state, self.monitor.scalars)
+        with self.monitor.paused():  # (not training time for tokens_per_s)
+            valid = self.validator(self.learner, self.state, self.monitor.scalars)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
         self.validated = (self.state.step, valid)
         return valid
@@ -255,7 +258,8 @@ class _Run:
     def save(self, valid: dict | None, step_file: bool = True) -> None:
         """A checkpoint of the step (``RunCheckpoints.save``); without ``step_file``, ``last.pt`` and
         ``best.pt`` only, between the step checkpoints."""
-        self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt), step_file)
+        with self.monitor.paused():
+            self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt), step_file)
         if step_file:
             self.saved_step = self.state.step
 

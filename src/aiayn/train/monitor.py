@@ -1,25 +1,36 @@
 """What a run shows while it trains (the main rank's): ``train_log.jsonl``, TensorBoard curves, the
-tqdm bar, and at the end ``summary.json`` with the paper's training-cost estimate (Table 2).
+tqdm bar on a terminal (a log line at each train-log step elsewhere), and at the end ``summary.json``
+with the paper's training-cost estimate (Table 2). docs/training.md lists every field and its unit.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import sys
 import time
 from pathlib import Path
 
 from aiayn.files import atomic_write, write_json_atomic
+from aiayn.progress import progress_shown
 from aiayn.train import runtime as rt
 from aiayn.checkpoint.run import TrainState
+
+log = logging.getLogger(__name__)
 
 
 class Monitor:
     """The main rank's outputs while training: ``train_log.jsonl``, TensorBoard curves and the
-    tqdm bar. On the other ranks every method does nothing (the one place rank decides them)."""
+    tqdm bar. On the other ranks every method does nothing (the one place rank decides them).
+    ``progress``: a bar where stderr is a terminal (``aiayn.progress.progress_shown``), the log lines
+    going above it; without one (a pipe, a file, ``--no-progress``) each train-log step is a log line."""
 
     def __init__(self, run_dir: Path, state: TrainState, is_main: bool, progress: bool, max_steps: int):
         self.run_dir, self.state, self.is_main = run_dir, state, is_main
         self.jsonl = self.writer = self.bar = None
+        self.logs_above_bar = contextlib.ExitStack()
+        self.max_steps = max_steps if max_steps < 1_000_000 else None  # a time-bounded run has no step total
         self.window_tokens, self.window_t0 = 0, time.monotonic()  # since the last train-log line
         if not is_main:
             return
@@ -33,10 +44,12 @@ class Monitor:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.step + 1)
         except ImportError:  # tensorboard is a dependency, but keep training without it
             self.writer = None
-        if progress:
+        if progress and progress_shown():
             from tqdm import tqdm
-            total = max_steps if max_steps < 1_000_000 else None  # a time-bounded run has no step total
-            self.bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True, mininterval=2.0)
+            from tqdm.contrib.logging import logging_redirect_tqdm
+            self.bar = tqdm(total=self.max_steps, initial=state.step, unit="step", file=sys.stderr,
+                            dynamic_ncols=True, mininterval=2.0)
+            self.logs_above_bar.enter_context(logging_redirect_tqdm())  # a log line never lands on the bar
 
     def scalars(self, values: dict) -> None:
         """One line of ``train_log.jsonl`` at the current step; the numbers also to TensorBoard."""
@@ -53,16 +66,37 @@ class Monitor:
         """Target tokens trained on since the last synchronization point (for ``tokens_per_s``)."""
         self.window_tokens += tokens
 
-    def train_step(self, loss: float, nll: float, kl: float | None, tokens: float, lr: float, norm: float) -> None:
-        """A line of the train log and the progress bar's numbers: the step's sums per target token
-        (``kl``: R-Drop's, or None), its gradients' norm before clipping (fairseq's gnorm), and the
-        target tokens per second since the last line."""
+    @contextlib.contextmanager
+    def paused(self):
+        """Time that is not training (validation, checkpoints), left out of ``tokens_per_s``."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.window_t0 += time.monotonic() - t0
+
+    def train_step(self, loss: float, nll: float, kl: float | None, tokens: float, lr: float, norm: float,
+                   lr_at: dict | None = None) -> None:
+        """A line of the train log and the progress bar's numbers (without a bar, a log line): the
+        step's sums per target token in nats (``kl``: R-Drop's, or None) and e to the NLL, its rate and
+        the progress the rate was taken at (``lr_at``: ``Schedule.rate``'s keywords, from which
+        ``aiayn plot lr --run`` recomputes it), its gradients' norm before clipping (fairseq's gnorm),
+        and the target tokens per second of training since the last line."""
+        if not self.is_main:
+            return
         tps = self.window_tokens / max(time.monotonic() - self.window_t0, 1e-9)
         self.window_tokens, self.window_t0 = 0, time.monotonic()
         state = self.state
-        self.postfix(loss=f"{loss / tokens:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+        ppl = math.exp(min(nll / tokens, 50))  # (valid_ppl's cap: e^50 is past any model's)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss / tokens:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", ep=state.epoch)
+        else:
+            total = f"/{self.max_steps}" if self.max_steps is not None else ""
+            log.info("step %d%s: loss %.3f nll %.3f ppl %.2f lr %.3g grad_norm %.3f tok/s %s epoch %d", state.step,
+                     total, loss / tokens, nll / tokens, ppl, lr, norm, f"{tps:,.0f}", state.epoch)
         rss = rt.resident_mb()
-        self.scalars({"train_loss": loss / tokens, "train_nll": nll / tokens, "lr": lr, "grad_norm": norm,
+        self.scalars({"train_loss": loss / tokens, "train_nll": nll / tokens, "train_ppl": ppl, "lr": lr,
+                      **({"lr_at": lr_at} if lr_at else {}), "grad_norm": norm,
                       **({"train_kl": kl / tokens} if kl is not None else {}),
                       "tokens_per_s": tps, "epoch": state.epoch, "elapsed_s": state.train_seconds,
                       **({"rss_mb": rss} if rss is not None else {})})
@@ -71,23 +105,28 @@ class Monitor:
         if self.bar is not None:
             self.bar.update(1)
 
-    def postfix(self, **values) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(**values)
-
     def close(self, summary: dict) -> None:
         """The end of the run: ``summary.json`` (the demo reads its presence as "trained"), its text
         printed, and the outputs closed."""
         if not self.is_main:
             return
         write_json_atomic(self.run_dir / "summary.json", summary)
+        self.end()
+        print(summary_text(summary), flush=True)
+
+    def end(self) -> None:
+        """Close the outputs, at the run's end or on its way out (Ctrl-C, an error): the bar ended with
+        its line, so that what follows starts a line of its own; TensorBoard's queued events written."""
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+        self.logs_above_bar.close()
         if self.jsonl is not None:
             self.jsonl.close()
+            self.jsonl = None
         if self.writer is not None:
             self.writer.close()
-        print(summary_text(summary), flush=True)
+            self.writer = None
 
 
 def forget_after(log: Path, step: int) -> None:

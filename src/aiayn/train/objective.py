@@ -76,6 +76,13 @@ class Schedule:
         flops_frac = flops / self.max_flops if self.max_flops > 0 else 0.0
         return max(time_frac, flops_frac)
 
+    @property
+    def follows_progress(self) -> bool:
+        """Whether ``rate`` reads more than the step: the budget's share (``by_budget``, where it moves
+        the ramp or Eq. 3's step) or the epochs' (``max_epochs``, where there is a ramp to move)."""
+        ramp = self.lr_decay_frac > 0
+        return self.by_budget and (ramp or self.whole_by_time and self.max_steps > 0) or ramp and self.max_epochs > 0
+
     def first(self) -> float:
         """The rate of step 1 (the optimizer's construction)."""
         return self.rate(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -56,6 +56,7 @@ class StepRules:
 class Step(Read):
     """A step's numbers on the host (``parallel.Read``), its rate, whether it was finite (updated)."""
     lr: float = 0.0
+    lr_at: dict = field(default_factory=dict)  # the progress the rate was taken at: ``Schedule.rate``'s keywords
     finite: bool = True
     kl_logged: bool = False  # its loss has a KL term to log (R-Drop's)
 
@@ -104,7 +105,8 @@ class TrainStep:
         learner, strategy = self.learner, self.strategy
         local_tokens = sum(b.n_tgt_tokens for b in micro)
         tokens_dev = strategy.step_tokens(local_tokens)
-        lr = self.schedule.rate(n, strategy.budget_seconds(elapsed, self.clock), flops, epochs)
+        lr_at = {"elapsed": strategy.budget_seconds(elapsed, self.clock), "flops": flops, "epochs": epochs}
+        lr = self.schedule.rate(n, **lr_at)
         for group in learner.opt.param_groups:
             group["lr"] = lr
         scale = strategy.grad_scale(local_tokens, tokens_dev, self.loss.passes)
@@ -122,7 +124,7 @@ class TrainStep:
             update(learner, self.rules.clip_norm, norm, skip=not_finite(numbers))
         if while_busy is not None:
             while_busy()
-        s = Step(**vars(strategy.read(numbers, local_tokens, clock_s, step_flops)), lr=lr,
+        s = Step(**vars(strategy.read(numbers, local_tokens, clock_s, step_flops)), lr=lr, lr_at=lr_at,
                  kl_logged=self.loss.kl_logged)
         s.finite = self._settle(s, n, norm)
         if s.finite and learner.ema is not None:

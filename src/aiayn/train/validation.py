@@ -120,9 +120,10 @@ def valid_bleu(model, data, bleu: Bleu, max_lines: int = 0, src_cap: int | None 
 
 class Validator:
     """The run's validation split (None without one), checked once: positions (``check_positions``)
-    and pairs longer than a batch (``warn_long_pairs``); with ``train.valid_bleu`` its raw
-    references. Called with the model and the run's ``TrainState``: ``validate``, then the bests and
-    the count of validations without a gain in ``train.best_metric``, logged through ``log_scalars``."""
+    and pairs longer than a batch (``warn_long_pairs``, the main rank's warning alone); with
+    ``train.valid_bleu`` its raw references. Called with the model and the run's ``TrainState``:
+    ``validate``, then the bests and the count of validations without a gain in ``train.best_metric``,
+    logged through ``log_scalars``."""
 
     def __init__(self, data: DataDir, t: TrainConfig, m: ModelConfig, place: rt.Place):
         self.t, self.place = t, place
@@ -130,11 +131,12 @@ class Validator:
         references = None
         if self.data is not None and t.valid_bleu:
             references = data.references("valid")
-            if references is None:
+            if references is None and place.dist.is_main:  # (every rank reads the same files: said once)
                 log.warning("%s: the validation target file prepare read is gone or changed; valid_bleu scores "
                             "against the detokenized reference ids instead", data.path)
         self.bleu = Bleu((data.src_tokenizer, data.tgt_tokenizer), references)
-        warn_long_pairs("valid", self.data, t)
+        if place.dist.is_main:
+            warn_long_pairs("valid", self.data, t)
         check_positions(m, {"valid": self.data})
 
     def __call__(self, learner, state, log_scalars) -> dict | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from aiayn.errors import UserError
+from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +38,33 @@ def agg_pyplot():
     return plt
 
 
+MAP_INCHES = 8.0  # a head's heat map at most, on its longer side: a long sentence gets smaller cells, not a huge figure
+LABEL_INCHES = 0.06  # the room a tick label takes across (4-point text): smaller cells label every n-th token
+
+
 def attention_figure(weights: np.ndarray, rows: list[str], cols: list[str], title: str):
-    """A grid of heat maps, one per head. weights (H,Q,K); rows: Q query tokens; cols: K key tokens."""
+    """A grid of heat maps, one per head, and the colour scale of the weights (0 to 1). weights (H,Q,K);
+    rows: Q query tokens; cols: K key tokens. A head's map is at most ``MAP_INCHES`` on a side; where
+    its cells are too small to label each token, every n-th is labelled (the title says so)."""
     plt = agg_pyplot()
     H, Q, K = weights.shape
     n_cols = H if H <= 2 else (2 if H <= 4 else 4)
     n_rows = math.ceil(H / n_cols)
-    cell = min(0.28, max(0.12, 8.0 / max(Q, K)))  # inches per token: square cells, bounded figure
+    cell = min(0.28, MAP_INCHES / max(Q, K))  # inches per token: square cells, bounded figure
     font = min(8.0, max(4.0, 30.0 * cell))
+    every = math.ceil(LABEL_INCHES / cell - 1e-9)  # (1 where a label fits each cell)
     fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, constrained_layout=True,
-                             figsize=(n_cols * (cell * K + 1.3), n_rows * (cell * Q + 1.5) + 0.4))
+                             figsize=(n_cols * (cell * K + 1.3) + 1.0, n_rows * (cell * Q + 1.5) + 0.4))
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
             continue
-        ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        image = ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
         ax.set_title(f"head {h + 1}", fontsize=9)
-        ax.set_xticks(range(K), cols, rotation=90, fontsize=font)
-        ax.set_yticks(range(Q), rows, fontsize=font)
-    fig.suptitle(title)
+        ax.set_xticks(range(0, K, every), cols[::every], rotation=90, fontsize=font)
+        ax.set_yticks(range(0, Q, every), rows[::every], fontsize=font)
+    fig.colorbar(image, ax=axes, shrink=min(1.0, 3.0 / (n_rows * (cell * Q + 1.5))), label="attention weight")
+    fig.suptitle(title + (f" (one token in {every} labelled)" if every > 1 else ""))
     return fig
 
 
@@ -89,9 +98,12 @@ def plot_attention(translator, src_text: str, out_dir: str | Path) -> list[Path]
 
 
 def save_figure(fig, out: str | Path) -> Path:
-    """Write ``fig`` as a PNG (creating the directory), close it, return the path."""
+    """Write ``fig`` as a PNG (creating the directory) in one step (``atomic_write``: an interrupted
+    write leaves the earlier file whole), close it, return the path."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    agg_pyplot().close(fig)
+    try:
+        atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        agg_pyplot().close(fig)
     return out
