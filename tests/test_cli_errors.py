@@ -180,8 +180,8 @@ def test_options_out_of_range_are_one_line(small_data_dir, tiny_checkpoint, tmp_
          "--samples must be >= 1, got 0"),
         (["evaluate", "--checkpoint", str(tiny_checkpoint), "--src", str(refs), "--ref", str(refs), "--nbest", "2"],
          "--nbest 2: evaluate scores each sentence's best translation"),
-        (["demo", "--average-last", "0", "--out", str(tmp_path / "d")], "average_last must be >= 1, got 0"),
-        (["parse", "demo", "--average-last", "0", "--out", str(tmp_path / "d")], "average_last must be >= 1, got 0"),
+        (["demo", "--average-last", "0", "--out", str(tmp_path / "d")], "--average-last must be >= 1, got 0"),
+        (["parse", "demo", "--average-last", "0", "--out", str(tmp_path / "d")], "--average-last must be >= 1, got 0"),
         (["plot", "attention", "--checkpoint", str(tiny_checkpoint), "--src", long_src, "--out", str(tmp_path / "p")],
          "exceed the model's limit of"),
     ]
@@ -204,3 +204,15 @@ def test_a_sampling_setting_without_sampling_is_refused(command, flag, value, ti
     assert _error_line(capsys).endswith(f"{flag} {value} shapes sampling only: add --sampling "
                                         "(beam search and greedy search ignore it)")
     assert main([*argv, flag, value, "--sampling"]) == 0
+
+
+@pytest.mark.parametrize("args, want", [
+    (["translate", "--checkpoint", "m.pt", "--beam-size", "0"], "--beam-size must be >= 1, got 0"),
+    (["translate", "--checkpoint", "m.pt", "--beam-size", "2", "--nbest", "5"], "--nbest must be in [1, --beam-size=2], got 5"),
+    (["plot", "attention", "--checkpoint", "m.pt", "--src", "a", "--beam-size", "0"], "--beam-size must be >= 1, got 0"),
+])
+def test_a_refused_option_value_is_named_as_the_option(args, want, capsys):
+    """A value a command-line option gave that the settings refuse is named by the option the user typed
+    (``--beam-size``), not by the settings field behind it (``beam_size``), before any file is read."""
+    assert main(args) == 2
+    assert _error_line(capsys) == f"aiayn {args[0]}: error: {want}"

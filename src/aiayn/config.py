@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
+import json
+import re
 import typing
 from collections.abc import Callable
 from types import UnionType
@@ -82,14 +85,20 @@ def _coerce(value: Any, typ: Any, name: str) -> Any:
     return value
 
 
+def unknown_field(key: str, known: Any, owner: str) -> str:
+    """The words for a field ``owner`` lacks: the close name where there is one (a typo), else every known one."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    if close:
+        return f"unknown field {key!r} in {owner}; did you mean {close[0]}?"
+    return f"unknown field {key!r} in {owner}; known: {', '.join(sorted(known))}"
+
+
 def replace(cfg: T, **changes: Any) -> T:
-    """``dataclasses.replace`` that rejects unknown fields with a message listing the known ones."""
+    """``dataclasses.replace`` that rejects unknown fields, naming the close one or the known ones."""
     types = _field_types(type(cfg))
     for key in changes:
         if key not in types:
-            raise ConfigError(
-                f"unknown field {key!r} for {type(cfg).__name__}; known: {', '.join(sorted(types))}"
-            )
+            raise ConfigError(unknown_field(key, types, type(cfg).__name__))
     coerced = {k: _coerce(v, types[k], k) for k, v in changes.items()}
     return dataclasses.replace(cfg, **coerced)
 
@@ -110,11 +119,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """Build ``cls`` from a dict; nested dataclass fields recurse; unknown keys are errors."""
     types = _field_types(cls)
-    unknown = set(data) - set(types)
+    unknown = sorted(set(data) - set(types))
     if unknown:
-        raise ConfigError(
-            f"unknown field(s) {sorted(unknown)} for {cls.__name__}; known: {', '.join(sorted(types))}"
-        )
+        raise ConfigError(unknown_field(unknown[0], types, cls.__name__))
     kwargs = {}
     for key, value in data.items():
         typ = types[key]
@@ -130,15 +137,35 @@ def apply_sets(cfg: T, assignments: list[str], where: Callable[[str], str] = lam
     each section is checked with every change made (two fields that must change together may be
     given in either order); a field given twice keeps its last value. ``where(key)`` names the
     source of an assignment in error messages (a recipe file gives its path and line instead of
-    the default ``--set key``)."""
+    the default ``--set key``). An empty value is refused (``none`` is the word for none): an unset
+    shell variable (``--set model.n_dec_layers=$N``) is not taken for a choice."""
     changes: dict[str, Any] = {}
     for item in assignments:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.field=value")
         key, value = item.split("=", 1)
         key = key.strip()
+        if not value.strip():
+            raise ConfigError(f"{where(key)}: no value (expected section.field=value; none for none)")
         _parse_into(changes, cfg, key.split("."), value.strip(), where(key))
     return _replaced(cfg, changes)
+
+
+def option_sets(sets: list[str], options: list[tuple[str, str, Any]]) -> list[str]:
+    """The assignments of named options that stand for a field, to apply after ``sets``: each option is
+    (flag, "section.field", value), value None where it was not given (``("--max-steps", "train.max_steps",
+    20)``). A field that ``sets`` also gives another value is refused: which of the two was meant is not
+    known, and neither should win unseen."""
+    out = []
+    for flag, key, value in options:
+        if value is None:
+            continue
+        for item in sets:
+            name, sep, text = item.partition("=")
+            if sep and name.strip() == key and text.strip() and parse_value(text.strip(), type(value), f"--set {key}") != value:
+                raise ConfigError(f"--set {key}={text.strip()} and {flag} {value} disagree; give the field once")
+        out.append(f"{key}={value}")
+    return out
 
 
 def _parse_into(changes: dict[str, Any], cfg: Any, path: list[str], value: str, label: str) -> None:
@@ -146,9 +173,7 @@ def _parse_into(changes: dict[str, Any], cfg: Any, path: list[str], value: str, 
     types = _field_types(type(cfg))
     head = path[0]
     if head not in types:
-        raise ConfigError(
-            f"{label}: unknown field {head!r} in {type(cfg).__name__}; known: {', '.join(sorted(types))}"
-        )
+        raise ConfigError(f"{label}: {unknown_field(head, types, type(cfg).__name__)}")
     if len(path) == 1:
         if dataclasses.is_dataclass(types[head]):
             raise ConfigError(f"{label}: {head!r} is a section; name a field in it")
@@ -158,6 +183,41 @@ def _parse_into(changes: dict[str, Any], cfg: Any, path: list[str], value: str, 
     if not dataclasses.is_dataclass(sub):
         raise ConfigError(f"{label}: {head!r} is not a section")
     _parse_into(changes.setdefault(head, {}), sub, path[1:], value, label)
+
+
+def check_json_fields(cls: type, data: dict[str, Any], where: Callable[[str], str]) -> None:
+    """A ConfigError, at ``where(name)``, for the first value of ``data`` (a file's JSON object of fields of
+    ``cls``) of another JSON type than its field: a string for a number (``"0.1"``: a file says what it means,
+    and a quoted number is more often a mistake than a choice), a number for a boolean, a list for a string.
+    A whole number written as a float (``1e2``) is an int's. Unknown fields are left to ``apply_sets``."""
+    types = _field_types(cls)
+    for name, value in data.items():
+        if name in types and not dataclasses.is_dataclass(types[name]) and not _json_fits(value, types[name]):
+            raise ConfigError(f"{where(name)}: expected {_json_kind(types[name])}, got {json.dumps(value)}")
+
+
+def _json_fits(value: Any, typ: Any) -> bool:
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin is typing.Union or origin is UnionType:
+        return value is None or any(_json_fits(value, a) for a in args if a is not type(None))
+    if origin is tuple:
+        return isinstance(value, list) and all(_json_fits(v, args[0]) for v in value)
+    if typ is bool or typ is str:
+        return isinstance(value, typ)
+    if typ is int or typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
+def _json_kind(typ: Any) -> str:
+    """A field type as a recipe writes its values: ``int | None`` -> "int (a number) or null"."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin is typing.Union or origin is UnionType:
+        return " or ".join([_json_kind(a) for a in args if a is not type(None)] + ["null"])
+    if origin is tuple:
+        return f"a list of {_json_kind(args[0])}"
+    return {bool: "a boolean (true or false)", int: "int (a whole number)", float: "float (a number)",
+            str: "a string"}.get(typ, str(typ))
 
 
 def _replaced(cfg: T, changes: dict[str, Any]) -> T:
@@ -218,4 +278,16 @@ def from_args(cls: type[T], ns: argparse.Namespace, base: T | None = None) -> T:
     """Collect the fields of ``cls`` that ``add_arguments`` put into ``ns``."""
     base = base if base is not None else cls()
     vals = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
-    return replace(base, **vals)
+    return replace_from_options(base, vals)
+
+
+def replace_from_options(base: T, values: dict[str, Any]) -> T:
+    """``replace(base, **values)`` where ``values`` came from command-line options: a refusal names
+    the option (``--beam-size must be >= 1``), not the field (``beam_size``)."""
+    try:
+        return replace(base, **values)
+    except ConfigError as exc:
+        text = str(exc)
+        for name in values:
+            text = re.sub(rf"(?<![\w.-]){name}\b", "--" + name.replace("_", "-"), text)
+        raise ConfigError(text) from None

@@ -367,7 +367,7 @@ def test_cli_errors_exit_2(corpus, tmp_path, capsys):
     rc = main(["prepare", "--train-src", "a", "--train-tgt", "b", "--valid-src", "c", "--out", "o"])
     assert rc == 2 and "--valid-src and --valid-tgt" in capsys.readouterr().err
     rc = main(["prepare", "--train-src", "a", "--train-tgt", "b", "--out", "o", "--vocab-size", "3"])
-    assert rc == 2 and "vocab_size" in capsys.readouterr().err
+    assert rc == 2 and "--vocab-size must exceed" in capsys.readouterr().err
 
 
 def test_directory_and_corrupt_gzip_inputs(corpus, tmp_path, train_lines):

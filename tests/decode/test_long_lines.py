@@ -90,6 +90,6 @@ def test_a_limit_that_keeps_no_token_is_refused(ckpt, tmp_path, capsys):
     args = ["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), *FAST]
     assert main(args + ["--max-input-tokens", "1", "--long-lines", "truncate"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "max_input_tokens must be >= 2" in captured.err and captured.err.count("\n") == 1
+    assert captured.out == "" and "--max-input-tokens must be >= 2" in captured.err and captured.err.count("\n") == 1
     tr = Translator.from_checkpoint(ckpt, DecodeConfig(max_input_tokens=2, long_lines="truncate", c_kernels=False))
     assert [len(x) for x in tr.encode(LINES)] == [2, 2, 0, 2]

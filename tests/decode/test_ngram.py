@@ -368,4 +368,4 @@ def test_translate_and_evaluate_take_the_option(untrained_checkpoint, tmp_path, 
     assert out.read_text().splitlines() == want
     capsys.readouterr()
     assert main(["translate", "--input", str(tmp_path / "src.txt"), *args[:2], "--no-repeat-ngram", "-1"]) == 2
-    assert "no_repeat_ngram must be >= 0" in capsys.readouterr().err
+    assert "--no-repeat-ngram must be >= 0" in capsys.readouterr().err

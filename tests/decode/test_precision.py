@@ -131,7 +131,7 @@ def test_cpu_row_bits_outside_its_range_is_refused(tiny_checkpoint, capsys):
     assert DecodeConfig(cpu_row_bits=0).cpu_row_bits == 0 and DecodeConfig(cpu_row_bits=62).cpu_row_bits == 62
     assert main(["translate", "--checkpoint", str(tiny_checkpoint), "--precision", "bf16", "--cpu-row-bits", "-1"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "cpu_row_bits must be in [0, 62] (0 = off), got -1" in captured.err
+    assert captured.out == "" and "--cpu-row-bits must be in [0, 62] (0 = off), got -1" in captured.err
 
 
 def test_fp16_step_log_probs_close_to_fp32():

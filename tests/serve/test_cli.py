@@ -26,7 +26,7 @@ def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypa
 
 def test_serve_bad_option_exits_2(tiny_checkpoint, capsys):
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--batch-tokens", "0"]) == 2
-    assert "batch_tokens must be >= 1" in capsys.readouterr().err
+    assert "--batch-tokens must be >= 1" in capsys.readouterr().err
 
 
 def test_serve_options_reach_the_server_and_the_key_comes_from_the_environment(tiny_checkpoint, monkeypatch):

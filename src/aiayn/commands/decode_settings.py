@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from aiayn.config import replace
+from aiayn.config import replace_from_options
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig
 from aiayn.decode.loading import stored_settings
 from aiayn.errors import UserError
@@ -36,4 +36,4 @@ def decode_config(args: argparse.Namespace, checkpoints: list[str], base: Decode
             if k in given and values[k] != getattr(base, k):
                 raise UserError(f"--{k.replace('_', '-')} {values[k]} shapes sampling only: add --sampling "
                                 f"(beam search and greedy search ignore it)")
-    return replace(base, **values)
+    return replace_from_options(base, values)
