@@ -107,6 +107,15 @@ def _other_rank() -> bool:
         return False
 
 
+def _quiet_other_rank() -> None:
+    """The main rank says what every rank would say alike, once; the others write their errors and the
+    lines about their own state only (``MainRankLines``), Python's warnings (PyTorch's) among them."""
+    from aiayn.train.runtime import MainRankLines
+    logging.captureWarnings(True)  # warnings.warn as records of the py.warnings logger, which the filter sees
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(MainRankLines())
+
+
 def _main(argv: list[str] | None) -> int:
     from aiayn.errors import UserError
     from aiayn.host.process import configure_process
@@ -124,8 +133,8 @@ def _main(argv: list[str] | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    if not args.verbose and _other_rank():  # the main rank says it once; the others warn and fail only
-        logging.getLogger("aiayn").setLevel(logging.WARNING)
+    if not args.verbose and _other_rank():
+        _quiet_other_rank()
     from aiayn import progress
     from aiayn.config import ConfigError
     from aiayn.commands.oom import is_out_of_memory, out_of_memory_message

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 from dataclasses import dataclass
 
@@ -186,6 +187,10 @@ class OneProcess:
         """After the checkpoint ``saved`` is restored: the optimizer state each rank resumes with."""
         own_optimizer(opt, saved, self.place.dist, self.own_optimizers)
 
+    def step_log(self, log: logging.Logger) -> logging.Logger | logging.LoggerAdapter:
+        """Where a step's lines (a skipped update) go: ``log``, the ranks' step being one, said once."""
+        return log
+
 
 class DataParallel(OneProcess):
     """DDP: the ranks' gradients all-reduced at every step, through a ``DistributedDataParallel``
@@ -255,6 +260,9 @@ class LocalSGD(OneProcess):
 
     def rank_optimizers(self, opt):
         return rt.gather_to_main(opt.state_dict(), self.place.dist)
+
+    def step_log(self, log):
+        return rt.OwnState(log, self.place.dist)  # each rank's step is its own copy's: said by its rank
 
 
 def for_run(t: TrainConfig, place: rt.Place) -> OneProcess:

@@ -1,5 +1,6 @@
 """Device, precision and process-group set-up: the only place that knows about CUDA, CPU
-bf16 and torchrun. Rank-dependent side effects go through ``Dist.is_main``.
+bf16 and torchrun. Rank-dependent side effects go through ``Dist.is_main``; which log lines a rank
+writes, through ``MainRankLines`` and ``OwnState``.
 """
 from __future__ import annotations
 
@@ -43,6 +44,32 @@ class Place:
     dist: Dist
     device: torch.device
     precision: str
+
+
+OWN_STATE = "own_rank"  # the attribute of a log record about its rank's own state (``OwnState``)
+
+
+class MainRankLines(logging.Filter):
+    """The lines a rank other than the main one writes (``aiayn.cli`` sets it on the handlers of such a
+    rank of a torchrun, without ``-v``): its errors, and its lines about its own state (``OwnState``).
+    Every other line, which each rank would write alike (the data's, the configuration's, the machine's),
+    is the main rank's to write, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or hasattr(record, OWN_STATE)
+
+
+class OwnState(logging.LoggerAdapter):
+    """``logger`` for lines about this rank's own state (its copy of the model under local SGD): in a
+    distributed run they name the rank, and every rank writes its own (``MainRankLines`` lets them by)."""
+
+    def __init__(self, logger: logging.Logger, dist: Dist):
+        super().__init__(logger, {OWN_STATE: dist.rank})
+        self.dist = dist
+
+    def process(self, msg, kwargs):
+        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}
+        return (f"rank {self.dist.rank} of {self.dist.world_size}: {msg}" if self.dist.enabled else msg), kwargs
 
 
 def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:

@@ -174,7 +174,7 @@ class TrainStep:
             if not self.update_early:
                 update(self.learner, self.rules.clip_norm, norm)
             return True
-        scaler = self.learner.scaler
+        scaler, says = self.learner.scaler, self.strategy.step_log(log)  # (local SGD: this rank's own step)
         last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
         if not self.update_early:  # (a queued update was skipped on the device, and cleared the gradients)
             self.learner.opt.zero_grad(set_to_none=True)
@@ -186,11 +186,11 @@ class TrainStep:
                                 f"{last} try train.precision=fp32 (bf16 where the GPU has it natively) or a lower "
                                 f"lr_scale")
             if math.isfinite(s.loss + s.kl):
-                log.info("step %d: fp16 gradients overflowed; its update skipped, the loss scale now %g", n, scale)
+                says.info("step %d: fp16 gradients overflowed; its update skipped, the loss scale now %g", n, scale)
                 return False
         self.bad_in_row += 1
-        log.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
-                    "(%d in a row)", n, s.loss, s.norm, self.bad_in_row)
+        says.warning("step %d: non-finite loss or gradient (loss %s, gradient norm %s); skipping the update "
+                     "(%d in a row)", n, s.loss, s.norm, self.bad_in_row)
         if self.bad_in_row >= self.rules.max_bad_steps:
             raise UserError(f"{self.bad_in_row} non-finite losses or gradients in a row at step {n}; stopping."
                             f"{last} try a lower lr_scale or precision=fp32")
