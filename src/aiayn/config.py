@@ -189,10 +189,13 @@ def check_json_fields(cls: type, data: dict[str, Any], where: Callable[[str], st
     """A ConfigError, at ``where(name)``, for the first value of ``data`` (a file's JSON object of fields of
     ``cls``) of another JSON type than its field: a string for a number (``"0.1"``: a file says what it means,
     and a quoted number is more often a mistake than a choice), a number for a boolean, a list for a string.
-    A whole number written as a float (``1e2``) is an int's. Unknown fields are left to ``apply_sets``."""
+    A whole number written as a float (``1e2``) is an int's. An unknown field is refused as ``apply_sets``
+    refuses it, in the order of ``data`` (the file's), so the first mistake in the file is the one named."""
     types = _field_types(cls)
     for name, value in data.items():
-        if name in types and not dataclasses.is_dataclass(types[name]) and not _json_fits(value, types[name]):
+        if name not in types:
+            raise ConfigError(f"{where(name)}: {unknown_field(name, types, cls.__name__)}")
+        if not dataclasses.is_dataclass(types[name]) and not _json_fits(value, types[name]):
             raise ConfigError(f"{where(name)}: expected {_json_kind(types[name])}, got {json.dumps(value)}")
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from aiayn.config import add_arguments, from_args
+from aiayn.config import ConfigError, add_arguments, from_args
 from aiayn.demo import multi30k
 from aiayn.demo.config import DemoConfig
 
 
 def config_with_sets(cls, args):
-    """A demo's configuration from the parsed ``args``, its ``sets`` field from the repeatable --set."""
+    """A demo's configuration from the parsed ``args``, its ``sets`` field from the repeatable --set
+    (an empty one is refused, as ``aiayn train`` refuses it, not dropped in the joining)."""
+    if any(not s.strip(" ,") for s in args.set or ()):
+        raise ConfigError("--set '': expected section.field=value")
     cfg = from_args(cls, args)
     return dataclasses.replace(cfg, sets=",".join(args.set)) if args.set else cfg
 

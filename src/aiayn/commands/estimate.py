@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from aiayn.config import apply_sets, option_sets
 from aiayn.errors import UserError
 from aiayn.cost import estimate
 from aiayn.train.config import load_recipe
@@ -16,7 +17,8 @@ from aiayn.cost.memory import format_peak, peak_memory
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_recipe(args.recipe)
+    sets = list(args.set or [])  # as `aiayn train` reads them: the recipe, its --set, then --precision
+    cfg = apply_sets(load_recipe(args.recipe), [*sets, *option_sets(sets, [("--precision", "train.precision", args.precision)])])
     t = cfg.train
     if args.devices < 1:
         raise UserError(f"--gpus must be >= 1, got {args.devices}")
@@ -42,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
     e = estimate.estimate(cfg.model, t.max_steps, batch, thr, length)
     # one batch on one device: the recipe's, or the per-device share of --tokens-per-step on both sides
     src_tokens = e.per_device_tokens if args.tokens_per_step else t.max_src_tokens
-    precision = args.precision or t.precision
-    precision = "bf16" if precision == "auto" else precision  # fp16 where the GPU lacks bf16: the same bytes
+    precision = "bf16" if t.precision == "auto" else t.precision  # fp16 where the GPU lacks bf16: the same bytes
     peak = peak_memory(cfg.model, t, src_tokens, e.per_device_tokens, precision)
     if args.json:
         print(json.dumps({k: v for k, v in vars(e).items() if k != "throughput"} | {"throughput": vars(thr)}
@@ -62,6 +63,8 @@ def register(sub) -> None:
                        description=estimate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     p.add_argument("--recipe", required=True, help="recipe file (e.g. recipes/wmt14-ende-base.json)")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="override a field of the recipe, as in `aiayn train` (repeatable; e.g. train.max_steps=50000)")
     p.add_argument("--gpus", dest="devices", type=int, default=8, help="devices training together (default 8)")
     p.add_argument("--device", default="p100",
                    help=f"device: {', '.join(DEVICES)}, or a bench/results folder with a measured train_base.json "

@@ -212,7 +212,7 @@ def run_train(args: argparse.Namespace) -> int:
     from aiayn.commands.train import resolve_run_config
     from aiayn.train.loop import train
     cfg = resolve_run_config(argparse.Namespace(recipe=None, preset=args.preset, max_steps=args.max_steps,
-                                                set=[*PARSE_TRAIN_SETS, *args.set]))
+                                                set=args.set), defaults=PARSE_TRAIN_SETS)
     train(args.data, args.out, cfg, progress=not args.no_progress)
     return 0
 

@@ -6,14 +6,17 @@ import errno
 import os
 import sys
 
-from aiayn.config import apply_sets, sets_help
+from aiayn.config import apply_sets, option_sets, sets_help
 from aiayn.errors import UserError, WriteError
 from aiayn.model.config import PRESETS, ModelConfig
 from aiayn.train.config import RunConfig, TrainConfig, load_recipe, run_config_from_dict, run_config_from_preset
 
 
-def resolve_run_config(args):
-    """Preset (or recipe file) + ``--set`` overrides + the shortcut flags -> RunConfig."""
+def resolve_run_config(args, defaults: tuple[str, ...] = ()):
+    """Preset (or recipe file, or the --init-from checkpoint's configuration), then a command's own
+    ``defaults`` (``aiayn parse train``'s), then the ``--set`` overrides in their order, then the named
+    options (``--max-steps``) -> RunConfig. A named option and a ``--set`` of its field that disagree are
+    refused (``option_sets``)."""
     if args.recipe:
         cfg = load_recipe(args.recipe)
     elif args.preset is None and getattr(args, "init_from", None):
@@ -21,9 +24,8 @@ def resolve_run_config(args):
     else:
         cfg = run_config_from_preset(args.preset or "base")
     sets = list(args.set or [])
-    if args.max_steps is not None:
-        sets.append(f"train.max_steps={args.max_steps}")
-    return apply_sets(cfg, sets)
+    named = option_sets(sets, [("--max-steps", "train.max_steps", args.max_steps)])
+    return apply_sets(cfg, [*defaults, *sets, *named])
 
 
 def run_config_of(path: str) -> RunConfig:
@@ -85,8 +87,11 @@ def register(sub) -> None:
     g.add_argument("--preset", default=None, choices=list(PRESETS),
                    help="named configuration (default base; with --init-from, the checkpoint's configuration)")
     g.add_argument("--recipe", help="JSON recipe file {preset, model: {...}, train: {...}} instead of --preset")
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a field (repeatable)")
-    p.add_argument("--max-steps", type=int, default=None, help="shortcut for --set train.max_steps=N")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="override a field of the preset or recipe (repeatable; in order, a field given twice keeps "
+                        "the last); the keys are listed below")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="shortcut for --set train.max_steps=N (a --set of it with another value is an error)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (none either where stderr is not a terminal): a log line at every "
                         "train.log_every_steps instead")

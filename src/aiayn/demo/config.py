@@ -40,7 +40,7 @@ class DemoConfig:
     quick: bool = param(False, "the quick variant: a small model for a few minutes, to see it work")
     device: str = param("auto", "where the model translates and is scored: auto (CUDA when present, as training's train.device=auto, so the demo decodes where it trained), cpu, cuda or cuda:N")
     recipe: str = param("", "training recipe JSON; empty = the one sized to this machine on a CPU (recipes/multi30k-small.json or multi30k.json, by the training FLOPs it predicts in the minutes: docs/recipe.md), recipes/multi30k-gpu.json where CUDA is present, recipes/multi30k-quick.json with --quick")
-    sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them")
+    sets: str = param("", "overrides of the recipe, SECTION.FIELD=VALUE joined by commas (the CLI's repeatable --set, as in `aiayn train`); --minutes, --max-steps and --threads apply after them (one that a --set of its field contradicts is an error)")
     vocab_size: int = param(8000, "shared BPE vocabulary size")
     character_coverage: float = param(1.0, "share of the training text's characters the shared BPE model must cover; 1.0 keeps every one (below it, rare characters such as some digits become <unk>)")
     lowercase: bool = param(False, "train on lowercased text (as the published Multi30k baselines do): translations come out lowercase; sacreBLEU -lc is reported beside cased sacreBLEU (docs/recipe.md)")

@@ -343,15 +343,13 @@ def check_sets(cfg: DemoConfig) -> None:
 
 def recipe_sets(sets: str, minutes: float, max_steps: int, threads: int = 0) -> list[str]:
     """A demo's overrides of its recipe: ``sets`` (SECTION.FIELD=VALUE joined by commas), then
-    its --minutes, --max-steps and --threads where given."""
+    its --minutes, --max-steps and --threads where given (0: not given); one that a ``sets`` entry of
+    its field contradicts is refused (``option_sets``)."""
+    from aiayn.config import option_sets
     out = [x for x in sets.split(",") if x.strip()]
-    if minutes:
-        out.append(f"train.max_time_min={minutes}")
-    if max_steps:
-        out.append(f"train.max_steps={max_steps}")
-    if threads:
-        out.append(f"train.threads={threads}")
-    return out
+    return out + option_sets(out, [("--minutes", "train.max_time_min", float(minutes) if minutes else None),
+                                   ("--max-steps", "train.max_steps", max_steps or None),
+                                   ("--threads", "train.threads", threads or None)])
 
 
 def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], processes: int, stage: str) -> None:
@@ -417,8 +415,11 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
     finished = all((d / "summary.json").exists() for d in member_dirs)  # before: not trained again
     if cfg.members == 1:
         processes = cfg.processes or auto_processes()
-        own_step = bool(cfg.recipe or cfg.quick or any(s.strip().startswith("train.accum_steps") for s in sets))
+        given = {s.partition("=")[0].strip() for s in sets}
+        own_step = bool(cfg.recipe or cfg.quick or "train.accum_steps" in given)
         step = step_sets(batching(t), t.local_sgd_period > 0, processes, 0 if own_step else DEMO_STEP_TOKENS)
+        if any(s.partition("=")[0] in given for s in step):  # a --set batch wins over the demo's, as over the recipe's
+            step = []
         train_recipe(data_dir, run_dir, recipe, sets + step, processes, "[2/7]")
     else:
         run_cfg = apply_sets(load_recipe(recipe), sets)

@@ -95,6 +95,14 @@ def _stage_prepare(cfg: ParseDemoConfig, out: Path) -> Path:
     return ptb
 
 
+def _check_sets(cfg: ParseDemoConfig) -> None:
+    """``--set``, --minutes and --max-steps read as the training stage will read them, before the treebank
+    is prepared: a misspelt key or a bad value is said at once, as ``aiayn demo`` says it."""
+    from aiayn.config import apply_sets
+    from aiayn.train.config import load_recipe
+    apply_sets(load_recipe(Path(cfg.recipe) if cfg.recipe else RECIPE), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps))
+
+
 def _stage_train(cfg: ParseDemoConfig, data_dir: Path, run_dir: Path, results: dict) -> None:
     """2. The recipe trained into ``run_dir`` (or resumed there), data parallel over the cores."""
     recipe = Path(cfg.recipe) if cfg.recipe else RECIPE
@@ -180,6 +188,7 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     from aiayn.parsing.linearize import LINEARIZATIONS
     if cfg.linearization not in LINEARIZATIONS:
         raise UserError(f"--linearization must be one of {', '.join(LINEARIZATIONS)}, got {cfg.linearization!r}")
+    _check_sets(cfg)
     names = ("ptb", "run", "model.pt", "results.json", *(f"{s}.{e}" for s in SPLITS for e in ("pred", "tmp")))
     out = claim_folder(cfg.out, names, what="aiayn parse demo")  # (never a folder it did not write)
     results: dict = {"config": dataclasses.asdict(cfg)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from aiayn.checkpoint.format import upgrade
-from aiayn.config import ConfigError, apply_sets, from_dict, param, replace
+from aiayn.config import ConfigError, apply_sets, check_json_fields, from_dict, param, replace
 from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.execution.linear import MAX_ROW_BITS, ROW_BITS
@@ -185,11 +185,17 @@ def load_recipe(path: str | Path) -> RunConfig:
     path = installed_recipe(Path(path))
     try:
         text = path.read_text()
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_once_each)
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: recipe file not found") from exc
+    except _Repeated as exc:  # JSON itself keeps the last silently: a second "train" would drop the first
+        lines = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(rf'"{re.escape(exc.key)}"\s*:', text)]
+        at = f":{lines[1]}" if len(lines) > 1 else ""
+        raise ConfigError(f'{path}{at}: "{exc.key}" given twice in one object; give each key once') from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
+        comment = exc.doc[exc.pos:].lstrip().startswith(("//", "/*", "#"))
+        why = "a comment (JSON has none; a recipe's \"description\" holds text)" if comment else exc.msg
+        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {why}") from exc
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a recipe (not UTF-8 text)") from None
     except OSError as exc:  # a folder, no permission
@@ -220,9 +226,29 @@ def load_recipe(path: str | Path) -> RunConfig:
         return f"{path}:{text.count(chr(10), 0, at) + 1}: {key}" if at >= 0 else f"{path}: {key}"
 
     try:
+        for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+            check_json_fields(cls, sections[section], lambda name: where(f"{section}.{name}"))
         return apply_sets(base, sets, where)
     except ConfigError as exc:  # a section's own check (``train: ...``) names no line: the file, at least
         raise ConfigError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
+
+
+class _Repeated(ValueError):
+    """A key given twice in one JSON object of a recipe."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict, refused where a key comes twice (``json.loads``' ``object_pairs_hook``)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Repeated(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def _as_text(value) -> str:
