@@ -1,15 +1,19 @@
 """The training batches as one stream (aiayn.data.stream.BatchStream): its state round trip, the
-prefetch, epochs with BPE-dropout and corpus weights, and data positions saved before it existed."""
+prefetch, epochs with BPE-dropout and corpus weights, a resume on another segmentation, and data
+positions saved before it existed."""
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 
 from aiayn.config import replace
 from aiayn.data.corpora import Corpus
-from aiayn.data.dataset import DataDir
+from aiayn.data.dataset import DataDir, Segmentation
 from aiayn.data.prepare import SplitFiles, prepare
 from aiayn.data.stream import BatchStream
+from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig
 from aiayn.train.config import TrainConfig, batching
 from aiayn.train.runtime import Dist
@@ -109,7 +113,7 @@ def test_data_positions_of_older_checkpoints_are_read(prepared, tmp_path):
     n = len(first.sampler)
     written = {"epoch": 0, "batches_done": 7, "seed": 5, "num_replicas": 1, "rank": 0,
                "n_examples": 2000, "n_batches_total": n, "n_batches": n}
-    assert first.state_dict() == written
+    assert first.state_dict() == {**written, "segmentation": None}  # (the stored segmentation: no SHA-256)
     older = {"epoch": 0, "position": 7, "seed": 5, "num_replicas": 1, "rank": 0, "n_examples": 2000,
              "n_batches": n}
     want = _steps(first, 5)
@@ -117,3 +121,53 @@ def test_data_positions_of_older_checkpoints_are_read(prepared, tmp_path):
         stream = _stream(prepared, tmp_path, accum_steps=1)
         stream.load_state_dict(saved)
         assert _steps(stream, 5) == want
+
+
+@pytest.mark.parametrize("how, said", [
+    ("gone", "epoch00000.npz was not in the run directory: sampled again, SHA-256"),
+    ("gone, saved before positions kept its SHA-256", "epoch00000.npz was not in the run directory: sampled again"),
+    ("other ids, the same lengths", "epoch00000.npz holds SHA-256"),
+    ("train.bpe_dropout off", "it was a BPE-dropout segmentation, and train.bpe_dropout is 0 now"),
+    ("train.bpe_dropout on", "it was the stored one, and train.bpe_dropout is 0.1 now"),
+])
+def test_an_epoch_resumed_on_another_segmentation_starts_over(prepared, tmp_path, caplog, how, said):
+    """A data position in the middle of an epoch, resumed where the epoch is not cut on the segmentation
+    it was: its BPE-dropout file gone and sampled again (SentencePiece's draws cannot be repeated),
+    replaced by one of the same lengths (the same batches of other tokens: no count of batches tells
+    them apart), or BPE-dropout turned off or on. The epoch starts over from its first batch, saying
+    what differs, and then holds every pair once; with the same segmentation it continues."""
+    was, now = {"bpe_dropout": 0.0 if how.endswith(" on") else 0.1}, {"bpe_dropout": 0.0 if how.endswith(" off") else 0.1}
+    first = _stream(prepared, tmp_path, accum_steps=1, **was)
+    n = len(first.sampler)
+    _steps(first, n // 2)
+    state = first.state_dict()
+    seg_file = Segmentation.path(tmp_path, 0)
+    if how.startswith("gone"):
+        seg_file.unlink()
+    if how.startswith("gone, saved before"):
+        del state["segmentation"]
+    if how.startswith("other ids"):
+        seg = Segmentation.load(seg_file)
+        tokens, offsets = seg.arrays["src"]
+        Segmentation({**seg.arrays, "src": (tokens[::-1].copy(), offsets)}).save(seg_file)
+    again = _stream(prepared, tmp_path, accum_steps=1, **now)
+    with caplog.at_level(logging.WARNING, logger="aiayn.data.stream"):
+        again.load_state_dict(state)
+    assert caplog.text.count("epoch 0 is cut on another segmentation than the checkpoint's (") == 1, caplog.text
+    assert said in caplog.text and "that epoch starts over from its first batch" in caplog.text
+    assert again.state_dict()["epoch"] == 0 and again.state_dict()["batches_done"] == 0
+    epoch = [i for step in _steps(again, len(again.sampler)) for b in step for i in b]
+    assert sorted(epoch) == list(range(2000)) and again.epoch == 0
+    caplog.clear()
+    same = _stream(prepared, tmp_path, accum_steps=1, **now)
+    same.load_state_dict(again.state_dict())  # the segmentation it was cut on: no restart
+    assert same.state_dict() == again.state_dict() and not caplog.text
+
+
+def test_corpus_weights_resumed_with_other_token_bounds_are_refused(mixed, tmp_path):
+    """Corpus weights draw each epoch from (seed, epoch) alone: a saved epoch cut into another number of
+    batches means other token bounds, refused as without weights (not taken for a BPE-dropout file)."""
+    first = _stream(mixed, tmp_path)
+    _steps(first, 3)
+    with pytest.raises(UserError, match="train.max_src_tokens=1000"):
+        _stream(mixed, tmp_path, max_src_tokens=1000, max_tgt_tokens=1000).load_state_dict(first.state_dict())

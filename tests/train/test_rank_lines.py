@@ -16,7 +16,7 @@ NO_DROPOUT = ["--set", "model.p_drop=0.0", "--set", "model.p_drop_attn=0.0", "--
 RDROP = "train.rdrop_alpha without dropout"
 KERNELS = "kernel cache refused"
 DAMAGED = "resuming from"  # (stdout's "resuming from RUN/... at step" is not in stderr)
-RESEGMENTED = "the BPE-dropout segmentation of epoch 0 is not the one last.pt was trained on"
+RESEGMENTED = "epoch 0 is cut on another segmentation than the checkpoint's ("
 
 
 def _torchrun(data, out, steps: int, extra: list[str], env: dict, ok: bool = True, verbose: bool = False) -> str:
@@ -51,6 +51,7 @@ def test_alike_warnings_of_a_run_and_its_resume_come_once(small_data_dir, tmp_pa
     counts = [resumed.count(s) for s in (RDROP, KERNELS, DAMAGED, RESEGMENTED)]
     assert counts == [1, 1, 1, 1], resumed[-3000:]
     assert "ckpt_step00000004.pt (step 4) instead" in resumed
+    assert "epoch00000.npz was not in the run directory: sampled again, SHA-256" in resumed
 
 
 @pytest.mark.slow

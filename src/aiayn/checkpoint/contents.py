@@ -40,7 +40,8 @@ class Contents:
     scaler: dict | None = _key("fp16's gradient scaler; else None", None)
     sampler: dict = _key("the data position: the epoch and `batches_done`, how many batches of the epoch's order "
                          "all ranks together have trained, so a resumed run draws the batches it would have drawn, "
-                         "on any number of processes")
+                         "on any number of processes; `segmentation`, the SHA-256 of the BPE-dropout segmentation "
+                         "the epoch is cut on (null: the stored one)")
     rng: dict = _key("the generator states (`runtime.rng_state`): torch's CPU generator, numpy's and Python's "
                      "`random` (their Mersenne Twister words as int64 tensors), the current CUDA device's generator")
     rank_rng: list | None = _key("in a data-parallel run, every rank's `rng`, in rank order (each rank draws its own "

@@ -30,6 +30,7 @@ so opening a 4.5M-pair corpus costs only the offsets.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from itertools import chain
@@ -311,6 +312,15 @@ class Segmentation:
     def get(self, side: str, i: int) -> np.ndarray:
         tokens, offsets = self.arrays[side]
         return np.array(tokens[offsets[i]:offsets[i + 1]], dtype=np.int64)
+
+    def sha256(self) -> str:
+        """SHA-256 of both sides' ids and offsets (as int64): what a checkpoint records of the
+        segmentation its epoch was cut on, so a resume can tell a file sampled again from it."""
+        h = hashlib.sha256()
+        for side in ("src", "tgt"):
+            for a in self.arrays[side]:
+                h.update(np.ascontiguousarray(a, dtype=np.int64))
+        return h.hexdigest()
 
     def save(self, path: Path) -> None:
         path = Path(path)

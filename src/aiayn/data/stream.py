@@ -16,8 +16,10 @@ step's batches and the data position a checkpoint keeps, and holds everything be
   (or draws them then, without a prefetch: the same batches);
 * the data position: ``state_dict()`` is the sampler's position after the batches ``next_step``
   handed out, not after those drawn ahead, so a resumed run draws the prefetched ones again; its
-  format is ``TokenBatchSampler.state_dict``'s, the ``sampler`` entry of every checkpoint, and
-  ``load_state_dict`` reads it on another number of ranks too.
+  format is ``TokenBatchSampler.state_dict``'s with one key more, ``segmentation``: the SHA-256 of
+  the BPE-dropout segmentation its epoch is cut on (``Segmentation.sha256``; None: the stored one);
+  it is the ``sampler`` entry of every checkpoint, and ``load_state_dict`` reads it on another
+  number of ranks too.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ from aiayn.errors import UserError
 from aiayn.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
+
+CUT = "segmentation"  # the data position's key for the SHA-256 of the segmentation its epoch is cut on
 
 
 def check_positions(m, splits: dict) -> None:
@@ -116,7 +120,8 @@ class BatchStream:
         self.epoch = 0  # of the batches handed out last
         self._it = None  # the sampler's epoch being drawn (None: not begun)
         self._ahead: _Draw | None = None
-        self._state = self.sampler.state_dict()
+        self._cut: str | None = None  # SHA-256 of the BPE-dropout segmentation in use (None: the stored one)
+        self._state = self._position()
         if start is not None:
             self.load_state_dict(start)
 
@@ -133,16 +138,42 @@ class BatchStream:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a checkpoint's ``sampler`` entry), on this stream's number of
-        ranks. BPE-dropout (and corpus weights): the batches are cut on the saved epoch's lengths. If
-        its segmentation file is gone, the epoch is drawn again, cut into other batches, and restarted
-        from its first one; so is an epoch saved before its first batch (at train.max_epochs)."""
-        if self._segment(int(state["epoch"])) and not self.sampler.same_cut(state):
+        ranks. BPE-dropout (and corpus weights): the batches are cut on the saved epoch's lengths.
+        SentencePiece's draws cannot be repeated, so an epoch whose segmentation is not the one
+        ``state`` was cut on (another SHA-256: its file was gone and is sampled again, or
+        train.bpe_dropout was turned on or off) restarts from its first batch, with a warning that
+        says what differs (in the middle of the epoch); so does an epoch saved before its first batch
+        (at train.max_epochs)."""
+        epoch = int(state["epoch"])
+        kept = self.bpe is not None and Segmentation.path(self.run_dir, epoch).exists()
+        if self.bpe is not None and self.dist.enabled:
+            torch.distributed.barrier()  # every rank has looked before the main rank may sample it
+        self._segment(epoch)
+        other = self._other_cut(state, kept)
+        if other is not None:
             if state.get("batches_done", state.get("position")):  # (none: saved at the epoch's start)
-                log.warning("%s: the BPE-dropout segmentation of epoch %d is not the one last.pt was trained on; "
-                            "that epoch starts over", self.run_dir, state["epoch"])
+                log.warning("%s: epoch %d is cut on another segmentation than the checkpoint's (%s); that epoch "
+                            "starts over from its first batch", self.run_dir, epoch, other)
             state = {**state, "n_batches_total": self.sampler.n_batches_total, "batches_done": 0}
         self.sampler.load_state_dict(state)  # on another number of ranks, the epoch's rest is re-cut for these
         self._begin()
+
+    def _other_cut(self, state: dict, kept: bool) -> str | None:
+        """How the segmentation of ``state``'s epoch differs from this stream's (None: the same);
+        ``kept``: whether its file was in the run directory before this stream looked. A position
+        saved before positions recorded it (no ``segmentation`` key) is taken for the file's."""
+        path = Segmentation.path(self.run_dir, int(state["epoch"]))
+        if CUT not in state:
+            return None if self.bpe is None or kept else f"{path} was not in the run directory: sampled again"
+        saved, now = state[CUT], self._cut
+        if saved == now:
+            return None
+        if now is None:
+            return "it was a BPE-dropout segmentation, and train.bpe_dropout is 0 now"
+        if saved is None:
+            return f"it was the stored one, and train.bpe_dropout is {self.bpe.p:g} now"
+        where = f"{path} holds" if kept else f"{path} was not in the run directory: sampled again,"
+        return f"{where} SHA-256 {now[:12]}..., the checkpoint's is {saved[:12]}..."
 
     def saved(self) -> None:
         """A checkpoint holds ``state_dict()`` now: the main rank deletes the BPE-dropout segmentations
@@ -166,7 +197,11 @@ class BatchStream:
         """Iterate the sampler's epoch from its position."""
         self.epoch = self.sampler.epoch
         self._it = iter(self.sampler)
-        self._state = self.sampler.state_dict()
+        self._state = self._position()
+
+    def _position(self) -> dict:
+        """The sampler's position and the SHA-256 of the segmentation its epoch is cut on (``CUT``)."""
+        return {**self.sampler.state_dict(), CUT: self._cut}
 
     def _draw(self) -> _Draw:
         """Up to ``accum_steps`` collated batches, sent to the device (``to_device``)."""
@@ -193,21 +228,21 @@ class BatchStream:
                                         m.eos_id, indices=idx))
             else:  # a corpus mix or BPE-dropout's segmentations: pair by pair
                 out.append(collate([self.data[i] for i in idx], m.pad_id, m.bos_id, m.eos_id, indices=idx))
-        return _Draw([to_device(b, self.device) for b in out], self.sampler.epoch, self.sampler.state_dict())
+        return _Draw([to_device(b, self.device) for b in out], self.sampler.epoch, self._position())
 
-    def _segment(self, epoch: int) -> bool:
-        """The epoch's pairs and their batches (module docstring); whether the corpus mix or
-        BPE-dropout is on."""
+    def _segment(self, epoch: int) -> None:
+        """The epoch's pairs and their batches (module docstring)."""
         if self.mix is not None and self.mix.set_epoch(epoch) and self.bpe is None:
             self.sampler.set_lengths(self.mix.src_lens + 1, self.mix.tgt_lens + 1)
         if self.bpe is None:
-            return self.mix is not None
+            return
         path = Segmentation.path(self.run_dir, epoch)
         if self.dist.is_main and not path.exists():
             self.bpe.sample().save(path)
         if self.dist.enabled:
             torch.distributed.barrier()
-        self.bpe.use(Segmentation.load(path))
+        seg = Segmentation.load(path)
+        self.bpe.use(seg)
+        self._cut = seg.sha256()
         check_positions(self.m, {f"train (BPE-dropout segmentation {path})": self.bpe})
         self.sampler.set_lengths(self.data.src_lens + 1, self.data.tgt_lens + 1)
-        return True
