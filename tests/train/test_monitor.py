@@ -57,6 +57,7 @@ def test_a_pipe_gets_a_log_line_per_logged_step_and_no_bar(tmp_path, monkeypatch
 def test_log_lines_go_above_the_bar_on_a_terminal(tmp_path, monkeypatch):
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr("aiayn.progress.QUIET", False)  # (an earlier command's --quiet in this process)
     console = logging.StreamHandler(sys.stderr)
     logging.root.addHandler(console)
     try:
@@ -115,6 +116,7 @@ def test_an_interrupted_run_closes_its_outputs_and_resumes_them(small_data_dir, 
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr("aiayn.progress.QUIET", False)  # (an earlier command's --quiet in this process)
     monkeypatch.setattr(_Run, "validate", interrupted)
     assert main(argv + ["--max-steps", "6"]) == 130
     # the bar ended with its line: the message starts one of its own
