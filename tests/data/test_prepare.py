@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import re
+import shutil
 import unicodedata
 from pathlib import Path
 
@@ -504,3 +506,34 @@ def test_separate_vocabularies_untie_the_embeddings_and_say_so(corpus, tmp_path,
         fitted = fit_to_data(RunConfig(), DataDir(tmp_path / "d"))
     assert fitted.model.tie_src_tgt_embeddings is False and fitted.model.tgt_vocab_size == 400
     assert "model.tie_src_tgt_embeddings: false" in caplog.text
+
+
+def test_the_same_text_gives_the_same_directory_on_any_thread_count_and_from_any_folder(corpus, tmp_path):
+    """Reproducible data: the SentencePiece model and every array byte for byte, whatever the thread
+    count, the chunk size or the folder the text is read from; the manifest differs only in when it
+    was written, how long it took, the paths read and those two options (docs/training.md,
+    "Reproducibility")."""
+    valid = corpus("valid", ["A dog runs.", "Two men talk."], ["Ein Hund rennt.", "Zwei Männer reden."])
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    copies = [SplitFiles(*(Path(shutil.copy(f, moved)) for f in (s.src, s.tgt))) for s in (corpus.train, valid)]
+    outs = []
+    for i, (train, val, workers, chunk) in enumerate([(corpus.train, valid, 1, 100_000), (*copies, 2, 300)]):
+        outs.append(tmp_path / f"out{i}")
+        prepare({"train": train, "valid": val}, outs[-1], replace(SMALL, num_workers=workers, chunk_lines=chunk))
+    names = sorted(p.name for p in outs[0].iterdir())
+    assert names == sorted(p.name for p in outs[1].iterdir()) and "spm.model" in names
+    for name in names:
+        if name != store.MANIFEST:
+            assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+    def kept(out: Path) -> dict:
+        m = json.loads((out / store.MANIFEST).read_text())
+        for key in ("created", "seconds"):
+            m.pop(key)
+        for key in ("num_workers", "chunk_lines"):
+            m["options"].pop(key)
+        for entry in m["splits"].values():
+            entry["inputs"].pop("src"), entry["inputs"].pop("tgt")
+        return m
+    assert kept(outs[0]) == kept(outs[1])

@@ -297,3 +297,33 @@ def test_a_finished_run_is_reused_only_for_the_options_it_was_trained_with(tmp_p
         train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("", 1.0, 60), 1, "[2/7]")
     with pytest.raises(UserError, match=r"model\.d_ff=.*model\.d_ff=64"):
         train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("model.d_ff=64", 1.0, 40), 1, "[2/7]")
+
+
+@pytest.mark.slow
+def test_demo_records_what_repeats_it_and_a_budget_in_flops_repeats_it_exactly(shared_data, tmp_path, capsys):
+    """results.json names the recipe, the seed, the whole configuration trained and the code, libraries
+    and machine; with the budget in counted FLOPs and checkpoints by steps (docs/training.md,
+    "Reproducibility") a second run gives the same model bit for bit and the same translations."""
+    import torch
+
+    import aiayn
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.train.config import RECIPES
+    outs = [tmp_path / "one", tmp_path / "two"]
+    for out in outs:
+        assert main(["demo", "--out", str(out), "--recipe", str(RECIPES / "multi30k-quick.json"), "--data-root",
+                     str(shared_data), "--train-lines", "300", "--eval-lines", "10", "--vocab-size", "300",
+                     "--processes", "1", "--threads", "1", "--alphas", "0.6", "--average-last", "2",
+                     "--set", "train.max_time_min=0", "--set", "train.max_flops=1.2e11",
+                     "--set", "train.save_every_min=0", "--set", "train.save_every_steps=5"]) == 0
+    capsys.readouterr()
+    results = json.loads((outs[0] / "results.json").read_text())
+    run_config = json.loads((outs[0] / "run" / "config.json").read_text())
+    assert results["recipe"] == str(RECIPES / "multi30k-quick.json") and results["run_config"] == run_config
+    assert results["seed"] == run_config["train"]["seed"] == 1 and run_config["train"]["threads"] == 1
+    env = results["environment"]
+    assert env["aiayn"] == aiayn.__version__ and env["torch"] == torch.__version__ and env["cpu"]
+    assert results["train"]["stop_reason"] == "max_flops" and len(results["averaged"]) == 2
+    a, b = (load_checkpoint(out / "model.pt")["model"] for out in outs)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (outs[0] / "test_2016.hyp").read_bytes() == (outs[1] / "test_2016.hyp").read_bytes()

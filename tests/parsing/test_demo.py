@@ -32,6 +32,7 @@ def test_parse_demo_end_to_end_and_resumes(four_files, tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
+    assert {"aiayn", "torch", "cpu", "source"} <= set(results["environment"])  # what repeats it
     assert results["train"]["steps"] == 4 and results["averaged"] == ["ckpt_step00000002.pt", "ckpt_step00000004.pt"]
     for split, n in (("dev", 5), ("test", 8)):                  # wsj_0160 and wsj_0180
         gold, pred = read_lines(out / "ptb" / f"{split}.gold"), read_lines(out / f"{split}.pred")

@@ -258,8 +258,11 @@ def record_alpha(model_path: Path, alpha: float) -> None:
 
 def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
     """``out/results.json``, and the same file at ``--results-to`` (written whole; a results folder's
-    copy for BENCHMARKS.md)."""
+    copy for BENCHMARKS.md), with what repeating it needs besides the options, the recipe and the seed
+    that ``results`` holds: this process's code, libraries and machine (``environment``)."""
     from aiayn.files import write_output
+    from aiayn.host.environment import environment
+    results["environment"] = environment()
     text = json.dumps(results, indent=2, ensure_ascii=False).encode()
     (out / "results.json").write_bytes(text)
     print(f"results: {out / 'results.json'}")
@@ -405,7 +408,8 @@ def check_finished_run(run_dir: Path, run_cfg: RunConfig) -> None:
 
 def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -> list[Path]:
     """2. The recipe trained into ``run_dir`` (``--members`` > 1: one sub-directory a member), or
-    resumed there; returns the members' run directories."""
+    resumed there; returns the members' run directories. ``results`` gets the recipe's name, the seed
+    (member i's is seed + i - 1) and the first run's whole configuration (its config.json)."""
     from aiayn.config import apply_sets
     from aiayn.train.config import batching, load_recipe
     recipe = Path(cfg.recipe) if cfg.recipe else _sized_recipe(cfg, run_dir.parent, results)
@@ -433,6 +437,8 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
     if finished:
         mark_reused(results, "train")
     summaries = [json.loads((d / "summary.json").read_text()) for d in member_dirs]
+    run_config = json.loads((member_dirs[0] / "config.json").read_text())  # what it trained, every field
+    results.update(recipe=cfg.recipe or recipe.name, seed=run_config["train"]["seed"], run_config=run_config)
     results["train"] = summaries[0]
     if cfg.members > 1:
         results["train_members"] = summaries

@@ -199,7 +199,10 @@ def run_parse_demo(cfg: ParseDemoConfig) -> dict:
     _stage_train(cfg, ptb / "data", run_dir, results)
     _stage_average(cfg, run_dir, model_path, results)
     _stage_parse(cfg, splits, model_path, ptb, out, results)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    from aiayn.files import write_json_atomic
+    from aiayn.host.environment import environment
+    results["environment"] = environment()  # what repeats it (docs/training.md, "Reproducibility")
+    write_json_atomic(out / "results.json", results)
     print("[5/5] EVALB (COLLINS.prm), labeled:\n" + format_table(results), flush=True)
     print(f"results: {out / 'results.json'}")
     print(f"trees: {out / (splits[-1] + '.pred')}")

@@ -74,7 +74,7 @@ class TrainConfig:
     best_metric: str = param("loss", "loss | bleu: what best.pt and patience follow (bleu needs valid_bleu)")
     ema_decay: float = param(0.0, "an exponential moving average of the weights, ema = d * ema + (1 - d) * weights after each update, validated and written to ema.pt; 0 = off (the paper averages checkpoints, §6.1)")
     # machinery
-    seed: int = param(1, "seed for initialization, dropout and batch order")
+    seed: int = param(1, "seed for initialization, dropout, batch order and the draws of corpus weights; not for BPE-dropout, which SentencePiece draws unseeded (docs/training.md, Reproducibility)")
     device: str = param("auto", "auto | cpu | cuda | cuda:N")
     precision: str = param("auto", "auto | fp32 | bf16 | fp16 (fp16 only on CUDA, with a gradient scaler); auto = bf16 where the device computes it natively (CUDA compute capability >= 8.0, CPUs with AVX512-BF16/AMX), else fp16 on CUDA where its fp16 is fast (compute capability 7.0 on; P100), fp32 elsewhere")
     threads: int = param(0, "CPU threads for torch; 0 = leave torch's default")
