@@ -56,3 +56,23 @@ def test_buffer_cuts_stdin_into_chunks_of_n_lines(monkeypatch):
     import io
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n c \nd\ne\n"))
     assert list(input_chunks(None, 2)) == [(1, ["a", "b"]), (3, ["c", "d"]), (5, ["e"])]
+
+
+@pytest.mark.parametrize("buffer,trims", [(None, 3), ("1", 3), ("3", 2)])
+def test_a_long_stream_gives_the_heaps_holes_back_every_chunk_lines(copy_checkpoint, monkeypatch, capsys, buffer, trims):
+    """The aiayn command keeps freed memory in its heap (aiayn/host/allocator.py), where batches of many
+    shapes leave holes of many sizes: a long stream's translator gives them back after each chunk
+    that passes a multiple of CHUNK_LINES lines (each chunk of the default --buffer). 7 lines with
+    CHUNK_LINES 2: chunks of 2 or 1 lines pass 2, 4 and 6; chunks of 3 (3, 6, 7) pass them in two."""
+    import io
+
+    import aiayn.commands.translate as translate
+    from aiayn.cli import main
+    calls = []
+    monkeypatch.setattr(translate, "CHUNK_LINES", 2)
+    monkeypatch.setattr(translate, "release_free_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\nc\n\nd e f\ng\nh i\nj\n")))
+    args = ["translate", "--checkpoint", str(copy_checkpoint), "--beam-size", "1"]
+    assert main(args + (["--buffer", buffer] if buffer else [])) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 7
+    assert len(calls) == trims

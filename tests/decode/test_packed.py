@@ -184,3 +184,37 @@ def test_translator_beam_search_with_and_without_packed_weights(library):
         with torch.inference_mode():
             out[on] = search(t.decoder, src, t.cfg, t.ids)
     same_float_search(model, src, out[True], out[False], t.cfg, t.ids)  # up to float32's roundings, derived
+
+
+@pytest.mark.skipif(not packed_mod.available("onednn"), reason="this PyTorch has no oneDNN packed linear")
+def test_onednn_row_counts_are_padded_to_a_bounded_set(monkeypatch):
+    """oneDNN builds and keeps a kernel for each row count it multiplies, so a translator that saw every
+    count from 1 to 512 kept 512 sets of kernels. With row_bits b = 4 the products reach oneDNN with the
+    counts ``padded_rows`` gives: the 15 under 2^4 as they are, then 2^(b-1) = 8 for each of the 5
+    doublings from 16 to 511, and 512: at most 56, each output row still its own input row's product."""
+    from aiayn.execution.linear import padded_rows
+
+    seen = set()
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda rows, *a: seen.add(rows.size(0)) or real(rows, *a))
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 24)
+    p = PackedLinear(lin.weight, lin.bias, relu=True, library="onednn", row_bits=4)
+    with torch.inference_mode():
+        for M in range(1, 513):
+            x = torch.randn(M, 16) if M % 2 else torch.randn(2, M // 2, 16)  # (M, I) or (2, M/2, I)
+            y = p(x)
+            assert y.shape == x.shape[:-1] + (24,)
+            within(y, F.relu(F.linear(x, lin.weight, lin.bias)).double(), _two_products_apart(x, lin.weight, lin.bias))
+    assert seen == {padded_rows(M, 4) for M in range(1, 513)}
+    assert len(seen) <= 15 + 8 * 5 + 1
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_translator_pads_the_packed_copy_as_cpu_row_bits_says(library):
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.translator import Translator
+
+    for bits in (0, 5):
+        t = Translator(_tiny_model(), None, None, DecodeConfig(packed_library=library, cpu_row_bits=bits))
+        assert {m.row_bits for m in t.model.modules() if isinstance(m, PackedLinear)} == {bits}

@@ -97,3 +97,29 @@ def test_translate_prefix_count_is_checked_before_decoding(copy_checkpoint, tmp_
     assert main(args + ["--buffer", "1"]) == 2
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 1 and "1 lines, fewer than the input's" in captured.err
+
+
+def test_translate_reads_the_prefix_file_as_the_input_arrives(copy_checkpoint, tmp_path, capsys, monkeypatch):
+    """A stream's prefixes are read chunk by chunk with its lines, not the whole file first (its memory
+    stays that of a chunk): with --buffer 1, the k-th chunk is decoded with k prefix lines read."""
+    import aiayn.data.textio as textio
+
+    pre = tmp_path / "prefix.txt"
+    pre.write_text("c\n\nk\n")
+    read, real = [], textio.read_lines
+
+    def counted(path):
+        for line in real(path):
+            read.append(line)
+            yield line
+
+    at_chunk = []
+    translate_ids = Translator.translate_ids
+    monkeypatch.setattr(textio, "read_lines", counted)
+    monkeypatch.setattr(Translator, "translate_ids", lambda self, *a, **k: at_chunk.append(len(read)) or
+                        translate_ids(self, *a, **k))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a b c\nl k j i\nk j\n")))
+    assert main(["translate", "--checkpoint", str(copy_checkpoint), "--prefix", str(pre), "--buffer", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert at_chunk == [1, 2, 3]
+    assert out[0].startswith("c") and out[2].startswith("k") and len(out) == 3

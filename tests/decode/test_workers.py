@@ -2,6 +2,9 @@
 are shared out and the translations are those of one process, in input order."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 
@@ -130,14 +133,64 @@ def test_workers_started_without_the_main_guard_fail_at_once(tiny_checkpoint, tm
     assert "must start them under `if __name__ == \"__main__\":`" in res.stderr.splitlines()[-1], res.stderr[-2000:]
 
 
-def test_the_pools_file_is_removed_when_it_closes(tiny_checkpoint):
-    import glob
+def test_the_pools_file_is_removed_when_it_closes(tiny_checkpoint, tmp_path, monkeypatch):
+    """The weights' file is gone after close; on Linux its name is gone at once (the workers read it
+    through this process's descriptor) and the descriptor is closed at close."""
     import tempfile
-    before = set(glob.glob(f"{tempfile.gettempdir()}/aiayn-workers-*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    linux = sys.platform.startswith("linux")
     with Translator.from_checkpoint(tiny_checkpoint, DecodeConfig(workers=2)) as t:
         assert t.translate(["a b c"]) == Translator.from_checkpoint(tiny_checkpoint).translate(["a b c"])
-        assert len(set(glob.glob(f"{tempfile.gettempdir()}/aiayn-workers-*")) - before) == 1
-    assert set(glob.glob(f"{tempfile.gettempdir()}/aiayn-workers-*")) == before
+        assert len(list(tmp_path.glob("aiayn-workers-*"))) == (0 if linux else 1)
+        if linux:
+            assert len(_open_weights_files()) == 1
+    assert list(tmp_path.glob("aiayn-workers-*")) == []
+    if linux:
+        assert _open_weights_files() == []
+
+
+def _open_weights_files() -> list[str]:
+    """The files this process holds open whose names were the pools' (Linux)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (listdir's own descriptor, closed meanwhile)
+            continue
+        if "aiayn-workers-" in target:
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the weights' file is unnamed on Linux only")
+def test_a_killed_process_leaves_no_copy_of_the_weights(tiny_checkpoint, tmp_path):
+    """`aiayn translate --workers 2` ended by a signal (kill, timeout, the out-of-memory killer) runs no
+    clean-up code: its temporary folder must not keep a copy of the weights for each such run."""
+    import signal
+    import subprocess
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import sys, time\n"
+        "from aiayn.decode.config import DecodeConfig\n"
+        "from aiayn.decode.translator import Translator\n"
+        "if __name__ == '__main__':\n"
+        f"    t = Translator.from_checkpoint({str(tiny_checkpoint)!r}, DecodeConfig(workers=2))\n"
+        "    t.translate(['a b c', 'd e f g h'])\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert list(tmp.glob("aiayn-workers-*")) == []  # no name while it runs
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    assert list(tmp.glob("aiayn-workers-*")) == []
 
 
 def test_from_checkpoint_decodes_with_the_settings_the_checkpoint_carries(tiny_checkpoint, tmp_path):
@@ -170,3 +223,24 @@ def test_an_ensemble_decodes_with_the_settings_its_members_share(tiny_checkpoint
         with caplog.at_level(logging.WARNING):
             assert Translator.from_checkpoint(agreeing_not).cfg == DecodeConfig()
         assert "carry different decoding settings" in caplog.text and "1.4" in caplog.text
+
+
+def test_a_worker_gives_the_heaps_holes_back_every_few_batches(monkeypatch):
+    """A decoding worker runs with the aiayn command's allocator setting (freed memory kept in the
+    heap, aiayn/host/allocator.py): it gives the holes back every TRIM_EVERY_BATCHES batches."""
+    from aiayn.decode import workers
+
+    class Stub:
+        cfg = None
+
+        def translate_ids(self, rows):
+            return [[] for _ in rows]
+
+    calls = []
+    monkeypatch.setattr(workers, "_WORKER", Stub())
+    monkeypatch.setattr(workers, "_BATCHES", 0)
+    monkeypatch.setattr(workers, "release_free_memory", lambda: calls.append(1) or True)
+    n = 2 * workers.TRIM_EVERY_BATCHES + 1
+    for _ in range(n):
+        assert workers._translate([[5, 3]], DecodeConfig()) == [[]]
+    assert len(calls) == 2

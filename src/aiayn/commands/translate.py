@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from aiayn.commands.decode_settings import decode_config
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.files import check_output_folder, refuse_input_as_output, write_output
+from aiayn.host.allocator import release_free_memory
 from aiayn.progress import progress_bar, progress_shown
 
 if TYPE_CHECKING:
@@ -111,34 +113,47 @@ def _alignment(translator: Translator, src_ids: list[int], hyp, layer: int) -> s
     return pharaoh(hard_alignment(cross, layer, len(src_ids) - 1, len(hyp.tokens)))
 
 
-def _read_prefixes(path: str | None) -> list[str] | None:
+def _read_prefixes(path: str | None) -> Iterator[str] | None:
+    """The --prefix file's lines, read as the input's chunks need them (never the whole file at once)."""
     if path is None:
         return None
     from aiayn.data.textio import check_readable, read_lines
     check_readable(Path(path), "--prefix")
-    return [line.strip() for line in read_lines(Path(path))]
+    return read_lines(Path(path))
 
 
-def _check_prefix_count(prefixes: list[str] | None, prefix_path: str | None, input_path: str | None) -> None:
+def _check_prefix_count(prefix_path: str | None, input_path: str | None) -> None:
     """--prefix and an --input file of different line counts: an error before the model is loaded
     (``check_line_counts``, as ``evaluate`` checks its references). From stdin (or a pipe) the count
     is known only as the lines arrive: a short prefix file stops at the first line it lacks
-    (``_chunk_prefixes``), a long one after the last translation."""
-    if prefixes is None or input_path is None or not Path(input_path).is_file():
+    (``_chunk_prefixes``), a long one after the last translation (``_check_prefixes_used``)."""
+    if prefix_path is None or input_path is None or not Path(input_path).is_file():
         return
     from aiayn.data.textio import check_line_counts, count_lines
-    n_input = count_lines(Path(input_path))
-    if n_input != len(prefixes):
-        check_line_counts(prefix_path, len(prefixes), input_path, n_input)
+    n_input, n_prefixes = count_lines(Path(input_path)), count_lines(Path(prefix_path))
+    if n_input != n_prefixes:
+        check_line_counts(prefix_path, n_prefixes, input_path, n_input)
 
 
-def _chunk_prefixes(prefixes: list[str] | None, path: str | None, first: int, n: int) -> list[str] | None:
-    """The prefixes of input lines first..first+n-1; an error when the file has fewer lines."""
+def _chunk_prefixes(prefixes: Iterator[str] | None, path: str | None, first: int, n: int) -> list[str] | None:
+    """The prefixes of input lines first..first+n-1, the next n lines of ``prefixes``; an error when
+    the file has fewer lines."""
     if prefixes is None:
         return None
-    if len(prefixes) < first - 1 + n:
-        raise UserError(f"--prefix {path}: {len(prefixes)} lines, fewer than the input's (one prefix per input line)")
-    return prefixes[first - 1:first - 1 + n]
+    chunk = list(itertools.islice(prefixes, n))
+    if len(chunk) < n:
+        raise UserError(f"--prefix {path}: {first - 1 + len(chunk)} lines, fewer than the input's "
+                        "(one prefix per input line)")
+    return chunk
+
+
+def _check_prefixes_used(prefixes: Iterator[str] | None, path: str | None, n_lines: int) -> None:
+    """After ``n_lines`` input lines: an error when the --prefix file has more lines than the input."""
+    if prefixes is None:
+        return
+    extra = sum(1 for _ in prefixes)
+    if extra:
+        raise UserError(f"--prefix {path}: {n_lines + extra} lines for {n_lines} input lines (one prefix per input line)")
 
 
 def _write_chunk(translator: Translator, ids: list[list[int]], hyps: list, first: int, args: argparse.Namespace,
@@ -169,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
     if att_path is not None:
         check_output_folder(att_path)  # written after the translations: said before them
     buffer = _buffer_lines(args)
-    prefixes = _read_prefixes(args.prefix)
-    _check_prefix_count(prefixes, args.prefix, args.input)
+    prefixes = _read_prefixes(args.prefix)  # (checked readable now, read as the chunks need it)
+    _check_prefix_count(args.prefix, args.input)
     with Translator.from_checkpoint(args.checkpoint, cfg, device=args.device) as translator:
         if args.alignments:
             from aiayn.decode.align import check_layer
@@ -187,9 +202,10 @@ def run(args: argparse.Namespace) -> int:
                 _write_chunk(translator, ids, hyps, first, args, records)
                 sys.stdout.flush()
                 bar.refresh()
+                if (n_lines + len(lines)) // CHUNK_LINES > n_lines // CHUNK_LINES:
+                    release_free_memory()  # each CHUNK_LINES lines: the heap's holes back (aiayn/host/allocator.py)
                 n_lines += len(lines)
-    if prefixes is not None and len(prefixes) != n_lines:
-        raise UserError(f"--prefix {args.prefix}: {len(prefixes)} lines for {n_lines} input lines (one prefix per input line)")
+    _check_prefixes_used(prefixes, args.prefix, n_lines)
     if att_path is not None:
         _write_attention(att_path, records)
     log.info("translated %d lines in %.1fs", n_lines, time.perf_counter() - t0)

@@ -168,8 +168,9 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
     ``resolve_library`` picks it; decode/packed.py), or a copy cast to bfloat16 or (on CUDA) float16, or made
     int8 (int8-bf16: int8 linear maps, bfloat16 between them; decode/int8.py; ``kernels`` do the passes
     around the int8 products, and the products themselves on CPUs without VNNI, where int8 is refused
-    without them), so the caller's model is left as it was. The bfloat16 copy pads the rows of its
-    linear maps to keep ``row_bits`` leading bits (``aiayn.execution.linear``)."""
+    without them), so the caller's model is left as it was. The bfloat16 copy, and the packed copy on
+    oneDNN, pad the rows of their linear maps to keep ``row_bits`` leading bits (``aiayn.execution.linear``,
+    decode/packed.py)."""
     if any(isinstance(m, (Int8Linear, PackedLinear)) for m in model.modules()):
         return model  # already a decoding copy (the service passes its Translator's models on)
     if precision == "bf16":
@@ -193,7 +194,7 @@ def model_for_precision(model: Transformer, precision: str, kernels: Kernels | N
     if packed and p.dtype == torch.float32 and p.device.type == "cpu":
         chosen = resolve_library(library)
         if chosen is not None:
-            return packed_copy(model, chosen)
+            return packed_copy(model, chosen, row_bits)
     return model
 
 

@@ -25,6 +25,12 @@ Inputs it does not take (not float32, not on the CPU, under autocast) go through
 The copy's feed-forward layers (Eq. 2) become ``PackedFeedForward``: the max(0, .) runs inside the first
 product with oneDNN (its relu post-op) instead of as a separate pass over the (N, d_ff) activations;
 with MKL, in place on the product.
+
+oneDNN builds and keeps a kernel for every row count M it multiplies (MKL's packed product keeps none),
+and a translator sees nearly every M up to its batch's rows: a long-running one grew by the kernels of
+each new count. Its ``PackedLinear`` pads M with zero rows to keep ``row_bits`` leading bits
+(``DecodeConfig.cpu_row_bits``; ``aiayn.execution.linear.padded_rows``), as bfloat16's maps do, so the
+kernels are those of a bounded set of counts; each output row is its input row's product as before.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.decode.config import PACKED_LIBRARIES as LIBRARIES
+from aiayn.execution.linear import padded_rows
 from aiayn.model.layers import FeedForward
 
 _MKL_PACK_ROWS = 128  # the row count MKL is told at packing: beam 4 x 32 sentences (module docstring)
@@ -80,10 +87,11 @@ def resolve_library(library: str) -> str | None:
 class PackedLinear(nn.Module):
     """y = x W^T + b, W (O, I) float32 on the CPU, multiplied from ``library``'s packed copy of W (mkl or
     onednn); with ``relu``, max(0, y) (the first half of Eq. 2), applied by oneDNN as it writes y, or
-    in place after MKL's product."""
+    in place after MKL's product. ``row_bits``: oneDNN's row counts padded to keep that many leading
+    bits (module docstring); 0 = none."""
 
     def __init__(self, weight: nn.Parameter | Tensor, bias: nn.Parameter | Tensor | None = None, relu: bool = False,
-                 library: str = "onednn"):
+                 library: str = "onednn", row_bits: int = 0):
         super().__init__()
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ValueError("PackedLinear: a float32 CPU weight")
@@ -93,11 +101,12 @@ class PackedLinear(nn.Module):
         self.bias = bias
         self.relu = relu
         self.library = library
+        self.row_bits = row_bits
         self._packed: Tensor | None = None  # the library's layout of weight, made on first use
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, library: str = "onednn") -> "PackedLinear":
-        return cls(lin.weight, lin.bias, library=library)
+    def from_linear(cls, lin: nn.Linear, library: str = "onednn", row_bits: int = 0) -> "PackedLinear":
+        return cls(lin.weight, lin.bias, library=library, row_bits=row_bits)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -110,10 +119,20 @@ class PackedLinear(nn.Module):
             return F.relu(y) if self.relu else y
         if self.library == "mkl":
             return self._mkl(x)
+        return self._onednn(x)
+
+    def _onednn(self, x: Tensor) -> Tensor:  # (..., I) -> (..., O)
         if self._packed is None:
             with torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "relu" if self.relu else "none", [], "")
+        rows = x.reshape(-1, x.size(-1))  # (M, I)
+        M = rows.size(0)
+        extra = padded_rows(M, self.row_bits) - M
+        if extra:
+            rows = F.pad(rows, (0, 0, 0, extra))  # (M + extra, I): zero rows (module docstring)
+        y = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "relu" if self.relu else "none",
+                                               [], "")  # (M + extra, O)
+        return y[:M].view(*x.shape[:-1], y.size(-1))
 
     def _mkl(self, x: Tensor) -> Tensor:  # (..., I) -> (..., O)
         if self._packed is None:
@@ -127,7 +146,8 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.weight.size(1)}, out_features={self.weight.size(0)}, bias={self.bias is not None}, "
-                f"library={self.library}" + (", relu=True" if self.relu else ""))
+                f"library={self.library}" + (", relu=True" if self.relu else "")
+                + (f", row_bits={self.row_bits}" if self.row_bits and self.library == "onednn" else ""))
 
 
 class PackedFeedForward(nn.Module):
@@ -135,11 +155,11 @@ class PackedFeedForward(nn.Module):
     names), the max fused into the first product; another activation (``ModelConfig.activation``)
     is applied after it. No dropout: a decoding copy does not train."""
 
-    def __init__(self, ffn: FeedForward, library: str = "onednn"):
+    def __init__(self, ffn: FeedForward, library: str = "onednn", row_bits: int = 0):
         super().__init__()
         relu = ffn.activation == "relu"
-        self.w1 = PackedLinear(ffn.w1.weight, ffn.w1.bias, relu=relu, library=library)
-        self.w2 = PackedLinear.from_linear(ffn.w2, library)
+        self.w1 = PackedLinear(ffn.w1.weight, ffn.w1.bias, relu=relu, library=library, row_bits=row_bits)
+        self.w2 = PackedLinear.from_linear(ffn.w2, library, row_bits)
         self.act = None if relu else ffn.act
 
     def forward(self, x: Tensor) -> Tensor:  # (..., d_model) -> (..., d_model)
@@ -149,18 +169,19 @@ class PackedFeedForward(nn.Module):
         return self.w2(h if self.act is None else self.act(h))
 
 
-def packed_copy(model: nn.Module, library: str = "onednn") -> nn.Module:
+def packed_copy(model: nn.Module, library: str = "onednn", row_bits: int = 0) -> nn.Module:
     """A decoding copy of a float32 CPU Transformer whose linear maps are ``PackedLinear`` of ``library``
-    (mkl or onednn; module docstring); the caller's model is left as it was."""
+    (mkl or onednn; module docstring), oneDNN's rows padded to keep ``row_bits`` leading bits; the
+    caller's model is left as it was."""
     out = copy.deepcopy(model).eval()
     for parent in list(out.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, FeedForward):
-                setattr(parent, name, PackedFeedForward(child, library))
+                setattr(parent, name, PackedFeedForward(child, library, row_bits))
             elif isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear.from_linear(child, library))
+                setattr(parent, name, PackedLinear.from_linear(child, library, row_bits))
     if getattr(out, "out_proj", False) is None:  # tied pre-softmax projection (§3.4): the embedding matrix
-        out.out_proj = PackedLinear(out.tgt_embed.weight, library=library)
+        out.out_proj = PackedLinear(out.tgt_embed.weight, library=library, row_bits=row_bits)
     for p in out.parameters():
         p.requires_grad_(False)
     return out.eval()  # the new modules too

@@ -12,8 +12,12 @@ its batch: tests/decode/test_translator.py). The results come back in input orde
 
 The workers are started (``spawn``) the first time they are needed and live as long as the
 ``Translator`` (``Translator.close()`` stops them). They receive the checkpoint's weights and
-tokenizers once, in a temporary file (removed at close), and set the process settings of the ``aiayn`` command (denormals, huge
-pages, allocator) before they create a tensor. On Linux they end with the thread that started them
+tokenizers once, in a temporary file, and set the process settings of the ``aiayn`` command (denormals, huge
+pages, allocator) before they create a tensor. On Linux the file's name is removed as soon as it is
+written: the workers open it through this process's descriptor (``/proc/PID/fd/N``), and the kernel
+frees it when that descriptor closes, at close or however this process ends (a ``kill`` or an
+out-of-memory kill leaves no copy of the weights in the temporary folder); elsewhere the named file
+is removed at close or at exit. On Linux they end with the thread that started them
 (``PR_SET_PDEATHSIG``), so a killed ``aiayn translate`` leaves no orphans; start them from a thread
 that outlives the Translator (the main thread, as the CLI does). Sampling (``DecodeConfig.sampling``)
 seeds each batch's generator with ``DecodeConfig.seed``, so sampled outputs also depend on how the
@@ -22,18 +26,22 @@ CPU only: on a GPU, one process with large batches is the fast way.
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import tempfile
 import weakref
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
+from aiayn.host.allocator import release_free_memory
 
 _WORKER = None  # the worker process's Translator
+_BATCHES = 0  # batches the worker process decoded
+TRIM_EVERY_BATCHES = 10  # a worker's batches between two release_free_memory calls
 
 
 def _init_worker(translator_class: type, payload: str, cfg: DecodeConfig, threads: int, parent_pid: int) -> None:
@@ -63,8 +71,13 @@ def _init_worker(translator_class: type, payload: str, cfg: DecodeConfig, thread
 
 
 def _translate(rows: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    global _BATCHES
     _WORKER.cfg = cfg  # the caller's settings of this call (beam, α, ...); the precision is the pool's
-    return _WORKER.translate_ids(rows)
+    hyps = _WORKER.translate_ids(rows)
+    _BATCHES += 1
+    if _BATCHES % TRIM_EVERY_BATCHES == 0:
+        release_free_memory()  # the heap's holes back, as training does (aiayn/host/allocator.py)
+    return hyps
 
 
 def spread(batches: list[list[int]], lengths: Sequence[int], workers: int) -> list[list[int]]:
@@ -106,7 +119,8 @@ class DecodePool:
             torch.save({"models": [(asdict(m.cfg), {k: v.detach().cpu() for k, v in m.state_dict().items()})
                                    for m in models],
                         "tokenizers": [(t.model_bytes, t.name) for t in (src_tok, tgt_tok)]}, f)
-        self._payload = weakref.finalize(self, _remove, path)  # at close, or when the pool is collected
+        path, release = _unnamed(path)
+        self._payload = weakref.finalize(self, release)  # at close, or when the pool is collected
         self.workers = cfg.workers
         self.threads = max(1, threads // cfg.workers)
         self._pool = ProcessPoolExecutor(
@@ -134,6 +148,28 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _unnamed(path: str) -> tuple[str, Callable[[], None]]:
+    """(the name the workers open the file ``path`` by, what releases it): where this process can open
+    its own descriptors by /proc (Linux), ``path`` opened, its name removed, and the descriptor's
+    /proc name, released by closing the descriptor; else ``path`` itself, released by removing it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return path, functools.partial(_remove, path)
+    via = f"/proc/{os.getpid()}/fd/{fd}"
+    try:
+        held, seen = os.fstat(fd), os.stat(via)  # (a /proc of another process tree would name another file)
+        usable = (held.st_dev, held.st_ino) == (seen.st_dev, seen.st_ino)
+        os.close(os.open(via, os.O_RDONLY))
+    except OSError:
+        usable = False
+    if not usable:
+        os.close(fd)
+        return path, functools.partial(_remove, path)
+    os.unlink(path)
+    return via, functools.partial(os.close, fd)
 
 
 def _unbroken(results: Iterator) -> Iterator:
