@@ -14,15 +14,26 @@ from tests.kernels.reference import log_softmax_topk_matches_pytorch, shared_slo
 from tests.kernels.test_beam_attention import check_self_attention
 
 
+@pytest.fixture(autouse=True)
+def _load_cleared():
+    """Each test's ``load()`` runs as a new process's first would: its cache cleared before and after."""
+    kernel_mod.load.cache_clear()
+    yield
+    kernel_mod.load.cache_clear()
+
+
+def _load_anew():
+    """``load()`` again, as another process would run it (its cache cleared)."""
+    kernel_mod.load.cache_clear()
+    return kernel_mod.load()
+
+
 def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "kernels"))
     kernel_mod.load.cache_clear()
-    try:
-        with caplog.at_level("INFO", logger="aiayn.kernels.loader"):
-            assert kernel_mod.load() is None
-    finally:
-        kernel_mod.load.cache_clear()
+    with caplog.at_level("INFO", logger="aiayn.kernels.loader"):
+        assert kernel_mod.load() is None
     assert "no C compiler" in caplog.text
 
 
@@ -32,13 +43,10 @@ def test_a_compile_error_is_logged_and_returns_none(monkeypatch, tmp_path, caplo
     monkeypatch.setattr(kernel_mod, "SOURCES", (kernel_mod.SOURCES[0], bad))
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "kernels"))
     kernel_mod.load.cache_clear()
-    try:
-        if kernel_mod._compiler() is None:
-            pytest.skip("no C compiler")
-        with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
-            assert kernel_mod.load() is None
-    finally:
-        kernel_mod.load.cache_clear()
+    if kernel_mod._compiler() is None:
+        pytest.skip("no C compiler")
+    with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
+        assert kernel_mod.load() is None
     assert "could not compile beam_attention.c bad.c" in caplog.text
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-written is left to load
 
@@ -71,43 +79,31 @@ def _counting_build(monkeypatch, good: bytes) -> list:
 def test_a_damaged_cached_library_is_built_again(kernels, monkeypatch, tmp_path):
     good = kernels.path.read_bytes()
     built = _counting_build(monkeypatch, good)
-    try:
-        monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "a"))
-        kernel_mod.load.cache_clear()
-        assert kernel_mod.load() is not None and len(built) == 1
-        kernel_mod.load.cache_clear()
-        assert kernel_mod.load() is not None and len(built) == 1  # intact: reused
-        # another cache holding that library cut short (a full disk, a damaged file), with its checksum
-        damaged = tmp_path / "b" / built[0].name
-        damaged.parent.mkdir(mode=0o700)
-        damaged.write_bytes(good[:4096])
-        for p in tmp_path.glob("a/*.sha256"):
-            (damaged.parent / p.name).write_bytes(p.read_bytes())
-        monkeypatch.setenv("AIAYN_CACHE_DIR", str(damaged.parent))
-        kernel_mod.load.cache_clear()
-        k = kernel_mod.load()
-        assert k is not None and len(built) == 2 and k.path == damaged and damaged.read_bytes() == good
-    finally:
-        kernel_mod.load.cache_clear()
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "a"))
+    assert _load_anew() is not None and len(built) == 1
+    assert _load_anew() is not None and len(built) == 1  # intact: reused
+    # another cache holding that library cut short (a full disk, a damaged file), with its checksum
+    damaged = tmp_path / "b" / built[0].name
+    damaged.parent.mkdir(mode=0o700)
+    damaged.write_bytes(good[:4096])
+    for p in tmp_path.glob("a/*.sha256"):
+        (damaged.parent / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(damaged.parent))
+    k = _load_anew()
+    assert k is not None and len(built) == 2 and k.path == damaged and damaged.read_bytes() == good
 
 
 def test_a_cached_library_others_could_write_is_not_loaded(kernels, monkeypatch, tmp_path):
     built = _counting_build(monkeypatch, kernels.path.read_bytes())
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    try:
-        kernel_mod.load.cache_clear()
-        assert kernel_mod.load() is not None
-        (tmp_path / built[0].name).chmod(0o666)  # anyone could have replaced it since
-        kernel_mod.load.cache_clear()
-        k = kernel_mod.load()
-        assert k is not None and len(built) == 2 and k.path.stat().st_mode & 0o022 == 0
-        tmp_path.chmod(0o777)  # a cache directory shared between users: each gets a private folder in it
-        kernel_mod.load.cache_clear()
-        k = kernel_mod.load()
-        assert k is not None and len(built) == 3
-        assert k.path.parent == tmp_path / f"user-{os.getuid()}" and k.path.parent.stat().st_mode & 0o777 == 0o700
-    finally:
-        kernel_mod.load.cache_clear()
+    assert _load_anew() is not None
+    (tmp_path / built[0].name).chmod(0o666)  # anyone could have replaced it since
+    k = _load_anew()
+    assert k is not None and len(built) == 2 and k.path.stat().st_mode & 0o022 == 0
+    tmp_path.chmod(0o777)  # a cache directory shared between users: each gets a private folder in it
+    k = _load_anew()
+    assert k is not None and len(built) == 3
+    assert k.path.parent == tmp_path / f"user-{os.getuid()}" and k.path.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_the_march_setting_names_the_build(monkeypatch, tmp_path):
@@ -140,21 +136,17 @@ def test_a_named_target_this_cpu_cannot_run_is_not_built(kernels, monkeypatch, t
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86-64-v4")
     kernel_mod.load.cache_clear()
-    try:
-        with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
-            assert kernel_mod.load() is None
-        assert caplog.messages == ["AIAYN_KERNELS_MARCH=x86-64-v4: this CPU lacks avx512bw avx512cd avx512dq "
-                                   "avx512f avx512vl, which code built for that target may use: decoding and "
-                                   "the training loss use PyTorch's operations"]
-        assert not list(tmp_path.iterdir())
-        built = _counting_build(monkeypatch, kernels.path.read_bytes())
-        for march in ("x86-64-v3", "native"):  # this CPU has all of v3; native is whatever this CPU is
-            monkeypatch.setenv(kernel_mod.MARCH_ENV, march)
-            kernel_mod.load.cache_clear()
-            assert kernel_mod.load() is not None
-        assert len(built) == 2
-    finally:
-        kernel_mod.load.cache_clear()
+    with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
+        assert kernel_mod.load() is None
+    assert caplog.messages == ["AIAYN_KERNELS_MARCH=x86-64-v4: this CPU lacks avx512bw avx512cd avx512dq "
+                               "avx512f avx512vl, which code built for that target may use: decoding and "
+                               "the training loss use PyTorch's operations"]
+    assert not list(tmp_path.iterdir())
+    built = _counting_build(monkeypatch, kernels.path.read_bytes())
+    for march in ("x86-64-v3", "native"):  # this CPU has all of v3; native is whatever this CPU is
+        monkeypatch.setenv(kernel_mod.MARCH_ENV, march)
+        assert _load_anew() is not None
+    assert len(built) == 2
 
 
 def test_the_cached_name_follows_the_cpu_the_target_and_the_compiler(kernels, monkeypatch, tmp_path):
@@ -165,25 +157,21 @@ def test_the_cached_name_follows_the_cpu_the_target_and_the_compiler(kernels, mo
     real_target = kernel_mod.compiler_target
 
     def name() -> str:
-        kernel_mod.load.cache_clear()
-        k = kernel_mod.load()
+        k = _load_anew()
         assert k is not None
         return k.path.name
-    try:
-        here = name()
-        assert name() == here and len(built) == 1  # reused
-        signature = kernel_mod._cpu_signature()
-        monkeypatch.setattr(kernel_mod, "_cpu_signature",  # what /proc/cpuinfo says on an AVX2 machine
-                            lambda: signature.split("flags")[0] + "flags\t\t: " + " ".join(sorted(AVX2_CPU)))
-        other_cpu = name()
-        monkeypatch.setattr(kernel_mod, "compiler_target",  # another version of the compiler
-                            lambda cc, march: real_target(cc, march) + "#define __VERSION__ \"99.0\"\n")
-        other_compiler = name()
-        monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86-64-v2" if kernel_mod._march() == "x86-64" else "x86-64")
-        other_march = name()
-        assert len({here, other_cpu, other_compiler, other_march}) == 4 and len(built) == 4
-    finally:
-        kernel_mod.load.cache_clear()
+    here = name()
+    assert name() == here and len(built) == 1  # reused
+    signature = kernel_mod._cpu_signature()
+    monkeypatch.setattr(kernel_mod, "_cpu_signature",  # what /proc/cpuinfo says on an AVX2 machine
+                        lambda: signature.split("flags")[0] + "flags\t\t: " + " ".join(sorted(AVX2_CPU)))
+    other_cpu = name()
+    monkeypatch.setattr(kernel_mod, "compiler_target",  # another version of the compiler
+                        lambda cc, march: real_target(cc, march) + "#define __VERSION__ \"99.0\"\n")
+    other_compiler = name()
+    monkeypatch.setenv(kernel_mod.MARCH_ENV, "x86-64-v2" if kernel_mod._march() == "x86-64" else "x86-64")
+    other_march = name()
+    assert len({here, other_cpu, other_compiler, other_march}) == 4 and len(built) == 4
 
 
 def test_a_full_disk_is_one_warning_naming_the_cache(kernels, monkeypatch, tmp_path, caplog):
@@ -196,11 +184,8 @@ def test_a_full_disk_is_one_warning_naming_the_cache(kernels, monkeypatch, tmp_p
     monkeypatch.setattr(kernel_mod.CacheFolder, "install", full)
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     kernel_mod.load.cache_clear()
-    try:
-        with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
-            assert kernel_mod.load() is None
-    finally:
-        kernel_mod.load.cache_clear()
+    with caplog.at_level("WARNING", logger="aiayn.kernels.loader"):
+        assert kernel_mod.load() is None
     assert len(caplog.messages) == 1 and f"({tmp_path}: [Errno 28] No space left on device)" in caplog.text
 
 
