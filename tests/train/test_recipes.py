@@ -139,10 +139,13 @@ def test_gpu_recipe_is_the_cpu_recipe_in_one_process():
     from aiayn.demo.stages import default_recipe
     cpu, gpu = load_recipe(RECIPES / "multi30k.json"), load_recipe(RECIPES / "multi30k-gpu.json")
     assert gpu.model == cpu.model
-    same = ("max_src_tokens", "max_tgt_tokens", "max_time_min", "save_every_min", "log_every_steps", "threads")
+    same = ("max_src_tokens", "max_tgt_tokens", "max_time_min", "save_every_min", "save_every_frac", "keep_last",
+            "log_every_steps", "threads")
     assert dataclasses.replace(gpu.train, **{k: getattr(cpu.train, k) for k in same}) == cpu.train
     assert (gpu.train.max_src_tokens, gpu.train.max_tgt_tokens) == (2 * cpu.train.max_src_tokens, 4096)
     assert (gpu.train.max_time_min, gpu.train.threads) == (8, 0)
+    # checkpoints by the share of the run, which ends at its step cap on a fast GPU, at 8 minutes on a slow one
+    assert (gpu.train.save_every_min, gpu.train.save_every_frac, gpu.train.keep_last) == (0, 0.04, 10)
     assert default_recipe(False, cuda=True).name == "multi30k-gpu.json"
     assert default_recipe(False, cuda=False).name == "multi30k.json"
     assert default_recipe(True, cuda=True).name == "multi30k-quick.json"
@@ -291,3 +294,17 @@ def test_a_recipe_of_the_wrong_shape_names_the_file(tmp_path, text, says):
         load_recipe(path)
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path))}: cannot read the recipe"):
         load_recipe(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["multi30k-quick.json", "multi30k-gpu.json"])
+def test_budgeted_recipes_space_checkpoints_by_the_share_of_the_run(name):
+    """The recipes that stop at their step cap on a fast machine and at their budget on a slow one
+    write a checkpoint at every 4% of the run, not by the clock: the 5 that the demo averages span the
+    run's last 16% either way (by 15-second saves, the quick run's last 5 spanned 57% where it reached
+    its 1,200 steps in 105 s), and the run keeps twice those."""
+    from aiayn.demo.config import DemoConfig
+    t = load_recipe(RECIPES / name).train
+    averaged = DemoConfig().average_last
+    assert (t.save_every_min, t.save_every_steps) == (0, 0)
+    assert t.save_every_frac * (averaged - 1) == pytest.approx(0.16)
+    assert t.keep_last == 2 * averaged

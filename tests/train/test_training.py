@@ -755,6 +755,41 @@ def test_schedule_and_stop_measured_in_counted_flops(small_data_dir, tmp_path, m
         assert lrs[s] == pytest.approx(noam_lr(step_[s - 1], 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s
 
 
+def test_checkpoints_by_share_of_the_budget(small_data_dir, tmp_path, monkeypatch):
+    """train.save_every_frac: a checkpoint each time the run's progress crosses a multiple of the
+    share. Counted at 1e9 FLOPs a step, a budget of 8e9 with a share of 1/4 writes steps 2, 4, 6
+    and 8 (progress 2/8, 4/8, 6/8, 8/8), max_steps 1000 being far; by steps alone, 6 steps with a
+    share of 1/2 write steps 3 and 6."""
+    from aiayn.checkpoint import step_checkpoints
+    from aiayn.train import step
+
+    monkeypatch.setattr(step, "train_flops", lambda *args: 1e9)
+    by_flops = tmp_path / "flops"
+    _train_in_process(small_data_dir, by_flops, 1000, "train.max_flops=8e9", "train.save_every_frac=0.25",
+                      "train.keep_last=0")
+    assert [p.name for p in step_checkpoints(by_flops)] == [f"ckpt_step{s:08d}.pt" for s in (2, 4, 6, 8)]
+    by_steps = tmp_path / "steps"
+    _train_in_process(small_data_dir, by_steps, 6, "train.save_every_frac=0.5", "train.keep_last=0")
+    assert [p.name for p in step_checkpoints(by_steps)] == [f"ckpt_step{s:08d}.pt" for s in (3, 6)]
+
+
+def test_progress_is_the_largest_share_of_the_limits():
+    """What save_every_frac spaces by: 30 of 100 steps, 6 of 10 minutes, 2e9 of 1e10 FLOPs and 1.5
+    of 4 epochs are 0.3, 0.6, 0.2 and 0.375 done: 0.6; a limit that is not set counts nothing."""
+    from aiayn.checkpoint.run import TrainState
+    from aiayn.train.config import TrainConfig
+    from aiayn.train.loop import _progress
+    state = TrainState(step=30, flops=2e9)
+    t = TrainConfig(max_steps=100, max_time_min=10, max_flops=1e10, max_epochs=4)
+    assert _progress(t, state, 360.0, 1.5) == pytest.approx(0.6)
+    assert _progress(TrainConfig(max_steps=100, max_epochs=4), state, 360.0, 1.5) == pytest.approx(0.375)
+    assert _progress(TrainConfig(max_steps=0), state, 360.0, 1.5) == 0.0
+    from aiayn.config import ConfigError
+    for bad in (1.0, -0.1):
+        with pytest.raises(ConfigError, match=r"save_every_frac must be in \[0, 1\)"):
+            TrainConfig(save_every_frac=bad)
+
+
 def test_a_flops_budget_config_is_checked():
     from aiayn.config import ConfigError
     from aiayn.train.config import TrainConfig

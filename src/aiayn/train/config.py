@@ -63,6 +63,7 @@ class TrainConfig:
     # checkpoints (§6.1: written at 10-minute intervals)
     save_every_steps: int = param(0, "write a checkpoint every N optimizer steps; 0 = off")
     save_every_min: float = param(10.0, "write a checkpoint every M minutes of wall time; 0 = off")
+    save_every_frac: float = param(0.0, "write a checkpoint each time the run's progress crosses a multiple of F, in (0, 1): the largest share done of its limits (max_steps, max_time_min, max_flops, max_epochs), so that a budgeted run's last checkpoints span the same share of it on a machine that reaches max_steps first and on one that reaches its time first; 0 = off")
     keep_last: int = param(20, "keep the last K step checkpoints (plus last.pt and best.pt); 0 keeps them all")
     # validation
     validate_every_steps: int = param(1000, "validate every N optimizer steps (and at the end); 0 = only at the end")
@@ -138,6 +139,8 @@ class TrainConfig:
             raise ConfigError("lr_decay_frac must be in [0, 1]")
         if self.max_flops < 0:
             raise ConfigError("max_flops must be >= 0 (0 = no limit)")
+        if not 0.0 <= self.save_every_frac < 1.0:
+            raise ConfigError(f"save_every_frac must be in [0, 1) (0 = off), got {self.save_every_frac}")
         for name in ("max_steps", "max_epochs", "max_time_min", "save_every_steps", "save_every_min",
                      "validate_every_steps", "patience", "log_every_steps", "threads"):
             if getattr(self, name) < 0:

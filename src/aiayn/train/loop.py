@@ -114,6 +114,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     t, state, ranks = cfg.train, run.state, run.stepper.strategy
     elapsed = last_save = ranks.start_clock(run.clock)
     last_sync_step, stop_reason = state.step, "max_steps"
+    last_progress = _progress(t, state, elapsed, run.stream.epochs)
     run.learner.model.train()
     # Batches are drawn one step ahead (``BatchStream.prefetch``): the next step's are collated and on
     # their way to the device while the device computes this one.
@@ -144,10 +145,13 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         run.log_step(step, _crossed(t.log_every_steps, last_sync_step, state.step))
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
+        progress = _progress(t, state, elapsed, run.stream.epochs)
+        due_share = t.save_every_frac and int(progress / t.save_every_frac) > int(last_progress / t.save_every_frac)
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
-        last_sync_step = state.step
-        valid = run.validate() if due_valid or ((due_steps or due_time) and t.validate_at_save) else None
-        if due_steps or due_time:
+        last_sync_step, last_progress = state.step, progress
+        due = due_steps or due_time or due_share
+        valid = run.validate() if due_valid or (due and t.validate_at_save) else None
+        if due:
             run.save(valid)
             last_save = elapsed
         elif run.checkpoints.is_best(state, valid):  # best.pt at every best validation; no step checkpoint
@@ -297,6 +301,17 @@ def _stop_reason(t: TrainConfig, state: TrainState, elapsed: float) -> str | Non
     if t.patience and state.bad_validations >= t.patience:
         return "patience"
     return None
+
+
+def _progress(t: TrainConfig, state: TrainState, elapsed: float, epochs: float) -> float:
+    """How much of the run is done: the largest share of its limits that ``_stop_reason`` and
+    ``max_steps`` stop it at (steps, wall time, counted FLOPs, epochs, the fractional ``epochs``
+    drawn), each where it is set; what ``train.save_every_frac`` spaces the checkpoints by."""
+    shares = [state.step / t.max_steps if t.max_steps else 0.0,
+              elapsed / (60 * t.max_time_min) if t.max_time_min else 0.0,
+              state.flops / t.max_flops if t.max_flops else 0.0,
+              epochs / t.max_epochs if t.max_epochs else 0.0]
+    return max(shares)
 
 
 def _crossed(every: int, since: int, step: int) -> bool:
