@@ -216,3 +216,30 @@ def test_a_refused_option_value_is_named_as_the_option(args, want, capsys):
     (``--beam-size``), not by the settings field behind it (``beam_size``), before any file is read."""
     assert main(args) == 2
     assert _error_line(capsys) == f"aiayn {args[0]}: error: {want}"
+
+
+def test_under_torchrun_a_settings_error_is_said_once_and_a_ranks_own_names_it(monkeypatch, capsys):
+    """Every rank of a torchrun launch reads the same settings, so a refused one is the main rank's
+    line alone; an error that may be one rank's own (a file, its memory) names the rank; Ctrl-C,
+    which reaches every rank, is said by the main rank. With -v every rank says all."""
+    from aiayn.config import ConfigError
+    monkeypatch.setattr("aiayn.cli._quiet_other_rank", lambda: None)  # (its logging filters would outlive the test)
+    args = ["train", "--data", "d", "--out", "o"]
+    for rank, exc, want in [("0", ConfigError("p_drop must be in [0, 1)"), "aiayn train: error: p_drop must be in [0, 1)"),
+                            ("1", ConfigError("p_drop must be in [0, 1)"), ""),
+                            ("1", UserError("d: no such data directory"), "aiayn train: error (rank 1): d: no such data directory"),
+                            ("1", CPU_OOM, "aiayn train: error (rank 1): out of memory in RAM")]:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setattr("aiayn.commands.train.run", _raiser(exc))
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(want) and (err.count("\n") == 1 if want else err == ""), (rank, err)
+    monkeypatch.setattr("aiayn.commands.train.run", _raiser(ConfigError("p_drop must be in [0, 1)")))
+    assert main(["-v", *args]) == 2
+    assert capsys.readouterr().err == "aiayn train: error (rank 1): p_drop must be in [0, 1)\n"
+    monkeypatch.setattr("aiayn.commands.train.run", _raiser(KeyboardInterrupt()))
+    assert main(args) == 130
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(args) == 130
+    assert capsys.readouterr().err.startswith("aiayn train: interrupted")

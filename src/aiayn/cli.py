@@ -133,7 +133,8 @@ def _main(argv: list[str] | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    if not args.verbose and _other_rank():
+    other_rank = not args.verbose and _other_rank()
+    if other_rank:
         _quiet_other_rank()
     from aiayn import progress
     from aiayn.config import ConfigError
@@ -144,19 +145,24 @@ def _main(argv: list[str] | None) -> int:
     except (UserError, ConfigError) as exc:  # bad input: one clear line, no traceback
         if args.debug:
             raise
-        print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)
+        if other_rank and isinstance(exc, ConfigError):
+            return 2  # every rank read the same settings: the main rank's line says it
+        rank = f" (rank {os.environ['RANK']})" if _other_rank() else ""  # a rank's own: which rank
+        print(f"aiayn {args.command}: error{rank}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, in one line
         if args.debug:
             raise
-        print(f"aiayn {args.command}: interrupted{_where_it_resumes(args)}", file=sys.stderr)
+        if not other_rank:  # Ctrl-C reaches every rank; the main rank says where the run resumes
+            print(f"aiayn {args.command}: interrupted{_where_it_resumes(args)}", file=sys.stderr)
         return 130
     except (RuntimeError, MemoryError) as exc:
         if args.debug or not is_out_of_memory(exc):
             raise
-        print(f"aiayn {args.command}: error: {out_of_memory_message(exc, args)}", file=sys.stderr)
+        rank = f" (rank {os.environ['RANK']})" if _other_rank() else ""
+        print(f"aiayn {args.command}: error{rank}: {out_of_memory_message(exc, args)}", file=sys.stderr)
         return 2
     return int(rc or 0)
 
