@@ -225,6 +225,23 @@ def test_an_ensemble_decodes_with_the_settings_its_members_share(tiny_checkpoint
         assert "carry different decoding settings" in caplog.text and "1.4" in caplog.text
 
 
+def test_an_ensemble_file_decodes_with_the_alpha_the_demo_chose_for_it(tiny_checkpoint, tmp_path):
+    """`aiayn demo --members N` stores the α it chose on validation in the ensemble file itself (its
+    own ``decode`` entry, beside ``members``): the ensemble was tuned, not its members, so that entry
+    is the file's settings, in place of its members' own."""
+    from aiayn.checkpoint import atomic_save, ensemble_checkpoint, load_checkpoint
+    from aiayn.decode.loading import stored_settings
+    from aiayn.demo.stages import record_alpha
+    member = tmp_path / "member.pt"
+    atomic_save({**load_checkpoint(tiny_checkpoint), "decode": {"alpha": 1.0}}, member)
+    ens = tmp_path / "ens.pt"
+    atomic_save(ensemble_checkpoint([tiny_checkpoint, member]), ens)
+    record_alpha(ens, 1.4)
+    assert stored_settings([str(ens)]) == {"alpha": 1.4}
+    assert Translator.from_checkpoint(ens).cfg.alpha == 1.4
+    assert Translator.from_checkpoint([ens, ens]).cfg.alpha == 1.4
+
+
 def test_a_worker_gives_the_heaps_holes_back_every_few_batches(monkeypatch):
     """A decoding worker runs with the aiayn command's allocator setting (freed memory kept in the
     heap, aiayn/host/allocator.py): it gives the holes back every TRIM_EVERY_BATCHES batches."""

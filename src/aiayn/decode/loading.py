@@ -90,8 +90,10 @@ def stored_settings(paths: list[str]) -> dict:
 
 
 def _decode_entries(path: str) -> list[tuple[str, dict | None]]:
-    """(where, its ``decode`` entry or None) of the checkpoint ``path``, or of each member of an
-    ensemble file; [] where it is no file or not a checkpoint (the Translator's load says which)."""
+    """(where, its ``decode`` entry or None) of the checkpoint ``path``; of an ensemble file, its own
+    entry where it has one (the α ``aiayn demo --members N`` chose for the ensemble, which replaces
+    those its members were tuned with alone), else each member's; [] where it is no file or not a
+    checkpoint (the Translator's load says which)."""
     from aiayn.checkpoint import check_torch
     if not Path(path).is_file():
         return []
@@ -102,8 +104,8 @@ def _decode_entries(path: str) -> list[tuple[str, dict | None]]:
         return []
     if not isinstance(ckpt, dict):
         return []
-    if isinstance(ckpt.get("members"), list):
-        return [(f"{path} member {k + 1}", m.get("decode") if isinstance(m, dict) else None)
+    if isinstance(ckpt.get("members"), list) and ckpt.get("decode") is None:
+        return [(f"{path} (member {k})", m.get("decode") if isinstance(m, dict) else None)
                 for k, m in enumerate(ckpt["members"])]
     return [(path, ckpt.get("decode"))]
 
