@@ -172,6 +172,26 @@ def test_ensemble_files_are_for_translation_only(two_ckpts, tmp_path, spm_bytes)
         Translator.from_checkpoint([a, other])
 
 
+def test_members_without_tokenizer_hashes_are_compared_by_their_tokenizers(two_ckpts, tmp_path):
+    """A checkpoint whose ``tokenizers`` entry lacks the SHA-256 keys (which loading accepts) is
+    compared by its tokenizer models' bytes: another tokenizer of the same size is refused, the same
+    one joins a checkpoint that carries its hashes."""
+    a, _ = two_ckpts
+    spm = load_checkpoint(a)["tokenizers"]["src"]
+    other = make_checkpoint(tmp_path / "other.pt", spm.replace(b"house", b"horse"))
+    unhashed = {}
+    for name, path in (("a", a), ("other", other)):
+        ckpt = load_checkpoint(path)
+        ckpt["tokenizers"] = {k: v for k, v in ckpt["tokenizers"].items() if not k.endswith("_sha256")}
+        unhashed[name] = tmp_path / f"{name}_unhashed.pt"
+        atomic_save({k: v for k, v in ckpt.items() if k != "sha256"}, unhashed[name])
+    with pytest.raises(UserError, match="other_unhashed.pt: its tokenizers differ"):
+        ensemble_checkpoint([unhashed["a"], unhashed["other"]])
+    with pytest.raises(UserError, match="other_unhashed.pt: its tokenizers differ"):
+        Translator.from_checkpoint([unhashed["a"], unhashed["other"]])
+    assert len(ensemble_checkpoint([a, unhashed["a"]])["members"]) == 2
+
+
 def test_cli_translate_with_several_checkpoints_and_aiayn_ensemble(two_ckpts, tmp_path, capsys):
     a, b = two_ckpts
     (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")

@@ -321,11 +321,19 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
 
 
 def tokenizer_hashes(tokenizers: dict | None) -> tuple:
-    """The source and target tokenizer models' SHA-256 of a checkpoint's ``tokenizers`` entry
-    (None where it has none): what says two checkpoints (or a checkpoint and a data directory,
-    ``aiayn.checkpoint.run.tokenizer_payload``) share their vocabularies."""
+    """The source and target tokenizer models' SHA-256 of a checkpoint's ``tokenizers`` entry: what
+    says two checkpoints (or a checkpoint and a data directory, ``aiayn.checkpoint.run.tokenizer_payload``)
+    share their vocabularies. Where the entry lacks a hash (loading accepts that), the model bytes'
+    own; None where it has neither."""
     toks = tokenizers or {}
-    return toks.get("src_sha256"), toks.get("tgt_sha256")
+
+    def digest(side: str) -> str | None:
+        data = toks.get(side)
+        stored = toks.get(f"{side}_sha256")
+        if stored is not None or not isinstance(data, (bytes, bytearray)):
+            return stored
+        return hashlib.sha256(data).hexdigest()
+    return digest("src"), digest("tgt")
 
 
 def checkpoint_members(paths: list[str | Path], map_location: str | torch.device = "cpu") -> list[tuple[str, dict]]:
