@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"decodes them all. The API key may come from ${API_KEY_ENV} "
                     "instead of --api-key (which ps would show). See docs/serve.md.",
         allow_abbrev=False)
-    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`, or an ensemble file "
+                   "(`aiayn ensemble A.pt B.pt --out E.pt`) to serve their ensemble")
     add_device_argument(p)
     add_arguments(p, ServeConfig)
     add_arguments(p, DecodeConfig, only=SERVE_DECODE + SERVE_MODEL)

@@ -271,7 +271,8 @@ class EnsembleDecoder:
     """Several models decoding as one: the next-token distribution is the mean of the members'.
 
     log p(y) = log (1/M) sum_m p_m(y) = logsumexp_m log p_m(y) - log M, the ensemble of fairseq's
-    ``--path a.pt:b.pt`` and of the paper's own tensor2tensor decoding with several checkpoints.
+    ``--path a.pt:b.pt`` (Marian's ``-m a.npz b.npz`` adds the members' weighted log-probabilities
+    instead; the paper has none: it averages the weights of one run's checkpoints, §6.1).
     The members share the target vocabulary (one tokenizer); their architectures may differ. Each
     keeps its own cache, so the ensemble costs the members' steps added together. One member is
     that member, bit for bit.
