@@ -300,8 +300,8 @@ def test_a_recipe_of_the_wrong_shape_names_the_file(tmp_path, text, says):
 def test_budgeted_recipes_space_checkpoints_by_the_share_of_the_run(name):
     """The recipes that stop at their step cap on a fast machine and at their budget on a slow one
     write a checkpoint at every 4% of the run, not by the clock: the 5 that the demo averages span the
-    run's last 16% either way (by 15-second saves, the quick run's last 5 spanned 57% where it reached
-    its 1,200 steps in 105 s), and the run keeps twice those."""
+    run's last 16% either way (saved by the clock, a run that reached its step cap in half its minutes
+    averaged weights from the first half of it), and the run keeps twice those."""
     from aiayn.demo.config import DemoConfig
     t = load_recipe(RECIPES / name).train
     averaged = DemoConfig().average_last
