@@ -21,7 +21,9 @@
 #             with sacreBLEU and the paper's tokenized compound-split BLEU
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python}
+VENV=$HERE/.venv/bin  # the checkout's environment (scripts/setup.sh), where it has one
+if [ -x "$VENV/python" ]; then PY=${PYTHON:-$VENV/python}; else PY=${PYTHON:-python}; fi
+if [ -x "$VENV/torchrun" ]; then TORCHRUN=${TORCHRUN:-$VENV/torchrun}; fi
 aiayn() { "$PY" -m aiayn.cli "$@"; }
 
 usage() {
@@ -46,7 +48,8 @@ usage: scripts/wmt14.sh --work DIR [--raw DIR] [--pair ende|enfr] [--model base|
                      4 steps of 2 x 300 tokens, a 1000-piece vocabulary, PyTorch's operations
                      instead of the C kernels (no compiler run); nothing here is WMT14's
                      result (tests/test_wmt14.py runs it on stand-in text)
-Environment: PYTHON (default python), TORCHRUN (default torchrun), AIAYN_WMT14_URL (a mirror of
+Environment: PYTHON (default: the checkout's .venv/bin/python, else python), TORCHRUN (default:
+the checkout's .venv/bin/torchrun, else torchrun), AIAYN_WMT14_URL (a mirror of
 statmt.org for the fetch stage).
 EOF
 }
@@ -145,6 +148,15 @@ PER_DEVICE=$(( TOKENS_PER_STEP / (DEVICES * ACCUM) ))
 if has_stage plan; then
   echo "$PER_DEVICE $ACCUM"
   exit 0
+fi
+
+# every stage but clean runs aiayn through $PY (and train on GPUs through torchrun): said now, not
+# after the clean stage's minutes (a checkout without .venv, or PYTHON naming another Python)
+if [ "$STAGES" != clean ] && ! "$PY" -c 'import aiayn' 2>/dev/null; then
+  die "$PY cannot import aiayn: activate its virtual environment (. .venv/bin/activate) or give PYTHON=.venv/bin/python"
+fi
+if has_stage train && [ "$GPUS" -gt 0 ] && ! command -v "${TORCHRUN:-torchrun}" > /dev/null; then
+  die "no ${TORCHRUN:-torchrun} to train on $GPUS GPU(s): activate the virtual environment or give TORCHRUN=.venv/bin/torchrun"
 fi
 
 TEXT=$WORK/text DATA=$WORK/data RUN=$WORK/run

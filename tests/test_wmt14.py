@@ -144,3 +144,16 @@ def test_an_option_without_its_value_is_one_line(tmp_path, option):
     args = ["--work", str(tmp_path)] if option != "--work" else []
     proc = subprocess.run(["bash", str(SCRIPT), *args, option], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr == f"wmt14.sh: error: {option} needs a value\n"
+
+
+def test_a_python_without_aiayn_is_named_before_any_stage(tmp_path):
+    """Every stage but clean runs aiayn through $PYTHON (default: the checkout's .venv, else the
+    shell's python): one without aiayn is one line naming it, before the clean stage's work."""
+    no_aiayn = tmp_path / "python"
+    no_aiayn.write_text("#!/bin/sh\nexit 1\n")
+    no_aiayn.chmod(0o755)
+    proc = subprocess.run(["bash", str(SCRIPT), "--work", str(tmp_path / "w"), "--ci"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(no_aiayn)})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{no_aiayn} cannot import aiayn" in proc.stderr and ".venv/bin/activate" in proc.stderr
+    assert not (tmp_path / "w" / "text").exists()
