@@ -148,6 +148,7 @@ def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
     assert f"{mine[0]} is not a folder" in refused(["--train", *files["train"], *own, "--results-to", f"{mine[0]}/r.json"])
     assert "--train needs --valid" in refused(["--train", *files["train"], "--out", str(tmp_path / "out")])
     assert "--valid, --tgt-lang go with --train" in refused(["--valid", *files["valid"], "--tgt-lang", "fr"])
+    assert "--test goes with --train" in refused(["--test", *files["valid"]])  # one option: 'goes'
     assert "--src-lang must be en or de for Multi30k" in refused(["--src-lang", "fr"])
     (tmp_path / "corpus" / "train.src").write_text("a\n")
     (tmp_path / "corpus" / "train.tgt").write_text("a\n")

@@ -60,7 +60,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         return run_own_demo(cfg)
     given = [flag for flag, value in (("--valid", cfg.valid), ("--test", cfg.test), ("--tgt-lang", cfg.tgt_lang)) if value]
     if given:
-        raise UserError(f"{', '.join(given)} go with --train (your own files); Multi30k's target is the other of en, de")
+        raise UserError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --train (your own files); "
+                        f"Multi30k's target is the other of en, de")
     src = cfg.src_lang or "en"
     tgt = "de" if src == "en" else "en"
     if src not in LANGS:
