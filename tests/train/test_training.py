@@ -773,6 +773,26 @@ def test_checkpoints_by_share_of_the_budget(small_data_dir, tmp_path, monkeypatc
     assert [p.name for p in step_checkpoints(by_steps)] == [f"ckpt_step{s:08d}.pt" for s in (3, 6)]
 
 
+def test_a_share_that_binary_cannot_hold_saves_at_every_multiple(small_data_dir, tmp_path, monkeypatch):
+    """train.save_every_frac=0.1 over 10 steps: a checkpoint at each of the 10, though in floating
+    point 0.3 / 0.1 is 2.9999999999999996 (and 0.6 / 0.1, 0.7 / 0.1 fall short too), which put step
+    3's checkpoint at step 4 and wrote steps 6 and 7 as one, at 7. The same by counted FLOPs
+    (1e9 a step of a budget of 1e10)."""
+    from aiayn.checkpoint import step_checkpoints
+    from aiayn.train import step
+
+    every = [f"ckpt_step{s:08d}.pt" for s in range(1, 11)]
+    by_steps = tmp_path / "steps"
+    _train_in_process(small_data_dir, by_steps, 10, "train.save_every_frac=0.1", "train.keep_last=0",
+                      "train.validate_at_save=false")
+    assert [p.name for p in step_checkpoints(by_steps)] == every
+    monkeypatch.setattr(step, "train_flops", lambda *args: 1e9)
+    by_flops = tmp_path / "flops"
+    _train_in_process(small_data_dir, by_flops, 1000, "train.max_flops=1e10", "train.save_every_frac=0.1",
+                      "train.keep_last=0", "train.validate_at_save=false")
+    assert [p.name for p in step_checkpoints(by_flops)] == every
+
+
 def test_progress_is_the_largest_share_of_the_limits():
     """What save_every_frac spaces by: 30 of 100 steps, 6 of 10 minutes, 2e9 of 1e10 FLOPs and 1.5
     of 4 epochs are 0.3, 0.6, 0.2 and 0.375 done: 0.6; a limit that is not set counts nothing."""

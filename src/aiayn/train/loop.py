@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -146,7 +147,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
         progress = _progress(t, state, elapsed, run.stream.epochs)
-        due_share = t.save_every_frac and int(progress / t.save_every_frac) > int(last_progress / t.save_every_frac)
+        due_share = t.save_every_frac and _shares(progress, t.save_every_frac) > _shares(last_progress, t.save_every_frac)
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step, last_progress = state.step, progress
         due = due_steps or due_time or due_share
@@ -312,6 +313,15 @@ def _progress(t: TrainConfig, state: TrainState, elapsed: float, epochs: float) 
               state.flops / t.max_flops if t.max_flops else 0.0,
               epochs / t.max_epochs if t.max_epochs else 0.0]
     return max(shares)
+
+
+def _shares(progress: float, frac: float) -> int:
+    """The multiples of ``frac`` that ``progress`` has reached (``train.save_every_frac``). A progress
+    of k * frac exactly (3 of 10 steps, frac 0.1) reaches k, though its quotient may fall a few
+    roundings short of k (0.3 / 0.1 = 2.9999999999999996): the share, the epochs' sum, frac's own
+    decimal, the division and this product are at most 6 relative errors of 2^-53, within 2^-48."""
+    quotient = progress / frac
+    return math.floor(quotient * (1 + 2 ** -48))
 
 
 def _crossed(every: int, since: int, step: int) -> bool:
