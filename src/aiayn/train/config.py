@@ -141,10 +141,7 @@ class TrainConfig:
             raise ConfigError("max_flops must be >= 0 (0 = no limit)")
         if not 0.0 <= self.save_every_frac < 1.0:
             raise ConfigError(f"save_every_frac must be in [0, 1) (0 = off), got {self.save_every_frac}")
-        if self.max_steps < 1:  # (fairseq's --max-update 0 means no limit: here it would train no step)
-            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}; for a run that other limits end "
-                              f"(max_time_min, max_epochs, max_flops, patience), give a step count it will not reach")
-        for name in ("max_epochs", "max_time_min", "save_every_steps", "save_every_min",
+        for name in ("max_steps", "max_epochs", "max_time_min", "save_every_steps", "save_every_min",
                      "validate_every_steps", "patience", "log_every_steps", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
