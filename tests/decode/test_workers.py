@@ -244,8 +244,10 @@ def test_an_ensemble_file_decodes_with_the_alpha_the_demo_chose_for_it(tiny_chec
 
 def test_a_worker_gives_the_heaps_holes_back_every_few_batches(monkeypatch):
     """A decoding worker runs with the aiayn command's allocator setting (freed memory kept in the
-    heap, aiayn/host/allocator.py): it gives the holes back every TRIM_EVERY_BATCHES batches."""
+    heap, aiayn/host/allocator.py): every TRIM_EVERY_BATCHES batches it gives the holes back where
+    the heap has grown since (a heap that keeps its size reuses them)."""
     from aiayn.decode import workers
+    from aiayn.host import allocator
 
     class Stub:
         cfg = None
@@ -256,8 +258,10 @@ def test_a_worker_gives_the_heaps_holes_back_every_few_batches(monkeypatch):
     calls = []
     monkeypatch.setattr(workers, "_WORKER", Stub())
     monkeypatch.setattr(workers, "_BATCHES", 0)
-    monkeypatch.setattr(workers, "release_free_memory", lambda: calls.append(1) or True)
-    n = 2 * workers.TRIM_EVERY_BATCHES + 1
-    for _ in range(n):
+    monkeypatch.setattr(workers, "_HEAP", allocator.HeapGrowth(when="grown"))
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: calls.append(1) or True)
+    sizes = iter([100, 100, 200])  # grown, the same, grown by more than a quarter
+    monkeypatch.setattr(allocator, "heap_bytes", lambda: next(sizes))
+    for _ in range(3 * workers.TRIM_EVERY_BATCHES + 1):
         assert workers._translate([[5, 3]], DecodeConfig()) == [[]]
     assert len(calls) == 2

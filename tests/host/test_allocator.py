@@ -83,3 +83,81 @@ def test_release_free_memory_returns_the_heaps_holes():
     out = subprocess.run([sys.executable, "-c", _TRIM_PROBE], capture_output=True, text=True, check=True, env=env)
     before, after = map(int, out.stdout.split())
     assert before - after > 400  # of the 512 MB freed, nearly all handed back
+
+
+# Under reuse, the same 64 MB block allocated and freed again and again: once the heap has settled
+# (see _PROBE), it keeps its size and HeapGrowth makes no trim (a trim hands back the free top, which
+# the next block takes again: no growth). Then growth as a large corpus makes it: blocks of ever
+# larger sizes (96 to 384 MB), each with a small live tensor above it, so that each freed block is
+# a hole the next cannot use and the heap grows at each: nearly every look trims (the first may fit
+# in what settling left free). (``by`` 0: glibc's sizes, not the threshold.) Prints each phase's trims.
+_GROWTH_PROBE = """
+import torch
+from aiayn.host.allocator import HeapGrowth, heap_bytes, reuse_freed_memory
+assert reuse_freed_memory() and heap_bytes() is not None
+heap, keep = HeapGrowth(by=0.0, when="grown"), []
+def trims(numels, hole):
+    made = 0
+    for numel in numels:
+        block = torch.ones(numel)
+        if hole:
+            keep.append(torch.ones(16))  # above the block: its free space is a hole, not the heap top
+        del block
+        made += heap.release_if_grown()
+    return made
+print(trims([1 << 24] * 20, False), trims([1 << 24] * 20, False),
+      trims([(1 << 24) * (2 + i) // 2 for i in range(1, 11)], True))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallinfo2")
+def test_heap_growth_trims_while_the_heap_grows_and_not_once_it_keeps_its_size():
+    """Trimming a heap that reuses its holes hands back pages the next step faults in again."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    out = subprocess.run([sys.executable, "-c", _GROWTH_PROBE], capture_output=True, text=True, check=True, env=env)
+    settling, settled, growing = map(int, out.stdout.split())
+    assert settling >= 1  # the first call and every growth while the heap settles
+    assert settled == 0
+    assert growing >= 8
+
+
+def test_heap_growth_trims_every_time_where_the_heap_cannot_be_read(monkeypatch):
+    calls = []
+    monkeypatch.setattr(allocator, "heap_bytes", lambda: None)
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: calls.append(1) or True)
+    heap = allocator.HeapGrowth(when="grown")
+    assert [heap.release_if_grown() for _ in range(3)] == [True, True, True] and len(calls) == 3
+
+
+def _trims(monkeypatch, sizes: list[int], **kw) -> list[bool]:
+    it = iter(sizes)
+    monkeypatch.setattr(allocator, "heap_bytes", lambda: next(it))
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: True)
+    heap = allocator.HeapGrowth(**kw)
+    return [heap.release_if_grown() for _ in sizes]
+
+
+def test_heap_growth_compares_with_the_size_at_the_last_trim(monkeypatch):
+    """A trim hands back the heap's free top, which the next step takes again: the size read after
+    it is smaller, and its return to the former size is no growth."""
+    assert _trims(monkeypatch, [100, 60, 100, 101, 90], by=0.0, when="grown") == [True, False, False, True, False]
+
+
+def test_heap_growth_trims_once_the_heap_has_grown_by_a_quarter(monkeypatch):
+    """By default: 100 trimmed; 120 and 125 are within a quarter of it; 126 is not (trimmed, the new
+    mark); 157 within a quarter of 126 (157.5); 158 beyond."""
+    assert allocator.HEAP_GROWTH == 0.25
+    assert _trims(monkeypatch, [100, 120, 125, 126, 157, 158], when="grown") == \
+        [True, False, False, True, False, True]
+
+
+@pytest.mark.parametrize("when, made", [("always", [True] * 4), ("never", [False] * 4)])
+def test_heap_trim_choice_always_or_never(when, made, monkeypatch):
+    monkeypatch.setenv(allocator.TRIM_ENV, when)
+    assert _trims(monkeypatch, [100, 100, 100, 200]) == made
+
+
+def test_heap_trim_choice_is_checked_at_start(monkeypatch):
+    monkeypatch.setenv(allocator.TRIM_ENV, "sometimes")
+    with pytest.raises(UserError, match="AIAYN_HEAP_TRIM must be one of grown, always, never, got 'sometimes'"):
+        allocator.configure_from_env()

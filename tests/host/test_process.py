@@ -21,7 +21,8 @@ def test_order(monkeypatch):
 
 
 @pytest.mark.parametrize("var,value", [("AIAYN_HUGEPAGES", "maybe"), ("AIAYN_DENORMALS", "maybe"),
-                                       ("AIAYN_MALLOC", "maybe"), ("AIAYN_ONEDNN_CACHE", "big")])
+                                       ("AIAYN_MALLOC", "maybe"), ("AIAYN_ONEDNN_CACHE", "big"),
+                                       ("AIAYN_HEAP_TRIM", "sometimes")])
 def test_bad_value_is_one_clear_line(var, value, monkeypatch):
     monkeypatch.setenv(var, value)
     r = subprocess.run([sys.executable, "-c", "import sys; from aiayn.cli import main; sys.exit(main(['--help']))"],

@@ -37,11 +37,12 @@ from typing import Callable, Iterator, Sequence
 
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Hypothesis
-from aiayn.host.allocator import release_free_memory
+from aiayn.host.allocator import HeapGrowth
 
 _WORKER = None  # the worker process's Translator
 _BATCHES = 0  # batches the worker process decoded
-TRIM_EVERY_BATCHES = 10  # a worker's batches between two release_free_memory calls
+TRIM_EVERY_BATCHES = 10  # a worker's batches between two looks at its heap (HeapGrowth)
+_HEAP = HeapGrowth()  # the worker process's heap
 
 
 def _init_worker(translator_class: type, payload: str, cfg: DecodeConfig, threads: int, parent_pid: int) -> None:
@@ -76,7 +77,7 @@ def _translate(rows: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis
     hyps = _WORKER.translate_ids(rows)
     _BATCHES += 1
     if _BATCHES % TRIM_EVERY_BATCHES == 0:
-        release_free_memory()  # the heap's holes back, as training does (aiayn/host/allocator.py)
+        _HEAP.release_if_grown()  # the heap's holes back while it grows, as training does (aiayn/host/allocator.py)
     return hyps
 
 

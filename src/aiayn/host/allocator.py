@@ -9,18 +9,24 @@ step pays the kernel to zero and map those pages again, page faults that took a 
 that the heap only grows: blocks of new sizes are cut from its top, and the holes freed blocks
 leave are kept (torch allocates with ``posix_memalign``, and glibc before 2.38 cuts an aligned
 block only from a free one larger by the alignment: an exact hole is reused once freed neighbours
-merge with it, so a size's first few re-allocations still grow the heap). Batches of many shapes (a large corpus has a row count for nearly every sentence
-length) leave holes of many sizes, so the heap grew with the corpus (docs/history.md, "Training
-memory that grew with the corpus"). ``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the
-kernel; training calls it every ``TRIM_EVERY_STEPS`` steps and after each validation, which keeps
-the resident memory flat for a few percent of the steps' time (BENCHMARKS.md §9, "Training on
-them: memory"), less than glibc's defaults cost. ``aiayn translate`` calls it every ``CHUNK_LINES``
-input lines (after each chunk of the default --buffer) and a decoding worker every
-``TRIM_EVERY_BATCHES`` batches: a tiny-preset translator's 10,000-line chunks (beam 4) left 1.2-1.5 GB
-resident, growing from chunk to chunk, of which about 0.43 GB were such holes.
+merge with it, so a size's first few re-allocations still grow the heap). Batches of many shapes (a
+large corpus has a row count for nearly every sentence length) leave holes of many sizes, so the heap
+grew with the corpus (docs/history.md, "Training memory that grew with the corpus").
+``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the kernel.
 
-The ``aiayn`` command calls it at start-up unless ``AIAYN_MALLOC=system`` is set; Python
-users may call it themselves. It does nothing where glibc is not the C library.
+Training calls it after each validation, and every ``TRIM_EVERY_STEPS`` steps looks at the heap
+(``HeapGrowth``): it trims where the heap has grown by a quarter since the last trim, and keeps the
+resident memory flat (BENCHMARKS.md §9, "Training on them: memory"). A heap that keeps its size
+reuses its holes at every step, and trimming it would only hand back pages that the next step faults
+in again: trimming at every look cost a tenth of the demo's step time on an AMD EPYC Zen 5
+(docs/history.md, "Heap trims only while the heap grows"). ``AIAYN_HEAP_TRIM`` chooses another rule
+(``trim_choice``). ``aiayn translate`` trims every ``CHUNK_LINES`` input lines (after each chunk of the
+default --buffer), and a decoding worker looks at its heap every ``TRIM_EVERY_BATCHES`` batches: a
+tiny-preset translator's 10,000-line chunks (beam 4) left 1.2-1.5 GB resident, growing from chunk to
+chunk, of which about 0.43 GB were such holes.
+
+The ``aiayn`` command calls ``reuse_freed_memory`` at start-up unless ``AIAYN_MALLOC=system`` is set;
+Python users may call it themselves. It does nothing where glibc is not the C library.
 """
 from __future__ import annotations
 
@@ -36,7 +42,10 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD = -1  # <malloc.h>
 _M_MMAP_MAX = -4
 ENV = "AIAYN_MALLOC"
-TRIM_EVERY_STEPS = 10  # training's steps between two release_free_memory calls
+TRIM_EVERY_STEPS = 10  # training's steps between two looks at the heap (HeapGrowth)
+HEAP_GROWTH = 0.25  # the heap's growth since the last trim that makes HeapGrowth trim again
+TRIM_ENV = "AIAYN_HEAP_TRIM"
+TRIM_CHOICES = ("grown", "always", "never")  # HeapGrowth's rule, a trim at every look, none
 
 
 @functools.cache
@@ -62,12 +71,24 @@ def reuse_freed_memory() -> bool:
 
 
 def configure_from_env() -> bool:
-    """What the CLI does: ``reuse_freed_memory()`` unless ``AIAYN_MALLOC=system``."""
+    """What the CLI does: ``reuse_freed_memory()`` unless ``AIAYN_MALLOC=system``; ``AIAYN_HEAP_TRIM``
+    checked (``trim_choice``)."""
     choice = os.environ.get(ENV, "reuse")
     if choice not in ("reuse", "system"):
         from aiayn.errors import UserError
         raise UserError(f"{ENV} must be 'reuse' or 'system', got {choice!r}")
+    trim_choice()
     return choice == "reuse" and reuse_freed_memory()
+
+
+def trim_choice() -> str:
+    """``AIAYN_HEAP_TRIM``: when training and decoding workers trim, of ``TRIM_CHOICES`` (default
+    ``grown``, ``HeapGrowth``'s rule; ``always`` at every look, the least memory; ``never``)."""
+    choice = os.environ.get(TRIM_ENV, "grown")
+    if choice not in TRIM_CHOICES:
+        from aiayn.errors import UserError
+        raise UserError(f"{TRIM_ENV} must be one of {', '.join(TRIM_CHOICES)}, got {choice!r}")
+    return choice
 
 
 def release_free_memory() -> bool:
@@ -78,3 +99,48 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (<malloc.h>, glibc 2.33 and later): ten size_t fields."""
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_bytes() -> int | None:
+    """The bytes glibc's heaps hold from the kernel, all arenas together (``mallinfo2``: the heaps'
+    ``arena`` and the mmapped blocks' ``hblkhd``); None where glibc is absent or older than 2.33."""
+    mallinfo2 = _glibc("mallinfo2")
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    return info.arena + info.hblkhd
+
+
+class HeapGrowth:
+    """Trims (``release_free_memory``) as the heap grows: ``release_if_grown`` trims when the heap holds
+    more than ``1 + by`` times what it held at the last trim. A heap that grows is cutting blocks of new
+    sizes from its top while the holes of other sizes lie unused, so the resident memory stays within
+    ``by`` of the heap of what a trim at every call keeps; a heap that keeps its size is not trimmed, as
+    a trim would hand back the pages of holes the next step reuses and faults in again. The size is
+    compared with the one read before the last trim, not after it: a trim also hands back the heap's
+    free top, which the next step takes again. Where the size cannot be read (``heap_bytes`` None),
+    every call trims."""
+
+    def __init__(self, by: float = HEAP_GROWTH, when: str | None = None) -> None:
+        self.by, self.trimmed_at = by, 0
+        self.when = when or trim_choice()  # AIAYN_HEAP_TRIM: always and never replace the rule
+
+    def release_if_grown(self) -> bool:
+        """Trim if the heap has grown by ``by`` since the last trim; True where a trim was made."""
+        if self.when != "grown":
+            return self.when == "always" and release_free_memory()
+        size = heap_bytes()
+        if size is not None:
+            if size <= self.trimmed_at * (1 + self.by):
+                return False
+            log.debug("heap: %.0f MB, %.0f MB at the last trim: trimmed", size / 2 ** 20, self.trimmed_at / 2 ** 20)
+            self.trimmed_at = size
+        return release_free_memory()

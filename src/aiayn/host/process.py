@@ -5,7 +5,8 @@ setting once, ``aiayn/host/hugepages.py``), oneDNN's primitive cache capacity be
 (``aiayn/host/onednn_cache.py``), flushed denormals before anything creates PyTorch's thread
 pool (``aiayn/host/denormals.py``), then glibc's reuse of freed memory (``aiayn/host/allocator.py``). Each is
 on by default and turned off by its environment variable (AIAYN_HUGEPAGES=off, AIAYN_ONEDNN_CACHE=0,
-AIAYN_DENORMALS=keep, AIAYN_MALLOC=system); a bad value is a ``UserError`` naming the variable.
+AIAYN_DENORMALS=keep, AIAYN_MALLOC=system; AIAYN_HEAP_TRIM chooses when the heap is trimmed); a bad value
+is a ``UserError`` naming the variable.
 """
 from __future__ import annotations
 
