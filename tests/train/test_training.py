@@ -795,15 +795,24 @@ def test_a_share_that_binary_cannot_hold_saves_at_every_multiple(small_data_dir,
 
 def test_progress_is_the_largest_share_of_the_limits():
     """What save_every_frac spaces by: 30 of 100 steps, 6 of 10 minutes, 2e9 of 1e10 FLOPs and 1.5
-    of 4 epochs are 0.3, 0.6, 0.2 and 0.375 done: 0.6; a limit that is not set counts nothing."""
-    from aiayn.checkpoint.run import TrainState
-    from aiayn.train.config import TrainConfig
-    from aiayn.train.loop import _progress
-    state = TrainState(step=30, flops=2e9)
-    t = TrainConfig(max_steps=100, max_time_min=10, max_flops=1e10, max_epochs=4)
-    assert _progress(t, state, 360.0, 1.5) == pytest.approx(0.6)
-    assert _progress(TrainConfig(max_steps=100, max_epochs=4), state, 360.0, 1.5) == pytest.approx(0.375)
-    assert _progress(TrainConfig(max_steps=0), state, 360.0, 1.5) == 0.0
+    of 4 epochs are 0.3, 0.6, 0.2 and 0.375 done: 0.6; a limit that is not set counts nothing. The
+    rate's ramp reads the same progress: with lr_decay_frac 0.5 it is at (1 - 0.6) / 0.5 = 0.8 of Eq. 3."""
+    from aiayn.model.config import ModelConfig
+    from aiayn.train.config import RunConfig, TrainConfig
+    from aiayn.train.loop import schedule_of
+    from aiayn.train.objective import noam_lr
+
+    def schedule(**train):
+        return schedule_of(RunConfig(ModelConfig(d_model=64), TrainConfig(**train)))
+
+    s = schedule(max_steps=100, max_time_min=10, max_flops=1e10, max_epochs=4, lr_decay_frac=0.5,
+                 lr_decay_by_time=True)
+    assert s.progress(30, 360.0, 2e9, 1.5) == pytest.approx(0.6)
+    assert s.rate(30, 360.0, 2e9, 1.5) == pytest.approx(0.8 * noam_lr(30, 64, 4000, 1.0))
+    assert s.progress(30, 360.0, 2e9, 1.5, budget=False) == pytest.approx(0.375)
+    assert schedule(max_steps=100, max_epochs=4, lr_decay_by_time=False).progress(30, 360.0, 2e9, 1.5) \
+        == pytest.approx(0.375)
+    assert schedule(max_steps=0, lr_decay_by_time=False).progress(30, 360.0, 2e9, 1.5) == 0.0
     from aiayn.config import ConfigError
     for bad in (1.0, -0.1):
         with pytest.raises(ConfigError, match=r"save_every_frac must be in \[0, 1\)"):

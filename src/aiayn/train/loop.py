@@ -115,7 +115,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
     t, state, ranks = cfg.train, run.state, run.stepper.strategy
     elapsed = last_save = ranks.start_clock(run.clock)
     last_sync_step, stop_reason = state.step, "max_steps"
-    last_progress = _progress(t, state, elapsed, run.stream.epochs)
+    last_progress = run.schedule.progress(state.step, elapsed, state.flops, run.stream.epochs)
     run.learner.model.train()
     # Batches are drawn one step ahead (``BatchStream.prefetch``): the next step's are collated and on
     # their way to the device while the device computes this one.
@@ -146,7 +146,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
         run.log_step(step, _crossed(t.log_every_steps, last_sync_step, state.step))
         due_steps = _crossed(t.save_every_steps, last_sync_step, state.step)
         due_time = t.save_every_min and elapsed - last_save >= 60 * t.save_every_min
-        progress = _progress(t, state, elapsed, run.stream.epochs)
+        progress = run.schedule.progress(state.step, elapsed, state.flops, run.stream.epochs)
         due_share = t.save_every_frac and _shares(progress, t.save_every_frac) > _shares(last_progress, t.save_every_frac)
         due_valid = _crossed(t.validate_every_steps, last_sync_step, state.step)
         last_sync_step, last_progress = state.step, progress
@@ -192,7 +192,8 @@ class _Run:
         # ``runtime.start``), Adam (§5.3; AdamW with ``weight_decay``; the step sets each step's rate)
         # and fp16's gradient scaler (None otherwise).
         model = Transformer(m).to(self.device)
-        opt = optimizer_for(model.parameters(), t, schedule_of(cfg), self.device)
+        self.schedule = schedule_of(cfg)  # the rate of each step, and the run's progress (save_every_frac)
+        opt = optimizer_for(model.parameters(), t, self.schedule, self.device)
         scaler = torch.amp.GradScaler(self.device.type) if place.precision == "fp16" else None
         self.learner = Learner(model, opt, scaler)
         if saved is not None:  # resumed exactly: weights, optimizer, generators, counters (the stream's position above)
@@ -210,7 +211,7 @@ class _Run:
         if t.ema_decay:
             self.learner.ema = WeightAverage(model, t.ema_decay, self.device, saved_ema)
         self.t_start = time.monotonic() - self.state.train_seconds
-        self.stepper = TrainStep.for_run(t, self.learner, place, schedule_of(cfg), self.clock, run_dir)
+        self.stepper = TrainStep.for_run(t, self.learner, place, self.schedule, self.clock, run_dir)
         if saved is not None:  # each rank's own Adam, where the ranks keep their own
             self.stepper.strategy.resume_optimizer(self.learner.opt, saved)
         self.n_params = count_parameters(model)
@@ -308,17 +309,6 @@ def _stop_reason(t: TrainConfig, state: TrainState, elapsed: float) -> str | Non
     if t.patience and state.bad_validations >= t.patience:
         return "patience"
     return None
-
-
-def _progress(t: TrainConfig, state: TrainState, elapsed: float, epochs: float) -> float:
-    """How much of the run is done: the largest share of its limits that ``_stop_reason`` and
-    ``max_steps`` stop it at (steps, wall time, counted FLOPs, epochs, the fractional ``epochs``
-    drawn), each where it is set; what ``train.save_every_frac`` spaces the checkpoints by."""
-    shares = [state.step / t.max_steps if t.max_steps else 0.0,
-              elapsed / (60 * t.max_time_min) if t.max_time_min else 0.0,
-              state.flops / t.max_flops if t.max_flops else 0.0,
-              epochs / t.max_epochs if t.max_epochs else 0.0]
-    return max(shares)
 
 
 def _shares(progress: float, frac: float) -> int:

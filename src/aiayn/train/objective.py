@@ -76,6 +76,17 @@ class Schedule:
         flops_frac = flops / self.max_flops if self.max_flops > 0 else 0.0
         return max(time_frac, flops_frac)
 
+    def progress(self, step: int, elapsed: float = 0.0, flops: float = 0.0, epochs: float = 0.0,
+                 budget: bool = True) -> float:
+        """How much of the run is done: the largest share of its limits (``max_steps``, and with
+        ``budget`` the wall time's and counted FLOPs' shares of ``budget_fraction``, and ``max_epochs``),
+        each where it is set. What the ramp of ``rate`` follows (with ``budget`` = ``by_budget``) and
+        what ``train.save_every_frac`` spaces the checkpoints by (with every limit), so the two never
+        measure the run differently."""
+        return max(step / self.max_steps if self.max_steps > 0 else 0.0,
+                   self.budget_fraction(elapsed, flops) if budget else 0.0,
+                   epochs / self.max_epochs if self.max_epochs > 0 else 0.0)
+
     @property
     def follows_progress(self) -> bool:
         """Whether ``rate`` reads more than the step: the budget's share (``by_budget``, where it moves
@@ -98,9 +109,8 @@ class Schedule:
         step' = step."""
         frac = self.budget_fraction(elapsed, flops) if self.by_budget else 0.0
         at = max(float(step), frac * self.max_steps) if self.whole_by_time and self.max_steps > 0 else step
-        epoch_frac = epochs / self.max_epochs if self.max_epochs > 0 else 0.0
         return learning_rate(at, self.d_model, self.warmup_steps, self.lr_scale, self.max_steps, self.lr_decay_frac,
-                             max(frac, epoch_frac))
+                             self.progress(step, elapsed, flops, epochs, budget=self.by_budget))
 
 
 def make_optimizer(params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0,
