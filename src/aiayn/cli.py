@@ -107,13 +107,22 @@ def _other_rank() -> bool:
         return False
 
 
+def _first_on_node() -> bool:
+    """Whether this process is the first of its machine in a torchrun (LOCAL_RANK 0)."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0")) == 0
+    except ValueError:
+        return False
+
+
 def _quiet_other_rank() -> None:
     """The main rank says what every rank would say alike, once; the others write their errors and the
-    lines about their own state only (``MainRankLines``), Python's warnings (PyTorch's) among them."""
+    lines about their own state only (``MainRankLines``), Python's warnings (PyTorch's) among them, and
+    the first process of each other machine its warnings too."""
     from aiayn.train.runtime import MainRankLines
     logging.captureWarnings(True)  # warnings.warn as records of the py.warnings logger, which the filter sees
     for handler in logging.getLogger().handlers:
-        handler.addFilter(MainRankLines())
+        handler.addFilter(MainRankLines(node_first=_first_on_node()))
 
 
 def _main(argv: list[str] | None) -> int:

@@ -92,6 +92,10 @@ def test_the_other_ranks_write_errors_and_their_own_lines():
     assert [lines.filter(record(level)) for level in (logging.INFO, logging.WARNING, logging.ERROR)] == \
         [False, False, True]
     assert lines.filter(record(logging.INFO, **{rt.OWN_STATE: 1}))
+    # the first process of another machine: its warnings too (its CPU's kernels, its torch.compile)
+    node_first = rt.MainRankLines(node_first=True)
+    assert [node_first.filter(record(level)) for level in (logging.INFO, logging.WARNING, logging.ERROR)] == \
+        [False, True, True]
     seen: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):

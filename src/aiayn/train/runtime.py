@@ -53,10 +53,16 @@ class MainRankLines(logging.Filter):
     """The lines a rank other than the main one writes (``aiayn.cli`` sets it on the handlers of such a
     rank of a torchrun, without ``-v``): its errors, and its lines about its own state (``OwnState``).
     Every other line, which each rank would write alike (the data's, the configuration's, the machine's),
-    is the main rank's to write, once."""
+    is the main rank's to write, once. With ``node_first`` (the first process of another machine, torchrun's
+    LOCAL_RANK 0), its warnings too: that machine's CPU may lack what the main rank's has (the C kernels'
+    fallback, a torch.compile that failed), and a node's output is its own."""
+
+    def __init__(self, node_first: bool = False):
+        super().__init__()
+        self.lowest = logging.WARNING if node_first else logging.ERROR
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR or hasattr(record, OWN_STATE)
+        return record.levelno >= self.lowest or hasattr(record, OWN_STATE)
 
 
 class OwnState(logging.LoggerAdapter):
