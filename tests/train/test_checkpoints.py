@@ -650,7 +650,8 @@ def test_average_warns_of_checkpoints_without_a_lineage(tmp_path, caplog):
 def test_runs_record_their_lineage_and_fine_tuning_carries_it(small_data_dir, tmp_path, caplog):
     """A new run's checkpoints share one lineage (its seed, the checksum of its initial weights), kept by a
     resume; runs fine-tuned from it carry it whatever their seed; a run of another seed has another one;
-    a fine-tuning of a file without one takes the checksum of that file's weights."""
+    a fine-tuning of a file without one takes the checksum of that file's weights. Every file also says
+    which aiayn, checkout and torch wrote it (a result repeated later needs to know)."""
     def train(out: Path, steps: int, *extra: str) -> Path:
         assert main(["train", "--data", str(small_data_dir), "--out", str(out), "--preset", "tiny", "--no-progress",
                      *FAST, "--max-steps", str(steps), "--set", "train.save_every_steps=1", *extra]) == 0
@@ -675,3 +676,9 @@ def test_runs_record_their_lineage_and_fine_tuning_carries_it(small_data_dir, tm
     tuned_old = train(tmp_path / "t_old", 1, "--init-from", str(tmp_path / "old.pt"))
     assert ck.load_checkpoint(tuned_old / "last.pt")["lineage"] == {"seed": None,
                                                                     "init_sha256": ck.content_sha256(old["model"])}
+    # and each file names the code that wrote it; an average keeps its last member's
+    from aiayn.host.environment import source_commit
+    written = ck.load_checkpoint(run / "last.pt")["written_by"]
+    assert written == {"aiayn": aiayn.__version__, "torch": str(torch.__version__),
+                       "source": source_commit(Path(aiayn.__file__).resolve().parent)}
+    assert ck.average_checkpoints(ck.step_checkpoints(run))["written_by"] == written

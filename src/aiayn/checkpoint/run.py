@@ -25,6 +25,7 @@ from aiayn.data.dataset import DataDir
 from aiayn.config import from_dict, to_dict
 from aiayn.errors import UserError
 from aiayn.files import write_json_atomic
+from aiayn.host.environment import written_by
 from aiayn.model.config import ModelConfig
 from aiayn.train import runtime as rt
 
@@ -220,7 +221,7 @@ class RunCheckpoints:
                 sampler=self.stream.state_dict(), rng=rank_rng[0] if rank_rng else rt.rng_state(),
                 rank_rng=rank_rng, tokenizers=self.tokenizers, valid=valid,
                 ema=learner.ema.state_dict() if learner.ema is not None else None, lineage=learner.lineage,
-                **state.counters())
+                written_by=written_by(), **state.counters())
             save(self.run_dir, saved, self.keep_last, is_best, learner.ema.decay if learner.ema is not None else None,
                  step_file)
             self.stream.saved()

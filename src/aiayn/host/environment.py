@@ -5,6 +5,7 @@ variables that change which instructions or settings compute them. Why each matt
 docs/training.md, "Reproducibility"."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -34,6 +35,17 @@ def source_commit(package_dir: Path) -> dict[str, Any] | None:
     if head.returncode != 0 or diff.returncode not in (0, 1):
         return None
     return {"commit": head.stdout.strip(), "modified": diff.returncode == 1}
+
+
+@functools.cache
+def written_by() -> dict[str, Any]:
+    """The code that writes a checkpoint (``Contents.written_by``): aiayn's version and ``source_commit``
+    (read once a process, where the code it runs was loaded from), torch's version."""
+    import torch
+
+    import aiayn
+    return {"aiayn": aiayn.__version__, "source": source_commit(Path(aiayn.__file__).resolve().parent),
+            "torch": str(torch.__version__)}
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
