@@ -793,6 +793,15 @@ def test_a_share_that_binary_cannot_hold_saves_at_every_multiple(small_data_dir,
     assert [p.name for p in step_checkpoints(by_flops)] == every
 
 
+def test_zero_steps_validates_and_saves_the_starting_weights(small_data_dir, tmp_path):
+    """max_steps 0 takes no step (fairseq's --max-update 0 is no limit): the run validates and saves
+    the weights it starts from, what fine-tuning's before-and-after comparison reads."""
+    from aiayn.checkpoint import load_checkpoint
+    summary = _train_in_process(small_data_dir, tmp_path / "run", 0)
+    assert summary["steps"] == 0 and summary["valid"]["valid_loss"] > 0
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 0
+
+
 def test_progress_is_the_largest_share_of_the_limits():
     """What save_every_frac spaces by: 30 of 100 steps, 6 of 10 minutes, 2e9 of 1e10 FLOPs and 1.5
     of 4 epochs are 0.3, 0.6, 0.2 and 0.375 done: 0.6; a limit that is not set counts nothing. The

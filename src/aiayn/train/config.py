@@ -56,7 +56,7 @@ class TrainConfig:
     accum_steps: int = param(1, "batches accumulated per optimizer step (tokens per step = per-device tokens x devices x accum_steps)")
     local_sgd_period: int = param(0, "data parallel only: average the processes' weights every N optimizer steps, each with its own Adam (local SGD), instead of their gradients every step; 0 = off, the paper's DDP (docs/training.md)")
     # length of the run
-    max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K)")
+    max_steps: int = param(100_000, "stop after this many optimizer steps (base: 100K, big: 300K); 0 takes none (not 'no limit', as fairseq's --max-update 0): the starting weights (with --init-from, the checkpoint's) are validated and saved")
     max_epochs: int = param(0, "stop after this many epochs; 0 = no limit")
     max_time_min: float = param(0.0, "stop after this many minutes of training wall time; 0 = no limit")
     max_flops: float = param(0.0, "stop after this many counted training FLOPs, all processes together (aiayn.train.flops: 3 x the forward's matmuls); 0 = no limit. A budget that means the same on every machine: the time-based schedules follow it as they follow max_time_min (docs/recipe.md)")
