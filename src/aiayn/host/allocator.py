@@ -15,12 +15,12 @@ grew with the corpus (docs/history.md, "Training memory that grew with the corpu
 ``release_free_memory`` (``malloc_trim``) hands the pages of the holes back to the kernel.
 
 Training calls it after each validation, and every ``TRIM_EVERY_STEPS`` steps looks at the heap
-(``HeapGrowth``): it trims where the heap has grown by a quarter since the last trim, and keeps the
-resident memory flat (BENCHMARKS.md §9, "Training on them: memory"). A heap that keeps its size
-reuses its holes at every step, and trimming it would only hand back pages that the next step faults
-in again: trimming at every look cost a tenth of the demo's step time on an AMD EPYC Zen 5
-(docs/history.md, "Heap trims only while the heap grows"). ``AIAYN_HEAP_TRIM`` chooses another rule
-(``trim_choice``). ``aiayn translate`` trims every ``CHUNK_LINES`` input lines (after each chunk of the
+(``HeapGrowth``): it trims where the heap has grown by a quarter since the last trim. A heap that
+keeps its size reuses its holes step after step, and trimming it hands back pages that the next
+steps fault in again, which cost the demo's step on some CPUs (docs/history.md, "Heap trims only
+while the heap grows"); with the linear maps' rows padded (``aiayn.execution.linear``) the heap of a
+large corpus stays bounded too, and a trim at every look only holds it lower (BENCHMARKS.md §9,
+"Training on them: memory"). ``AIAYN_HEAP_TRIM`` chooses another rule (``trim_choice``). ``aiayn translate`` trims every ``CHUNK_LINES`` input lines (after each chunk of the
 default --buffer), and a decoding worker looks at its heap every ``TRIM_EVERY_BATCHES`` batches: a
 tiny-preset translator's 10,000-line chunks (beam 4) left 1.2-1.5 GB resident, growing from chunk to
 chunk, of which about 0.43 GB were such holes.
@@ -122,9 +122,8 @@ def heap_bytes() -> int | None:
 class HeapGrowth:
     """Trims (``release_free_memory``) as the heap grows: ``release_if_grown`` trims when the heap holds
     more than ``1 + by`` times what it held at the last trim. A heap that grows is cutting blocks of new
-    sizes from its top while the holes of other sizes lie unused, so the resident memory stays within
-    ``by`` of the heap of what a trim at every call keeps; a heap that keeps its size is not trimmed, as
-    a trim would hand back the pages of holes the next step reuses and faults in again. The size is
+    sizes from its top while the holes of other sizes lie unused; a heap that keeps its size is not
+    trimmed, as a trim would hand back the pages of holes the next steps reuse and fault in again. The size is
     compared with the one read before the last trim, not after it: a trim also hands back the heap's
     free top, which the next step takes again. Where the size cannot be read (``heap_bytes`` None),
     every call trims."""
