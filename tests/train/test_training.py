@@ -594,6 +594,11 @@ def _run_on_a_ticking_clock(small_data_dir, run, monkeypatch, *sets: str):
     return summary, seen[1:], lrs
 
 
+# The progress the ramp is taken at before each of 6 steps of a 6-step budget (Schedule.progress): the
+# budget's share spent, 0, 1/6, ..., 5/6, or step 1's share of max_steps 1000 where that is larger.
+PROGRESS_OF_6_STEPS = [1 / 1000, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6]
+
+
 def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_path, monkeypatch):
     """train.lr_decay_by_time: on a clock where each step takes 10 s, a 1-minute budget runs
     6 steps (elapsed 0, 10, ..., 50 s before each) and the ramp over the last half of the time
@@ -601,7 +606,7 @@ def test_ramp_measured_in_wall_time_ends_with_the_budget(small_data_dir, tmp_pat
     summary, seen, lrs = _run_on_a_ticking_clock(small_data_dir, tmp_path / "run", monkeypatch,
                                                  "train.lr_decay_by_time=true")
     assert summary["stop_reason"] == "max_time" and summary["steps"] == 6
-    assert seen == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
+    assert seen == pytest.approx(PROGRESS_OF_6_STEPS)
     ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
     for s in range(1, 7):
         assert lrs[s] == pytest.approx(noam_lr(s, 64, 50, 1.0) * ramp[s - 1], rel=1e-9), s
@@ -614,7 +619,7 @@ def test_whole_schedule_measured_in_wall_time(small_data_dir, tmp_path, monkeypa
     summary, seen, lrs = _run_on_a_ticking_clock(small_data_dir, tmp_path / "run", monkeypatch,
                                                  "train.lr_schedule_by_time=true")
     assert summary["stop_reason"] == "max_time" and summary["steps"] == 6
-    assert seen == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
+    assert seen == pytest.approx(PROGRESS_OF_6_STEPS)
     step_ = [1, 1000 / 6, 2000 / 6, 500, 4000 / 6, 5000 / 6]
     ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
     for s in range(1, 7):
@@ -747,7 +752,7 @@ def test_schedule_and_stop_measured_in_counted_flops(small_data_dir, tmp_path, m
     summary = _train_in_process(small_data_dir, run, 1000, "train.max_flops=6e9", "train.lr_decay_frac=0.5",
                                 "train.lr_schedule_by_time=true")
     assert summary["stop_reason"] == "max_flops" and summary["steps"] == 6 and summary["counted_flops"] == 6e9
-    assert seen[1:] == pytest.approx([0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])  # (seen[0]: the optimizer's construction)
+    assert seen[1:] == pytest.approx(PROGRESS_OF_6_STEPS)  # (seen[0]: the optimizer's construction)
     lrs = _logged(run, "lr")
     step_ = [1, 1000 / 6, 2000 / 6, 500, 4000 / 6, 5000 / 6]
     ramp = [1, 1, 1, 1, 2 / 3, 1 / 3]
