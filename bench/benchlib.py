@@ -23,6 +23,7 @@ import platform
 import resource
 import statistics
 import subprocess
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -184,6 +185,27 @@ def peak_rss_mb(pid: int | None = None) -> float | None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     kb = proc_status_kb(pid).get("VmHWM")
     return kb / 1024.0 if kb is not None else None
+
+
+def train_as_demo(data: Path, out: Path, recipe: Path, processes: int, threads: int, sets: list[str],
+                  env: dict[str, str] | None = None) -> tuple[dict[str, Any], Any]:
+    """A real ``aiayn train`` of ``recipe`` on a prepared data directory as ``aiayn demo`` starts it
+    (``processes`` data-parallel processes through torchrun, ``threads`` each, ``--set`` each of
+    ``sets``), its output discarded: the run's summary.json and ``wait4``'s resource usage of the
+    launcher and its ranks (ru_maxrss: the largest process's peak). A failed run ends the script."""
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+              if processes > 1 else [sys.executable])
+    cmd = [*launch, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(out), "--recipe", str(recipe),
+           "--no-progress"]
+    for s in (f"train.threads={threads}", *sets):
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{out}: aiayn train failed (exit code {code})")
+    return json.loads((out / "summary.json").read_text()), usage
 
 
 def time_stats(times: list[float]) -> dict[str, Any]:

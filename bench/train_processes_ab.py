@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,16 +36,8 @@ SYSTEMS = {
 def run_system(name: str, data: Path, minutes: float, work: Path) -> dict:
     procs, threads, period = SYSTEMS[name]
     out = work / f"{name}-{time.monotonic_ns()}"
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
-              if procs > 1 else [sys.executable])
-    cmd = [*launch, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(out), "--recipe", str(RECIPE),
-           "--no-progress"]
-    for s in (f"train.threads={threads}", f"train.local_sgd_period={period}", f"train.max_time_min={minutes}",
-              "train.save_every_min=0"):
-        cmd += ["--set", s]
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    s = json.loads((out / "summary.json").read_text())
+    s, _ = bl.train_as_demo(data, out, RECIPE, procs, threads, [f"train.local_sgd_period={period}",
+                                                              f"train.max_time_min={minutes}", "train.save_every_min=0"])
     return {"system": name, "processes": procs, "threads_per_process": threads, "local_sgd_period": period,
             "tokens_per_s": s["tokens_per_s"], "steps": s["steps"], "epochs": s["epochs"],
             "target_tokens": s["target_tokens"], "valid_loss": s["valid"]["valid_loss"]}
