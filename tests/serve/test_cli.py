@@ -24,6 +24,24 @@ def test_serve_command_builds_the_app_from_its_options(tiny_checkpoint, monkeypa
         assert r.status_code == 200 and r.json()["beam"] == 2
 
 
+def test_serve_takes_several_checkpoints_as_one_ensemble(tiny_checkpoint, monkeypatch):
+    """As `aiayn translate --checkpoint A B`: the mean of their next-token probabilities. Two copies of
+    one model translate as the model alone, with attention (of the ensemble's first model)."""
+    from aiayn.serve.server import Server
+    apps = []
+    monkeypatch.setattr(Server, "run", lambda self: apps.append(self.config.app))
+    request = {"sentences": ["A dog runs.", "Two men."], "beam": 2, "attention": True}
+    answers = []
+    for checkpoints in ([tiny_checkpoint], [tiny_checkpoint, tiny_checkpoint]):
+        assert main(["serve", "--checkpoint", *map(str, checkpoints), "--threads", "1"]) == 0
+        with TestClient(apps[-1], base_url="http://localhost") as client:
+            answers.append((client.get("/health").json()["model"]["name"], client.post("/translate", json=request).json()))
+    (one_name, one), (two_name, two) = answers
+    assert one_name == tiny_checkpoint.name and two_name == f"{tiny_checkpoint.name}+{tiny_checkpoint.name}"
+    assert two["translations"] == one["translations"] and len(two["attention"]) == 2
+    assert two["attention"][0]["src_tokens"] == one["attention"][0]["src_tokens"]
+
+
 def test_serve_bad_option_exits_2(tiny_checkpoint, capsys):
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--batch-tokens", "0"]) == 2
     assert "--batch-tokens must be >= 1" in capsys.readouterr().err

@@ -32,8 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"decodes them all. The API key may come from ${API_KEY_ENV} "
                     "instead of --api-key (which ps would show). See docs/serve.md.",
         allow_abbrev=False)
-    p.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`, or an ensemble file "
-                   "(`aiayn ensemble A.pt B.pt --out E.pt`) to serve their ensemble")
+    p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
+                   help="checkpoint written by `aiayn train` or `aiayn average`; several (or an ensemble file from "
+                        "`aiayn ensemble`) serve their ensemble, the mean of their next-token probabilities, as "
+                        "`aiayn translate` does")
     add_device_argument(p)
     add_arguments(p, ServeConfig)
     add_arguments(p, DecodeConfig, only=SERVE_DECODE + SERVE_MODEL)
@@ -50,19 +52,20 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.decode.translator import Translator
     # the flags, else the model's own settings (an imported model's generation settings), else the defaults
-    cfg, decode = from_args(ServeConfig, args), decode_config(args, [args.checkpoint], base=DecodeConfig())
+    cfg, decode = from_args(ServeConfig, args), decode_config(args, args.checkpoint, base=DecodeConfig())
     if not cfg.api_key and os.environ.get(API_KEY_ENV):
         try:
             cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])
         except ConfigError as exc:
             raise UserError(f"${API_KEY_ENV}: {exc}") from None
     if not cfg.model_name:
-        cfg = replace(cfg, model_name=Path(args.checkpoint).name)
+        cfg = replace(cfg, model_name="+".join(Path(c).name for c in args.checkpoint))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     app = create_app(Translator.from_checkpoint(args.checkpoint, decode, device=args.device), cfg)
+    served = ", ".join(args.checkpoint)
     def banner(port: int) -> str:  # of the port bound (--port 0: the one the system chose)
-        return (f"serving {args.checkpoint} on http://{cfg.host}:{port}/ (hosts {','.join(cfg.allowed_hosts)}"
+        return (f"serving {served} on http://{cfg.host}:{port}/ (hosts {','.join(cfg.allowed_hosts)}"
                 f"{', API key required' if cfg.api_key else ''})")
     server = make_server(app, cfg, banner, log_level="info")
     server.run()  # (the banner once the port is bound)

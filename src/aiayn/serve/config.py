@@ -33,7 +33,8 @@ class ServeConfig:
 
     host: str = param("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = param(8000, "TCP port to listen on")
-    model_name: str = param("", "the model's name on the web page and in /health; empty = the checkpoint's file name")
+    model_name: str = param("", "the model's name on the web page and in /health; empty = the checkpoint's file name "
+                                 "(several: their names joined by +)")
     languages: str = param(
         "", "the model's language pair as SRC-TGT (e.g. en-de), shown on the web page and in /health; empty = "
             "none shown (checkpoints do not record their languages)")
