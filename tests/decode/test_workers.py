@@ -257,8 +257,7 @@ def test_a_worker_gives_the_heaps_holes_back_every_few_batches(monkeypatch):
 
     calls = []
     monkeypatch.setattr(workers, "_WORKER", Stub())
-    monkeypatch.setattr(workers, "_BATCHES", 0)
-    monkeypatch.setattr(workers, "_HEAP", allocator.HeapGrowth(when="grown"))
+    monkeypatch.setattr(workers, "_HEAP", allocator.HeapGrowth(workers.TRIM_EVERY_BATCHES, when="grown"))
     monkeypatch.setattr(allocator, "release_free_memory", lambda: calls.append(1) or True)
     sizes = iter([100, 100, 200])  # grown, the same, grown by more than a quarter
     monkeypatch.setattr(allocator, "heap_bytes", lambda: next(sizes))

@@ -103,7 +103,7 @@ def trims(numels, hole):
         if hole:
             keep.append(torch.ones(16))  # above the block: its free space is a hole, not the heap top
         del block
-        made += heap.release_if_grown()
+        made += heap.look()
     return made
 print(trims([1 << 24] * 20, False), trims([1 << 24] * 20, False),
       trims([(1 << 24) * (2 + i) // 2 for i in range(1, 11)], True))
@@ -126,15 +126,16 @@ def test_heap_growth_trims_every_time_where_the_heap_cannot_be_read(monkeypatch)
     monkeypatch.setattr(allocator, "heap_bytes", lambda: None)
     monkeypatch.setattr(allocator, "release_free_memory", lambda: calls.append(1) or True)
     heap = allocator.HeapGrowth(when="grown")
-    assert [heap.release_if_grown() for _ in range(3)] == [True, True, True] and len(calls) == 3
+    assert [heap.look() for _ in range(3)] == [True, True, True] and len(calls) == 3
 
 
-def _trims(monkeypatch, sizes: list[int], **kw) -> list[bool]:
+def _trims(monkeypatch, sizes: list[int], looks: int | None = None, **kw) -> list[bool]:
+    """What ``looks`` looks (default one a size) made, the heap reading ``sizes`` in turn."""
     it = iter(sizes)
     monkeypatch.setattr(allocator, "heap_bytes", lambda: next(it))
     monkeypatch.setattr(allocator, "release_free_memory", lambda: True)
     heap = allocator.HeapGrowth(**kw)
-    return [heap.release_if_grown() for _ in sizes]
+    return [heap.look() for _ in range(len(sizes) if looks is None else looks)]
 
 
 def test_heap_growth_compares_with_the_size_at_the_last_trim(monkeypatch):
@@ -149,6 +150,22 @@ def test_heap_growth_trims_once_the_heap_has_grown_by_a_quarter(monkeypatch):
     assert allocator.HEAP_GROWTH == 0.25
     assert _trims(monkeypatch, [100, 120, 125, 126, 157, 158], when="grown") == \
         [True, False, False, True, False, True]
+
+
+def test_heap_growth_looks_at_every_nth_call(monkeypatch):
+    """Its caller's steps counted: with ``every`` 3 the 3rd and 6th look read the heap (100, then 200:
+    grown, both trimmed); ``every`` 0 never reads it."""
+    assert _trims(monkeypatch, [100, 200], 6, every=3, when="grown") == [False, False, True, False, False, True]
+    assert _trims(monkeypatch, [], 4, every=0, when="always") == [False] * 4
+
+
+def test_heap_trim_choice_is_read_at_the_first_look_not_when_made(monkeypatch):
+    """A decoding worker makes its HeapGrowth at import, before the environment is settled."""
+    monkeypatch.delenv(allocator.TRIM_ENV, raising=False)
+    heap = allocator.HeapGrowth()
+    monkeypatch.setenv(allocator.TRIM_ENV, "never")
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: True)
+    assert heap.look() is False and heap.when == "never"
 
 
 @pytest.mark.parametrize("when, made", [("always", [True] * 4), ("never", [False] * 4)])

@@ -40,9 +40,8 @@ from aiayn.decode.search import Hypothesis
 from aiayn.host.allocator import HeapGrowth
 
 _WORKER = None  # the worker process's Translator
-_BATCHES = 0  # batches the worker process decoded
-TRIM_EVERY_BATCHES = 10  # a worker's batches between two looks at its heap (HeapGrowth)
-_HEAP = HeapGrowth()  # the worker process's heap
+TRIM_EVERY_BATCHES = 10  # a worker's batches between two looks at its heap
+_HEAP = HeapGrowth(TRIM_EVERY_BATCHES)  # the worker process's heap, looked at after each batch
 
 
 def _init_worker(translator_class: type, payload: str, cfg: DecodeConfig, threads: int, parent_pid: int) -> None:
@@ -72,12 +71,9 @@ def _init_worker(translator_class: type, payload: str, cfg: DecodeConfig, thread
 
 
 def _translate(rows: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    global _BATCHES
     _WORKER.cfg = cfg  # the caller's settings of this call (beam, α, ...); the precision is the pool's
     hyps = _WORKER.translate_ids(rows)
-    _BATCHES += 1
-    if _BATCHES % TRIM_EVERY_BATCHES == 0:
-        _HEAP.release_if_grown()  # the heap's holes back while it grows, as training does (aiayn/host/allocator.py)
+    _HEAP.look()  # the heap's holes back while it grows, as training does (aiayn/host/allocator.py)
     return hyps
 
 

@@ -120,20 +120,27 @@ def heap_bytes() -> int | None:
 
 
 class HeapGrowth:
-    """Trims (``release_free_memory``) as the heap grows: ``release_if_grown`` trims when the heap holds
-    more than ``1 + by`` times what it held at the last trim. A heap that grows is cutting blocks of new
-    sizes from its top while the holes of other sizes lie unused; a heap that keeps its size is not
-    trimmed, as a trim would hand back the pages of holes the next steps reuse and fault in again. The size is
+    """Trims (``release_free_memory``) as the heap grows. ``look`` counts its caller's steps (or
+    batches); at every ``every``-th it trims when the heap holds more than ``1 + by`` times what it
+    held at the last trim (``every`` 0: never). A heap that grows is cutting blocks of new sizes from
+    its top while the holes of other sizes lie unused; a heap that keeps its size is not trimmed, as
+    a trim would hand back the pages of holes the next steps reuse and fault in again. The size is
     compared with the one read before the last trim, not after it: a trim also hands back the heap's
     free top, which the next step takes again. Where the size cannot be read (``heap_bytes`` None),
-    every call trims."""
+    every look trims. ``when`` (default ``AIAYN_HEAP_TRIM``, read at the first look, not when made):
+    ``always`` and ``never`` replace the rule."""
 
-    def __init__(self, by: float = HEAP_GROWTH, when: str | None = None) -> None:
-        self.by, self.trimmed_at = by, 0
-        self.when = when or trim_choice()  # AIAYN_HEAP_TRIM: always and never replace the rule
+    def __init__(self, every: int = 1, by: float = HEAP_GROWTH, when: str | None = None) -> None:
+        self.every, self.by, self.when = every, by, when
+        self.looks, self.trimmed_at = 0, 0
 
-    def release_if_grown(self) -> bool:
-        """Trim if the heap has grown by ``by`` since the last trim; True where a trim was made."""
+    def look(self) -> bool:
+        """One step (or batch) more: at the ``every``-th, trim if the heap has grown by ``by`` since
+        the last trim. True where a trim was made."""
+        self.looks += 1
+        if self.every <= 0 or self.looks % self.every:
+            return False
+        self.when = self.when or trim_choice()
         if self.when != "grown":
             return self.when == "always" and release_free_memory()
         size = heap_bytes()

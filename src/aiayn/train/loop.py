@@ -138,8 +138,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
             elapsed = step.mean_clock
         if not run.apply(step):
             continue  # a non-finite step, skipped (unless the ranks count it, to synchronize together)
-        if state.step % TRIM_EVERY_STEPS == 0:
-            run.release_host_memory(only_if_grown=True)
+        run.heap.look()  # every TRIM_EVERY_STEPS steps on the CPU: the heap's holes back while it grows
         if state.step % ranks.period:
             continue  # between two synchronization points: no logging, checkpoint or validation
         elapsed = run.synchronize(elapsed)
@@ -177,7 +176,7 @@ class _Run:
         self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
                                       tf32=t.tf32, threads=t.threads, seed=t.seed)
         self.dist, self.device = place.dist, place.device
-        self.heap = HeapGrowth()
+        self.heap = HeapGrowth(TRIM_EVERY_STEPS if self.device.type == "cpu" else 0)
         self.validator = Validator(data, cfg.train, cfg.model, place)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
@@ -270,14 +269,9 @@ class _Run:
         if step_file:
             self.saved_step = self.state.step
 
-    def release_host_memory(self, only_if_grown: bool = False) -> None:
-        """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py); with
-        ``only_if_grown``, only where the heap has grown since the last trim (``HeapGrowth``)."""
-        if self.device.type != "cpu":
-            return
-        if only_if_grown:
-            self.heap.release_if_grown()
-        else:
+    def release_host_memory(self) -> None:
+        """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
+        if self.device.type == "cpu":
             release_free_memory()
 
     def finish(self, stop_reason: str) -> None:
