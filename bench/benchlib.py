@@ -190,10 +190,10 @@ def peak_rss_mb(pid: int | None = None) -> float | None:
 def train_as_demo(data: Path, out: Path, recipe: Path, processes: int, threads: int, sets: list[str],
                   env: dict[str, str] | None = None) -> tuple[dict[str, Any], Any]:
     """A real ``aiayn train`` of ``recipe`` on a prepared data directory as ``aiayn demo`` starts it
-    (``processes`` data-parallel processes through torchrun, ``threads`` each, ``--set`` each of
+    (``processes`` data-parallel processes through its torchrun launcher, ``threads`` each, ``--set`` each of
     ``sets``), its output discarded: the run's summary.json and ``wait4``'s resource usage of the
     launcher and its ranks (ru_maxrss: the largest process's peak). A failed run ends the script."""
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    launch = ([sys.executable, "-m", "aiayn.demo.launch", "--standalone", f"--nproc_per_node={processes}"]
               if processes > 1 else [sys.executable])
     cmd = [*launch, "-m", "aiayn.cli", "train", "--data", str(data), "--out", str(out), "--recipe", str(recipe),
            "--no-progress"]

@@ -35,7 +35,7 @@ def aiayn(*argv: str, processes: int = 1) -> str:
     """Run the ``aiayn`` command (in ``processes`` processes under torchrun); its standard output."""
     cmd = [sys.executable, "-m", "aiayn.cli", *argv]
     if processes > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        cmd = [sys.executable, "-m", "aiayn.demo.launch", "--standalone", f"--nproc_per_node={processes}",
                "-m", "aiayn.cli", *argv]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

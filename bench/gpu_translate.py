@@ -29,10 +29,12 @@ Results: ``$BENCH_RESULTS/gpu_translate.json``, written again after every size.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import glob
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -134,6 +136,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     cases = []
     workdir = Path(tempfile.mkdtemp(prefix="gpu-translate-"))
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)  # the CTranslate2 models converted
     for size in args.sizes.split(","):
         cfg = aiayn.get_preset(size, vocab_size=args.vocab)
         g = torch.Generator().manual_seed(1)

@@ -21,7 +21,9 @@ results/marian_import.json (or $BENCH_RESULTS).
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +63,7 @@ def main() -> None:
     from aiayn.decode.translator import Translator
 
     work = Path(tempfile.mkdtemp(prefix="marian-import-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     hf_dir, imported = work / "hf", work / "imported.pt"
     aiayn_cli("export", "--format", "hf", "--checkpoint", args.checkpoint, "--out", str(hf_dir))
     aiayn_cli("import", "--format", "hf", str(hf_dir), "--out", str(imported))

@@ -22,13 +22,15 @@ def shared_data_dir() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _kernel_cache(tmp_path_factory):
+def _caches_and_temporaries(tmp_path_factory):
     """Compiled kernels (aiayn/kernels/loader.py) go to a directory of this run, not ~/.cache/aiayn;
     so do torch.compile's (inductor's), whose cache in /tmp does not key its graphs on
     ``ATEN_CPU_CAPABILITY``: a run held to AVX2 after a native one (or the other way round) loaded the
     graphs compiled for the other and computed on corrupted memory (non-finite losses, or a crash in
-    malloc)."""
+    malloc). The processes the tests start make their temporaries in a folder of this run too
+    (TMPDIR): torchrun leaves a folder in the system's temporary folder at every run."""
     mp = pytest.MonkeyPatch()
+    mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
     mp.setenv("AIAYN_CACHE_DIR", str(tmp_path_factory.mktemp("aiayn-cache")))
     mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor-cache")))
     yield

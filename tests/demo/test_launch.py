@@ -36,3 +36,17 @@ def test_an_interrupted_launcher_ends_with_130_and_no_traceback(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "SignalException" not in err, err
+
+
+def test_the_launcher_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """torchrun makes a folder for the ranks' error files in the system's temporary folder
+    (``torchelastic_*``) and leaves it there, one for every run."""
+    script, tmp = tmp_path / "rank.py", tmp_path / "tmp"
+    script.write_text("import os, sys\nopen(os.path.join(sys.argv[1], 'rank' + os.environ['RANK']), 'w').close()\n")
+    tmp.mkdir()
+    done = subprocess.run([sys.executable, "-m", "aiayn.demo.launch", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()
+    assert sorted(p.name for p in tmp.iterdir()) == []
