@@ -105,8 +105,8 @@ def test_a_rerun_carries_the_timing_of_the_prepare_it_reused(tmp_path):
     files = _corpus(tmp_path / "corpus", n_train=40)
     raw = {f"raw.{split}.{side}": Path(p) for split, pair in files.items() for side, p in zip(("src", "tgt"), pair)}
     cfg, first, again = DemoConfig(vocab_size=29), {}, {}
-    stages.stage_prepare(cfg, raw, tmp_path / "data", "src", "tgt", first)
-    stages.stage_prepare(cfg, raw, tmp_path / "data", "src", "tgt", again)
+    stages.stage_prepare(cfg, raw, tmp_path / "data", ("src", "tgt"), first)
+    stages.stage_prepare(cfg, raw, tmp_path / "data", ("src", "tgt"), again)
     assert again.get("prepare_seconds") == first["prepare_seconds"]
     assert again.get("reused") == ["prepare"] and "reused" not in first
     assert json.loads((tmp_path / "data" / "manifest.json").read_text())["seconds"] == first["prepare_seconds"]
@@ -128,12 +128,13 @@ def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
     assert not (tmp_path / "out" / "run").exists()
     assert "--data-root" in refused(["--train", *files["train"], *own, "--data-root", str(tmp_path)])
     # with --train-lines the files given are read whole, as prepare reads them: errors name them
-    assert f"{short}:10: line counts differ" in refused(["--train", files["train"][0], short, *own, "--train-lines", "5"])
+    assert f"{short}:10: source and target line counts differ" in refused(
+        ["--train", files["train"][0], short, *own, "--train-lines", "5"])
     bad = tmp_path / "corpus" / "bad.de"
     bad.write_bytes(gzip.decompress(Path(files["train"][1]).read_bytes()).replace(b"\n", b"\n\xff", 1))
     assert f"{bad}:2: invalid UTF-8" in refused(["--train", files["train"][0], str(bad), *own, "--train-lines", "5"])
-    blank = _write(tmp_path / "corpus" / "blank.en", ["", " "])
-    assert f"{blank}: no non-empty line" in refused(["--train", *files["train"], "--valid", blank, blank,
+    blank = [_write(tmp_path / "corpus" / f"blank.{lang}", ["", " "]) for lang in ("en", "de")]
+    assert f"{blank[0]}: no non-empty line" in refused(["--train", *files["train"], "--valid", *blank,
                                                      "--out", str(tmp_path / "out")])
     # nothing the demo reads may lie in --out (--overwrite would delete it); --results-to is checked first
     inside = tmp_path / "mine" / "data"
@@ -155,11 +156,44 @@ def test_demo_on_own_files_refuses_what_it_cannot_use(tmp_path, capsys):
     pair = [str(tmp_path / "corpus" / "train.src"), str(tmp_path / "corpus" / "train.tgt")]
     assert "give --src-lang" in refused(["--train", *pair, *own])
     assert "both files' suffixes say 'en'" in refused(["--train", files["train"][0], files["valid"][0], *own])
+    # a --valid or --test pair given the other way round (its suffixes the run's languages swapped)
+    swapped = f"--valid {files['valid'][1]} {files['valid'][0]}: the source file's suffix says 'de'"
+    assert swapped in refused(["--train", *files["train"], "--valid", *files["valid"][::-1], "--out", str(tmp_path / "out")])
+    assert "--test" in refused(["--train", *files["train"], *own, "--test", files["test"][0], files["test"][0]])
     assert "no such file (--test source)" in refused(["--train", *files["train"], *own, "--test", "nope.en", "nope.de"])
     # a misspelt --set key before the data is prepared, not after
     assert "--set train.max_stpes: unknown field 'max_stpes'" in refused(["--train", *files["train"], *own,
                                                                           "--set", "train.max_stpes=3"])
     assert not (tmp_path / "out" / "data").exists()
+
+
+class _Trained(Exception):
+    """Raised in place of the training stage: the demo got past preparing its data."""
+
+
+def test_a_rerun_on_other_files_with_the_same_first_lines_is_refused(tmp_path, monkeypatch, capsys):
+    """With --train-lines the data is prepared from the demo's copy of the first lines, so the copy's
+    name and line count say nothing of the files given: a re-run on other files, or on the same ones
+    the other way round, is an error naming the files the data was prepared from, not a silent reuse
+    of that data and model (in another direction, for the swapped pair)."""
+    files = _corpus(tmp_path / "corpus", n_train=40)
+    other = [_write(tmp_path / "corpus" / f"other.{lang}", copy_lines(40, 7)) for lang in ("en", "de")]
+
+    def trained(*args):
+        raise _Trained
+
+    monkeypatch.setattr(stages, "stage_train", trained)
+    rest = ["--out", str(tmp_path / "out"), "--vocab-size", "29", "--train-lines", "20", "--eval-lines", "10"]
+    for _ in range(2):  # prepared, then the same files again: a resumed run
+        with pytest.raises(_Trained):
+            main(["demo", "--train", *files["train"], "--valid", *files["valid"], *rest])
+    was = f"prepared from {Path(files['train'][0]).resolve()} and {Path(files['train'][1]).resolve()} (the first 20"
+    for train, valid in ((other, files["valid"]), (files["train"][::-1], files["valid"][::-1])):
+        assert main(["demo", "--train", *train, "--valid", *valid, *rest]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and was in err[0] and f"this run gives {Path(train[0]).resolve()}" in err[0]
+    assert main(["demo", "--train", *files["train"], "--valid", *files["valid"], *rest[:-4], "--eval-lines", "10"]) == 2
+    assert "(40 lines)" in capsys.readouterr().err  # all the lines now
 
 
 @pytest.mark.parametrize("name", ["train.en", "train.en.gz", "dir/corpus.pt-BR", "x.zh_Hant.gz"])

@@ -36,7 +36,8 @@ from aiayn.demo.own import run_own_demo
 from aiayn.errors import UserError
 from aiayn.evaluate.alpha import ValidationSet, choose_alpha, p_values_text, tune_alpha
 
-DEMO_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")  # all it writes in --out
+# all it writes in --out
+DEMO_FILES = ("subset", "data", "inputs.json", "sizing.json", "run", "model.pt", "test_2016.hyp", "plots", "results.json")
 LANGS = ("en", "de")
 EXAMPLES = {
     "en": ["A man in a blue shirt is riding a bicycle down the street.",
@@ -70,10 +71,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     files = find_multi30k(cfg.data_root, src, tgt)
     stages.check_sets(cfg)  # before any work
     out = stages.claim_out(cfg, "runs/demo", DEMO_FILES, files)
-    files = stages.subset(files, out / "subset", cfg)
+    given, files = files, stages.subset(files, out / "subset", cfg)
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
-    data_dir = stages.stage_prepare(cfg, files, out / "data", src, tgt, results)
+    data_dir = stages.stage_prepare(cfg, files, out / "data", (src, tgt), results, given)
     run_dir = out / "run"
     member_dirs = stages.stage_train(cfg, data_dir, run_dir, results)
     model_path = stages.stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)

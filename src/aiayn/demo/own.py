@@ -26,7 +26,8 @@ from aiayn.data.textio import check_readable, read_lines
 from aiayn.demo import stages
 from aiayn.errors import UserError
 
-OWN_FILES = ("subset", "data", "sizing.json", "run", "model.pt", "test.hyp", "plots", "results.json")  # all it writes in --out
+# all it writes in --out
+OWN_FILES = ("subset", "data", "inputs.json", "sizing.json", "run", "model.pt", "test.hyp", "plots", "results.json")
 SPLITS = ("train", "valid", "test")
 N_EXAMPLES = 3  # validation sentences translated at the end; the first one's attention is drawn
 _SUFFIX_LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")  # en, deu, pt-BR, zh_Hant
@@ -36,13 +37,29 @@ NOT_LANGS = {"src", "tgt", "trg", "txt", "tok", "raw", "out", "hyp", "ref"}  # s
 def lang_of(path: str, flag: str) -> str:
     """The language a file's suffix names (train.en, train.en.gz -> en); an error asking for
     ``flag`` when it names none."""
-    name = Path(path).name
-    stem = name[:-3] if name.endswith(".gz") else name
-    suffix = Path(stem).suffix[1:]
+    suffix = _suffix(path)
     if not _SUFFIX_LANG.fullmatch(suffix) or suffix.lower() in NOT_LANGS:
         raise UserError(f"{path}: cannot tell the language from the file name (no suffix such as .en or .de); "
                         f"give {flag}")
     return suffix
+
+
+def _suffix(path: str | Path) -> str:
+    """A file name's last suffix but .gz, without its dot (train.en.gz -> en)."""
+    name = Path(path).name
+    return Path(name[:-3] if name.endswith(".gz") else name).suffix[1:]
+
+
+def check_order(pair, flag: str, src: str, tgt: str) -> None:
+    """A --valid or --test ``pair`` (``flag``) in the run's direction ``src``-``tgt``: an error where a
+    file's suffix names the other side's language (dev.de dev.en for en-de, dev.en twice), which would
+    choose α and score on text the other way round."""
+    if src.lower() == tgt.lower():
+        return
+    for path, side, other in zip(pair, ("source", "target"), (tgt, src)):
+        if _suffix(path).lower() == other.lower():
+            raise UserError(f"{flag} {pair[0]} {pair[1]}: the {side} file's suffix says {_suffix(path)!r}, but "
+                            f"the run is {src}-{tgt} (--train's source, then target); give {flag} SOURCE TARGET")
 
 
 def own_files(cfg) -> tuple[dict[str, Path], str, str]:
@@ -67,6 +84,9 @@ def own_files(cfg) -> tuple[dict[str, Path], str, str]:
     if src == tgt and not (cfg.src_lang and cfg.tgt_lang):
         raise UserError(f"{cfg.train[0]} and {cfg.train[1]}: both files' suffixes say {src!r}; "
                         f"give --src-lang and --tgt-lang")
+    for split in SPLITS[1:]:
+        if getattr(cfg, split):
+            check_order(getattr(cfg, split), f"--{split}", src, tgt)
     return files, src, tgt
 
 
@@ -83,13 +103,13 @@ def run_own_demo(cfg) -> dict:
     files, src, tgt = own_files(cfg)
     stages.check_sets(cfg)  # before any work
     out = stages.claim_out(cfg, f"runs/demo-{src}-{tgt}", OWN_FILES, files)
-    files = stages.subset(files, out / "subset", cfg)
+    given, files = files, stages.subset(files, out / "subset", cfg)
     if not any(_lines(files["raw.valid.src"])):
         raise UserError(f"{cfg.valid[0]}: no non-empty line{' among the first --eval-lines' if cfg.eval_lines else ''}"
                         f"; the length penalty is chosen, and examples are taken, on --valid")
     t_all = time.monotonic()
     results: dict = {"direction": f"{src}-{tgt}", "config": dataclasses.asdict(cfg)}
-    data_dir = stages.stage_prepare(cfg, files, out / "data", "src", "tgt", results)
+    data_dir = stages.stage_prepare(cfg, files, out / "data", ("src", "tgt"), results, given)
     run_dir = out / "run"
     member_dirs = stages.stage_train(cfg, data_dir, run_dir, results)
     model_path = stages.stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)

@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.data.textio import check_line_counts, count_lines, read_lines
+from aiayn.data.textio import count_lines, read_lines
 from aiayn.demo.config import (CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, GPU_STEP_DEVICE_S,
                                GPU_STEP_MATMUL_TFLOPS, RECIPES, DemoConfig)
-from aiayn.errors import UserError
+from aiayn.errors import InputError, UserError
 from aiayn.files import (check_output_path, claim_folder, refuse_input_as_output, refuse_inputs_inside,
-                         write_text_output)
+                         write_json_atomic, write_text_output)
 from aiayn.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from aiayn.train.config import RunConfig, TrainConfig
 
 log = logging.getLogger(__name__)
+INPUTS = "inputs.json"  # in --out: the files as given that its data was prepared from (stage_prepare)
 
 
 def _score_entry(score) -> dict:
@@ -79,7 +80,7 @@ def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pat
     written to ``work`` on every run, when those options ask for it. The files are read as ``aiayn
     prepare`` reads them (``read_lines``: gzip by content, lines ending at ``\\n`` only, an error
     naming the given file and line) and whole: a split's two raw files with different line counts
-    are an error naming the shorter one, as without a subset."""
+    are an error naming the shorter one, in ``aiayn prepare``'s words (``read_pairs``)."""
     if not cfg.train_lines and not cfg.eval_lines:
         return files
     work.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,9 @@ def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pat
             if len(pair) == 2:
                 (a, n_a), (b, n_b) = ((files[k], counts[k]) for k in pair)
                 if n_a != n_b:  # (two empty files are prepare's to refuse: its message names the split)
-                    check_line_counts(a, n_a, b, n_b)
+                    raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
+                                     f"source and target line counts differ: source {a} has {n_a} lines, "
+                                     f"target {b} has {n_b} lines")
         out[key] = work / key
         write_text_output(out[key], "".join(line + "\n" for line in lines))
     return out
@@ -291,18 +294,25 @@ def mark_reused(results: dict, stage: str) -> None:
     results.setdefault("reused", []).append(stage)
 
 
-def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: str, tgt: str, results: dict) -> Path:
-    """1. The shared BPE and the binarized splits of ``files`` ("raw.SPLIT.SIDE", SIDE ``src`` or
-    ``tgt``; train and valid, test where given) in ``data_dir``, unless a run prepared them already
-    (with the same options: other ones are an error, not a silent reuse). Unaligned files are an
-    error naming the file and line (``read_pairs``)."""
+def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, langs: tuple[str, str], results: dict,
+                  given: dict[str, Path] | None = None) -> Path:
+    """1. The shared BPE and the binarized splits of ``files`` ("raw.SPLIT.LANG", ``langs`` the source
+    and target's; train and valid, test where given) in ``data_dir``, unless a run prepared them
+    already (from the same files, ``given`` as the user gave them before ``subset`` took their first
+    lines, and with the same options: others are an error, not a silent reuse); what they were is
+    kept in ``data_dir``'s sibling ``INPUTS``. Unaligned files are an error naming the file and line
+    (``read_pairs``)."""
     from aiayn.data.prepare import PrepareConfig, SplitFiles, prepare
     prep_cfg = PrepareConfig(vocab_size=cfg.vocab_size, lowercase=cfg.lowercase,
                              character_coverage=cfg.character_coverage)
+    src, tgt = langs
+    inputs = given_inputs(cfg, given or files, langs)
+    record = data_dir.parent / INPUTS
     again = (data_dir / "manifest.json").exists()  # prepared before: a re-run
     if not again:
         manifest = prepare({s: SplitFiles(files[f"raw.{s}.{src}"], files[f"raw.{s}.{tgt}"])
                             for s in ("train", "valid", "test") if f"raw.{s}.{src}" in files}, data_dir, prep_cfg)
+        write_json_atomic(record, inputs)
     else:
         manifest = json.loads((data_dir / "manifest.json").read_text())
         had = manifest["options"]
@@ -311,10 +321,14 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
             raise UserError(f"{data_dir / 'manifest.json'}: prepared with "
                             f"{', '.join(f'{k}={had.get(k, False)}' for k in differ)}, but this run asks for "
                             f"{', '.join(f'{k}={getattr(prep_cfg, k)}' for k in differ)}; use another --out")
-        for split in ("train", "valid"):  # what the model was trained and validated on (test is read raw)
-            had = manifest["splits"].get(split, {}).get("inputs")
-            if had is not None:  # (recorded since the manifest's inputs were)
-                _check_same_inputs(data_dir, split, had, files[f"raw.{split}.{src}"], files[f"raw.{split}.{tgt}"])
+        if record.exists():
+            _check_same_inputs(data_dir, json.loads(record.read_text()), inputs)
+        else:  # a run from before INPUTS was kept: the files prepare read, as the manifest has them
+            read = given_inputs(cfg, files, langs, subset=False)
+            for split in read:
+                had = manifest["splits"].get(split, {}).get("inputs")
+                if had is not None:  # (recorded since the manifest's inputs were)
+                    _check_same_inputs(data_dir, {split: {**had, "first": 0}}, {split: read[split]})
         mark_reused(results, "prepare")
     if "seconds" in manifest:  # what prepare took, as it stored it (manifests since it was stored)
         results["prepare_seconds"] = manifest["seconds"]
@@ -322,16 +336,33 @@ def stage_prepare(cfg: DemoConfig, files: dict[str, Path], data_dir: Path, src: 
     return data_dir
 
 
-def _check_same_inputs(data_dir: Path, split: str, had: dict, src: Path, tgt: Path) -> None:
-    """A data directory of an earlier run is reused only for the same files of ``split`` (the same
-    paths and line counts; a subset's lines are its --train-lines / --eval-lines): other files are an
-    error, not a silent reuse of the earlier data and model."""
-    now = {"src": str(src.resolve()), "tgt": str(tgt.resolve()), "lines": count_lines(src)}
-    was = {k: had.get(k) for k in now}
-    if was != now:
-        raise UserError(f"{data_dir / 'manifest.json'}: its {split} split was prepared from {was['src']} and "
-                        f"{was['tgt']} ({was['lines']} lines), but this run gives {now['src']} and {now['tgt']} "
-                        f"({now['lines']} lines); use another --out, or --overwrite to start afresh")
+def given_inputs(cfg: DemoConfig, files: dict[str, Path], langs: tuple[str, str], subset: bool = True) -> dict:
+    """What the model is trained and validated on (test is read raw), by split: the source and target
+    files as given (``files`` by "raw.SPLIT.LANG"), the source's lines, and the first lines of them
+    taken (--train-lines / --eval-lines where ``subset`` and fewer than all; else 0)."""
+    out = {}
+    for split, limit in (("train", cfg.train_lines), ("valid", cfg.eval_lines)):
+        src, tgt = (files[f"raw.{split}.{lang}"] for lang in langs)
+        n = count_lines(src)
+        out[split] = {"src": str(src.resolve()), "tgt": str(tgt.resolve()), "lines": n,
+                      "first": limit if subset and 0 < limit < n else 0}
+    return out
+
+
+def _check_same_inputs(data_dir: Path, was: dict, now: dict) -> None:
+    """A data directory of an earlier run is reused only for the same files of each split in ``now``
+    (``given_inputs``: the same paths, line counts and first lines taken of them, as ``was`` records):
+    other files, or the same the other way round, are an error, not a silent reuse of the earlier data
+    and model."""
+    def said(inputs: dict) -> str:
+        lines = f"the first {inputs['first']} of {inputs['lines']}" if inputs.get("first") else inputs.get("lines")
+        return f"{inputs.get('src')} and {inputs.get('tgt')} ({lines} lines)"
+
+    for split, given in now.items():
+        had = {k: was.get(split, {}).get(k) for k in given}
+        if had != given:
+            raise UserError(f"{data_dir}: its {split} split was prepared from {said(had)}, but this run gives "
+                            f"{said(given)}; use another --out, or --overwrite to start afresh")
 
 
 def check_sets(cfg: DemoConfig) -> None:
