@@ -70,3 +70,35 @@ def test_score_reads_its_hypotheses_from_a_pipe(tmp_path, capsys):
     hyp = _pipe(tmp_path, "hyp", b"a b c d\ne f g h\n")
     assert main(["score", "--ref", str(tmp_path / "ref"), "--hyp", str(hyp), "--tokenized", "--json"]) == 0
     assert '"score": 100.0' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_line_longer_than_the_limit_is_refused_once_that_much_is_read(tmp_path, monkeypatch, gz):
+    """A file with \\r line ends (or none) is one line: it was read whole into memory, then tokenized
+    as one sentence. Line 2 here holds 3 sentences ended by \\r, 30 bytes in all; a line of exactly
+    the limit's 20 bytes, its \\n after, is read."""
+    import gzip
+
+    from aiayn.data import textio
+    assert textio.MAX_LINE_BYTES == 16 * 2 ** 20  # as docs/commands.md ("Inputs") says
+    monkeypatch.setattr(textio, "MAX_LINE_BYTES", 20)
+    data = b"a" * 20 + b"\n" + b"one two\rthree four\rfive six\r" + b"\n"
+    path = tmp_path / ("in.gz" if gz else "in.txt")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    lines = read_lines(path)
+    assert next(lines) == "a" * 20
+    with pytest.raises(InputError, match=r"in\.(gz|txt):2: a line longer than 20 bytes \(a file with \\r line ends"):
+        next(lines)
+    path.write_bytes(b"x" * 21)  # no line end at all
+    with pytest.raises(InputError, match=r":1: a line longer than 20 bytes \(a file of text, one sentence a line\?\)"):
+        list(read_lines(path))
+
+
+def test_stdin_lines_longer_than_the_limit_are_refused(monkeypatch):
+    import io
+
+    from aiayn.data import textio
+    monkeypatch.setattr(textio, "MAX_LINE_BYTES", 8)
+    assert list(textio.decode_lines(io.BytesIO(b"12345678\nok\n"), "<stdin>")) == ["12345678", "ok"]
+    with pytest.raises(InputError, match="<stdin>:2: a line longer than 8 bytes"):
+        list(textio.decode_lines(io.BytesIO(b"ok\n123456789"), "<stdin>"))

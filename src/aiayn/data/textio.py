@@ -6,6 +6,7 @@ source and target of different lengths (both counts given), an unreadable or cor
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import sys
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
 _CR_WARNED: set[str] = set()  # files whose carriage return was warned of (read_lines): once a file
 CHUNK_LINES = 10_000  # lines of input_chunks' chunks: translated and written at a time (bounds memory)
+MAX_LINE_BYTES = 1 << 24  # a longer line is not one sentence: refused before it fills the memory
 
 
 def check_readable(path: Path, what: str, stream: bool = False) -> None:
@@ -69,7 +71,7 @@ def read_lines(path: Path) -> Iterator[str]:
     n, warned = 0, str(path) in _CR_WARNED
     try:
         with _open_binary(path) as f:
-            for n, raw in enumerate(f, 1):
+            for n, raw in _raw_lines(f, path):
                 line = decode_line(raw, path, n)
                 if not warned and "\r" in line:
                     warned = True
@@ -128,9 +130,21 @@ def text_mode(text: str) -> str:
 
 
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
-    """``read_lines`` of an open binary stream (stdin) called ``name`` in errors."""
-    for n, raw in enumerate(stream, 1):
+    """``read_lines`` of an open binary stream (stdin) called ``name`` in errors, read a line at a
+    time (a line is given as soon as it has arrived)."""
+    for n, raw in _raw_lines(stream, name):
         yield decode_line(raw, name, n)
+
+
+def _raw_lines(stream: IO[bytes], name) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, the line's bytes) of ``stream``; a line longer than ``MAX_LINE_BYTES``
+    is an ``InputError`` once that much of it is read (a file with ``\\r`` line ends, or no line
+    ends, is one line: it would be read whole)."""
+    for n, raw in enumerate(iter(functools.partial(stream.readline, MAX_LINE_BYTES + 1), b""), 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            hint = "a file with \\r line ends: tr '\\r' '\\n'" if b"\r" in raw else "a file of text, one sentence a line?"
+            raise InputError(name, n, f"a line longer than {MAX_LINE_BYTES:,} bytes ({hint})")
+        yield n, raw
 
 
 def decode_line(raw: bytes, path, n: int) -> str:
@@ -178,7 +192,7 @@ def input_chunks(path: str | None, size: int = CHUNK_LINES, what: str = "--input
     stdin is read a line at a time, so a chunk is given as soon as its last line has arrived."""
     if path is None:
         raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
-        lines = (decode_lines(iter(raw.readline, b""), "<stdin>") if raw is not None
+        lines = (decode_lines(raw, "<stdin>") if raw is not None
                  else (line.strip() for line in iter(sys.stdin.readline, "")))
     else:
         check_readable(Path(path), what, stream=True)
