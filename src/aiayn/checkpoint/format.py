@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from aiayn.checkpoint.contents import CHECKSUM, FORMAT, with_defaults
+from aiayn.checkpoint.foreign import (READS, checkpoint_kind, directory_hint, npz_hint, options_class_hint,
+                                     safetensors_hint)
 from aiayn.errors import UserError, WriteError
 from aiayn.files import atomic_write
 
@@ -130,7 +132,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     except pickle.UnpicklingError as exc:
         raise UserError(_refusal(path, str(exc))) from None
     except Exception as exc:  # a truncated or foreign file
-        raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+        raise UserError(_unreadable(path, exc)) from exc
     check_archive_end(path)
     check_kind(ckpt, path, ensemble_ok)
     verify(ckpt, path)
@@ -148,6 +150,9 @@ def check_kind(ckpt: Any, path: str | Path, ensemble_ok: bool) -> None:
         if not ckpt.get("members"):
             raise UserError(f"{path}: an ensemble file without members")
     elif not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        kind = checkpoint_kind(ckpt)
+        if kind is not None:
+            raise UserError(f"{path}: {kind}, not an aiayn checkpoint; {READS}")
         raise UserError(f"{path}: not an aiayn checkpoint (format {ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt)})")
 
 
@@ -258,11 +263,10 @@ TORCH_SAVE_STARTS = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; the pi
 def check_saved_file(path: Path) -> None:
     """``path`` is a file that begins as ``torch.save`` writes one, else a UserError saying what it is."""
     if path.is_dir():
-        raise UserError(f"{path}: a directory, not a checkpoint file (a run directory's model is its best.pt "
-                        f"or last.pt; `aiayn average RUN --out model.pt` averages its last checkpoints)")
+        raise UserError(f"{path}: {directory_hint(path)}")
     try:
         with open(path, "rb") as f:
-            head = f.read(4)
+            head = f.read(10)
     except FileNotFoundError:
         raise UserError(f"{path}: checkpoint not found") from None
     except OSError as exc:
@@ -270,7 +274,7 @@ def check_saved_file(path: Path) -> None:
     if not head:
         raise UserError(f"{path}: empty, not a checkpoint")
     if not head.startswith(TORCH_SAVE_STARTS):
-        raise UserError(f"{path}: not a checkpoint: it begins {head!r}, not as torch.save writes a file")
+        raise UserError(f"{path}: {safetensors_hint(head) or f'not a checkpoint: it begins {head[:4]!r}, not as torch.save writes a file'}")
 
 
 ZIP_END = b"PK\x05\x06"  # the zip archive's end record, 22 bytes where no comment follows (torch.save writes none)
@@ -297,8 +301,15 @@ def _refusal(path: Path, message: str) -> str:
     name = found.group(1)
     if name.startswith("numpy"):
         return f"{path}: a checkpoint in the older format (its RNG state holds numpy objects); {UPGRADE_HINT}"
+    if options_class_hint(name) is not None:
+        return f"{path}: {options_class_hint(name)}"
     return (f"{path}: refused: it is not plain data but names {name}, which loading would call "
             f"(checkpoints hold only tensors and plain values)")
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    """The error for a file torch.load could not read: a numpy archive is named, else torch's reason."""
+    return f"{path}: {npz_hint(path) or f'not a readable checkpoint ({exc.__class__.__name__}: {exc})'}"
 
 
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -392,7 +403,7 @@ def upgrade_checkpoint(path: str | Path, out: str | Path) -> dict:
     except pickle.UnpicklingError as exc:
         raise UserError(_refusal(path, str(exc)).replace(UPGRADE_HINT, "it cannot be converted")) from None
     except Exception as exc:
-        raise UserError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+        raise UserError(_unreadable(path, exc)) from exc
     check_archive_end(path)
     check_kind(ckpt, path, ensemble_ok=True)
     if CHECKSUM in ckpt:
