@@ -85,6 +85,11 @@ BAD_INPUTS = {
     "num_beams a string": (write("generation_config.json", '{"num_beams": "4"}'), "generation_config.json"),
     "tokenizer_config.json a list": (write("tokenizer_config.json", "[]"), "tokenizer_config.json"),
     "separate_vocabs without target_vocab.json": (separate_vocabs, "target_vocab.json"),
+    "no config.json": (lambda d: (d / "config.json").unlink(), "config.json"),
+    "no vocab.json": (lambda d: (d / "vocab.json").unlink(), "vocab.json"),
+    "no source.spm": (lambda d: (d / "source.spm").unlink(), "source.spm"),
+    "no weights": (lambda d: (d / "model.safetensors").unlink(), "model.safetensors"),
+    "config.json without model_type": (write("config.json", '{"model": {"d_model": 512}}'), "config.json"),
 }
 
 

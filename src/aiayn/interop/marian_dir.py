@@ -126,8 +126,13 @@ def read_config(path: Path) -> tuple[dict, dict]:
     file says)."""
     name = path / "config.json"
     raw = read_json(name)
-    if raw.get("model_type") != "marian":
-        raise UserError(f"{path}: a {raw.get('model_type')!r} model; aiayn imports Marian models (MarianMTModel)")
+    if "model_type" not in raw:
+        run = (path / "last.pt").is_file() or (path / "train_log.jsonl").is_file()
+        raise UserError(f"{name}: no model_type: not a Hugging Face model's configuration"
+                        + ("; an aiayn run directory's model is its best.pt or last.pt, which needs no import"
+                           if run else "; aiayn imports Marian models (MarianMTModel)"))
+    if raw["model_type"] != "marian":
+        raise UserError(f"{path}: a {raw['model_type']!r} model; aiayn imports Marian models (MarianMTModel)")
     check_config(raw, name)
     try:
         from transformers import MarianConfig
