@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from tests.arith import gamma
 
 A, B, C = 4, 5, 6
 IDS = SpecialIds(pad=PAD, bos=BOS, eos=EOS)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def src_of(key: int, n_tokens: int) -> torch.Tensor:
@@ -38,6 +41,20 @@ def test_max_output_lengths_counts_non_pad_source_tokens():
     cfg = DecodeConfig(max_len_a=1.5, max_len_b=1)
     assert max_output_lengths(src, cfg, PAD).tolist() == [7, 4]
     assert max_output_lengths(src, DecodeConfig(), PAD, cap=53).tolist() == [53, 52]
+
+
+def test_fairseqs_maximum_length_maps_as_the_migration_page_says():
+    """docs/migrating.md's (a, b) of fairseq-generate as ours. fairseq's rule, transcribed from its
+    SequenceGenerator: max_len = int(a * src_len + b), src_len the batch's source width, the source's
+    EOS included (its Dictionary.encode_line appends it); steps 0 .. max_len, the last EOS only: at
+    most max_len + 1 tokens, EOS included. A one-sentence batch of n tokens gives our |x| = n."""
+    row = next(line for line in (ROOT / "docs" / "migrating.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `--max-len-a a --max-len-b b`"))
+    ours = re.search(r"their \(a, b\) is our \(a, ([^)]+)\)", row).group(1)
+    for a, b, n in [(0.0, 200, 9), (1.0, 50, 9), (1.2, 10, 4), (1.5, 3, 7), (0.7, 0, 12)]:
+        fairseq_tokens = int(a * n + b) + 1
+        cfg = DecodeConfig(max_len_a=a, max_len_b=eval(ours, {"a": a, "b": b}))  # the page's expression
+        assert max_output_lengths(torch.tensor([[5] * n]), cfg, PAD).item() == fairseq_tokens, (a, b, n)
 
 
 # The table of the length-penalty example. Complete hypotheses and their log-probs:
