@@ -192,6 +192,12 @@ def test_imported_config_names_what_marian_has(imported):
     assert src.sha256 != tgt.sha256 and src.vocab_size == tgt.vocab_size == cfg.vocab_size
 
 
+def test_an_imported_checkpoint_names_the_code_that_wrote_it(imported):
+    import aiayn
+    from aiayn.host.environment import written_by
+    assert load_checkpoint(imported)["written_by"] == written_by() and written_by()["aiayn"] == aiayn.__version__
+
+
 def test_imported_logits_equal_marians(marian_dir, imported):
     from transformers import MarianMTModel
     hf = MarianMTModel.from_pretrained(marian_dir).eval()

@@ -68,7 +68,8 @@ class Contents:
     written_by: dict | None = _key("the code that wrote the file (`host.environment.written_by`): `aiayn`, its "
                                    "version; `source`, the git commit of the checkout it ran from and whether that "
                                    "was `modified` (null for an installed copy); `torch`, its version. An average "
-                                   "keeps its last member's; None in a file written before the key", None)
+                                   "keeps its last member's; an import names the importing code; None in a file "
+                                   "written before the key", None)
 
     def to_dict(self) -> dict:
         """The file's dict, keys in field order (the tensors themselves, not copies)."""

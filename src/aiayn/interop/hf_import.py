@@ -40,6 +40,7 @@ from torch import Tensor
 
 from aiayn.config import ConfigError, param, replace
 from aiayn.errors import UserError
+from aiayn.host.environment import written_by
 from aiayn.interop.hf_export import MARIAN_LAYER_NORM_EPS, model_permutation
 from aiayn.interop.marian_dir import MarianDir, read_marian_dir, weight_refusals
 from aiayn.interop.marian_vocab import UNKNOWN_RUNS, Specials, aiayn_pieces, id_order, segmenter
@@ -357,4 +358,5 @@ def import_hf(path: str | Path, opts: ImportConfig = ImportConfig()) -> dict:
     return {"format": FORMAT, "run_config": to_dict(RunConfig(model=cfg)), "model_config": to_dict(cfg),
             "model": model.state_dict(), "tokenizers": _tokenizers(d, src_order, tgt_order, opts),
             **({"decode": settings} if settings else {}), "step": 0, "epoch": 0,
-            "imported_from": {"format": "hf", "path": str(d.path), "generation_config": d.generation}}
+            "imported_from": {"format": "hf", "path": str(d.path), "generation_config": d.generation},
+            "written_by": written_by()}
