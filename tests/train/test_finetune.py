@@ -97,6 +97,18 @@ def test_init_from_refuses_other_shapes(copy_checkpoint, copy_data_dir, tmp_path
     assert rc == 2 and "d_ff 256 in the checkpoint, 128 here" in err and "n_layers 2 in the checkpoint, 1 here" in err
 
 
+def test_resume_optimizer_refuses_a_checkpoint_without_adams_state(copy_checkpoint, copy_data_dir, tmp_path, capsys):
+    """An average (or an export, or an EMA run's ema.pt and best.pt) holds weights only."""
+    from aiayn.checkpoint.format import atomic_save, load_checkpoint
+    weights = {k: v for k, v in load_checkpoint(copy_checkpoint).items() if k not in ("optimizer", "sha256")}
+    atomic_save({**weights, "optimizer": None}, tmp_path / "weights.pt")
+    rc = main(["train", "--data", str(copy_data_dir), "--out", str(tmp_path / "run"), "--init-from",
+               str(tmp_path / "weights.pt"), "--resume-optimizer", "--max-steps", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "weights.pt: the checkpoint holds no optimizer state" in err
+    assert "ema.pt and best.pt" in err and "give the run's last.pt" in err
+
+
 def test_tokenizer_from_refuses_new_tokenizer_options(copy_checkpoint, tmp_path, capsys):
     files = _reverse_corpus(tmp_path / "raw")
     rc = main(["prepare", *files, "--out", str(tmp_path / "d"), "--tokenizer-from", str(copy_checkpoint),

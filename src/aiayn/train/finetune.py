@@ -76,8 +76,9 @@ def init_from(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimiz
     model.load_state_dict(ckpt["model"])
     if resume_optimizer:
         if not ckpt.get("optimizer"):
-            raise UserError(f"{path}: the checkpoint holds no optimizer state (an average or an export?); "
-                            f"drop --resume-optimizer")
+            raise UserError(f"{path}: the checkpoint holds no optimizer state (an average, an export, or the "
+                            f"moving average a train.ema_decay run keeps as ema.pt and best.pt?); drop "
+                            f"--resume-optimizer, or give the run's last.pt")
         settings = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
         try:
             opt.load_state_dict(ckpt["optimizer"])
