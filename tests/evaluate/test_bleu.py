@@ -70,6 +70,11 @@ def test_chrf_golden():
     ("a-b c-d", "a ##AT##-##AT## b c ##AT##-##AT## d"),
     ("- a -b c- --", "- a -b c- --"),
     ("a--b", "a ##AT##-##AT## -b"),  # checked with perl
+    # perl -ple reads bytes: a match ends inside a two-byte letter, so the next one starts at its second byte
+    ("vis-à-vis", "vis ##AT##-##AT## à ##AT##-##AT## vis"),  # newstest2014 En-Fr, checked with perl
+    ("c&apos; est-à-dire", "c&apos; est ##AT##-##AT## à ##AT##-##AT## dire"),
+    ("Groß-ö-Ä", "Groß ##AT##-##AT## ö ##AT##-##AT## Ä"),
+    ("x\u00a0-y", "x\u00a0 ##AT##-##AT## y"),  # a no-break space is two non-space bytes to perl
 ])
 def test_split_compounds_as_perl(line, expected):
     assert split_compounds(line) == expected
