@@ -244,3 +244,33 @@ def test_sacrebleu_tokenizes_a_chinese_target_as_sacrebleu_l_does(tmp_path, caps
         assert main(["evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--src", str(tmp_path / "ref"),
                      "--ref", str(tmp_path / "ref"), "--lang", "ja"]) == 2
         assert "target language ja" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lang, ref, chosen", [
+    (None, "newstest2014-fren.fr.gz", "fr"), ("de", "ref.fr", "de"), (None, "ref.txt", "de"), (None, "ref", "de"),
+    (None, "dev.pt-BR", "pt"), (None, "test.FR", "fr"), (None, None, "de")])
+def test_the_target_language_is_the_references_suffix_unless_given(lang, ref, chosen):
+    from aiayn.evaluate.bleu import target_language
+    assert target_language(lang, ref) == chosen
+
+
+def test_score_tokenizes_for_the_language_the_reference_names(shared_data, tmp_path, capsys):
+    """French references scored without --lang: Moses' French tokenizer (l' homme), as --lang fr,
+    where the German one (the fallback) splits the apostrophe from both words (l ' homme)."""
+    import gzip
+    with gzip.open(shared_data / "wmt14-newstest" / "newstest2014-fren.fr.gz", "rt", encoding="utf-8") as f:
+        refs = [next(f).strip() for _ in range(40)]
+    assert any("'" in r for r in refs)
+    hyps = [" ".join(r.split()[1:]) for r in refs]
+    (tmp_path / "ref.fr").write_text("\n".join(refs) + "\n")
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    (tmp_path / "hyp").write_text("\n".join(hyps) + "\n")
+
+    def paper(*argv):
+        assert main(["score", "--hyp", str(tmp_path / "hyp"), "--json", *argv]) == 0
+        return json.loads(capsys.readouterr().out)[-1]
+
+    named, given, german = paper("--ref", str(tmp_path / "ref.fr")), paper("--ref", str(tmp_path / "ref"), "--lang", "fr"), \
+        paper("--ref", str(tmp_path / "ref"))
+    assert named == given and named["signature"].startswith("pre:moses-fr+") and german["signature"].startswith("pre:moses-de+")
+    assert named["ref_len"] < german["ref_len"]  # l' homme: 2 tokens; l ' homme: 3

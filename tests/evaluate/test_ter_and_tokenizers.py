@@ -175,3 +175,15 @@ def test_evaluate_passes_tokenize_and_ter_through(untrained_checkpoint, tmp_path
     expected = score_all(hyps, ref, "de", tokenize="char", with_ter=True)
     assert [(r["label"], r["score"], r["signature"]) for r in out] == [(r.label, r.score, r.signature) for r in expected]
     assert "tok:char|" in out[0]["signature"] and out[2]["label"] == "TER"
+
+
+def test_evaluate_tokenizes_for_the_language_the_reference_names(untrained_checkpoint, tmp_path, capsys):
+    """--ref ref.fr without --lang: the paper's metric tokenizes as Moses does French."""
+    src, ref = ["the house is small", "a cat"], ["l'homme est petit", "c'est un chat"]
+    f = _files(tmp_path, src=src, ref=ref)
+    (tmp_path / "ref.fr").write_text("\n".join(ref) + "\n")
+    assert main(["evaluate", "--checkpoint", str(untrained_checkpoint), "--src", f["src"], "--ref",
+                 str(tmp_path / "ref.fr"), "--max-len-b", "2", "--beam-size", "1", "--c-kernels", "false",
+                 "--device", "cpu", "--json"]) == 0
+    paper = json.loads(capsys.readouterr().out)["scores"][-1]
+    assert paper["signature"].startswith("pre:moses-fr+compound-split")

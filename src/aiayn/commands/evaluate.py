@@ -42,12 +42,12 @@ def _inputs(args) -> tuple[list[str], list[str], str]:
 def run(args) -> int:
     from aiayn.data.textio import check_line_counts, read_input
     from aiayn.decode.translator import Translator
-    from aiayn.evaluate.bleu import sacre_metric, score_all
+    from aiayn.evaluate.bleu import sacre_metric, score_all, target_language
     from aiayn.evaluate.multi30k import multi30k_bleu
 
     refuse_input_as_output(args.out, [*args.checkpoint, args.src, args.ref, args.tok_ref])
     src, ref, source = _inputs(args)
-    lang = args.lang or (args.langpair.split("-")[-1] if args.testset else "de")
+    lang = args.lang or (args.langpair.split("-")[-1] if args.testset else target_language(None, args.ref))
     sacre_metric(lang, args.tokenize)  # sacreBLEU's tokenizer (zh, ja, ko, --tokenize): a missing package said first
     if args.out:
         check_output_folder(args.out)  # written after the translations: said before them
@@ -97,7 +97,8 @@ def register(sub) -> None:
     p.add_argument("--tok-ref", help="lowercased Moses-tokenized references (Multi30k tok/ files)")
     p.add_argument("--lang", default=None,
                    help="target language for the Moses tokenizer, and for zh, ja, ko sacreBLEU's (default: "
-                        "--langpair's target with --testset, else de), unless --tokenize")
+                        "--langpair's target with --testset, else the language --ref's suffix names, as ref.fr, else de), "
+                        "unless --tokenize")
     p.add_argument("--tokenize", metavar="NAME", help=TOKENIZE_HELP)
     p.add_argument("--ter", action="store_true", help="add sacreBLEU's TER (case-insensitive, lower is better)")
     p.add_argument("--out", help="also write the translations here")

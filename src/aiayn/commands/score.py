@@ -8,7 +8,7 @@ import sys
 
 from aiayn.data.textio import check_line_counts, decode_lines, read_input
 from aiayn.errors import UserError
-from aiayn.evaluate.bleu import bleu_tokens, score_all
+from aiayn.evaluate.bleu import bleu_tokens, score_all, target_language
 from aiayn.evaluate.significance import AR_TRIALS, SAMPLES, compare_systems, format_p
 
 TOKENIZE_HELP = ("sacreBLEU's tokenizer for its BLEU, as sacrebleu --tokenize: 13a, intl, char, none, zh, ja-mecab, "
@@ -30,8 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenized", action="store_true", help="inputs are already tokenized: score whitespace tokens")
     p.add_argument("--lc", action="store_true", help="case-insensitive BLEU: with --tokenized, lowercase both sides (multi-bleu -lc); "
                                                "otherwise add sacreBLEU -lc after cased sacreBLEU")
-    p.add_argument("--lang", default="de", help="target language: the Moses tokenizer's (default: de); zh, ja and ko "
-                                                "also choose sacreBLEU's tokenizer, as sacrebleu -l does, unless --tokenize")
+    p.add_argument("--lang", default=None, help="target language: the Moses tokenizer's (default: the language the first "
+                                                "--ref's suffix names, as ref.fr, else de); zh, ja and ko also choose "
+                                                "sacreBLEU's tokenizer, as sacrebleu -l does, unless --tokenize")
     p.add_argument("--tokenize", metavar="NAME", help=TOKENIZE_HELP)
     p.add_argument("--ter", action="store_true", help="add sacreBLEU's TER (sacrebleu -m ter: case-insensitive, lower is "
                                                       "better) with its signature")
@@ -80,13 +81,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--paired-ar tests --hyp against the --compare files: give --compare")
     if args.samples is None:
         args.samples = AR_TRIALS if args.paired_ar else SAMPLES
+    lang = target_language(args.lang, args.ref[0])
     hyps = read_input(args.hyp, "--hyp") if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
     refs = [read_input(r, "--ref") for r in args.ref]
     for path, stream in zip(args.ref, refs):
         check_line_counts(path, len(stream), args.hyp or "<stdin>", len(hyps))
-    results = score_all(hyps, refs, lang=args.lang, tokenized=args.tokenized, lowercase=args.lc,
+    results = score_all(hyps, refs, lang=lang, tokenized=args.tokenized, lowercase=args.lc,
                         tokenize=args.tokenize, with_ter=args.ter)
-    tokens, token_name = bleu_tokens(args.tokenized, args.lc, args.lang, args.tokenize) if args.compare else (None, "")
+    tokens, token_name = bleu_tokens(args.tokenized, args.lc, lang, args.tokenize) if args.compare else (None, "")
     comparisons = _compare(args, hyps, refs, tokens) if args.compare else []
     if args.json:
         out = [dataclasses.asdict(r) for r in results]

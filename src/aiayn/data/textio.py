@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import gzip
 import logging
+import re
 import sys
 import zlib
 from itertools import zip_longest
@@ -23,6 +24,20 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _CR_WARNED: set[str] = set()  # files whose carriage return was warned of (read_lines): once a file
 CHUNK_LINES = 10_000  # lines of input_chunks' chunks: translated and written at a time (bounds memory)
 MAX_LINE_BYTES = 1 << 24  # a longer line is not one sentence: refused before it fills the memory
+_SUFFIX_LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")  # en, deu, pt-BR, zh_Hant
+NOT_LANGS = {"src", "tgt", "trg", "txt", "tok", "raw", "out", "hyp", "ref"}  # suffixes that name no language
+
+
+def file_suffix(path: str | Path) -> str:
+    """A file name's last suffix but .gz, without its dot (train.en.gz -> en)."""
+    name = Path(path).name
+    return Path(name[:-3] if name.endswith(".gz") else name).suffix[1:]
+
+
+def suffix_language(path: str | Path) -> str | None:
+    """The language a file's suffix names (train.en, newstest2014.fr.gz, dev.pt-BR), or None."""
+    suffix = file_suffix(path)
+    return suffix if _SUFFIX_LANG.fullmatch(suffix) and suffix.lower() not in NOT_LANGS else None
 
 
 def check_readable(path: Path, what: str, stream: bool = False) -> None:

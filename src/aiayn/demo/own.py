@@ -17,12 +17,11 @@ the output folder (runs/demo-SRC-TGT) and the direction in results.json.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from pathlib import Path
 
 from aiayn.data.corpora import check_lang
-from aiayn.data.textio import check_readable, read_lines
+from aiayn.data.textio import check_readable, file_suffix, read_lines, suffix_language
 from aiayn.demo import stages
 from aiayn.errors import UserError
 
@@ -30,24 +29,16 @@ from aiayn.errors import UserError
 OWN_FILES = ("subset", "data", "inputs.json", "sizing.json", "run", "model.pt", "test.hyp", "plots", "results.json")
 SPLITS = ("train", "valid", "test")
 N_EXAMPLES = 3  # validation sentences translated at the end; the first one's attention is drawn
-_SUFFIX_LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?")  # en, deu, pt-BR, zh_Hant
-NOT_LANGS = {"src", "tgt", "trg", "txt", "tok", "raw", "out", "hyp", "ref"}  # suffixes that name no language
 
 
 def lang_of(path: str, flag: str) -> str:
     """The language a file's suffix names (train.en, train.en.gz -> en); an error asking for
     ``flag`` when it names none."""
-    suffix = _suffix(path)
-    if not _SUFFIX_LANG.fullmatch(suffix) or suffix.lower() in NOT_LANGS:
+    lang = suffix_language(path)
+    if lang is None:
         raise UserError(f"{path}: cannot tell the language from the file name (no suffix such as .en or .de); "
                         f"give {flag}")
-    return suffix
-
-
-def _suffix(path: str | Path) -> str:
-    """A file name's last suffix but .gz, without its dot (train.en.gz -> en)."""
-    name = Path(path).name
-    return Path(name[:-3] if name.endswith(".gz") else name).suffix[1:]
+    return lang
 
 
 def check_order(pair, flag: str, src: str, tgt: str) -> None:
@@ -57,8 +48,8 @@ def check_order(pair, flag: str, src: str, tgt: str) -> None:
     if src.lower() == tgt.lower():
         return
     for path, side, other in zip(pair, ("source", "target"), (tgt, src)):
-        if _suffix(path).lower() == other.lower():
-            raise UserError(f"{flag} {pair[0]} {pair[1]}: the {side} file's suffix says {_suffix(path)!r}, but "
+        if file_suffix(path).lower() == other.lower():
+            raise UserError(f"{flag} {pair[0]} {pair[1]}: the {side} file's suffix says {file_suffix(path)!r}, but "
                             f"the run is {src}-{tgt} (--train's source, then target); give {flag} SOURCE TARGET")
 
 

@@ -27,11 +27,16 @@ translation edit rate, edits including block shifts over reference words; lower 
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
+from aiayn.data.textio import suffix_language
 from aiayn.errors import UserError
+
+log = logging.getLogger(__name__)
 
 _COMPOUND = re.compile(rb"(\S)-(\S)")  # on UTF-8 bytes, as perl -ple reads them: \s is ASCII whitespace
 
@@ -100,6 +105,20 @@ def _ref_streams(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[st
 _TOKENIZER_PACKAGES = {"ja-mecab": "sacrebleu[ja]", "ko-mecab": "sacrebleu[ko]", "intl": "regex",
                        "spm": "sentencepiece", "flores101": "sentencepiece", "flores200": "sentencepiece",
                        "spBLEU-1K": "sentencepiece"}
+
+
+def target_language(lang: str | None, ref: str | Path | None, fallback: str = "de") -> str:
+    """The target language scoring tokenizes for (Moses' tokenizer; sacreBLEU's for zh, ja, ko):
+    ``lang`` (--lang), else the one the reference file's suffix names (newstest2014.fr: fr; its first
+    subtag, lowercased), said in the log, else ``fallback``."""
+    if lang:
+        return lang
+    named = suffix_language(ref) if ref is not None else None
+    if named is None:
+        return fallback
+    named = re.split(r"[-_]", named)[0].lower()
+    log.info("--lang %s: the suffix of %s (give --lang for another)", named, ref)
+    return named
 
 
 def sacre_metric(lang: str = "", tokenize: str | None = None, **kw):
