@@ -183,3 +183,39 @@ def test_plots_never_replace_what_they_did_not_write(tiny_checkpoint, tmp_path, 
     assert (tmp_path / "a" / "notes.txt").read_text() == "mine"
     assert main([*attention[:-1], str(mine)]) == 2  # a file where the folder goes: one line, no traceback
     assert f"{mine}: exists and is not a folder" in capsys.readouterr().err
+
+
+def test_a_failed_plot_attention_overwrite_keeps_the_earlier_plot(tiny_checkpoint, tmp_path, capsys):
+    """--overwrite replaces the folder once the new figures are drawn: a run that stops before (an empty
+    sentence, a checkpoint not found) leaves the earlier plot as it was (docs/plots.md)."""
+    out = tmp_path / "a"
+    attention = ["plot", "attention", "--checkpoint", str(tiny_checkpoint), "--src", "Two dogs.", "--max-len-b", "4",
+                 "--out", str(out)]
+    assert main(attention) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([*attention[:5], "   ", *attention[6:], "--overwrite"]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["plot", "attention", "--checkpoint", str(tmp_path / "none.pt"), *attention[4:], "--overwrite"]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(attention + ["--overwrite"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert sorted(printed) == sorted(str(out / name) for name in before)  # the paths at --out, not a temporary's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # no temporary left beside it
+
+
+def test_plot_attention_decodes_with_the_settings_the_checkpoint_carries(tiny_checkpoint, tmp_path, monkeypatch):
+    """The translation drawn is the one `aiayn translate` gives: the settings the checkpoint carries (the
+    demo's α, an imported model's generation settings) where no flag is given, each flag over them."""
+    from aiayn.checkpoint import atomic_save, load_checkpoint
+    path = tmp_path / "with_settings.pt"
+    atomic_save({**load_checkpoint(tiny_checkpoint), "decode": {"alpha": 1.4, "length_norm": "power"}}, path)
+    seen = []
+    monkeypatch.setattr(viz_attention, "plot_attention", lambda translator, src, out: seen.append(translator.cfg) or [])
+    assert main(["plot", "attention", "--checkpoint", str(path), "--src", "Two dogs.", "--out", str(tmp_path / "a")]) == 0
+    assert (seen[-1].alpha, seen[-1].length_norm, seen[-1].beam_size) == (1.4, "power", 4)
+    assert main(["plot", "attention", "--checkpoint", str(path), "--src", "Two dogs.", "--alpha", "0.6",
+                 "--beam-size", "2", "--out", str(tmp_path / "b")]) == 0
+    assert (seen[-1].alpha, seen[-1].length_norm, seen[-1].beam_size) == (0.6, "power", 2)
+    assert seen[-1].long_lines == "error"  # a sentence over the limit is refused, not truncated

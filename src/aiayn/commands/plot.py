@@ -8,12 +8,13 @@ import os
 import re
 from pathlib import Path
 
-from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.config import ConfigError, add_arguments
 from aiayn.errors import UserError
 from aiayn.files import check_output_file
 
 LR_PAIRS = ("512:4000", "512:8000", "256:4000")  # the Annotated Transformer's
 LR_STEPS = 20000
+ATTENTION_DECODE = ("beam_size", "alpha", "max_len_a", "max_len_b")  # the DecodeConfig fields plot attention takes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,19 +23,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="figure", metavar="FIGURE")
     sub.required = True
 
-    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.config import CHECKPOINT_FIELDS, DecodeConfig
     a = sub.add_parser("attention", help="heat maps of every attention layer and head for one sentence (Figures 3-5)",
                        description="Translate --src with the checkpoint, then write one PNG per attention kind "
                                    "(encoder, decoder_self, cross) and layer, a grid of the heads, tokens on the axes. "
                                    "An ensemble file translates with every member and draws its first member's "
                                    "attention.",
                        allow_abbrev=False)
-    a.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint written by `aiayn train`")
+    a.add_argument("--checkpoint", required=True, metavar="FILE",
+                   help="checkpoint written by `aiayn train` or `aiayn average`, or an ensemble file from `aiayn "
+                        "ensemble` (its first member's attention)")
     a.add_argument("--src", required=True, help="the source sentence")
     a.add_argument("--out", default="attention", metavar="DIR", help="output directory (default: attention)")
     a.add_argument("--overwrite", action="store_true", help="replace an earlier plot in --out")
-    add_arguments(a, DecodeConfig, only=("beam_size", "alpha", "max_len_a", "max_len_b"))
-    a.set_defaults(func=run_attention)
+    add_arguments(a, DecodeConfig, only=ATTENTION_DECODE)
+    # None: not given, so the checkpoint's own settings apply (``decode_config``)
+    a.set_defaults(func=run_attention, **{name: None for name in CHECKPOINT_FIELDS})
 
     lr = sub.add_parser("lr", help="learning-rate curves of Eq. 3 for (d_model, warmup) pairs, or a run's own rate",
                         description="Plot lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3) for "
@@ -65,30 +69,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
+    """Translate --src as `aiayn translate` does (the flags, else the settings the checkpoint carries,
+    else §6.1's; a sentence over the limit refused), then draw its attention into a temporary folder
+    beside --out that replaces --out once complete (``OutputDir``): a run that stops on the way leaves
+    an earlier plot as it was."""
+    from aiayn.commands.decode_settings import decode_config
     from aiayn.decode.config import DecodeConfig
     from aiayn.decode.translator import LongLineError, Translator
-    from aiayn.viz.attention import plot_attention
+    from aiayn.files import OutputDir
+    from aiayn.viz import attention
     try:
-        cfg = from_args(DecodeConfig, args)
+        cfg = decode_config(args, [args.checkpoint], base=DecodeConfig())
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
-    _claim_attention_folder(Path(args.out), args.overwrite)
+    out = Path(args.out)
+    _check_attention_folder(out, args.overwrite)
+    translator = Translator.from_checkpoint(args.checkpoint, cfg)
     try:
-        paths = plot_attention(Translator.from_checkpoint(args.checkpoint, cfg), args.src, args.out)
+        with OutputDir(out, overwrite=args.overwrite, ours=_holds_attention_plot, what="an attention plot") as tmp:
+            paths = attention.plot_attention(translator, args.src, tmp)
     except LongLineError as exc:  # (translate's advice, --long-lines, is not an option here)
         raise UserError(f"--src: {exc.tokens} source tokens (EOS included) exceed the model's limit of "
                         f"{exc.limit}; plot a shorter sentence") from None
     for path in paths:
-        print(path)
+        print(out / path.name)
     return 0
 
 
 ATTENTION_PNG = re.compile(r"(encoder|decoder_self|cross)_layer\d+\.png")  # what plot_attention writes
 
 
-def _claim_attention_folder(out: Path, overwrite: bool) -> None:
-    """``out`` absent, empty, or (with ``overwrite``) an earlier plot, whose figures are removed (a
-    model with fewer layers would leave some); a folder holding anything else is refused."""
+def _holds_attention_plot(out: Path) -> bool:
+    """``out`` holds only figures that plot_attention writes (``OutputDir``'s ``ours``)."""
+    return all(ATTENTION_PNG.fullmatch(p.name) for p in out.iterdir())
+
+
+def _check_attention_folder(out: Path, overwrite: bool) -> None:
+    """``out`` absent, empty, or (with ``overwrite``) an earlier plot, which ``OutputDir`` replaces whole
+    (a model with fewer layers leaves none of its figures); a folder holding anything else is refused."""
     if not os.path.lexists(out):
         return
     if out.is_symlink() or not out.is_dir():
@@ -100,8 +118,6 @@ def _claim_attention_folder(out: Path, overwrite: bool) -> None:
                         f"choose another --out")
     if entries and not overwrite:
         raise UserError(f"{out}: holds an earlier plot (pass --overwrite to replace it)")
-    for name in entries:
-        (out / name).unlink()
 
 
 def _png_out(path: str, overwrite: bool) -> str:
