@@ -123,3 +123,24 @@ def test_translate_reads_the_prefix_file_as_the_input_arrives(copy_checkpoint, t
     out = capsys.readouterr().out.splitlines()
     assert at_chunk == [1, 2, 3]
     assert out[0].startswith("c") and out[2].startswith("k") and len(out) == 3
+
+
+def test_translate_prefix_from_a_pipe(copy_checkpoint, tmp_path, capsys):
+    """--prefix is read once, as --input is: a pipe (``--prefix <(cut -f2 pairs.tsv)``) will do, and its
+    line count is checked as its lines arrive (counting them first would empty the pipe)."""
+    import os
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\nl k j i\n")
+    for prefixes, status in ((b"c\n\n", 0), (b"c\n\nk\n", 2)):
+        r, w = os.pipe()
+        os.write(w, prefixes)
+        os.close(w)
+        try:
+            assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src),
+                         "--prefix", f"/dev/fd/{r}"]) == status
+        finally:
+            os.close(r)
+        captured = capsys.readouterr()
+        out = captured.out.splitlines()
+        assert len(out) == 2 and out[0].startswith("c") and out[1] == "l k j i"
+        assert ("3 lines for 2 input lines" in captured.err) == (status == 2)

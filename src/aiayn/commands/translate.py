@@ -114,20 +114,24 @@ def _alignment(translator: Translator, src_ids: list[int], hyp, layer: int) -> s
 
 
 def _read_prefixes(path: str | None) -> Iterator[str] | None:
-    """The --prefix file's lines, read as the input's chunks need them (never the whole file at once)."""
+    """The --prefix file's lines, read as the input's chunks need them (never the whole file at once);
+    read once, so a pipe will do."""
     if path is None:
         return None
     from aiayn.data.textio import check_readable, read_lines
-    check_readable(Path(path), "--prefix")
+    check_readable(Path(path), "--prefix", stream=True)
     return read_lines(Path(path))
 
 
 def _check_prefix_count(prefix_path: str | None, input_path: str | None) -> None:
     """--prefix and an --input file of different line counts: an error before the model is loaded
-    (``check_line_counts``, as ``evaluate`` checks its references). From stdin (or a pipe) the count
-    is known only as the lines arrive: a short prefix file stops at the first line it lacks
-    (``_chunk_prefixes``), a long one after the last translation (``_check_prefixes_used``)."""
-    if prefix_path is None or input_path is None or not Path(input_path).is_file():
+    (``check_line_counts``, as ``evaluate`` checks its references). Where either is stdin or a pipe
+    (read once: not counted first) the count is known only as the lines arrive: a short prefix file
+    stops at the first line it lacks (``_chunk_prefixes``), a long one after the last translation
+    (``_check_prefixes_used``)."""
+    if prefix_path is None or input_path is None:
+        return
+    if not (Path(input_path).is_file() and Path(prefix_path).is_file()):
         return
     from aiayn.data.textio import check_line_counts, count_lines
     n_input, n_prefixes = count_lines(Path(input_path)), count_lines(Path(prefix_path))
