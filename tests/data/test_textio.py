@@ -102,3 +102,22 @@ def test_stdin_lines_longer_than_the_limit_are_refused(monkeypatch):
     assert list(textio.decode_lines(io.BytesIO(b"12345678\nok\n"), "<stdin>")) == ["12345678", "ok"]
     with pytest.raises(InputError, match="<stdin>:2: a line longer than 8 bytes"):
         list(textio.decode_lines(io.BytesIO(b"ok\n123456789"), "<stdin>"))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_stdin_is_plain_or_gzip(gz):
+    """`zcat` left out: `aiayn score --ref r < hyp.gz` and `cat x.gz | aiayn translate` read gzip on
+    standard input as a file's, told by its first bytes; a truncated stream names <stdin> and its line."""
+    import gzip
+    import subprocess
+    import sys
+    code = "from aiayn.data.textio import stdin_lines\nfor line in stdin_lines(): print(repr(line))\n"
+    data = "a b\n\nc d\n".encode()
+    done = subprocess.run([sys.executable, "-c", code], input=gzip.compress(data) if gz else data,
+                          capture_output=True, check=True)
+    assert done.stdout.decode().splitlines() == ["'a b'", "''", "'c d'"]
+    if gz:
+        cut = subprocess.run([sys.executable, "-m", "aiayn.cli", "score", "--ref", "/dev/null"],
+                             input=gzip.compress(data * 1000)[:-30], capture_output=True)
+        assert cut.returncode == 2 and b"<stdin>:" in cut.stderr and b"cannot read" in cut.stderr
+        assert b"Traceback" not in cut.stderr

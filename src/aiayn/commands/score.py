@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
-from aiayn.data.textio import check_line_counts, decode_lines, read_input
+from aiayn.data.textio import check_line_counts, read_input, stdin_lines
 from aiayn.errors import UserError
 from aiayn.evaluate.bleu import bleu_tokens, score_all, target_language
 from aiayn.evaluate.significance import AR_TRIALS, SAMPLES, compare_systems, format_p
@@ -82,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.samples is None:
         args.samples = AR_TRIALS if args.paired_ar else SAMPLES
     lang = target_language(args.lang, args.ref[0])
-    hyps = read_input(args.hyp, "--hyp") if args.hyp else list(decode_lines(sys.stdin.buffer, "<stdin>"))
+    hyps = read_input(args.hyp, "--hyp") if args.hyp else list(stdin_lines())
     refs = [read_input(r, "--ref") for r in args.ref]
     for path, stream in zip(args.ref, refs):
         check_line_counts(path, len(stream), args.hyp or "<stdin>", len(hyps))

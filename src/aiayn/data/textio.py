@@ -147,8 +147,22 @@ def text_mode(text: str) -> str:
 def decode_lines(stream: IO[bytes], name: str) -> Iterator[str]:
     """``read_lines`` of an open binary stream (stdin) called ``name`` in errors, read a line at a
     time (a line is given as soon as it has arrived)."""
-    for n, raw in _raw_lines(stream, name):
-        yield decode_line(raw, name, n)
+    n = 0
+    try:
+        for n, raw in _raw_lines(stream, name):
+            yield decode_line(raw, name, n)
+    except (OSError, EOFError, zlib.error) as exc:  # a truncated or corrupt gzip stream
+        raise InputError(name, n + 1, f"cannot read ({exc})") from exc
+
+
+def stdin_lines() -> Iterator[str]:
+    """``decode_lines`` of standard input, plain or gzip (told by its first bytes, as a file is)."""
+    raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
+    if raw is None:  # a text stream put in its place
+        return (line.strip() for line in iter(sys.stdin.readline, ""))
+    if hasattr(raw, "peek") and raw.peek(2)[:2] == _GZIP_MAGIC:
+        raw = gzip.GzipFile(fileobj=raw, mode="rb")
+    return decode_lines(raw, "<stdin>")
 
 
 def _raw_lines(stream: IO[bytes], name) -> Iterator[tuple[int, bytes]]:
@@ -206,9 +220,7 @@ def input_chunks(path: str | None, size: int = CHUNK_LINES, what: str = "--input
     """(first line number, lines) chunks of at most ``size`` lines of the input (``what`` in errors);
     stdin is read a line at a time, so a chunk is given as soon as its last line has arrived."""
     if path is None:
-        raw = getattr(sys.stdin, "buffer", None)  # bytes, decoded here: bad UTF-8 names its line
-        lines = (decode_lines(raw, "<stdin>") if raw is not None
-                 else (line.strip() for line in iter(sys.stdin.readline, "")))
+        lines = stdin_lines()
     else:
         check_readable(Path(path), what, stream=True)
         lines = read_lines(Path(path))
