@@ -86,3 +86,9 @@ def test_a_bad_option_value_names_what_the_option_expects(argv, said, capsys):
         build_parser().parse_args(argv)
     assert exit_.value.code == 2
     assert f"error: {said}\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path, parser", ALL, ids=[" ".join(p) for p, _ in ALL])
+def test_help_shows_no_docstring_markup(path, parser):
+    """A description taken from a module docstring shows `code`, not reStructuredText's ``code``."""
+    assert "``" not in parser.format_help()

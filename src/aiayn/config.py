@@ -253,6 +253,11 @@ def sets_help(cls: type, section: str) -> str:
     return "\n".join(lines)
 
 
+def doc_help(doc: str | None) -> str:
+    """A module docstring as a command's --help description: reStructuredText's ``code`` as `code`."""
+    return (doc or "").replace("``", "`")
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
                   only: tuple[str, ...] | None = None) -> None:
     """Add ``--field-name`` options for the fields of ``cls`` (help text from the field)."""

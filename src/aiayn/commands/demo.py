@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from aiayn.config import ConfigError, add_arguments, from_args
+from aiayn.config import ConfigError, add_arguments, doc_help, from_args
 from aiayn.demo import multi30k
 from aiayn.demo.config import DemoConfig
 
@@ -38,7 +38,7 @@ OWN_FILES = ("train", "valid", "test")  # DemoConfig's fields of two files each:
 def register(sub) -> None:
     p = sub.add_parser("demo", help="Multi30k, or your own parallel text (--train, --valid, --test), end to end: "
                                     "prepare, train, average, translate, score, plot",
-                       description=multi30k.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=doc_help(multi30k.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     add_demo_arguments(p, DemoConfig, "--set model.p_drop=0.2 --set train.seed=2", skip=OWN_FILES)
     help_of = {f.name: f.metadata["help"] for f in dataclasses.fields(DemoConfig)}

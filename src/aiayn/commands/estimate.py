@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from aiayn.config import apply_sets, option_sets
+from aiayn.config import apply_sets, doc_help, option_sets
 from aiayn.errors import UserError
 from aiayn.cost import estimate
 from aiayn.train.config import load_recipe
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("estimate", help="time, device-hours and FLOPs of a recipe on N devices (Table 2's estimate)",
-                       description=estimate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=doc_help(estimate.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     p.add_argument("--recipe", required=True, help="recipe file (e.g. recipes/wmt14-ende-base.json)")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",

@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from aiayn.config import add_arguments
+from aiayn.config import add_arguments, doc_help
 from aiayn.commands.decode_settings import decode_config
 from aiayn.commands.score import TOKENIZE_HELP
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
@@ -84,7 +84,7 @@ def run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and score it (sacreBLEU, chrF, the paper's BLEU)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+                       description=doc_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--checkpoint", required=True, nargs="+", metavar="FILE",
                    help="checkpoint (e.g. the average of the last 5); several (or an ensemble file from `aiayn "
                         "ensemble`) translate with their ensemble, as in aiayn translate")

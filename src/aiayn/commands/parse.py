@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from aiayn.commands.demo import add_demo_arguments, config_with_sets
-from aiayn.config import add_arguments, from_args, replace
+from aiayn.config import add_arguments, doc_help, from_args, replace
 from aiayn.data.prepare import PrepareConfig
 from aiayn.data.textio import check_readable
 from aiayn.decode.config import DecodeConfig, add_device_argument
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
 
 def _register_demo(sub) -> None:
     p = sub.add_parser("demo", help="the NLTK WSJ sample end to end: prepare, train, average, parse, score",
-                       description=parse_demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=doc_help(parse_demo.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     add_demo_arguments(p, parse_demo.ParseDemoConfig, "--set train.seed=2")
     p.set_defaults(func=run_demo)
