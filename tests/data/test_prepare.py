@@ -193,8 +193,18 @@ def test_user_symbols_the_tokenizer_cannot_match_refused(tmp_path):
     bad_utf8 = tmp_path / "a.en"
     bad_utf8.write_bytes(b"caf\xe9\n")
     tagged = Corpus("a", bad_utf8, write_lines(tmp_path / "a.de", ["Cafe"]), tag="<BT>", lang="DE")
-    with pytest.raises(UserError, match=re.escape("['<BT>', '<2DE>']")):  # not the file's invalid UTF-8
+    with pytest.raises(UserError, match=re.escape("--corpus a TAG <BT> (write <bt>), --corpus a LANG DE (write de): "
+                                                  "the tokenizer normalizes")):  # not the file's invalid UTF-8
         prepare({}, tmp_path / "d", replace(SMALL, lowercase=True), corpora=[tagged])
+
+
+def test_a_target_language_token_normalization_changes_names_its_option(corpus, tmp_path):
+    """``--target-lang-token DE`` with ``--lowercase``: the error names that option and the code to
+    write, not a field the command line never spelled (``user_symbols``)."""
+    with pytest.raises(UserError, match=r"^--target-lang-token DE \(write de\): the tokenizer normalizes its input "
+                                        r"\(NFKC, lowercased\)"):
+        prepare({"train": corpus.train}, tmp_path / "d", replace(SMALL, lowercase=True, target_lang_token="DE"))
+    assert not (tmp_path / "d").exists()
 
 
 def _listing(path):
@@ -413,10 +423,21 @@ def test_a_vocabulary_the_text_cannot_fill_names_the_option(corpus, tmp_path, ov
 
 @pytest.mark.parametrize("over, message", [
     ({"character_coverage": 0.95}, r"character_coverage must be in \[0.98, 1\] \(SentencePiece's bounds\), got 0.95"),
-    ({"max_len": -5}, "max_len must be >= 0, got -5"), ({"chunk_lines": 0}, "chunk_lines must be >= 1, got 0")])
+    ({"max_len": -5}, "max_len must be >= 0, got -5"), ({"chunk_lines": 0}, "chunk_lines must be >= 1, got 0"),
+    ({"num_workers": -1}, "num_workers must be >= 0, got -1")])
 def test_a_bad_option_is_named_with_its_value(over, message):
     with pytest.raises(ConfigError, match=message):
         replace(SMALL, **over)
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.999, float("nan"), float("inf")])
+def test_a_length_ratio_no_pair_can_have_is_refused(ratio):
+    """longer/shorter is at least 1, so a bound below 1 drops every pair of unequal lengths; NaN
+    (every comparison false) and infinity would be no limit, which is 0, and neither is JSON the
+    manifest could record."""
+    with pytest.raises(ConfigError, match=rf"max_len_ratio must be 0 \(no limit\) or a number >= 1, got {ratio}"):
+        replace(SMALL, max_len_ratio=ratio)
+    assert replace(SMALL, max_len_ratio=1.0).max_len_ratio == 1.0
 
 
 def test_tokenizer_from_records_the_stored_models_options(corpus, tmp_path):

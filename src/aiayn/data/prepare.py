@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import random
 import time
@@ -51,7 +52,7 @@ import numpy as np
 from sentencepiece import sentencepiece_model_pb2
 
 from aiayn.config import ConfigError, param, replace, to_dict
-from aiayn.data.corpora import Corpus, check_corpora, check_lang
+from aiayn.data.corpora import Corpus, check_corpora, check_lang, lang_token
 from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyAppender, array_files, token_dtype
 from aiayn.data.textio import check_readable, read_pairs
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, SentencePieceSpec, Tokenizer, train_sentencepiece
@@ -80,7 +81,7 @@ class PrepareConfig:
     spm_sample_pairs: int = param(1_000_000, "train pairs sampled (reservoir, by seed) to train SentencePiece; all if fewer")
     drop_empty: bool = param(True, "drop train pairs with an empty side")
     max_len: int = param(250, "drop train pairs with a side longer than this many subword tokens; 0 = no limit")
-    max_len_ratio: float = param(3.0, "drop train pairs whose longer/shorter side ratio (in subword tokens) exceeds this; 0 = no limit")
+    max_len_ratio: float = param(3.0, "drop train pairs whose longer/shorter side ratio (in subword tokens) exceeds this (a number >= 1); 0 = no limit")
     seed: int = param(1, "seed of the SentencePiece training sample")
     num_workers: int = param(0, "threads for SentencePiece training and encoding; 0 = os.cpu_count()")
     chunk_lines: int = param(100_000, "pairs read and encoded per chunk (bounds memory)")
@@ -110,9 +111,11 @@ class PrepareConfig:
             check_lang(self.target_lang_token, "target_lang_token")
         except UserError as exc:
             raise ConfigError(str(exc)) from None
-        for name, low in (("max_len", 0), ("max_len_ratio", 0), ("chunk_lines", 1), ("spm_sample_pairs", 1)):
+        for name, low in (("max_len", 0), ("num_workers", 0), ("chunk_lines", 1), ("spm_sample_pairs", 1)):
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if not (self.max_len_ratio == 0 or 1 <= self.max_len_ratio < math.inf):  # longer/shorter is >= 1
+            raise ConfigError(f"max_len_ratio must be 0 (no limit) or a number >= 1, got {self.max_len_ratio}")
         if not 0.98 <= self.character_coverage <= 1.0:  # SentencePiece's own bounds
             raise ConfigError(f"character_coverage must be in [0.98, 1] (SentencePiece's bounds), "
                               f"got {self.character_coverage}")
@@ -397,9 +400,29 @@ def _source_symbols(parts: dict[str, list[Corpus]], cfg: PrepareConfig) -> list[
     return list(dict.fromkeys(found))
 
 
-def _with_symbols(cfg: PrepareConfig, symbols: list[str]) -> PrepareConfig:
-    """``cfg`` whose ``user_symbols`` also hold ``symbols`` (after its own)."""
-    extra = tuple(s for s in symbols if s not in cfg.user_symbols)
+def _symbol_origins(parts: dict[str, list[Corpus]], cfg: PrepareConfig) -> Iterator[tuple[str, str, str]]:
+    """(token, the option that gave it, the value as the tokenizer sees it) of each corpus tag and
+    target-language token that starts source sentences."""
+    for c in (c for ps in parts.values() for c in ps):
+        if c.tag:
+            yield c.tag, f"--corpus {c.name} TAG {c.tag}", normalized(c.tag, cfg.lowercase)
+        lang, option = (c.lang, f"--corpus {c.name} LANG") if c.lang else (cfg.target_lang_token, "--target-lang-token")
+        if lang:
+            yield lang_token(lang), f"{option} {lang}", normalized(lang, cfg.lowercase)
+
+
+def _with_symbols(cfg: PrepareConfig, parts: dict[str, list[Corpus]]) -> PrepareConfig:
+    """``cfg`` whose ``user_symbols`` also hold the corpus tags and target-language tokens of ``parts``
+    (after its own). One that the tokenizer's normalization changes could never be one piece: a
+    UserError naming the option that gave it and what to write instead."""
+    origins = list(_symbol_origins(parts, cfg))
+    changed = dict.fromkeys(f"{option} (write {fixed})" for token, option, fixed in origins
+                            if normalized(token, cfg.lowercase) != token)
+    if changed:
+        raise UserError(f"{', '.join(changed)}: the tokenizer normalizes its input (NFKC"
+                        f"{', lowercased' if cfg.lowercase else ''}) before it looks for corpus tags and "
+                        f"target-language tokens, so as given they would never be one piece")
+    extra = tuple(dict.fromkeys(t for t, _, _ in origins if t not in cfg.user_symbols))
     try:
         return replace(cfg, user_symbols=cfg.user_symbols + extra) if extra else cfg
     except ConfigError as exc:
@@ -436,7 +459,7 @@ def prepare(splits: dict[str, SplitFiles], out: Path, cfg: PrepareConfig, force:
             check_readable(c.tgt, f"{what} target")
     symbols = _source_symbols(parts, cfg)
     if tokenizers is None:
-        cfg = _with_symbols(cfg, symbols)
+        cfg = _with_symbols(cfg, parts)
     out = Path(out)
     refuse_inputs_inside(out, [f for ps in parts.values() for c in ps for f in (c.src, c.tgt)])
     atomic = AtomicDir(out, force=force)
