@@ -384,6 +384,17 @@ def test_a_mirror_may_be_a_local_folder(repo_files, tmp_path, capsys):
     assert not list(out.rglob("*.part"))
 
 
+def test_a_file_missing_from_a_local_mirror_names_it_not_the_network(tmp_path):
+    """A local folder given as the mirror that lacks a file (not laid out as the repository): the
+    error names the path looked for, not a connection and the network."""
+    url = fetch_module.mirror_url(str(tmp_path / "mirror")) + VAL_DE.remote
+    with pytest.raises(UserError) as err:
+        fetch(url, tmp_path / "val.de.gz", VAL_DE, quiet=True)
+    text = str(err.value)
+    assert text.startswith(f"{tmp_path / 'mirror' / VAL_DE.remote}: no such file in the mirror folder")
+    assert "network" not in text and "connect" not in text
+
+
 @pytest.fixture
 def no_local_data(monkeypatch, tmp_path):
     """No Multi30k anywhere on this machine but in the cache, which starts empty."""

@@ -31,6 +31,7 @@ import socket
 import stat
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +102,14 @@ def _open(url: str, start: int, timeout: float, env: str):
         raise UserError(f"{url}: not an HTTP answer ({type(exc).__name__}: {_one_line(exc)[:200]}); is it the "
                         f"mirror's address? (${env})") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = _one_line(getattr(exc, "reason", exc))
-        raise UserError(f"{url}: cannot connect ({reason}); check the network, or set ${env} to a mirror") from None
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if url.startswith("file:"):  # a local folder as the mirror: no network involved
+            path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
+            if isinstance(reason, FileNotFoundError):
+                raise UserError(f"{path}: no such file in the mirror folder (it holds the files under the "
+                                f"paths of the data set's repository)") from None
+            raise UserError(f"{path}: cannot read ({_one_line(getattr(reason, 'strerror', None) or reason)})") from None
+        raise UserError(f"{url}: cannot connect ({_one_line(reason)}); check the network, or set ${env} to a mirror") from None
 
 
 def _served_size(resp) -> int | None:
