@@ -245,7 +245,7 @@ def test_missing_file(corpus, tmp_path):
     _assert_nothing_written(tmp_path, before)
 
 
-@pytest.mark.parametrize("src,tgt,message", [([], [], "empty corpus: no lines"),
+@pytest.mark.parametrize("src,tgt,message", [([], [], "empty train corpus: no lines"),
                                              (["", " "], ["x", ""], "empty corpus")])
 def test_empty_corpus(corpus, tmp_path, src, tgt, message):
     empty = corpus("empty", src, tgt)
@@ -253,6 +253,12 @@ def test_empty_corpus(corpus, tmp_path, src, tgt, message):
     with pytest.raises(InputError if not src else UserError, match=f"{empty.src}.*{message}"):
         prepare({"train": empty}, tmp_path / "out", SMALL)
     _assert_nothing_written(tmp_path, before)
+
+
+def test_an_empty_valid_split_is_named(corpus, tmp_path):
+    empty = corpus("empty", [], [])
+    with pytest.raises(InputError, match=f"{empty.src}: empty valid corpus: no lines"):
+        prepare({"train": corpus.train, "valid": empty}, tmp_path / "out", SMALL)
 
 
 def test_empty_after_cleaning(corpus, tmp_path):

@@ -175,7 +175,7 @@ def _scan(files: SplitFiles | Corpus, sample: _Reservoir | None, name: str = "")
     return its line count."""
     n = 0
     with progress_bar(unit=" lines", desc=f"{name}: check") as bar:
-        for n, s, t in read_pairs(files.src, files.tgt):
+        for n, s, t in read_pairs(files.src, files.tgt, name):
             if n % PROGRESS_LINES == 0:
                 bar.update(PROGRESS_LINES)
             if sample is not None and s and t:

@@ -189,8 +189,9 @@ def decode_line(raw: bytes, path, n: int) -> str:
     return text.strip()
 
 
-def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[int, str, str]]:
-    """(line number, source line, target line); an ``InputError`` if the line counts differ."""
+def read_pairs(src: Path, tgt: Path, what: str = "") -> Iterator[tuple[int, str, str]]:
+    """(line number, source line, target line); an ``InputError`` if the line counts differ, or if
+    there are none (``what``, as "valid", names the corpus in it)."""
     src_lines, tgt_lines = read_lines(src), read_lines(tgt)
     n = 0
     for n, (s, t) in enumerate(zip_longest(src_lines, tgt_lines), 1):
@@ -202,7 +203,7 @@ def read_pairs(src: Path, tgt: Path) -> Iterator[tuple[int, str, str]]:
                                            f"{n_src} lines, target {tgt} has {n_tgt} lines")
         yield n, s, t
     if n == 0:
-        raise InputError(src, None, f"empty corpus: no lines (target {tgt})")
+        raise InputError(src, None, f"empty {what + ' ' if what else ''}corpus: no lines (target {tgt})")
 
 
 def check_line_counts(a, n_a: int, b, n_b: int) -> None:
