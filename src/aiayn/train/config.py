@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from aiayn.checkpoint.format import upgrade
-from aiayn.config import ConfigError, apply_sets, check_json_fields, from_dict, param, replace
+from aiayn.config import ConfigError, apply_sets, check_json_fields, from_dict, param, replace, unknown_field
 from aiayn.data.stream import Batching
 from aiayn.model.config import PRESET_TRAIN, ModelConfig, get_preset
 from aiayn.execution.linear import MAX_ROW_BITS, ROW_BITS
@@ -181,6 +181,9 @@ def installed_recipe(path: Path) -> Path:
     return RECIPES / path.name
 
 
+RECIPE_KEYS = ("preset", "model", "train", "description")  # a recipe file's top-level keys
+
+
 def load_recipe(path: str | Path) -> RunConfig:
     """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors).
     A run directory's ``config.json`` is one: it names every field, so it trains the same configuration again.
@@ -208,9 +211,11 @@ def load_recipe(path: str | Path) -> RunConfig:
     wrong = [k for k in ("model", "train") if not isinstance(data.get(k, {}), dict)]
     if wrong:
         raise ConfigError(f"{path}: {wrong[0]} must be an object of fields, got {type(data[wrong[0]]).__name__}")
-    extra = set(data) - {"preset", "model", "train", "description"}
-    if extra:
-        raise ConfigError(f"{path}: unknown recipe keys {sorted(extra)}; known: preset, model, train, description")
+    extra = [k for k in data if k not in RECIPE_KEYS]  # (the file's first)
+    if extra:  # a misspelt section ("trian") as a misspelt field: its line and the close name
+        at = re.search(rf'"{re.escape(extra[0])}"\s*:', text)
+        line = f":{text.count(chr(10), 0, at.start()) + 1}" if at else ""
+        raise ConfigError(f"{path}{line}: {unknown_field(extra[0], RECIPE_KEYS, 'a recipe')}")
     preset = data.get("preset", "base")
     if not isinstance(preset, str):
         raise ConfigError(f"{path}: preset must be a name (a string), got {json.dumps(preset)}")

@@ -202,6 +202,7 @@ class _Run:
         else:  # a new run, named by its seed and initial weights (what ``aiayn average`` compares)
             self.learner.lineage = run_lineage(model.state_dict(), t.seed)
         self.state = TrainState.of(saved) if saved is not None else TrainState()
+        self.first_step = self.state.step  # (a finished run started again adds no seconds)
         # the step last validated (and its numbers) and saved: the checkpoint resumed from, if any
         self.validated = (saved.step, saved.valid) if saved is not None and saved.valid else (-1, None)
         self.saved_step = saved.step if saved is not None else -1
@@ -259,6 +260,7 @@ class _Run:
             valid = self.validator(self.learner, self.state, self.monitor.scalars)
         self.release_host_memory()  # validation's batches leave holes of their own sizes
         self.validated = (self.state.step, valid)
+        self.state.train_seconds = self.clock()  # the run's seconds hold its validations' (valid_seconds)
         return valid
 
     def save(self, valid: dict | None, step_file: bool = True) -> None:
@@ -284,6 +286,8 @@ class _Run:
             valid = self.validate()
         if fresh or self.saved_step != self.state.step:
             self.save(valid)
+        if fresh or self.state.step != self.first_step:  # the end's validation and checkpoint are the run's seconds
+            self.state.train_seconds = self.clock()
         if self.dist.is_main:
             self.monitor.close(summary(self.state, self.checkpoints.best_metric, self.n_params, self.place,
                                        stop_reason, valid))

@@ -178,6 +178,7 @@ def summary(state: TrainState, best_metric: str, n_params: int, place: rt.Place,
 def summary_text(s: dict) -> str:
     v = s["valid"] or {}
     vtxt = f", valid loss {v['valid_loss']:.3f} ppl {v['valid_ppl']:.2f}" if v else ""
+    vtxt += f" BLEU {v['valid_bleu']:.2f}" if "valid_bleu" in v else ""  # (train.valid_bleu)
     return (f"trained {s['steps']} steps ({s['epochs']} epochs, {s['target_tokens']:,} target tokens) in "
             f"{s['train_seconds']:.0f} s, {s['tokens_per_s']:,.0f} tok/s, stop: {s['stop_reason']}{vtxt}\n"
             f"cost: counted {s['counted_flops']:.3g} FLOPs; Table 2 estimate (time x devices x "

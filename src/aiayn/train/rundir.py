@@ -53,7 +53,8 @@ class RunLock:
 
 # the temporaries of what a training writes (``atomic_write``'s ".NAME.aiayn-tmp-XXXXXXXX"); another
 # command writing into the directory at the same time (``aiayn average RUN --out RUN/avg.pt``) keeps its own
-_TRAINING_TEMP = re.compile(r"^\.(last\.pt|best\.pt|ckpt_step\d+\.pt|config\.json|summary\.json|epoch\d+\.npz)"
+_TRAINING_TEMP = re.compile(r"^\.(last\.pt|best\.pt|ema\.pt|ckpt_step\d+\.pt|config\.json|summary\.json|"
+                            r"train_log\.jsonl|epoch\d+\.npz)"
                             + re.escape(TMP_MARK) + r"\w+$")
 
 
