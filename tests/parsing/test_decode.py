@@ -8,6 +8,7 @@ import zipfile
 import pytest
 
 from aiayn.cli import main
+from aiayn.config import replace
 from aiayn.parsing.decode import PARSE_DECODE, ParseOptions, parse_trees
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS
@@ -214,3 +215,40 @@ def test_search_options_that_fight_the_tree_constraint_are_refused(tiny_parser, 
     assert main(["parse", "--checkpoint", ckpt, "--beam-size", "2", "--input", str(sentences), "--output", str(trees),
                  "--min-len", "3", "--max-len-b", "8", "--constrained", "false"]) == 0
     assert parse_tree(read_lines(trees)[0]).words() == "The cat sat on the mat .".split()
+
+
+@pytest.fixture(scope="module")
+def tiny_words_parser(treebank_zip, tmp_path_factory):
+    """A parser of the ``words`` linearization, 2 steps on ``tiny_parser``'s four WSJ files: its run dir."""
+    tmp_path = tmp_path_factory.mktemp("words_parser")
+    mrg = tmp_path / "mrg"
+    mrg.mkdir()
+    with zipfile.ZipFile(treebank_zip) as zf:
+        for n in ("0001", "0002", "0160", "0180"):
+            (mrg / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
+    out = tmp_path / "ptb"
+    assert main(["parse", "prepare", "--treebank", str(mrg), "--out", str(out), "--vocab-size", "150",
+                 "--num-workers", "1", "--linearization", "words"]) == 0
+    run = tmp_path / "run"
+    assert main(["parse", "train", "--data", str(out / "data"), "--out", str(run), "--preset", "tiny",
+                 "--max-steps", "2", "--no-progress", *FAST]) == 0
+    return run
+
+
+@pytest.mark.parametrize("linearization", ["slots", "words"])
+def test_words_spelled_with_no_piece_are_still_placed_by_the_constraint(tiny_parser, tiny_words_parser,
+                                                                         linearization):
+    """A word SentencePiece spells with no piece at all (a zero-width space, a BOM, a control
+    character, its own word mark ``▁``) still gets its place from the constrained search: under
+    ``words`` the word after it was left out and appended at the end ("missing words attached"),
+    and a sentence of such words alone was never decoded (a flat ``TOP`` tree), both repairs."""
+    from aiayn.decode.translator import Translator
+    from aiayn.parsing.decode import parse_words
+
+    run = tiny_parser[1] if linearization == "slots" else tiny_words_parser
+    sentences = [["the", "\u200b", "cat", "\ufeff", "sat", "."], ["\u2581"], ["a", "\u2581", "\x01", "b"]]
+    with Translator.from_checkpoint(run / "last.pt", replace(PARSE_DECODE, beam_size=2)) as translator:
+        assert translator.tgt_tok.encode("\u200b") == translator.tgt_tok.encode("\u2581") == []
+        results = parse_words(translator, sentences)
+    for sentence, result in zip(sentences, results):
+        assert result.repairs == () and result.tree.words() == sentence

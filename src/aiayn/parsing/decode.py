@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from aiayn.config import ConfigError, param, replace
+from aiayn.data.vocab import SPECIAL_IDS
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.search import Constraints, max_output_lengths, search
 from aiayn.errors import InputError
@@ -62,7 +63,7 @@ def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
             src[b, : len(ids[i])] = torch.tensor(ids[i])
         src = src.to(dev)  # (B, S)
         budget = max_output_lengths(src, translator.cfg, translator.ids.pad, translator.output_cap) - 1  # (B,)
-        spelled = [[translator.tgt_tok.encode(w) for w in sentences[i]] for i in batch]
+        spelled = [[_spelled(translator.tgt_tok, w) for w in sentences[i]] for i in batch]
         words = None if vocab.word >= 0 else WordPieces.from_lists(spelled, dev)
         try:
             allowed = TreeConstraint(vocab, torch.tensor([len(sentences[i]) for i in batch], device=dev), budget,
@@ -77,6 +78,13 @@ def _constrained_linear(translator, vocab: TreeVocab, ids: list[list[int]],
             if hs:
                 out[i] = _tree_tokens(translator.tgt_tok, vocab, hs[0].tokens, sentences[i], spelled[b])
     return out
+
+
+def _spelled(tok, word: str) -> list[int]:
+    """The target pieces of ``word`` for the ``words`` linearization: ``<unk>`` for a word that
+    SentencePiece spells with no piece (``▁``, a zero-width space, a control character), which the
+    constraint could not otherwise place."""
+    return tok.encode(word) or [SPECIAL_IDS["unk"]]
 
 
 def _tree_tokens(tok, vocab: TreeVocab, tokens, words: Sequence[str], spelled: list[list[int]]) -> list[str]:
@@ -125,7 +133,9 @@ def parse_words(translator, sentences: Sequence[Sequence[str]], tags: Sequence[S
         skipped = {k for k, ids in enumerate(translator.src_tok.encode_batch(lines))
                    if ids and len(ids) + 1 > translator.input_limit}
     if options.constrained:
-        ids = translator.encode(lines, source, first_line)
+        # a sentence whose words all encode to no piece still gets its tree: from the source EOS alone
+        ids = [x or ([translator.ids.eos] if words and k not in skipped else [])
+               for k, (x, words) in enumerate(zip(translator.encode(lines, source, first_line), sentences))]
         linear = _constrained_linear(translator, tree_vocab(translator), ids, sentences, options.word_mass,
                                      (source, first_line))
     else:
