@@ -52,6 +52,18 @@ def read_refusal(sock: socket.socket) -> bytes:
     return out
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response (its head and its Content-Length of body) off a kept-alive connection."""
+    out = b""
+    while b"\r\n\r\n" not in out and (chunk := sock.recv(65536)):
+        out += chunk
+    head = out.split(b"\r\n\r\n", 1)[0].lower()
+    length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0]) if b"content-length:" in head else 0
+    while len(out) < len(head) + 4 + length and (chunk := sock.recv(65536)):
+        out += chunk
+    return out
+
+
 def request_bytes(body: dict, length: int | None = None) -> bytes:
     raw = json.dumps(body).encode()
     head = (f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -126,6 +138,24 @@ def test_keep_alive_then_slow_second_request(fast_server):
     t0 = time.monotonic()
     read_until_closed(sock)
     assert time.monotonic() - t0 < 3
+
+
+def test_an_idle_keep_alive_connection_waits_for_keep_alive_s_not_header_timeout_s(translator):
+    """Between requests a kept-alive connection is idle, not slow: it gets no 408 after header_timeout_s
+    (a client sending its next request then would read that 408 as its answer), and it stays open for
+    keep_alive_s; the next request's headers have header_timeout_s from its first byte."""
+    cfg = replace(SERVE, header_timeout_s=0.3, body_timeout_s=0.4, keep_alive_s=3.0)
+    with LiveServer(create_app(translator, cfg), cfg) as server:
+        sock = connect(server, request_bytes({"sentences": ["A dog."]}))
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(0.9)  # idle: past header_timeout_s, within keep_alive_s
+        sock.sendall(request_bytes({"sentences": ["A dog."]}))
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        assert 'event="header_timeout"' not in metrics_text(server)
+        time.sleep(0.9)
+        sock.sendall(b"POST /translate HTTP/1.1\r\n")  # a next request whose headers never end
+        t0 = time.monotonic()
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 2.5
 
 
 def test_connections_beyond_the_limit_get_503(translator):

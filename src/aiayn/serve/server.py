@@ -76,6 +76,7 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             super().connection_made(transport)
             self._timer: asyncio.TimerHandle | None = None
             self._phase, self._lingering, self._counted = None, False, False
+            self._kept_alive = False  # a response went out: the client may send its next request or idle
             # uvicorn's peer (host, port), an IPv6 one by its network (clients.py)
             self._peer = client_key(self.client[0], cfg.client_ipv6_prefix) if self.client else ""
             if per_client[self._peer] >= cfg.max_connections_per_client:
@@ -110,6 +111,8 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
         def data_received(self, data: bytes) -> None:
             if self._lingering:  # answered and closing: the rest of the request is read and dropped
                 return
+            if self._phase is h11.IDLE and self._timer is None:  # a kept-alive connection's next request begins
+                self._arm(cfg.header_timeout_s, "header_timeout")
             super().data_received(data)
             self._follow()
 
@@ -132,6 +135,7 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
         def on_response_complete(self) -> None:
             if self.conn.their_state is h11.SEND_BODY:  # answered before the body was read: nobody reads it
                 self._linger()
+            self._kept_alive = True
             super().on_response_complete()
             self._follow()
 
@@ -153,8 +157,11 @@ def guarded_protocol(cfg: ServeConfig, metrics: Metrics) -> type[H11Protocol]:
             if state is self._phase or self._lingering or self.transport.is_closing():
                 return
             self._phase = state
-            if state is h11.IDLE:
-                self._arm(cfg.header_timeout_s, "header_timeout")
+            if state is h11.IDLE:  # the first request's headers are due from the connect; between requests
+                # the connection is idle, closed by uvicorn after keep_alive_s (a 408 then would be read as
+                # the answer to the client's next request), and the next one's deadline starts at its
+                # first byte (data_received)
+                self._arm(None if self._kept_alive else cfg.header_timeout_s, "header_timeout")
             elif state is h11.SEND_BODY:
                 self._arm(cfg.body_timeout_s + BODY_GRACE_S, "body_timeout")
             else:
