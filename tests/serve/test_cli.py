@@ -1,6 +1,7 @@
 """`aiayn serve`: the command line reaches the app (uvicorn.run replaced by a recorder)."""
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
 from aiayn.cli import main
@@ -151,3 +152,34 @@ def test_serve_names_the_environment_variable_of_a_key_no_client_can_send(tiny_c
     assert main(["serve", "--checkpoint", str(tiny_checkpoint)]) == 2
     err = capsys.readouterr().err
     assert "AIAYN_API_KEY" in err and "visible ASCII" in err and "from-a-crlf-file" not in err
+
+
+@pytest.mark.parametrize("option, entry", [("--allow-host", "mt.example.org:443"), ("--allow-origin", "*")])
+def test_a_bad_access_entry_reads_as_written(option, entry, capsys):
+    """The error names the option; the words of its explanation stay words: "host" and "port" in it
+    are not the --host and --port options (refused before any checkpoint is read)."""
+    assert main(["serve", "--checkpoint", "unread.pt", option, entry]) == 2
+    err = capsys.readouterr().err
+    assert f"{option}: {entry!r} is not a" in err and "--host" not in err and "--port" not in err
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--beam-size", "20"], ("--beam-size 20", "--max-beam 16")),
+    (["--alpha", "2", "--max-alpha", "1"], ("--alpha 2", "--max-alpha 1")),
+    (["--no-repeat-ngram", "3", "--max-no-repeat-ngram", "2"], ("--no-repeat-ngram 3", "--max-no-repeat-ngram 2")),
+])
+def test_serve_refuses_defaults_that_its_own_limits_refuse(tiny_checkpoint, monkeypatch, capsys, options, named):
+    """A default over its cap would answer every request that leaves the field out 422, naming a field
+    the client never sent: one line at start instead, naming both options."""
+    from aiayn.serve.server import Server
+    monkeypatch.setattr(Server, "run", lambda self: None)  # (the service is not started)
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), *options]) == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in named), err
+
+
+def test_serve_takes_defaults_at_their_limits(tiny_checkpoint, monkeypatch):
+    from aiayn.serve.server import Server
+    monkeypatch.setattr(Server, "run", lambda self: None)
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--beam-size", "3", "--max-beam", "3", "--alpha", "1",
+                 "--max-alpha", "1", "--max-no-repeat-ngram", "0", "--threads", "1"]) == 0

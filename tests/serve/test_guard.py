@@ -66,6 +66,9 @@ def test_allow_host_and_other_binds(translator):
     cfg = replace(SERVE, allow_host=("mt.example.org",))
     assert ServeConfig(host="0.0.0.0").allowed_hosts == ("*",)
     assert "127.0.0.2" in ServeConfig(host="127.0.0.2").allowed_hosts
+    # (the start line lists them: the default bind, 127.0.0.1, once)
+    loopback = ("127.0.0.1", "localhost", "[::1]")
+    assert ServeConfig().allowed_hosts == ServeConfig(host="localhost").allowed_hosts == loopback
     with TestClient(create_app(translator, cfg), base_url="http://mt.example.org:8000") as c:
         assert c.get("/health").status_code == 200
         assert c.get("/health", headers={"host": "localhost"}).status_code == 403

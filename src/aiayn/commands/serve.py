@@ -42,6 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, **{name: None for name in SERVE_DECODE if name in CHECKPOINT_FIELDS})  # (``decode_config``)
 
 
+def _check_defaults(cfg: ServeConfig, decode: DecodeConfig) -> None:
+    """A UserError if a request default (a flag, or the checkpoint's own setting) is over the cap the
+    service puts on requests: every request that leaves the field out would be answered 422."""
+    for default, value, cap in (("beam-size", decode.beam_size, cfg.max_beam), ("alpha", decode.alpha, cfg.max_alpha),
+                                ("no-repeat-ngram", decode.no_repeat_ngram, cfg.max_no_repeat_ngram)):
+        if value > cap:
+            limit = "max-beam" if default == "beam-size" else f"max-{default}"
+            raise UserError(f"--{default} {value:g} exceeds --{limit} {cap:g}: every request that leaves it out "
+                            f"would be refused; lower --{default} or raise --{limit}")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from aiayn.serve.app import create_app
@@ -53,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.decode.translator import Translator
     # the flags, else the model's own settings (an imported model's generation settings), else the defaults
     cfg, decode = from_args(ServeConfig, args), decode_config(args, args.checkpoint, base=DecodeConfig())
+    _check_defaults(cfg, decode)
     if not cfg.api_key and os.environ.get(API_KEY_ENV):
         try:
             cfg = replace(cfg, api_key=os.environ[API_KEY_ENV])

@@ -130,12 +130,14 @@ class ServeConfig:
         # written: an entry of another form would never match, every request refused 403
         for entry in self.allow_host:
             if entry != "*" and not HOST_NAME.fullmatch(entry):
-                raise ConfigError(f"allow_host: {entry!r} is not a host name (like mt.example.org, 10.0.0.2 or "
-                                  "[::1]; no scheme, path or port: any port is accepted), nor '*'")
+                # (upper case: the command line rewrites the words host and port as its --host and --port)
+                raise ConfigError(f"allow_host: {entry!r} is not a HOST name as a Host header gives it (like "
+                                  "mt.example.org, 10.0.0.2 or [::1]; no scheme, path or :PORT: any PORT is "
+                                  "accepted), nor '*'")
         for entry in self.allow_origin:
             if not ORIGIN.fullmatch(entry):
-                raise ConfigError(f"allow_origin: {entry!r} is not a browser origin (scheme://host or "
-                                  "scheme://host:port like https://tools.example, no path; each origin listed)")
+                raise ConfigError(f"allow_origin: {entry!r} is not a browser origin (SCHEME://HOST or "
+                                  "SCHEME://HOST:PORT like https://tools.example, no path; each origin listed)")
         if self.api_key and not re.fullmatch(r"[!-~]+", self.api_key):  # (not echoed: it is a secret)
             raise ConfigError("api_key must be visible ASCII characters (no spaces, line breaks or accents): a header "
                               "loses its outer whitespace and a browser sends accented letters in another encoding "
@@ -161,4 +163,6 @@ class ServeConfig:
         """The Host names accepted: ``allow_host``, or localhost names for a loopback bind, or any ('*')."""
         if self.allow_host:
             return self.allow_host
-        return (*LOOPBACK_HOSTS, self.host) if is_loopback(self.host) else ("*",)
+        if not is_loopback(self.host):
+            return ("*",)
+        return LOOPBACK_HOSTS if self.host in LOOPBACK_HOSTS else (*LOOPBACK_HOSTS, self.host)
