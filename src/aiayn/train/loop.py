@@ -138,7 +138,7 @@ def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: 
             elapsed = step.mean_clock
         if not run.apply(step):
             continue  # a non-finite step, skipped (unless the ranks count it, to synchronize together)
-        run.heap.look()  # every TRIM_EVERY_STEPS steps on the CPU: the heap's holes back while it grows
+        run.look_at_heap()
         if state.step % ranks.period:
             continue  # between two synchronization points: no logging, checkpoint or validation
         elapsed = run.synchronize(elapsed)
@@ -176,7 +176,7 @@ class _Run:
         self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
                                       tf32=t.tf32, threads=t.threads, seed=t.seed)
         self.dist, self.device = place.dist, place.device
-        self.heap = HeapGrowth(TRIM_EVERY_STEPS if self.device.type == "cpu" else 0)
+        self.heap = HeapGrowth(TRIM_EVERY_STEPS)
         self.validator = Validator(data, cfg.train, cfg.model, place)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
@@ -270,6 +270,12 @@ class _Run:
             self.checkpoints.save(self.state, valid, self.stepper.strategy.rank_optimizers(self.learner.opt), step_file)
         if step_file:
             self.saved_step = self.state.step
+
+    def look_at_heap(self) -> None:
+        """Training on the CPU, after each step: every ``TRIM_EVERY_STEPS`` steps the heap's holes back
+        to the kernel while it grows (``HeapGrowth``)."""
+        if self.device.type == "cpu":
+            self.heap.look()
 
     def release_host_memory(self) -> None:
         """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
