@@ -115,6 +115,14 @@ def test_bad_requests_get_4xx_with_a_message(client, body, status, msg):
     assert client.post("/translate", json={"sentences": ["ok"]}).status_code == 200  # still serving
 
 
+def test_a_body_that_begins_with_a_byte_order_mark_is_read(client):
+    """RFC 8259 section 8.1: a parser may ignore a BOM; PowerShell's UTF-8 writes one."""
+    body = b"\xef\xbb\xbf" + json.dumps({"sentences": ["A dog."]}).encode()
+    r = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["translations"] == \
+        client.post("/translate", json={"sentences": ["A dog."]}).json()["translations"]
+
+
 def test_chunked_body_over_the_limit_is_refused(client):
     r = client.post("/translate", content=iter([b'{"sentences": ["', b"y" * 3000, b"y" * 3000, b'"]}']),
                     headers={"content-type": "application/json"})

@@ -163,7 +163,8 @@ def _lone_surrogate(data: dict) -> str | None:
 
 def _parse(body: bytes) -> TranslateRequest:
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+        # a leading byte-order mark is not JSON's, but RFC 8259 lets a reader ignore it (as Windows tools send it)
+        data = json.loads(body.decode("utf-8-sig"), parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not JSON (it is not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
