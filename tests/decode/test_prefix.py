@@ -73,7 +73,7 @@ def test_translate_prefix_file(copy_checkpoint, tmp_path, capsys):
     assert out[0].startswith("c") and out[1] == "l k j i"
     pre.write_text("c\n")
     assert main(["translate", "--checkpoint", str(copy_checkpoint), "--input", str(src), "--prefix", str(pre)]) == 2
-    assert f"prefix.txt:2: line counts differ: {pre} has 1 lines, {src} has 2" in capsys.readouterr().err
+    assert f"prefix.txt:2: line counts differ: {pre} has 1 line, {src} has 2" in capsys.readouterr().err
 
 
 def test_translate_prefix_count_is_checked_before_decoding(copy_checkpoint, tmp_path, capsys, monkeypatch):

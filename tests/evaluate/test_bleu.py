@@ -136,7 +136,7 @@ def test_cli_score(tmp_path, capsys, monkeypatch):
     (tmp_path / "short").write_text("a b\n")
     assert main(["score", "--ref", str(tmp_path / "short"), "--hyp", str(tmp_path / "hyp")]) == 2
     err = capsys.readouterr().err  # the shorter file, at the first line it lacks
-    assert f"{tmp_path / 'short'}:2: line counts differ: {tmp_path / 'short'} has 1 lines, {tmp_path / 'hyp'} has" in err
+    assert f"{tmp_path / 'short'}:2: line counts differ: {tmp_path / 'short'} has 1 line, {tmp_path / 'hyp'} has" in err
     (tmp_path / "empty").write_text("")
     for extra in ([], ["--json"], ["--tokenized"], ["--compare", str(tmp_path / "empty")]):
         assert main(["score", "--ref", str(tmp_path / "empty"), "--hyp", str(tmp_path / "empty"), *extra]) == 2

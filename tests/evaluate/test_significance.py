@@ -131,7 +131,7 @@ def test_cli_score_compare(tmp_path, capsys, shared_data):
     # bad input names the file
     (tmp_path / "short").write_text("a b\n")
     assert main(args + ["--compare", str(tmp_path / "short")]) == 2
-    assert f"short:2: line counts differ: {tmp_path / 'short'} has 1 lines, {tmp_path / 'better'}" \
+    assert f"short:2: line counts differ: {tmp_path / 'short'} has 1 line, {tmp_path / 'better'}" \
         in capsys.readouterr().err  # the shorter file, at the first line it lacks
     assert main(["score", "--ref", str(tmp_path / "ref"), str(tmp_path / "ref"), "--hyp", str(tmp_path / "better"),
                  "--compare", str(tmp_path / "worse")]) == 2

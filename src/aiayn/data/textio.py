@@ -189,6 +189,11 @@ def decode_line(raw: bytes, path, n: int) -> str:
     return text.strip()
 
 
+def count_of(n: int, noun: str) -> str:
+    """"1 line", "2 lines": ``n`` and ``noun``, plural but for 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def read_pairs(src: Path, tgt: Path, what: str = "") -> Iterator[tuple[int, str, str]]:
     """(line number, source line, target line); an ``InputError`` if the line counts differ, or if
     there are none (``what``, as "valid", names the corpus in it)."""
@@ -200,7 +205,7 @@ def read_pairs(src: Path, tgt: Path, what: str = "") -> Iterator[tuple[int, str,
             n_tgt = n - 1 + (t is not None) + sum(1 for _ in tgt_lines)
             short = src if s is None else tgt
             raise InputError(short, n, f"source and target line counts differ: source {src} has "
-                                           f"{n_src} lines, target {tgt} has {n_tgt} lines")
+                                           f"{count_of(n_src, 'line')}, target {tgt} has {count_of(n_tgt, 'line')}")
         yield n, s, t
     if n == 0:
         raise InputError(src, None, f"empty {what + ' ' if what else ''}corpus: no lines (target {tgt})")
@@ -212,7 +217,7 @@ def check_line_counts(a, n_a: int, b, n_b: int) -> None:
     and some lines at all."""
     if n_a != n_b:
         raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
-                         f"line counts differ: {a} has {n_a} lines, {b} has {n_b}")
+                         f"line counts differ: {a} has {count_of(n_a, 'line')}, {b} has {n_b}")
     if n_a == 0:
         raise UserError(f"{a} and {b} have no lines: nothing to score")
 

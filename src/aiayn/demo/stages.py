@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.data.textio import count_lines, read_lines
+from aiayn.data.textio import count_lines, count_of, read_lines
 from aiayn.demo.config import (CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, GPU_STEP_DEVICE_S,
                                GPU_STEP_MATMUL_TFLOPS, RECIPES, DemoConfig)
 from aiayn.errors import InputError, UserError
@@ -99,8 +99,8 @@ def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pat
                 (a, n_a), (b, n_b) = ((files[k], counts[k]) for k in pair)
                 if n_a != n_b:  # (two empty files are prepare's to refuse: its message names the split)
                     raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
-                                     f"source and target line counts differ: source {a} has {n_a} lines, "
-                                     f"target {b} has {n_b} lines")
+                                     f"source and target line counts differ: source {a} has {count_of(n_a, 'line')}, "
+                                     f"target {b} has {count_of(n_b, 'line')}")
         out[key] = work / key
         write_text_output(out[key], "".join(line + "\n" for line in lines))
     return out
