@@ -119,6 +119,36 @@ def test_too_long_line_is_an_error_naming_the_line(ckpt, tmp_path, spm_bytes):
     assert all(len(ts[0].tokens) <= 8 for ts in tr.translate_nbest(["small house"]))
 
 
+def test_a_prefix_with_no_room_for_eos_in_learned_positions_is_an_error(tmp_path, spm_bytes):
+    """With max_positions 8 the output holds 8 tokens: a prefix of 7 and EOS. The search cut a longer
+    one, so the translation did not begin with it as docs/translate.md says it does."""
+    learned = make_checkpoint(tmp_path / "learned.pt", spm_bytes, learned_positions=True, max_positions=8)
+    tr = Translator.from_checkpoint(learned, DecodeConfig(beam_size=1))
+    fits, over = tr.tgt_tok.decode([5] * 7), tr.tgt_tok.decode([5] * 9)
+    assert len(tr.tgt_tok.encode(fits)) == 7 and len(tr.tgt_tok.encode(over)) >= 8
+    out = tr.translate_nbest(["small house"], prefixes=[fits])[0][0].tokens
+    assert list(out[:7]) == tr.encode_prefixes([fits])[0]
+    with pytest.raises(InputError, match=r"in.txt:5: the prefix has \d+ target tokens; the model's learned positions "
+                                         r"\(max_positions 8\) leave room for 7 and EOS"):
+        tr.translate_nbest(["small", "small house"], source="in.txt", first_line=4, prefixes=["", over])
+
+
+def test_the_service_answers_such_a_prefix_422(tmp_path, spm_bytes):
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve.app import create_app
+    from aiayn.serve.config import ServeConfig
+    learned = make_checkpoint(tmp_path / "learned.pt", spm_bytes, learned_positions=True, max_positions=8)
+    tr = Translator.from_checkpoint(learned, DecodeConfig(beam_size=1))
+    over = tr.tgt_tok.decode([5] * 9)
+    with TestClient(create_app(tr, ServeConfig(threads=1, client_requests_per_s=0.0)),
+                    base_url="http://localhost") as client:
+        r = client.post("/translate", json={"sentences": ["small", "house"], "prefix": ["", over]})
+        assert r.status_code == 422 and r.json()["error"].startswith("prefix[1]: the prefix has ")
+        assert client.post("/translate", json={"sentences": ["small"], "prefix": [tr.tgt_tok.decode([5] * 7)]}) \
+            .status_code == 200
+
+
 def test_checkpoint_errors(tmp_path, spm_bytes, ckpt):
     with pytest.raises(UserError, match="not found"):
         load_model_for_inference(tmp_path / "missing.pt")

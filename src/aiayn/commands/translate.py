@@ -18,7 +18,7 @@ from aiayn.commands.decode_settings import decode_config
 from aiayn.decode.config import CHECKPOINT_FIELDS, TRANSLATE_DECODE, DecodeConfig, add_device_argument
 from aiayn.errors import UserError
 from aiayn.files import check_output_folder, refuse_input_as_output, write_output
-from aiayn.host.allocator import release_free_memory
+from aiayn.host.allocator import trim_unless_never
 from aiayn.progress import progress_bar, progress_shown
 
 if TYPE_CHECKING:
@@ -200,14 +200,15 @@ def run(args: argparse.Namespace) -> int:
                           quiet=buffer == 1) as bar:  # line by line: the translations show the progress
             for first, lines in input_chunks(args.input, buffer):
                 ids = translator.encode(lines, source, first)
-                forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)))
+                forced = translator.encode_prefixes(_chunk_prefixes(prefixes, args.prefix, first, len(lines)),
+                                                    args.prefix, first)
                 hyps = translator.translate_ids(ids, forced, progress=bar.update)
                 bar.clear()  # a terminal's stdout gets the translations without the bar in their midst
                 _write_chunk(translator, ids, hyps, first, args, records)
                 sys.stdout.flush()
                 bar.refresh()
                 if (n_lines + len(lines)) // CHUNK_LINES > n_lines // CHUNK_LINES:
-                    release_free_memory()  # each CHUNK_LINES lines: the heap's holes back (aiayn/host/allocator.py)
+                    trim_unless_never()  # each CHUNK_LINES lines: the heap's holes back (aiayn/host/allocator.py)
                 n_lines += len(lines)
     _check_prefixes_used(prefixes, args.prefix, n_lines)
     if att_path is not None:

@@ -275,18 +275,29 @@ class Translator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def encode_prefixes(self, prefixes: Sequence[str] | None) -> list[list[int]] | None:
-        """Target ids of forced prefixes (target text, "" for none), for ``translate_ids``."""
-        if prefixes is not None:
-            prefixes = _check_lines(prefixes, "prefixes")
-        return None if prefixes is None else self.tgt_tok.encode_batch([p.strip() for p in prefixes])
+    def encode_prefixes(self, prefixes: Sequence[str] | None, source: str = "<prefixes>",
+                        first_line: int = 1) -> list[list[int]] | None:
+        """Target ids of forced prefixes (target text, "" for none), for ``translate_ids``. A prefix
+        that leaves no room for EOS within a learned-positions model's ``max_positions`` (``output_cap``)
+        is an ``InputError`` naming ``source`` and its line (counted from ``first_line``): the search
+        would cut it."""
+        if prefixes is None:
+            return None
+        ids = self.tgt_tok.encode_batch([p.strip() for p in _check_lines(prefixes, "prefixes")])
+        for k, p in enumerate(ids):
+            if self.output_cap is not None and len(p) >= self.output_cap:
+                raise InputError(source, first_line + k, f"the prefix has {len(p)} target tokens; the model's learned "
+                                                         f"positions (max_positions {self.output_cap}) leave room "
+                                                         f"for {self.output_cap - 1} and EOS")
+        return ids
 
     def translate_nbest(self, lines: Sequence[str], source: str = "<input>", first_line: int = 1,
                         prefixes: Sequence[str] | None = None,
                         progress: Callable[[int], object] | None = None) -> list[list[Translation]]:
         """``prefixes``: one target text per line that its translations must begin with ("" for none);
         ``progress``: as ``translate_ids``'s."""
-        hyps = self.translate_ids(self.encode(lines, source, first_line), self.encode_prefixes(prefixes), progress)
+        hyps = self.translate_ids(self.encode(lines, source, first_line),
+                                  self.encode_prefixes(prefixes, source, first_line), progress)
         return [[Translation(self.tgt_tok.decode(h.tokens), h.tokens, h.score, h.log_prob, h.eos) for h in hs]
                 for hs in hyps]
 

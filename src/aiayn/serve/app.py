@@ -238,7 +238,10 @@ async def _read_request(request: Request, cfg: ServeConfig, base: DecodeConfig, 
         raise ApiError(422, f"sentences[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
     if req.prefix is not None and len(req.prefix) != len(req.sentences):
         raise ApiError(422, f"prefix: {len(req.prefix)} prefixes for {len(req.sentences)} sentences")
-    prefixes = checker.encode_prefixes(req.prefix)
+    try:
+        prefixes = checker.encode_prefixes(req.prefix, source="prefix", first_line=0)
+    except InputError as exc:  # over a learned-positions model's max_positions
+        raise ApiError(422, f"prefix[{exc.line}]: {str(exc).split(': ', 1)[1]}") from None
     for i, p in enumerate(prefixes or []):
         if len(p) > cfg.max_prefix_tokens:
             raise ApiError(422, f"prefix[{i}]: {len(p)} target tokens exceed the limit of {cfg.max_prefix_tokens}")
