@@ -58,19 +58,25 @@ def test_buffer_cuts_stdin_into_chunks_of_n_lines(monkeypatch):
     assert list(input_chunks(None, 2)) == [(1, ["a", "b"]), (3, ["c", "d"]), (5, ["e"])]
 
 
-@pytest.mark.parametrize("buffer,trims", [(None, 3), ("1", 3), ("3", 2)])
-def test_a_long_stream_gives_the_heaps_holes_back_every_chunk_lines(copy_checkpoint, monkeypatch, capsys, buffer, trims):
+@pytest.mark.parametrize("buffer,when,trims", [(None, "grown", 3), ("1", "grown", 3), ("3", "grown", 2),
+                                               ("3", "always", 2), (None, "never", 0)])
+def test_a_long_stream_gives_the_heaps_holes_back_every_chunk_lines(copy_checkpoint, monkeypatch, capsys, buffer,
+                                                                    when, trims):
     """The aiayn command keeps freed memory in its heap (aiayn/host/allocator.py), where batches of many
     shapes leave holes of many sizes: a long stream's translator gives them back after each chunk
     that passes a multiple of CHUNK_LINES lines (each chunk of the default --buffer). 7 lines with
-    CHUNK_LINES 2: chunks of 2 or 1 lines pass 2, 4 and 6; chunks of 3 (3, 6, 7) pass them in two."""
+    CHUNK_LINES 2: chunks of 2 or 1 lines pass 2, 4 and 6; chunks of 3 (3, 6, 7) pass them in two.
+    AIAYN_HEAP_TRIM=never: no trim at all."""
     import io
 
     import aiayn.commands.translate as translate
     from aiayn.cli import main
+    from aiayn.host import allocator
     calls = []
+    monkeypatch.setenv(allocator.TRIM_ENV, when)
     monkeypatch.setattr(translate, "CHUNK_LINES", 2)
-    monkeypatch.setattr(translate, "release_free_memory", lambda: calls.append(1) or True)
+    glibc = allocator._glibc  # malloc_trim counted, however the caller reaches it
+    monkeypatch.setattr(allocator, "_glibc", lambda name: calls.append if name == "malloc_trim" else glibc(name))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\nc\n\nd e f\ng\nh i\nj\n")))
     args = ["translate", "--checkpoint", str(copy_checkpoint), "--beam-size", "1"]
     assert main(args + (["--buffer", buffer] if buffer else [])) == 0

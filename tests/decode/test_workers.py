@@ -264,3 +264,18 @@ def test_a_worker_gives_the_heaps_holes_back_every_few_batches(monkeypatch):
     for _ in range(3 * workers.TRIM_EVERY_BATCHES + 1):
         assert workers._translate([[5, 3]], DecodeConfig()) == [[]]
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("var,value", [("AIAYN_DENORMALS", "maybe"), ("AIAYN_ONEDNN_CACHE", "big")])
+def test_a_bad_process_setting_is_refused_before_the_workers_start(var, value, tiny_checkpoint, monkeypatch):
+    """Each worker applies the aiayn command's process settings (aiayn/host/process.py): through the
+    Python API a bad value is one UserError naming the variable, in this process, before any worker
+    starts (not a traceback from each worker, and a broken pool blamed on the __main__ guard)."""
+    from aiayn.decode import workers
+    from aiayn.errors import UserError
+
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("workers started"))
+    with Translator.from_checkpoint(tiny_checkpoint, DecodeConfig(workers=2)) as tr:
+        with pytest.raises(UserError, match=f"^{var} must be"):
+            tr.translate(LINES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -178,3 +179,36 @@ def test_heap_trim_choice_is_checked_at_start(monkeypatch):
     monkeypatch.setenv(allocator.TRIM_ENV, "sometimes")
     with pytest.raises(UserError, match="AIAYN_HEAP_TRIM must be one of grown, always, never, got 'sometimes'"):
         allocator.configure_from_env()
+
+
+@pytest.mark.parametrize("when, made", [("grown", [0]), ("always", [0]), ("never", [])])
+def test_a_trim_at_a_fixed_point_is_made_unless_never(when, made, monkeypatch):
+    """Training after each validation (``release_host_memory``) and ``aiayn translate`` every
+    CHUNK_LINES lines trim outside the looks; AIAYN_HEAP_TRIM=never makes no trim at all."""
+    import torch
+
+    from aiayn.train.loop import _Run
+    calls = []
+    monkeypatch.setenv(allocator.TRIM_ENV, when)
+    glibc = allocator._glibc  # malloc_trim counted, however the caller reaches it
+    monkeypatch.setattr(allocator, "_glibc", lambda name: calls.append if name == "malloc_trim" else glibc(name))
+    _Run.release_host_memory(types.SimpleNamespace(device=torch.device("cpu")))
+    assert calls == made
+    calls.clear()
+    assert allocator.trim_unless_never() is bool(made)
+    assert calls == made
+
+
+def test_training_from_python_refuses_a_bad_heap_trim_before_its_first_step(copy_data_dir, tmp_path, monkeypatch):
+    """``aiayn.train.loop.train`` (without the command's start-up check) reads AIAYN_HEAP_TRIM when it
+    starts, not at its first look at the heap, TRIM_EVERY_STEPS steps into the run."""
+    from dataclasses import replace
+
+    from aiayn.train.config import run_config_from_preset
+    from aiayn.train.loop import train
+    cfg = run_config_from_preset("tiny")
+    cfg = replace(cfg, train=replace(cfg.train, max_steps=1, precision="fp32", threads=1, save_every_min=0))
+    monkeypatch.setenv(allocator.TRIM_ENV, "sometimes")
+    with pytest.raises(UserError, match="AIAYN_HEAP_TRIM must be one of grown, always, never, got 'sometimes'"):
+        train(copy_data_dir, tmp_path / "run", cfg, progress=False)
+    assert not list((tmp_path / "run").glob("*.pt"))

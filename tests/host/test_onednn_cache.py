@@ -60,3 +60,13 @@ def test_setting_respects_the_user(monkeypatch):
     monkeypatch.setenv(onednn_cache.ENV, "lots")
     with pytest.raises(UserError, match="AIAYN_ONEDNN_CACHE"):
         onednn_cache.configure_from_env()
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", str(2 ** 31)])
+def test_a_value_int_cannot_take_or_onednn_cannot_hold_is_one_clear_error(value, monkeypatch):
+    """str.isdigit accepts superscripts and other scripts' digits, which int() refuses; oneDNN reads
+    the capacity into a C int."""
+    monkeypatch.setenv(onednn_cache.ENV, value)
+    monkeypatch.delenv(onednn_cache.ONEDNN_ENV, raising=False)
+    with pytest.raises(UserError, match="AIAYN_ONEDNN_CACHE must be a number of cache entries from 0"):
+        onednn_cache.configure_from_env()

@@ -81,3 +81,18 @@ def test_a_real_child_ends_with_its_parent(tmp_path):
         time.sleep(0.05)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the child outlived its parent")
+
+
+@pytest.mark.parametrize("var,value", [("AIAYN_HUGEPAGES", "maybe"), ("AIAYN_DENORMALS", "maybe"),
+                                       ("AIAYN_MALLOC", "maybe"), ("AIAYN_ONEDNN_CACHE", "big"),
+                                       ("AIAYN_HEAP_TRIM", "sometimes")])
+def test_check_settings_refuses_each_bad_value_without_applying(var, value, monkeypatch):
+    from aiayn.errors import UserError
+    from aiayn.host.process import check_settings
+
+    for name in ("AIAYN_HUGEPAGES", "AIAYN_DENORMALS", "AIAYN_MALLOC", "AIAYN_ONEDNN_CACHE", "AIAYN_HEAP_TRIM"):
+        monkeypatch.delenv(name, raising=False)
+    check_settings()
+    monkeypatch.setenv(var, value)
+    with pytest.raises(UserError, match=f"^{var} must be"):
+        check_settings()

@@ -104,7 +104,9 @@ class DecodePool:
         from aiayn.decode.int8 import Int8Linear
         from aiayn.decode.packed import PackedLinear
         from aiayn.errors import UserError
+        from aiayn.host.process import check_settings
 
+        check_settings()  # each worker applies them: a bad value is refused here, not in each worker
         if any(isinstance(m, (Int8Linear, PackedLinear)) for model in models for m in model.modules()):
             raise UserError("decoding workers load the float model and make their own decoding copy (int8 or "
                             "packed): give the Translator the float model with its precision, not such a copy")

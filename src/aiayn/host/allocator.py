@@ -70,13 +70,19 @@ def reuse_freed_memory() -> bool:
     return ok
 
 
-def configure_from_env() -> bool:
-    """What the CLI does: ``reuse_freed_memory()`` unless ``AIAYN_MALLOC=system``; ``AIAYN_HEAP_TRIM``
-    checked (``trim_choice``)."""
+def malloc_choice() -> str:
+    """``AIAYN_MALLOC``: ``reuse`` (the default) or ``system``; a ``UserError`` naming it otherwise."""
     choice = os.environ.get(ENV, "reuse")
     if choice not in ("reuse", "system"):
         from aiayn.errors import UserError
         raise UserError(f"{ENV} must be 'reuse' or 'system', got {choice!r}")
+    return choice
+
+
+def configure_from_env() -> bool:
+    """What the CLI does: ``reuse_freed_memory()`` unless ``AIAYN_MALLOC=system``; ``AIAYN_HEAP_TRIM``
+    checked (``trim_choice``)."""
+    choice = malloc_choice()
     trim_choice()
     return choice == "reuse" and reuse_freed_memory()
 
@@ -89,6 +95,13 @@ def trim_choice() -> str:
         from aiayn.errors import UserError
         raise UserError(f"{TRIM_ENV} must be one of {', '.join(TRIM_CHOICES)}, got {choice!r}")
     return choice
+
+
+def trim_unless_never() -> bool:
+    """A trim at a fixed point, outside ``HeapGrowth``'s looks (training after each validation,
+    ``aiayn translate`` every ``CHUNK_LINES`` input lines): ``release_free_memory()`` unless
+    ``AIAYN_HEAP_TRIM=never``, which makes no trim at all. True where a trim was made."""
+    return trim_choice() != "never" and release_free_memory()
 
 
 def release_free_memory() -> bool:

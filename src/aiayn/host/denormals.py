@@ -36,10 +36,15 @@ def flush_denormals() -> bool:
     return bool(torch.set_flush_denormal(True))
 
 
+def choice() -> str:
+    """``AIAYN_DENORMALS``, of ``CHOICES`` (default ``flush``); a ``UserError`` naming it otherwise."""
+    value = os.environ.get(ENV, "flush")
+    if value not in CHOICES:
+        from aiayn.errors import UserError
+        raise UserError(f"{ENV} must be 'flush' or 'keep', got {value!r}")
+    return value
+
+
 def configure_from_env() -> bool:
     """What the CLI does: ``flush_denormals()`` unless ``AIAYN_DENORMALS=keep``."""
-    choice = os.environ.get(ENV, "flush")
-    if choice not in CHOICES:
-        from aiayn.errors import UserError
-        raise UserError(f"{ENV} must be 'flush' or 'keep', got {choice!r}")
-    return choice == "flush" and flush_denormals()
+    return choice() == "flush" and flush_denormals()

@@ -58,10 +58,15 @@ def use_huge_pages() -> bool:
     return os.environ[TORCH_ENV] == "1"
 
 
+def choice() -> str:
+    """``AIAYN_HUGEPAGES``, of ``CHOICES`` (default ``on``); a ``UserError`` naming it otherwise."""
+    value = os.environ.get(ENV, "on")
+    if value not in CHOICES:
+        from aiayn.errors import UserError
+        raise UserError(f"{ENV} must be 'on' or 'off', got {value!r}")
+    return value
+
+
 def configure_from_env() -> bool:
     """What the CLI does: ``use_huge_pages()`` unless ``AIAYN_HUGEPAGES=off``."""
-    choice = os.environ.get(ENV, "on")
-    if choice not in CHOICES:
-        from aiayn.errors import UserError
-        raise UserError(f"{ENV} must be 'on' or 'off', got {choice!r}")
-    return choice == "on" and use_huge_pages()
+    return choice() == "on" and use_huge_pages()

@@ -31,6 +31,7 @@ import os
 ENV = "AIAYN_ONEDNN_CACHE"
 ONEDNN_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # read by oneDNN at its first primitive
 DEFAULT_CAPACITY = 16384
+MAX_CAPACITY = 2 ** 31 - 1  # oneDNN reads the capacity into an int
 
 
 def use_large_primitive_cache(capacity: int = DEFAULT_CAPACITY) -> int:
@@ -39,14 +40,21 @@ def use_large_primitive_cache(capacity: int = DEFAULT_CAPACITY) -> int:
     if capacity > 0:
         os.environ.setdefault(ONEDNN_ENV, str(capacity))
     value = os.environ.get(ONEDNN_ENV, "")
-    return int(value) if value.isdigit() else 0
+    return int(value) if value.isascii() and value.isdigit() else 0
+
+
+def capacity() -> int:
+    """``AIAYN_ONEDNN_CACHE``: ASCII digits, at most ``MAX_CAPACITY`` (default 16,384; 0 = oneDNN's
+    default); a ``UserError`` naming it otherwise."""
+    raw = os.environ.get(ENV, str(DEFAULT_CAPACITY))
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= MAX_CAPACITY):
+        from aiayn.errors import UserError
+        raise UserError(f"{ENV} must be a number of cache entries from 0 (oneDNN's default) to "
+                        f"{MAX_CAPACITY}, got {raw!r}")
+    return int(raw)
 
 
 def configure_from_env() -> int:
     """What the CLI does: ``use_large_primitive_cache(N)`` with N from ``AIAYN_ONEDNN_CACHE``
     (default 16,384; 0 = oneDNN's default)."""
-    raw = os.environ.get(ENV, str(DEFAULT_CAPACITY))
-    if not raw.isdigit():
-        from aiayn.errors import UserError
-        raise UserError(f"{ENV} must be a number of cache entries (0 = oneDNN's default), got {raw!r}")
-    return use_large_primitive_cache(int(raw))
+    return use_large_primitive_cache(capacity())

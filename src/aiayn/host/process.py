@@ -24,6 +24,19 @@ def configure_process() -> None:
     configure_allocator()
 
 
+def check_settings() -> None:
+    """The settings' variables checked without applying them (a ``UserError`` naming the first bad
+    one): what a process that starts decoding workers, which apply them, does first, so that a bad
+    value is refused in that process rather than in each worker as it starts."""
+    from aiayn.host import allocator, denormals, hugepages, onednn_cache
+
+    hugepages.choice()
+    onednn_cache.capacity()
+    denormals.choice()
+    allocator.malloc_choice()
+    allocator.trim_choice()
+
+
 def die_with_parent(parent_pid: int) -> None:
     """In a child process (a decoding worker, or a training command before exec; Linux): the
     kernel sends it SIGTERM when its parent ends, however it ends, so no orphan keeps running.

@@ -32,7 +32,7 @@ from aiayn.data.stream import BatchStream
 from aiayn.data.vocab import joint_vocabulary
 from aiayn.errors import UserError
 from aiayn.files import check_ancestors
-from aiayn.host.allocator import TRIM_EVERY_STEPS, HeapGrowth, release_free_memory
+from aiayn.host.allocator import TRIM_EVERY_STEPS, HeapGrowth, trim_choice, trim_unless_never
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
 from aiayn.train import runtime as rt
@@ -176,7 +176,7 @@ class _Run:
         self.place = place = rt.start(device=t.device, precision=t.precision, timeout_s=t.dist_timeout_s,
                                       tf32=t.tf32, threads=t.threads, seed=t.seed)
         self.dist, self.device = place.dist, place.device
-        self.heap = HeapGrowth(TRIM_EVERY_STEPS)
+        self.heap = HeapGrowth(TRIM_EVERY_STEPS, when=trim_choice())  # AIAYN_HEAP_TRIM checked at start
         self.validator = Validator(data, cfg.train, cfg.model, place)
         if self.dist.is_main:
             _start_run_dir(run_dir, held)
@@ -278,9 +278,9 @@ class _Run:
             self.heap.look()
 
     def release_host_memory(self) -> None:
-        """Training on the CPU: the heap's holes back to the kernel (aiayn/host/allocator.py)."""
+        """Training on the CPU: the heap's holes back to the kernel, unless AIAYN_HEAP_TRIM=never (aiayn/host/allocator.py)."""
         if self.device.type == "cpu":
-            release_free_memory()
+            trim_unless_never()
 
     def finish(self, stop_reason: str) -> None:
         """The end: validate, write the final checkpoint and the summary; a step validated or saved
