@@ -6,6 +6,7 @@ directory is guarded (one training at a time, stale temporaries removed, config.
 through a refused resume, keep_last 0 keeping everything)."""
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import io
@@ -630,6 +631,37 @@ def test_average_of_one_run_or_of_fine_tunings_of_one_checkpoint_says_nothing(tm
         assert ck.average_checkpoints(last)["lineage"] == run
         assert ck.average_checkpoints([*tuned, last[-1]])["lineage"]["init_sha256"] == run["init_sha256"]
     assert caplog.text == ""
+
+
+def test_average_takes_a_model_fine_tuned_with_another_dropout_and_names_what_else_differs(tmp_path):
+    """``train --init-from`` may change dropout (the same parameters and the same function at inference):
+    such a model averages with its parent, to the exact mean (1 and 3 average to 2); any other field
+    that differs is refused, named with both values."""
+    run = {"seed": 1, "init_sha256": "a" * 64}
+    parent = _handmade()
+    tuned = copy.deepcopy(parent)
+    tuned["model_config"]["p_drop"] = 0.3
+    parent["model"] = {k: torch.full_like(v, 1.0) for k, v in parent["model"].items()}
+    tuned["model"] = {k: torch.full_like(v, 3.0) for k, v in tuned["model"].items()}
+    for name, ckpt in (("parent.pt", parent), ("tuned.pt", tuned)):
+        ck.atomic_save({**ckpt, "lineage": run}, tmp_path / name)
+    avg = ck.average_checkpoints([tmp_path / "parent.pt", tmp_path / "tuned.pt"])
+    assert all(torch.equal(v, torch.full_like(v, 2.0)) for v in avg["model"].values())
+    other = copy.deepcopy(tuned)
+    other["model_config"]["eos_id"] = 4
+    ck.atomic_save({**other, "lineage": run}, tmp_path / "other.pt")
+    with pytest.raises(UserError, match=f"{tmp_path / 'other.pt'}: a different model from {tmp_path / 'parent.pt'} "
+                                        f"\\(eos_id 3 there, 4 here\\); cannot average"):
+        ck.average_checkpoints([tmp_path / "parent.pt", tmp_path / "other.pt"])
+
+
+def test_average_names_files_of_one_name_by_their_paths(tmp_path, capsys):
+    """A parent's and its fine-tuned models' ``last.pt`` averaged: the files read are told apart."""
+    run = {"seed": 1, "init_sha256": "a" * 64}
+    (tmp_path / "base").mkdir(), (tmp_path / "tuned").mkdir()
+    files = [_of_run(tmp_path, f"{d}/last.pt", run) for d in ("base", "tuned")]
+    assert main(["average", *map(str, files), "--out", str(tmp_path / "avg.pt")]) == 0
+    assert capsys.readouterr().out.strip().endswith(f": {files[0]}, {files[1]}")
 
 
 def test_average_warns_of_checkpoints_without_a_lineage(tmp_path, caplog):

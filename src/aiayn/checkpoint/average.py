@@ -13,6 +13,7 @@ import torch
 from aiayn.checkpoint.contents import CHECKSUM
 from aiayn.checkpoint.format import TRAINING_STATE, content_sha256, load_checkpoint, tokenizer_hashes
 from aiayn.errors import UserError
+from aiayn.model.config import model_differences
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,10 @@ def average_checkpoints(paths: list[str | Path], across_runs: bool = False) -> d
                          for k, v in state.items()}
                 ref_cfg, ref_toks = ckpt.get("model_config"), tokenizer_hashes(ckpt.get("tokenizers"))
             else:
-                if ckpt.get("model_config") != ref_cfg or set(state) != set(total):
-                    raise UserError(f"{p}: a different model from {paths[0]}; cannot average")
+                differ = _model_differences(ref_cfg, ckpt.get("model_config"))
+                if differ or set(state) != set(total):
+                    raise UserError(f"{p}: a different model from {paths[0]}"
+                                    + (f" ({differ})" if differ else "") + "; cannot average")
                 if tokenizer_hashes(ckpt.get("tokenizers")) != ref_toks:
                     raise UserError(f"{p}: trained with other tokenizers than {paths[0]}; cannot average")
                 for k, v in state.items():
@@ -62,6 +65,15 @@ def average_checkpoints(paths: list[str | Path], across_runs: bool = False) -> d
         out["lineage"] = lineage
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def _model_differences(ref: Any, cfg: Any) -> str:
+    """How the model configuration ``cfg`` differs from the first checkpoint's ``ref``, dropout aside
+    (``aiayn.model.config.REGULARIZATION_FIELDS``: a model fine-tuned with another dropout is the same model), as
+    "d_ff 256 there, 128 here"; "" where they are one model."""
+    if not (isinstance(ref, dict) and isinstance(cfg, dict)):
+        return "" if ref == cfg else "another model configuration"
+    return "; ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in model_differences(ref, cfg))
 
 
 def run_lineage(weights: dict, seed: int | None) -> dict:

@@ -30,7 +30,10 @@ def run(args) -> int:
     refuse_input_as_output(args.out, paths)  # (a run directory's: known only now)
     avg = average_checkpoints(paths, args.across_runs)
     atomic_save(avg, args.out)
-    print(f"averaged {len(paths)} checkpoint(s) into {args.out}: " + ", ".join(p.name for p in paths))
+    names = [p.name for p in paths]  # a run's step checkpoints by name; files of several runs (last.pt ...) by path
+    if len(set(names)) < len(names):
+        names = [str(p) for p in paths]
+    print(f"averaged {len(paths)} checkpoint(s) into {args.out}: " + ", ".join(names))
     return 0
 
 

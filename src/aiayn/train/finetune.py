@@ -3,8 +3,8 @@
 The data directory must be encoded with the model's own tokenizer(s) (``aiayn prepare
 --tokenizer-from MODEL.pt``): the same SentencePiece model(s), by sha256, so every id means what
 it meant in training. The model configuration must be the checkpoint's, up to the fields that do
-not change its parameters or its function at inference (``REGULARIZATION_FIELDS``: dropout and
-speed switches), so a fine-tuning run may change dropout. What is loaded:
+not change its parameters or its function at inference (``aiayn.model.config.REGULARIZATION_FIELDS``:
+dropout), so a fine-tuning run may change dropout. What is loaded:
 
 - the weights, always;
 - with ``resume_optimizer``, Adam's moments and step counts too (the new run's Adam settings --
@@ -23,13 +23,10 @@ import torch
 
 from aiayn.config import to_dict
 from aiayn.errors import UserError
-from aiayn.model.config import ModelConfig
+from aiayn.model.config import ModelConfig, model_differences
 from aiayn import checkpoint as ck
 
 log = logging.getLogger(__name__)
-
-# ModelConfig fields a fine-tuning run may set differently from the checkpoint it starts from.
-REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn")
 
 
 def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
@@ -45,11 +42,10 @@ def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
 
 def check_model(ckpt: dict, path: Path, model_config: ModelConfig, model: torch.nn.Module) -> None:
     """The run's model configuration and parameter shapes must be the checkpoint's (up to
-    ``REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
-    saved = {**to_dict(ModelConfig()), **(ckpt.get("model_config") or {})}  # fields it predates: their defaults
-    here = to_dict(model_config)
-    fields = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in here.items()
-              if k not in REGULARIZATION_FIELDS and saved.get(k) != v]
+    ``aiayn.model.config.REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
+    # (fields the checkpoint predates: their defaults)
+    fields = [f"{k} {a!r} in the checkpoint, {b!r} here"
+              for k, a, b in model_differences(ckpt.get("model_config") or {}, to_dict(model_config))]
     if fields:
         raise UserError(f"{path}: a different model: " + "; ".join(fields)
                         + " (without --preset/--recipe, the run takes the checkpoint's configuration)")
