@@ -1,7 +1,6 @@
 """The ``aiayn parse`` commands, run through the real entry point."""
 import json
 import shutil
-import zipfile
 
 from aiayn.cli import main
 from aiayn.data.dataset import DataDir
@@ -9,6 +8,7 @@ from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS
 from aiayn.parsing.linearize import delinearize
 from aiayn.parsing.trees import parse_tree
+from tests.parsing.conftest import four_wsj_files
 
 
 def test_score_prints_evalb_summary(evalb_dir, capsys):
@@ -133,11 +133,7 @@ def test_prepare_refuses_concatenated_file(tmp_path, capsys):
 def test_prepare_overwrite_keeps_what_it_did_not_write(treebank_zip, tmp_path, capsys):
     """--overwrite replaces an earlier prepared treebank only: a run trained into it (docs/parsing.md
     trains into OUT/run), or the treebank it reads, is refused and kept."""
-    mrg = tmp_path / "mrg"
-    mrg.mkdir()
-    with zipfile.ZipFile(treebank_zip) as zf:
-        for n in ("0001", "0002", "0160", "0180"):
-            (mrg / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
+    mrg = four_wsj_files(treebank_zip, tmp_path / "mrg")
     out = tmp_path / "ptb"
     argv = ["parse", "prepare", "--treebank", str(mrg), "--out", str(out), "--no-data"]
     assert main(argv) == 0

@@ -3,7 +3,6 @@ import io
 import json
 import re
 import types
-import zipfile
 
 import pytest
 
@@ -14,6 +13,7 @@ from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS
 from aiayn.parsing.linearize import linearize
 from aiayn.parsing.trees import parse_tree
+from tests.parsing.conftest import four_wsj_files
 
 
 class StubTranslator:
@@ -54,11 +54,7 @@ FAST = ["--set", "train.save_every_min=0", "--set", "train.validate_every_steps=
 def tiny_parser(treebank_zip, tmp_path_factory):
     """A parser trained for 4 steps on four WSJ files (so all but untrained): (prepared dir, run dir)."""
     tmp_path = tmp_path_factory.mktemp("parser")
-    mrg = tmp_path / "mrg"
-    mrg.mkdir()
-    with zipfile.ZipFile(treebank_zip) as zf:
-        for n in ("0001", "0002", "0160", "0180"):          # train, train, dev, test
-            (mrg / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
+    mrg = four_wsj_files(treebank_zip, tmp_path / "mrg")
     out = tmp_path / "ptb"
     assert main(["parse", "prepare", "--treebank", str(mrg), "--out", str(out), "--vocab-size", "150",
                  "--num-workers", "1"]) == 0
@@ -221,11 +217,7 @@ def test_search_options_that_fight_the_tree_constraint_are_refused(tiny_parser, 
 def tiny_words_parser(treebank_zip, tmp_path_factory):
     """A parser of the ``words`` linearization, 2 steps on ``tiny_parser``'s four WSJ files: its run dir."""
     tmp_path = tmp_path_factory.mktemp("words_parser")
-    mrg = tmp_path / "mrg"
-    mrg.mkdir()
-    with zipfile.ZipFile(treebank_zip) as zf:
-        for n in ("0001", "0002", "0160", "0180"):
-            (mrg / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
+    mrg = four_wsj_files(treebank_zip, tmp_path / "mrg")
     out = tmp_path / "ptb"
     assert main(["parse", "prepare", "--treebank", str(mrg), "--out", str(out), "--vocab-size", "150",
                  "--num-workers", "1", "--linearization", "words"]) == 0

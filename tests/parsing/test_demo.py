@@ -1,6 +1,5 @@
 """``aiayn parse demo`` end to end on four WSJ files: the words linearization, a tiny model, resume."""
 import json
-import zipfile
 
 import pytest
 
@@ -8,6 +7,7 @@ from aiayn.cli import main
 from aiayn.parsing.evalb import evalb, read_lines
 from aiayn.parsing.evalb_params import COLLINS
 from aiayn.parsing.trees import parse_tree
+from tests.parsing.conftest import four_wsj_files
 
 TINY = ["--set", "model.n_layers=1", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_heads=2",
         "--set", "model.d_k=16", "--set", "model.d_v=16", "--set", "train.precision=fp32", "--set", "train.threads=1",
@@ -17,12 +17,7 @@ TINY = ["--set", "model.n_layers=1", "--set", "model.d_model=32", "--set", "mode
 
 @pytest.fixture
 def four_files(treebank_zip, tmp_path):
-    mrg = tmp_path / "mrg"
-    mrg.mkdir()
-    with zipfile.ZipFile(treebank_zip) as zf:
-        for n in ("0001", "0002", "0160", "0180"):          # train, train, dev, test
-            (mrg / f"wsj_{n}.mrg").write_bytes(zf.read(f"treebank/combined/wsj_{n}.mrg"))
-    return mrg
+    return four_wsj_files(treebank_zip, tmp_path / "mrg")
 
 
 def test_parse_demo_end_to_end_and_resumes(four_files, tmp_path, capsys):

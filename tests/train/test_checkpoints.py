@@ -75,13 +75,19 @@ def test_what_is_not_a_checkpoint_says_what_it_is(make, said, tmp_path, capsys):
     named for what it is, by every reader (``load_checkpoint``, ``upgrade_checkpoint``, the commands)."""
     path = tmp_path / "model.pt"
     make(path)
+    assert f"{path}: " in refused_by_every_reader(path, said, tmp_path, capsys)
+
+
+def refused_by_every_reader(path: Path, said: str, tmp_path: Path, capsys) -> str:
+    """``load_checkpoint`` and ``upgrade_checkpoint`` refuse ``path`` with an error that begins
+    "PATH: SAID", and ``aiayn translate`` exits 2: its standard error."""
     for read in (ck.load_checkpoint, lambda p: ck.upgrade_checkpoint(p, tmp_path / "new.pt")):
         with pytest.raises(UserError) as error:
             read(path)
         assert str(error.value).startswith(f"{path}: {said}"), str(error.value)
     (tmp_path / "in.txt").write_text("a\n")
     assert main(["translate", "--checkpoint", str(path), "--input", str(tmp_path / "in.txt")]) == 2
-    assert f"{path}: " in capsys.readouterr().err
+    return capsys.readouterr().err
 
 
 def test_the_checksum_golden():

@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn import checkpoint as ck
-from aiayn.cli import main
-from aiayn.errors import UserError
+from tests.train.test_checkpoints import refused_by_every_reader
 
 WEIGHTS = OrderedDict({"encoder.embed_tokens.weight": torch.zeros(4, 2)})
 
@@ -67,11 +65,5 @@ def hf_folder(p: Path) -> None:
 def test_another_toolkits_file_says_what_it_is(make, said, tmp_path, capsys):
     path = tmp_path / "model.pt"
     make(path)
-    for read in (ck.load_checkpoint, lambda p: ck.upgrade_checkpoint(p, tmp_path / "new.pt")):
-        with pytest.raises(UserError) as error:
-            read(path)
-        assert str(error.value).startswith(f"{path}: {said}"), str(error.value)
-    (tmp_path / "in.txt").write_text("a\n")
-    assert main(["translate", "--checkpoint", str(path), "--input", str(tmp_path / "in.txt")]) == 2
-    err = capsys.readouterr().err
+    err = refused_by_every_reader(path, said, tmp_path, capsys)
     assert err.startswith(f"aiayn translate: error: {path}: {said}") and err.count("\n") == 1, err
