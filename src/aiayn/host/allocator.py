@@ -34,8 +34,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
 import sys
+
+from aiayn.host.environment import env_choice
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,7 @@ def reuse_freed_memory() -> bool:
 
 def malloc_choice() -> str:
     """``AIAYN_MALLOC``: ``reuse`` (the default) or ``system``; a ``UserError`` naming it otherwise."""
-    choice = os.environ.get(ENV, "reuse")
-    if choice not in ("reuse", "system"):
-        from aiayn.errors import UserError
-        raise UserError(f"{ENV} must be 'reuse' or 'system', got {choice!r}")
-    return choice
+    return env_choice(ENV, ("reuse", "system"))
 
 
 def configure_from_env() -> bool:
@@ -90,11 +87,7 @@ def configure_from_env() -> bool:
 def trim_choice() -> str:
     """``AIAYN_HEAP_TRIM``: when training and decoding workers trim, of ``TRIM_CHOICES`` (default
     ``grown``, ``HeapGrowth``'s rule; ``always`` at every look, the least memory; ``never``)."""
-    choice = os.environ.get(TRIM_ENV, "grown")
-    if choice not in TRIM_CHOICES:
-        from aiayn.errors import UserError
-        raise UserError(f"{TRIM_ENV} must be one of {', '.join(TRIM_CHOICES)}, got {choice!r}")
-    return choice
+    return env_choice(TRIM_ENV, TRIM_CHOICES)
 
 
 def trim_unless_never() -> bool:

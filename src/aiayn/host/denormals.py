@@ -23,7 +23,7 @@ GPUs are unaffected (CUDA kernels flush or not by their own compilation flags).
 """
 from __future__ import annotations
 
-import os
+from aiayn.host.environment import env_choice
 
 ENV = "AIAYN_DENORMALS"
 CHOICES = ("flush", "keep")
@@ -38,11 +38,7 @@ def flush_denormals() -> bool:
 
 def choice() -> str:
     """``AIAYN_DENORMALS``, of ``CHOICES`` (default ``flush``); a ``UserError`` naming it otherwise."""
-    value = os.environ.get(ENV, "flush")
-    if value not in CHOICES:
-        from aiayn.errors import UserError
-        raise UserError(f"{ENV} must be 'flush' or 'keep', got {value!r}")
-    return value
+    return env_choice(ENV, CHOICES)
 
 
 def configure_from_env() -> bool:

@@ -19,6 +19,17 @@ NUMERIC_VARIABLES = ("AIAYN_DENORMALS", "AIAYN_KERNELS_MARCH", "ATEN_CPU_CAPABIL
                      "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
 
 
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name``, one of ``choices`` (the first where it is unset); a
+    ``UserError`` naming it and them otherwise."""
+    value = os.environ.get(name, choices[0])
+    if value not in choices:
+        from aiayn.errors import UserError
+        allowed = " or ".join(map(repr, choices)) if len(choices) == 2 else f"one of {', '.join(choices)}"
+        raise UserError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
 def source_commit(package_dir: Path) -> dict[str, Any] | None:
     """The git commit of the checkout that tracks ``package_dir`` (aiayn's package folder), and whether
     its tracked files differ from that commit (``modified``); None for an installed copy, or where git

@@ -28,6 +28,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aiayn.host.environment import env_choice
+
 ENV = "AIAYN_HUGEPAGES"
 CHOICES = ("on", "off")
 TORCH_ENV = "THP_MEM_ALLOC_ENABLE"  # read by c10's CPU allocator (c10/core/impl/alloc_cpu.cpp)
@@ -60,11 +62,7 @@ def use_huge_pages() -> bool:
 
 def choice() -> str:
     """``AIAYN_HUGEPAGES``, of ``CHOICES`` (default ``on``); a ``UserError`` naming it otherwise."""
-    value = os.environ.get(ENV, "on")
-    if value not in CHOICES:
-        from aiayn.errors import UserError
-        raise UserError(f"{ENV} must be 'on' or 'off', got {value!r}")
-    return value
+    return env_choice(ENV, CHOICES)
 
 
 def configure_from_env() -> bool:
