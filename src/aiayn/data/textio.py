@@ -194,6 +194,14 @@ def count_of(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def unaligned(src, n_src: int, tgt, n_tgt: int) -> InputError:
+    """The error for a source and target of ``n_src`` and ``n_tgt`` lines: it names the shorter file
+    at the first line it lacks, and both counts."""
+    return InputError(src if n_src < n_tgt else tgt, min(n_src, n_tgt) + 1,
+                      f"source and target line counts differ: source {src} has {count_of(n_src, 'line')}, "
+                      f"target {tgt} has {count_of(n_tgt, 'line')}")
+
+
 def read_pairs(src: Path, tgt: Path, what: str = "") -> Iterator[tuple[int, str, str]]:
     """(line number, source line, target line); an ``InputError`` if the line counts differ, or if
     there are none (``what``, as "valid", names the corpus in it)."""
@@ -203,9 +211,7 @@ def read_pairs(src: Path, tgt: Path, what: str = "") -> Iterator[tuple[int, str,
         if s is None or t is None:
             n_src = n - 1 + (s is not None) + sum(1 for _ in src_lines)
             n_tgt = n - 1 + (t is not None) + sum(1 for _ in tgt_lines)
-            short = src if s is None else tgt
-            raise InputError(short, n, f"source and target line counts differ: source {src} has "
-                                           f"{count_of(n_src, 'line')}, target {tgt} has {count_of(n_tgt, 'line')}")
+            raise unaligned(src, n_src, tgt, n_tgt)
         yield n, s, t
     if n == 0:
         raise InputError(src, None, f"empty {what + ' ' if what else ''}corpus: no lines (target {tgt})")

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.data.textio import count_lines, count_of, read_lines
+from aiayn.data.textio import count_lines, read_lines, unaligned
 from aiayn.demo.config import (CUDA_PROCESS_BYTES, DEMO_STEP_TOKENS, GPU_MEMBERS, GPU_STEP_DEVICE_S,
                                GPU_STEP_MATMUL_TFLOPS, RECIPES, DemoConfig)
-from aiayn.errors import InputError, UserError
+from aiayn.errors import UserError
 from aiayn.files import (check_output_path, claim_folder, refuse_input_as_output, refuse_inputs_inside,
                          write_json_atomic, write_text_output)
 from aiayn.progress import progress_bar
@@ -98,9 +98,7 @@ def subset(files: dict[str, Path], work: Path, cfg: DemoConfig) -> dict[str, Pat
             if len(pair) == 2:
                 (a, n_a), (b, n_b) = ((files[k], counts[k]) for k in pair)
                 if n_a != n_b:  # (two empty files are prepare's to refuse: its message names the split)
-                    raise InputError(a if n_a < n_b else b, min(n_a, n_b) + 1,
-                                     f"source and target line counts differ: source {a} has {count_of(n_a, 'line')}, "
-                                     f"target {b} has {count_of(n_b, 'line')}")
+                    raise unaligned(a, n_a, b, n_b)
         out[key] = work / key
         write_text_output(out[key], "".join(line + "\n" for line in lines))
     return out
