@@ -184,6 +184,11 @@ def installed_recipe(path: Path) -> Path:
 RECIPE_KEYS = ("preset", "model", "train", "description")  # a recipe file's top-level keys
 
 
+def _key_lines(text: str, key: str) -> list[int]:
+    """The lines of the JSON ``text`` where ``"key":`` stands, in order."""
+    return [text.count("\n", 0, m.start()) + 1 for m in re.finditer(rf'"{re.escape(key)}"\s*:', text)]
+
+
 def load_recipe(path: str | Path) -> RunConfig:
     """A recipe file: JSON ``{"preset": NAME?, "model": {...}, "train": {...}}`` (unknown keys are errors).
     A run directory's ``config.json`` is one: it names every field, so it trains the same configuration again.
@@ -195,7 +200,7 @@ def load_recipe(path: str | Path) -> RunConfig:
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: recipe file not found") from exc
     except _Repeated as exc:  # JSON itself keeps the last silently: a second "train" would drop the first
-        lines = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(rf'"{re.escape(exc.key)}"\s*:', text)]
+        lines = _key_lines(text, exc.key)
         at = f":{lines[1]}" if len(lines) > 1 else ""
         raise ConfigError(f'{path}{at}: "{exc.key}" given twice in one object; give each key once') from None
     except json.JSONDecodeError as exc:
@@ -213,8 +218,8 @@ def load_recipe(path: str | Path) -> RunConfig:
         raise ConfigError(f"{path}: {wrong[0]} must be an object of fields, got {type(data[wrong[0]]).__name__}")
     extra = [k for k in data if k not in RECIPE_KEYS]  # (the file's first)
     if extra:  # a misspelt section ("trian") as a misspelt field: its line and the close name
-        at = re.search(rf'"{re.escape(extra[0])}"\s*:', text)
-        line = f":{text.count(chr(10), 0, at.start()) + 1}" if at else ""
+        lines = _key_lines(text, extra[0])
+        line = f":{lines[0]}" if lines else ""
         raise ConfigError(f"{path}{line}: {unknown_field(extra[0], RECIPE_KEYS, 'a recipe')}")
     preset = data.get("preset", "base")
     if not isinstance(preset, str):
