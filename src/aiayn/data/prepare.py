@@ -52,7 +52,7 @@ import numpy as np
 from sentencepiece import sentencepiece_model_pb2
 
 from aiayn.config import ConfigError, param, replace, to_dict
-from aiayn.data.corpora import Corpus, check_corpora, check_lang, lang_token
+from aiayn.data.corpora import Corpus, check_corpora, check_lang
 from aiayn.data.store import FORMAT, MANIFEST, SIDES, VERSION, AtomicDir, NpyAppender, array_files, token_dtype
 from aiayn.data.textio import check_readable, read_pairs
 from aiayn.data.vocab import SPECIAL_IDS, UNK_ID, WORD_BOUNDARY, SentencePieceSpec, Tokenizer, train_sentencepiece
@@ -396,19 +396,20 @@ def _corpus_entry(part: Corpus, before: dict[str, int], after: dict[str, int], c
 
 def _source_symbols(parts: dict[str, list[Corpus]], cfg: PrepareConfig) -> list[str]:
     """The corpus tags and target-language tokens that start source sentences, in order of first use."""
-    found = [t for ps in parts.values() for c in ps for t in c.source_tokens(cfg.target_lang_token)]
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(token for token, _, _ in _symbol_origins(parts, cfg)))
 
 
 def _symbol_origins(parts: dict[str, list[Corpus]], cfg: PrepareConfig) -> Iterator[tuple[str, str, str]]:
     """(token, the option that gave it, the value as the tokenizer sees it) of each corpus tag and
-    target-language token that starts source sentences."""
+    target-language token that starts source sentences (``Corpus.source_tokens``)."""
     for c in (c for ps in parts.values() for c in ps):
-        if c.tag:
-            yield c.tag, f"--corpus {c.name} TAG {c.tag}", normalized(c.tag, cfg.lowercase)
-        lang, option = (c.lang, f"--corpus {c.name} LANG") if c.lang else (cfg.target_lang_token, "--target-lang-token")
-        if lang:
-            yield lang_token(lang), f"{option} {lang}", normalized(lang, cfg.lowercase)
+        for token in c.source_tokens(cfg.target_lang_token):
+            if token == c.tag:
+                given, option = c.tag, f"--corpus {c.name} TAG"
+            else:
+                given = c.lang or cfg.target_lang_token
+                option = f"--corpus {c.name} LANG" if c.lang else "--target-lang-token"
+            yield token, f"{option} {given}", normalized(given, cfg.lowercase)
 
 
 def _with_symbols(cfg: PrepareConfig, parts: dict[str, list[Corpus]]) -> PrepareConfig:
