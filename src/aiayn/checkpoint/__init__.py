@@ -11,10 +11,10 @@ from aiayn.checkpoint.format import (CHECKSUM, ENSEMBLE_FORMAT, SAFE_TORCH, STEP
                                      atomic_save, check_model_config, check_torch, checkpoint_members, content_sha256,
                                      ensemble_checkpoint, load_checkpoint, prune, rng_state_from_legacy, sealed,
                                      step_checkpoints, tokenizer_hashes, upgrade_checkpoint, verify)
-from aiayn.checkpoint.average import average_checkpoints, run_lineage
+from aiayn.checkpoint.average import REGULARIZATION_FIELDS, average_checkpoints, model_differences, run_lineage
 
-__all__ = ["CHECKSUM", "ENSEMBLE_FORMAT", "FORMAT", "SAFE_TORCH", "STEP_RE", "TRAINING_STATE", "Contents",
-           "atomic_copy", "atomic_save", "average_checkpoints", "check_model_config", "check_torch",
-           "checkpoint_members", "content_sha256", "ensemble_checkpoint", "load_checkpoint", "prune",
-           "rng_state_from_legacy", "run_lineage", "sealed", "step_checkpoints", "tokenizer_hashes",
-           "upgrade_checkpoint", "verify"]
+__all__ = ["CHECKSUM", "Contents", "ENSEMBLE_FORMAT", "FORMAT", "REGULARIZATION_FIELDS", "SAFE_TORCH", "STEP_RE",
+           "TRAINING_STATE", "atomic_copy", "atomic_save", "average_checkpoints", "check_model_config",
+           "check_torch", "checkpoint_members", "content_sha256", "ensemble_checkpoint", "load_checkpoint",
+           "model_differences", "prune", "rng_state_from_legacy", "run_lineage", "sealed", "step_checkpoints",
+           "tokenizer_hashes", "upgrade_checkpoint", "verify"]

@@ -5,6 +5,7 @@ docs/checkpoints.md, "Averaging checkpoints of one run").
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,24 @@ import torch
 from aiayn.checkpoint.contents import CHECKSUM
 from aiayn.checkpoint.format import TRAINING_STATE, content_sha256, load_checkpoint, tokenizer_hashes
 from aiayn.errors import UserError
-from aiayn.model.config import model_differences
+from aiayn.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
+
+
+# Fields that change neither a model's parameters nor what it computes at inference (dropout): a
+# fine-tuning run may set them apart from its checkpoint (``aiayn.train.finetune``), and checkpoints
+# that differ only in them are one model to ``average_checkpoints``.
+REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn")
+
+
+def model_differences(saved: dict, here: dict) -> list[tuple[str, object, object]]:
+    """The fields, REGULARIZATION_FIELDS aside, in which two configurations (``to_dict`` of a
+    ModelConfig; a field missing from either read as its default) differ: (field, saved's, here's)."""
+    default = {f.name: f.default for f in fields(ModelConfig)}
+    saved, here = {**default, **saved}, {**default, **here}
+    return [(k, saved.get(k), here.get(k)) for k in {**saved, **here}
+            if k not in REGULARIZATION_FIELDS and saved.get(k) != here.get(k)]
 
 
 def average_checkpoints(paths: list[str | Path], across_runs: bool = False) -> dict:
@@ -69,7 +85,7 @@ def average_checkpoints(paths: list[str | Path], across_runs: bool = False) -> d
 
 def _model_differences(ref: Any, cfg: Any) -> str:
     """How the model configuration ``cfg`` differs from the first checkpoint's ``ref``, dropout aside
-    (``aiayn.model.config.REGULARIZATION_FIELDS``: a model fine-tuned with another dropout is the same model), as
+    (``REGULARIZATION_FIELDS``: a model fine-tuned with another dropout is the same model), as
     "d_ff 256 there, 128 here"; "" where they are one model."""
     if not (isinstance(ref, dict) and isinstance(cfg, dict)):
         return "" if ref == cfg else "another model configuration"

@@ -65,21 +65,6 @@ class ModelConfig:
         return self.n_dec_layers if self.n_dec_layers is not None else self.n_layers
 
 
-# Fields that change neither a model's parameters nor what it computes at inference (dropout): a
-# fine-tuning run may set them apart from its checkpoint (``aiayn.train.finetune``), and checkpoints
-# that differ only in them are one model to ``aiayn.checkpoint.average_checkpoints``.
-REGULARIZATION_FIELDS = ("p_drop", "p_drop_attn", "p_drop_ffn")
-
-
-def model_differences(saved: dict, here: dict) -> list[tuple[str, object, object]]:
-    """The fields, REGULARIZATION_FIELDS aside, in which two configurations (``to_dict`` of a
-    ModelConfig; a field missing from either read as its default) differ: (field, saved's, here's)."""
-    default = {f.name: f.default for f in fields(ModelConfig)}
-    saved, here = {**default, **saved}, {**default, **here}
-    return [(k, saved.get(k), here.get(k)) for k in {**saved, **here}
-            if k not in REGULARIZATION_FIELDS and saved.get(k) != here.get(k)]
-
-
 # Bounds on the fields that size allocations, checked on every configuration a checkpoint
 # carries before any model is built from it (``check_limits``): far above any model of the
 # paper (big: d_model 1024, d_ff 4096, 16 heads, 6 layers), far below what would exhaust memory.

@@ -3,7 +3,7 @@
 The data directory must be encoded with the model's own tokenizer(s) (``aiayn prepare
 --tokenizer-from MODEL.pt``): the same SentencePiece model(s), by sha256, so every id means what
 it meant in training. The model configuration must be the checkpoint's, up to the fields that do
-not change its parameters or its function at inference (``aiayn.model.config.REGULARIZATION_FIELDS``:
+not change its parameters or its function at inference (``aiayn.checkpoint.REGULARIZATION_FIELDS``:
 dropout), so a fine-tuning run may change dropout. What is loaded:
 
 - the weights, always;
@@ -23,7 +23,7 @@ import torch
 
 from aiayn.config import to_dict
 from aiayn.errors import UserError
-from aiayn.model.config import ModelConfig, model_differences
+from aiayn.model.config import ModelConfig
 from aiayn import checkpoint as ck
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,10 @@ def check_tokenizers(ckpt: dict, path: Path, tokenizers: dict) -> None:
 
 def check_model(ckpt: dict, path: Path, model_config: ModelConfig, model: torch.nn.Module) -> None:
     """The run's model configuration and parameter shapes must be the checkpoint's (up to
-    ``aiayn.model.config.REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
+    ``aiayn.checkpoint.REGULARIZATION_FIELDS``); the error lists every field or parameter that differs."""
     # (fields the checkpoint predates: their defaults)
     fields = [f"{k} {a!r} in the checkpoint, {b!r} here"
-              for k, a, b in model_differences(ckpt.get("model_config") or {}, to_dict(model_config))]
+              for k, a, b in ck.model_differences(ckpt.get("model_config") or {}, to_dict(model_config))]
     if fields:
         raise UserError(f"{path}: a different model: " + "; ".join(fields)
                         + " (without --preset/--recipe, the run takes the checkpoint's configuration)")
