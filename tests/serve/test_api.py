@@ -95,7 +95,7 @@ def test_translate_settings_nbest_and_attention(client, translator, float_model)
     (b"[1, 2]", 422, "JSON object"),
     (b"{}", 422, "sentences: Field required"),
     (json.dumps({"sentences": "one string"}).encode(), 422, "sentences"),
-    (json.dumps({"sentences": [1, 2]}).encode(), 422, "sentences.0"),
+    (json.dumps({"sentences": [1, 2]}).encode(), 422, "sentences[0]: "),
     (json.dumps({"sentences": []}).encode(), 422, "at least one sentence"),
     (json.dumps({"sentences": ["a"], "colour": 1}).encode(), 422, "colour: Extra inputs"),
     (json.dumps({"sentences": ["a"], "beam": 0}).encode(), 422, "beam"),

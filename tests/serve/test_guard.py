@@ -150,7 +150,7 @@ DEEP = b'{"sentences": ["a"], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 @pytest.mark.parametrize("body, status, msg", [
     (b"[" * 1990 + b"]" * 1990, 400, "nested too deeply"),  # within the body limit of 4000 bytes
     (b'{"sentences": ' + b"[" * 1500 + b'"a"' + b"]" * 1500 + b"}", 400, "nested too deeply"),
-    (b'{"sentences": ' + b"[" * 500 + b'"a"' + b"]" * 500 + b"}", 422, "sentences.0"),
+    (b'{"sentences": ' + b"[" * 500 + b'"a"' + b"]" * 500 + b"}", 422, "sentences[0]"),
     (b'{"sentences": ["a"], "alpha": 1e308}', 422, "alpha: must be in [0, 10]"),
     (b'{"sentences": ["a"], "alpha": 1e999}', 422, "alpha"),
     (b'{"sentences": ["a"], "alpha": Infinity}', 400, "NaN and Infinity"),
@@ -170,7 +170,7 @@ DEEP = b'{"sentences": ["a"], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     (b'{"sentences": ["a"], "nbest": 100000000000000000000000000000}', 422, "nbest"),
     (b'{"sentences": ["a"], "attention": "yes"}', 422, "attention"),
     (b'{"sentences": ["a"], "attention": 1}', 422, "attention"),
-    (b'{"sentences": [null]}', 422, "sentences.0"),
+    (b'{"sentences": [null]}', 422, "sentences[0]"),
     (b'{"sentences": {"a": 1}}', 422, "sentences"),
     (b'"just a string"', 422, "JSON object"),
     (b"", 400, "not JSON"),

@@ -100,7 +100,8 @@ def plain(text: str, limit: int = 300) -> str:
 def _validation_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False, include_input=False):
-        where = ".".join(plain(str(x), 40) for x in err["loc"]) or "body"
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{plain(str(x), 40)}" for x in err["loc"])
+        where = where.lstrip(".") or "body"  # sentences[0], as the service's other messages name an item
         parts.append(f"{where}: {err['msg']}")
     return "; ".join(parts[:5])
 
