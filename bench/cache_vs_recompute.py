@@ -8,6 +8,9 @@ import os
 import sys
 import time
 
+if sys.argv[2:] or not all(a.isdigit() for a in sys.argv[1:]):
+    sys.exit(__doc__)  # the usage above, for --help or arguments that do not fit it
+
 import torch
 
 import aiayn.model as M

@@ -16,6 +16,8 @@ variants in alternating processes on an idle machine.
 """
 import sys, time
 from pathlib import Path
+if len(sys.argv) not in (5, 7) or not all(a.isdigit() for a in sys.argv[4:]):
+    sys.exit(__doc__)  # the usage above, for --help or arguments that do not fit it
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aiayn.host.hugepages import use_huge_pages
 use_huge_pages()
