@@ -395,6 +395,60 @@ def test_a_file_missing_from_a_local_mirror_names_it_not_the_network(tmp_path):
     assert "network" not in text and "connect" not in text
 
 
+def _local_mirror(repo_files: dict[str, bytes], folder: Path) -> Path:
+    """A folder laid out as the repository, holding its files."""
+    for path, body in repo_files.items():
+        (folder / path[1:]).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path[1:]).write_bytes(body)
+    return folder
+
+
+def test_a_file_url_without_slashes_is_a_url(repo_files, tmp_path, capsys):
+    """``--base-url file:/abs/path`` (a file URL in its short form) is that folder, not a folder named
+    "file:" below the current one."""
+    from aiayn.cli import main
+    mirror = _local_mirror(repo_files, tmp_path / "mirror")
+    assert fetch_module.mirror_url(f"file:{mirror}") == f"file:{mirror}/"
+    out = tmp_path / "d"
+    assert main(["data", "multi30k", "--base-url", f"file:{mirror}", "--out", str(out), "--quiet"]) == 0
+    assert multi30k.multi30k_files(out, "en", "de", given=True)["raw.valid.de"].read_bytes() == \
+        repo_files["/" + VAL_DE.remote]
+
+
+def test_a_folder_where_a_file_goes_is_refused_before_the_download(repo_files, tmp_path, capsys):
+    """A folder at a file's name (the download could not take it) stops with one line naming it, before
+    any byte is fetched: no ``.part`` is left, the folder is as it was."""
+    from aiayn.cli import main
+    mirror = _local_mirror(repo_files, tmp_path / "mirror")
+    out = tmp_path / "d"
+    in_the_way = out / "multi30k" / "raw" / "train.en.gz"
+    in_the_way.mkdir(parents=True)
+    assert main(["data", "multi30k", "--base-url", str(mirror), "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"aiayn data: error: {in_the_way}: exists and is not a file; remove it (or give another --out, or "
+        f"$AIAYN_CACHE) and run again")
+    assert [p.name for p in in_the_way.parent.iterdir()] == ["train.en.gz"] and in_the_way.is_dir()
+
+
+@pytest.mark.parametrize("dataset", ["multi30k", "ptb-sample", "wmt14"])
+def test_an_empty_base_url_is_refused_not_read_as_no_mirror(dataset, tmp_path, monkeypatch, capsys):
+    """``--base-url "$MIRROR"`` with the variable unset: refused, not a download from the data set's site."""
+    from aiayn.cli import main
+    from aiayn.data import ptb_sample, wmt14
+    fetched = []
+    for module in (multi30k, ptb_sample, wmt14):
+        monkeypatch.setattr(module, "fetch_all", lambda base, *args, **kwargs: fetched.append(base) or [])
+    for env in ("AIAYN_DATA_URL", "AIAYN_NLTK_DATA_URL", "AIAYN_WMT14_URL"):
+        monkeypatch.delenv(env, raising=False)
+    with pytest.raises(SystemExit) as stopped:  # argparse's error: usage, then the line
+        main(["data", dataset, "--base-url", "", "--out", str(tmp_path / "d")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"aiayn data {dataset}: error: argument --base-url: empty; give a mirror's URL or folder, or leave "
+        f"--base-url out")
+    assert fetched == []
+
+
 @pytest.fixture
 def no_local_data(monkeypatch, tmp_path):
     """No Multi30k anywhere on this machine but in the cache, which starts empty."""

@@ -115,6 +115,45 @@ def test_an_ensemble_member_is_checked_too(tmp_path):
         ck.load_checkpoint(tmp_path / "ens.pt", ensemble_ok=True)
 
 
+@pytest.mark.parametrize("members", [[1, 2], "ab", {"a": {}}])
+@pytest.mark.parametrize("seal", [True, False])
+def test_an_ensemble_file_whose_members_are_not_checkpoints_is_one_line(members, seal, tmp_path, capsys):
+    """A file that says it is an ensemble but whose members are not a list of checkpoint dicts: one line
+    naming it from every reader (a sealed one, and one without a checksum that the converter reads)."""
+    path = tmp_path / "ens.pt"
+    body = {"format": ck.ENSEMBLE_FORMAT, "members": members}
+    torch.save(ck.sealed(body) if seal else body, path)
+    said = f"{path}: not an aiayn ensemble file: its members are not a list of checkpoints (what aiayn ensemble writes)"
+    for argv in (["upgrade-checkpoint", str(path), "--out", str(tmp_path / "new.pt")],
+                 ["ensemble", str(path), "--out", str(tmp_path / "e.pt")]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"aiayn {argv[0]}: error: {said}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ens.pt"]
+
+
+@pytest.mark.parametrize("cut", [22, 9, 1, "half", 5000, 100])
+def test_a_checkpoint_cut_short_says_so(cut, tmp_path, capsys):
+    """A checkpoint file cut short anywhere (a copy or a download that stopped: here its last ``cut``
+    bytes gone, or all but its first ``cut``) is named as cut short by every reader, not by torch's
+    "Invalid argument" or "failed finding central directory"."""
+    whole = tmp_path / "whole.pt"
+    ck.atomic_save(_handmade(), whole)
+    data = whole.read_bytes()
+    kept = {"half": len(data) // 2, 5000: 5000, 100: 100}.get(cut, len(data) - cut if isinstance(cut, int) else 0)
+    path = tmp_path / "cut.pt"
+    path.write_bytes(data[:kept])
+    said = (f"{path}: not a readable checkpoint (its zip archive has no end record in its last 64 KiB: cut short by "
+            f"a copy, a download or a write that stopped early, or followed by other bytes); use another copy or an "
+            f"earlier checkpoint")
+    for read in (ck.load_checkpoint, lambda p: ck.upgrade_checkpoint(p, tmp_path / "new.pt")):
+        with pytest.raises(UserError) as error:
+            read(path)
+        assert str(error.value) == said
+    assert main(["ensemble", str(path), "--out", str(tmp_path / "e.pt")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"aiayn ensemble: error: {said}"]
+    ck.load_checkpoint(whole)  # the whole file reads
+
+
 def test_the_presets_are_within_bounds():
     from aiayn.model.config import PRESETS, check_limits
     for name in PRESETS:

@@ -1,6 +1,9 @@
 """Figures: attention heat maps from the model's own weights, Eq. 3 curves, label smoothing."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -152,10 +155,44 @@ def test_smoothing_plot_shows_smoothed_targets(tmp_path, monkeypatch):
     (["plot", "lr", "--scale", "inf"], "--scale"),
     (["plot", "lr", "--scale", "0"], "--scale"),
     (["plot", "lr", "--scale", "-1"], "--scale"),
+    (["plot", "lr", "--pairs", "\u00b2:4000"], "D_MODEL:WARMUP"),  # a digit to str.isdigit, not to int()
+    (["plot", "lr", "--pairs", "\u0665\u0661\u0662:4000"], "D_MODEL:WARMUP"),  # Arabic-Indic digits
+    (["plot", "lr", "--pairs", "9" * 400 + ":4000"], "d_model must be in [1, 65,536]"),
+    (["plot", "lr", "--pairs", "512:" + "9" * 400], "warmup at most 2^53"),
+    (["plot", "lr", "--steps", str(2 ** 53 + 1)], "--steps must be in [1, 2^53]"),
+    (["plot", "lr", "--steps", str(10 ** 20)], "--steps must be in [1, 2^53]"),
 ])
 def test_cli_plot_bad_arguments_exit_2(argv, msg, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path / "x.png")]) == 2
-    assert msg in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "x.png").exists()
+
+
+def test_the_largest_steps_and_pairs_allowed_draw(tmp_path, capsys):
+    """The bounds of --steps and --pairs are values the curves are computed at."""
+    out = tmp_path / "x.png"
+    assert main(["plot", "lr", "--steps", str(2 ** 53), "--pairs", f"65536:{2 ** 53}", "1:1", "--out", str(out)]) == 0
+    assert_real_png(out, min_bytes=3000)
+
+
+def aiayn_with_file_size_limit(argv: list[str], limit: int) -> subprocess.CompletedProcess:
+    """``aiayn ARGV`` in a new process whose files may grow to ``limit`` bytes (RLIMIT_FSIZE: a write
+    past it fails as on a full disk, with EFBIG; Python ignores SIGXFSZ)."""
+    code = (f"import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+            f"from aiayn.cli import main\nsys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("figure", ["lr", "smoothing"])
+def test_a_figure_that_cannot_be_written_is_one_line_and_keeps_the_earlier_one(figure, tmp_path):
+    """A full disk (here a file-size limit smaller than the PNG) stops with one line naming --out; the
+    earlier figure is as it was and no temporary is left beside it."""
+    out = tmp_path / "figure.png"
+    out.write_bytes(b"earlier figure")
+    proc = aiayn_with_file_size_limit(["plot", figure, "--out", str(out), "--overwrite"], 2000)
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (
+        2, [f"aiayn plot: error: {out}: cannot write (File too large); an earlier figure there is intact"])
+    assert out.read_bytes() == b"earlier figure" and sorted(p.name for p in tmp_path.iterdir()) == ["figure.png"]
 
 
 def test_plots_never_replace_what_they_did_not_write(tiny_checkpoint, tmp_path, capsys):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from aiayn.cli import main
+from aiayn.errors import WriteError
 from aiayn.train.objective import Schedule, noam_lr
 from aiayn.viz import run_lr
 from tests.viz.test_plots import assert_real_png
@@ -159,6 +160,7 @@ def test_a_last_line_cut_short_is_left_out_with_a_warning(ramp_run, tmp_path, dr
     ("missing", "{run}: not found; --run takes a run directory"),
     ("checkpoint", "{run}: not a folder; --run takes a run directory that aiayn train wrote; its run directory is"),
     ("no config", "{run}/config.json: not found; --run takes a run directory"),
+    ("config folder", "{run}/config.json: not a file; --run takes a run directory"),
     ("no log", "{run}/train_log.jsonl: not found"),
     ("no lr", "{run}/train_log.jsonl: no line holds an lr (1 line(s))"),
     ("bad line", "{run}/train_log.jsonl:2: not a train-log line"),
@@ -183,6 +185,9 @@ def test_bad_runs_are_one_line_naming_the_file(ramp_run, tmp_path, capsys, case,
             (run / "train_log.jsonl").unlink()
         if case == "bad config":
             (run / "config.json").write_text("{")
+        if case == "config folder":
+            (run / "config.json").unlink()
+            (run / "config.json").mkdir()
     out = tmp_path / "lr.png"
     assert main(["plot", "lr", "--run", str(run), "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -277,7 +282,7 @@ def test_a_figure_replaces_an_earlier_one_in_one_step(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", failing)
-    with pytest.raises(OSError):
+    with pytest.raises(WriteError, match=r"lr.png: cannot write \(No space left on device\)"):  # one line without --debug
         main(["--debug", "plot", "lr", "--steps", "100", "--out", str(mine), "--overwrite"])
     assert mine.read_bytes() == b"the earlier figure"
     assert [p.name for p in tmp_path.iterdir()] == ["lr.png"]  # no temporary left behind

@@ -147,8 +147,12 @@ def check_kind(ckpt: Any, path: str | Path, ensemble_ok: bool) -> None:
             raise UserError(f"{path}: an ensemble of {len(ckpt.get('members', []))} models, which only translation "
                             f"reads (translate, evaluate, serve); training, resuming, averaging and export take "
                             f"single checkpoints")
-        if not ckpt.get("members"):
+        members = ckpt.get("members")
+        if not members:
             raise UserError(f"{path}: an ensemble file without members")
+        if not (isinstance(members, list) and all(isinstance(m, dict) for m in members)):
+            raise UserError(f"{path}: not an aiayn ensemble file: its members are not a list of checkpoints "
+                            f"(what aiayn ensemble writes)")
     elif not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         kind = checkpoint_kind(ckpt)
         if kind is not None:
@@ -261,7 +265,8 @@ TORCH_SAVE_STARTS = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; the pi
 
 
 def check_saved_file(path: Path) -> None:
-    """``path`` is a file that begins as ``torch.save`` writes one, else a UserError saying what it is."""
+    """``path`` is a file that begins as ``torch.save`` writes one and, a zip archive, is not cut short
+    (``_has_archive_end``), else a UserError saying what it is."""
     if path.is_dir():
         raise UserError(f"{path}: {directory_hint(path)}")
     try:
@@ -275,9 +280,25 @@ def check_saved_file(path: Path) -> None:
         raise UserError(f"{path}: empty, not a checkpoint")
     if not head.startswith(TORCH_SAVE_STARTS):
         raise UserError(f"{path}: {safetensors_hint(head) or f'not a checkpoint: it begins {head[:4]!r}, not as torch.save writes a file'}")
+    if head.startswith(TORCH_SAVE_STARTS[0]) and not _has_archive_end(path):
+        raise UserError(f"{path}: not a readable checkpoint (its zip archive has no end record in its last 64 KiB: "
+                        f"cut short by a copy, a download or a write that stopped early, or followed by other "
+                        f"bytes); use another copy or an earlier checkpoint")
 
 
 ZIP_END = b"PK\x05\x06"  # the zip archive's end record, 22 bytes where no comment follows (torch.save writes none)
+ZIP_END_SEARCH = 22 + 0xFFFF  # where a zip reader looks for the end record: the record and the longest comment
+
+
+def _has_archive_end(path: Path) -> bool:
+    """Whether ``path``'s last ``ZIP_END_SEARCH`` bytes hold a whole zip end record (22 bytes): a file
+    cut short has none, nor one followed by more than 64 KiB (torch.load's errors then name no cause:
+    "Invalid argument", "failed finding central directory")."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, 2) - ZIP_END_SEARCH))
+        tail = f.read()
+    found = tail.rfind(ZIP_END)
+    return found >= 0 and len(tail) - found >= 22
 
 
 def check_archive_end(path: Path) -> None:

@@ -7,6 +7,14 @@ import argparse
 from pathlib import Path
 
 
+def _base_url(text: str) -> str:
+    """``--base-url``: a mirror's URL or folder; an empty one (an unset variable, ``--base-url "$MIRROR"``)
+    is refused rather than read as no mirror, which would fetch from the data set's own site."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; give a mirror's URL or folder, or leave --base-url out")
+    return text
+
+
 def register(subparsers) -> None:
     d = subparsers.add_parser(
         "data", help="download a data set's files (checked against pinned SHA-256 sums, resumable)",
@@ -23,7 +31,7 @@ def register(subparsers) -> None:
     m.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="data root to fill (DIR/multi30k/raw, DIR/multi30k/tok); default: the cache ($AIAYN_CACHE, "
                         "else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), where `aiayn demo` looks")
-    m.add_argument("--base-url", default=None, metavar="URL",
+    m.add_argument("--base-url", type=_base_url, default=None, metavar="URL",
                    help="a mirror holding the repository's paths data/task1/raw/... and data/task1/tok/..., a URL "
                         "or a local folder (default: $AIAYN_DATA_URL, else "
                         "https://raw.githubusercontent.com/multi30k/dataset/master/)")
@@ -37,7 +45,7 @@ def register(subparsers) -> None:
     w.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="folder to fill (DIR/wmt14/); default: the cache ($AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn or "
                         "~/.cache/aiayn)")
-    w.add_argument("--base-url", default=None, metavar="URL",
+    w.add_argument("--base-url", type=_base_url, default=None, metavar="URL",
                    help="a mirror holding statmt.org's paths, a URL or a local folder (default: $AIAYN_WMT14_URL, else "
                         "https://www.statmt.org/)")
     w.add_argument("--unpack", action="store_true",
@@ -49,7 +57,7 @@ def register(subparsers) -> None:
     t.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="data root to fill (DIR/ptb-wsj-nltk-sample/treebank.zip); default: the cache ($AIAYN_CACHE, "
                         "else $XDG_CACHE_HOME/aiayn or ~/.cache/aiayn), where `aiayn parse demo` looks")
-    t.add_argument("--base-url", default=None, metavar="URL",
+    t.add_argument("--base-url", type=_base_url, default=None, metavar="URL",
                    help="a mirror holding the repository's path packages/corpora/treebank.zip, a URL or a local "
                         "folder (default: $AIAYN_NLTK_DATA_URL, else "
                         "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/)")

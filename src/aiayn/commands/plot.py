@@ -14,6 +14,7 @@ from aiayn.files import check_output_file
 
 LR_PAIRS = ("512:4000", "512:8000", "256:4000")  # the Annotated Transformer's
 LR_STEPS = 20000
+LR_MAX_STEPS = 2 ** 53  # steps and warmups held exactly by the float64 the curves are computed in
 ATTENTION_DECODE = ("beam_size", "alpha", "max_len_a", "max_len_b")  # the DecodeConfig fields plot attention takes
 
 
@@ -129,12 +130,19 @@ def _png_out(path: str, overwrite: bool) -> str:
 
 
 def _pairs(texts: list[str]) -> list[tuple[int, int]]:
+    """``--pairs``: (d_model, warmup_steps) each, d_model within the model's ``LIMITS`` and warmup
+    at most ``LR_MAX_STEPS``."""
+    from aiayn.model.config import LIMITS
+    lo, hi = LIMITS["d_model"]
     out = []
     for t in texts:
-        d, _, w = t.partition(":")
-        if not (d.isdigit() and w.isdigit() and int(d) > 0 and int(w) > 0):
+        found = re.fullmatch(r"([0-9]+):([0-9]+)", t)  # ASCII digits: str.isdigit takes "²", which int() refuses
+        if found is None or int(found[1]) < 1 or int(found[2]) < 1:
             raise UserError(f"--pairs {t!r}: expected D_MODEL:WARMUP with positive integers, e.g. 512:4000")
-        out.append((int(d), int(w)))
+        d, w = int(found[1]), int(found[2])
+        if not (lo <= d <= hi and w <= LR_MAX_STEPS):
+            raise UserError(f"--pairs {t!r}: d_model must be in [{lo:,}, {hi:,}] and warmup at most 2^53")
+        out.append((d, w))
     return out
 
 
@@ -151,8 +159,8 @@ def run_lr(args: argparse.Namespace) -> int:
         return 0
     steps = LR_STEPS if args.steps is None else args.steps
     scale = 1.0 if args.scale is None else args.scale
-    if steps < 1:
-        raise UserError(f"--steps must be >= 1, got {steps}")
+    if not 1 <= steps <= LR_MAX_STEPS:
+        raise UserError(f"--steps must be in [1, 2^53], got {steps}")
     if not (math.isfinite(scale) and scale > 0):  # (else an empty or a NaN plot, written silently)
         raise UserError(f"--scale must be a positive finite number, got {scale}")
     print(plot_lr(_png_out(args.out, args.overwrite), _pairs(args.pairs or list(LR_PAIRS)), steps, scale))

@@ -75,8 +75,9 @@ def sha256_of(path: Path) -> str:
 
 
 def mirror_url(base: str) -> str:
-    """``base`` as a URL ending in "/": a URL as it is, a local folder (no "scheme://") as its file: URL."""
-    if "://" not in base:
+    """``base`` as a URL ending in "/": a URL as it is (``file:/path`` too, a file URL without "//"),
+    a local folder (no "scheme://") as its file: URL."""
+    if "://" not in base and not base.startswith("file:"):
         base = Path(base).expanduser().absolute().as_uri()
     return base if base.endswith("/") else base + "/"
 
@@ -208,11 +209,16 @@ def fetch(url: str, dest: Path, pinned: Pinned, *, quiet: bool = False, timeout:
     """``dest`` downloaded from ``url`` and checked against ``pinned.sha256`` (``pinned.md5`` where
     no SHA-256 is pinned; ``pinned``'s own paths are not read: ``url`` and ``dest`` are the full
     ones); an existing ``dest`` is kept as it is if it has ``pinned.size`` bytes (it was checked
-    when it was written). ``pinned.size``: the file's bytes (None: the server's word, up to
-    ``UNPINNED_MAX``); a server that gives another size is a mismatch (the ``.part`` removed), one
-    that sends more is refused; a longer ``.part`` is started over. ``timeout``: seconds per read;
-    ``deadline_s``: for the whole download (default: ``DEADLINE_BASE_S`` and ``MIN_RATE``'s time)."""
+    when it was written), and a folder there is refused before any byte is fetched. ``pinned.size``:
+    the file's bytes (None: the server's word, up to ``UNPINNED_MAX``); a server that gives another
+    size is a mismatch (the ``.part`` removed), one that sends more is refused; a longer ``.part`` is
+    started over. ``timeout``: seconds per read; ``deadline_s``: for the whole download (default:
+    ``DEADLINE_BASE_S`` and ``MIN_RATE``'s time)."""
     sha256, size, md5 = pinned.sha256, pinned.size, pinned.md5
+    if dest.is_dir() or (os.path.lexists(dest) and not dest.is_file() and not dest.is_symlink()):
+        # (the download could not take its name; a dangling link is replaced)
+        raise UserError(f"{dest}: exists and is not a file; remove it (or give another --out, or $AIAYN_CACHE) "
+                        f"and run again")
     if dest.is_file():
         kept = dest.stat().st_size
         if size is not None and kept != size:

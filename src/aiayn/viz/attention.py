@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.errors import UserError
+from aiayn.errors import UserError, WriteError
 from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,14 @@ def plot_attention(translator, src_text: str, out_dir: str | Path) -> list[Path]
 
 def save_figure(fig, out: str | Path) -> Path:
     """Write ``fig`` as a PNG (creating the directory) in one step (``atomic_write``: an interrupted
-    write leaves the earlier file whole), close it, return the path."""
+    write leaves the earlier file whole), close it, return the path. A write that fails (a full
+    disk, a folder that refuses it) is a WriteError naming ``out``."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
+    except OSError as exc:
+        raise WriteError(f"{out}: cannot write ({exc.strerror or exc}); an earlier figure there is intact") from None
     finally:
         agg_pyplot().close(fig)
     return out

@@ -117,8 +117,8 @@ def run_schedule(run_dir: Path) -> Schedule:
     from aiayn.train.loop import schedule_of
     path = run_dir / "config.json"
     if not path.is_file():
-        raise UserError(f"{path}: not found; --run takes a run directory that aiayn train wrote "
-                        f"(config.json, train_log.jsonl)")
+        raise UserError(f"{path}: {'not a file' if os.path.lexists(path) else 'not found'}; --run takes a run "
+                        f"directory that aiayn train wrote (config.json, train_log.jsonl)")
     try:
         cfg = load_recipe(path)
     except ConfigError as exc:
