@@ -213,3 +213,13 @@ def test_estimate_reads_set_as_train_does(capsys):
     assert main(["estimate", "--recipe", recipe, "--set", "train.precision=fp16", "--precision", "bf16"]) == 2
     assert capsys.readouterr().err == ("aiayn estimate: error: --set train.precision=fp16 and --precision bf16 "
                                        "disagree; give the field once\n")
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"preset": "tiny",\n "train": {"seed": 3,}}', ":2: invalid JSON: Expecting property name enclosed in double quotes "
+                                                    "at column 22"),
+    ('{"preset": "ti\tny"}', ":1: invalid JSON: Invalid control character at column 15"),
+])
+def test_invalid_json_names_its_column(tmp_path, text, says):
+    """json's message alone reads cut short ("Invalid control character at"); the column ends it."""
+    assert _refusal(tmp_path, text) == says

@@ -205,7 +205,8 @@ def load_recipe(path: str | Path) -> RunConfig:
         raise ConfigError(f'{path}{at}: "{exc.key}" given twice in one object; give each key once') from None
     except json.JSONDecodeError as exc:
         comment = exc.doc[exc.pos:].lstrip().startswith(("//", "/*", "#"))
-        why = "a comment (JSON has none; a recipe's \"description\" holds text)" if comment else exc.msg
+        why = ("a comment (JSON has none; a recipe's \"description\" holds text)" if comment
+               else f"{exc.msg.removesuffix(' at')} at column {exc.colno}")  # msg alone: "Invalid control character at"
         raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {why}") from exc
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a recipe (not UTF-8 text)") from None
