@@ -92,3 +92,9 @@ def test_a_bad_option_value_names_what_the_option_expects(argv, said, capsys):
 def test_help_shows_no_docstring_markup(path, parser):
     """A description taken from a module docstring shows `code`, not reStructuredText's ``code``."""
     assert "``" not in parser.format_help()
+
+
+def test_every_command_help_opens_with_a_description():
+    """``aiayn train --help`` (and presets, average, export, import) listed options alone: what the
+    command does was said only by ``aiayn --help``."""
+    assert [" ".join(path) for path, parser in ALL if not parser.description] == []

@@ -40,7 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
         mod.register(sub)
     for name, command in sub.choices.items():
         _command_options(command, name in PROGRESS_COMMANDS)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each command's ``--help`` opens with a description: where its module gives none, the line that
+    ``aiayn --help`` lists it with (for commands below commands too)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            said = {a.dest: a.help for a in action._choices_actions}
+            for name, command in action.choices.items():
+                if command.description is None and said.get(name):
+                    command.description = said[name][0].upper() + said[name][1:] + "."
+                _describe(command)
 
 
 class PrintVersion(argparse.Action):
