@@ -136,11 +136,34 @@ def _compile(cc: str, out: Path, archs: tuple[list[str], ...] | None = None) -> 
             return None
         out.unlink(missing_ok=True)
         errors.append(err if done is None else (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1])
-    if given and archs is None and done is not None and march in done.stderr:  # it refused the target named
-        said = next(line for line in done.stderr.splitlines() if march in line).strip()
+    if given and archs is None and done is not None:  # a target the user named that the compiler refuses
+        _refuse_target(march, done.stderr)
+    return "; ".join(errors)
+
+
+def _refuse_target(march: str, stderr: str) -> None:
+    """A UserError where the compiler's ``stderr`` names the target ``march`` (it refused it)."""
+    if march in stderr:
+        said = next(line for line in stderr.splitlines() if march in line).strip()
         raise UserError(f"{MARCH_ENV}={march}: the compiler refuses it ({said}); name a target it knows "
                         f"(x86-64-v3, x86-64-v4, native) or unset it")
-    return "; ".join(errors)
+
+
+def check_target() -> None:
+    """``$AIAYN_KERNELS_MARCH`` checked before a command's work, as ``load`` would refuse it at its first
+    build (the same UserError): a target name, and one the compiler knows (asked with -E, no build).
+    ``native``, or no compiler (PyTorch's operations then), passes; so does a target this CPU lacks
+    instructions of, which ``load`` declines with a warning (kernels/target.py)."""
+    march, cc = _march(), _compiler()
+    if march == "native" or cc is None:
+        return
+    cmd = [*cc.split(), f"-march={march}", "-dM", "-E", "-x", "c", os.devnull]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # the build says why, if it fails too
+    if done.returncode != 0:
+        _refuse_target(march, done.stderr)
 
 
 class Kernels:

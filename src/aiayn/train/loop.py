@@ -33,6 +33,7 @@ from aiayn.data.vocab import joint_vocabulary
 from aiayn.errors import UserError
 from aiayn.files import check_ancestors
 from aiayn.host.allocator import TRIM_EVERY_STEPS, HeapGrowth, trim_choice, trim_unless_never
+from aiayn.kernels.loader import check_target
 from aiayn.model.transformer import Transformer, count_parameters
 from aiayn.train import finetune
 from aiayn.train import runtime as rt
@@ -40,7 +41,7 @@ from aiayn.train.config import RunConfig, TrainConfig, batching, unused_settings
 from aiayn.train.ema import WeightAverage
 from aiayn.train.monitor import Monitor, summary
 from aiayn.train.objective import Schedule, optimizer_for
-from aiayn.train.rundir import RunLock, remove_stale_temps
+from aiayn.train.rundir import Claim, remove_stale_temps
 from aiayn.train.step import Step, TrainStep
 from aiayn.train.validation import Validator
 
@@ -85,26 +86,28 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
     rank holds the run directory's lock (``rundir.RunLock``) until it returns. ``init_from``: a new
     run starts from that checkpoint's weights (and with ``resume_optimizer`` its Adam state;
     ``aiayn.train.finetune``)."""
+    check_target()  # AIAYN_KERNELS_MARCH, refused before the data is read (the C kernels load at the first step)
     with contextlib.ExitStack() as held:
         state = _train(data_dir, run_dir, cfg, progress, held, init_from, resume_optimizer)
     rt.leave_process_group()  # every rank has passed the end's barrier
     return state
 
 
-def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
+def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> Claim:
     """The main rank's claim on ``run_dir``: created, locked for this process, and cleared of the
-    temporaries an earlier killed run left."""
+    temporaries an earlier killed run left; until the claim's ``begun``, a refused start removes what
+    it made (``rundir.Claim``)."""
     check_ancestors(run_dir)
     if os.path.lexists(run_dir) and not run_dir.is_dir():
         raise UserError(f"{run_dir}: exists and is not a folder; choose another --out")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        held.enter_context(RunLock(run_dir))
+        claim = held.enter_context(Claim(run_dir))
     except OSError as exc:  # no permission, a read-only disk (a full one is said where the command catches it)
         if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
             raise
         raise UserError(f"{exc.filename or run_dir}: cannot write ({exc.strerror}); choose another --out") from None
     remove_stale_temps(run_dir)
+    return claim
 
 
 def _train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: bool,
@@ -178,8 +181,7 @@ class _Run:
         self.dist, self.device = place.dist, place.device
         self.heap = HeapGrowth(TRIM_EVERY_STEPS, when=trim_choice())  # AIAYN_HEAP_TRIM checked at start
         self.validator = Validator(data, cfg.train, cfg.model, place)
-        if self.dist.is_main:
-            _start_run_dir(run_dir, held)
+        claim = _start_run_dir(run_dir, held) if self.dist.is_main else None
         tokenizers = tokenizer_payload(data)
         resume = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
         saved = resume.saved if resume is not None else None
@@ -220,6 +222,8 @@ class _Run:
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
         held.callback(self.monitor.end)  # the bar ended, TensorBoard written, however the run stops (Ctrl-C)
         self.pending_tokens = 0  # this rank's target tokens since the last synchronization point
+        if claim is not None:  # every check passed: from here on what the run writes stays
+            claim.begun = True
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
@@ -296,7 +300,7 @@ class _Run:
             self.state.train_seconds = self.clock()
         if self.dist.is_main:
             self.monitor.close(summary(self.state, self.checkpoints.best_metric, self.n_params, self.place,
-                                       stop_reason, valid))
+                                       stop_reason, valid, self.stream.epochs))
         if self.dist.enabled:
             torch.distributed.barrier()
 

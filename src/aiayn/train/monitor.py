@@ -28,7 +28,7 @@ class Monitor:
 
     def __init__(self, run_dir: Path, state: TrainState, is_main: bool, progress: bool, max_steps: int):
         self.run_dir, self.state, self.is_main = run_dir, state, is_main
-        self.jsonl = self.writer = self.bar = None
+        self.jsonl = self.writer = self.bar = self.earlier_summary = None
         self.logs_above_bar = contextlib.ExitStack()
         self.max_steps = max_steps if max_steps < 1_000_000 else None  # a time-bounded run has no step total
         self.window_tokens, self.window_t0 = 0, time.monotonic()  # since the last train-log line
@@ -38,6 +38,8 @@ class Monitor:
         # them is dropped (the train log's lines, TensorBoard's events from the next step on), so that
         # each step has the numbers of the weights it went on from.
         forget_after(run_dir / "train_log.jsonl", state.step)
+        # a finished run's summary, which a run that trains on from its checkpoint outdates (``advance``)
+        self.earlier_summary = run_dir / "summary.json"
         self.jsonl = open(run_dir / "train_log.jsonl", "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -102,6 +104,12 @@ class Monitor:
                       **({"rss_mb": rss} if rss is not None else {})})
 
     def advance(self) -> None:
+        """A step counted. At the first, a finished run's ``summary.json`` is removed: the run goes on
+        past the checkpoint it describes, and a new one is written at the end (a run stopped before
+        then has none, rather than one that says it finished at an earlier step)."""
+        if self.earlier_summary is not None:
+            self.earlier_summary.unlink(missing_ok=True)
+            self.earlier_summary = None
         if self.bar is not None:
             self.bar.update(1)
 
@@ -152,13 +160,15 @@ def _logged_step(line: str) -> float:
 
 
 def summary(state: TrainState, best_metric: str, n_params: int, place: rt.Place, stop_reason: str,
-            valid: dict | None) -> dict:
-    """Run summary with the paper's training-cost estimate (Table 2) beside the counted FLOPs."""
+            valid: dict | None, epochs: float) -> dict:
+    """Run summary with the paper's training-cost estimate (Table 2) beside the counted FLOPs. ``epochs``:
+    the epochs trained, fractional (``BatchStream.epochs``: the epochs completed and the share of the
+    current one's batches trained), over the whole run, a resumed one included, as ``steps``."""
     dist, device = place.dist, place.device
     peak = rt.matmul_tflops(device)
     hours = state.train_seconds / 3600
     return {
-        "steps": state.step, "epochs": state.epoch, "stop_reason": stop_reason,
+        "steps": state.step, "epochs": round(epochs, 6), "stop_reason": stop_reason,
         "target_tokens": state.tokens, "train_seconds": round(state.train_seconds, 1),
         "tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
         "params": n_params, "devices": dist.world_size, "device": str(device), "precision": place.precision,
@@ -179,7 +189,7 @@ def summary_text(s: dict) -> str:
     v = s["valid"] or {}
     vtxt = f", valid loss {v['valid_loss']:.3f} ppl {v['valid_ppl']:.2f}" if v else ""
     vtxt += f" BLEU {v['valid_bleu']:.2f}" if "valid_bleu" in v else ""  # (train.valid_bleu)
-    return (f"trained {s['steps']} steps ({s['epochs']} epochs, {s['target_tokens']:,} target tokens) in "
+    return (f"trained {s['steps']} steps ({s['epochs']:.2f} epochs, {s['target_tokens']:,} target tokens) in "
             f"{s['train_seconds']:.0f} s, {s['tokens_per_s']:,.0f} tok/s, stop: {s['stop_reason']}{vtxt}\n"
             f"cost: counted {s['counted_flops']:.3g} FLOPs; Table 2 estimate (time x devices x "
             f"{s['device_fp32_matmul_tflops']:.3f} TFLOP/s) {s['table2_cost_estimate_flops']:.3g} FLOPs")

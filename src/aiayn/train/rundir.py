@@ -1,5 +1,6 @@
-"""A run directory's guards: one training at a time writes it (``RunLock``), and what a killed
-one left half-written is removed when the next starts (``remove_stale_temps``).
+"""A run directory's guards: one training at a time writes it (``RunLock``), a refused start leaves
+it as it was (``Claim``), and what a killed one left half-written is removed when the next starts
+(``remove_stale_temps``).
 
 Every file of a run directory is written through ``aiayn.files.atomic_write``: a temporary
 ``.NAME.aiayn-tmp-XXXXXXXX`` beside the destination, renamed over it when complete. A SIGKILL between
@@ -12,6 +13,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 from aiayn.errors import UserError
@@ -24,31 +26,135 @@ LOCK_NAME = "train.lock"
 class RunLock:
     """An exclusive ``flock`` on ``RUN_DIR/train.lock``, which holds the holder's pid, for as long
     as the context lasts (the kernel drops it when the process ends, however it ends). A second
-    training of the same directory is a UserError naming the holder's pid."""
+    training of the same directory is a UserError naming the holder's pid. ``created``: whether this
+    holder made the file (``remove`` deletes it again, for a refused start)."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
+        self.created = False
 
     def __enter__(self) -> "RunLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise UserError(f"{self.path.parent}: another training (pid {holder}) is writing this run "
-                            f"directory; wait for it to end or use another --out") from None
+        while True:
+            fd, self.created = _open_lock(self.path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                raise UserError(f"{self.path.parent}: another training (pid {holder}) is writing this run "
+                                f"directory; wait for it to end or use another --out") from None
+            if _names(fd, self.path):
+                break
+            os.close(fd)  # a refused start removed the file between its open and its lock: the file now there
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
         return self
+
+    def remove(self) -> None:
+        """Delete the lock file, still locked (a training that opened it meanwhile finds it gone once it
+        holds the lock, and takes the file then there: ``__enter__``)."""
+        if self._fd is not None and _names(self._fd, self.path):
+            self.path.unlink()
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _open_lock(path: Path) -> tuple[int, bool]:
+    """The lock file opened for reading and writing, made if missing: (its descriptor, whether made)."""
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR), False
+        except FileNotFoundError:  # removed between the two opens
+            continue
+
+
+def _names(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file open as ``fd``."""
+    try:
+        there = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (own.st_dev, own.st_ino)
+
+
+# what a training's start writes into its run directory before its first step, besides the lock
+START_OUTPUTS = ("config.json", "train_log.jsonl", "tensorboard")
+
+
+class Claim:
+    """The main rank's claim on a run directory for a training: the folders made for it (``--out a/b``
+    where only ``a`` was), its ``RunLock``, and which of ``START_OUTPUTS`` were there before. Leaving
+    the context by an exception before ``begun`` is set (a refused start: another model or tokenizer
+    than the run's or the ``--init-from`` checkpoint's, a setting refused late) removes what the start
+    made, so the directory is as it was; a directory's ``train.lock`` of an earlier run stays."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.lock = RunLock(run_dir)
+        self.made: list[Path] = []  # the folders made, outermost first
+        self.before: set[str] = set()
+        self.begun = False
+
+    def __enter__(self) -> "Claim":
+        missing, p = [], self.run_dir
+        while not os.path.lexists(p):
+            missing.append(p)
+            p = p.parent
+        try:
+            for folder in reversed(missing):
+                try:
+                    folder.mkdir()
+                except FileExistsError:  # made meanwhile by another process: not this start's
+                    if not folder.is_dir():
+                        raise
+                    continue
+                self.made.append(folder)
+            self.lock.__enter__()
+        except BaseException:
+            self._remove_folders()
+            raise
+        self.before = {name for name in START_OUTPUTS if os.path.lexists(self.run_dir / name)}
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is not None and not self.begun:
+                self._undo()
+        finally:
+            self.lock.__exit__(exc_type, exc, tb)
+
+    def _undo(self) -> None:
+        """Remove what the start made: its outputs, its lock file, its folders."""
+        for name in START_OUTPUTS:
+            path = self.run_dir / name
+            if name in self.before or not os.path.lexists(path):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if self.lock.created:
+            self.lock.remove()
+        self._remove_folders()
+
+    def _remove_folders(self) -> None:
+        for folder in reversed(self.made):
+            try:
+                folder.rmdir()
+            except OSError:  # something else was written into it meanwhile: it stays
+                break
+        self.made = []
 
 
 # the temporaries of what a training writes (``atomic_write``'s ".NAME.aiayn-tmp-XXXXXXXX"); another
