@@ -93,6 +93,13 @@ def unknown_field(key: str, known: Any, owner: str) -> str:
     return f"unknown field {key!r} in {owner}; known: {', '.join(sorted(known))}"
 
 
+def did_you_mean(key: Any, known: Any) -> str:
+    """"; did you mean NAME?" for the known name closest to ``key`` (a typo, another case), else ""."""
+    names = {str(k).lower(): k for k in known}
+    close = difflib.get_close_matches(str(key).lower(), list(names), n=1)
+    return f"; did you mean {names[close[0]]}?" if close else ""
+
+
 def replace(cfg: T, **changes: Any) -> T:
     """``dataclasses.replace`` that rejects unknown fields, naming the close one or the known ones."""
     types = _field_types(type(cfg))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
 from aiayn.model.attention import MultiHeadAttention, key_mask
 
 if TYPE_CHECKING:
@@ -234,6 +235,9 @@ class CachedLayer:
     def self_attention(self, attn: MultiHeadAttention, x: Tensor, need_weights: bool):
         """x (N,t,D) -> (N,t,D), weights (N,H,t,length+t) | None."""
         c, g = self.cache, self.cache.group
+        if x.size(0) != c.src_pad.size(0) * g:  # (else a shape error from inside the buffers' writes)
+            raise UserError(f"tokens: {x.size(0)} rows for a cache of {c.src_pad.size(0) * g} (the encoder output's "
+                            "rows, or the indices of its last reorder)")
         q, k, v = attn.project_qkv(x)
         kernels = c.step_kernels(q, need_weights)
         if kernels is not None:  # shared slots, through the C kernel, which appends k, v as it attends

@@ -53,7 +53,8 @@ def _model_from_checkpoint(ckpt: dict, path: Path, device) -> tuple[Transformer,
     if src_tok.vocab_size != cfg.vocab_size or tgt_tok.vocab_size != cfg.target_vocab_size:
         raise UserError(f"{path}: tokenizer vocabularies ({src_tok.vocab_size} source, {tgt_tok.vocab_size} "
                         f"target) do not match the model ({cfg.vocab_size}, {cfg.target_vocab_size})")
-    model = Transformer(cfg)
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG kept: these weights are replaced below
+        model = Transformer(cfg)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as exc:
@@ -63,7 +64,8 @@ def _model_from_checkpoint(ckpt: dict, path: Path, device) -> tuple[Transformer,
 
 def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"
                              ) -> tuple[Transformer, Tokenizer, Tokenizer]:
-    """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks."""
+    """Model (eval mode) and source/target tokenizers from a checkpoint, with consistency checks. The
+    caller's random number generator is left as it was (the initial weights' draws are undone)."""
     from aiayn.checkpoint import load_checkpoint
 
     path = Path(path)

@@ -16,6 +16,7 @@ decoded, and returned in input order. Documented choices:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -52,14 +53,24 @@ class LongLineError(InputError):
 
 
 def _check_lines(lines, what: str) -> list[str]:
-    """``lines`` as a list, each a str. A str is a sequence of characters: given for a list of lines,
-    each character would be translated as a sentence of its own."""
-    if isinstance(lines, str):
+    """``lines`` as a list, each a str, or bytes of UTF-8 (as SentencePiece reads them; other bytes
+    would become <unk> pieces, where ``aiayn translate`` names the line). A str is a sequence of
+    characters: given for a list of lines, each character would be translated as a sentence of its own."""
+    if isinstance(lines, (str, bytes)):
         raise UserError(f"{what}: a list of lines, not one string (translate([text]) for one sentence)")
-    lines = list(lines)
+    try:
+        lines = list(lines)
+    except TypeError:
+        raise UserError(f"{what}: a list of lines (str), got {type(lines).__name__}") from None
     for n, line in enumerate(lines):
-        if not isinstance(line, (str, bytes)):  # (bytes: UTF-8, as SentencePiece reads them)
+        if not isinstance(line, (str, bytes)):
             raise UserError(f"{what}[{n}]: a line of text (str), got {type(line).__name__}")
+        if isinstance(line, bytes):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{what}[{n}]: not UTF-8 (byte {exc.start}: {line[exc.start:exc.start + 1]!r}); "
+                                "give str, or bytes of UTF-8") from None
     return lines
 
 
@@ -81,10 +92,18 @@ class Translator:
     plots show its attention. ``decoder``: a step decoder of these models to decode with, kept by the
     caller across Translators (a serving thread's, whose CUDA graphs are captured once); None: made
     when first needed (``Translator.decoder``).
+
+    The caller's models decode in eval mode (no dropout, §5.4) and are given back in the mode each
+    of their modules had: a model in training stays in training. A Translator decodes the weights
+    as they are when it first decodes: the packed (fp32 on the CPU), bfloat16 and int8 copies are
+    made then, and do not follow later changes (a training step); make a new Translator after them.
     """
 
     def __init__(self, model: Transformer | Sequence[Transformer], src_tok: Tokenizer, tgt_tok: Tokenizer,
                  cfg: DecodeConfig = DecodeConfig(), decoder=None):
+        if not isinstance(cfg, DecodeConfig):
+            raise UserError(f"cfg: a DecodeConfig (aiayn.decode.config), got {type(cfg).__name__}; "
+                            "e.g. DecodeConfig(beam_size=5, alpha=0.6)")
         given = [model] if isinstance(model, Transformer) else list(model)
         if not given:
             raise UserError("a Translator needs at least one model")
@@ -124,10 +143,28 @@ class Translator:
     @functools.cached_property
     def models(self) -> list[Transformer]:
         """The decoding copies (``model_for_precision``), made when first needed: with workers they
-        are only needed for attention plots, so a Translator that only translates does not hold them."""
-        return [model_for_precision(m, self.cfg.precision, self.kernels, self.cfg.packed_weights,
-                                    self.cfg.packed_library, self.cfg.cpu_row_bits).eval()
-                for m in self._given]
+        are only needed for attention plots, so a Translator that only translates does not hold them.
+        A given model decoded as it is (fp32 without packed weights) is not a copy: it is in eval mode
+        only while it decodes (``_evaluating``)."""
+        out = []
+        for m in self._given:
+            x = model_for_precision(m, self.cfg.precision, self.kernels, self.cfg.packed_weights,
+                                    self.cfg.packed_library, self.cfg.cpu_row_bits)
+            out.append(x if x is m else x.eval())
+        return out
+
+    @contextlib.contextmanager
+    def _evaluating(self):
+        """The caller's models in eval mode (no dropout: §5.4 is training's) while they decode, each
+        module given back the mode it had (a fine-tuning loop's model stays in training)."""
+        modes = [(m, m.training) for g in self._given for m in g.modules()]
+        for g in self._given:
+            g.eval()
+        try:
+            yield
+        finally:
+            for m, mode in modes:
+                m.training = mode
 
     @property
     def model(self) -> Transformer:
@@ -220,24 +257,25 @@ class Translator:
         batches = self.batches(ids)
         if prefixes is not None and len(prefixes) != len(ids):
             raise UserError(f"{len(prefixes)} prefixes for {len(ids)} lines")
-        if cfg.workers > 1 and batches and not (prefixes is not None and any(prefixes)):
-            batches = spread(batches, [len(x) for x in ids], cfg.workers)
-            if stop is not None and stop():
-                raise Stopped("translation stopped by its caller before its first batch")
-            results = self._workers().map([[ids[i] for i in batch] for batch in batches], cfg)
-        else:
-            gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.sampling else None
-            results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
-                              Constraints(self.output_cap, self._prefix(prefixes, batch)), gen, stop)
-                       for batch in batches)
-        if progress is not None:
-            progress(sum(1 for x in ids if not x))  # empty lines: done already
-        for batch, hyps in zip(batches, results):
-            for i, hs in zip(batch, hyps):
-                out[i] = self._mbr(hs) if mbr and hs else hs
-                n_out += len(out[i][0].tokens) if hs else 0
+        with self._evaluating():  # the searches run as the results are read, below
+            if cfg.workers > 1 and batches and not (prefixes is not None and any(prefixes)):
+                batches = spread(batches, [len(x) for x in ids], cfg.workers)
+                if stop is not None and stop():
+                    raise Stopped("translation stopped by its caller before its first batch")
+                results = self._workers().map([[ids[i] for i in batch] for batch in batches], cfg)
+            else:
+                gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.sampling else None
+                results = (search(self.decoder, self._pad([ids[i] for i in batch]), cfg, self.ids,
+                                  Constraints(self.output_cap, self._prefix(prefixes, batch)), gen, stop)
+                           for batch in batches)
             if progress is not None:
-                progress(len(batch))
+                progress(sum(1 for x in ids if not x))  # empty lines: done already
+            for batch, hyps in zip(batches, results):
+                for i, hs in zip(batch, hyps):
+                    out[i] = self._mbr(hs) if mbr and hs else hs
+                    n_out += len(out[i][0].tokens) if hs else 0
+                if progress is not None:
+                    progress(len(batch))
         dt = time.perf_counter() - t0
         log.debug("%d lines, %d output tokens in %.2fs (%.0f tokens/s)", len(ids), n_out, dt, n_out / max(dt, 1e-9))
         return out
@@ -321,8 +359,9 @@ class Translator:
         out_ids = list(tokens) + ([self.ids.eos] if eos else [])
         src = torch.tensor([list(src_ids)], dtype=torch.long, device=self.device)
         tgt_in = torch.tensor([[self.ids.bos] + out_ids[:-1]], dtype=torch.long, device=self.device)
-        enc = self.model.encode(src, need_weights=True)
-        dec = self.model.decode(tgt_in, enc, need_weights=True)
+        with self._evaluating():
+            enc = self.model.encode(src, need_weights=True)
+            dec = self.model.decode(tgt_in, enc, need_weights=True)
         stack = lambda ws: np.stack([w[0].float().cpu().numpy() for w in ws])  # noqa: E731
         return {"src_tokens": [self.src_tok.piece(i) for i in src_ids],
                 "tgt_tokens": [self.tgt_tok.piece(i) for i in out_ids],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from aiayn.config import ConfigError, param, replace
+from aiayn.config import ConfigError, did_you_mean, param, replace
 
 ACTIVATIONS = ("relu", "gelu", "swish")  # ModelConfig.activation (aiayn.model.layers.FeedForward)
 
@@ -84,7 +84,8 @@ def check_limits(data: dict) -> None:
         if value is None and name in ("tgt_vocab_size", "n_dec_layers"):
             continue
         if name in data and not (type(value) is int and lo <= value <= hi):
-            raise ConfigError(f"{name} = {value!r}: outside [{lo:,}, {hi:,}]")
+            why = "outside" if isinstance(value, (int, float)) and not lo <= value <= hi else "expected an int in"
+            raise ConfigError(f"{name} = {value!r}: {why} [{lo:,}, {hi:,}]")
     vocab = min(data.get("vocab_size", 4), data.get("tgt_vocab_size") or data.get("vocab_size", 4))
     for name in ("pad_id", "bos_id", "eos_id"):
         if name in data and not (type(data[name]) is int and 0 <= data[name] < vocab):
@@ -144,5 +145,5 @@ PAPER_PARAMS_M: dict[str, float] = {
 def get_preset(name: str, **overrides) -> ModelConfig:
     """The ModelConfig of a named configuration, with field overrides (unknown fields are errors)."""
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}{did_you_mean(name, PRESETS)}")
     return replace(ModelConfig(), **{**PRESETS[name], **overrides})
