@@ -103,8 +103,11 @@ def test_validation_warnings_come_from_the_main_rank_alone(small_data_dir, caplo
 
 def test_an_interrupted_run_closes_its_outputs_and_resumes_them(small_data_dir, tmp_path, monkeypatch, caplog, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
 
     from aiayn.train.loop import _Run
+    # the resumed run's event file ends ".10", the first run's ".9": by name, the later sorts first
+    monkeypatch.setattr(event_file_writer._global_uid, "_value", 9)
     run = tmp_path / "run"
     argv = ["train", "--data", str(small_data_dir), "--out", str(run), *FAST, "--set", "train.save_every_steps=2"]
     validate = _Run.validate
@@ -140,3 +143,22 @@ def test_an_interrupted_run_closes_its_outputs_and_resumes_them(small_data_dir, 
         points = [(e.step, e.value) for e in events.Scalars(tag)]
         assert [s for s, _ in points] == every, tag  # once each: the interrupted run's step 4 purged
         assert all(v == pytest.approx(logged[s], rel=2 ** -23) for s, v in points), tag  # float32 of the log's
+
+
+def test_a_new_event_file_is_made_in_a_later_second_than_the_folders_last(tmp_path, monkeypatch):
+    """TensorBoard orders a folder's event files by name: whole seconds, then an unpadded count. A
+    resumed run's writer made in the second of the earlier file waits into the next one; one made
+    later does not wait."""
+    from aiayn.train import monitor
+    slept = []
+    now = [1_700_000_000.25]
+    monkeypatch.setattr(monitor.time, "time", lambda: now[0])
+    monkeypatch.setattr(monitor.time, "sleep", lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    (tmp_path / "events.out.tfevents.1700000000.host.123.9").touch()
+    (tmp_path / "events.out.tfevents.1699999990.host.99.10").touch()
+    monitor._after_earlier_events(tmp_path)
+    assert slept == [pytest.approx(0.75)] and int(now[0]) == 1_700_000_001
+    monitor._after_earlier_events(tmp_path)  # a second later now: no wait
+    assert len(slept) == 1
+    monitor._after_earlier_events(tmp_path / "none")  # a new run's folder
+    assert len(slept) == 1

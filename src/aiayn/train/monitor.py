@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ class Monitor:
         self.jsonl = open(run_dir / "train_log.jsonl", "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
+            _after_earlier_events(run_dir / "tensorboard")
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=state.step + 1)
         except ImportError:  # tensorboard is a dependency, but keep training without it
             self.writer = None
@@ -135,6 +137,19 @@ class Monitor:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\.")  # TensorBoard's: the second it was made, host, pid, a count
+
+
+def _after_earlier_events(folder: Path) -> None:
+    """Wait, if need be, into the second after the last that an event file in ``folder`` was made in.
+    TensorBoard reads a folder's event files in the order of their names, which begin with that second
+    and end with the pid and an unpadded count: a resumed run's file made in the same second could
+    be read before the one it continues (".10" before ".9"), and its steps then purged as a restart's."""
+    stamps = [int(m.group(1)) for p in folder.glob("events.out.tfevents.*") if (m := EVENT_FILE.match(p.name))]
+    if stamps and max(stamps) == int(time.time()):
+        time.sleep(max(stamps) + 1 - time.time())
 
 
 def forget_after(log: Path, step: int) -> None:
