@@ -192,8 +192,9 @@ def _main(argv: list[str] | None) -> int:
 def _where_it_resumes(args: argparse.Namespace) -> str:
     """What the same command does after an interruption: training resumes from ``last.pt`` (which a best
     validation may have written after the newest step checkpoint), else from that step checkpoint."""
-    if args.command == "demo":
-        return "; the same command resumes (prepare, train and average are skipped where done; training from its last checkpoint)"
+    if args.command == "demo":  # (--overwrite again would delete what this run did)
+        same = "the same command without --overwrite" if getattr(args, "overwrite", False) else "the same command"
+        return f"; {same} resumes (prepare, train and average are skipped where done; training from its last checkpoint)"
     if args.command == "data":
         return "; the same command resumes the download (what arrived is kept in FILE.part)"
     if args.command != "train":

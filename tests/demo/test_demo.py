@@ -327,3 +327,103 @@ def test_demo_records_what_repeats_it_and_a_budget_in_flops_repeats_it_exactly(s
     a, b = (load_checkpoint(out / "model.pt")["model"] for out in outs)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (outs[0] / "test_2016.hyp").read_bytes() == (outs[1] / "test_2016.hyp").read_bytes()
+
+
+def test_a_rerun_says_its_training_is_from_before(tmp_path, capsys):
+    """A re-run that takes a finished training whole says so, as prepare and average do, instead of
+    "trained: N steps" as if it had trained them now."""
+    from aiayn.demo.config import RECIPES, DemoConfig
+    from aiayn.demo.stages import recipe_sets, stage_train
+    recipe = RECIPES / "multi30k-quick.json"
+    _finished_run(tmp_path / "run", recipe, recipe_sets("", 1.0, 40))
+    results = {}
+    cfg = DemoConfig(recipe=str(recipe), minutes=1.0, max_steps=40, members=1, processes=1)
+    assert stage_train(cfg, tmp_path / "no-data", tmp_path / "run", results) == [tmp_path / "run"]
+    assert "[2/7] trained before (a re-run): 40 steps, 5 s" in capsys.readouterr().out
+    assert results["reused"] == ["train"]
+
+
+class _Stopped(Exception):
+    """Raised in place of a stage: the demo got that far."""
+
+
+def _stub_until_decoding(monkeypatch, out):
+    """The stages before decoding stubbed (prepared, trained and averaged before), and the decoding
+    interrupted as Ctrl-C interrupts it."""
+    from aiayn.decode.translator import Translator
+    from aiayn.demo import stages
+    monkeypatch.setattr(stages, "stage_prepare", lambda cfg, files, data_dir, *rest: data_dir)
+    monkeypatch.setattr(stages, "stage_train", lambda cfg, data_dir, run_dir, results: [run_dir])
+    monkeypatch.setattr(stages, "stage_average", lambda cfg, dirs, run_dir, model_path, results: model_path)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Translator, "from_checkpoint", interrupted)
+
+
+def test_an_interrupted_rerun_leaves_no_scores_of_the_run_before(shared_data, tmp_path, monkeypatch, capsys):
+    """A re-run with other decoding options (--beam-size, --alphas) rewrites model.pt's α, the
+    translations and the plots; stopped midway, it leaves no results.json of the run before beside
+    them, and says how to go on."""
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"alpha": 0.6, "test": {"sacreBLEU": {"score": 30.0}}}))
+    _stub_until_decoding(monkeypatch, out)
+    assert main(["demo", "--quick", "--out", str(out), "--data-root", str(shared_data), "--beam-size", "8"]) == 130
+    assert not (out / "results.json").exists()
+    err = capsys.readouterr().err
+    assert "aiayn demo: interrupted; the same command resumes (prepare, train and average are skipped" in err
+
+
+def test_interrupted_with_overwrite_says_to_resume_without_it(shared_data, tmp_path, monkeypatch, capsys):
+    """After --overwrite, the same command would delete the run again: the way on is without it."""
+    from aiayn.demo import stages
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stages, "stage_prepare", interrupted)
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--data-root", str(shared_data), "--overwrite"]) == 130
+    assert "interrupted; the same command without --overwrite resumes (prepare" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("src", ["en", "de"])
+def test_quick_says_what_it_trades_before_any_work(shared_data, tmp_path, monkeypatch, capsys, src):
+    """--quick says first what it gives up against the full demo: a smaller model, fewer minutes
+    (its --minutes where given), rougher translations; the full demo says nothing of it."""
+    from aiayn.demo import stages
+
+    def prepared(*args):
+        raise _Stopped
+
+    monkeypatch.setattr(stages, "stage_prepare", prepared)
+    common = ["demo", "--out", str(tmp_path / "demo"), "--data-root", str(shared_data), "--src-lang", src]
+    with pytest.raises(_Stopped):
+        main([*common, "--quick", "--minutes", "2"])
+    said = capsys.readouterr().out
+    assert said.startswith("--quick: a 2+2-layer model trained for 2 minutes, where the full demo trains a larger one "
+                           "for 45: every stage runs, but the translations are rough (what each scores: "
+                           "docs/recipe.md)")
+    with pytest.raises(_Stopped):
+        main([*common, "--minutes", "2"])
+    assert "--quick" not in capsys.readouterr().out
+
+
+def test_the_examples_stage_says_which_sentence_it_drew(tmp_path, monkeypatch, capsys):
+    """The attention plots are of the first example: the line says which sentence, and how many plots
+    are where, not only the plot folder at the end."""
+    from aiayn.demo.stages import stage_examples
+    from aiayn.viz import attention
+
+    class Translator:
+        def translate(self, lines):
+            return [line.upper() for line in lines]
+
+    drawn = []
+    monkeypatch.setattr(attention, "plot_attention", lambda tr, text, out: drawn.append(text) or [out / "a.png", out / "b.png"])
+    results = {}
+    stage_examples(Translator(), ["Two dogs.", "A cat."], tmp_path / "plots", results)
+    assert drawn == ["Two dogs."] and results["examples"] == {"Two dogs.": "TWO DOGS.", "A cat.": "A CAT."}
+    assert f'[7/7] attention drawn for "Two dogs.": 2 plots in {tmp_path / "plots"}' in capsys.readouterr().out

@@ -19,7 +19,8 @@ RANK = textwrap.dedent("""
 
 def test_an_interrupted_launcher_ends_with_130_and_no_traceback(tmp_path):
     """Ctrl-C sends SIGINT to the launcher and its ranks (one process group): torchrun raises its
-    SignalException, a 20-line traceback where uncaught; the launcher ends with 128 + 2, quietly."""
+    SignalException, a 20-line traceback where uncaught, and warns of the signal and of each rank it
+    stops; the launcher ends with 128 + 2, quietly."""
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     proc = subprocess.Popen([sys.executable, "-m", "aiayn.demo.launch", "--standalone", "--nproc_per_node=2",
@@ -36,6 +37,7 @@ def test_an_interrupted_launcher_ends_with_130_and_no_traceback(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "SignalException" not in err, err
+    assert "death signal" not in err and "closing signal" not in err, err  # torchrun's warnings on a signal
 
 
 def test_the_launcher_leaves_nothing_in_the_temporary_folder(tmp_path):

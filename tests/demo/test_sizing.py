@@ -102,3 +102,22 @@ def test_the_demo_sizes_by_the_precision_of_its_training(tmp_path, monkeypatch, 
     stages._sized_recipe(DemoConfig(sets=sets, members=1), tmp_path, results)
     assert results["sizing"]["precision"] == precision
     assert f"this machine's {precision} matmuls run at 62 GFLOP/s" in describe(results["sizing"])
+
+
+@pytest.mark.parametrize("first_quick", [True, False])
+def test_a_run_of_the_other_variant_is_not_resumed(tmp_path, first_quick):
+    """A folder whose run began with --quick is not resumed by the full demo (nor the other way round):
+    its stored choice would have the full demo train, score and record the quick model (or resume a
+    half-trained quick run with the full demo's batches); the error names both and the way out."""
+    recipe, _ = sized_recipe(first_quick, 1.0, 2, 1, tmp_path, measure=lambda: 0.062)
+    with pytest.raises(UserError, match=rf"sizing\.json: the run here began {'--quick' if first_quick else 'without --quick'}"
+                                        rf" \({recipe.name}\), but this run is {'without --quick' if first_quick else '--quick'}"
+                                        r"; use another --out, or --overwrite"):
+        sized_recipe(not first_quick, 1.0, 2, 1, tmp_path, measure=lambda: 0.062)
+    assert sized_recipe(first_quick, 1.0, 2, 1, tmp_path, measure=lambda: 1.0)[0] == recipe  # the same variant: resumed
+
+
+def test_the_quick_choice_is_not_said_to_be_one_of_several(tmp_path):
+    """--quick has one recipe: the line does not list "recipes by budget" as if the machine chose it."""
+    _, record = sized_recipe(True, QUICK_MINUTES, 2, 1, tmp_path, measure=lambda: 0.062)
+    assert "recipes by budget" not in describe(record) and "the one recipe on any machine" in describe(record)

@@ -17,7 +17,8 @@ decoding options given):
   5. translate test_2016 with beam search                              OUT/test_2016.hyp
   6. score     sacreBLEU + chrF on raw cased text; Multi30k tokenized BLEU (lowercased,
                Moses-tokenized, the published baselines' metric); the paper's compound-split BLEU
-  7. examples  a few sentences translated, one attention plot           OUT/plots
+  7. examples  three sentences translated; the first one's attention drawn OUT/plots
+               (a PNG for each layer of each kind of attention)
 The last three lines printed are ``model: PATH``, ``translations: PATH`` and ``plots: PATH``.
 
 Your own parallel text: ``--train SRC TGT --valid SRC TGT [--test SRC TGT]`` runs the same steps
@@ -70,6 +71,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     _check_scorer()
     files = find_multi30k(cfg.data_root, src, tgt)
     stages.check_sets(cfg)  # before any work
+    stages.say_quick(cfg)
     out = stages.claim_out(cfg, "runs/demo", DEMO_FILES, files)
     given, files = files, stages.subset(files, out / "subset", cfg)
     t_all = time.monotonic()
@@ -77,6 +79,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     data_dir = stages.stage_prepare(cfg, files, out / "data", (src, tgt), results, given)
     run_dir = out / "run"
     member_dirs = stages.stage_train(cfg, data_dir, run_dir, results)
+    stages.forget_results(out)  # the stages below rewrite what it describes
     model_path = stages.stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
 
     from aiayn.decode.translator import Translator
@@ -97,8 +100,9 @@ def run_demo(cfg: DemoConfig) -> dict:
 def _check_scorer() -> None:
     """The tokenized BLEU of stages 4 and 6 (``evaluate.multi30k``) needs sacremoses: said before the
     training, not after it."""
+    import importlib
     try:
-        import sacremoses  # noqa: F401
+        importlib.import_module("sacremoses")
     except ImportError as exc:
         raise UserError(f"aiayn demo scores with sacremoses (Multi30k's tokenized BLEU), which does not import "
                         f"({exc}); pip install sacremoses") from exc

@@ -10,7 +10,7 @@ decoding options given):
   4. tune α    length penalty chosen on --valid by sacreBLEU (never on test)
   5. translate --test with beam search                                                 OUT/test.hyp
   6. score     sacreBLEU and chrF on the raw text (Multi30k's tokenized BLEU is Multi30k's alone)
-  7. examples  the first validation sentences translated, one attention plot            OUT/plots
+  7. examples  the first validation sentences translated, the first one's attention drawn OUT/plots
 Languages come from the files' suffixes (train.en -> en) or --src-lang / --tgt-lang; they name
 the output folder (runs/demo-SRC-TGT) and the direction in results.json.
 """
@@ -93,6 +93,7 @@ def run_own_demo(cfg) -> dict:
     again, with the options given. ``out/results.json`` holds what each measured."""
     files, src, tgt = own_files(cfg)
     stages.check_sets(cfg)  # before any work
+    stages.say_quick(cfg)
     out = stages.claim_out(cfg, f"runs/demo-{src}-{tgt}", OWN_FILES, files)
     given, files = files, stages.subset(files, out / "subset", cfg)
     if not any(_lines(files["raw.valid.src"])):
@@ -103,6 +104,7 @@ def run_own_demo(cfg) -> dict:
     data_dir = stages.stage_prepare(cfg, files, out / "data", ("src", "tgt"), results, given)
     run_dir = out / "run"
     member_dirs = stages.stage_train(cfg, data_dir, run_dir, results)
+    stages.forget_results(out)  # the stages below rewrite what it describes
     model_path = stages.stage_average(cfg, member_dirs, run_dir, out / "model.pt", results)
 
     from aiayn.decode.translator import Translator

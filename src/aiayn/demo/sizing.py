@@ -76,13 +76,19 @@ def sized_recipe(quick: bool, minutes: float, processes: int, threads: int, out:
     """The recipe of ``RECIPES`` for this machine (module docstring) and the record of the choice; a
     choice already made in ``out`` (``sizing.json``) is kept, so a re-run resumes the run it started."""
     record_path = out / "sizing.json"
+    sizes = QUICK_SIZES if quick else SIZES
     if record_path.exists():
         try:
             record = json.loads(record_path.read_text())
-            return RECIPES / record["recipe"], record
+            recipe = record["recipe"]
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{record_path}: not the demo's sizing record ({e}); remove it or use --overwrite") from e
-    sizes = QUICK_SIZES if quick else SIZES
+        if recipe not in [s.recipe for s in sizes]:  # the other variant's run: not resumed as this one
+            began = "--quick" if recipe in [s.recipe for s in QUICK_SIZES] else "without --quick"
+            raise UserError(f"{record_path}: the run here began {began} ({recipe}), but this run is "
+                            f"{'--quick' if quick else 'without --quick'}; use another --out, or --overwrite "
+                            f"to start afresh")
+        return RECIPES / recipe, record
     budget, tflops = predicted_budget(minutes, processes, threads, measure, precision)
     size = choose_size(sizes, budget)
     record = {"recipe": size.recipe, "predicted_flops": budget, "precision": precision,
@@ -97,7 +103,9 @@ def sized_recipe(quick: bool, minutes: float, processes: int, threads: int, out:
 def describe(record: dict) -> str:
     """One line: the recipe chosen and why."""
     sizes = ", ".join(f"{s['recipe']} from {s['from_flops']:.2g}" for s in record["sizes"])
+    choice = (f"recipes by budget: {sizes}; --recipe forces one" if len(record["sizes"]) > 1
+              else "the one recipe on any machine; --recipe forces another")
     return (f"{record['recipe']}: this machine's {record.get('precision', 'fp32')} matmuls run at {record['matmul_tflops_per_process'] * 1e3:.0f} "
             f"GFLOP/s a process, so {record['minutes']:g} minutes x {record['processes']} processes x "
             f"{record['utilization']:.0%} of it is a budget of about {record['predicted_flops']:.2g} counted FLOPs "
-            f"(recipes by budget: {sizes}; --recipe forces one)")
+            f"({choice})")

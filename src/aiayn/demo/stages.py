@@ -2,7 +2,7 @@
 own parallel text), and ``aiayn parse demo``'s training: the first N lines (``subset``), the shared
 BPE (``stage_prepare``), the recipe trained in one or several processes or as several members
 (``stage_train``), the last checkpoints averaged (``stage_average``), the test split translated and
-its scores reported, examples translated and one attention plot (``stage_examples``), results.json.
+its scores reported, examples translated and the first one's attention drawn (``stage_examples``), results.json.
 """
 from __future__ import annotations
 
@@ -139,6 +139,22 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
     return RECIPES / ("multi30k-gpu.json" if cuda else "multi30k.json")
 
 
+def say_quick(cfg: DemoConfig) -> None:
+    """With --quick (and no --recipe), what it trades, said before any work: the quick recipe's model
+    and minutes (with --set and --minutes) against the full demo's minutes, and where the scores of
+    each are."""
+    if not cfg.quick or cfg.recipe:
+        return
+    from aiayn.config import apply_sets
+    from aiayn.demo.config import MINUTES
+    from aiayn.train.config import load_recipe
+    quick = apply_sets(load_recipe(default_recipe(True)), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps))
+    q = quick.model
+    print(f"--quick: a {q.n_layers}+{q.decoder_layers}-layer model trained for {quick.train.max_time_min:g} minutes, "
+          f"where the full demo trains a larger one for {MINUTES:g}: every stage runs, but the translations are "
+          f"rough (what each scores: docs/recipe.md)", flush=True)
+
+
 def auto_members(cfg: DemoConfig) -> int:
     """``--members 0``: up to ``GPU_MEMBERS`` where the demo trains multi30k-gpu.json on one GPU in one
     process (no --recipe, no --quick, --processes 0 or 1), whose step waits on the host more than on a
@@ -265,7 +281,7 @@ def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
     from aiayn.host.environment import environment
     results["environment"] = environment()
     text = json.dumps(results, indent=2, ensure_ascii=False).encode()
-    (out / "results.json").write_bytes(text)
+    write_output(out / "results.json", lambda f: f.write(text))
     print(f"results: {out / 'results.json'}")
     if cfg.results_to:
         Path(cfg.results_to).parent.mkdir(parents=True, exist_ok=True)
@@ -274,15 +290,25 @@ def write_results(cfg: DemoConfig, out: Path, results: dict) -> None:
 
 
 def stage_examples(translator, examples: list[str], plots_dir: Path, results: dict) -> Path:
-    """7. ``examples`` translated into ``results``, the first one's attention drawn in ``plots_dir``."""
+    """7. ``examples`` translated into ``results``, the first one's attention drawn in ``plots_dir``
+    (which sentence, and how many plots, said)."""
     results["examples"] = dict(zip(examples, translator.translate(examples)))
     for s, t in results["examples"].items():
         print(f"[7/7] {s}  ->  {t}", flush=True)
     if plots_dir.exists():
         shutil.rmtree(plots_dir)
     from aiayn.viz.attention import plot_attention
-    plot_attention(translator, examples[0], plots_dir)
+    paths = plot_attention(translator, examples[0], plots_dir)
+    print(f"[7/7] attention drawn for \"{examples[0]}\": {len(paths)} plots in {plots_dir} (encoder, decoder and "
+          f"encoder-decoder attention, one PNG a layer, every head)", flush=True)
     return plots_dir
+
+
+def forget_results(out: Path) -> None:
+    """An earlier run's ``out/results.json`` removed before this run changes what it describes (the
+    averaged model.pt and its α, the translations, the plots): a run stopped or failing midway leaves
+    no scores beside outputs they are not of. ``write_results`` writes it at the end."""
+    (out / "results.json").unlink(missing_ok=True)
 
 
 def mark_reused(results: dict, stage: str) -> None:
@@ -471,7 +497,7 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
     results["train"] = summaries[0]
     if cfg.members > 1:
         results["train_members"] = summaries
-    print(f"[2/7] trained: {', '.join(str(t['steps']) for t in summaries)} steps, "
+    print(f"[2/7] trained{' before (a re-run)' if finished else ''}: {', '.join(str(t['steps']) for t in summaries)} steps, "
           f"{results['train']['train_seconds']:.0f} s", flush=True)
     return member_dirs
 
@@ -552,7 +578,7 @@ def translate_test(translator, lines: list[str], hyp_path: Path, name: str, resu
     with progress_bar(len(lines), unit=" lines", desc=name) as bar:
         hyps = translator.translate(lines, progress=bar.update)
     results["test_translate_seconds"] = round(time.monotonic() - t0, 1)
-    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    write_text_output(hyp_path, "".join(h + "\n" for h in hyps))
     print(f"[5/7] translated {len(hyps)} {name} sentences in {results['test_translate_seconds']} s", flush=True)
     return hyps
 
