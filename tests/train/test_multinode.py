@@ -50,6 +50,38 @@ def test_two_nodes_train_as_one_node_of_two_processes(small_data_dir, tmp_path):
     assert len(b["rank_rng"]) == 2  # two ranks, one on each node
 
 
+@pytest.mark.slow
+def test_nodes_that_see_other_run_directories_are_refused_at_once(small_data_dir, tmp_path):
+    """RUN not on a file system the nodes share: one node finds the run's checkpoint, the other none.
+    Every rank stops at the start, saying what each found, instead of training from two states until
+    one waits out train.dist_timeout_s; the run directory is as it was on each."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    seen, empty = tmp_path / "node_a", tmp_path / "node_b"
+    seen.mkdir()
+    empty.mkdir()
+    argv = _train_cmd(small_data_dir, Path("run"), STEPS, [*EXTRA[:-2], "--set", "train.dist_timeout_s=60"])[3:]
+    subprocess.run(_train_cmd(small_data_dir, Path("run"), 2, EXTRA[:-2]), env=env, cwd=seen, check=True,
+                   capture_output=True)
+    before = {p.name: p.read_bytes() for p in (seen / "run").iterdir() if p.is_file()}
+    port = _free_port()
+    logs = [open(tmp_path / f"node{r}.log", "w") for r in range(2)]
+    nodes = [subprocess.Popen(_node_cmd(r, port, argv), env=env, cwd=folder, stdout=logs[r], stderr=subprocess.STDOUT)
+             for r, folder in enumerate((seen, empty))]
+    try:  # (each node's end awaited: a launcher killed early could end its rank within its start)
+        codes = [node.wait(timeout=300) for node in nodes]
+    finally:
+        for node, log in zip(nodes, logs):
+            node.kill()
+            log.close()
+    said = "".join((tmp_path / f"node{r}.log").read_text() for r in range(2))
+    assert codes[0] and codes[1], said[-3000:]
+    assert "--out: rank 1 finds " in said and "every process must read the same --out and --data" in said, said[-3000:]
+    assert "last.pt at step 2" in said and "no checkpoint (a new run)" in said
+    assert "waited train.dist_timeout_s" not in said and "lost its connection" not in said, said[-3000:]
+    assert not (empty / "run").exists()
+    assert {p.name: p.read_bytes() for p in (seen / "run").iterdir() if p.is_file()} == before
+
+
 SBATCH = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "train.sbatch"
 
 

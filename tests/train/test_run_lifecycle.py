@@ -46,6 +46,7 @@ def test_a_refused_init_from_leaves_no_folder_lock_or_config(small_data_dir, unt
 def test_a_refused_resume_leaves_the_run_directory_as_it_was(small_data_dir, tiny_checkpoint, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint.parent, run)
+    (run / rundir.LOCK_NAME).write_text("12345\n")  # the pid of the run's last training, another process
     before = _tree(run)
     assert main(_train(small_data_dir, run, "--preset", "tiny", "--set", "model.d_ff=64")) == 2
     assert "the run was trained with another model" in capsys.readouterr().err
@@ -70,6 +71,49 @@ def test_a_start_refused_after_its_outputs_are_open_removes_them(small_data_dir,
         (out / name).write_text(f"an earlier {name}\n")
     assert main(_train(small_data_dir, out, "--preset", "tiny")) == 2
     assert sorted(p.name for p in out.iterdir()) == ["config.json", rundir.LOCK_NAME, "train_log.jsonl"]
+
+
+TERMINATED_AT_START = """
+import sys, time
+import aiayn.train.loop as loop
+from aiayn import cli
+payload = loop.tokenizer_payload
+
+def slow(data):  # the main rank's start, slower than another rank's refusal of the same run
+    open(sys.argv[3], "w").close()
+    time.sleep(120)
+    return payload(data)
+
+loop.tokenizer_payload = slow
+sys.exit(cli.main(["train", "--data", sys.argv[1], "--out", sys.argv[2], "--preset", "tiny", "--max-steps", "1",
+                   "--no-progress", "--set", "train.threads=1"]))
+"""
+
+
+def test_a_start_terminated_before_its_first_step_leaves_the_run_directory_as_it_was(untrained_checkpoint, tmp_path):
+    """torchrun ends the main rank with SIGTERM as soon as another rank has refused a start (another
+    rank's tokenizer, its files) and ended first: the main rank's claim is undone all the same, and it
+    ends by that SIGTERM, as it would have without a claim to undo."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out, started = tmp_path / "runs" / "new", tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", TERMINATED_AT_START, str(untrained_checkpoint.parent / "data"),
+                             str(out), str(started)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (out / rundir.LOCK_NAME).exists()  # claimed
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["started"]
 
 
 def test_a_lock_file_removed_between_its_open_and_its_lock_is_not_the_lock(tmp_path, monkeypatch):

@@ -150,6 +150,59 @@ def test_resume_after_sigkill_gives_the_same_logged(small_data_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_two_process_resume_after_a_rank_is_killed_gives_the_same_weights(small_data_dir, tmp_path):
+    """DDP, dropout on: rank 1 killed (SIGKILL) once step 6 is saved; rank 0 stops in one line, and the
+    same command resumes to the weights and logged losses of the run not interrupted, bit for bit (each
+    rank's generators are in the checkpoint)."""
+    steps = 12
+    extra = ["--set", "train.save_every_steps=3", "--set", "model.p_drop=0.1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    res = subprocess.run(_torchrun_cmd(small_data_dir, ref, steps, extra), env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "killed"
+    launcher = subprocess.Popen(_torchrun_cmd(small_data_dir, run, steps, extra), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (run / "ckpt_step00000006.pt").exists():
+            assert launcher.poll() is None, "training ended before it could be killed"
+            assert time.time() < deadline
+            time.sleep(0.05)
+        os.kill(_rank_pid(run, 1), signal.SIGKILL)
+        _, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode != 0
+    assert f"{run}: rank 0 of 2 lost its connection to another process, which ended" in err, err[-3000:]
+    killed_at = load_checkpoint(run / "last.pt")["step"]
+    assert 3 <= killed_at < steps
+    res = subprocess.run(_torchrun_cmd(small_data_dir, run, steps, extra), env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resuming from {run / 'last.pt'} at step {killed_at}" in res.stdout
+    want, got = _logged(ref), _logged(run)
+    assert sorted(got) == list(range(1, steps + 1)) and all(got[s] == want[s] for s in got)
+    a, b = load_checkpoint(ref / "last.pt")["model"], load_checkpoint(run / "last.pt")["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _rank_pid(run: Path, rank: int) -> int:
+    """The process id of rank ``rank`` of the training that writes ``run`` (torchrun's child)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"aiayn.cli" in argv and str(run).encode() in argv and f"RANK={rank}".encode() in env:
+            return int(proc.name)
+    raise AssertionError(f"no rank {rank} of {run}")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("ddp_sets", [[], ["--set", "train.precision=bf16", "--set", "train.cast_weights_once=true"]],
                          ids=["plain", "ddp-bf16-cast-once"])
 def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, tmp_path, ddp_sets):
@@ -172,6 +225,9 @@ def test_two_process_ddp_matches_one_process_with_accumulation(small_data_dir, t
                          text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stderr.count(" model: ") == 1, res.stderr[-3000:]  # said by the main rank alone
+    assert "2 processes, their gradients all-reduced at every step (DDP)" in res.stderr, res.stderr[-3000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert (summary["devices"], summary["parallel"]) == (2, "ddp")
     a, b = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
     assert a["step"] == b["step"] == steps and a["tokens"] == b["tokens"]
     for k in a["model"]:
@@ -265,6 +321,9 @@ def test_two_process_local_sgd_matches_its_reference(small_data_dir, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     last = load_checkpoint(run / "last.pt")
     assert last["step"] == steps and last["run_config"]["train"]["local_sgd_period"] == period
+    assert "the copies averaged every 2 steps (local SGD)" in res.stderr, res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["devices"], summary["parallel"]) == (2, "local_sgd")
     want = _local_sgd_reference(small_data_dir, last, steps, period)
     for k in want:  # the same operations on the same numbers: the same weights, bit for bit
         assert torch.equal(last["model"][k], want[k]), k

@@ -59,10 +59,11 @@ def run(args) -> int:
         from aiayn.train.runtime import peer_lost, timed_out
         if not (timed_out(exc) or peer_lost(exc)):
             raise
-        import torch.distributed as tdist
+        from aiayn.train.runtime import launch_env
         what = (f"waited train.dist_timeout_s = {cfg.train.dist_timeout_s:g} s for the other processes: one of them "
                 f"failed or hangs" if timed_out(exc) else "lost its connection to another process, which ended")
-        message = (f"{args.out}: rank {tdist.get_rank()} of {tdist.get_world_size()} {what} (its own error says "
+        dist = launch_env(os.environ)  # (the process group's, joined or waited for at the start)
+        message = (f"{args.out}: rank {dist.rank} of {dist.world_size} {what} (its own error says "
                    f"why); the last checkpoint is intact and the same command resumes")
         if getattr(args, "debug", False):
             raise UserError(message) from exc

@@ -95,7 +95,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: RunConfig, progress: b
 
 def _start_run_dir(run_dir: Path, held: contextlib.ExitStack) -> Claim:
     """The main rank's claim on ``run_dir``: created, locked for this process, and cleared of the
-    temporaries an earlier killed run left; until the claim's ``begun``, a refused start removes what
+    temporaries an earlier killed run left; until the claim's ``begin``, a refused start removes what
     it made (``rundir.Claim``)."""
     check_ancestors(run_dir)
     if os.path.lexists(run_dir) and not run_dir.is_dir():
@@ -185,6 +185,10 @@ class _Run:
         tokenizers = tokenizer_payload(data)
         resume = last_checkpoint(run_dir, tokenizers, m)  # None: a new run
         saved = resume.saved if resume is not None else None
+        # every rank resumes the same checkpoint with the same tokenizers (several machines: RUN shared)
+        found = f"{resume.path.name} at step {saved.step}" if saved else "no checkpoint (a new run)"
+        rt.check_alike({"--out": found, "--data": f"tokenizers sha256 {tokenizers['src_sha256'][:12]} and "
+                                                  f"{tokenizers['tgt_sha256'][:12]}"}, self.dist)
         self.stream = BatchStream(data, batching(t), m, run_dir, self.dist, self.device,
                                   saved.sampler if saved else None)
         for line in unused_settings(t) if self.dist.is_main else ():
@@ -217,13 +221,13 @@ class _Run:
         if saved is not None:  # each rank's own Adam, where the ranks keep their own
             self.stepper.strategy.resume_optimizer(self.learner.opt, saved)
         self.n_params = count_parameters(model)
-        log.info("model: %s parameters; device %s, precision %s, %d process(es)", f"{self.n_params:,}",
-                 self.device, place.precision, self.dist.world_size)
+        log.info("model: %s parameters; device %s, precision %s, %s", f"{self.n_params:,}",
+                 self.device, place.precision, self.stepper.strategy.describe())
         self.monitor = Monitor(run_dir, self.state, self.dist.is_main, progress, t.max_steps)
         held.callback(self.monitor.end)  # the bar ended, TensorBoard written, however the run stops (Ctrl-C)
         self.pending_tokens = 0  # this rank's target tokens since the last synchronization point
         if claim is not None:  # every check passed: from here on what the run writes stays
-            claim.begun = True
+            claim.begin()
 
     def clock(self) -> float:
         return time.monotonic() - self.t_start
@@ -300,7 +304,8 @@ class _Run:
             self.state.train_seconds = self.clock()
         if self.dist.is_main:
             self.monitor.close(summary(self.state, self.checkpoints.best_metric, self.n_params, self.place,
-                                       stop_reason, valid, self.stream.epochs))
+                                       stop_reason, valid, self.stream.epochs)
+                               | {"parallel": self.stepper.strategy.name})
         if self.dist.enabled:
             torch.distributed.barrier()
 

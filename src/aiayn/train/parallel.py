@@ -27,6 +27,8 @@ from aiayn.checkpoint.run import own_optimizer
 from aiayn.train import runtime as rt
 from aiayn.train.config import TrainConfig
 
+log = logging.getLogger(__name__)
+
 
 def average_parameters(params: list[torch.Tensor], dist: rt.Dist) -> None:
     """Set every rank's parameters to their mean over the ranks, in one all-reduce of a flat
@@ -119,12 +121,17 @@ class OneProcess:
     """One process: the loss is divided by the step's own target tokens; every step a
     synchronization point; its clock is the run's."""
 
+    name = "one_process"  # summary.json's ``parallel``
     period = 1  # steps between two synchronization points
     counts_skipped = False  # a non-finite step counts as a step (so the ranks average together)
     own_optimizers = False  # each rank an optimizer of its own, saved and resumed per rank
 
     def __init__(self, place: rt.Place):
         self.place = place
+
+    def describe(self) -> str:
+        """How the run's processes train, for the start's line."""
+        return "1 process"
 
     def prepare(self, model: torch.nn.Module, static_graph: bool, compile: bool) -> tuple[torch.nn.Module, ...]:
         """The net the step runs, plain (``wrap``) and compiled with ``compile`` (``train.compile``;
@@ -198,6 +205,11 @@ class DataParallel(OneProcess):
     with the step's sums, clocks and FLOPs (no wait for the host). Every rank takes the stop, save
     and learning-rate decisions from the ranks' mean clock."""
 
+    name = "ddp"
+
+    def describe(self):
+        return f"{self.place.dist.world_size} processes, their gradients all-reduced at every step (DDP)"
+
     def wrap(self, model, static_graph):
         return data_parallel(model, static_graph=static_graph)
 
@@ -228,12 +240,17 @@ class LocalSGD(OneProcess):
     all-reduced too, so that the ranks agree on the budget. A non-finite step counts (skipped on
     its rank alone), so the ranks average together."""
 
+    name = "local_sgd"
     counts_skipped = True
     own_optimizers = True
 
     def __init__(self, place: rt.Place, period: int):
         super().__init__(place)
         self.period, self.pending_flops = period, 0.0
+
+    def describe(self):
+        return (f"{self.place.dist.world_size} processes, each its own copy of the model and its own Adam, the copies "
+                f"averaged every {self.period} steps (local SGD)")
 
     def wrap(self, model, static_graph):
         broadcast_parameters(list(model.parameters()), self.place.dist)
@@ -267,7 +284,11 @@ class LocalSGD(OneProcess):
 
 def for_run(t: TrainConfig, place: rt.Place) -> OneProcess:
     """How the run of train section ``t`` trains on ``place``: one process; with several, local SGD
-    where ``t.local_sgd_period`` > 0, else DDP."""
+    where ``t.local_sgd_period`` > 0, else DDP. A period in one process, which has no copies to average,
+    is said."""
     if not place.dist.enabled:
+        if t.local_sgd_period > 0:
+            log.warning("train.local_sgd_period=%d has no effect in one process: local SGD averages the copies of "
+                        "several (torchrun --nproc_per_node G)", t.local_sgd_period)
         return OneProcess(place)
     return LocalSGD(place, t.local_sgd_period) if t.local_sgd_period > 0 else DataParallel(place)

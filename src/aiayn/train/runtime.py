@@ -79,16 +79,54 @@ class OwnState(logging.LoggerAdapter):
 
 
 def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on
-    CPU. A collective (or the start-up) that waits ``timeout_s`` for another rank is an error
-    (``train.dist_timeout_s``), not PyTorch's default wait, which is far longer."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist()
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if not tdist.is_initialized():
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+    ``launch_env``); NCCL on CUDA, gloo on CPU. A collective, or the start-up, that waits ``timeout_s``
+    for another rank is an error (``train.dist_timeout_s``; ``timed_out``), not PyTorch's default wait,
+    which is far longer."""
+    dist = launch_env(os.environ)
+    if dist.enabled and not tdist.is_initialized():
         tdist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
                                  timeout=datetime.timedelta(seconds=timeout_s))
+    return dist
+
+
+LAUNCHED_BY = "start the processes with torchrun (torchrun --nproc_per_node G -m aiayn.cli train ...), which sets them"
+
+
+def launch_env(env) -> Dist:
+    """The place torchrun's variables in ``env`` give this process (none: one process). A set that
+    torchrun would not give is a UserError naming the variable, where PyTorch would raise a KeyError
+    or wait for ranks that cannot come; a rank other than 0 alone (RANK without WORLD_SIZE) would
+    train as a run of its own."""
+    def number(name: str) -> int:
+        try:
+            return int(env[name])
+        except ValueError:
+            raise UserError(f"{name}={env[name]!r}: not a whole number; {LAUNCHED_BY}") from None
+
+    if "WORLD_SIZE" not in env:
+        if "RANK" in env and number("RANK") != 0:
+            raise UserError(f"RANK={env['RANK']} is set without WORLD_SIZE: a process of a distributed run "
+                            f"needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; {LAUNCHED_BY}")
+        return Dist()
+    world = number("WORLD_SIZE")
+    if world < 1:
+        raise UserError(f"WORLD_SIZE={world} is below 1; {LAUNCHED_BY}")
+    if "RANK" not in env:
+        if world == 1:
+            return Dist()
+        raise UserError(f"WORLD_SIZE={world} is set without RANK; {LAUNCHED_BY}")
+    rank, local = number("RANK"), number("LOCAL_RANK") if "LOCAL_RANK" in env else 0
+    if not 0 <= rank < world:
+        raise UserError(f"RANK={rank} is not below WORLD_SIZE={world} (ranks count from 0); {LAUNCHED_BY}")
+    if local < 0:
+        raise UserError(f"LOCAL_RANK={local} is negative; {LAUNCHED_BY}")
+    if world == 1:
+        return Dist()
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not env.get(name):
+            raise UserError(f"{name} is not set: the ranks of WORLD_SIZE={world} meet at MASTER_ADDR:MASTER_PORT; "
+                            f"{LAUNCHED_BY}")
     return Dist(rank, world, local)
 
 
@@ -114,15 +152,40 @@ def start(*, device: str, precision: str, timeout_s: float, tf32: bool, threads:
     use_tf32(where, tf32)
     if threads > 0:
         torch.set_num_threads(threads)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")  # (torchrun's: the processes of this machine)
+    crowded = crowded_cores(int(local) if local.isdigit() else 1, torch.get_num_threads(), cpu_cores())
+    if crowded and where.type == "cpu" and dist.local_rank == 0:  # (said once a machine)
+        log.warning("%s", crowded)
     seed_everything(seed)
     return Place(dist, where, chosen)
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def crowded_cores(processes: int, threads: int, cores: int) -> str | None:
+    """The warning for ``processes`` training processes of one machine (torchrun's LOCAL_WORLD_SIZE) of
+    ``threads`` threads each on its ``cores`` cores, where they are more than the cores (None: they fit).
+    Each step of the ranks waits for the slowest, and a thread that waits for a core holds up all."""
+    if processes < 2 or processes * threads <= cores:
+        return None
+    return (f"{processes} processes of {threads} thread(s) each on this machine's {cores} CPU cores: they take "
+            f"turns on the cores, and every step waits for the slowest; run at most {cores} threads in all, with "
+            f"fewer processes (torchrun --nproc_per_node) or fewer threads each (train.threads)")
+
+
 def timed_out(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective that waited out the process group's timeout (gloo's error;
-    NCCL's watchdog ends the process itself)."""
-    return (tdist.is_available() and tdist.is_initialized() and isinstance(exc, RuntimeError)
-            and "Timed out" in str(exc))
+    NCCL's watchdog ends the process itself), or the start-up's wait for the other ranks (``init_distributed``:
+    the main rank's store waiting for them, another's connection to it: PyTorch's store errors)."""
+    if not tdist.is_available():
+        return False
+    if tdist.is_initialized() and isinstance(exc, RuntimeError) and "Timed out" in str(exc):
+        return True
+    text = str(exc).lower()  # ("wait timeout after 5000ms" under torchrun; "Timed out after 6 seconds" without)
+    return isinstance(exc, (tdist.DistStoreError, tdist.DistNetworkError)) and ("timed out" in text or "timeout" in text)
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -140,6 +203,10 @@ def resolve_device(spec: str, dist: Dist) -> torch.device:
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
             raise UserError("device cuda requested but CUDA is not available")
+        gpus = torch.cuda.device_count()
+        if ":" not in spec and dist.local_rank >= gpus:  # (CUDA's own error: "invalid device ordinal")
+            raise UserError(f"LOCAL_RANK={dist.local_rank}: this machine has {gpus} GPUs: start at most {gpus} "
+                            f"processes on it (torchrun --nproc_per_node {gpus})")
         device = torch.device(spec if ":" in spec else f"cuda:{dist.local_rank}")
         torch.cuda.set_device(device)
         return device
@@ -299,6 +366,24 @@ def gather_to_main(obj, dist: Dist) -> list | None:
     out = [None] * dist.world_size if dist.is_main else None
     tdist.gather_object(obj, out, dst=0)
     return out
+
+
+def check_alike(found: dict[str, str], dist: Dist) -> None:
+    """Refuse a start whose ranks found different things in what they all read: ``found`` maps each
+    input, by a name that every rank gives alike (``--out``, ``--data``), to what this rank found there
+    (the checkpoint it resumes, the tokenizers). On several machines RUN must be one folder they share
+    and DATA alike on each, or the ranks would train from different states until a collective waits
+    out its timeout. A collective: every rank calls it, and every rank raises the same UserError."""
+    if not dist.enabled:
+        return
+    every: list = [None] * dist.world_size
+    tdist.all_gather_object(every, found)
+    for rank, theirs in enumerate(every):
+        for what, there in theirs.items():
+            if there != every[0][what]:
+                raise UserError(f"{what}: rank {rank} finds {there}, rank 0 {every[0][what]}: every process must "
+                                f"read the same --out and --data (on several machines, --out on a file system "
+                                f"they share: docs/training.md)")
 
 
 def resident_mb() -> float | None:
