@@ -94,3 +94,17 @@ def test_presets_show_the_label_smoothing_of_rows_d3_and_d4(capsys):
     assert (train["D3"], train["D4"], train["base"], train["big"]) == (
         {"eps_ls": 0.0, "max_steps": 100_000}, {"eps_ls": 0.2, "max_steps": 100_000},
         {"eps_ls": 0.1, "max_steps": 100_000}, {"eps_ls": 0.1, "max_steps": 300_000})
+
+
+def test_parsing_preset_is_the_base_model_with_4_layers_at_d_model_1024():
+    """§6.3: "a 4-layer transformer with d_model = 1024", "all other parameters remained unchanged from
+    the English-to-German base translation model": d_ff 2048 and h = 8, so d_k = d_v = d_model / h = 128,
+    as in Table 3's row C5 (d_model 1024, the rest as base), with the WSJ-only setting's 16K vocabulary."""
+    cfg = aiayn.get_preset("parsing")
+    assert (cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.p_drop, cfg.vocab_size) == \
+        (4, 1024, 2048, 8, 128, 128, 0.1, 16_000)
+    assert cfg == aiayn.get_preset("C5", n_layers=4, vocab_size=16_000)
+    # attention: 4 x 1,024^2 + 4 x 1,024 = 4,198,400; FFN: 2 x 1,024 x 2,048 + 2,048 + 1,024 = 4,197,376;
+    # encoder layer 4,198,400 + 4,197,376 + 2 x 2,048 = 8,399,872; decoder layer 2 x 4,198,400 + 4,197,376
+    # + 3 x 2,048 = 12,600,320; 16,000 x 1,024 = 16,384,000 shared
+    assert count_preset_parameters(cfg) == 16_384_000 + 4 * (8_399_872 + 12_600_320) == 100_384_768

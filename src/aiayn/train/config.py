@@ -25,7 +25,8 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # installed with aiay
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The paper's recipe by default (§5.2-§5.4); every other value is a named deviation."""
+    """The paper's recipe by default (§5.1-§5.4; the batch per device, which the paper's 8 GPUs fixed,
+    is 4,096 tokens); every other value is a named deviation (docs/paper-deviations.md)."""
 
     # optimizer and schedule (§5.3)
     adam_beta1: float = param(0.9, "Adam beta_1 (§5.3)")
@@ -51,7 +52,7 @@ class TrainConfig:
     bpe_dropout_target: bool = param(True, "apply bpe_dropout to the target side too (as Provilkov et al. do); false re-segments the source side only")
     rdrop_alpha: float = param(0.0, "R-Drop (Liang et al., 2021): weight of the symmetric KL between two dropout passes of each batch, added to their losses; about twice the compute per step; needs dropout; 0 = off (the paper)")
     # batching (§5.1)
-    max_src_tokens: int = param(4096, "source tokens per batch per device, padding included")
+    max_src_tokens: int = param(4096, "source tokens per batch per device, padding included (§5.1: ~25,000 a step, 3,125 on each of 8 GPUs)")
     max_tgt_tokens: int = param(4096, "target tokens per batch per device, padding included")
     accum_steps: int = param(1, "batches accumulated per optimizer step (tokens per step = per-device tokens x devices x accum_steps)")
     local_sgd_period: int = param(0, "data parallel only: average the processes' weights every N optimizer steps, each with its own Adam (local SGD), instead of their gradients every step; 0 = off, the paper's DDP (docs/training.md)")
