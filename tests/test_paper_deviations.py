@@ -40,7 +40,8 @@ PAPER = {
 DEVIATIONS = {
     "model": {"n_dec_layers": None, "tgt_vocab_size": None, "p_drop_attn": 0.0, "p_drop_ffn": 0.0,
               "activation": "relu", "pre_norm": False, "learned_positions": False, "tie_embeddings": True,
-              "tie_src_tgt_embeddings": True, "output_bias": False, "scale_embeddings": True},
+              "tie_src_tgt_embeddings": True, "output_bias": False, "attn_bias": False,
+              "scale_embeddings": True},
     "train": {"lr_scale": 1.0, "lr_decay_frac": 0.0, "lr_decay_by_time": False, "lr_schedule_by_time": False,
               "weight_decay": 0.0, "clip_norm": 0.0, "local_sgd_period": 0, "attn_fp32": True,
               "bpe_dropout": 0.0, "bpe_dropout_target": True, "rdrop_alpha": 0.0, "ema_decay": 0.0,

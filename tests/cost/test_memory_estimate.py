@@ -16,10 +16,12 @@ M_S, M_T = 6, 8  # B = 2 sentences, S = 3, T = 4
 
 
 def test_tiny_model_parameters_by_hand():
-    """Embedding 10*8 = 80 (one matrix, tied); encoder layer: Q K V 8*24+24, W^O 8*8+8, W1 8*16+16,
-    W2 16*8+8, 2 LayerNorms 2*16 = 600; decoder layer: 216 + 72, cross Q 72, K V 8*16+16, W^O 72, FFN 280,
-    3 LayerNorms 48 = 904. P = 1584, of which 80 + 32 + 48 = 160 in no matmul; the sinusoid table 16*8."""
-    assert parameter_counts(TINY) == (1584, 160, 128)
+    """Embedding 10*8 = 80 (one matrix, tied); encoder layer: Q K V 8*24, W^O 8*8 (§3.2.2: no biases),
+    W1 8*16+16, W2 16*8+8, 2 LayerNorms 2*16 = 568; decoder layer: 192 + 64, cross Q 64, K V 8*16, W^O 64,
+    FFN 280, 3 LayerNorms 48 = 840. P = 1488, of which 80 + 32 + 48 = 160 in no matmul; the sinusoid
+    table 16*8. With attn_bias, 24 + 8 in each encoder self-attention, 24 + 8 + 8 + 16 + 8 in the decoder: 1584."""
+    assert parameter_counts(TINY) == (1488, 160, 128)
+    assert parameter_counts(ModelConfig(**{**vars(TINY), "attn_bias": True})) == (1584, 160, 128)
 
 
 def test_tiny_model_bf16_by_hand():
@@ -28,12 +30,12 @@ def test_tiny_model_bf16_by_hand():
     2 (8 + 8 + 8) + 8 = 56, per source token 2*2*8 + 2*8 = 48; FFN 2*8 + 2*16 = 48; embedding 8 + 8 = 16.
     Source token: 88 + 48 + 2*48 + 48 + 16 = 296; target token: 88 + 56 + 48 + 3*48 + 16 = 352;
     6*296 + 8*352 = 4592. Fused loss: 4 (8*8 + 10*8) + 2*8*8 + 2*8*10 + 2*2*10*8 = 1184.
-    Weights 4 (1584 + 128) = 6848, gradients 4*1584, Adam 8*1584, copies 2 (1584 - 160) = 2848."""
+    Weights 4 (1488 + 128) = 6464, gradients 4*1488, Adam 8*1488, copies 2 (1488 - 160) = 2656."""
     assert activation_bytes(TINY, M_S, M_T, 2) == 4592
     p = peak_memory(TINY, TrainConfig(), M_S, M_T, "bf16")
     assert (p.weights, p.gradients, p.adam, p.ema, p.weight_copies, p.activations, p.loss) == \
-        (6848, 6336, 12672, 0, 2848, 4592, 1184)
-    assert p.total == 34480
+        (6464, 5952, 11904, 0, 2656, 4592, 1184)
+    assert p.total == 32752
     assert peak_memory(TINY, TrainConfig(), M_S, M_T, "fp16") == p  # the same bytes
 
 
@@ -51,7 +53,7 @@ def test_tiny_model_fp32_and_the_variants_by_hand():
     assert (rdrop.activations, rdrop.loss) == (2 * 4592, 2 * 512)
     pre = ModelConfig(**{**vars(TINY), "pre_norm": True})
     assert activation_bytes(pre, M_S, M_T, 2) == 4592 + 560
-    assert peak_memory(TINY, TrainConfig(ema_decay=0.999), M_S, M_T, "bf16").ema == 4 * 1584
+    assert peak_memory(TINY, TrainConfig(ema_decay=0.999), M_S, M_T, "bf16").ema == 4 * 1488
 
 
 def test_estimate_prints_the_peak_and_base_fits_16_gb_at_25000_tokens(capsys):

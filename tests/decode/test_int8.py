@@ -61,10 +61,20 @@ def test_int8_linear_rows_are_independent_and_shapes_kept():
         assert ((y - linear(x)).abs().double().reshape(-1, 40) <= bound).all()
 
 
-@pytest.fixture
-def model():
+def _model(attn_bias: bool) -> M.Transformer:
+    """The tiny preset: the paper's attention projections (§3.2.2), or with biases, drawn not zero."""
     torch.manual_seed(0)
-    return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).eval()
+    model = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0, attn_bias=attn_bias)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+@pytest.fixture(params=[False, True], ids=["paper", "attn_bias"])
+def model(request):
+    return _model(request.param)
 
 
 def test_int8_copy_replaces_every_linear_map_and_leaves_the_model(model):
@@ -97,11 +107,12 @@ def test_int8_step_log_probs_close_to_fp32(model):
 # (int8's steps and bfloat16's roundings along the hypothesis's path, tests/rounding.py), so
 # within twice that of each other. (Fixed bounds set on one model failed on the next one trained with
 # other roundings, the training loss's AVX2 kernel: this one is the model's own.)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["int8", "int8-bf16"])
+@pytest.mark.parametrize("dtype, attn_bias", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)],
+                         ids=["int8", "int8-attn_bias", "int8-bf16"])
 @pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2, max_len_b=6), DecodeConfig(beam_size=1, max_len_b=6)])
-def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alone(request, cfg, dtype):
+def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alone(request, cfg, dtype, attn_bias):
     if dtype == torch.float32:
-        model, src = request.getfixturevalue("model"), sources()
+        model, src = _model(attn_bias), sources()
     else:
         model, src = request.getfixturevalue("confident_model")
     q = int8_copy(model, dtype)

@@ -13,7 +13,8 @@ from aiayn.decode.loading import load_model_for_inference
 from aiayn.decode.translator import Translator
 
 LINES = ["A man rides a bike.", "Two dogs play in the snow.", "A girl eats.", "",
-         "People are walking down a busy street in the city."]
+         "People are walking down a busy street in the city.", "A woman is cooking dinner in the kitchen.",
+         "An old man sits on a bench reading a newspaper."]
 
 
 def test_sentence_bleu_is_sacrebleus():

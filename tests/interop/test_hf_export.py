@@ -37,15 +37,19 @@ def test_permutation_turns_interleaved_sinusoids_into_marians():
 
 @pytest.mark.parametrize("over", [{}, {"tie_src_tgt_embeddings": False, "tgt_vocab_size": 37},
                                   {"scale_embeddings": False, "n_dec_layers": 1},
-                                  {"tie_embeddings": False, "output_bias": True}])
+                                  {"tie_embeddings": False, "output_bias": True}, {"attn_bias": True}])
 def test_marian_logits_equal_aiayns(over):
     """The same function, but for LayerNorm's epsilon (Marian's fixed 1e-5, the model's 1e-6: set to
-    the model's here), within the two float32 computations' roundings."""
+    the model's here), within the two float32 computations' roundings. Without ``attn_bias`` (§3.2.2)
+    Marian's attention biases are zeros."""
     torch.manual_seed(0)
     m = aiayn.Transformer(aiayn.get_preset("tiny", vocab_size=40, **over)).eval()
-    if m.out_bias is not None:
-        with torch.no_grad():
+    with torch.no_grad():
+        if m.out_bias is not None:
             m.out_bias.normal_()
+        for name, p in m.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_()
     hf = marian_model(m)
     for mod in hf.modules():
         if isinstance(mod, torch.nn.LayerNorm):

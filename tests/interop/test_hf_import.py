@@ -152,7 +152,8 @@ def test_pieces_outside_the_vocabulary_are_left_out(shared_data):
 @pytest.fixture(scope="module")
 def marian_dir(shared_data, tmp_path_factory) -> Path:
     """OPUS-MT's layout with random weights: swish, scaled embeddings, a final-logits bias (EOS's
-    raised so that some lines end before the maximum length), 2 + 1 layers, d_model 32."""
+    raised so that some lines end before the maximum length), attention biases not zero (as trained
+    ones), 2 + 1 layers, d_model 32."""
     from transformers import MarianConfig, MarianMTModel
     out = tmp_path_factory.mktemp("marian")
     en, de = read_lines(shared_data, "train.en.gz", 300), read_lines(shared_data, "train.de.gz", 300)
@@ -170,6 +171,9 @@ def marian_dir(shared_data, tmp_path_factory) -> Path:
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 1.0)
         model.final_logits_bias[0, 0] += 3.0
+        for name, p in model.named_parameters():
+            if "attn." in name and name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.05)
     save_marian(model, out, V - 1)
     return out
 
@@ -187,6 +191,7 @@ def test_imported_config_names_what_marian_has(imported):
     model, src, tgt = load_model_for_inference(imported)
     cfg = model.cfg
     assert (cfg.activation, cfg.output_bias, cfg.layer_norm_eps, cfg.scale_embeddings) == ("swish", True, 1e-5, True)
+    assert cfg.attn_bias  # Marian's attention projections have biases (§3.2.2's have none)
     assert (cfg.n_layers, cfg.decoder_layers, cfg.d_k) == (2, 1, 8)
     assert cfg.tie_src_tgt_embeddings and cfg.tie_embeddings
     assert src.sha256 != tgt.sha256 and src.vocab_size == tgt.vocab_size == cfg.vocab_size
@@ -304,7 +309,8 @@ def test_trained_model_translates_as_generate_greedy_and_beam(copy_checkpoint, t
 @pytest.mark.parametrize("over, model_type", [
     ({}, "unigram"), ({"tie_src_tgt_embeddings": False}, "unigram"),
     ({"activation": "swish", "output_bias": True, "scale_embeddings": False, "n_dec_layers": 1}, "bpe"),
-    ({"tie_embeddings": False, "tie_src_tgt_embeddings": False}, "unigram"), ({"tie_embeddings": False}, "unigram")])
+    ({"tie_embeddings": False, "tie_src_tgt_embeddings": False}, "unigram"), ({"tie_embeddings": False}, "unigram"),
+    ({"attn_bias": True}, "unigram")])
 def test_export_then_import_gives_the_same_tensors(shared_data, tmp_path, over, model_type):
     from aiayn.data.vocab import SentencePieceSpec, train_sentencepiece
     en, de = read_lines(shared_data, "train.en.gz", 300), read_lines(shared_data, "train.de.gz", 300)
@@ -315,9 +321,12 @@ def test_export_then_import_gives_the_same_tensors(shared_data, tmp_path, over, 
     cfg = aiayn.get_preset("tiny", vocab_size=src_tok.vocab_size, d_model=32, d_ff=64, n_heads=4, d_k=8, d_v=8,
                            tgt_vocab_size=tgt_tok.vocab_size if separate else None, **over)
     model = aiayn.Transformer(cfg)
-    if cfg.output_bias:
-        with torch.no_grad():
+    with torch.no_grad():
+        if cfg.output_bias:
             model.out_bias.normal_()
+        for name, p in model.named_parameters():  # (attn_bias; without it the export writes zeros)
+            if name.endswith("_proj.bias"):
+                p.normal_()
     export_hf(model, src_tok, tgt_tok, tmp_path / "hf")
     ckpt = import_hf(tmp_path / "hf", ImportConfig(unk_output=SENTENCEPIECE_UNK))  # <unk> as aiayn's models write it
     want = model.state_dict()

@@ -23,6 +23,10 @@ def tiny(**kw):
 
 def make(cfg):
     model = aiayn.Transformer(cfg).double().eval()
+    with torch.no_grad():  # attention biases (attn_bias) drawn not zero, so that every path must add them
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.1)
     return model
 
 
@@ -79,10 +83,11 @@ def test_embeddings_and_softmax_share_one_matrix():
     assert untied(torch.tensor([[4, 5, 3]]), torch.tensor([[2, 30]])).shape == (1, 2, 31)
 
 
-@pytest.mark.parametrize("pre_norm", [False, True])
-@pytest.mark.parametrize("learned", [False, True])
-def test_cached_decoding_equals_teacher_forced(pre_norm, learned):
-    model = make(tiny(pre_norm=pre_norm, learned_positions=learned, d_k=5, d_v=7))
+@pytest.mark.parametrize("pre_norm, learned, attn_bias", [(False, False, False), (False, True, False),
+                                                         (True, False, False), (True, True, False),
+                                                         (False, False, True), (True, False, True)])
+def test_cached_decoding_equals_teacher_forced(pre_norm, learned, attn_bias):
+    model = make(tiny(pre_norm=pre_norm, learned_positions=learned, d_k=5, d_v=7, attn_bias=attn_bias))
     src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
     tgt = torch.tensor([[2, 11, 12, 13, 14, 15], [2, 16, 17, 18, 19, 20]])
     enc = model.encode(src)
@@ -196,8 +201,9 @@ def test_misused_target_ids_are_one_line_errors():
     assert model(src.int(), torch.tensor([[2, 5], [2, 6]], dtype=torch.int32)).shape == (2, 2, 23)
 
 
-def test_padded_batch_equals_each_sentence_alone():
-    model = make(tiny())
+@pytest.mark.parametrize("attn_bias", [False, True])
+def test_padded_batch_equals_each_sentence_alone(attn_bias):
+    model = make(tiny(attn_bias=attn_bias))
     srcs = [[5, 6, 7, 8, 3], [9, 10, 3], [11, 3]]
     tgts = [[2, 11, 12, 13], [2, 14], [2, 15, 16]]
     S, T = max(map(len, srcs)), max(map(len, tgts))

@@ -453,6 +453,46 @@ def test_an_older_checkpoint_s_execution_settings_move_to_the_training_section(t
     assert (cfg.train.fast_dropout, cfg.train.attn_fp32) == (False, True)
 
 
+def test_a_checkpoint_and_config_json_written_before_attn_bias_load_with_the_biases(tiny_checkpoint, tmp_path):
+    """Versions before ``model.attn_bias`` had biases on every attention projection and wrote no such
+    field: their checkpoints load as models with the biases (and translate as before), and their
+    run's config.json (a whole configuration) as a recipe with them; a recipe's few fields on a preset
+    keep the preset's (the paper's: none)."""
+    import json
+    from aiayn.decode.config import DecodeConfig
+    from aiayn.decode.loading import load_model_for_inference
+    from aiayn.decode.translator import Translator
+    from aiayn.train.config import load_recipe
+    ckpt = ck.load_checkpoint(tiny_checkpoint)
+    cfg = aiayn.ModelConfig(**{**ckpt["model_config"], "attn_bias": True})
+    torch.manual_seed(0)
+    biased = aiayn.Transformer(cfg).eval()
+    biased.load_state_dict(ckpt["model"], strict=False)  # the trained weights, and random biases:
+    with torch.no_grad():
+        for name, p in biased.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.5)
+    old = {**ckpt, "model": biased.state_dict()}
+    old["model_config"] = {k: v for k, v in ckpt["model_config"].items() if k != "attn_bias"}
+    old["run_config"] = {**ckpt["run_config"], "model": dict(old["model_config"])}
+    ck.atomic_save(old, tmp_path / "old.pt")
+    model, src_tok, tgt_tok = load_model_for_inference(tmp_path / "old.pt")
+    assert model.cfg == cfg and model.cfg.attn_bias
+    for k, v in biased.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    lines = ["a b c", "the quick brown fox", "x"]
+    decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=8)
+    with Translator(biased, src_tok, tgt_tok, decode) as tr:
+        want = tr.translate(lines)
+    with Translator.from_checkpoint(tmp_path / "old.pt", decode) as tr:
+        assert tr.translate(lines) == want
+    whole = {"preset": "tiny", "model": old["model_config"], "train": ckpt["run_config"]["train"]}
+    (tmp_path / "config.json").write_text(json.dumps(whole))
+    assert load_recipe(tmp_path / "config.json").model == cfg
+    (tmp_path / "recipe.json").write_text(json.dumps({"preset": "base", "model": {"d_model": 256, "eos_id": 3}}))
+    assert not load_recipe(tmp_path / "recipe.json").model.attn_bias
+
+
 def test_a_resume_drops_what_the_interrupted_run_logged_after_its_checkpoint(small_data_dir, tmp_path):
     """Killed after step 4 was logged but before its checkpoint, in the middle of a line: the resumed
     run trains steps 3 and 4 again from step 2's checkpoint, and the train log holds each step once,

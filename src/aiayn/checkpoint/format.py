@@ -174,10 +174,22 @@ def check_models(ckpt: dict, path: str | Path) -> None:
 EXECUTION_FIELDS = ("fast_dropout", "attn_fp32")
 
 
+# The fields of ModelConfig's first version: a model section that names them all is a whole configuration
+# (a checkpoint's, a run's config.json), not a recipe's changes to a preset.
+FIRST_MODEL_FIELDS = frozenset(
+    "vocab_size tgt_vocab_size n_layers n_dec_layers d_model d_ff n_heads d_k d_v p_drop p_drop_attn p_drop_ffn "
+    "pre_norm learned_positions max_positions tie_embeddings tie_src_tgt_embeddings scale_embeddings "
+    "layer_norm_eps pad_id bos_id eos_id".split())
+
+
 def upgrade(section: dict) -> tuple[dict, dict]:
-    """A model section as any version wrote it -> (its ModelConfig fields, the ``EXECUTION_FIELDS`` it held)."""
-    return ({k: v for k, v in section.items() if k not in EXECUTION_FIELDS},
-            {k: v for k, v in section.items() if k in EXECUTION_FIELDS})
+    """A model section as any version wrote it -> (its ModelConfig fields, the ``EXECUTION_FIELDS`` it held).
+    A whole configuration written before ``attn_bias`` (``FIRST_MODEL_FIELDS``, without it) had biases on
+    the attention projections (§3.2.2's have none, the default since): ``attn_bias`` true."""
+    model = {k: v for k, v in section.items() if k not in EXECUTION_FIELDS}
+    if "attn_bias" not in model and FIRST_MODEL_FIELDS <= model.keys():
+        model["attn_bias"] = True
+    return model, {k: v for k, v in section.items() if k in EXECUTION_FIELDS}
 
 
 def upgrade_model_sections(ckpt: dict) -> None:

@@ -13,7 +13,8 @@ The mapping (CTranslate2's ``TransformerSpec``; every weight copied, nothing re-
   as §3.5 writes them (sin on even, cos on odd dimensions) or learned (Table 3 row E);
   CTranslate2's default sinusoids are laid out differently, so the table is always written;
 - self-attention as one fused QKV projection, encoder-decoder attention as Q plus fused KV,
-  then W^O (§3.2.2); FFN (Eq. 2); LayerNorm epsilon from the model;
+  then W^O (§3.2.2), with their biases or zero ones (``attn_bias`` false: §3.2.2's matrices alone);
+  FFN (Eq. 2); LayerNorm epsilon from the model;
 - post-norm (the paper) or pre-norm with a final LayerNorm per stack (``pre_norm``);
 - the FFN's activation (Eq. 2's ReLU, or ``activation`` gelu / swish);
 - the pre-softmax projection is the target embedding when tied (§3.4), with the model's

@@ -7,7 +7,8 @@ then ``MarianMTModel.from_pretrained(DIR)`` and ``MarianTokenizer.from_pretraine
 
 Marian (transformers' ``MarianMTModel``) is the paper's architecture with these conventions,
 each checked here:
-- post-norm layers (§3.1) with biases everywhere, no final LayerNorm per stack: a pre-norm
+- post-norm layers (§3.1) with biases everywhere (zeros for the attention projections of a model
+  without them, §3.2.2's, ``attn_bias`` false), no final LayerNorm per stack: a pre-norm
   model (``pre_norm``) cannot be written; the FFN's activation is Eq. 2's ReLU or the model's
   ``activation`` (gelu, swish: Marian's names too);
 - attention splits d_model across the heads (head size d_model / h): a model whose d_k or d_v
@@ -115,16 +116,19 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             w, b = w[P], b[P]
         out[f"{name}.weight"], out[f"{name}.bias"] = w, b
 
+    def bias(lin: torch.nn.Linear) -> torch.Tensor:  # Marian's maps all have one: zeros for a matrix alone
+        return lin.bias if lin.bias is not None else torch.zeros(lin.out_features)
+
     def norm(name: str, ln: torch.nn.LayerNorm) -> None:
         out[f"{name}.weight"], out[f"{name}.bias"] = ln.weight[P], ln.bias[P]
 
     def attention(name: str, q: tuple, k: tuple, v: tuple, o: torch.nn.Linear) -> None:
         for proj, (w, b) in zip("qkv", (q, k, v)):
             linear(f"{name}.{proj}_proj", w, b, d_in=True, d_out=False)
-        linear(f"{name}.out_proj", o.weight, o.bias, d_in=False, d_out=True)
+        linear(f"{name}.out_proj", o.weight, bias(o), d_in=False, d_out=True)
 
     def self_attention(name: str, mha) -> None:
-        w, b = mha.qkv_proj.weight, mha.qkv_proj.bias  # q, k, v stacked (self-attention's fused projection)
+        w, b = mha.qkv_proj.weight, bias(mha.qkv_proj)  # q, k, v stacked (self-attention's fused projection)
         attention(name, (w[:hk], b[:hk]), (w[hk:2 * hk], b[hk:2 * hk]), (w[2 * hk:], b[2 * hk:]), mha.out_proj)
 
     def ffn(name: str, layer) -> None:
@@ -142,8 +146,8 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         self_attention(f"{name}.self_attn", layer.self_attn)
         norm(f"{name}.self_attn_layer_norm", layer.conn_self.norm)
         ca = layer.cross_attn
-        kw, kb = ca.kv_proj.weight, ca.kv_proj.bias
-        attention(f"{name}.encoder_attn", (ca.q_proj.weight, ca.q_proj.bias), (kw[:hk], kb[:hk]),
+        kw, kb = ca.kv_proj.weight, bias(ca.kv_proj)
+        attention(f"{name}.encoder_attn", (ca.q_proj.weight, bias(ca.q_proj)), (kw[:hk], kb[:hk]),
                   (kw[hk:], kb[hk:]), ca.out_proj)
         norm(f"{name}.encoder_attn_layer_norm", layer.conn_cross.norm)
         ffn(name, layer)

@@ -13,8 +13,9 @@ fine-tunes (``train --init-from``) as one aiayn trained. It inverts ``aiayn.inte
   (d_k = d_v = d_model / h) and its positions are §3.5's sinusoids laid out in halves, which the
   inverse of ``hf.model_permutation`` turns into aiayn's interleaved ones in every weight;
 - what Marian has and the paper lacks becomes a ``ModelConfig`` option: the FFN's activation
-  (``activation``: OPUS-MT's swish, or gelu), the final-logits bias (``output_bias``), LayerNorm's
-  epsilon 1e-5 (``layer_norm_eps``), unscaled embeddings (``scale_embeddings``), untied or
+  (``activation``: OPUS-MT's swish, or gelu), the attention projections' biases (``attn_bias``) and the
+  final-logits bias (``output_bias``) unless all zero (what an export of a model without them writes),
+  LayerNorm's epsilon 1e-5 (``layer_norm_eps``), unscaled embeddings (``scale_embeddings``), untied or
   unshared matrices (``tie_embeddings``, ``tie_src_tgt_embeddings``), unequal depths;
 - ids and SentencePiece models are mapped as ``aiayn.interop.marian_vocab`` says; a joint vocabulary
   with two SentencePiece models keeps one shared embedding (the checkpoint's two tokenizers
@@ -88,9 +89,10 @@ def marian_refusals(c: dict) -> list[str]:
 
 
 def model_config(c: dict, src_size: int, tgt_size: int | None, *, tie_src_tgt: bool, tie_out: bool,
-                 bias: bool) -> ModelConfig:
+                 bias: bool, attn_bias: bool) -> ModelConfig:
     """aiayn's ``ModelConfig`` of the Marian config ``c`` (``marian_refusals`` empty), vocabularies in
-    aiayn's ids (``tgt_size`` None: one vocabulary, joint)."""
+    aiayn's ids (``tgt_size`` None: one vocabulary, joint); ``bias``, ``attn_bias``: whether the
+    final-logits bias, the attention projections' biases are not all zero."""
     h = c["encoder_attention_heads"]
     return ModelConfig(
         vocab_size=src_size, tgt_vocab_size=tgt_size,
@@ -99,7 +101,7 @@ def model_config(c: dict, src_size: int, tgt_size: int | None, *, tie_src_tgt: b
         d_model=c["d_model"], d_ff=c["encoder_ffn_dim"], n_heads=h, d_k=c["d_model"] // h, d_v=c["d_model"] // h,
         p_drop=float(c["dropout"]), p_drop_attn=float(c["attention_dropout"]),
         p_drop_ffn=float(c["activation_dropout"]), activation=ACTIVATIONS[c["activation_function"]],
-        max_positions=c["max_position_embeddings"], tie_embeddings=tie_out, output_bias=bias,
+        max_positions=c["max_position_embeddings"], tie_embeddings=tie_out, output_bias=bias, attn_bias=attn_bias,
         tie_src_tgt_embeddings=tie_src_tgt, scale_embeddings=bool(c["scale_embedding"]),
         layer_norm_eps=MARIAN_LAYER_NORM_EPS)
 
@@ -169,6 +171,8 @@ def aiayn_state(d: MarianDir, cfg: ModelConfig, src_order: list[int], tgt_order:
 
     def put(name: str, wb: tuple[Tensor, Tensor]) -> None:
         out[f"{name}.weight"], out[f"{name}.bias"] = wb
+        if name.endswith("_proj") and not cfg.attn_bias:  # an attention projection, its biases all zero
+            del out[f"{name}.bias"]
 
     def fused(*names: str) -> tuple[Tensor, Tensor]:  # projections stacked by rows, as aiayn's qkv/kv
         parts = [linear(n, True, False) for n in names]
@@ -336,10 +340,12 @@ def import_hf(path: str | Path, opts: ImportConfig = ImportConfig()) -> dict:
     src_order, tgt_order = id_orders(d, enc.size(0), dec.size(0))
     joint = aiayn_pieces(d.src_vocab, src_order) == aiayn_pieces(d.tgt_vocab, tgt_order)  # as joint_vocabulary
     bias = d.state.get("final_logits_bias")
+    attn_biases = [t for k, t in d.state.items() if "attn." in k and k.endswith("_proj.bias")]
     try:
         cfg = model_config(c, len(src_order), None if joint else len(tgt_order),
                            tie_src_tgt=joint and torch.equal(enc[src_order], dec[tgt_order]),
-                           tie_out=torch.equal(out_w, dec), bias=bias is not None and bool(bias.any()))
+                           tie_out=torch.equal(out_w, dec), bias=bias is not None and bool(bias.any()),
+                           attn_bias=any(bool(t.any()) for t in attn_biases))
         check_limits(to_dict(cfg))  # what every load of the checkpoint checks
     except ConfigError as exc:
         raise UserError(f"{d.path}: cannot import: model_config.{exc}") from None
@@ -349,9 +355,10 @@ def import_hf(path: str | Path, opts: ImportConfig = ImportConfig()) -> dict:
     if settings is None:
         settings = decode_settings(d.generation, d.generation_file, c["pad_token_id"], c["decoder_start_token_id"]) \
             if d.generation else {}
-    log.info("imported %s: %d+%d layers, d_model %d, h %d, d_ff %d, activation %s, vocabulary %d%s, output bias %s",
-             d.path, cfg.n_layers, cfg.decoder_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.activation,
-             cfg.vocab_size, "" if joint else f"/{cfg.target_vocab_size}", cfg.output_bias)
+    log.info("imported %s: %d+%d layers, d_model %d, h %d, d_ff %d, activation %s, vocabulary %d%s, output bias %s, "
+             "attention biases %s", d.path, cfg.n_layers, cfg.decoder_layers, cfg.d_model, cfg.n_heads, cfg.d_ff,
+             cfg.activation, cfg.vocab_size, "" if joint else f"/{cfg.target_vocab_size}", cfg.output_bias,
+             cfg.attn_bias)
     if settings:
         log.info("%s: translate decodes with %s unless told otherwise", d.generation_file.name,
                  ", ".join(f"{k} {x}" for k, x in settings.items()))

@@ -83,21 +83,23 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (§3.2.2).
 
     Projections are d_model -> h*d_k (queries, keys) and d_model -> h*d_v (values), so d_k and
-    d_v are free of d_model/h (Table 3 rows A, B). For self-attention the three input
+    d_v are free of d_model/h (Table 3 rows A, B); matrices, as the paper's W^Q, W^K, W^V, W^O, unless
+    ``bias`` (ModelConfig.attn_bias, not in the paper) adds a bias to each. For self-attention the three input
     projections are fused into one matmul (same parameters, one kernel); for encoder-decoder
     attention keys and values are fused, and computed once per sentence when decoding.
     """
 
-    def __init__(self, *, d_model: int, n_heads: int, d_k: int, d_v: int, p_drop_attn: float, self_attention: bool):
+    def __init__(self, *, d_model: int, n_heads: int, d_k: int, d_v: int, p_drop_attn: float, self_attention: bool,
+                 bias: bool = False):
         super().__init__()
         self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
         self.self_attention = self_attention
         if self_attention:
-            self.qkv_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v))
+            self.qkv_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v), bias=bias)
         else:
-            self.q_proj = nn.Linear(d_model, n_heads * d_k)
-            self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
-        self.out_proj = nn.Linear(n_heads * d_v, d_model)  # W^O
+            self.q_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
+            self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v), bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)  # W^O
         self.core = ScaledDotProductAttention(p_drop_attn)  # Eq. 1
 
     def _split(self, x: Tensor, d: int) -> Tensor:

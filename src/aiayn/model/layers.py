@@ -59,7 +59,7 @@ class SublayerConnection(nn.Module):
 
 def _mha(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     return MultiHeadAttention(d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_k, d_v=cfg.d_v,
-                              p_drop_attn=cfg.p_drop_attn, self_attention=self_attention)
+                              p_drop_attn=cfg.p_drop_attn, self_attention=self_attention, bias=cfg.attn_bias)
 
 
 def _conn(cfg: ModelConfig) -> SublayerConnection:

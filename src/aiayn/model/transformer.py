@@ -68,10 +68,8 @@ class Transformer(nn.Module):
         # Pre-norm needs a final LayerNorm per stack; post-norm already ends in one.
         self.encoder_norm = nn.LayerNorm(D, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(D, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
-        if cfg.tie_embeddings:
-            self.out_proj = None  # pre-softmax projection = target embedding matrix (§3.4)
-        else:
-            self.out_proj = nn.Linear(D, cfg.target_vocab_size, bias=False)
+        # pre-softmax projection: None = the target embedding matrix (§3.4)
+        self.out_proj = None if cfg.tie_embeddings else nn.Linear(D, cfg.target_vocab_size, bias=False)
         # Marian's final_logits_bias (ModelConfig.output_bias); the paper's projection has none
         self.out_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.output_bias else None
         self.dropout = nn.Dropout(cfg.p_drop)  # on the sums of embeddings and positional encodings (§5.4)
