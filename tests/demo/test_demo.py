@@ -427,3 +427,21 @@ def test_the_examples_stage_says_which_sentence_it_drew(tmp_path, monkeypatch, c
     stage_examples(Translator(), ["Two dogs.", "A cat."], tmp_path / "plots", results)
     assert drawn == ["Two dogs."] and results["examples"] == {"Two dogs.": "TWO DOGS.", "A cat.": "A CAT."}
     assert f'[7/7] attention drawn for "Two dogs.": 2 plots in {tmp_path / "plots"}' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tried, p_values, says", [
+    ([0.6], {}, "the only one tried"),
+    ([0.6, 1.0], {}, "the highest-scoring"),
+    ([0.6, 1.0], {1.0: 0.2}, "p against α 0.6, paired bootstrap: "),
+])
+def test_the_alpha_line_says_why_its_alpha_was_taken(tried, p_values, says):
+    """One α tried (--alphas 0.6) was said to be 'the highest-scoring', as if several had been."""
+    from aiayn.demo.multi30k import alpha_reason
+    assert alpha_reason(tried, p_values, 0.05).startswith(says)
+
+
+@pytest.mark.parametrize("m, says", [(1, "1 minute"), (4, "4 minutes"), (0.5, "0.5 minutes"), (45, "45 minutes")])
+def test_minutes_are_said_as_words(m, says):
+    """--minutes 1 printed 'training ... for up to 1 minutes'."""
+    from aiayn.demo.stages import minutes
+    assert minutes(m) == says

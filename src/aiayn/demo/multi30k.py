@@ -97,6 +97,13 @@ def run_demo(cfg: DemoConfig) -> dict:
     return results
 
 
+def alpha_reason(tried: list[float], p_values: dict, p_level: float) -> str:
+    """Why the α taken for test was taken, of the ``tried`` ones (the first is §6.1's)."""
+    if p_values:
+        return (f"p against α {tried[0]}, paired bootstrap: {p_values_text(p_values)}; significant below {p_level}")
+    return "the only one tried" if len(tried) == 1 else "the highest-scoring"
+
+
 def _check_scorer() -> None:
     """The tokenized BLEU of stages 4 and 6 (``evaluate.multi30k``) needs sacremoses: said before the
     training, not after it."""
@@ -122,9 +129,7 @@ def _stage_alpha(cfg: DemoConfig, translator, files: dict[str, Path], src: str, 
     best_alpha, p_values = choose_alpha(val_translations, val_tok, tgt, cfg.alpha_significance)
     for a, p in p_values.items():
         tuning[a]["p_vs_first"] = round(p, 3)
-    why = (f"p against α {next(iter(tuning))}, paired bootstrap: {p_values_text(p_values)}"
-           f"; significant below {cfg.alpha_significance}") if p_values else "the highest-scoring"
-    print(f"[4/7] α {best_alpha} for test ({why})", flush=True)
+    print(f"[4/7] α {best_alpha} for test ({alpha_reason(list(tuning), p_values, cfg.alpha_significance)})", flush=True)
     results["alpha_tuning"] = {str(k): v for k, v in tuning.items()}
     results["alpha"] = best_alpha
     translator.cfg = DecodeConfig(beam_size=cfg.beam_size, alpha=best_alpha)

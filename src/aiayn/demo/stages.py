@@ -139,6 +139,11 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
     return RECIPES / ("multi30k-gpu.json" if cuda else "multi30k.json")
 
 
+def minutes(m: float) -> str:
+    """``m`` minutes as said: "1 minute", "4 minutes", "0.5 minutes"."""
+    return f"{m:g} minute" + ("" if m == 1 else "s")
+
+
 def say_quick(cfg: DemoConfig) -> None:
     """With --quick (and no --recipe), what it trades, said before any work: the quick recipe's model
     and minutes (with --set and --minutes) against the full demo's minutes, and where the scores of
@@ -150,7 +155,7 @@ def say_quick(cfg: DemoConfig) -> None:
     from aiayn.train.config import load_recipe
     quick = apply_sets(load_recipe(default_recipe(True)), recipe_sets(cfg.sets, cfg.minutes, cfg.max_steps))
     q = quick.model
-    print(f"--quick: a {q.n_layers}+{q.decoder_layers}-layer model trained for {quick.train.max_time_min:g} minutes, "
+    print(f"--quick: a {q.n_layers}+{q.decoder_layers}-layer model trained for {minutes(quick.train.max_time_min)}, "
           f"where the full demo trains a larger one for {MINUTES:g}: every stage runs, but the translations are "
           f"rough (what each scores: docs/recipe.md)", flush=True)
 
@@ -424,7 +429,7 @@ def train_recipe(data_dir: Path, run_dir: Path, recipe: Path, sets: list[str], p
     processes = processes or auto_processes()
     t, b = run_cfg.train, batching(run_cfg.train)
     step = f", {b.accum_steps} batches of {b.max_tgt_tokens:,} tokens a step per process" if b.accum_steps > 1 else ""
-    print(f"{stage} training {recipe.name} for up to {t.max_time_min:g} minutes into {run_dir}"
+    print(f"{stage} training {recipe.name} for up to {minutes(t.max_time_min)} into {run_dir}"
           + (f" with {processes} processes" if processes > 1 else "") + step, flush=True)
     if processes > 1:
         train_data_parallel(data_dir, run_dir, recipe, sets, t, processes)
@@ -487,7 +492,7 @@ def stage_train(cfg: DemoConfig, data_dir: Path, run_dir: Path, results: dict) -
                 check_finished_run(d, dataclasses.replace(run_cfg, train=dataclasses.replace(t, seed=t.seed + i)))
         if not all((d / "summary.json").exists() for d in member_dirs):
             print(f"[2/7] training {cfg.members} members of {recipe.name} at once for up to "
-                  f"{t.max_time_min:g} minutes into {run_dir}", flush=True)
+                  f"{minutes(t.max_time_min)} into {run_dir}", flush=True)
             _train_members(data_dir, member_dirs, recipe, sets, t)
     if finished:
         mark_reused(results, "train")
