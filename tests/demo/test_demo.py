@@ -299,6 +299,23 @@ def test_a_finished_run_is_reused_only_for_the_options_it_was_trained_with(tmp_p
         train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("model.d_ff=64", 1.0, 40), 1, "[2/7]")
 
 
+def test_a_finished_run_of_an_older_version_had_attention_biases(tmp_path):
+    """A config.json written before ``model.attn_bias`` (every other field named) trained with the
+    attention projections' biases: a re-run that asks for none is refused, not given that model."""
+    from aiayn.demo.config import RECIPES
+    from aiayn.demo.stages import recipe_sets, train_recipe
+    from aiayn.errors import UserError
+    recipe, run_dir = RECIPES / "multi30k-quick.json", tmp_path / "run"
+    _finished_run(run_dir, recipe, recipe_sets("", 1.0, 40))
+    written = json.loads((run_dir / "config.json").read_text())
+    del written["model"]["attn_bias"]
+    (run_dir / "config.json").write_text(json.dumps(written))
+    train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("", 1.0, 40), 1, "[2/7]")  # the recipe's: reused
+    with pytest.raises(UserError, match=r"trained with model\.attn_bias=True, but this run asks for "
+                                        r"model\.attn_bias=False"):
+        train_recipe(tmp_path / "no-data", run_dir, recipe, recipe_sets("model.attn_bias=false", 1.0, 40), 1, "[2/7]")
+
+
 @pytest.mark.slow
 def test_demo_records_what_repeats_it_and_a_budget_in_flops_repeats_it_exactly(shared_data, tmp_path, capsys):
     """results.json names the recipe, the seed, the whole configuration trained and the code, libraries

@@ -34,7 +34,10 @@ def test_copy_task_loss_goes_near_zero():
     """The Annotated Transformer's copy task: a tiny model learns to copy random digits."""
     V = 12
     cfg = aiayn.get_preset("tiny", vocab_size=V, p_drop=0.0, d_model=64, d_ff=128, n_heads=2, d_k=32, d_v=32)
-    torch.manual_seed(1)  # the initialization; unseeded, the result depended on which tests ran first
+    # the initialization; unseeded, the result depended on which tests ran first. Seed 1 of this model
+    # without attention biases (§3.2.2) settles on a plateau near 0.15 that 400 steps do not leave; seeds
+    # 2 to 8 reach 0.002-0.006, under AVX-512, AVX2 and SSE4 arithmetic alike.
+    torch.manual_seed(2)
     model = aiayn.Transformer(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=0, betas=(0.9, 0.98), eps=1e-9)
     g = torch.Generator().manual_seed(0)

@@ -140,7 +140,7 @@ def default_recipe(quick: bool, cuda: bool | None = None) -> Path:
 
 
 def minutes(m: float) -> str:
-    """``m`` minutes as said: "1 minute", "4 minutes", "0.5 minutes"."""
+    """``m`` minutes in words: the noun singular for exactly one (tests/demo/test_demo.py has examples)."""
     return f"{m:g} minute" + ("" if m == 1 else "s")
 
 
@@ -443,20 +443,23 @@ DATA_MODEL_FIELDS = ("vocab_size", "tgt_vocab_size", "tie_src_tgt_embeddings")  
 
 def check_finished_run(run_dir: Path, run_cfg: RunConfig) -> None:
     """A run that finished in ``run_dir`` (its summary.json) is reused only where it was trained as
-    ``run_cfg`` asks (its config.json): the model (the fields the data directory sets aside,
-    ``DATA_MODEL_FIELDS``)
+    ``run_cfg`` asks (its config.json, one of an older version as ``checkpoint.format.upgrade`` reads
+    it): the model (the fields the data directory sets aside, ``DATA_MODEL_FIELDS``)
     and the training options (those the demo derives from the process and thread counts aside,
     ``DERIVED_TRAIN_FIELDS``: a step holds the same tokens on any count). Another --recipe,
     --minutes, --max-steps or --set is an error naming the field, as prepare's options are, not the
     earlier model scored under the new options."""
+    from aiayn.checkpoint.format import upgrade
     from aiayn.config import to_dict
     path = run_dir / "config.json"
     if not path.is_file():
         return
     had = json.loads(path.read_text())
+    model, execution = upgrade(had.get("model", {}))  # as an older version wrote it: as ``load_recipe`` reads it
+    sections = {"model": model, "train": {**execution, **had.get("train", {})}}
     differ = []
     for section, derived in (("model", DATA_MODEL_FIELDS), ("train", DERIVED_TRAIN_FIELDS)):
-        was = had.get(section, {})
+        was = sections[section]
         for k, v in to_dict(getattr(run_cfg, section)).items():
             if k not in derived and k in was and was[k] != v:
                 differ.append((f"{section}.{k}", was[k], v))
