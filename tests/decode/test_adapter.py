@@ -22,6 +22,18 @@ def tiny_model() -> M.Transformer:
     return M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0)).double().eval()
 
 
+def tiny_float_model(attn_bias: bool = False) -> M.Transformer:
+    """The tiny preset in float32, seed 0: the paper's attention projections (§3.2.2), or with biases,
+    drawn not zero (the fast paths' tests run both)."""
+    torch.manual_seed(0)
+    model = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0, attn_bias=attn_bias)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
 @pytest.fixture
 def model():
     return tiny_model()

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 import aiayn.decode.int8 as int8
-import aiayn.model as M
 from aiayn.decode.adapter import CachedDecoder, RecomputeDecoder
 from aiayn.decode.config import DecodeConfig
 from aiayn.decode.int8 import Int8Linear, int8_copy, quantize_rows
@@ -17,7 +16,7 @@ from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from tests.rounding import assert_normalized, int8_half_step, score_bound, step_bound
 from tests.arith import U32, gamma, within
-from tests.decode.test_adapter import V, sources
+from tests.decode.test_adapter import sources, tiny_float_model
 
 
 def test_int8_linear_golden():
@@ -61,20 +60,9 @@ def test_int8_linear_rows_are_independent_and_shapes_kept():
         assert ((y - linear(x)).abs().double().reshape(-1, 40) <= bound).all()
 
 
-def _model(attn_bias: bool) -> M.Transformer:
-    """The tiny preset: the paper's attention projections (§3.2.2), or with biases, drawn not zero."""
-    torch.manual_seed(0)
-    model = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0, attn_bias=attn_bias)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("_proj.bias"):
-                p.normal_(0.0, 0.1)
-    return model
-
-
 @pytest.fixture(params=[False, True], ids=["paper", "attn_bias"])
 def model(request):
-    return _model(request.param)
+    return tiny_float_model(request.param)
 
 
 def test_int8_copy_replaces_every_linear_map_and_leaves_the_model(model):
@@ -112,7 +100,7 @@ def test_int8_step_log_probs_close_to_fp32(model):
 @pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=4, nbest=2, max_len_b=6), DecodeConfig(beam_size=1, max_len_b=6)])
 def test_int8_cached_search_agrees_with_recomputation_and_with_each_sentence_alone(request, cfg, dtype, attn_bias):
     if dtype == torch.float32:
-        model, src = _model(attn_bias), sources()
+        model, src = tiny_float_model(attn_bias), sources()
     else:
         model, src = request.getfixturevalue("confident_model")
     q = int8_copy(model, dtype)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from aiayn.decode import packed as packed_mod
 from aiayn.decode.packed import PackedLinear, packed_copy
-from tests.decode.test_adapter import V, sources
+from tests.decode.test_adapter import V, sources, tiny_float_model
 from tests.arith import gamma, within
 from tests.rounding import same_float_search
 
@@ -121,25 +121,12 @@ def test_a_copy_or_a_pickle_packs_its_own(library):
             assert other._packed is not None and other._packed is not p._packed
 
 
-def _tiny_model(attn_bias: bool = False):
-    """The tiny preset: the paper's attention projections (§3.2.2), or with biases, drawn not zero."""
-    import aiayn.model as M
-
-    torch.manual_seed(0)
-    model = M.Transformer(M.get_preset("tiny", vocab_size=V, p_drop=0.0, attn_bias=attn_bias)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("_proj.bias"):
-                p.normal_(0.0, 0.1)
-    return model
-
-
 @pytest.mark.parametrize("attn_bias", [False, True], ids=["paper", "attn_bias"])
 @pytest.mark.parametrize("library", LIBRARIES)
 def test_packed_copy_of_a_transformer(library, attn_bias, monkeypatch):
     from aiayn.decode.loading import model_for_precision
 
-    model = _tiny_model(attn_bias)
+    model = tiny_float_model(attn_bias)
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     out = model_for_precision(model, "fp32", packed=True, library=library)
     assert {m.library for m in out.modules() if isinstance(m, PackedLinear)} == {library}
@@ -184,7 +171,7 @@ def test_translator_beam_search_with_and_without_packed_weights(library, attn_bi
     from aiayn.decode.search import search
     from aiayn.decode.translator import Translator
 
-    model, src = _tiny_model(attn_bias), sources()
+    model, src = tiny_float_model(attn_bias), sources()
     out = {}
     for on in (True, False):
         t = Translator(model, None, None, DecodeConfig(beam_size=4, nbest=4, packed_weights=on, packed_library=library))
@@ -224,5 +211,5 @@ def test_translator_pads_the_packed_copy_as_cpu_row_bits_says(library):
     from aiayn.decode.translator import Translator
 
     for bits in (0, 5):
-        t = Translator(_tiny_model(), None, None, DecodeConfig(packed_library=library, cpu_row_bits=bits))
+        t = Translator(tiny_float_model(), None, None, DecodeConfig(packed_library=library, cpu_row_bits=bits))
         assert {m.row_bits for m in t.model.modules() if isinstance(m, PackedLinear)} == {bits}
