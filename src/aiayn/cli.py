@@ -101,14 +101,32 @@ PROGRESS_COMMANDS = ("translate", "evaluate", "prepare", "average", "data", "dem
 
 def main(argv: list[str] | None = None) -> int:
     """The command line ``argv`` (None: the process's) run; the exit status. Ctrl-C before the
-    command has started (while Python loads its modules, a second or two) is one line too."""
+    command has started (while Python loads its modules, a second or two) is one line too. A process
+    that joined a process group (a rank of torchrun's) ends here, with that status (``_leave``)."""
     try:
-        return _main(argv)
+        rc = _main(argv)
     except KeyboardInterrupt:
         if "--debug" in (sys.argv[1:] if argv is None else argv):
             raise
         print("aiayn: interrupted", file=sys.stderr)
-        return 130
+        rc = 130
+    runtime = sys.modules.get("aiayn.train.runtime")  # (imported, with torch, by a command that trains)
+    if runtime is not None and runtime.JOINED:
+        _leave(rc)
+    return rc
+
+
+def _leave(rc: int) -> None:
+    """End a rank's process with ``rc`` once its output is written, skipping the interpreter's exit:
+    gloo's threads outlive the process group there (``aiayn.train.runtime.JOINED``) and can abort it
+    (SIGABRT), and torchrun would then fail a run that succeeded. The run's files are already closed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be said there
+            pass
+    os._exit(rc)
 
 
 def _other_rank() -> bool:

@@ -83,11 +83,21 @@ def init_distributed(device_type: str, timeout_s: float = 120.0) -> Dist:
     ``launch_env``); NCCL on CUDA, gloo on CPU. A collective, or the start-up, that waits ``timeout_s``
     for another rank is an error (``train.dist_timeout_s``; ``timed_out``), not PyTorch's default wait,
     which is far longer."""
+    global JOINED
     dist = launch_env(os.environ)
     if dist.enabled and not tdist.is_initialized():
         tdist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
                                  timeout=datetime.timedelta(seconds=timeout_s))
+        JOINED = True
     return dist
+
+
+# Whether this process has joined a process group (``init_distributed``). A group that a
+# DistributedDataParallel has used outlives ``destroy_process_group`` (PyTorch's reducer keeps it, and
+# with it gloo's threads), and those threads can abort the interpreter's exit ("terminate called
+# without an active exception", SIGABRT) of a rank whose work is done: the command line ends such a
+# process at once, its output flushed (``aiayn.cli.main``).
+JOINED = False
 
 
 LAUNCHED_BY = "start the processes with torchrun (torchrun --nproc_per_node G -m aiayn.cli train ...), which sets them"
@@ -131,9 +141,8 @@ def launch_env(env) -> Dist:
 
 
 def leave_process_group() -> None:
-    """Destroy the process group ``init_distributed`` joined, at a run's normal end: a gloo group left
-    to the interpreter's exit can abort a rank that finished ("terminate called without an active
-    exception"), failing a run that succeeded."""
+    """Destroy the process group ``init_distributed`` joined, at a run's normal end: its collectives are
+    over. (Where a DistributedDataParallel used it, gloo's threads live on; see ``JOINED``.)"""
     if tdist.is_available() and tdist.is_initialized():
         tdist.destroy_process_group()
 
