@@ -87,10 +87,7 @@ def _coerce(value: Any, typ: Any, name: str) -> Any:
 
 def unknown_field(key: str, known: Any, owner: str) -> str:
     """The words for a field ``owner`` lacks: the close name where there is one (a typo), else every known one."""
-    close = difflib.get_close_matches(key, list(known), n=1)
-    if close:
-        return f"unknown field {key!r} in {owner}; did you mean {close[0]}?"
-    return f"unknown field {key!r} in {owner}; known: {', '.join(sorted(known))}"
+    return f"unknown field {key!r} in {owner}" + (did_you_mean(key, known) or f"; known: {', '.join(sorted(known))}")
 
 
 def did_you_mean(key: Any, known: Any) -> str:
