@@ -192,6 +192,24 @@ def test_two_process_resume_after_a_rank_is_killed_gives_the_same_weights(small_
         assert torch.equal(a[k], b[k]), k
 
 
+@pytest.mark.slow
+def test_two_process_run_whose_stdout_reader_is_gone_ends_well(small_data_dir, tmp_path):
+    """A 2-process run whose stdout nobody reads any more (``| head``, gone before the summary is
+    printed) ends with status 0: the main rank's broken pipe comes after the ranks' last collective,
+    and the other rank does not stop on a lost peer."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    launcher = subprocess.Popen(_torchrun_cmd(small_data_dir, run, 2), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    launcher.stdout.close()  # the ranks' prints now meet a pipe without a reader (EPIPE)
+    try:
+        _, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0 and "lost its connection" not in err, err[-3000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
 def _rank_pid(run: Path, rank: int) -> int:
     """The process id of rank ``rank`` of the training that writes ``run`` (torchrun's child)."""
     for proc in Path("/proc").iterdir():

@@ -293,7 +293,8 @@ class _Run:
     def finish(self, stop_reason: str) -> None:
         """The end: validate, write the final checkpoint and the summary; a step validated or saved
         already (the last one of the loop, or the checkpoint a finished run resumed from) is not
-        again, so that patience and the best count each validation once."""
+        again, so that patience and the best count each validation once. The ranks meet a last time
+        before the summary, the main rank's alone to write and print."""
         step, valid = self.validated
         fresh = step != self.state.step
         if fresh:
@@ -302,12 +303,12 @@ class _Run:
             self.save(valid)
         if fresh or self.state.step != self.first_step:  # the end's validation and checkpoint are the run's seconds
             self.state.train_seconds = self.clock()
+        if self.dist.enabled:  # the ranks' last collective: what the main rank does after is its own
+            torch.distributed.barrier()  # (a full disk, a closed stdout: its error alone, not a lost peer's)
         if self.dist.is_main:
             self.monitor.close(summary(self.state, self.checkpoints.best_metric, self.n_params, self.place,
                                        stop_reason, valid, self.stream.epochs)
                                | {"parallel": self.stepper.strategy.name})
-        if self.dist.enabled:
-            torch.distributed.barrier()
 
 
 def _stop_reason(t: TrainConfig, state: TrainState, elapsed: float) -> str | None:
