@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 
 
 def _command_modules() -> list:
@@ -108,12 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if "--debug" in (sys.argv[1:] if argv is None else argv):
             raise
-        print("aiayn: interrupted", file=sys.stderr)
+        if not _other_rank():  # (Ctrl-C reaches every rank: said once)
+            print("aiayn: interrupted", file=sys.stderr)
         rc = 130
-    runtime = sys.modules.get("aiayn.train.runtime")  # (imported, with torch, by a command that trains)
-    if runtime is not None and runtime.JOINED:
+    except Exception:  # a traceback (a defect, or --debug's): a rank still ends at once, so that torchrun
+        if not _joined():  # names it as the one that failed first, not the peer it left waiting
+            raise
+        traceback.print_exc()
+        rc = 1
+    if _joined():
         _leave(rc)
     return rc
+
+
+def _joined() -> bool:
+    """Whether this process joined a process group (``aiayn.train.runtime.JOINED``)."""
+    runtime = sys.modules.get("aiayn.train.runtime")  # (imported, with torch, by a command that trains)
+    return runtime is not None and runtime.JOINED
 
 
 def _leave(rc: int) -> None:

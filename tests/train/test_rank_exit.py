@@ -45,6 +45,42 @@ def test_a_process_that_joined_no_group_returns(monkeypatch, tmp_path):
     assert codes == []
 
 
+def _defect(argv):
+    raise ZeroDivisionError("a defect")
+
+
+def test_a_joined_process_with_a_traceback_ends_at_once_with_status_1(monkeypatch, capsys):
+    """torchrun names the rank that failed first: one that went through Python's exit after its
+    traceback ended after the peer it left waiting, and the peer was named."""
+    codes = _exit_recorded(monkeypatch)
+    monkeypatch.setattr(rt, "JOINED", True)
+    monkeypatch.setattr(cli, "_main", _defect)
+    with pytest.raises(_Left):
+        cli.main([])
+    assert codes == [1]
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ZeroDivisionError: a defect" in err
+
+
+def test_a_traceback_of_a_process_alone_is_raised(monkeypatch):
+    codes = _exit_recorded(monkeypatch)
+    monkeypatch.setattr(rt, "JOINED", False)
+    monkeypatch.setattr(cli, "_main", _defect)
+    with pytest.raises(ZeroDivisionError):
+        cli.main([])
+    assert codes == []
+
+
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_ctrl_c_before_the_command_is_said_by_the_main_rank_alone(monkeypatch, capsys, rank, said):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main([]) == 130
+    assert ("aiayn: interrupted" in capsys.readouterr().err) is said
+
+
 RANK = textwrap.dedent("""
     import gc, os, sys
     import torch, torch.distributed as tdist
