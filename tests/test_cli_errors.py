@@ -160,6 +160,29 @@ def test_ctrl_c_before_the_command_starts_is_one_line(monkeypatch, capsys):
         main(["presets", "--debug"])
 
 
+def test_the_command_line_starts_before_pytorch_loads():
+    """What runs before ``main`` (the ``aiayn`` script's import of ``aiayn.cli``) loads no PyTorch: a
+    Ctrl-C while it loads falls in ``main``, one line, not a traceback from an import."""
+    import subprocess
+    import sys
+    code = "import sys, aiayn.cli; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_the_top_level_names_load_at_their_first_use():
+    import subprocess
+    import sys
+    code = ("import aiayn; from aiayn import Transformer, get_preset; "
+            "print(aiayn.model.ModelConfig is aiayn.ModelConfig, aiayn.DecoderCache.__module__, "
+            "Transformer is aiayn.Transformer, get_preset('base').d_model, aiayn.__version__ != '')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.split() == ["True", "aiayn.decode.cache", "True", "512", "True"], res.stdout
+    with pytest.raises(AttributeError, match="module 'aiayn' has no attribute 'nothing'"):
+        import aiayn
+        aiayn.nothing  # noqa: B018
+
+
 def test_options_out_of_range_are_one_line(small_data_dir, tiny_checkpoint, tmp_path, capsys):
     """Each of these once ran into a traceback (or was silently read as another value)."""
     a_file = tmp_path / "a_file"
