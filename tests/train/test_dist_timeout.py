@@ -66,7 +66,9 @@ PEER_WORKER = textwrap.dedent("""
     rank = int(os.environ["RANK"])
 
     def train(*args, **kwargs):  # in place of the loop: rank 0 ends between two collectives
-        rt.init_distributed("cpu", timeout_s=60)
+        dist = rt.init_distributed("cpu", timeout_s=60)
+        if sys.argv[3] == "begun":
+            rt.check_alike({"--out": "the same"}, dist)  # (the ranks agree to start)
         torch.distributed.barrier()
         if rank == 0:
             os._exit(1)  # killed (out of memory, SIGKILL)
@@ -78,12 +80,16 @@ PEER_WORKER = textwrap.dedent("""
 """)
 
 
-def test_a_rank_that_ends_is_one_line_on_the_others(tmp_path):
+@pytest.mark.parametrize("when, said", [
+    ("begun", "; the last checkpoint is intact and the same command resumes"),
+    ("starting", " before the ranks began the run (its own error says why)")])
+def test_a_rank_that_ends_is_one_line_on_the_others(tmp_path, when, said):
     """gloo's "Connection closed by peer" on the ranks that remain is the error line of a failed
-    rank, not a traceback."""
+    rank, not a traceback; a resume is promised only where the ranks had begun the run (before, the
+    other rank's error is a refused start: a locked --out, another run's files)."""
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", PEER_WORKER, str(tmp_path), str(tmp_path / "run")],
+    procs = [subprocess.Popen([sys.executable, "-c", PEER_WORKER, str(tmp_path), str(tmp_path / "run"), when],
                               env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in (0, 1)]
     try:
@@ -93,6 +99,7 @@ def test_a_rank_that_ends_is_one_line_on_the_others(tmp_path):
             p.kill()
             p.wait()
     assert f"aiayn train: error: {tmp_path / 'run'}: rank 1 of 2 lost its connection to another process" in err, err
+    assert err.rstrip().endswith(said), err
     assert "Traceback" not in err and "terminate called" not in err, err  # (gloo's threads at exit: status -6)
     assert procs[1].returncode == 2, err
 

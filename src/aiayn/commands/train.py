@@ -59,12 +59,13 @@ def run(args) -> int:
         from aiayn.train.runtime import peer_lost, timed_out
         if not (timed_out(exc) or peer_lost(exc)):
             raise
-        from aiayn.train.runtime import launch_env
+        from aiayn.train import runtime
         what = (f"waited train.dist_timeout_s = {cfg.train.dist_timeout_s:g} s for the other processes: one of them "
                 f"failed or hangs" if timed_out(exc) else "lost its connection to another process, which ended")
-        dist = launch_env(os.environ)  # (the process group's, joined or waited for at the start)
-        message = (f"{args.out}: rank {dist.rank} of {dist.world_size} {what} (its own error says "
-                   f"why); the last checkpoint is intact and the same command resumes")
+        dist = runtime.launch_env(os.environ)  # (the process group's, joined or waited for at the start)
+        message = f"{args.out}: rank {dist.rank} of {dist.world_size} {what}"
+        message += (" (its own error says why); the last checkpoint is intact and the same command resumes"
+                    if runtime.AGREED else " before the ranks began the run (its own error says why)")
         if getattr(args, "debug", False):
             raise UserError(message) from exc
         # said here and left at once: the broken process group's threads make the interpreter's exit

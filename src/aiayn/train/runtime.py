@@ -383,6 +383,7 @@ def check_alike(found: dict[str, str], dist: Dist) -> None:
     (the checkpoint it resumes, the tokenizers). On several machines RUN must be one folder they share
     and DATA alike on each, or the ranks would train from different states until a collective waits
     out its timeout. A collective: every rank calls it, and every rank raises the same UserError."""
+    global AGREED
     if not dist.enabled:
         return
     every: list = [None] * dist.world_size
@@ -393,6 +394,12 @@ def check_alike(found: dict[str, str], dist: Dist) -> None:
                 raise UserError(f"{what}: rank {rank} finds {there}, rank 0 {every[0][what]}: every process must "
                                 f"read the same --out and --data (on several machines, --out on a file system "
                                 f"they share: docs/training.md)")
+    AGREED = True
+
+
+# Whether the ranks have agreed to start (``check_alike``): a rank that loses another before that saw
+# a start refused (a locked --out, another run's files), not a run cut short that a resume goes on with.
+AGREED = False
 
 
 def resident_mb() -> float | None:
