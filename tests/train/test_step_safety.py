@@ -60,7 +60,10 @@ def test_non_finite_weights_are_not_checkpointed(tmp_path):
     check_finite_weights(model, 3, tmp_path)  # finite: nothing happens
     with torch.no_grad():
         next(model.parameters())[0, 0] = math.inf
-    with pytest.raises(UserError, match="non-finite weights.*last good checkpoint"):
+    with pytest.raises(UserError, match=f"non-finite weights; not checkpointing them. No checkpoint is in {tmp_path} yet$"):
+        check_finite_weights(model, 3, tmp_path)  # (none written yet: none named)
+    (tmp_path / "last.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=f"non-finite weights.*The last good checkpoint is {tmp_path / 'last.pt'}$"):
         check_finite_weights(model, 3, tmp_path)
 
 

@@ -266,9 +266,16 @@ def _warn_other_ranks(run_dir: Path, saved: Contents, position: dict, accum: int
                 if saved.rank_optimizers else "", world_size * accum, ranks * saved_accum)
 
 
+def last_good(run_dir: Path) -> str:
+    """The sentence naming the run's last good checkpoint, for a run stopped on non-finite numbers (none
+    may have been written yet)."""
+    last = run_dir / "last.pt"
+    return f"The last good checkpoint is {last}" if last.is_file() else f"No checkpoint is in {run_dir} yet"
+
+
 def check_finite_weights(model, step: int, run_dir: Path) -> None:
     """Refuse to checkpoint non-finite weights: the files already written stay the last good ones."""
     finite = torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()
     if not bool(finite):
         raise UserError(f"step {step}: the model holds non-finite weights; not checkpointing them. "
-                        f"The last good checkpoint is {run_dir / 'last.pt'}")
+                        f"{last_good(run_dir)}")

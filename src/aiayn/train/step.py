@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from aiayn.checkpoint.run import Learner
+from aiayn.checkpoint.run import Learner, last_good
 from aiayn.errors import UserError
 from aiayn.execution import Execution, apply, compiled, training
 from aiayn.execution.attention import attention_backends
@@ -175,7 +175,7 @@ class TrainStep:
                 update(self.learner, self.rules.clip_norm, norm)
             return True
         scaler, says = self.learner.scaler, self.strategy.step_log(log)  # (local SGD: this rank's own step)
-        last = f" The last good checkpoint is {self.run_dir / 'last.pt'};" if self.run_dir is not None else ""
+        last = f" {last_good(self.run_dir)};" if self.run_dir is not None else ""
         if not self.update_early:  # (a queued update was skipped on the device, and cleared the gradients)
             self.learner.opt.zero_grad(set_to_none=True)
         if scaler is not None:
