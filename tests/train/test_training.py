@@ -812,6 +812,27 @@ def test_compiled_training_is_plain_training(small_data_dir, tmp_path):
     _same_but_rounding(a, b, steps)  # (key biases: no gradient, so Adam moves them by rounding noise)
 
 
+@pytest.mark.slow
+def test_compiled_training_under_ddp_is_plain_training(small_data_dir, tmp_path):
+    """train.compile under torchrun: DDP's graph split at its buckets compiles (a float attribute,
+    the embedding's sqrt(d_model), lifted to a graph input failed there, and the run trained without
+    compiling), and the losses are the one process's over both ranks' batches (train.accum_steps=2)
+    up to the compiled kernels' rounding."""
+    steps = 2
+    extra = ["--set", "model.p_drop=0.0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = tmp_path / "one"
+    subprocess.run(_train_cmd(small_data_dir, one, steps, [*extra, "--set", "train.accum_steps=2"]),
+                   check=True, env=env, capture_output=True)
+    two = tmp_path / "two"
+    res = subprocess.run(_torchrun_cmd(small_data_dir, two, steps, [*extra, "--set", "train.compile=true"]), env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "torch.compile failed" not in res.stderr, res.stderr[-3000:]
+    want, got = _logged(one), _logged(two)
+    assert sorted(got) == [1, 2] and all(got[s] == pytest.approx(want[s], rel=1e-4) for s in got), (want, got)
+
+
 def test_schedule_and_stop_measured_in_counted_flops(small_data_dir, tmp_path, monkeypatch):
     """train.max_flops: with each step counted as 1e9 FLOPs, a budget of 6e9 runs 6 steps, and
     train.lr_schedule_by_time follows the budget as it follows the clock: the budget fractions

@@ -62,9 +62,13 @@ def compile_model(net: torch.nn.Module, **options) -> torch.nn.Module:
     (``src_padded`` true or false: a source mask or none), tested over bucket shapes. Duck sizing
     is turned off for the process: with it, a first batch whose sources and targets have one
     length (common in bucketed batches) gives a graph for S == T only, compiled again at S != T.
-    ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
+    Float attributes are constants (``specialize_float``), as the embedding's sqrt(d_model): lifted
+    to graph inputs, they failed DDP's graph split at its buckets, and a run under torchrun trained
+    without compiling. ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
+    import torch._dynamo.config
     import torch.fx.experimental.symbolic_shapes  # noqa: F401  (loads the shape settings below)
     torch.fx.experimental._config.use_duck_shape = False
+    torch._dynamo.config.specialize_float = True
     inductor_cache_per_capability()
     return torch.compile(net, dynamic=True, **options)
 
