@@ -2,28 +2,24 @@
 
 Stable top-level API: ``get_preset(name, **overrides) -> ModelConfig`` and
 ``Transformer(config)`` with ``encode``, ``decode`` (with or without a cache) and ``forward``.
-They are imported, with PyTorch, at their first use (``__getattr__``), so that the ``aiayn``
-command starts, and its Ctrl-C is handled, before PyTorch has loaded.
+They are imported, with PyTorch, at the first use of a name the package does not hold yet
+(``__getattr__``), so that the ``aiayn`` command starts, and its Ctrl-C is handled, before
+PyTorch has loaded.
 """
-import importlib
-import importlib.util
-
 __version__ = "0.1.0"
 __all__ = ["DecoderCache", "ModelConfig", "Transformer", "get_preset", "__version__"]
 
-_FROM = {"ModelConfig": "aiayn.model", "Transformer": "aiayn.model", "get_preset": "aiayn.model",
-         "DecoderCache": "aiayn.decode.cache"}
-
 
 def __getattr__(name: str):
-    """``aiayn.Transformer`` and the rest of ``__all__`` from their modules; ``aiayn.model`` and the
-    other subpackages imported as an attribute is read (as an eager import of them made them)."""
-    if name in _FROM:
-        value = getattr(importlib.import_module(_FROM[name]), name)
-        globals()[name] = value
-        return value
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")
+    """The names of ``__all__``, and the subpackages their import loads (``aiayn.model``, ...), as an
+    eager import of them at the package's import gave them."""
+    if not name.startswith("__"):
+        from aiayn.decode.cache import DecoderCache
+        from aiayn.model import ModelConfig, Transformer, get_preset
+        globals().update(DecoderCache=DecoderCache, ModelConfig=ModelConfig, Transformer=Transformer,
+                         get_preset=get_preset)
+        if name in globals():  # (an imported subpackage is an attribute of its package)
+            return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
