@@ -43,6 +43,18 @@ def test_a_held_capability_gets_a_cache_of_its_own(tmp_path):
     assert native == {}  # no setting: inductor's own place
 
 
+def test_compiling_in_a_held_process_takes_its_cache(tmp_path):
+    """``compile_model`` chooses the cache before it loads torch._dynamo, whose import sets
+    ``TORCHINDUCTOR_CACHE_DIR`` to inductor's default (and the held setting's own was then skipped)."""
+    code = ("import os, torch; from aiayn.train.parallel import compile_model; "
+            "compile_model(torch.nn.Linear(2, 2), backend='eager'); print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "ATEN_CPU_CAPABILITY": "avx2", "TMPDIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("_avx2"), out.stdout
+
+
 @pytest.mark.slow
 def test_compiled_model_held_to_avx2_after_a_native_run_computes_what_a_fresh_compile_does(tmp_path):
     """Two processes with inductor's default cache (under the same TMPDIR): the first compiles the

@@ -64,12 +64,13 @@ def compile_model(net: torch.nn.Module, **options) -> torch.nn.Module:
     length (common in bucketed batches) gives a graph for S == T only, compiled again at S != T.
     Float attributes are constants (``specialize_float``), as the embedding's sqrt(d_model): lifted
     to graph inputs, they failed DDP's graph split at its buckets, and a run under torchrun trained
-    without compiling. ``options``: more of ``torch.compile``'s arguments (a test's ``backend``)."""
+    without compiling. ``options``: more of ``torch.compile``'s arguments (a test's ``backend``).
+    The cache's place is chosen first: importing torch._dynamo sets inductor's default."""
+    inductor_cache_per_capability()
     import torch._dynamo.config
     import torch.fx.experimental.symbolic_shapes  # noqa: F401  (loads the shape settings below)
     torch.fx.experimental._config.use_duck_shape = False
     torch._dynamo.config.specialize_float = True
-    inductor_cache_per_capability()
     return torch.compile(net, dynamic=True, **options)
 
 
