@@ -10,6 +10,7 @@ from aiayn.decode.config import DecodeConfig
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserError
 from tests.arith import U32, gamma, within
+from tests.conftest import copy_lines
 from tests.rounding import two_implementations_bound
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
@@ -93,7 +94,12 @@ def test_exported_model_translates_as_aiayn(copy_checkpoint, tmp_path):
         assert got == [w for w in want if w], beam
         got_ids = [[t for t in row.tolist() if t not in (0, 2, 3)] for row in gen]
         assert got_ids == want_ids, beam
-    assert sum(w == s for w, s in zip(want, SENTENCES[:4])) >= 2  # it copies short lines; others it errs on, alike
+    # and the outputs compared are a model's that copies: most unseen sentences of its task (35 to 40 of
+    # 40 after these 300 steps, trained in AVX-512, AVX2 or SSE4 arithmetic; which of the lines above
+    # it copies moves with the last bits of that arithmetic)
+    unseen = copy_lines(12, seed=11)
+    with Translator.from_checkpoint(copy_checkpoint, decode) as tr:
+        assert sum(t == s for t, s in zip(tr.translate(unseen), unseen)) >= len(unseen) // 2
 
 
 @pytest.mark.parametrize("n", [2, 3])
